@@ -1,0 +1,162 @@
+"""The methods, their phases, and the budget rule: the vocabulary shared by calibrate/ and sim/.
+
+Conventions (DESIGN.md, Vocabulary):
+- `context` C: tokens in a request's KV cache at the start of an iteration (the verified
+  context; t0, the token sampled at the end of the previous iteration, is *not* yet in it).
+- An iteration drafts `gamma` tokens with sparse attention, then verifies t0, d1..dγ in one pass
+  of γ+1 query rows over C + γ + 1 keys.
+- Acceptance length = 1 + accepted drafts (includes the bonus token, vLLM convention).
+
+`iteration_plan` lists, for one iteration of a batch, every timed phase with the exact
+quantities the latency model is a function of. Calibration records latency rows with the same
+quantities, so the two halves agree by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vegas_sim.errors import UserInputError
+
+METHODS: tuple[str, ...] = (
+    "vanilla",
+    "magicdec-stream",
+    "magicdec-quest",
+    "specextend",
+    "vegas",
+    "vegas-all",
+)
+SPEC_METHODS: tuple[str, ...] = METHODS[1:]
+PHASES: tuple[str, ...] = (
+    "decode", "draft_step", "verify", "collect", "select", "quest_meta", "sample", "prefill",
+    "other",
+)
+
+MIN_TOKENS = 256  # Vegas budget floor (reference code default)
+SINK_TOKENS = 16  # StreamingLLM attention sinks for magicdec-stream
+QUEST_PAGE = 16  # Quest page size in tokens
+DEFAULT_SPARSITY = 0.07
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise UserInputError(f"unknown method {method!r}", fix=f"use one of: {', '.join(METHODS)}")
+    return method
+
+
+def check_gamma(gamma: int) -> int:
+    if gamma < 1:
+        raise UserInputError(f"gamma must be >= 1, got {gamma}", fix="draft at least one token")
+    return gamma
+
+
+def check_sparsity(sparsity: float) -> float:
+    if not (0.0 < sparsity <= 1.0):
+        raise UserInputError(
+            f"sparsity must be in (0, 1], got {sparsity}",
+            fix="pass the fraction of the context the draft attends to, e.g. 0.07",
+        )
+    return sparsity
+
+
+def collect_rows(method: str, gamma: int) -> int:
+    """Query rows whose scores the verify kernel writes out (0 = plain verify)."""
+    if method == "vegas":
+        return min(2, gamma + 1)  # Collect-2-Query: t0 and dγ
+    if method in ("vegas-all", "specextend"):
+        return gamma + 1
+    return 0
+
+
+def budget(
+    sparsity: float,
+    length: int | np.ndarray,
+    max_len: int,
+    min_tokens: int = MIN_TOKENS,
+) -> np.ndarray:
+    """Selected KV entries: clamp(ceil(s·len), min_tokens, ceil(s·max_len)), capped at `length`.
+
+    DESIGN.md writes clamp(x, lo, hi); when s·max_len < min_tokens the floor wins (a short
+    model context must not get a budget below the floor), so the upper bound is
+    max(ceil(s·max_len), min_tokens). `length` is the rankable length (C + 1 for Vegas).
+    """
+    length_arr = np.asarray(length, dtype=np.int64)
+    raw = np.ceil(sparsity * length_arr - 1e-9).astype(np.int64)
+    hi = max(math.ceil(sparsity * max_len - 1e-9), min_tokens)
+    return np.minimum(np.clip(raw, min_tokens, hi), length_arr)
+
+
+@dataclass(frozen=True)
+class PhaseCall:
+    """One timed phase inside an iteration.
+
+    `kv_read` is per request (entries attended, or pages scored for quest_meta); `repeats` is
+    how many times the phase runs per iteration (γ for draft steps).
+    """
+
+    phase: str
+    repeats: int
+    n_query: int
+    kv_read: np.ndarray  # [batch] int64
+    collect_rows: int = 0
+
+    @property
+    def batch(self) -> int:
+        return int(self.kv_read.shape[0])
+
+
+def draft_kv_read(
+    method: str, sparsity: float, contexts: np.ndarray, max_len: int, step: int,
+    min_tokens: int = MIN_TOKENS,
+) -> np.ndarray:
+    """KV entries the draft attends to at draft step `step` (1..γ) for each request.
+
+    The forced tail is every position after C: t0 plus the `step - 1` drafts written so far
+    plus the token being drafted from, i.e. `step` entries.
+    """
+    contexts = np.asarray(contexts, dtype=np.int64)
+    if method in ("vegas", "vegas-all", "specextend"):
+        selected = budget(sparsity, contexts + 1, max_len, min_tokens)  # ranks [0, C]
+        selected = np.minimum(selected, contexts)  # t0 is in the tail, not double-counted
+    elif method == "magicdec-stream":
+        selected = np.minimum(budget(sparsity, contexts, max_len, min_tokens), contexts)
+    elif method == "magicdec-quest":
+        b = budget(sparsity, contexts, max_len, min_tokens)
+        pages = np.maximum(b // QUEST_PAGE, 1) + 1  # top pages + the current page
+        selected = np.minimum(pages * QUEST_PAGE, contexts)
+    else:
+        raise UserInputError(f"{method!r} does not draft")
+    return selected + step
+
+
+def iteration_plan(
+    method: str,
+    gamma: int,
+    contexts: np.ndarray,
+    sparsity: float,
+    max_len: int,
+    min_tokens: int = MIN_TOKENS,
+) -> list[PhaseCall]:
+    """The phases of one iteration for a batch whose requests hold `contexts` tokens."""
+    contexts = np.asarray(contexts, dtype=np.int64)
+    if method == "vanilla":
+        return [
+            PhaseCall("decode", 1, 1, contexts + 1),
+            PhaseCall("sample", 1, 1, contexts + 1),
+        ]
+    plan: list[PhaseCall] = []
+    for step in range(1, gamma + 1):
+        plan.append(PhaseCall(
+            "draft_step", 1, 1, draft_kv_read(method, sparsity, contexts, max_len, step, min_tokens)
+        ))
+        if method == "magicdec-quest":
+            plan.append(PhaseCall("quest_meta", 1, 1, (contexts + step) // QUEST_PAGE + 1))
+    rows = collect_rows(method, gamma)
+    plan.append(PhaseCall("verify", 1, gamma + 1, contexts + gamma + 1, rows))
+    if rows:
+        plan.append(PhaseCall("select", 1, 1, contexts + 1, rows))
+    plan.append(PhaseCall("sample", 1, gamma + 1, contexts + gamma + 1))
+    return plan

@@ -1,0 +1,1 @@
+"""CSV and self-contained HTML reports."""

@@ -1,0 +1,1 @@
+"""Trace sets: the contract between calibrate/ (GPU) and sim/ (CPU)."""

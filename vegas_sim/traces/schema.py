@@ -1,0 +1,64 @@
+"""Trace-set contract, schema v1 (DESIGN.md, "Trace set").
+
+A trace set is a directory with `meta.json`, `latency.parquet` and `acceptance.parquet`.
+This module only *describes* the contract; `traces/io.py` reads, writes and validates it.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+META_FILE = "meta.json"
+LATENCY_FILE = "latency.parquet"
+ACCEPTANCE_FILE = "acceptance.parquet"
+DATA_FILES = (LATENCY_FILE, ACCEPTANCE_FILE)
+
+# One row per measured point.
+LATENCY_SCHEMA = pa.schema([
+    ("phase", pa.string()),  # one of methods.PHASES
+    ("method", pa.string()),  # one of methods.METHODS ("any" for method-independent phases)
+    ("batch", pa.int64()),
+    ("context", pa.int64()),  # tokens in each request's KV cache at the start of the phase
+    ("n_query", pa.int64()),  # query rows per request
+    ("kv_read", pa.int64()),  # KV entries attended per request (pages scored for quest_meta)
+    ("collect_rows", pa.int64()),  # score rows written out by the verify kernel
+    ("ms_median", pa.float64()),
+    ("ms_p10", pa.float64()),
+    ("ms_p90", pa.float64()),
+    ("n", pa.int64()),  # timed repetitions behind the three statistics
+])
+
+# One row per (request, iteration).
+ACCEPTANCE_SCHEMA = pa.schema([
+    ("method", pa.string()),
+    ("gamma", pa.int64()),
+    ("sparsity", pa.float64()),
+    ("budget", pa.int64()),
+    ("context", pa.int64()),  # the request's context at the start of the iteration
+    ("temperature", pa.float64()),  # 0 = greedy
+    ("workload", pa.string()),
+    ("request", pa.int64()),
+    ("iteration", pa.int64()),
+    ("accepted", pa.int64()),  # accepted drafts, 0..gamma (acceptance length = accepted + 1)
+    ("accept_prob", pa.list_(pa.float32())),  # min(1, p/q) per drafted position, length gamma
+    ("model_weights", pa.string()),  # "real" | "random"
+])
+
+SCHEMAS = {LATENCY_FILE: LATENCY_SCHEMA, ACCEPTANCE_FILE: ACCEPTANCE_SCHEMA}
+
+# meta.json: required top-level keys and what they hold.
+META_KEYS = {
+    "schema_version": "int, == SCHEMA_VERSION",
+    "model": "ModelSpec.to_dict() plus 'weights': {'kind': 'real'|'random', 'id': str, 'sha256': str}",
+    "gpu": "{'name', 'sm_count', 'memory_gb', 'copy_bandwidth_gbs', 'bf16_tflops'} measured in the run",
+    "software": "{'python', 'torch', 'triton', 'vegas_sim', ...}",
+    "date": "ISO 8601",
+    "grid": "the calibration grid: {'methods', 'gamma', 'sparsity', 'batch', 'context', ...}",
+    "workload": "list of workload names",
+    "seeds": "{'calibration': int, ...}",
+    "content_hash": "{file name: sha256 hex of the file's bytes} for the data files",
+}
+
+WEIGHT_KINDS = ("real", "random")
