@@ -1,0 +1,21 @@
+"""Project-wide test set-up.
+
+Without a CUDA device, Triton kernels run under the interpreter (TRITON_INTERPRET=1 must be set
+before triton is first imported, so it is set here, at the root).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,223 @@
+"""Verify and sparse draft attention: Triton vs the torch reference.
+
+Tolerances: ‖out − ref‖/‖ref‖ < 1e-4 in fp32, < 1e-2 in bf16 (both round the output to bf16);
+lse within 1e-4 (fp32 math in both); collected scores within one bf16 ulp (the fp32 dot may
+accumulate in another order before the bf16 rounding) and -inf exactly where masked.
+CPU: small shapes under TRITON_INTERPRET=1. GPU (`-m gpu`): real shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+from tests.kernels.conftest import HAS_CUDA
+from vegas_sim.errors import UserInputError
+from vegas_sim.kernels import ops, reference
+
+DTYPES = [torch.float32, torch.bfloat16]
+OUT_TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def make_kv(
+    gen: torch.Generator, B: int, S: int, Hkv: int, D: int, dtype: torch.dtype, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.randn(B, S, Hkv, D, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(B, S, Hkv, D, generator=gen).to(device=device, dtype=dtype)
+    return k, v
+
+
+def check_scores(got: torch.Tensor | None, ref: torch.Tensor | None) -> None:
+    if ref is None:
+        assert got is None
+        return
+    assert got is not None and got.shape == ref.shape and got.dtype == torch.bfloat16
+    g, r = got.float(), ref.float()
+    assert not torch.isnan(g).any(), "unwritten score elements"
+    assert torch.equal(torch.isneginf(g), torch.isneginf(r)), "-inf pattern differs"
+    fin = torch.isfinite(r)
+    ulp = 2.0 ** -7 * r[fin].abs() + 1e-6  # one bf16 ulp at the value's magnitude
+    assert ((g[fin] - r[fin]).abs() <= ulp).all()
+
+
+VERIFY_CASES = [
+    # B, NQ, Hq, Hkv, D, S_max, lens, collect, splits
+    (2, 4, 8, 2, 32, 80, [70, 5], "first_last", None),
+    (2, 8, 8, 1, 16, 96, [96, 40], "all", 3),
+    (1, 1, 4, 4, 16, 40, [33], "first_last", 2),
+    (3, 16, 4, 2, 16, 64, [64, 16, 41], "none", 2),
+    (1, 12, 16, 2, 64, 70, [50], "first_last", 1),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", VERIFY_CASES)
+def test_verify_attention_matches_reference(
+    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
+) -> None:
+    B, NQ, Hq, Hkv, D, S, lens, collect, splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    from vegas_sim.kernels import verify_attention as tri
+
+    out, lse, scores = tri.verify_attention(q, k, v, cl, D ** -0.5, collect, splits=splits)
+    r_out, r_lse, r_scores = reference.verify_attention(q, k, v, cl, D ** -0.5, collect)
+    assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
+    assert rel_err(out, r_out) < OUT_TOL[dtype]
+    assert (lse - r_lse).abs().max() < 1e-4 * max(1.0, float(r_lse.abs().max()))
+    check_scores(scores, r_scores)
+
+
+def test_ops_dispatch_uses_triton(device: str, use_triton: None) -> None:
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 2, 4, 16, generator=gen).to(device)
+    k, v = make_kv(gen, 1, 20, 2, 16, torch.float32, device)
+    cl = torch.tensor([17], dtype=torch.int32, device=device)
+    assert ops.backend(q) == "triton"
+    out, lse, scores = ops.verify_attention(q, k, v, cl, 0.25, "first_last")
+    r_out, _, r_scores = reference.verify_attention(q, k, v, cl, 0.25, "first_last")
+    assert rel_err(out, r_out) < 1e-4
+    check_scores(scores, r_scores)
+
+
+def test_reference_matches_sdpa() -> None:
+    """The reference itself against torch SDPA with an explicit causal mask (fp64)."""
+    gen = torch.Generator().manual_seed(2)
+    B, NQ, Hq, Hkv, D, S = 2, 5, 8, 2, 16, 30
+    q = torch.randn(B, NQ, Hq, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, S, Hkv, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, S, Hkv, D, generator=gen, dtype=torch.float64)
+    cl = torch.tensor([30, 9], dtype=torch.int32)
+    out, lse, _ = reference.verify_attention(q, k, v, cl, D ** -0.5)
+    for b, L in enumerate(cl.tolist()):
+        kk = k[b, :L].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)  # [Hq, L, D]
+        vv = v[b, :L].repeat_interleave(Hq // Hkv, 1).transpose(0, 1)
+        mask = torch.ones(NQ, L, dtype=torch.bool).tril(L - NQ)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[b].transpose(0, 1), kk, vv, attn_mask=mask)
+        assert torch.allclose(out[b], ref.transpose(0, 1), atol=1e-5)  # reference math is fp32
+        s = torch.einsum("nhd,lhd->hnl", q[b], kk.transpose(0, 1)) * D ** -0.5
+        s = s.masked_fill(~mask, float("-inf"))
+        assert torch.allclose(lse[b], torch.logsumexp(s, -1).transpose(0, 1).float(), atol=1e-5)
+
+
+def test_ops_rejects_bad_inputs() -> None:
+    q = torch.zeros(1, 17, 4, 16)
+    k = torch.zeros(1, 20, 2, 16)
+    cl = torch.tensor([20], dtype=torch.int32)
+    with pytest.raises(UserInputError, match="NQ=17"):
+        ops.verify_attention(q, k, k, cl, 0.25)
+    with pytest.raises(UserInputError, match="collect"):
+        ops.verify_attention(q[:, :2], k, k, cl, 0.25, collect="some")
+    with pytest.raises(UserInputError, match="multiple"):
+        ops.verify_attention(torch.zeros(1, 2, 3, 16), k, k, cl, 0.25)
+
+
+def test_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = torch.zeros(1)
+    monkeypatch.delenv("VEGAS_SIM_KERNELS", raising=False)
+    assert ops.backend(t) == "reference"
+    monkeypatch.setenv("VEGAS_SIM_KERNELS", "cuda-please")
+    with pytest.raises(UserInputError, match="VEGAS_SIM_KERNELS"):
+        ops.backend(t)
+
+
+SPARSE_CASES = [
+    # B, Hq, Hkv, D, S_max, lens, tail lengths, n_idx, splits
+    (3, 8, 2, 32, 200, [200, 150, 30], [3, 5, 1], [100, 40, 29], None),
+    (2, 8, 1, 16, 120, [120, 64], [7, 0], [50, 64], 3),
+    (1, 4, 4, 16, 40, [40], [40], [0], 2),  # tail only
+]
+
+
+def random_indices(gen: torch.Generator, tails: list[int], n: list[int], K: int) -> torch.Tensor:
+    rows = []
+    for t, m in zip(tails, n):
+        pick = torch.randperm(t, generator=gen)[:m]
+        rows.append(torch.cat([pick, torch.full((K - m,), -1)]))  # -1 past n_idx: ignored
+    return torch.stack(rows).to(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_sparse_draft_attention_matches_reference(
+    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
+) -> None:
+    B, Hq, Hkv, D, S, lens, tail_len, n, splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    q = torch.randn(B, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    cl = torch.tensor(lens, dtype=torch.int32)
+    tail = cl - torch.tensor(tail_len, dtype=torch.int32)
+    idx = random_indices(gen, tail.tolist(), n, max(max(n), 1))
+    args = [t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl)]
+    from vegas_sim.kernels import sparse_attention as tri
+
+    out = tri.sparse_draft_attention(q, k, v, *args, D ** -0.5, splits=splits)
+    ref = reference.sparse_draft_attention(q, k, v, *args, D ** -0.5)
+    assert not torch.isnan(out.float()).any()
+    assert rel_err(out, ref) < OUT_TOL[dtype]
+
+
+def test_sparse_equals_dense_when_everything_selected() -> None:
+    """Selecting [0, tail_start) + tail == the last verify row: ties the two references."""
+    gen = torch.Generator().manual_seed(3)
+    B, Hq, Hkv, D, S = 2, 4, 2, 16, 50
+    q = torch.randn(B, 1, Hq, D, generator=gen)
+    k, v = make_kv(gen, B, S, Hkv, D, torch.float32, "cpu")
+    cl = torch.tensor([50, 21], dtype=torch.int32)
+    dense, _, _ = reference.verify_attention(q, k, v, cl, 0.25)
+    tail = cl - 3
+    idx = torch.stack([torch.arange(47), torch.cat([torch.arange(18), torch.full((29,), -1)])])
+    out = reference.sparse_draft_attention(q[:, 0], k, v, idx.int(), tail, tail, cl, 0.25)
+    assert torch.allclose(out, dense[:, 0], atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B,NQ,C,collect", [
+    (4, 8, 32768, "first_last"), (16, 16, 8192, "all"), (1, 1, 131072, "first_last"),
+    (2, 12, 32768, "none"),
+])
+def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
+                                          poison: None) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + NQ)
+    Hq, Hkv, D = 32, 8, 128
+    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.randint(C // 2, C + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    lens[0] = C
+    out, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, collect)
+    r_out, r_lse, r_scores = reference.verify_attention(q, k, v, lens, D ** -0.5, collect)
+    assert rel_err(out, r_out) < 1e-2
+    assert (lse - r_lse).abs().max() < 1e-3
+    check_scores(scores, r_scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B,C,sparsity", [(16, 32768, 0.05), (4, 131072, 0.07)])
+def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float, poison: None) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(B)
+    Hq, Hkv, D = 32, 8, 128
+    q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    K = math.ceil(sparsity * C)
+    idx = torch.stack([torch.randperm(C, generator=gen, device="cuda")[:K] for _ in range(B)])
+    cl = torch.full((B,), C + 7, dtype=torch.int32, device="cuda")
+    tail = torch.full((B,), C, dtype=torch.int32, device="cuda")
+    n = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    out = ops.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5)
+    ref = reference.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5)
+    assert rel_err(out, ref) < 1e-2

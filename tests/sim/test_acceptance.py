@@ -1,0 +1,308 @@
+"""Acceptance model: truncation exactness, decay extrapolation, interpolation, labels, bootstrap."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vegas_sim.errors import TraceSetError, UserInputError
+from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel, extend_rates
+
+BASE = {0.05: 0.55, 0.1: 0.72, 0.2: 0.86}  # first-position acceptance by sparsity (monotone)
+
+
+def make_acceptance(
+    rng: np.random.Generator,
+    methods: tuple[str, ...] = ("vegas",),
+    gammas: tuple[int, ...] = (4, 8),
+    sparsities: tuple[float, ...] = (0.05, 0.1, 0.2),
+    contexts: tuple[int, ...] = (1024, 8192, 32768),
+    workloads: tuple[str, ...] = ("chat", "code"),
+    temperatures: tuple[float, ...] = (0.0, 0.6),
+    n_requests: int = 8,
+    n_iterations: int = 30,
+) -> pd.DataFrame:
+    """Synthetic traces: per-request ease follows an AR(1) (correlated iterations); the
+    conditional acceptance of position i decays with i; greedy probabilities are 0/1."""
+    recs = []
+    for m in methods:
+        for g in gammas:
+            for s in sparsities:
+                for c0 in contexts:
+                    for wl in workloads:
+                        for temp in temperatures:
+                            base = BASE[s] * (0.97 if c0 > 4096 else 1.0) * (
+                                0.95 if wl == "chat" else 1.0)
+                            for req in range(n_requests):
+                                ease, ctx = 0.0, c0
+                                for it in range(n_iterations):
+                                    ease = 0.8 * ease + rng.normal(0, 0.3)
+                                    p = np.clip(base * 0.97 ** np.arange(g) + 0.1 * ease,
+                                                0.0, 1.0)
+                                    if temp == 0.0:
+                                        prob = (rng.random(g) < p).astype(float)
+                                        ok = prob == 1.0
+                                    else:
+                                        prob = np.clip(p + rng.normal(0, 0.1, g), 0, 1)
+                                        ok = rng.random(g) < prob
+                                    acc = int(np.argmin(ok)) if not ok.all() else g
+                                    recs.append((m, g, s, int(math.ceil(s * ctx)), ctx, temp, wl,
+                                                 req, it, acc, prob.astype(np.float32), "real"))
+                                    ctx += acc + 1
+    return pd.DataFrame(recs, columns=[
+        "method", "gamma", "sparsity", "budget", "context", "temperature", "workload", "request",
+        "iteration", "accepted", "accept_prob", "model_weights"])
+
+
+@pytest.fixture(scope="module")
+def traces() -> pd.DataFrame:
+    return make_acceptance(np.random.default_rng(0))
+
+
+@pytest.fixture(scope="module")
+def model(traces: pd.DataFrame) -> AcceptanceModel:
+    return AcceptanceModel.from_traces(traces, "real")
+
+
+def cell_rows(df: pd.DataFrame, gamma: int, s: float, c0: int, temp: float = 0.0) -> pd.DataFrame:
+    """Rows of the runs that started at context c0 (all workloads)."""
+    first = df[df["iteration"] == 0]
+    keys = first[(first["gamma"] == gamma) & (first["sparsity"] == s) & (first["context"] == c0)
+                 & (first["temperature"] == temp)][["workload", "request"]]
+    sub = df[(df["gamma"] == gamma) & (df["sparsity"] == s) & (df["temperature"] == temp)]
+    return sub.merge(keys, on=["workload", "request"]).query("context >= @c0 and context < @c0 * 2")
+
+
+# ---- refusal and errors -------------------------------------------------------------------
+
+
+def test_random_weights_refused(traces: pd.DataFrame) -> None:
+    with pytest.raises(TraceSetError) as err:
+        AcceptanceModel.from_traces(traces, "random")
+    assert "model_weights" in str(err.value) and "real" in (err.value.fix or "")
+    bad = traces.copy()
+    bad.loc[bad.index[5], "model_weights"] = "random"
+    with pytest.raises(TraceSetError, match="model_weights"):
+        AcceptanceModel.from_traces(bad, "real")
+
+
+def test_malformed_rows_refused(traces: pd.DataFrame) -> None:
+    bad = traces.copy()
+    bad.loc[bad.index[0], "accepted"] = 99
+    with pytest.raises(TraceSetError, match="accepted"):
+        AcceptanceModel.from_traces(bad, "real")
+    with pytest.raises(TraceSetError, match="no acceptance rows"):
+        AcceptanceModel.from_traces(traces.iloc[:0], "real")
+    with pytest.raises(TraceSetError, match="accept_prob"):
+        AcceptanceModel.from_traces(traces.drop(columns=["accept_prob"]), "real")
+
+
+def test_methods_and_workloads_errors(model: AcceptanceModel) -> None:
+    with pytest.raises(TraceSetError, match="traced: vegas"):
+        model.lookup("specextend", 4, 0.1, 4096)
+    with pytest.raises(TraceSetError, match="traced: vegas"):
+        model.lookup("eagle", 4, 0.1, 4096)
+    with pytest.raises(UserInputError, match="chat, code"):
+        model.lookup("vegas", 4, 0.1, 4096, workload="math")
+
+
+def test_vanilla_needs_no_acceptance(model: AcceptanceModel) -> None:
+    d = model.lookup("vanilla", 7, 0.07, 4096)
+    assert d.rates.shape == (0,) and d.mean_length == 1.0 and not d.extrapolated
+    assert (d.sample(np.random.default_rng(0), 3, 5) == 0).all()
+
+
+# ---- truncation --------------------------------------------------------------------------
+
+
+def test_truncation_is_exact(traces: pd.DataFrame, model: AcceptanceModel) -> None:
+    d3 = model.lookup("vegas", 3, 0.1, 8192)  # traced at γ 4 and 8: uses γ_t = 4
+    assert d3.extrapolated == []
+    rows = cell_rows(traces, 4, 0.1, 8192)
+    acc = np.minimum(rows["accepted"].to_numpy(), 3)
+    direct = np.array([(acc >= i).mean() for i in (1, 2, 3)])
+    np.testing.assert_allclose(d3.rates, direct, rtol=1e-12)  # greedy: prob = outcome
+    d4 = model.lookup("vegas", 4, 0.1, 8192)
+    np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
+    # replay: the same draws, truncated
+    s3 = d3.sample(np.random.default_rng(7), 50, 100)
+    s4 = d4.sample(np.random.default_rng(7), 50, 100)
+    assert np.array_equal(s3, np.minimum(s4, 3))
+
+
+def test_rates_use_accept_prob_when_sampling(traces: pd.DataFrame,
+                                             model: AcceptanceModel) -> None:
+    d = model.lookup("vegas", 4, 0.1, 8192, temperature=0.6)
+    rows = cell_rows(traces, 4, 0.1, 8192, temp=0.6)
+    probs = np.stack(rows["accept_prob"].to_numpy())
+    assert d.rates[0] == pytest.approx(probs[:, 0].mean(), rel=1e-6)
+    acc = rows["accepted"].to_numpy()
+    # the Rao-Blackwellised rates agree with the raw outcomes within sampling error
+    for i in range(1, 5):
+        raw = (acc >= i).mean()
+        assert abs(d.rates[i - 1] - raw) < 4 * math.sqrt(raw * (1 - raw) / len(acc)) + 1e-9
+
+
+# ---- extrapolation in gamma --------------------------------------------------------------
+
+
+def test_gamma_extension_monotone_and_bounded(model: AcceptanceModel) -> None:
+    d = model.lookup("vegas", 14, 0.1, 8192)
+    assert d.rates.shape == (14,)
+    assert any("gamma 14 above traced max 8" in n for n in d.extrapolated)
+    assert np.all(np.diff(d.rates) <= 1e-12) and np.all((d.rates >= 0) & (d.rates <= 1))
+    np.testing.assert_allclose(d.rates[:8], model.lookup("vegas", 8, 0.1, 8192).rates)
+    ext = d.sources[0].cond_ext
+    assert np.all(np.diff(ext) <= 1e-12) and np.all((ext >= 0) & (ext <= 1))
+    sample = d.sample(np.random.default_rng(1), 300, 200)
+    assert sample.max() <= 14 and sample.min() >= 0
+    assert (sample > 8).any()  # all-accepted iterations were extended
+    se = sample.std() / math.sqrt(300 * 200 / d.block_len)
+    assert abs(sample.mean() - (d.mean_length - 1)) < 4 * se + 0.02
+
+
+@pytest.mark.parametrize("rates,expect_flat", [
+    (np.array([0.9, 0.8, 0.75, 0.72]), True),  # conditional rates rise: continue flat
+    (np.array([0.9, 0.7, 0.5, 0.3]), False),  # conditional rates fall: keep falling
+])
+def test_extend_rates_decay(rates: np.ndarray, expect_flat: bool) -> None:
+    full, ext = extend_rates(rates, 9)
+    assert full.shape == (9,) and ext.shape == (5,)
+    np.testing.assert_allclose(full[:4], rates)
+    last_cond = rates[-1] / rates[-2]
+    assert np.all(ext <= last_cond + 1e-12) and np.all(np.diff(ext) <= 1e-12)
+    assert np.allclose(ext, last_cond) == expect_flat
+    np.testing.assert_allclose(full[4:], rates[-1] * np.cumprod(ext))
+    zero, ext0 = extend_rates(np.array([0.5, 0.0]), 4)
+    assert np.array_equal(zero, [0.5, 0.0, 0.0, 0.0]) and np.array_equal(ext0, [0.0, 0.0])
+    same, none = extend_rates(rates, 3)
+    assert np.array_equal(same, rates[:3]) and none.shape == (0,)
+
+
+# ---- sparsity / context / temperature -----------------------------------------------------
+
+
+def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) -> None:
+    grid = np.linspace(0.01, 0.99, 50)
+    means = [model.lookup("vegas", 6, float(s), 8192).mean_length for s in grid]
+    assert np.all(np.diff(means) >= -1e-12)
+    assert model.lookup("vegas", 6, 1.0, 8192).mean_length == pytest.approx(7.0)
+    lo = model.lookup("vegas", 6, 0.05, 8192)
+    hi = model.lookup("vegas", 6, 0.1, 8192)
+    mid = model.lookup("vegas", 6, 0.075, 8192)
+    assert mid.extrapolated == [] and mid.mean_length == pytest.approx(
+        (lo.mean_length + hi.mean_length) / 2)
+    assert any("below traced min" in n for n in model.lookup("vegas", 6, 0.02, 8192).extrapolated)
+    above = model.lookup("vegas", 6, 0.6, 8192)
+    assert any("toward s = 1" in n for n in above.extrapolated)
+    # replay of the mixture has the interpolated mean
+    smp = mid.sample(np.random.default_rng(2), 400, 200)
+    se = smp.std() / math.sqrt(400 * 200 / mid.block_len)
+    assert abs(smp.mean() - (mid.mean_length - 1)) < 4 * se + 0.02
+
+
+def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
+    inside = model.lookup("vegas", 4, 0.1, 2000)  # log-nearest bucket: 1024
+    assert inside.extrapolated == []
+    np.testing.assert_allclose(inside.rates, model.lookup("vegas", 4, 0.1, 1024).rates)
+    far = model.lookup("vegas", 4, 0.1, 200_000)
+    assert any("context 200000 outside traced" in n for n in far.extrapolated)
+    np.testing.assert_allclose(far.rates, model.lookup("vegas", 4, 0.1, 32768).rates)
+    low = model.lookup("vegas", 4, 0.1, 100)
+    assert any("context 100 outside" in n for n in low.extrapolated)
+
+
+def test_temperature_nearest_and_workload_pooling(model: AcceptanceModel) -> None:
+    d = model.lookup("vegas", 4, 0.1, 8192, temperature=0.5)
+    assert any("temperature 0.5 not traced" in n for n in d.extrapolated)
+    np.testing.assert_allclose(d.rates, model.lookup("vegas", 4, 0.1, 8192, temperature=0.6).rates)
+    chat = model.lookup("vegas", 4, 0.1, 8192, workload="chat").rates
+    code = model.lookup("vegas", 4, 0.1, 8192, workload="code").rates
+    pooled = model.lookup("vegas", 4, 0.1, 8192).rates
+    np.testing.assert_allclose(pooled, (chat + code) / 2, rtol=1e-9)  # equal iterations each
+
+
+def test_coverage(model: AcceptanceModel) -> None:
+    cov = model.coverage()
+    assert cov["methods"] == ["vegas"] and cov["gamma_max"] == 8
+    assert cov["sparsities"] == [0.05, 0.1, 0.2] and cov["workloads"] == ["chat", "code"]
+    assert cov["temperatures"] == [0.0, 0.6] and cov["context_buckets"] == [1024, 8192, 32768]
+    lo, hi = cov["context_range"]  # type: ignore[misc]
+    assert lo == 1024 and hi > 32768
+
+
+# ---- bootstrap ---------------------------------------------------------------------------
+
+
+def test_bootstrap_mean_matches_trace_mean(traces: pd.DataFrame, model: AcceptanceModel) -> None:
+    d = model.lookup("vegas", 8, 0.2, 32768)
+    rows = cell_rows(traces, 8, 0.2, 32768)
+    trace_mean = rows["accepted"].mean()
+    n_req, n_it = 500, 400
+    smp = d.sample(np.random.default_rng(3), n_req, n_it)
+    # blocks are the independent units: SE ≤ std / sqrt(number of blocks)
+    se = rows["accepted"].std() / math.sqrt(n_req * n_it / d.block_len)
+    assert abs(smp.mean() - trace_mean) < 4 * se
+    per_pos = np.array([(smp >= i).mean() for i in range(1, 9)])
+    np.testing.assert_allclose(per_pos, d.rates, atol=8 * se / 8 + 0.01)
+
+
+def test_bootstrap_deterministic_per_seed(model: AcceptanceModel) -> None:
+    d = model.lookup("vegas", 6, 0.075, 8192)
+    a = d.sample(np.random.default_rng(11), 20, 50)
+    b = d.sample(np.random.default_rng(11), 20, 50)
+    c = d.sample(np.random.default_rng(12), 20, 50)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert a.shape == (20, 50) and a.dtype == np.int64
+
+
+def test_blocks_are_consecutive_iterations_of_one_run() -> None:
+    """Runs whose accepted counts encode (run, iteration) show the block structure."""
+    recs = []
+    for req in range(3):
+        for it in range(10 + 3 * req):
+            acc = (it % 3) if req != 1 else 3  # run 1 is all-accepted; others cycle 0,1,2
+            recs.append(("vegas", 3, 0.1, 256, 4096 + 4 * it, 0.0, "w", req, it, acc,
+                         np.ones(3, np.float32) * (acc == 3), "real"))
+    df = pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
+                                     "temperature", "workload", "request", "iteration",
+                                     "accepted", "accept_prob", "model_weights"])
+    d = AcceptanceModel.from_traces(df, "real").lookup("vegas", 3, 0.1, 4096)
+    smp = d.sample(np.random.default_rng(5), 50, 24)
+    # every block of 8 is a circular window of one run: run 1 all 3s, runs 0/2 (lengths 10
+    # and 16) read ((p + k) mod L) mod 3 for some start p
+    windows = [[3] * 8] + [
+        [((p + k) % length) % 3 for k in range(8)] for length in (10, 16) for p in range(length)
+    ]
+    seen = set()
+    for block in smp.reshape(-1, 8):
+        assert list(block) in windows, block
+        seen.add(tuple(block))
+    assert len(seen) > 10  # many different starts were drawn
+
+
+def test_request_id_reused_at_another_context_is_another_run() -> None:
+    df = make_acceptance(np.random.default_rng(4), gammas=(4,), sparsities=(0.1,),
+                         contexts=(1024, 65536), workloads=("w",), temperatures=(0.0,),
+                         n_requests=2, n_iterations=5)
+    cov = AcceptanceModel.from_traces(df, "real").coverage()
+    assert cov["n_runs"] == 4 and cov["context_buckets"] == [1024, 65536]
+
+
+def test_hand_built_dist_samples_from_rates() -> None:
+    d = AcceptanceDist("vegas", 3, np.array([0.8, 0.5, 0.2]))
+    smp = d.sample(np.random.default_rng(0), 200, 500)
+    for i, r in enumerate(d.rates, start=1):
+        assert (smp >= i).mean() == pytest.approx(r, abs=0.01)
+
+
+def test_bootstrap_is_fast(model: AcceptanceModel) -> None:
+    d = model.lookup("vegas", 10, 0.075, 8192)  # mixture + extension: the slowest path
+    t = time.perf_counter()
+    smp = d.sample(np.random.default_rng(0), 1000, 2000)
+    assert smp.shape == (1000, 2000)
+    assert time.perf_counter() - t < 3.0

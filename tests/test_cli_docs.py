@@ -1,0 +1,40 @@
+"""Every command has --help text with an example (sqlite-utils' test_docs style)."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from vegas_sim.cli import cli
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [prefix]
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            found += _commands(command, (*prefix, name))
+        else:
+            found.append((*prefix, name))
+    return found
+
+
+ALL = _commands(cli)
+
+
+def test_all_issue_commands_exist() -> None:
+    names = {c[0] for c in ALL if c}
+    assert {"predict", "calibrate", "validate", "sweep", "tune", "report", "traces"} <= names
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: " ".join(p) or "vegas-sim")
+def test_help_has_example(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Example" in result.output, f"`vegas-sim {' '.join(path)} --help` has no example"
+    assert "vegas-sim " in result.output.split("Example", 1)[1]
+
+
+@pytest.mark.parametrize("path", [p for p in ALL if p], ids=" ".join)
+def test_command_names_are_kebab_case(path: tuple[str, ...]) -> None:
+    assert all(part == part.lower() and "_" not in part for part in path)

@@ -1,0 +1,130 @@
+"""catalog.resolve: which sets answer a prediction, and the refusals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vegas_sim.errors import TraceSetError, UserInputError
+from vegas_sim.traces import catalog, io
+from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+TINY = dict(methods=("vanilla", "vegas"), gammas=(2,), sparsities=(0.07,), contexts=(1024,),
+            batches=(1,), requests=2, iterations=2)
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("catalog")
+    out = {
+        "qwen-random": root / "qwen3-8b-synth-random",
+        "qwen-real": root / "qwen3-8b-synth-real",
+        "small-real": root / "smollm2-135m-synth-real",
+        "qwen-latency-only": root / "qwen3-8b-synth-latency-only",
+    }
+    make_synthetic_trace_set(out["qwen-random"], weights_kind="random", **TINY)  # type: ignore
+    make_synthetic_trace_set(out["qwen-real"], **TINY)  # type: ignore[arg-type]
+    make_synthetic_trace_set(out["small-real"], model="smollm2-135m", **TINY)  # type: ignore
+    make_synthetic_trace_set(out["qwen-latency-only"], acceptance=False,
+                             **TINY)  # type: ignore[arg-type]
+    return out
+
+
+def _defaults(tmp_path: Path, *paths: Path) -> Path:
+    """A stand-in for vegas_sim/traces/default/ holding copies of `paths`."""
+    d = tmp_path / "default"
+    d.mkdir()
+    for p in paths:
+        shutil.copytree(p, d / p.name)
+    return d
+
+
+def test_nothing_packaged_says_so(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError) as info:
+        catalog.resolve("qwen3-8b", None, default_dir=tmp_path / "default")
+    msg = str(info.value)
+    assert "no default trace set is packaged" in msg
+    assert "vegas-sim calibrate" in msg and "--traces" in msg
+
+
+def test_packaged_sets_lists_directories_with_meta(tmp_path: Path, sets: dict[str, Path]) -> None:
+    d = _defaults(tmp_path, sets["qwen-real"])
+    (d / "not-a-set").mkdir()
+    assert catalog.packaged_sets(d) == [d / sets["qwen-real"].name]
+    assert catalog.packaged_sets(tmp_path / "missing") == []
+
+
+def test_traces_with_real_acceptance_serves_both(sets: dict[str, Path], tmp_path: Path) -> None:
+    lat, acc, notes = catalog.resolve("qwen3-8b", sets["qwen-real"],
+                                      default_dir=tmp_path / "none")
+    assert lat is acc and lat.model_name == "qwen3-8b"
+    assert notes[0].startswith("latency: qwen3-8b-synth-real (real weights, SYNTHETIC")
+    assert notes[1].startswith("acceptance: qwen3-8b-synth-real")
+    assert any("SYNTHETIC test data" in n for n in notes)
+
+
+def test_random_traces_fall_back_to_packaged_real(sets: dict[str, Path], tmp_path: Path) -> None:
+    d = _defaults(tmp_path, sets["small-real"])
+    lat, acc, notes = catalog.resolve("qwen3-8b", sets["qwen-random"], default_dir=d)
+    assert lat.weights_kind == "random" and acc.weights_kind == "real"
+    assert acc.model_name == "smollm2-135m"
+    text = "\n".join(notes)
+    assert "has random weights" in text and "smollm2-135m-synth-real" in text
+    assert "proxy" in text
+
+
+def test_latency_only_traces_fall_back(sets: dict[str, Path], tmp_path: Path) -> None:
+    d = _defaults(tmp_path, sets["small-real"], sets["qwen-real"])
+    lat, acc, notes = catalog.resolve("qwen3-8b", sets["qwen-latency-only"], default_dir=d)
+    assert acc.name == "qwen3-8b-synth-real"  # the predicted model's own set is preferred
+    assert "has no acceptance rows" in "\n".join(notes)
+
+
+def test_random_acceptance_without_fallback_is_refused(sets: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    with pytest.raises(TraceSetError) as info:
+        catalog.resolve("qwen3-8b", sets["qwen-random"], default_dir=tmp_path / "none")
+    msg = str(info.value)
+    assert "random-weight model's acceptance is meaningless" in msg
+    assert "--weights real" in msg and "meta.json" in msg
+
+
+def test_explicit_random_acceptance_is_refused(sets: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(TraceSetError, match="acceptance is meaningless"):
+        catalog.resolve("qwen3-8b", sets["qwen-real"], acceptance=sets["qwen-random"],
+                        default_dir=tmp_path / "none")
+    io.require_real_acceptance(io.load_trace_set(sets["qwen-real"]))  # the real one is fine
+
+
+def test_model_mismatch_lists_models(sets: dict[str, Path], tmp_path: Path) -> None:
+    d = _defaults(tmp_path, sets["small-real"])
+    with pytest.raises(UserInputError) as info:
+        catalog.resolve("llama-3.1-8b", sets["qwen-real"], default_dir=d)
+    msg = str(info.value)
+    assert "'qwen3-8b'" in msg and "'llama-3.1-8b'" in msg
+    assert "qwen3-8b" in msg.split("fix:")[1] and "smollm2-135m" in msg.split("fix:")[1]
+
+
+def test_default_resolution_by_model(sets: dict[str, Path], tmp_path: Path) -> None:
+    d = _defaults(tmp_path, sets["qwen-random"], sets["small-real"])
+    lat, acc, notes = catalog.resolve("qwen3-8b", None, default_dir=d)
+    assert lat.name == "qwen3-8b-synth-random" and acc.name == "smollm2-135m-synth-real"
+    lat2, acc2, _ = catalog.resolve("smollm2-135m", None, default_dir=d)
+    assert lat2 is acc2 or lat2.name == acc2.name == "smollm2-135m-synth-real"
+    with pytest.raises(UserInputError) as info:
+        catalog.resolve("llama-3.1-8b", None, default_dir=d)
+    assert "qwen3-8b" in str(info.value) and "smollm2-135m" in str(info.value)
+
+
+def test_model_none_uses_traces_model(sets: dict[str, Path], tmp_path: Path) -> None:
+    lat, _, _ = catalog.resolve(None, sets["small-real"], default_dir=tmp_path / "none")
+    assert lat.model_name == "smollm2-135m"
+
+
+def test_shipped_defaults_are_valid_and_measured() -> None:
+    # Guards the real package directory: whatever is shipped must load and be measured.
+    for path in catalog.packaged_sets():
+        ts = io.load_trace_set(path)
+        assert not ts.synthetic, f"{path} is synthetic: never ship synthetic sets"

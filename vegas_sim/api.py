@@ -1,0 +1,91 @@
+"""Notebook-friendly entry points: every CLI command is one of these functions.
+
+    >>> from vegas_sim import api
+    >>> table, notes = api.predict_methods(gamma=7, methods=("vegas",), context=32768)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from vegas_sim.gpus import get_gpu
+from vegas_sim.methods import check_gamma, check_method, check_sparsity
+from vegas_sim.models import ModelSpec
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
+from vegas_sim.traces.io import TraceSet
+
+
+def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
+    gpu = trace_set.meta["gpu"]
+    return MeasuredGpu(
+        name=str(gpu["name"]),
+        copy_bandwidth_gbs=float(gpu["copy_bandwidth_gbs"]),
+        bf16_tflops=float(gpu["bf16_tflops"]),
+        memory_gb=float(gpu["memory_gb"]),
+    )
+
+
+def fit_latency(trace_set: TraceSet) -> LatencyModel:
+    """The latency model of a trace set's model on its measured GPU."""
+    spec = ModelSpec.from_dict(trace_set.meta["model"])
+    return LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set))
+
+
+@functools.lru_cache(maxsize=8)
+def load_models(
+    model: str, traces: Path | None = None, gpu: str | None = None
+) -> tuple[LatencyModel, AcceptanceModel, tuple[str, ...]]:
+    """Resolve trace sets (packaged by default), fit both models; notes say what was used."""
+    from vegas_sim.traces import catalog
+
+    latency_set, acceptance_set, notes = catalog.resolve(model, traces)
+    latency = fit_latency(latency_set)
+    if gpu is not None:
+        latency = latency.what_if(get_gpu(gpu))
+        notes = [*notes, f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
+    acceptance = AcceptanceModel.from_traces(acceptance_set.acceptance,
+                                             acceptance_set.weights_kind)
+    return latency, acceptance, tuple(notes)
+
+
+def predict_methods(
+    *,
+    gamma: int = 7,
+    sparsity: float = 0.07,
+    batch: int = 4,
+    context: int = 32768,
+    output_len: int = 1024,
+    methods: Sequence[str] = ("vegas",),
+    model: str = "qwen3-8b",
+    traces: Path | None = None,
+    gpu: str | None = None,
+    requests: int | None = None,
+    arrival: str = "closed",
+    workload: str | None = None,
+    temperature: float = 0.0,
+    prefill: str = "disaggregated",
+    engine: str = "sim",
+    seed: int = 0,
+    replications: int = 5,
+) -> tuple[pd.DataFrame, list[str]]:
+    """Predict one configuration for each method (plus vanilla, the baseline)."""
+    from vegas_sim.sim.predict import Scenario, predict
+
+    check_gamma(gamma)
+    check_sparsity(sparsity)
+    ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
+    latency, acceptance, notes = load_models(model, traces, gpu)
+    scenarios = [
+        Scenario(method=m, gamma=gamma, sparsity=sparsity, batch=batch, context=context,
+                 output_len=output_len, requests=requests, arrival=arrival, workload=workload,
+                 temperature=temperature, prefill=prefill)
+        for m in ordered
+    ]
+    table = predict(scenarios, latency, acceptance, seed=seed, replications=replications,
+                    engine=engine)
+    return table, list(notes)

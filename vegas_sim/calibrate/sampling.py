@@ -1,0 +1,121 @@
+"""Token sampling and lossless speculative acceptance (Leviathan et al. 2023).
+
+- `probs_from_logits`: temperature, then top-k, then top-p (HF / vLLM order), renormalised.
+  This processed distribution *is* the target (and draft) distribution: spec decoding is
+  lossless with respect to it.
+- `sample`: greedy argmax when temperature == 0, else a draw from `probs_from_logits`.
+- `greedy_accept` / `rejection_accept`: per request, accept drafts sequentially; return the
+  accepted count a, the token that follows them (correction on rejection, bonus after all γ),
+  and min(1, p/q) for every drafted position (1/0 under greedy).
+
+Draws use inverse-CDF sampling from uniforms of an explicit torch.Generator, so a seed gives
+the same tokens on every run (torch.multinomial would too, but uniforms are also what the
+accept test needs, from the same stream).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from vegas_sim.errors import UserInputError
+
+
+def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
+    if temperature < 0:
+        raise UserInputError(f"temperature must be >= 0, got {temperature}", where="temperature",
+                             fix="use 0 for greedy decoding or a positive value such as 0.6")
+    if not (0.0 < top_p <= 1.0):
+        raise UserInputError(f"top_p must be in (0, 1], got {top_p}", where="top_p",
+                             fix="use 1.0 to disable nucleus sampling")
+    if top_k < 0:
+        raise UserInputError(f"top_k must be >= 0, got {top_k}", where="top_k",
+                             fix="use 0 to disable top-k")
+
+
+def probs_from_logits(logits: Tensor, temperature: float, top_p: float = 1.0,
+                      top_k: int = 0) -> Tensor:
+    """[..., V] logits → [..., V] fp32 probabilities after temperature, top-k and top-p.
+
+    temperature == 0 gives the one-hot of the argmax (the greedy "distribution").
+    """
+    check_sampling(temperature, top_p, top_k)
+    logits = logits.float()
+    if temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    x = logits / temperature
+    vocab = x.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]  # [..., 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass strictly
+        # before it already reaches top_p (the first token is always kept).
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row of probs [..., V] (need not be normalised): [...] int64."""
+    cdf = torch.cumsum(probs.float(), dim=-1)  # [..., V]
+    total = cdf[..., -1:]
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=probs.device)
+    # Token i is chosen when cdf[i-1] <= u·total < cdf[i]: a zero-probability token (flat cdf
+    # step) has an empty interval and is never chosen.
+    idx = (cdf <= u * total).sum(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample(logits: Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0,
+           generator: torch.Generator | None = None) -> Tensor:
+    """[..., V] logits → [...] int64 tokens; argmax when temperature == 0."""
+    if temperature == 0:
+        check_sampling(temperature, top_p, top_k)
+        return logits.argmax(-1)
+    return draw(probs_from_logits(logits, temperature, top_p, top_k), generator)
+
+
+def greedy_accept(drafts: Tensor, target_logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Greedy verification.
+
+    drafts [B, γ] int64; target_logits [B, γ+1, V] (row i verifies drafts[:, i]).
+    Returns accepted [B] int64 in 0..γ, next_token [B] int64 (target argmax at row `accepted`:
+    the correction, or the bonus when all γ were accepted), accept_prob [B, γ] fp32 (1/0).
+    """
+    target = target_logits.argmax(-1)  # [B, γ+1]
+    match = (drafts == target[:, :-1]).float()  # [B, γ]
+    accepted = torch.cumprod(match, dim=1).sum(1).long()  # [B]
+    next_token = target.gather(1, accepted[:, None])[:, 0]
+    return accepted, next_token, match
+
+
+def rejection_accept(drafts: Tensor, q: Tensor, p: Tensor,
+                     generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Lossless speculative sampling.
+
+    drafts [B, γ] int64 drawn from q [B, γ, V]; p [B, γ+1, V] target probabilities.
+    Draft i is accepted with probability min(1, p_i(d_i) / q_i(d_i)), sequentially; at the first
+    rejection (index a) the next token is drawn from normalise(max(p_a − q_a, 0)); after γ
+    accepts it is drawn from p_γ. Returns accepted [B], next_token [B], accept_prob [B, γ].
+    """
+    bsz, gamma = drafts.shape
+    p_d = p[:, :gamma].gather(2, drafts[:, :, None])[:, :, 0]  # [B, γ]
+    q_d = q.gather(2, drafts[:, :, None])[:, :, 0]  # [B, γ]
+    ratio = torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.ones_like(p_d))
+    accept_prob = ratio.clamp(max=1.0)  # [B, γ]
+    u = torch.rand((bsz, gamma), generator=generator, device=drafts.device)
+    ok = (u < accept_prob).float()
+    accepted = torch.cumprod(ok, dim=1).sum(1).long()  # [B]
+    rows = torch.arange(bsz, device=drafts.device)
+    p_a = p[rows, accepted]  # [B, V]
+    q_pad = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # [B, γ+1, V]; row γ: no draft
+    residual = (p_a - q_pad[rows, accepted]).clamp_min(0.0)  # [B, V]; = p_γ after all accepts
+    # A zero residual (p == q up to rounding) has probability ~0 of being reached; fall back to p.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, p_a, residual)
+    return accepted, draw(residual, generator), accept_prob

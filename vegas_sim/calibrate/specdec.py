@@ -1,0 +1,503 @@
+"""Batched self-speculative decoding for every method of DESIGN.md "Methods".
+
+Iteration semantics (one iteration = γ sparse draft steps + one full-attention verify pass):
+
+- State per request: the verified context C (tokens in the KV cache whose K/V came from full
+  attention) and t0, the token sampled at the end of the previous iteration: not yet in the
+  cache, its position is C.
+- Draft: step j = 1..γ feeds the previous token (t0, then d1, ...) at position C+j−1 through the
+  model with the method's sparse attention policy, writing its (sparse-computed) K/V, and
+  proposes d_j: argmax (greedy) or a draw from q_j (temperature/top-p/top-k), q_j kept.
+- Verify: roll the cache back to C, feed [t0, d1..dγ] (γ+1 rows, positions C..C+γ) with full
+  attention (ops.verify_attention) plus the method's score collection. Row i's distribution p_i
+  verifies d_{i+1}; acceptance is sequential (greedy: d == argmax p; sampled: accept with
+  probability min(1, p/q), on rejection draw from normalise(max(p − q, 0)); after γ accepts the
+  bonus is drawn from p_γ). accept_prob = min(1, p/q) per drafted position (1/0 greedy).
+- Then C' = C + 1 + a, the cache is rolled back to C' (verify wrote the right K/V for t0 and the
+  a accepted drafts) and t0' is the correction/bonus token. a + 1 tokens are emitted (capped at
+  max_new_tokens).
+- Selection, for the *next* iteration's drafts:
+  * vegas / vegas-all: the verify pass collects the raw scores of rows first+last / all; per
+    layer, right after attention, they become per-position weights (ops.score_weights,
+    rank_len = C + 1: positions [0, C], the context plus t0), then one ops.topk_select over all
+    layers with budget = methods.budget(s, C + 1, max_len, min_tokens). The drafts attend the
+    selected keys plus every position > C of the selecting iteration (tail_start = C + 1):
+    accepted drafts, the new t0 and each new draft.
+  * specextend: verify collects all rows, each row's weights are kept; after acceptance the
+    row a (the last accepted token's) is used; then as vegas.
+  * After prefill (vegas types): selection from the prompt's last row (its scores collected by
+    ops.verify_attention on that one row), rank_len = tail_start = prompt length.
+  * magicdec-stream: ops.stream_indices(C, budget, sink) over [0, C); tail from C.
+  * magicdec-quest: page min/max metadata (ops.quest_update_meta) over verified tokens; at
+    every draft step and layer, ops.quest_select with that step's query (top budget/16 pages +
+    the current page of [0, C)); tail from C.
+- vanilla: one token per step with full attention — the reference for losslessness.
+
+Prefill: every prompt but its last token is prefilled densely (runtime.prefill), then the last
+prompt tokens go through one batched single-row step (with score collection for the vegas
+types). Vanilla does the same, so the first sampled token t0 is computed identically.
+
+Batching: B requests with their own C, t0, emitted tokens; all tensors batched. A request that
+has emitted max_new_tokens is frozen (its C stops growing) and keeps running harmlessly until
+the batch ends; it records nothing more.
+
+Acceptance replay (replay.AcceptanceReplay): the accepted count comes from a recorded trace
+instead of the comparison (random-weight latency runs at 8B/128K with realistic acceptance);
+drafting, verifying, rollback and emission still run for real. accept_prob is then recorded
+as 1 for the a replayed accepts and 0 after.
+
+Timing (timers.PhaseTimer): draft_step (each step; its Quest page scoring excluded and timed as
+quest_meta), quest_meta (page scoring + metadata update of newly verified tokens), verify (with
+its score collection), sample (acceptance, emission and rollback), select (top-k), decode and
+sample (vanilla), prefill, collect (the prompt's last-row collection), other.
+
+Phase-level API (latency grid runner): `init_state(batch, context, max_seq)` builds a synthetic
+state (random K/V at `context`, no prefill) on which draft / verify / accept_and_rollback /
+select / decode can be timed one by one; a synthetic state keeps its context fixed (every
+iteration is rolled back to the same C) so that repeated timings measure the same point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vegas_sim import methods
+from vegas_sim.calibrate.policies import (
+    CollectingVerifyAttention,
+    QuestDraftAttention,
+    SparseDraftAttention,
+)
+from vegas_sim.calibrate.replay import AcceptanceReplay
+from vegas_sim.calibrate.runtime import DenseAttention, KVCache, Transformer
+from vegas_sim.calibrate.sampling import (
+    check_sampling,
+    draw,
+    greedy_accept,
+    probs_from_logits,
+    rejection_accept,
+    sample,
+)
+from vegas_sim.calibrate.timers import PhaseTimer
+from vegas_sim.errors import UserInputError
+from vegas_sim.kernels import ops
+
+MAX_GAMMA = 15  # verify_attention takes at most 16 query rows
+VEGAS_TYPES = ("vegas", "vegas-all", "specextend")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """One decoding configuration. temperature == 0 is greedy."""
+
+    method: str
+    gamma: int
+    sparsity: float = methods.DEFAULT_SPARSITY
+    min_tokens: int = methods.MIN_TOKENS
+    sink: int = methods.SINK_TOKENS
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        methods.check_method(self.method)
+        if self.method != "vanilla":
+            methods.check_gamma(self.gamma)
+        if self.gamma > MAX_GAMMA:
+            raise UserInputError(f"gamma {self.gamma} > {MAX_GAMMA}", where="gamma",
+                                 fix=f"verify at most 16 rows: use gamma <= {MAX_GAMMA}")
+        methods.check_sparsity(self.sparsity)
+        if self.min_tokens < 1 or self.sink < 0:
+            raise UserInputError("min_tokens must be >= 1 and sink >= 0",
+                                 where="min_tokens / sink", fix="use e.g. 256 and 16")
+        check_sampling(self.temperature, self.top_p, self.top_k)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def collect(self) -> str:
+        """The verify pass's score collection mode."""
+        return {"vegas": "first_last", "vegas-all": "all", "specextend": "all"}.get(
+            self.method, "none")
+
+
+@dataclass
+class IterationRecord:
+    """One (request, iteration): acceptance.parquet's row without the run-level columns."""
+
+    request: int
+    iteration: int
+    context: int  # C at the start of the iteration
+    budget: int  # selected KV entries the drafts attended (before the forced tail)
+    accepted: int  # 0..γ
+    accept_prob: list[float]  # min(1, p/q) per drafted position (1/0 greedy), length γ
+    emitted: int  # tokens emitted this iteration (a + 1, capped at max_new_tokens)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per request (t0 from prefill first)
+    records: list[IterationRecord]
+
+
+@dataclass
+class BatchState:
+    """Everything one batch carries between phases. Tensors on the model's device."""
+
+    cache: KVCache
+    context: Tensor  # [B] int32 verified context C
+    ctx_host: np.ndarray  # [B] int64 host mirror of `context` (budgets, records)
+    t0: Tensor  # [B] int64 token at position C, not in the cache
+    drafts: Tensor  # [B, γ] int64
+    draft_probs: Tensor | None  # [B, γ, V] fp32 q_j (sampling only)
+    draft_policy: Any  # SparseDraftAttention | QuestDraftAttention | None (vanilla)
+    verify_policy: CollectingVerifyAttention
+    kmin: Tensor | None = None  # [L, B, P, Hkv, D] Quest page metadata
+    kmax: Tensor | None = None
+    target_logits: Tensor | None = None  # [B, γ+1, V] of the last verify
+    accepted: Tensor | None = None  # [B] int64 of the last acceptance
+    collect_ctx: np.ndarray | None = None  # [B] C of the last verify (selection rank_len − 1)
+    budget_host: np.ndarray | None = None  # [B] budget of the current draft selection
+    iteration: int = 0
+    req_iteration: np.ndarray | None = None  # [B] iterations run while active
+    done: np.ndarray | None = None  # [B] bool: emitted max_new_tokens, frozen
+    emitted: list[list[int]] = field(default_factory=list)
+    max_new_tokens: int = 0
+    records: list[IterationRecord] = field(default_factory=list)
+    synthetic: bool = False  # fixed context, no emission / records
+    generator: torch.Generator | None = None
+    replay: AcceptanceReplay | None = None
+
+    @property
+    def batch(self) -> int:
+        return int(self.t0.shape[0])
+
+
+class SpecDecoder:
+    """Runs one method (SpecConfig) on a model; see the module docstring for the semantics."""
+
+    def __init__(self, model: Transformer, config: SpecConfig,
+                 timer: PhaseTimer | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.timer = timer if timer is not None else PhaseTimer(model.device, enabled=False)
+        self.spec = model.spec
+        self.device = model.device
+        self.dense = DenseAttention()
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _budget(self, length: np.ndarray) -> np.ndarray:
+        c = self.config
+        return methods.budget(c.sparsity, length, self.spec.max_positions, c.min_tokens)
+
+    def _dev(self, x: np.ndarray, dtype: torch.dtype = torch.int32) -> Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
+
+    def _capacity(self, max_seq: int) -> int:
+        """Index-list capacity: the largest budget any context up to max_seq can get."""
+        return int(self._budget(np.array([max_seq]))[0]) + methods.QUEST_PAGE
+
+    def _new_state(self, batch: int, max_seq: int) -> BatchState:
+        c, s = self.config, self.spec
+        cache = self.model.new_cache(batch, max_seq)
+        kmin = kmax = None
+        draft_policy: Any = None
+        if c.method == "magicdec-quest":
+            pages = -(-max_seq // methods.QUEST_PAGE)
+            shape = (s.n_layers, batch, pages, s.n_kv_heads, s.head_dim)
+            kmin = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+            kmax = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+            draft_policy = QuestDraftAttention(kmin, kmax, batch, self.device, self.timer.phase)
+        elif c.method != "vanilla":
+            draft_policy = SparseDraftAttention(s.n_layers, batch, self._capacity(max_seq),
+                                                self.device,
+                                                shared=c.method == "magicdec-stream")
+        gamma = max(c.gamma, 1)
+        verify = CollectingVerifyAttention(
+            s.n_layers, batch, max_seq, self.device, c.collect,
+            per_row=c.method == "specextend", max_rows=gamma + 1)
+        return BatchState(
+            cache=cache,
+            context=torch.zeros(batch, dtype=torch.int32, device=self.device),
+            ctx_host=np.zeros(batch, dtype=np.int64),
+            t0=torch.zeros(batch, dtype=torch.long, device=self.device),
+            drafts=torch.zeros(batch, gamma, dtype=torch.long, device=self.device),
+            draft_probs=None, draft_policy=draft_policy, verify_policy=verify,
+            kmin=kmin, kmax=kmax,
+            accepted=torch.zeros(batch, dtype=torch.long, device=self.device),
+            req_iteration=np.zeros(batch, dtype=np.int64),
+            done=np.zeros(batch, dtype=bool),
+            emitted=[[] for _ in range(batch)],
+        )
+
+    def _set_context(self, state: BatchState, ctx: np.ndarray) -> None:
+        state.ctx_host = ctx.astype(np.int64)
+        state.context.copy_(self._dev(ctx))
+
+    # ---- prefill --------------------------------------------------------------------------
+    def prefill_state(self, prompts: list[Tensor], max_new_tokens: int, *,
+                      generator: torch.Generator | None = None,
+                      replay: AcceptanceReplay | None = None) -> BatchState:
+        """Prefill `prompts` (1-D int64, >= 2 tokens each), sample t0, make the first selection."""
+        if not prompts:
+            raise UserInputError("no prompts", fix="pass at least one prompt")
+        lengths = np.array([int(p.numel()) for p in prompts], dtype=np.int64)
+        if lengths.min() < 2:
+            raise UserInputError("a prompt has fewer than 2 tokens", where="prompts",
+                                 fix="give every prompt at least 2 tokens")
+        if max_new_tokens < 1:
+            raise UserInputError("max_new_tokens must be >= 1", where="max_new_tokens",
+                                 fix="ask for at least one token")
+        c = self.config
+        max_seq = int(lengths.max()) + max_new_tokens + 2 * max(c.gamma, 1) + 2
+        state = self._new_state(len(prompts), max_seq)
+        state.generator, state.replay, state.max_new_tokens = generator, replay, max_new_tokens
+        with self.timer.phase("prefill"):
+            self.model.prefill([p.reshape(-1)[:-1] for p in prompts], state.cache)
+        last = torch.stack([p.reshape(-1)[-1] for p in prompts]).to(self.device)[:, None]
+        with self.timer.phase("collect" if c.method in VEGAS_TYPES else "prefill"):
+            state.verify_policy.rank_len.copy_(self._dev(lengths))
+            policy = state.verify_policy if c.method in VEGAS_TYPES else self.dense
+            first = self.verify_collect_prefill(last, state, policy)
+        self._set_context(state, lengths)
+        with self.timer.phase("sample"):
+            t0 = sample(first, c.temperature, c.top_p, c.top_k, generator)
+        state.t0.copy_(t0)
+        for b, tok in enumerate(t0.tolist()):
+            state.emitted[b].append(int(tok))
+        state.done = np.array([len(e) >= max_new_tokens for e in state.emitted])
+        # The prompt's last row plays the verify pass of a virtual iteration at C = P − 1.
+        state.collect_ctx = lengths - 1
+        if c.method == "magicdec-quest":
+            self._quest_meta(state, np.zeros_like(lengths), lengths)
+        if c.method in VEGAS_TYPES:
+            self.select(state)
+        return state
+
+    def verify_collect_prefill(self, last: Tensor, state: BatchState, policy: Any) -> Tensor:
+        """The last prompt token as one row; returns its logits [B, V]."""
+        # With one row, collect="all" / "first_last" both collect that row: rank over the
+        # prompt (rank_len = P), which the verify policy's rank_len already says.
+        return self.model(last, state.cache, policy, last_only=True)[:, 0]
+
+    # ---- synthetic state (latency grid) ---------------------------------------------------
+    def init_state(self, batch: int, context: int, max_seq: int, *, seed: int = 0,
+                   replay: AcceptanceReplay | None = None) -> BatchState:
+        """A state at verified context `context` for every request, with random K/V and no
+        prefill: the drafts' selection is made from random weights (vegas types), Quest
+        metadata from the random keys. Context stays fixed across iterations."""
+        c = self.config
+        if context < 1 or max_seq < context + 2 * max(c.gamma, 1) + 2:
+            raise UserInputError(
+                f"context {context} does not fit max_seq {max_seq}", where="init_state",
+                fix=f"use max_seq >= context + 2*gamma + 2 = {context + 2 * max(c.gamma, 1) + 2}")
+        gen = torch.Generator(self.device).manual_seed(seed)
+        state = self._new_state(batch, max_seq)
+        state.synthetic, state.replay, state.generator = True, replay, gen
+        ctx = np.full(batch, context, dtype=np.int64)
+        state.cache.fill_random(self._dev(ctx), gen)
+        self._set_context(state, ctx)
+        state.t0.copy_(torch.randint(0, self.spec.vocab, (batch,), generator=gen,
+                                     device=self.device))
+        state.collect_ctx = ctx - 1
+        enabled, self.timer.enabled = self.timer.enabled, False  # setup is not a phase
+        try:
+            if c.method == "magicdec-quest":
+                self._quest_meta(state, np.zeros_like(ctx), ctx)
+            if c.method in VEGAS_TYPES:
+                w = state.verify_policy.weights
+                w.uniform_(0.0, 1.0, generator=gen)
+                w[..., context:] = 0.0  # nothing beyond rank_len = C
+                self.select(state)
+        finally:
+            self.timer.enabled = enabled
+        return state
+
+    # ---- phases ---------------------------------------------------------------------------
+    def _prepare_draft(self, state: BatchState) -> None:
+        """Index lists that depend only on C (stream) or per-step page counts (quest)."""
+        c = self.config
+        if c.method == "magicdec-stream":
+            b = self._budget(state.ctx_host)
+            idx, n_idx = ops.stream_indices(state.context, self._dev(b), c.sink)
+            state.draft_policy.set(idx, n_idx, state.context)
+            state.budget_host = np.minimum(b, state.ctx_host)
+        elif c.method == "magicdec-quest":
+            b = self._budget(state.ctx_host)
+            pages = np.maximum(b // methods.QUEST_PAGE, 1)
+            state.draft_policy.set(state.context, self._dev(pages))
+            partial = state.ctx_host % methods.QUEST_PAGE
+            state.budget_host = np.minimum(pages * methods.QUEST_PAGE + partial, state.ctx_host)
+
+    def draft(self, state: BatchState) -> None:
+        """γ sparse draft steps from t0; fills state.drafts (and q for sampling)."""
+        c = self.config
+        with self.timer.phase("other"):
+            self._prepare_draft(state)
+        probs: list[Tensor] = []
+        tok = state.t0[:, None]  # [B, 1]
+        for j in range(c.gamma):
+            with self.timer.phase("draft_step"):
+                logits = self.model(tok, state.cache, state.draft_policy, last_only=True)[:, 0]
+                if c.greedy:
+                    d = logits.argmax(-1)  # [B]
+                else:
+                    q = probs_from_logits(logits, c.temperature, c.top_p, c.top_k)  # [B, V]
+                    d = draw(q, state.generator)
+                    probs.append(q)
+                state.drafts[:, j] = d
+            tok = state.drafts[:, j:j + 1]
+        state.draft_probs = torch.stack(probs, dim=1) if probs else None  # [B, γ, V]
+
+    def verify(self, state: BatchState) -> None:
+        """Roll back to C, verify [t0, d1..dγ] with full attention and score collection."""
+        with self.timer.phase("verify"):
+            state.cache.rollback(state.context)
+            tokens = torch.cat([state.t0[:, None], state.drafts], dim=1)  # [B, γ+1]
+            state.verify_policy.rank_len.copy_(state.context + 1)  # rank [0, C]
+            state.target_logits = self.model(tokens, state.cache, state.verify_policy)
+            state.collect_ctx = state.ctx_host.copy()
+
+    def accept_and_rollback(self, state: BatchState) -> None:
+        """Acceptance ('sample' phase): emit tokens, roll the cache back to C' = C + 1 + a."""
+        c = self.config
+        if state.target_logits is None:
+            raise UserInputError("accept_and_rollback before verify",
+                                 fix="call draft() and verify() first")
+        with self.timer.phase("sample"):
+            accepted, next_tok, accept_prob = self._decide(state)
+            assert state.done is not None and state.req_iteration is not None
+            active = torch.as_tensor(~state.done, device=self.device)
+            if state.synthetic:
+                active = torch.zeros_like(active)
+            step = torch.where(active, accepted + 1, torch.zeros_like(accepted))  # [B]
+            new_ctx = state.context + step.to(torch.int32)
+            state.cache.rollback(new_ctx)
+            state.t0.copy_(torch.where(active, next_tok, state.t0))
+            state.context.copy_(new_ctx)
+            state.accepted = accepted
+            # One host transfer per iteration: records and emission need the values.
+            a_h, step_h = accepted.cpu().numpy(), step.cpu().numpy()
+            drafts_h, next_h = state.drafts.cpu().numpy(), next_tok.cpu().numpy()
+            prob_h = accept_prob.float().cpu().numpy()
+        old_ctx = state.ctx_host
+        state.ctx_host = old_ctx + step_h
+        if state.synthetic:
+            state.req_iteration += 1  # replay still advances per request
+        else:
+            self._emit(state, old_ctx, a_h, drafts_h, next_h, prob_h)
+        if c.method == "magicdec-quest":
+            self._quest_meta(state, old_ctx, state.ctx_host)
+        state.iteration += 1
+
+    def _decide(self, state: BatchState) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.config
+        logits = state.target_logits
+        assert logits is not None
+        if state.replay is not None:
+            assert state.req_iteration is not None
+            a = self._dev(state.replay.batch(list(state.req_iteration), c.gamma), torch.long)
+            rows = torch.arange(state.batch, device=self.device)
+            nxt = sample(logits[rows, a], c.temperature, c.top_p, c.top_k, state.generator)
+            prob = (torch.arange(c.gamma, device=self.device)[None, :] < a[:, None]).float()
+            return a, nxt, prob
+        if c.greedy:
+            return greedy_accept(state.drafts, logits)
+        assert state.draft_probs is not None
+        p = probs_from_logits(logits, c.temperature, c.top_p, c.top_k)  # [B, γ+1, V]
+        return rejection_accept(state.drafts, state.draft_probs, p, state.generator)
+
+    def _emit(self, state: BatchState, old_ctx: np.ndarray, a_h: np.ndarray,
+              drafts_h: np.ndarray, next_h: np.ndarray, prob_h: np.ndarray) -> None:
+        assert state.done is not None and state.req_iteration is not None
+        budget = state.budget_host if state.budget_host is not None else old_ctx
+        for b in range(state.batch):
+            if state.done[b]:
+                continue
+            a = int(a_h[b])
+            new = [int(t) for t in drafts_h[b, :a]] + [int(next_h[b])]
+            room = state.max_new_tokens - len(state.emitted[b])
+            new = new[:room]
+            state.emitted[b].extend(new)
+            state.records.append(IterationRecord(
+                request=b, iteration=int(state.req_iteration[b]), context=int(old_ctx[b]),
+                budget=int(budget[b]), accepted=a, accept_prob=[float(x) for x in prob_h[b]],
+                emitted=len(new)))
+            state.req_iteration[b] += 1
+            state.done[b] = len(state.emitted[b]) >= state.max_new_tokens
+
+    def _quest_meta(self, state: BatchState, start: np.ndarray, end: np.ndarray) -> None:
+        """Page min/max over newly verified positions [start, end) of every layer."""
+        assert state.kmin is not None and state.kmax is not None
+        with self.timer.phase("quest_meta"):
+            s, e = self._dev(start), self._dev(end)
+            for layer in range(self.spec.n_layers):
+                ops.quest_update_meta(state.kmin[layer], state.kmax[layer],
+                                      state.cache.k[layer], s, e)
+
+    def select(self, state: BatchState) -> None:
+        """Top-k selection for the next drafts (vegas, vegas-all, specextend); else nothing."""
+        c = self.config
+        if c.method not in VEGAS_TYPES:
+            return
+        assert state.collect_ctx is not None
+        with self.timer.phase("select"):
+            rank_len = state.collect_ctx + 1  # positions [0, C] of the selecting iteration
+            b = self._budget(rank_len)
+            weights = state.verify_policy.weights  # [L, B, S] or [L, B, R, S]
+            if c.method == "specextend":
+                assert state.accepted is not None
+                rows = torch.arange(state.batch, device=self.device)
+                weights = weights[:, rows, state.accepted]  # row a: the last accepted token
+            idx = ops.topk_select(weights, self._dev(b))  # [L, B, K]
+            state.draft_policy.set(idx, self._dev(b), self._dev(rank_len))
+            state.budget_host = b
+
+    def decode(self, state: BatchState) -> None:
+        """One vanilla step for every request: full attention, sample, advance by one."""
+        c = self.config
+        with self.timer.phase("decode"):
+            logits = self.model(state.t0[:, None], state.cache, self.dense, last_only=True)
+        with self.timer.phase("sample"):
+            nxt = sample(logits[:, 0], c.temperature, c.top_p, c.top_k, state.generator)
+            if state.synthetic:
+                state.cache.rollback(state.context)
+                return
+            state.t0.copy_(nxt)
+            nxt_h = nxt.cpu().numpy()
+        state.ctx_host = state.ctx_host + 1
+        state.context.copy_(state.cache.lens)
+        assert state.done is not None
+        for b in range(state.batch):
+            if not state.done[b]:
+                state.emitted[b].append(int(nxt_h[b]))
+                state.done[b] = len(state.emitted[b]) >= state.max_new_tokens
+        state.iteration += 1
+
+    def step(self, state: BatchState) -> None:
+        """One iteration of the configured method."""
+        if self.config.method == "vanilla":
+            self.decode(state)
+            return
+        self.draft(state)
+        self.verify(state)
+        self.accept_and_rollback(state)
+        self.select(state)
+
+    # ---- end to end -----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[Tensor], max_new_tokens: int, *,
+                 generator: torch.Generator | None = None,
+                 replay: AcceptanceReplay | None = None) -> GenerationResult:
+        """Decode `max_new_tokens` new tokens for each prompt (batched); tokens + records."""
+        state = self.prefill_state(prompts, max_new_tokens, generator=generator, replay=replay)
+        assert state.done is not None
+        while not state.done.all():
+            self.step(state)
+        return GenerationResult(tokens=state.emitted, records=state.records)

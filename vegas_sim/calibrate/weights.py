@@ -1,0 +1,450 @@
+"""Weights: GGUF files (dequantized), Hugging Face checkpoint dirs (config.json + safetensors).
+
+Both map onto the runtime's parameter names (runtime.Transformer):
+
+    embed, norm, lm_head (absent when tied),
+    layers.N.{attn_norm, wqkv, bqkv (Qwen2), q_norm, k_norm (Qwen3), wo, mlp_norm, w13, w2}
+
+where wqkv = [q; k; v] rows and w13 = [gate; up] rows (fused for fewer GEMM launches).
+
+GGUF: llama.cpp's converter permutes the q/k rows of *Llama* models so that its RoPE can rotate
+adjacent pairs; we undo that (as transformers' GGUF loader does) and keep the half-split RoPE of
+the Hugging Face layout for every architecture. Qwen2/Qwen3 GGUFs are not permuted.
+
+Safetensors: read with the `safetensors` package when installed, otherwise with the small
+reader below (the format is a u64 header length, a JSON header, raw little-endian tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.models import PRESETS, ModelSpec
+
+if TYPE_CHECKING:
+    from vegas_sim.calibrate.runtime import Transformer
+    from vegas_sim.calibrate.tokenizer import Tokenizer
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass
+class Checkpoint:
+    """What a weights file gives: its shape, weights in our names (None when not loaded), a
+    tokenizer when the file carries one, and trace-set meta {"kind", "id", "sha256", ...}."""
+
+    spec: ModelSpec
+    weights: dict[str, Tensor] | None
+    tokenizer: Tokenizer | None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def load_checkpoint(path: str | Path, load_weights: bool = True) -> Checkpoint:
+    """A .gguf file or a Hugging Face checkpoint dir; `load_weights=False` reads the shape only."""
+    path = Path(path)
+    if path.is_dir():
+        return load_hf_dir(path, load_weights)
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path, load_weights)
+    raise UserInputError(
+        f"no model at {path}", where="--model",
+        fix="pass a preset name, a .gguf file, or a directory with config.json + *.safetensors",
+    )
+
+
+def match_preset(spec: ModelSpec) -> str | None:
+    """The preset with exactly this shape, if any (names trace sets like 'smollm2-135m')."""
+    keys = ("architecture", "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn",
+            "vocab", "qk_norm", "qkv_bias", "tie_embeddings")
+    for name, p in PRESETS.items():
+        if all(getattr(p, k) == getattr(spec, k) for k in keys):
+            return name
+    return None
+
+
+def _named(spec: ModelSpec, fallback: str) -> ModelSpec:
+    name = match_preset(spec) or fallback
+    return ModelSpec.from_dict({**spec.to_dict(), "name": name})
+
+
+# ---- GGUF --------------------------------------------------------------------------------
+
+
+def _field(reader: Any, key: str, default: Any = None, where: str = "") -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise UserInputError(f"GGUF metadata lacks {key!r}", where=where,
+                                 fix="convert the model with a recent llama.cpp")
+        return default
+    return f.contents()
+
+
+def gguf_spec(reader: Any, where: str = "") -> ModelSpec:
+    """A ModelSpec from GGUF metadata ({arch}.block_count, ...)."""
+    arch = str(_field(reader, "general.architecture", where=where))
+    if arch not in ARCHITECTURES:
+        raise UserInputError(f"unsupported architecture {arch!r}", where=where,
+                             fix=f"use a model of the {', '.join(ARCHITECTURES)} families")
+    names = {t.name for t in reader.tensors}
+    n_heads = int(_field(reader, f"{arch}.attention.head_count", where=where))
+    hidden = int(_field(reader, f"{arch}.embedding_length", where=where))
+    n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in reader.fields else 0
+    spec = ModelSpec(
+        name="", architecture=arch,
+        n_layers=int(_field(reader, f"{arch}.block_count", where=where)),
+        hidden=hidden, n_heads=n_heads,
+        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads)),
+        ffn=int(_field(reader, f"{arch}.feed_forward_length", where=where)),
+        vocab=int(_field(reader, f"{arch}.vocab_size", n_tokens or None, where=where)),
+        max_positions=int(_field(reader, f"{arch}.context_length", where=where)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_embeddings="output.weight" not in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=_gguf_rope_scaling(reader, arch, names),
+    )
+    spec = ModelSpec.from_dict({**spec.to_dict(), "rms_eps": round(spec.rms_eps, 12)})
+    base = str(_field(reader, "general.basename", arch))
+    return _named(spec, f"{base}-{arch}")
+
+
+def _gguf_rope_scaling(reader: Any, arch: str, names: set[str]) -> tuple[float, float, float, int] | None:
+    """Llama-3.1 scaling: llama.cpp stores it as a `rope_freqs` factor tensor, and the
+    parameters (when present) under {arch}.rope.scaling.*; Llama-3.1's published values else."""
+    if "rope_freqs.weight" not in names:
+        return None
+    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 8.0))
+    orig = int(_field(reader, f"{arch}.rope.scaling.original_context_length", 8192))
+    return (factor, 1.0, 4.0, orig)
+
+
+def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
+    """Undo llama.cpp's q/k permutation (rows of each head interleaved for adjacent-pair RoPE).
+
+    The converter did w.reshape(H, 2, D/2, ...).swapaxes(1, 2); we invert it.
+    w [H*D, ...] (a weight or a bias)."""
+    rest = w.shape[1:]
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+def _gguf_tensor(t: Any) -> Tensor:
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))  # own, writable
+
+
+def gguf_weights(reader: Any, spec: ModelSpec) -> dict[str, Tensor]:
+    """Dequantized fp32 weights in our names."""
+    raw = {t.name: t for t in reader.tensors}
+
+    def get(name: str) -> Tensor:
+        return _gguf_tensor(raw[name])
+
+    def rope_rows(name: str, heads: int) -> Tensor:
+        w = get(name)
+        return unpermute_rope_rows(w, heads) if spec.architecture == "llama" else w
+
+    out: dict[str, Tensor] = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight")}
+    if not spec.tie_embeddings:
+        out["lm_head"] = get("output.weight")
+    for i in range(spec.n_layers):
+        p, q = f"blk.{i}.", f"layers.{i}."
+        out[q + "wqkv"] = torch.cat([
+            rope_rows(p + "attn_q.weight", spec.n_heads),
+            rope_rows(p + "attn_k.weight", spec.n_kv_heads),
+            get(p + "attn_v.weight"),
+        ])
+        if spec.qkv_bias:
+            out[q + "bqkv"] = torch.cat([
+                rope_rows(p + "attn_q.bias", spec.n_heads),
+                rope_rows(p + "attn_k.bias", spec.n_kv_heads),
+                get(p + "attn_v.bias"),
+            ])
+        if spec.qk_norm:
+            out[q + "q_norm"] = get(p + "attn_q_norm.weight")
+            out[q + "k_norm"] = get(p + "attn_k_norm.weight")
+        out[q + "wo"] = get(p + "attn_output.weight")
+        out[q + "attn_norm"] = get(p + "attn_norm.weight")
+        out[q + "mlp_norm"] = get(p + "ffn_norm.weight")
+        out[q + "w13"] = torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
+        out[q + "w2"] = get(p + "ffn_down.weight")
+    return out
+
+
+def load_gguf(path: Path, load_weights: bool = True) -> Checkpoint:
+    from gguf import GGUFReader
+
+    from vegas_sim.calibrate.runtime import file_sha256
+    from vegas_sim.calibrate.tokenizer import Tokenizer
+
+    where = str(path)
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # the gguf package raises ValueError/struct errors on bad files
+        raise UserInputError(f"cannot read GGUF: {e}", where=where,
+                             fix="check the file is a complete GGUF v3 file") from e
+    spec = gguf_spec(reader, where)
+    tok = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
+    meta = {"kind": "real", "id": f"{_field(reader, 'general.name', path.name)} ({path.name})",
+            "sha256": file_sha256(path), "format": "gguf"}
+    return Checkpoint(spec, gguf_weights(reader, spec) if load_weights else None, tok, meta)
+
+
+# ---- Hugging Face ------------------------------------------------------------------------
+
+
+def hf_spec(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
+    """A ModelSpec from a transformers config.json (llama / qwen2 / qwen3)."""
+    arch = str(config.get("model_type", ""))
+    if arch not in ARCHITECTURES:
+        raise UserInputError(f"unsupported model_type {arch!r}", where=where,
+                             fix=f"use a model of the {', '.join(ARCHITECTURES)} families")
+    try:
+        n_heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        rope = config.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
+        scaling = config.get("rope_scaling") or (rope if "rope_type" in rope else None)
+        spec = ModelSpec(
+            name="", architecture=arch, n_layers=int(config["num_hidden_layers"]), hidden=hidden,
+            n_heads=n_heads, n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+            head_dim=int(config.get("head_dim") or hidden // n_heads),
+            ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+            max_positions=int(config["max_position_embeddings"]),
+            rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=arch == "qwen3",
+            qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
+            rope_scaling=_hf_rope_scaling(scaling, where),
+        )
+    except KeyError as e:
+        raise UserInputError(f"config lacks {e.args[0]!r}", where=where,
+                             fix="use the checkpoint's original config.json") from None
+    return _named(spec, str(config.get("_name_or_path") or arch).split("/")[-1].lower())
+
+
+def _hf_rope_scaling(scaling: dict[str, Any] | None, where: str) -> tuple[float, float, float, int] | None:
+    if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        return None
+    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+        raise UserInputError(f"unsupported rope_scaling {scaling}", where=where,
+                             fix="only Llama-3.1 ('llama3') scaling is implemented")
+    return (float(scaling["factor"]), float(scaling["low_freq_factor"]),
+            float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
+
+
+def _hf_to_ours(spec: ModelSpec, hf: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+    def get(name: str) -> Tensor:
+        if name not in hf:
+            raise UserInputError(f"checkpoint lacks tensor {name!r}", where=where,
+                                 fix="check that all *.safetensors shards are in the directory")
+        return hf[name]
+
+    out = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
+    if not spec.tie_embeddings:
+        out["lm_head"] = get("lm_head.weight")
+    for i in range(spec.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        a = p + "self_attn."
+        out[q + "wqkv"] = torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"])
+        if spec.qkv_bias:
+            out[q + "bqkv"] = torch.cat([get(a + f"{x}_proj.bias") for x in "qkv"])
+        if spec.qk_norm:
+            out[q + "q_norm"], out[q + "k_norm"] = get(a + "q_norm.weight"), get(a + "k_norm.weight")
+        out[q + "wo"] = get(a + "o_proj.weight")
+        out[q + "attn_norm"] = get(p + "input_layernorm.weight")
+        out[q + "mlp_norm"] = get(p + "post_attention_layernorm.weight")
+        out[q + "w13"] = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+        out[q + "w2"] = get(p + "mlp.down_proj.weight")
+    return out
+
+
+def ours_to_hf(spec: ModelSpec, ours: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our names back to Hugging Face names (for writing checkpoints)."""
+    q_dim, kv_dim = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    hf = {"model.embed_tokens.weight": ours["embed"], "model.norm.weight": ours["norm"]}
+    if not spec.tie_embeddings:
+        hf["lm_head.weight"] = ours["lm_head"]
+    for i in range(spec.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        a = p + "self_attn."
+        for x, w in zip("qkv", ours[q + "wqkv"].split([q_dim, kv_dim, kv_dim])):
+            hf[a + f"{x}_proj.weight"] = w
+        if spec.qkv_bias:
+            for x, w in zip("qkv", ours[q + "bqkv"].split([q_dim, kv_dim, kv_dim])):
+                hf[a + f"{x}_proj.bias"] = w
+        if spec.qk_norm:
+            hf[a + "q_norm.weight"], hf[a + "k_norm.weight"] = ours[q + "q_norm"], ours[q + "k_norm"]
+        hf[a + "o_proj.weight"] = ours[q + "wo"]
+        hf[p + "input_layernorm.weight"] = ours[q + "attn_norm"]
+        hf[p + "post_attention_layernorm.weight"] = ours[q + "mlp_norm"]
+        gate, up = ours[q + "w13"].chunk(2)
+        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = gate, up
+        hf[p + "mlp.down_proj.weight"] = ours[q + "w2"]
+    return hf
+
+
+def hf_config(spec: ModelSpec, torch_dtype: str = "bfloat16") -> dict[str, Any]:
+    """A transformers-style config.json for `spec`."""
+    cfg: dict[str, Any] = {
+        "model_type": spec.architecture,
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM"}[spec.architecture]],
+        "num_hidden_layers": spec.n_layers, "hidden_size": spec.hidden,
+        "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads,
+        "head_dim": spec.head_dim, "intermediate_size": spec.ffn, "vocab_size": spec.vocab,
+        "max_position_embeddings": spec.max_positions, "rope_theta": spec.rope_theta,
+        "rms_norm_eps": spec.rms_eps, "tie_word_embeddings": spec.tie_embeddings,
+        "hidden_act": "silu", "torch_dtype": torch_dtype, "_name_or_path": spec.name,
+    }
+    if spec.architecture == "llama":
+        cfg["attention_bias"] = spec.qkv_bias
+    if spec.rope_scaling is not None:
+        f, lo, hi, orig = spec.rope_scaling
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo,
+                               "high_freq_factor": hi, "original_max_position_embeddings": orig}
+    return cfg
+
+
+def save_hf_dir(model: Transformer, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write `model` as a Hugging Face checkpoint dir: config.json + model.safetensors."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or model.dtype
+    ours = {n: p.detach().to("cpu", dtype) for n, p in model.named_parameters()}
+    hf = {k: v.contiguous() for k, v in ours_to_hf(model.spec, ours).items()}
+    dname = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
+    (path / "config.json").write_text(json.dumps(hf_config(model.spec, dname), indent=2))
+    write_safetensors(path / "model.safetensors", hf)
+    return path
+
+
+def load_hf_dir(path: Path, load_weights: bool = True) -> Checkpoint:
+    from vegas_sim.calibrate.tokenizer import Tokenizer
+
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise UserInputError("no config.json", where=str(path),
+                             fix="pass a Hugging Face checkpoint dir (config.json + *.safetensors)")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserInputError(f"invalid JSON: {e}", where=str(cfg_path), fix="restore the file") from e
+    spec = hf_spec(config, str(cfg_path))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise UserInputError("no *.safetensors files", where=str(path),
+                             fix="download the safetensors shards (PyTorch .bin files are not loaded)")
+    weights = None
+    if load_weights:
+        hf: dict[str, Tensor] = {}
+        for f in files:
+            hf.update(read_safetensors(f))
+        weights = _hf_to_ours(spec, hf, str(path))
+    tok = Tokenizer.from_hf_dir(path) if (path / "tokenizer.json").is_file() else None
+    meta = {"kind": "real", "id": str(config.get("_name_or_path") or path.name),
+            "sha256": safetensors_digest(files), "format": "safetensors"}
+    return Checkpoint(spec, weights, tok, meta)
+
+
+# ---- safetensors -------------------------------------------------------------------------
+
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """All tensors of one .safetensors file (CPU)."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        return _read_safetensors_fallback(path)
+    return dict(load_file(str(path)))
+
+
+def _read_header(f: Any, path: Path) -> tuple[dict[str, Any], int]:
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise UserInputError("truncated safetensors file", where=str(path), fix="download it again")
+    (n,) = struct.unpack("<Q", raw)
+    try:
+        header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserInputError(f"corrupt safetensors header: {e}", where=str(path),
+                             fix="download it again") from e
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def _read_safetensors_fallback(path: Path) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    with open(path, "rb") as f:
+        header, base = _read_header(f, path)
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private copy-on-write pages
+    for name, info in header.items():
+        start, end = info["data_offsets"]
+        dtype = _ST_DTYPES[info["dtype"]]
+        count = (end - start) // torch.empty(0, dtype=dtype).element_size()
+        t = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start) if count else \
+            torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(info["shape"]).clone()  # own memory: the mmap is closed by GC
+    return out
+
+
+def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    """Write contiguous CPU tensors as one .safetensors file (atomically)."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        save_file = None
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    if save_file is not None:
+        save_file(tensors, str(tmp))
+    else:
+        header: dict[str, Any] = {}
+        offset = 0
+        for name, t in tensors.items():
+            n = t.numel() * t.element_size()
+            header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
+                            "data_offsets": [offset, offset + n]}
+            offset += n
+        hbytes = json.dumps(header, separators=(",", ":")).encode()
+        hbytes += b" " * (-len(hbytes) % 8)  # the format pads the header to 8 bytes
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(hbytes)) + hbytes)
+            for t in tensors.values():
+                f.write(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    tmp.replace(path)
+
+
+def safetensors_digest(files: list[Path]) -> str:
+    """sha256 identifying a checkpoint without reading 16 GB: every file's name, size and
+    header (names, dtypes, shapes, offsets) — a re-quantised or edited shard changes it."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            header, _ = _read_header(fh, f)
+        h.update(f.name.encode())
+        h.update(str(f.stat().st_size).encode())
+        h.update(json.dumps(header, sort_keys=True).encode())
+    return h.hexdigest()
+

@@ -1,0 +1,225 @@
+"""Workloads: token-id prompts built on the CPU from the evaluation datasets, shipped per model.
+
+    reasoning  AIME 2024 + AIME 2025 + GSM8K problems, "reason step by step" (short prompt,
+               long output), chat-templated
+    code       HumanEval function stubs to complete, chat-templated
+    chat       MT-Bench first turns (all 8 categories), chat-templated
+    longdoc    Project Gutenberg book text (body between the *** START/END OF markers) as a raw
+               continuation prompt of 1K, 2K, 4K and 7K tokens (SmolLM2 holds 8192 positions,
+               so 7K leaves room for the output)
+
+`build_workloads()` tokenizes the datasets with the model's own tokenizer and writes
+`workloads/<model>.npz` (this is run once, here, and the file is shipped); `load_workload()`
+reads it. Selection is deterministic (seeded numpy Generator).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vegas_sim.calibrate.tokenizer import Tokenizer
+from vegas_sim.errors import UserInputError
+
+WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc")
+LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
+WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
+
+REASONING_PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+CODE_PROMPT = "Complete the following Python function. Reply with the full function in a ```python block.\n\n```python\n{prompt}```"
+BOOKS = ("pg11_alice_in_wonderland.txt", "pg84_frankenstein.txt", "pg1342_pride_and_prejudice.txt")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its token ids and where it came from (dataset:id, or book@char offset)."""
+
+    workload: str
+    source: str
+    tokens: list[int]
+
+
+def default_datasets_dir() -> Path:
+    """$VEGAS_SIM_DATASETS, else ../shared/datasets next to the repository."""
+    env = os.environ.get("VEGAS_SIM_DATASETS")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "datasets"
+
+
+def check_workload(name: str) -> str:
+    if name not in WORKLOADS:
+        raise UserInputError(f"unknown workload {name!r}", where="--workload",
+                             fix=f"use one of: {', '.join(WORKLOADS)}")
+    return name
+
+
+# ---- reading the datasets ----------------------------------------------------------------
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise UserInputError("dataset file missing", where=str(path),
+                             fix="point VEGAS_SIM_DATASETS at the shared datasets directory")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _pick(items: list[Any], n: int, rng: np.random.Generator) -> list[Any]:
+    """n items without replacement, in dataset order (stable source ids)."""
+    idx = np.sort(rng.choice(len(items), size=min(n, len(items)), replace=False))
+    return [items[i] for i in idx]
+
+
+def reasoning_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator) -> list[Prompt]:
+    """n/4 AIME 2024, n/4 AIME 2025, the rest GSM8K."""
+    n_aime = n // 4
+    out = []
+    for fname, tag in (("aime24.jsonl", "aime24"), ("aime25.jsonl", "aime25")):
+        for r in _pick(_jsonl(data / fname), n_aime, rng):
+            out.append((f"{tag}:{r['id']}", str(r["problem"])))
+    gsm = list(enumerate(_jsonl(data / "gsm8k_test.jsonl")))
+    for i, r in _pick(gsm, n - 2 * n_aime, rng):
+        out.append((f"gsm8k:{i}", str(r["question"])))
+    return [Prompt("reasoning", s, tok.chat(REASONING_PROMPT.format(problem=p))) for s, p in out]
+
+
+def code_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator) -> list[Prompt]:
+    rows = _pick(_jsonl(data / "HumanEval.jsonl.gz"), n, rng)
+    return [Prompt("code", f"humaneval:{r['task_id'].split('/')[-1]}",
+                   tok.chat(CODE_PROMPT.format(prompt=r["prompt"]))) for r in rows]
+
+
+def chat_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator) -> list[Prompt]:
+    """n MT-Bench first turns, the same number from each category."""
+    rows = _jsonl(data / "mt_bench_question.jsonl")
+    cats = sorted({r["category"] for r in rows})
+    picked = []
+    for c in cats:
+        picked += _pick([r for r in rows if r["category"] == c], max(1, n // len(cats)), rng)
+    picked = sorted(picked, key=lambda r: r["question_id"])[:n]
+    return [Prompt("chat", f"mtbench:{r['question_id']}", tok.chat(r["turns"][0])) for r in picked]
+
+
+def book_body(path: Path) -> str:
+    """The text between '*** START OF ...' and '*** END OF ...', LF line endings, no BOM."""
+    text = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n")
+    start = re.search(r"^\*\*\* START OF .*\*\*\*$", text, flags=re.M)
+    end = re.search(r"^\*\*\* END OF .*\*\*\*$", text, flags=re.M)
+    if start is None or end is None:
+        raise UserInputError("no *** START OF / *** END OF markers", where=str(path),
+                             fix="use a Project Gutenberg text with its header and footer")
+    return text[start.end():end.start()].strip()
+
+
+def longdoc_prompts(
+    tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
+    lengths: tuple[int, ...] = LONGDOC_LENGTHS,
+) -> list[Prompt]:
+    """n raw-text prompts, n/len(lengths) of each exact length, starting at paragraph starts
+    of the books in turn; the length is part of the source id (book@char+tokens)."""
+    bodies = {b: book_body(data / "gutenberg" / b) for b in BOOKS}
+    per = max(1, n // len(lengths))
+    out: list[Prompt] = []
+    k = 0
+    for length in lengths:
+        for _ in range(per):
+            name = BOOKS[k % len(BOOKS)]
+            k += 1
+            out.append(_book_window(tok, name, bodies[name], length, rng))
+    return out
+
+
+def _book_window(tok: Tokenizer, name: str, body: str, length: int, rng: np.random.Generator) -> Prompt:
+    paragraphs = [0] + [m.end() for m in re.finditer(r"\n\n+", body)]
+    # starts late enough in the book that `length` tokens still fit (~3.2 chars per token)
+    limit = max(1, len(body) - int(length * 5))
+    starts = [p for p in paragraphs if p < limit] or [0]
+    start = int(starts[int(rng.integers(len(starts)))])
+    ids = tok.encode(body[start:start + length * 8])
+    if len(ids) < length:
+        raise UserInputError(f"book {name} too short for a {length}-token window", where=name)
+    return Prompt("longdoc", f"{name.split('_')[0]}@{start}+{length}", ids[:length])
+
+
+BUILDERS = {"reasoning": reasoning_prompts, "code": code_prompts, "chat": chat_prompts,
+            "longdoc": longdoc_prompts}
+
+
+def build_prompts(
+    tok: Tokenizer, datasets: Path | None = None, n: int = 32, seed: int = 0,
+) -> dict[str, list[Prompt]]:
+    """Every workload's prompts, tokenized with `tok` (in memory)."""
+    data = datasets or default_datasets_dir()
+    rng = np.random.default_rng(seed)
+    return {w: BUILDERS[w](tok, data, n, rng) for w in WORKLOADS}
+
+
+# ---- the shipped files -------------------------------------------------------------------
+
+
+def build_workloads(
+    model: str = "smollm2-135m", tokenizer: Tokenizer | None = None, *,
+    datasets: Path | None = None, out_dir: Path | None = None, n: int = 32, seed: int = 0,
+) -> Path:
+    """Build and write `<out_dir>/<model>.npz` (default: the package's workloads/ dir).
+
+    The tokenizer defaults to SmolLM2's (from its GGUF) for model "smollm2-135m". Layout per
+    workload w: `w.tokens` (concatenated ids; uint16 when the vocabulary fits), `w.offsets`
+    [n+1] int64, `w.sources` [n] str.
+    """
+    if tokenizer is None:
+        if model != "smollm2-135m":
+            raise UserInputError(f"no tokenizer given for {model!r}",
+                                 fix="pass the model's Tokenizer (load_model returns it)")
+        from vegas_sim.calibrate.runtime import smollm2_gguf_path
+
+        tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
+    prompts = build_prompts(tokenizer, datasets, n, seed)
+    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    arrays: dict[str, np.ndarray] = {}
+    for w, ps in prompts.items():
+        arrays[f"{w}.tokens"] = np.concatenate([np.asarray(p.tokens, dtype=dtype) for p in ps])
+        arrays[f"{w}.offsets"] = np.concatenate([[0], np.cumsum([len(p.tokens) for p in ps])]).astype(np.int64)
+        arrays[f"{w}.sources"] = np.asarray([p.source for p in ps])
+    out = (out_dir or WORKLOAD_DIR) / f"{model}.npz"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]
+    tmp.replace(out)
+    return out
+
+
+def workload_prompts(name: str, model: str = "smollm2-135m", directory: Path | None = None) -> list[Prompt]:
+    """The shipped prompts of workload `name` for `model`, with their source ids."""
+    check_workload(name)
+    path = (directory or WORKLOAD_DIR) / f"{model}.npz"
+    if not path.is_file():
+        raise UserInputError(f"no workloads built for model {model!r}", where=str(path),
+                             fix="run vegas_sim.calibrate.workloads.build_workloads(model, tokenizer)"
+                                 " or use synthetic prompts for random-weight models")
+    with np.load(path, allow_pickle=False) as z:
+        tokens, offsets, sources = z[f"{name}.tokens"], z[f"{name}.offsets"], z[f"{name}.sources"]
+    return [Prompt(name, str(sources[i]), tokens[offsets[i]:offsets[i + 1]].astype(np.int64).tolist())
+            for i in range(len(sources))]
+
+
+def load_workload(name: str, model: str = "smollm2-135m", max_len: int | None = None) -> list[list[int]]:
+    """Token ids of each prompt of workload `name` ("reasoning", "code", "chat", "longdoc");
+    `max_len` drops longer prompts (e.g. to leave room for the output)."""
+    prompts = [p.tokens for p in workload_prompts(name, model)]
+    return [p for p in prompts if max_len is None or len(p) <= max_len]
+
+
+def synthetic_prompts(n: int, length: int, vocab: int, rng: np.random.Generator) -> list[list[int]]:
+    """n prompts of `length` uniform random ids in [0, vocab): for random-weight models,
+    whose acceptance comes from replay and whose latency does not depend on token values."""
+    if n < 1 or length < 1:
+        raise UserInputError(f"need n >= 1 and length >= 1, got n={n}, length={length}")
+    return [row.tolist() for row in rng.integers(0, vocab, size=(n, length), dtype=np.int64)]

@@ -1,0 +1,183 @@
+"""Public kernel ops (API.md): Triton on CUDA tensors, the pure-torch reference otherwise.
+
+Backend choice, per call:
+- env `VEGAS_SIM_KERNELS=reference` forces the reference (e.g. to compare on the GPU);
+- env `VEGAS_SIM_KERNELS=triton` forces Triton (CPU tests set it with `TRITON_INTERPRET=1`);
+- otherwise Triton when the first tensor argument is on CUDA.
+
+Triton is imported lazily (inside the launcher modules, which are imported here lazily), so
+`import vegas_sim.kernels.ops` works without triton installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+
+from torch import Tensor
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.kernels import reference
+
+ENV = "VEGAS_SIM_KERNELS"
+COLLECT_MODES = ("none", "first_last", "all")
+# rows of verify_attention's q whose scores are written for a collect mode; index lse with it
+# (lse[:, collect_row_ids(NQ, mode)]) to get the lse that score_weights wants
+collect_row_ids = reference.collect_row_ids
+WEIGHT_FLOOR = reference.WEIGHT_FLOOR
+
+
+def backend(t: Tensor) -> str:
+    """'triton' or 'reference' for an op whose main input is `t` (see module docstring)."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced in ("triton", "reference"):
+        return forced
+    if forced:
+        raise UserInputError(
+            f"unknown kernel backend {forced!r}", where=f"env {ENV}",
+            fix="set it to 'triton' or 'reference', or unset it",
+        )
+    return "triton" if t.is_cuda else "reference"
+
+
+def _triton_module(name: str) -> ModuleType:
+    return importlib.import_module(f"vegas_sim.kernels.{name}")
+
+
+def _check(cond: bool, op: str, arg: str, problem: str, fix: str) -> None:
+    if not cond:
+        raise UserInputError(problem, where=f"{op}({arg})", fix=fix)
+
+
+def _check_kv(op: str, q_heads: int, d: int, k_cache: Tensor, v_cache: Tensor) -> None:
+    _check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape, op, "k_cache, v_cache",
+           f"caches must both be [B, S_max, Hkv, D], got {tuple(k_cache.shape)} and "
+           f"{tuple(v_cache.shape)}", "pass one layer's caches in the API.md layout")
+    hkv = k_cache.shape[2]
+    _check(k_cache.shape[3] == d, op, "k_cache", f"head_dim {k_cache.shape[3]} != q's {d}",
+           "use caches of the same model as q")
+    _check(hkv > 0 and q_heads % hkv == 0, op, "q", f"Hq={q_heads} is not a multiple of "
+           f"Hkv={hkv}", "grouped-query attention needs Hq divisible by Hkv")
+
+
+def verify_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    scale: float,
+    collect: str = "none",
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Causal attention of NQ (1..16) new rows per request; optional score write-out.
+
+    q [B, NQ, Hq, D]; k_cache/v_cache [B, S_max, Hkv, D] with the NQ new tokens written;
+    cache_lens [B] int32 (including them). Row i attends keys [0, cache_lens − NQ + i].
+    Returns out [B, NQ, Hq, D], lse [B, NQ, Hq] fp32 (natural log of Σ exp(scale·q·k)),
+    scores [B, R, Hq, S_max] bf16 raw q·k (-inf where masked) or None; R = 2 (rows 0 and
+    NQ−1; 1 if NQ == 1) for collect="first_last", NQ for "all".
+    """
+    op = "verify_attention"
+    _check(q.dim() == 4, op, "q", f"q must be [B, NQ, Hq, D], got {tuple(q.shape)}",
+           "stack the new rows as [B, NQ, Hq, D]")
+    _check(1 <= q.shape[1] <= 16, op, "q", f"NQ={q.shape[1]} outside 1..16",
+           "verify at most 16 rows (gamma <= 15) per call")
+    _check(collect in COLLECT_MODES, op, "collect", f"unknown collect mode {collect!r}",
+           f"use one of {', '.join(COLLECT_MODES)}")
+    _check_kv(op, q.shape[2], q.shape[3], k_cache, v_cache)
+    impl: Any = reference
+    if backend(q) == "triton":
+        impl = _triton_module("verify_attention")
+    return impl.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect)  # type: ignore[no-any-return]
+
+
+def sparse_draft_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    indices: Tensor,
+    n_idx: Tensor,
+    tail_start: Tensor,
+    cache_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """One query row per request over indices[b, :n_idx[b]] + positions [tail_start, cache_lens).
+
+    q [B, Hq, D]; caches [B, S_max, Hkv, D]; indices [B, K] int32 (all < tail_start, shared by
+    the heads of a request). Returns [B, Hq, D] in q's dtype.
+    """
+    op = "sparse_draft_attention"
+    _check(q.dim() == 3, op, "q", f"q must be [B, Hq, D], got {tuple(q.shape)}",
+           "pass one query row per request")
+    _check(indices.dim() == 2 and indices.shape[0] == q.shape[0], op, "indices",
+           f"indices must be [B, K], got {tuple(indices.shape)}", "pass one index row per request")
+    _check_kv(op, q.shape[1], q.shape[2], k_cache, v_cache)
+    impl: Any = reference
+    if backend(q) == "triton":
+        impl = _triton_module("sparse_attention")
+    return impl.sparse_draft_attention(  # type: ignore[no-any-return]
+        q, k_cache, v_cache, indices, n_idx, tail_start, cache_lens, scale
+    )
+
+
+def score_weights(
+    scores: Tensor,
+    lse: Tensor,
+    scale: float,
+    rank_len: Tensor,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """Mean over heads (and collected rows) of exp(scale·s − lse): [B, S_max] fp32.
+
+    scores [B, R, Hq, S_max] bf16 and lse [B, R, Hq] from verify_attention; rank_len [B]:
+    positions >= rank_len get 0 (inside: >= reference.WEIGHT_FLOOR, so top-k never prefers the
+    outside); rows [B]: one row per request (SpecExtend) instead of the mean over R.
+    """
+    op = "score_weights"
+    _check(scores.dim() == 4 and lse.shape == scores.shape[:3], op, "scores, lse",
+           f"scores {tuple(scores.shape)} / lse {tuple(lse.shape)} do not match",
+           "pass the scores and lse of the same verify_attention call")
+    impl: Any = reference
+    if backend(scores) == "triton":
+        impl = _triton_module("selection")
+    return impl.score_weights(scores, lse, scale, rank_len, rows)  # type: ignore[no-any-return]
+
+
+def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
+    """Top-budget[b] positions per (layer, request): [L, B, max(budget)] int32, -1 past budget."""
+    _check(weights.dim() == 3, "topk_select", "weights",
+           f"weights must be [L, B, S_max], got {tuple(weights.shape)}",
+           "stack score_weights of all layers along dim 0")
+    impl: Any = reference
+    if backend(weights) == "triton":
+        impl = _triton_module("selection")
+    return impl.topk_select(weights, budget)  # type: ignore[no-any-return]
+
+
+def stream_indices(context: Tensor, budget: Tensor, sink: int) -> tuple[Tensor, Tensor]:
+    """StreamingLLM indices [B, max budget] int32 (sink + recent window of [0, context)), n_idx.
+
+    Pure tensor arithmetic: the same code serves CPU and GPU.
+    """
+    return reference.stream_indices(context, budget, sink)
+
+
+def quest_update_meta(
+    kmin: Tensor, kmax: Tensor, k_cache: Tensor, start: Tensor, end: Tensor
+) -> None:
+    """Recompute in place the Quest min/max of pages touched by [start, end); end = cache length."""
+    impl: Any = reference
+    if backend(k_cache) == "triton":
+        impl = _triton_module("selection")
+    impl.quest_update_meta(kmin, kmax, k_cache, start, end)
+
+
+def quest_select(
+    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Quest top n_pages full pages of [0, context) + the partial page: indices [B, K], n_idx."""
+    impl: Any = reference
+    if backend(q) == "triton":
+        impl = _triton_module("selection")
+    return impl.quest_select(q, kmin, kmax, context, n_pages)  # type: ignore[no-any-return]

@@ -1,0 +1,228 @@
+"""Pure-torch references for every op of API.md: simple, correct, CPU fp32 or GPU bf16.
+
+These define the semantics the Triton kernels are tested against. They favour clarity over
+speed (loops over requests, math in fp32) and are what `ops` falls back to off-GPU.
+
+Layout (API.md): per layer `k_cache`, `v_cache` are `[B, S_max, Hkv, D]`; request b's token at
+position p lives at `[b, p]`; `cache_lens[b]` tokens are valid.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+QUEST_PAGE = 16  # tokens per Quest page (vegas_sim.methods.QUEST_PAGE)
+
+
+def _expand_kv(x: Tensor, group: int) -> Tensor:
+    # [L, Hkv, D] -> [L, Hq, D]: query head h reads KV head h // group
+    return x.repeat_interleave(group, dim=1)
+
+
+def collect_row_ids(n_query: int, collect: str) -> list[int]:
+    """Query rows whose scores are written out for `collect` ("none" | "first_last" | "all")."""
+    if collect == "none":
+        return []
+    if collect == "first_last":
+        return [0] if n_query == 1 else [0, n_query - 1]
+    if collect == "all":
+        return list(range(n_query))
+    raise ValueError(f"collect must be 'none', 'first_last' or 'all', got {collect!r}")
+
+
+def verify_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    scale: float,
+    collect: str = "none",
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Causal attention of NQ new rows per request over its KV cache (see API.md).
+
+    q [B, NQ, Hq, D]; caches [B, S_max, Hkv, D]; cache_lens [B] (includes the NQ new tokens).
+    Returns out [B, NQ, Hq, D] (q's dtype), lse [B, NQ, Hq] fp32 and scores
+    [B, R, Hq, S_max] bf16 (raw q·k, -inf where masked) or None.
+    """
+    B, NQ, Hq, D = q.shape
+    S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    rows = collect_row_ids(NQ, collect)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
+    scores = (
+        torch.full((B, len(rows), Hq, S_max), float("-inf"), dtype=torch.bfloat16, device=q.device)
+        if rows else None
+    )
+    lens = cache_lens.tolist()
+    for b in range(B):
+        L = int(lens[b])
+        k = _expand_kv(k_cache[b, :L].float(), group)  # [L, Hq, D]
+        v = _expand_kv(v_cache[b, :L].float(), group)  # [L, Hq, D]
+        s = torch.einsum("nhd,lhd->hnl", q[b].float(), k)  # [Hq, NQ, L] raw q·k
+        # row i is position L - NQ + i and sees keys [0, L - NQ + i]
+        limit = L - NQ + torch.arange(NQ, device=q.device)  # [NQ]
+        masked = torch.arange(L, device=q.device)[None, :] > limit[:, None]  # [NQ, L]
+        s = s.masked_fill(masked[None], float("-inf"))
+        row_lse = torch.logsumexp(scale * s, dim=-1)  # [Hq, NQ]
+        p = torch.exp(scale * s - row_lse[..., None])  # [Hq, NQ, L]
+        out[b] = torch.einsum("hnl,lhd->nhd", p, v).to(q.dtype)
+        lse[b] = row_lse.transpose(0, 1)
+        if scores is not None:
+            scores[b, :, :, :L] = s[:, rows].transpose(0, 1).to(torch.bfloat16)
+    return out, lse, scores
+
+
+def sparse_draft_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    indices: Tensor,
+    n_idx: Tensor,
+    tail_start: Tensor,
+    cache_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """One query row per request over indices[b, :n_idx[b]] plus positions [tail_start, cache_lens).
+
+    q [B, Hq, D]; caches [B, S_max, Hkv, D]; indices [B, K]. Returns [B, Hq, D] in q's dtype.
+    """
+    B, Hq, D = q.shape
+    group = Hq // k_cache.shape[2]
+    out = torch.empty_like(q)
+    n_list, t_list, c_list = n_idx.tolist(), tail_start.tolist(), cache_lens.tolist()
+    for b in range(B):
+        sel = indices[b, : int(n_list[b])].long()
+        tail = torch.arange(int(t_list[b]), int(c_list[b]), device=q.device)
+        pos = torch.cat([sel, tail])  # [N]
+        k = _expand_kv(k_cache[b, pos].float(), group)  # [N, Hq, D]
+        v = _expand_kv(v_cache[b, pos].float(), group)
+        s = scale * torch.einsum("hd,nhd->hn", q[b].float(), k)  # [Hq, N]
+        p = torch.softmax(s, dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", p, v).to(q.dtype)
+    return out
+
+
+# Weights inside the ranked range are floored at the smallest normal fp32 so that a key whose
+# exp() underflowed still outranks the zeros beyond rank_len (top-k must never pick those).
+WEIGHT_FLOOR = float(torch.finfo(torch.float32).tiny)
+
+
+def score_weights(
+    scores: Tensor,
+    lse: Tensor,
+    scale: float,
+    rank_len: Tensor,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """Softmax weights exp(scale·s − lse) averaged over heads (and rows): [B, S_max] fp32.
+
+    scores [B, R, Hq, S_max] bf16; lse [B, R, Hq]; rank_len [B]; rows [B] picks one row per
+    request (SpecExtend) instead of the mean over all R rows. Zero at positions >= rank_len;
+    inside, at least WEIGHT_FLOOR.
+    """
+    B, R, Hq, S_max = scores.shape
+    if rows is not None:
+        pick = rows.long().view(B, 1, 1, 1).expand(B, 1, Hq, S_max)
+        scores = torch.gather(scores, 1, pick)  # [B, 1, Hq, S_max]
+        lse = torch.gather(lse, 1, rows.long().view(B, 1, 1).expand(B, 1, Hq))  # [B, 1, Hq]
+    w = torch.exp(scale * scores.float() - lse[..., None].float())  # [B, R', Hq, S_max]
+    w = w.mean(dim=(1, 2))  # [B, S_max]
+    inside = torch.arange(S_max, device=scores.device)[None, :] < rank_len.long()[:, None]
+    return torch.where(inside, w.clamp_min(WEIGHT_FLOOR), torch.zeros_like(w))
+
+
+def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
+    """Top-budget[b] positions per (layer, request): [L, B, K] int32, -1 past budget[b].
+
+    weights [L, B, S_max] fp32; budget [B] (already capped at rank_len). K = max(budget).
+    """
+    L, B, S_max = weights.shape
+    K = int(budget.max().item()) if budget.numel() else 0
+    if K == 0:
+        return torch.empty(L, B, 0, dtype=torch.int32, device=weights.device)
+    idx = torch.topk(weights, K, dim=-1, sorted=True).indices.to(torch.int32)  # [L, B, K]
+    # topk(K) sorted descending: its first budget[b] entries are the top budget[b]
+    past = torch.arange(K, device=weights.device)[None, :] >= budget.long()[:, None]  # [B, K]
+    return idx.masked_fill(past[None], -1)
+
+
+def stream_indices(context: Tensor, budget: Tensor, sink: int) -> tuple[Tensor, Tensor]:
+    """StreamingLLM indices: first `sink` positions + the last (budget − sink) of [0, context).
+
+    context, budget [B]. Returns indices [B, K] int32 (K = max budget, -1 past n_idx) and
+    n_idx [B] int32 = min(budget, context).
+    """
+    B = context.shape[0]
+    ctx = context.long()
+    n = torch.minimum(budget.long(), ctx)  # [B]
+    K = int(budget.max().item()) if B else 0
+    j = torch.arange(K, device=context.device)[None, :]  # [1, K]
+    n_sink = torch.clamp(n, max=sink)[:, None]  # [B, 1]
+    # j < n_sink: position j; else the window ending at context - 1
+    window = ctx[:, None] - (n[:, None] - j)  # [B, K]
+    idx = torch.where(j < n_sink, j, window)
+    idx = torch.where(j < n[:, None], idx, torch.full_like(idx, -1))
+    return idx.to(torch.int32), n.to(torch.int32)
+
+
+def quest_update_meta(
+    kmin: Tensor, kmax: Tensor, k_cache: Tensor, start: Tensor, end: Tensor
+) -> None:
+    """Recompute, in place, the min/max keys of every page touched by positions [start, end).
+
+    kmin/kmax [B, P, Hkv, D]; k_cache [B, S_max, Hkv, D]. `end` is the request's cache length
+    after the append: positions >= end inside a touched page are treated as empty, so the
+    same call is right after a rollback too. Requests with start >= end are left alone.
+    """
+    s_list, e_list = start.tolist(), end.tolist()
+    for b in range(kmin.shape[0]):
+        s, e = int(s_list[b]), int(e_list[b])
+        if s >= e:
+            continue
+        p0, p1 = s // QUEST_PAGE, (e - 1) // QUEST_PAGE + 1  # pages [p0, p1)
+        keys = k_cache[b, p0 * QUEST_PAGE : e]  # [n, Hkv, D]
+        pad = p1 * QUEST_PAGE - keys.shape[0] - p0 * QUEST_PAGE
+        hi = torch.nn.functional.pad(keys.float(), (0, 0, 0, 0, 0, pad), value=float("-inf"))
+        lo = torch.nn.functional.pad(keys.float(), (0, 0, 0, 0, 0, pad), value=float("inf"))
+        shape = (p1 - p0, QUEST_PAGE) + tuple(keys.shape[1:])  # [pages, 16, Hkv, D]
+        kmax[b, p0:p1] = hi.view(shape).amax(dim=1).to(kmax.dtype)
+        kmin[b, p0:p1] = lo.view(shape).amin(dim=1).to(kmin.dtype)
+
+
+def quest_page_scores(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
+    """score[b, p] = Σ_h Σ_d max(q·kmax, q·kmin) with head h on KV head h // group: [B, P] fp32."""
+    B, Hq, D = q.shape
+    Hkv = kmin.shape[2]
+    qg = q.float().view(B, 1, Hkv, Hq // Hkv, D)  # [B, 1, Hkv, G, D]
+    hi = qg * kmax.float()[:, :, :, None, :]  # [B, P, Hkv, G, D]
+    lo = qg * kmin.float()[:, :, :, None, :]
+    return torch.maximum(hi, lo).sum(dim=(2, 3, 4))
+
+
+def quest_select(
+    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Quest: top n_pages[b] full pages inside [0, context) + the current partial page.
+
+    Returns token indices [B, K] int32 (K = 16·(max n_pages + 1), -1 past n_idx) and n_idx [B].
+    """
+    B, P = kmin.shape[0], kmin.shape[1]
+    K = QUEST_PAGE * (int(n_pages.max().item()) + 1) if B else 0
+    scores = quest_page_scores(q, kmin, kmax)  # [B, P]
+    out = torch.full((B, K), -1, dtype=torch.int32, device=q.device)
+    n_out = torch.zeros(B, dtype=torch.int32, device=q.device)
+    c_list, n_list = context.tolist(), n_pages.tolist()
+    offs = torch.arange(QUEST_PAGE, device=q.device)
+    for b in range(B):
+        ctx = int(c_list[b])
+        full = min(ctx // QUEST_PAGE, P)
+        take = min(int(n_list[b]), full)
+        pages = torch.topk(scores[b, :full], take).indices if take else offs[:0]
+        tok = (pages[:, None] * QUEST_PAGE + offs[None, :]).reshape(-1)  # [take*16]
+        partial = torch.arange(full * QUEST_PAGE, ctx, device=q.device)  # the current page
+        tok = torch.cat([tok, partial])
+        out[b, : tok.numel()] = tok.to(torch.int32)
+        n_out[b] = tok.numel()
+    return out, n_out

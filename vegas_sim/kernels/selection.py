@@ -1,0 +1,178 @@
+"""Selection on the GPU: score → weight → mean, batched top-k, StreamingLLM and Quest indices.
+
+- `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
+  averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
+- `topk_select`: `torch.topk` over [L, B, S] in one call (batched over layers); measured in
+  benchmarks/kernels.py against the verify iteration it belongs to.
+- `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
+- `quest_select`: Triton page scoring, `torch.topk` over pages, vectorised index expansion.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from vegas_sim.kernels import reference
+from vegas_sim.kernels.reference import QUEST_PAGE, WEIGHT_FLOOR
+from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2
+
+
+@triton.jit
+def _score_weights_kernel(
+    SCORES, LSE, RANK, ROWS, OUT, qk_scale2, R, HQ, S_MAX, inv_count,
+    ONE_ROW: tl.constexpr, FLOOR: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rank = tl.load(RANK + b)
+    inside = offs < rank
+    acc = tl.zeros([BLOCK_S], tl.float32)
+    if ONE_ROW:
+        r_lo = tl.load(ROWS + b).to(tl.int32)
+        r_hi = r_lo + 1
+    else:
+        r_lo = 0
+        r_hi = R
+    for r in range(r_lo, r_hi):
+        for h in range(0, HQ):
+            base = (b * R + r) * HQ + h
+            lse2 = tl.load(LSE + base) * 1.4426950408889634
+            s = tl.load(SCORES + base.to(tl.int64) * S_MAX + offs, mask=inside,
+                        other=float("-inf"))
+            acc += tl.exp2(s.to(tl.float32) * qk_scale2 - lse2)
+    w = tl.maximum(acc * inv_count, FLOOR)
+    tl.store(OUT + b.to(tl.int64) * S_MAX + offs, tl.where(inside, w, 0.0), mask=offs < S_MAX)
+
+
+def score_weights(
+    scores: Tensor,
+    lse: Tensor,
+    scale: float,
+    rank_len: Tensor,
+    rows: Tensor | None = None,
+    *,
+    block_s: int = 1024,
+) -> Tensor:
+    """Triton launcher; same contract as `reference.score_weights` (API.md)."""
+    B, R, Hq, S_max = scores.shape
+    assert scores.is_contiguous()
+    lse = lse.float().contiguous()
+    rank = rank_len.to(device=scores.device, dtype=torch.int32).contiguous()
+    out = torch.empty(B, S_max, dtype=torch.float32, device=scores.device)
+    one_row = rows is not None
+    row_t = rows.to(device=scores.device, dtype=torch.int64).contiguous() if rows is not None else rank
+    count = Hq if one_row else R * Hq
+    _score_weights_kernel[(B, triton.cdiv(S_max, block_s))](
+        scores, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max, 1.0 / count,
+        ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, num_warps=4,
+    )
+    return out
+
+
+def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
+    """[L, B, S] → [L, B, max(budget)] int32 via one batched torch.topk (see module docstring)."""
+    return reference.topk_select(weights, budget)
+
+
+def stream_indices(context: Tensor, budget: Tensor, sink: int) -> tuple[Tensor, Tensor]:
+    return reference.stream_indices(context, budget, sink)
+
+
+@triton.jit
+def _quest_meta_kernel(
+    KMIN, KMAX, K, START, END, HKV, P, stride_kb, stride_ks,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    start = tl.load(START + b)
+    end = tl.load(END + b)
+    offs_t = tl.arange(0, PAGE)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    for page in range(start // PAGE, (end + PAGE - 1) // PAGE):
+        pos = page * PAGE + offs_t
+        ok = (pos < end)[:, None] & d_ok[None, :]
+        off = b.to(tl.int64) * stride_kb + pos.to(tl.int64)[:, None] * stride_ks + kvh * D
+        k = tl.load(K + off + offs_d[None, :], mask=ok, other=0.0).to(tl.float32)
+        hi = tl.max(tl.where(ok, k, float("-inf")), 0)
+        lo = tl.min(tl.where(ok, k, float("inf")), 0)
+        m_off = ((b * P + page) * HKV + kvh).to(tl.int64) * D + offs_d
+        tl.store(KMAX + m_off, hi.to(KMAX.dtype.element_ty), mask=d_ok)
+        tl.store(KMIN + m_off, lo.to(KMIN.dtype.element_ty), mask=d_ok)
+
+
+def quest_update_meta(
+    kmin: Tensor, kmax: Tensor, k_cache: Tensor, start: Tensor, end: Tensor
+) -> None:
+    """Triton launcher; same contract as `reference.quest_update_meta` (no host sync)."""
+    B, P, Hkv, D = kmin.shape
+    assert kmin.is_contiguous() and kmax.is_contiguous() and k_cache.stride(3) == 1
+    start = start.to(device=k_cache.device, dtype=torch.int32).contiguous()
+    end = end.to(device=k_cache.device, dtype=torch.int32).contiguous()
+    _quest_meta_kernel[(B, Hkv)](
+        kmin, kmax, k_cache, start, end, Hkv, P, k_cache.stride(0), k_cache.stride(1),
+        D=D, BLOCK_D=max(16, _next_pow2(D)), PAGE=QUEST_PAGE, num_warps=4,
+    )
+
+
+@triton.jit
+def _quest_score_kernel(
+    Q, KMIN, KMAX, CTX, OUT, HQ, HKV, P,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    PAGE: tl.constexpr,
+):
+    """score[b, p] = Σ_h Σ_d max(q·kmax, q·kmin) for full pages of [0, ctx); -inf otherwise."""
+    b = tl.program_id(0)
+    pages = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    full = tl.load(CTX + b) // PAGE
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (pages < P)[:, None] & (offs_d < D)[None, :]
+    acc = tl.zeros([BLOCK_P], tl.float32)
+    for kvh in range(0, HKV):
+        m_off = ((b * P + pages) * HKV + kvh).to(tl.int64)[:, None] * D + offs_d[None, :]
+        hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
+        lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
+        for g in range(0, G):
+            qv = tl.load(Q + (b * HQ + kvh * G + g) * D + offs_d, mask=offs_d < D,
+                         other=0.0).to(tl.float32)
+            acc += tl.sum(tl.maximum(qv[None, :] * hi, qv[None, :] * lo), 1)
+    tl.store(OUT + b * P + pages, tl.where(pages < full, acc, float("-inf")), mask=pages < P)
+
+
+def quest_select(
+    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Same contract as `reference.quest_select`; one host sync (K depends on max n_pages)."""
+    B, Hq, D = q.shape
+    P, Hkv = kmin.shape[1], kmin.shape[2]
+    dev = q.device
+    ctx = context.to(device=dev, dtype=torch.int64)
+    scores = torch.empty(B, P, dtype=torch.float32, device=dev)
+    block_p = 64
+    _quest_score_kernel[(B, triton.cdiv(P, block_p))](
+        q.contiguous(), kmin, kmax, ctx.to(torch.int32), scores, Hq, Hkv, P,
+        G=Hq // Hkv, D=D, BLOCK_D=max(16, _next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE,
+        num_warps=4,
+    )
+    n_max = int(n_pages.max().item()) if B else 0
+    full = torch.clamp(ctx // QUEST_PAGE, max=P)  # [B]
+    take = torch.minimum(n_pages.to(device=dev, dtype=torch.int64), full)  # [B]
+    k_pages = min(n_max, P)
+    top = torch.topk(scores, k_pages, dim=1).indices if k_pages else scores[:, :0].long()
+    offs = torch.arange(QUEST_PAGE, device=dev)
+    tok = (top[:, :, None] * QUEST_PAGE + offs).reshape(B, -1)  # [B, k_pages*16]
+    K = QUEST_PAGE * (n_max + 1)
+    out = torch.full((B, K), -1, dtype=torch.int64, device=dev)
+    j = torch.arange(tok.shape[1], device=dev)[None, :]
+    out[:, : tok.shape[1]] = torch.where(j < take[:, None] * QUEST_PAGE, tok, -1)
+    # the current partial page [16·full, ctx) goes right after the take·16 page tokens
+    part_pos = full[:, None] * QUEST_PAGE + offs  # [B, 16]
+    part_ok = part_pos < ctx[:, None]
+    dest = take[:, None] * QUEST_PAGE + offs  # [B, 16], < K since take <= n_max
+    out.scatter_(1, dest, torch.where(part_ok, part_pos, out.gather(1, dest)))
+    n_out = take * QUEST_PAGE + part_ok.sum(dim=1)
+    return out.to(torch.int32), n_out.to(torch.int32)

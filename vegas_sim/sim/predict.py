@@ -1,0 +1,344 @@
+"""The library API behind ``vegas-sim predict``: scenarios in, one table row per scenario out.
+
+    >>> table = predict([Scenario("vegas", 7, 0.07, batch=4, context=32768, output_len=1024)],
+    ...                 latency, acceptance)                                # doctest: +SKIP
+
+Each scenario runs ``replications`` times (seeds spawned from ``seed`` by
+``np.random.SeedSequence``); vanilla at the same batch/context/output/arrivals runs with the same
+seeds (common random numbers), so the speedup's confidence interval is over per-replication
+ratios. Everything here is module-level and takes plain picklable arguments, so it can run in a
+process pool or on Dask.
+
+Defaults and rules:
+- ``requests`` None → 4 × batch (four waves of a full batch: enough for a steady state).
+- ``kv_capacity_tokens`` None → (GPU memory − weight bytes) / KV bytes per token, GPU memory
+  from the latency model's GPU (the what-if target's datasheet memory for a what-if). No
+  activation or fragmentation reserve is subtracted.
+- Co-located prefill: one request's prefill time is the latency model's 'prefill' phase at
+  n_query = kv_read = input length when the trace set measured it, else a roofline estimate
+  (``roofline_prefill_ms``); the admitted requests are prefilled one after another.
+- Acceptance is looked up at the scenario's context (the prompt length), not the context grown
+  by the output.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vegas_sim.errors import TraceSetError, UserInputError
+from vegas_sim.methods import PHASES, check_gamma, check_method, check_sparsity
+from vegas_sim.models import ModelSpec
+from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
+from vegas_sim.sim.analytic import analytic_throughput, expected_iterations
+from vegas_sim.sim.engine import (
+    PREFILL_MODES, Arrivals, EngineConfig, Lengths, PrefillFn, simulate,
+)
+from vegas_sim.sim.latency import IterationCost, LatencyModel
+from vegas_sim.sim.metrics import RunMetrics, mean_ci, summarize
+
+ENGINES = ("sim", "analytic")
+REQUESTS_PER_SLOT = 4  # default requests = 4 × batch
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One configuration to predict. ``batch`` is the max batch (continuous batching)."""
+
+    method: str
+    gamma: int
+    sparsity: float
+    batch: int
+    context: int
+    output_len: int
+    requests: int | None = None  # default: REQUESTS_PER_SLOT × batch
+    arrival: str = "closed"  # "closed" | "closed:<users>" | "poisson:<rate/s>"
+    workload: str | None = None
+    temperature: float = 0.0
+    prefill: str = "disaggregated"  # "disaggregated" | "co-located"
+    kv_capacity_tokens: int | None = None  # None: GPU memory − weights
+
+    @property
+    def n_requests(self) -> int:
+        return self.requests if self.requests is not None else REQUESTS_PER_SLOT * self.batch
+
+    def vanilla(self) -> Scenario:
+        """The baseline at the same batch/context/output/arrivals."""
+        return replace(self, method="vanilla")
+
+
+# ---------------------------------------------------------------------------- validation
+def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | None) -> None:
+    """Raise UserInputError naming the option and the fix for an impossible scenario."""
+    check_method(sc.method)
+    check_gamma(sc.gamma)
+    check_sparsity(sc.sparsity)
+    if sc.batch < 1:
+        raise UserInputError(f"batch must be >= 1, got {sc.batch}", where="--batch",
+                             fix="pass --batch 1 or more")
+    if sc.context < 1:
+        raise UserInputError(f"context must be >= 1, got {sc.context}", where="--context",
+                             fix="pass --context 1 or more")
+    if sc.output_len < 1:
+        raise UserInputError(f"output length must be >= 1, got {sc.output_len}",
+                             where="--output-len", fix="pass --output-len 1 or more")
+    if sc.requests is not None and sc.requests < 1:
+        raise UserInputError(f"requests must be >= 1, got {sc.requests}", where="--requests",
+                             fix="pass --requests 1 or more, or leave it out")
+    if sc.prefill not in PREFILL_MODES:
+        raise UserInputError(f"unknown prefill mode {sc.prefill!r}", where="--prefill",
+                             fix=f"use one of: {', '.join(PREFILL_MODES)}")
+    Arrivals.parse(sc.arrival).validate(sc.n_requests)
+    if sc.context + sc.output_len > model.max_positions:
+        raise UserInputError(
+            f"context + output exceeds the model's max positions ({model.max_positions})",
+            where="--context/--output-len",
+            fix=f"keep context + output <= {model.max_positions} for {model.name}")
+    if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
+        _check_memory(sc, model, gpu_memory_gb)
+
+
+def _slack(sc: Scenario) -> int:
+    return 1 if sc.method == "vanilla" else sc.gamma + 1
+
+
+def kv_capacity(model: ModelSpec, gpu_memory_gb: float) -> int:
+    """KV-cache tokens that fit next to the weights: (memory − weights) / bytes per token."""
+    free = gpu_memory_gb * 1e9 - model.param_count() * model.dtype_bytes
+    return max(int(free // model.kv_bytes_per_token()), 0)
+
+
+def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float) -> None:
+    per_request = sc.context + sc.output_len + _slack(sc)  # KV slots one request reserves
+    cap = kv_capacity(model, gpu_memory_gb)
+    max_batch = cap // per_request
+    if max_batch < 1:
+        raise UserInputError(
+            f"one request of {sc.context} + {sc.output_len} tokens needs "
+            f"{per_request * model.kv_bytes_per_token() / 1e9:.1f} GB of KV cache, but only "
+            f"{max(cap, 0) * model.kv_bytes_per_token() / 1e9:.1f} GB is left next to the "
+            f"weights on a {gpu_memory_gb:g} GB GPU",
+            where="--context", fix="shorten --context/--output-len or use a larger GPU (--gpu)")
+    if sc.batch > max_batch:
+        raise UserInputError(
+            f"batch {sc.batch} at context {sc.context} + output {sc.output_len} needs KV for "
+            f"{sc.batch * per_request} tokens plus the weights: more than the "
+            f"{gpu_memory_gb:g} GB GPU holds",
+            where="--batch/--context",
+            fix=f"use --batch {max_batch} or less (the max batch that fits), or a shorter "
+                "--context")
+
+
+# ---------------------------------------------------------------------------- prefill
+def roofline_prefill_ms(model: ModelSpec, bandwidth_gbs: float, tflops: float,
+                        input_len: int) -> float:
+    """Roofline time of prefilling one prompt: GEMMs (weights read once, 2·params·L FLOPs) plus
+    causal attention (L²/2 query-key pairs) and writing the prompt's KV, each max(bytes/BW,
+    FLOPs/rate). No fixed overhead: a lower bound, used only when prefill was not traced."""
+    bw, fl = bandwidth_gbs * 1e9, tflops * 1e12
+    gemm = max(model.weight_bytes() / bw, model.gemm_flops(input_len) / fl)
+    attn_flops = model.attn_flops(input_len, input_len / 2.0)
+    attn = max(input_len * model.kv_bytes_per_token() / bw, attn_flops / fl)
+    return 1000.0 * (gemm + attn)
+
+
+@dataclass(frozen=True)
+class _PrefillTime:
+    """Prefill time of a list of prompts, prefilled one after another (picklable)."""
+
+    latency: LatencyModel
+    method: str
+    traced: bool
+
+    def __call__(self, input_lens: np.ndarray) -> float:
+        return float(sum(self.one(int(n)) for n in input_lens))
+
+    def one(self, n: int) -> float:
+        if self.traced:
+            return self.latency.phase_ms("prefill", self.method, n, np.array([n], np.int64))
+        gpu = self.latency.gpu
+        return roofline_prefill_ms(self.latency.model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops, n)
+
+
+def prefill_fn(latency: LatencyModel, method: str) -> PrefillFn:
+    """The co-located prefill time: traced 'prefill' phase if present, else the roofline."""
+    try:
+        latency.phase_ms("prefill", method, 1, np.array([1], np.int64))
+        traced = True
+    except TraceSetError:
+        traced = False
+    return _PrefillTime(latency, method, traced)
+
+
+# ---------------------------------------------------------------------------- running
+def engine_config(sc: Scenario, kv_capacity_tokens: int | None) -> EngineConfig:
+    return EngineConfig(
+        method=sc.method, gamma=sc.gamma, max_batch=sc.batch, n_requests=sc.n_requests,
+        lengths=Lengths(sc.context, sc.output_len), arrivals=Arrivals.parse(sc.arrival),
+        kv_capacity_tokens=kv_capacity_tokens, prefill=sc.prefill,
+    )
+
+
+def _gpu_memory(latency: LatencyModel) -> float | None:
+    gpu = getattr(latency, "gpu", None)
+    mem = getattr(gpu, "memory_gb", None)
+    return float(mem) if mem else None
+
+
+def _capacity(sc: Scenario, latency: LatencyModel) -> int | None:
+    if sc.kv_capacity_tokens is not None:
+        return sc.kv_capacity_tokens
+    mem = _gpu_memory(latency)
+    return None if mem is None else kv_capacity(latency.model, mem)
+
+
+def _cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
+    return latency.iteration_cost(sc.method, sc.gamma, sc.sparsity)
+
+
+def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
+    if sc.method == "vanilla":
+        return None
+    return acceptance.lookup(sc.method, sc.gamma, sc.sparsity, sc.context, sc.workload,
+                             sc.temperature)
+
+
+def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,
+                   seeds: list[np.random.SeedSequence]) -> list[RunMetrics]:
+    cfg = engine_config(sc, _capacity(sc, latency))
+    cost = _cost(latency, sc)
+    pre = prefill_fn(latency, sc.method) if sc.prefill == "co-located" else None
+    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre)) for s in seeds]
+
+
+def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None
+                  ) -> RunMetrics:
+    """The closed form dressed as a RunMetrics (no spread; TPOT/ITL from the mean iteration)."""
+    t0 = time.perf_counter()
+    cost = _cost(latency, sc)
+    rates = np.zeros(0) if dist is None else np.asarray(dist.rates, dtype=np.float64)
+    res = analytic_throughput(cost, rates, sc.batch, sc.context, sc.output_len, integrate=True)
+    iters = expected_iterations(rates, sc.output_len)
+    tpot = (iters - 1) * res.iter_ms / (sc.output_len - 1) if sc.output_len > 1 else math.nan
+    mid = np.full(sc.batch, sc.context + sc.output_len // 2, np.int64)
+    bd = cost.breakdown(mid)
+    scale = res.iter_ms / sum(bd.values()) if sum(bd.values()) > 0 else 0.0
+    return RunMetrics(
+        throughput_tok_s=res.throughput_tok_s, window_ms=(math.nan, math.nan), window_tokens=0,
+        generated_tokens=0, acceptance_length=res.acceptance_length,
+        rates=tuple(float(r) for r in rates), tpot_ms_p50=tpot, tpot_ms_p90=tpot,
+        tpot_ms_p99=tpot, itl_ms_p50=res.iter_ms, itl_ms_p90=res.iter_ms,
+        itl_ms_p99=res.iter_ms, iter_ms=res.iter_ms,
+        breakdown_ms={k: v * scale for k, v in bd.items()}, iterations=0, sim_time_s=0.0,
+        wall_s=time.perf_counter() - t0,
+    )
+
+
+def _runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None, engine: str,
+          seeds: list[np.random.SeedSequence]) -> list[RunMetrics]:
+    if engine == "analytic":
+        return [_analytic_run(sc, latency, dist)]
+    return _simulate_runs(sc, latency, dist, seeds)
+
+
+def _seeds(seed: int, replications: int) -> list[np.random.SeedSequence]:
+    return np.random.SeedSequence(seed).spawn(replications)
+
+
+def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetrics],
+         dist: AcceptanceDist | None, latency: LatencyModel, wall_s: float) -> dict[str, Any]:
+    thr = [r.throughput_tok_s for r in runs]
+    m, lo, hi = mean_ci(thr)
+    sp, sp_lo, sp_hi = mean_ci([a.throughput_tok_s / b.throughput_tok_s
+                                for a, b in zip(runs, base)])
+    rates = np.mean([r.rates for r in runs], axis=0) if runs[0].rates else np.zeros(0)
+    row: dict[str, Any] = {
+        "method": sc.method, "gamma": sc.gamma, "sparsity": sc.sparsity, "batch": sc.batch,
+        "context": sc.context, "output_len": sc.output_len, "requests": sc.n_requests,
+        "arrival": sc.arrival, "prefill": sc.prefill, "workload": sc.workload or "",
+        "temperature": sc.temperature, "engine": engine, "replications": len(runs),
+        "throughput_tok_s": m, "throughput_ci_low": lo, "throughput_ci_high": hi,
+        "speedup_vs_vanilla": sp, "speedup_ci_low": sp_lo, "speedup_ci_high": sp_hi,
+        "acceptance_length": float(np.mean([r.acceptance_length for r in runs])),
+        "rates": " ".join(f"{r:.4f}" for r in rates),
+    }
+    for name in ("tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90",
+                 "itl_ms_p99", "iter_ms"):
+        row[name] = float(np.mean([getattr(r, name) for r in runs]))
+    for phase in PHASES:
+        row[f"ms_{phase}"] = float(np.mean([r.breakdown_ms.get(phase, 0.0) for r in runs]))
+    row["extrapolated"] = ";".join(dist.extrapolated) if dist is not None else ""
+    row["gpu"] = latency.gpu_label
+    row["iterations_simulated"] = int(sum(r.iterations for r in runs))
+    row["sim_time_s"] = float(np.mean([r.sim_time_s for r in runs]))
+    row["wall_s"] = wall_s
+    return row
+
+
+def _base_key(sc: Scenario) -> tuple[Any, ...]:
+    return (sc.batch, sc.context, sc.output_len, sc.n_requests, sc.arrival, sc.prefill,
+            sc.kv_capacity_tokens)
+
+
+def predict_one(
+    scenario: Scenario, latency: LatencyModel, acceptance: AcceptanceModel, *, seed: int = 0,
+    replications: int = 5, engine: str = "sim",
+    _baseline: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
+) -> dict[str, Any]:
+    """One scenario's row (the columns of `predict`). Validates the scenario first."""
+    if engine not in ENGINES:
+        raise UserInputError(f"unknown engine {engine!r}", where="--engine",
+                             fix=f"use one of: {', '.join(ENGINES)}")
+    if replications < 1:
+        raise UserInputError(f"replications must be >= 1, got {replications}",
+                             where="--replications", fix="pass --replications 1 or more")
+    t0 = time.perf_counter()
+    validate_scenario(scenario, latency.model, _gpu_memory(latency))
+    seeds = _seeds(seed, replications)
+    dist = _dist(acceptance, scenario)
+    runs = _runs(scenario, latency, dist, engine, seeds)
+    cache = _baseline if _baseline is not None else {}
+    key = (*_base_key(scenario), engine, seed, replications)
+    if scenario.method == "vanilla":
+        cache.setdefault(key, runs)
+        base = runs
+    else:
+        if key not in cache:
+            cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
+        base = cache[key]
+    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0)
+
+
+def predict(
+    scenarios: Sequence[Scenario],
+    latency: LatencyModel,
+    acceptance: AcceptanceModel,
+    *,
+    seed: int = 0,
+    replications: int = 5,
+    engine: str = "sim",
+    progress: Callable[[int, int], None] | None = None,
+) -> pd.DataFrame:
+    """Predict every scenario; one row each (columns documented in the module docstring).
+
+    All scenarios are validated before any is run, so a bad one fails fast. Vanilla baselines
+    are shared between scenarios with the same batch/context/output/arrivals.
+    ``progress(done, total)`` is called after each scenario.
+    """
+    mem = _gpu_memory(latency)
+    for sc in scenarios:
+        validate_scenario(sc, latency.model, mem)
+    cache: dict[tuple[Any, ...], list[RunMetrics]] = {}
+    rows = []
+    for i, sc in enumerate(scenarios):
+        rows.append(predict_one(sc, latency, acceptance, seed=seed, replications=replications,
+                                engine=engine, _baseline=cache))
+        if progress is not None:
+            progress(i + 1, len(scenarios))
+    return pd.DataFrame(rows)

@@ -1,0 +1,376 @@
+"""Tune (γ, sparsity) per (batch, context) cell with the paper's three-step strategy.
+
+Per cell (all cells advance together, each step one parallel sweep):
+
+1. **Where acceptance stabilises.** At a large γ (`probe_gamma`, default 12: long drafts
+   magnify differences in per-position acceptance), sweep sparsity over a coarse grid. The
+   stable sparsity s₁ is the *smallest* s whose mean acceptance length is within
+   `stable_pct` % (default 2 %) of the largest acceptance length seen in the sweep. Beyond it
+   the draft gets more expensive but barely more accurate.
+2. **γ for throughput.** At s₁, sweep γ (`gamma`, default 1..12); γ* = argmax throughput.
+3. **Refine sparsity.** With γ* fixed, sweep sparsity on a finer grid (`refine_step`, default
+   0.005) between the coarse neighbours of s₁; s* = argmax throughput. Step 3 may move s
+   below s₁ when a cheaper draft wins.
+
+Baselines: each of `baselines` (magicdec-stream, magicdec-quest, specextend by default) gets
+its own best (γ, s) by a full sweep of `baseline_gamma` × the coarse sparsity grid; the best
+baseline is the one with the highest throughput. Ties anywhere go to the smaller γ / sparsity.
+
+The search uses `search_engine` (default "analytic": fast and deterministic). The reported
+numbers of the chosen configuration, vanilla and the best baseline come from `final_engine`
+(default the same; "sim" gives replication CIs). The speedup over the best baseline has a 95 %
+CI obtained by adding the two log-scale half-widths in quadrature (independent runs):
+ratio · exp(±√(h₁² + h₂²)), hᵢ = ½·ln(highᵢ / lowᵢ).
+
+Output: `TuneResult.cells` (one row per cell), `TuneResult.steps` (every evaluated
+configuration, with `step`), and `TuneResult.serving_table()` — the JSON a serving engine can
+consume (format documented on that method).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
+from vegas_sim.sim.sweep import SweepRunner
+
+if TYPE_CHECKING:
+    from vegas_sim.sim.acceptance import AcceptanceModel
+    from vegas_sim.sim.latency import LatencyModel
+    from vegas_sim.sim.predict import Scenario
+
+TuneProgress = Callable[[str, int, int], None]  # (step description, done, total)
+JSON_FORMAT = "vegas-sim.speculative-table"
+JSON_VERSION = 1
+_ROUND = 6  # sparsity grid values are rounded so that 0.035 is 0.035 in every output
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """The search: grids, the stabilisation threshold, baselines and engines."""
+
+    method: str = "vegas"
+    probe_gamma: int = 12
+    sparsity_coarse: tuple[float, ...] = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
+    stable_pct: float = 2.0
+    gamma: tuple[int, ...] = tuple(range(1, 13))
+    refine_step: float = 0.005
+    baselines: tuple[str, ...] = ("magicdec-stream", "magicdec-quest", "specextend")
+    baseline_gamma: tuple[int, ...] = tuple(range(1, 9))
+    output_len: int = 1024
+    extra: dict[str, Any] = field(default_factory=dict)  # further Scenario fields
+    search_engine: str = "analytic"
+    final_engine: str = "analytic"
+    replications: int = 5
+
+    def __post_init__(self) -> None:
+        if check_method(self.method) not in SPEC_METHODS:
+            raise UserInputError(f"cannot tune {self.method!r}: it does not speculate",
+                                 where="--method", fix="tune a speculative method, e.g. vegas")
+        for m in self.baselines:
+            check_method(m)
+        for g in (self.probe_gamma, *self.gamma, *self.baseline_gamma):
+            check_gamma(g)
+        for s in self.sparsity_coarse:
+            check_sparsity(s)
+        if not self.sparsity_coarse or not self.gamma:
+            raise UserInputError("tune needs a sparsity grid and a γ grid",
+                                 fix="give at least one value of each")
+        if not (0.0 <= self.stable_pct < 100.0):
+            raise UserInputError(f"stable_pct must be in [0, 100), got {self.stable_pct}",
+                                 where="--stable-pct", fix="e.g. 2 (percent)")
+        if self.refine_step <= 0:
+            raise UserInputError(f"refine_step must be > 0, got {self.refine_step}",
+                                 where="--refine-step", fix="e.g. 0.005")
+
+
+# ---- pure step logic (unit-tested without a model) ---------------------------------------------
+def stable_sparsity(sparsity: Sequence[float], acceptance_length: Sequence[float],
+                    stable_pct: float) -> float:
+    """Smallest s whose acceptance length is within stable_pct % of the maximum over the sweep."""
+    s = np.asarray(sparsity, dtype=float)
+    acc = np.asarray(acceptance_length, dtype=float)
+    order = np.argsort(s, kind="stable")
+    s, acc = s[order], acc[order]
+    ok = acc >= np.nanmax(acc) * (1.0 - stable_pct / 100.0)
+    return float(s[np.argmax(ok)])  # argmax of a bool array: the first True
+
+
+def refine_grid(coarse: Sequence[float], center: float, step: float) -> list[float]:
+    """Fine grid (spacing `step`) between the coarse neighbours of `center`, both included."""
+    pts = sorted(coarse)
+    i = pts.index(center) if center in pts else int(np.searchsorted(pts, center))
+    lo = pts[i - 1] if i > 0 else max(pts[0] / 2.0, step)
+    hi = pts[i + 1] if i + 1 < len(pts) else min(pts[-1] * 1.5, 1.0)
+    n = int(math.floor((hi - lo) / step + 1e-9))
+    grid = {round(lo + k * step, _ROUND) for k in range(n + 1)}
+    grid |= {round(lo, _ROUND), round(hi, _ROUND), round(center, _ROUND)}
+    return sorted(v for v in grid if 0.0 < v <= 1.0)
+
+
+def argbest(df: pd.DataFrame, metric: str = "throughput_tok_s") -> pd.Series:
+    """Row with the highest metric; ties to the smaller γ, then the smaller sparsity."""
+    if df.empty:
+        raise UserInputError("tune evaluated no configuration in a cell",
+                             fix="check the grids (--gamma, --sparsity)")
+    best = df[metric].max()
+    tied = df[df[metric] >= best * (1 - 1e-12)]
+    return tied.sort_values(["gamma", "sparsity"], kind="stable").iloc[0]
+
+
+def ratio_ci(num: float, num_lo: float, num_hi: float, den: float, den_lo: float,
+             den_hi: float) -> tuple[float, float, float]:
+    """num/den with a 95 % CI from the two CIs, log half-widths added in quadrature."""
+    ratio = num / den
+
+    def half(lo: float, hi: float) -> float:
+        if not (lo > 0 and hi > 0) or any(map(math.isnan, (lo, hi))):
+            return 0.0
+        return 0.5 * math.log(hi / lo)
+
+    h = math.hypot(half(num_lo, num_hi), half(den_lo, den_hi))
+    return ratio, ratio * math.exp(-h), ratio * math.exp(h)
+
+
+# ---- the search ---------------------------------------------------------------------------------
+Cell = tuple[int, int]  # (batch, context)
+
+
+def _scenario(cfg: TuneConfig, method: str, gamma: int, sparsity: float, cell: Cell) -> Scenario:
+    from vegas_sim.sim.predict import Scenario
+
+    return Scenario(method=method, gamma=gamma, sparsity=sparsity, batch=cell[0],
+                    context=cell[1], output_len=cfg.output_len, **cfg.extra)
+
+
+def _tagged(df: pd.DataFrame, step: str) -> pd.DataFrame:
+    return df.assign(step=step)
+
+
+def _cell_rows(df: pd.DataFrame, cell: Cell, method: str | None = None) -> pd.DataFrame:
+    mask = (df["batch"] == cell[0]) & (df["context"] == cell[1])
+    if method is not None:
+        mask &= df["method"] == method
+    return df[mask]
+
+
+@dataclass
+class TuneResult:
+    """`cells`: one row per (batch, context); `steps`: every evaluated configuration."""
+
+    cells: pd.DataFrame
+    steps: pd.DataFrame
+    config: TuneConfig
+    model: str = ""
+    gpu: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def gamma_by_batch(self) -> dict[int, int]:
+        """One γ per batch size across contexts: the γ whose step-2 throughput, relative to
+        each context's best, is highest on average (it loses least over the tuned contexts).
+        With one context this is that cell's chosen γ."""
+        s2 = self.steps[self.steps["step"] == "2-gamma"]
+        best = s2.groupby(["batch", "context"])["throughput_tok_s"].transform("max")
+        rel = s2.assign(rel=s2["throughput_tok_s"] / best)
+        mean = rel.groupby(["batch", "gamma"])["rel"].mean().reset_index()
+        out = {}
+        for batch, g in mean.groupby("batch"):
+            top = g["rel"].max()
+            out[int(batch)] = int(g[g["rel"] >= top * (1 - 1e-12)]["gamma"].min())
+        return out
+
+    def serving_table(self) -> dict[str, Any]:
+        """The JSON export for a serving engine.
+
+        {
+          "format": "vegas-sim.speculative-table", "version": 1,
+          "model": ..., "gpu": ..., "method": "vegas",
+          "sparsity": s,                       # the sparsity chosen in most cells (ties: smaller)
+          "num_speculative_tokens_by_batch": {"1": 7, "4": 6, ...},
+          "by_context": {"32768": {"num_speculative_tokens_by_batch": {"1": 7, ...},
+                                   "sparsity_by_batch": {"1": 0.05, ...}}, ...},
+          "cells": [{batch, context, gamma, sparsity, throughput_tok_s, ..._ci_low/high,
+                     speedup_vs_vanilla (+CI), baseline_method, baseline_gamma,
+                     baseline_sparsity, speedup_vs_baseline (+CI), extrapolated, ...}],
+          "strategy": {the TuneConfig}, "notes": [...]
+        }
+
+        How to use it: at a decode step with current batch size b (and, when known, context
+        c), take the entry of the largest batch key <= b (the smallest key if b is below all
+        of them) — from `by_context` of the largest context key <= c, else from
+        `num_speculative_tokens_by_batch` (one γ per batch that holds up across contexts,
+        see `gamma_by_batch`). Keys are strings (JSON); values are vLLM's
+        `num_speculative_tokens`.
+        """
+        cells = self.cells
+        by_context: dict[str, dict[str, dict[str, Any]]] = {}
+        for ctx, g in cells.groupby("context"):
+            g = g.sort_values("batch")
+            by_context[str(int(ctx))] = {
+                "num_speculative_tokens_by_batch": {str(int(b)): int(v) for b, v in
+                                                    zip(g["batch"], g["gamma"])},
+                "sparsity_by_batch": {str(int(b)): float(v) for b, v in
+                                      zip(g["batch"], g["sparsity"])},
+            }
+        counts = cells["sparsity"].round(_ROUND).value_counts()
+        mode = float(min(counts[counts == counts.max()].index))
+        return {
+            "format": JSON_FORMAT, "version": JSON_VERSION, "model": self.model,
+            "gpu": self.gpu, "method": self.config.method, "sparsity": mode,
+            "num_speculative_tokens_by_batch": {str(b): g for b, g in
+                                                sorted(self.gamma_by_batch().items())},
+            "by_context": by_context,
+            "cells": json.loads(cells.to_json(orient="records")),
+            "strategy": {k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in asdict(self.config).items()},
+            "notes": list(self.notes),
+        }
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        if path.suffix.lower() != ".json":
+            raise UserInputError(f"{str(path)!r} is not a .json file", where="--out",
+                                 fix="name the output *.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.serving_table(), indent=2) + "\n")
+        return path
+
+
+class _Steps:
+    """Runs one step for all cells as one sweep and keeps every evaluated row."""
+
+    def __init__(self, runner: SweepRunner, cfg: TuneConfig, seed: int,
+                 progress: TuneProgress | None) -> None:
+        self.runner, self.cfg, self.seed, self.progress = runner, cfg, seed, progress
+        self.rows: list[pd.DataFrame] = []
+
+    def run(self, label: str, scenarios: list[Scenario], engine: str | None = None) -> pd.DataFrame:
+        report = None
+        if self.progress is not None:
+            cb = self.progress
+
+            def report(done: int, total: int) -> None:
+                cb(label, done, total)
+
+        eng = engine or self.cfg.search_engine
+        df = self.runner.run(scenarios, engine=eng, seed=self.seed,
+                             replications=self.cfg.replications, progress=report)
+        df = _tagged(df, label)
+        self.rows.append(df)
+        return df
+
+
+def _vanilla_and_baselines(steps: _Steps, cells: list[Cell]) -> pd.DataFrame:
+    cfg = steps.cfg
+    scen = [_scenario(cfg, "vanilla", 1, 1.0, c) for c in cells]
+    scen += [_scenario(cfg, m, g, s, c) for c in cells for m in cfg.baselines
+             for g in cfg.baseline_gamma for s in cfg.sparsity_coarse]
+    return steps.run("baselines", scen)
+
+
+def tune(
+    cells: Sequence[Cell],
+    latency: LatencyModel,
+    acceptance: AcceptanceModel,
+    *,
+    config: TuneConfig | None = None,
+    seed: int = 0,
+    workers: int | None = None,
+    scheduler: Any = None,
+    progress: TuneProgress | None = None,
+    model: str = "",
+) -> TuneResult:
+    """Run the three-step strategy for every (batch, context) cell; see the module docstring."""
+    cfg = config or TuneConfig()
+    cells = sorted({(int(b), int(c)) for b, c in cells})
+    if not cells:
+        raise UserInputError("no (batch, context) cell to tune", where="--batch/--context",
+                             fix="give at least one batch size and one context length")
+    with SweepRunner(latency, acceptance, workers=workers, scheduler=scheduler) as runner:
+        steps = _Steps(runner, cfg, seed, progress)
+        base = _vanilla_and_baselines(steps, cells)
+        s1 = steps.run("1-sparsity", [_scenario(cfg, cfg.method, cfg.probe_gamma, s, c)
+                                      for c in cells for s in cfg.sparsity_coarse])
+        stable = {c: stable_sparsity(_cell_rows(s1, c)["sparsity"],
+                                     _cell_rows(s1, c)["acceptance_length"], cfg.stable_pct)
+                  for c in cells}
+        s2 = steps.run("2-gamma", [_scenario(cfg, cfg.method, g, stable[c], c)
+                                   for c in cells for g in cfg.gamma])
+        gamma = {c: int(argbest(_cell_rows(s2, c))["gamma"]) for c in cells}
+        s3 = steps.run("3-refine", [
+            _scenario(cfg, cfg.method, gamma[c], s, c) for c in cells
+            for s in refine_grid(cfg.sparsity_coarse, stable[c], cfg.refine_step)])
+        chosen = {c: argbest(_cell_rows(s3, c)) for c in cells}
+        best_base = {c: argbest(_cell_rows(base[base["method"] != "vanilla"], c))
+                     if cfg.baselines else None for c in cells}
+        final = _final_rows(steps, cells, chosen, best_base, base)
+    table = pd.DataFrame([_cell_row(c, stable[c], final[c]) for c in cells])
+    steps_df = pd.concat(steps.rows, ignore_index=True)
+    gpu = str(steps_df["gpu"].iloc[0]) if "gpu" in steps_df.columns else ""
+    return TuneResult(cells=table, steps=steps_df, config=cfg, model=model, gpu=gpu)
+
+
+def _final_rows(steps: _Steps, cells: list[Cell], chosen: dict[Cell, pd.Series],
+                best_base: dict[Cell, pd.Series | None],
+                base: pd.DataFrame) -> dict[Cell, dict[str, pd.Series | None]]:
+    """Chosen, vanilla and best-baseline rows per cell, re-run with the final engine if needed."""
+    cfg = steps.cfg
+    picks: dict[Cell, dict[str, pd.Series | None]] = {
+        c: {"chosen": chosen[c], "vanilla": _cell_rows(base, c, "vanilla").iloc[0],
+            "baseline": best_base[c]} for c in cells}
+    if cfg.final_engine == cfg.search_engine:
+        return picks
+    scen, keys = [], []
+    for c in cells:
+        for role, row in picks[c].items():
+            if row is not None:
+                scen.append(_scenario(cfg, str(row["method"]), int(row["gamma"]),
+                                      float(row["sparsity"]), c))
+                keys.append((c, role))
+    df = steps.run("final", scen, engine=cfg.final_engine)
+    for (c, role), (_, row) in zip(keys, df.iterrows()):
+        picks[c][role] = row
+    return picks
+
+
+def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None]) -> dict[str, Any]:
+    ch, van, bl = rows["chosen"], rows["vanilla"], rows["baseline"]
+    assert ch is not None and van is not None
+    out: dict[str, Any] = {
+        "batch": cell[0], "context": cell[1], "method": ch["method"], "gamma": int(ch["gamma"]),
+        "sparsity": float(ch["sparsity"]), "stable_sparsity": stable,
+        "throughput_tok_s": float(ch["throughput_tok_s"]),
+        "throughput_ci_low": float(ch["throughput_ci_low"]),
+        "throughput_ci_high": float(ch["throughput_ci_high"]),
+        "acceptance_length": float(ch["acceptance_length"]),
+        "vanilla_tok_s": float(van["throughput_tok_s"]),
+    }
+    sp = ratio_ci(out["throughput_tok_s"], out["throughput_ci_low"], out["throughput_ci_high"],
+                  float(van["throughput_tok_s"]), float(van["throughput_ci_low"]),
+                  float(van["throughput_ci_high"]))
+    # predict's own speedup columns (same replications, paired) when present; else the ratio.
+    if "speedup_vs_vanilla" in ch.index and not pd.isna(ch["speedup_vs_vanilla"]):
+        sp = (float(ch["speedup_vs_vanilla"]), float(ch["speedup_ci_low"]),
+              float(ch["speedup_ci_high"]))
+    out.update(speedup_vs_vanilla=sp[0], speedup_ci_low=sp[1], speedup_ci_high=sp[2])
+    if bl is not None:
+        r = ratio_ci(out["throughput_tok_s"], out["throughput_ci_low"],
+                     out["throughput_ci_high"], float(bl["throughput_tok_s"]),
+                     float(bl["throughput_ci_low"]), float(bl["throughput_ci_high"]))
+        out.update(baseline_method=bl["method"], baseline_gamma=int(bl["gamma"]),
+                   baseline_sparsity=float(bl["sparsity"]),
+                   baseline_tok_s=float(bl["throughput_tok_s"]),
+                   speedup_vs_baseline=r[0], speedup_vs_baseline_ci_low=r[1],
+                   speedup_vs_baseline_ci_high=r[2])
+    ext = [bool(x["extrapolated"]) for x in (ch, bl) if x is not None and "extrapolated" in x.index]
+    out["extrapolated"] = any(ext)
+    return out

@@ -1,0 +1,175 @@
+"""Packaged trace sets and the choice of which sets answer a prediction.
+
+Packaged sets live in `vegas_sim/traces/default/<name>/` (made by `vegas-sim calibrate`; never
+synthetic). A prediction needs two sets:
+
+- a **latency** set for the model being predicted (any weights: random weights time the same);
+- an **acceptance** set with *real* weights (a random-weight model's acceptance is meaningless).
+
+`resolve` picks both and returns human-readable notes saying what was used, for every output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
+from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE
+
+DEFAULT_DIR = Path(__file__).parent / "default"
+
+_HOW_TO_MAKE = (
+    "make one on a GPU with `vegas-sim calibrate --model MODEL --out DIR` and pass "
+    "`--traces DIR`"
+)
+
+
+def packaged_sets(default_dir: Path | None = None) -> list[Path]:
+    """Directories of the packaged trace sets (those holding a meta.json), sorted by name."""
+    root = DEFAULT_DIR if default_dir is None else default_dir
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).is_file())
+
+
+def describe(ts: TraceSet) -> str:
+    """E.g. 'qwen3-8b-h200 (random weights, NVIDIA H200 measured)'."""
+    if ts.synthetic:
+        where = "SYNTHETIC, not measured"
+    else:
+        where = f"{ts.gpu_name} measured"
+    return f"{ts.name} ({ts.weights_kind} weights, {where})"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A packaged set known by its meta.json only (cheap); loaded fully once chosen."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def model_name(self) -> str:
+        return str(self.meta.get("model", {}).get("name", "?"))
+
+    @property
+    def synthetic(self) -> bool:
+        return bool(self.meta.get("synthetic", False))
+
+    @property
+    def may_have_real_acceptance(self) -> bool:
+        weights = self.meta.get("model", {}).get("weights", {})
+        file = self.path / ACCEPTANCE_FILE
+        # An empty parquet file is a few hundred bytes; anything with rows is larger.
+        return weights.get("kind") == "real" and file.is_file() and file.stat().st_size > 2048
+
+
+def _packaged_entries(default_dir: Path | None) -> list[_Entry]:
+    entries = []
+    for p in packaged_sets(default_dir):
+        try:
+            meta = json.loads((p / META_FILE).read_text())
+        except (OSError, ValueError):
+            meta = {}  # broken: load_trace_set will say why if this set is ever chosen
+        entries.append(_Entry(p, meta if isinstance(meta, dict) else {}))
+    return entries
+
+
+def _model_mismatch(model: str, ts: TraceSet, packaged: list[_Entry]) -> UserInputError:
+    available = sorted({s.model_name for s in packaged} | {ts.model_name})
+    return UserInputError(
+        f"trace set {ts.path} is for model {ts.model_name!r}, not {model!r}",
+        where="--model",
+        fix=f"pass --model {ts.model_name}, or a trace set for {model!r}; models with trace "
+            f"sets: {', '.join(available)}")
+
+
+def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
+    if not packaged:
+        raise UserInputError(
+            "no default trace set is packaged with this build of vegas-sim yet",
+            where="--traces", fix=_HOW_TO_MAKE)
+    matches = [s for s in packaged if s.model_name == model]
+    if not matches:
+        models = sorted({s.model_name for s in packaged})
+        raise UserInputError(
+            f"no packaged trace set for model {model!r}", where="--model",
+            fix=f"use one of: {', '.join(models)}; or {_HOW_TO_MAKE}")
+    # Prefer measured sets over synthetic ones (packaged sets should never be synthetic).
+    return load_trace_set(sorted(matches, key=lambda s: (s.synthetic, s.name))[0].path)
+
+
+def _pick_acceptance(model: str, packaged: list[_Entry]) -> TraceSet | None:
+    """A packaged real-weight set with acceptance; the predicted model's own first."""
+    candidates = [s for s in packaged if s.may_have_real_acceptance]
+    candidates.sort(key=lambda s: (s.model_name != model, s.synthetic, s.name))
+    for entry in candidates:
+        ts = load_trace_set(entry.path)
+        if ts.has_real_acceptance:
+            return ts
+    return None
+
+
+def resolve(
+    model: str | None,
+    traces: Path | None,
+    *,
+    acceptance: Path | None = None,
+    default_dir: Path | None = None,
+) -> tuple[TraceSet, TraceSet, list[str]]:
+    """(latency set, real-weight acceptance set, notes) for predicting `model`.
+
+    traces: a trace-set directory for latency (and acceptance, if it has real acceptance;
+    otherwise a packaged real set is used and the notes say so). None: the packaged set for
+    `model`. model None: the model of `traces` (or of the only packaged model).
+    acceptance: an explicit acceptance set; it must have real weights (TraceSetError if not).
+    default_dir: where packaged sets live (tests point it elsewhere).
+
+    Raises UserInputError when nothing is packaged and no `traces` is given, or when the latency
+    set is for another model (listing the models available); TraceSetError when no real-weight
+    acceptance can be found.
+    """
+    packaged = _packaged_entries(default_dir)
+    if traces is not None:
+        latency = load_trace_set(traces)
+        if model is not None and latency.model_name != model:
+            raise _model_mismatch(model, latency, packaged)
+    else:
+        if model is None:
+            models = sorted({s.model_name for s in packaged})
+            model = models[0] if len(models) == 1 else ""
+        latency = _pick_latency(model or "", packaged)
+    notes = [f"latency: {describe(latency)}"]
+
+    if acceptance is not None:
+        acc = load_trace_set(acceptance)
+        require_real_acceptance(acc)
+        notes.append(f"acceptance: {describe(acc)}")
+    elif latency.has_real_acceptance:
+        acc = latency
+        notes.append(f"acceptance: {describe(acc)}")
+    else:
+        fallback = _pick_acceptance(latency.model_name, packaged)
+        if fallback is None:
+            require_real_acceptance(latency)  # raises, naming why this set cannot serve
+            raise AssertionError("unreachable")  # pragma: no cover
+        acc = fallback
+        why = ("has random weights" if latency.weights_kind != "real"
+               else "has no acceptance rows")
+        notes.append(f"acceptance: {describe(acc)} — {latency.name} {why}, "
+                     f"so acceptance comes from this packaged real-weight set")
+    if acc.model_name != latency.model_name:
+        notes.append(f"acceptance measured on {acc.model_name} is used as a proxy for "
+                     f"{latency.model_name}")
+    for ts in {id(latency): latency, id(acc): acc}.values():
+        if ts.synthetic:
+            notes.append(f"{ts.name} is SYNTHETIC test data, not a measurement")
+    return latency, acc, notes
