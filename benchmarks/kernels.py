@@ -94,7 +94,7 @@ def bench_verify(args: argparse.Namespace, copy_bw: float, out: list[dict[str, A
                     out.append(row("verify", batch=B, context=C, n_query=NQ, collect=collect,
                                    ms=ms, gbps=gb, ratio_copy=gb / copy_bw,
                                    overhead_pct=100 * (ms / base - 1),
-                                   config=f"splits={va.choose_splits(B, HKV, C, NQ * HQ // HKV, va.num_sms(q.device), 64 if NQ * 4 <= 64 else 32)}"))
+                                   config=f"splits={va.choose_splits(B, HKV, C, NQ * HQ // HKV, va.num_sms(q.device), 128 if NQ * 4 <= 32 else 64)}"))
                     print_row(out[-1])
                 try:
                     ms = sdpa_ms(q, k, v, C)

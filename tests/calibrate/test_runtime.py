@@ -12,13 +12,13 @@ import torch
 
 from tests.calibrate.conftest import tiny_model, tiny_spec
 from vegas_sim.calibrate.runtime import (
-    DenseAttention, GraphedForward, KVCache, Transformer, load_model, masked_attention,
+    DenseAttention, GraphedForward, KVCache, Layer, Transformer, load_model, masked_attention,
     rope_inv_freq,
 )
 from vegas_sim.errors import UserInputError
 from vegas_sim.models import get_preset
 
-FP32_TOL = dict(atol=2e-4, rtol=2e-4)
+FP32_TOL: dict[str, Any] = {"atol": 2e-4, "rtol": 2e-4}
 
 
 # ---- an independent reference: whole sequence, no cache, explicit GQA and rotate_half -----
@@ -44,16 +44,17 @@ def reference_forward(model: Transformer, tokens: list[int]) -> torch.Tensor:
     causal = torch.ones(T, T).tril().bool()
     x = model.embed[torch.tensor(tokens)]
     for layer in model.layers:
+        assert isinstance(layer, Layer)
         h = _rms(x, layer.attn_norm, s.rms_eps)
         wq, wk, wv = layer.wqkv.split([q_dim, kv_dim, kv_dim])
         q, k, v = h @ wq.T, h @ wk.T, h @ wv.T
-        if s.qkv_bias:
+        if layer.bqkv is not None:
             bq, bk, bv = layer.bqkv.split([q_dim, kv_dim, kv_dim])
             q, k, v = q + bq, k + bk, v + bv
         q = q.view(T, s.n_heads, s.head_dim)
         k = k.view(T, s.n_kv_heads, s.head_dim)
         v = v.view(T, s.n_kv_heads, s.head_dim)
-        if s.qk_norm:
+        if layer.q_norm is not None and layer.k_norm is not None:
             q, k = _rms(q, layer.q_norm, s.rms_eps), _rms(k, layer.k_norm, s.rms_eps)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
@@ -181,15 +182,16 @@ def test_masked_attention_matches_naive_loop() -> None:
                 torch.testing.assert_close(out[b, i, h], w @ v[b, :n, kv], atol=1e-5, rtol=1e-5)
 
 
-def test_dense_attention_agrees_with_masked_for_verify_rows() -> None:
-    """Whatever DenseAttention dispatches to for NQ <= 16 (the verify kernel) matches SDPA."""
+def test_dense_attention_kernel_path_agrees_with_sdpa_path() -> None:
+    """The ops path (verify kernel / its reference) and the SDPA path compute the same."""
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(3, 7, 4, 16, generator=gen)
     k = torch.randn(3, 40, 2, 16, generator=gen)
     v = torch.randn(3, 40, 2, 16, generator=gen)
     lens = torch.tensor([7, 25, 40], dtype=torch.int32)
     torch.testing.assert_close(
-        DenseAttention().attend(0, q, k, v, lens, 0.25), masked_attention(q, k, v, lens, 0.25),
+        DenseAttention(use_kernel=True).attend(0, q, k, v, lens, 0.25),
+        DenseAttention(use_kernel=False).attend(0, q, k, v, lens, 0.25),
         atol=1e-5, rtol=1e-5,
     )
 
@@ -201,7 +203,7 @@ def test_random_init_stays_finite_in_bf16_over_many_layers() -> None:
     logits = model.prefill([torch.arange(50), torch.arange(30)], cache)
     assert torch.isfinite(logits).all() and logits.std() > 0
     again = Transformer(spec, None, dtype=torch.bfloat16, seed=0)
-    assert torch.equal(again.layers[3].wqkv, model.layers[3].wqkv)  # seeded
+    assert torch.equal(again.get_parameter("layers.3.wqkv"), model.get_parameter("layers.3.wqkv"))  # seeded
 
 
 def test_load_model_presets_and_errors(tmp_path: Path) -> None:
@@ -240,15 +242,15 @@ def _greedy(model: Transformer, prompt: list[int], n: int) -> list[int]:
 
 def test_smollm2_greedy_knows_paris(smollm2: Any) -> None:
     model, tok, _ = smollm2
-    text = tok.decode(_greedy(model, tok.encode("The capital of France is"), 6))
+    text = tok.decode(_greedy(model, tok.encode("The capital of France is"), 3))
     assert "Paris" in text
-    chat = tok.decode(_greedy(model, tok.chat("What is the capital of France?"), 10))
+    chat = tok.decode(_greedy(model, tok.chat("What is the capital of France?"), 8))
     assert "Paris" in chat
 
 
 def test_smollm2_full_prompt_equals_incremental(smollm2: Any) -> None:
     model, tok, _ = smollm2
-    tokens = tok.encode("Speculative decoding drafts tokens cheaply and verifies them in one pass.")
+    tokens = tok.encode("Speculative decoding drafts tokens cheaply.")
     cache = model.new_cache(1, len(tokens) + 1)
     full = model.forward(torch.tensor([tokens]), cache)[0]
     torch.testing.assert_close(incremental_logits(model, tokens), full, atol=1e-3, rtol=1e-3)
@@ -259,12 +261,13 @@ def test_smollm2_full_prompt_equals_incremental(smollm2: Any) -> None:
 def test_smollm2_matches_transformers_reference(smollm2: Any) -> None:
     """transformers (if installed) loading the same GGUF file: logits agree."""
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
     from vegas_sim.calibrate.runtime import smollm2_gguf_path
 
     model, tok, _ = smollm2
     path = smollm2_gguf_path()
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+        str(path.parent), gguf_file=path.name, dtype=torch.float32)
     tokens = tok.chat("Name three prime numbers.")
     with torch.no_grad():
         ref = ref_model(torch.tensor([tokens])).logits[0].float()

@@ -324,3 +324,35 @@ def test_mismatched_acceptance_is_refused() -> None:
         simulate(cfg("vanilla"), LinearCost(), FixedDist(3, 1))
     with pytest.raises(UserInputError, match="prefill"):
         simulate(cfg(prefill="co-located"), LinearCost(), FixedDist(3, 1))
+
+
+def test_measured_rates_match_the_distribution() -> None:
+    rates = [0.9, 0.7, 0.4, 0.2]
+    c = EngineConfig("vegas", 4, 16, 64, Lengths(100, 400))
+    m = summarize(simulate(c, LinearCost(), RatesDist(rates), seed=0))
+    np.testing.assert_allclose(m.rates, rates, atol=0.02)
+    assert m.acceptance_length == pytest.approx(1 + sum(rates), abs=0.05)
+
+
+def test_runs_with_the_real_acceptance_dist() -> None:
+    from vegas_sim.sim.acceptance import AcceptanceDist
+
+    dist = AcceptanceDist("vegas", 3, np.array([0.8, 0.6, 0.3]))  # hand-built: independent
+    res = simulate(cfg(batch=4, n=8, out=100), LinearCost(), dist, seed=1)
+    assert int(res.iter_tokens.sum()) == 800
+    assert 1.0 < summarize(res).acceptance_length < 4.0
+
+
+@pytest.mark.parametrize(("arrive_ms", "admit_ms", "finish_ms"), [
+    # joins at the boundary 2.0: A [10] 2.0; A,B [12,10] 3.2, [14,12] 3.6 → A 8.8; B [14] 2.4
+    (1.0, 2.0, [8.8, 11.2]),  # mid-iteration: waits for the boundary
+    (2.0, 2.0, [8.8, 11.2]),  # exactly at the boundary: joins it
+    # just after: A [10] 2.0, [12] 2.2; A,B [14,10] 3.4 → A 7.6; B [12] 2.2, [14] 2.4
+    (2.0001, 4.2, [7.6, 12.2]),
+])
+def test_arrival_joins_at_the_next_iteration_boundary(arrive_ms: float, admit_ms: float,
+                                                      finish_ms: list[float]) -> None:
+    c = cfg(batch=2, n=2, arrivals=Arrivals.trace([0.0, arrive_ms / 1000.0]))
+    res = simulate(c, LinearCost(), FixedDist(3, 1))
+    assert res.admit_ms[1] == pytest.approx(admit_ms)
+    np.testing.assert_allclose(res.finish_ms, finish_ms)

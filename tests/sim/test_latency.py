@@ -301,3 +301,19 @@ def test_from_meta_reads_model_and_gpu() -> None:
     assert lm.model == MODEL and lm.gpu == GPU
     with pytest.raises(TraceSetError, match="gpu"):
         LatencyModel.from_meta(df, {"model": meta["model"], "gpu": {"name": "x"}})
+
+
+def test_fits_a_written_and_reloaded_synthetic_trace_set(tmp_path: object) -> None:
+    """Round trip through the trace-set writer/reader (traces helper) into the model."""
+    synthetic = pytest.importorskip("vegas_sim.traces.synthetic")
+    from vegas_sim.traces.io import load_trace_set
+
+    synthetic.make_synthetic_trace_set(tmp_path, methods=("vanilla", "vegas"), noise=0.01,
+                                       acceptance=False)
+    ts = load_trace_set(tmp_path)
+    lm = LatencyModel.from_meta(ts.latency, ts.meta)
+    loo = lm.loo_errors()
+    assert (loo["median_pct"] < 3.0).all(), loo  # DESIGN.md target on roofline-shaped data
+    ctx = np.array([1000, 5000, 20000])
+    assert lm.iteration_cost("vegas", 4, 0.07)(ctx) == pytest.approx(
+        lm.plan_ms("vegas", 4, ctx, 0.07), rel=1e-9)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,16 +14,16 @@ import pytest
 from vegas_sim.traces.io import sha256_file
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
-SMALL_GRID = dict(
-    methods=("vanilla", "vegas", "magicdec-quest"), gammas=(2, 4), sparsities=(0.05, 0.1),
-    contexts=(1024, 4096), batches=(1, 4), requests=2, iterations=4,
-)
+SMALL_GRID: dict[str, Any] = {
+    "methods": ("vanilla", "vegas", "magicdec-quest"), "gammas": (2, 4), "sparsities": (0.05, 0.1),
+    "contexts": (1024, 4096), "batches": (1, 4), "requests": 2, "iterations": 4,
+}
 
 
 @pytest.fixture(scope="session")
 def template_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "small-set"
-    make_synthetic_trace_set(path, seed=1, **SMALL_GRID)  # type: ignore[arg-type]
+    make_synthetic_trace_set(path, seed=1, **SMALL_GRID)
     return path
 
 

@@ -11,8 +11,8 @@ from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.traces import catalog, io
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
-TINY = dict(methods=("vanilla", "vegas"), gammas=(2,), sparsities=(0.07,), contexts=(1024,),
-            batches=(1,), requests=2, iterations=2)
+TINY = {"methods": ("vanilla", "vegas"), "gammas": (2,), "sparsities": (0.07,), "contexts": (1024,),
+            "batches": (1,), "requests": 2, "iterations": 2}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_random_traces_fall_back_to_packaged_real(sets: dict[str, Path], tmp_pat
 
 def test_latency_only_traces_fall_back(sets: dict[str, Path], tmp_path: Path) -> None:
     d = _defaults(tmp_path, sets["small-real"], sets["qwen-real"])
-    lat, acc, notes = catalog.resolve("qwen3-8b", sets["qwen-latency-only"], default_dir=d)
+    _lat, acc, notes = catalog.resolve("qwen3-8b", sets["qwen-latency-only"], default_dir=d)
     assert acc.name == "qwen3-8b-synth-real"  # the predicted model's own set is preferred
     assert "has no acceptance rows" in "\n".join(notes)
 
@@ -109,7 +109,7 @@ def test_model_mismatch_lists_models(sets: dict[str, Path], tmp_path: Path) -> N
 
 def test_default_resolution_by_model(sets: dict[str, Path], tmp_path: Path) -> None:
     d = _defaults(tmp_path, sets["qwen-random"], sets["small-real"])
-    lat, acc, notes = catalog.resolve("qwen3-8b", None, default_dir=d)
+    lat, acc, _notes = catalog.resolve("qwen3-8b", None, default_dir=d)
     assert lat.name == "qwen3-8b-synth-random" and acc.name == "smollm2-135m-synth-real"
     lat2, acc2, _ = catalog.resolve("smollm2-135m", None, default_dir=d)
     assert lat2 is acc2 or lat2.name == acc2.name == "smollm2-135m-synth-real"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,8 +23,10 @@ from vegas_sim.traces.synthetic import (
     synthetic_rates,
 )
 
-GRID = dict(methods=("vanilla", "magicdec-stream", "magicdec-quest", "specextend", "vegas"),
-            gammas=(3, 5), sparsities=(0.05, 0.2), contexts=(1024, 8192), batches=(1, 8))
+GRID: dict[str, Any] = {
+    "methods": ("vanilla", "magicdec-stream", "magicdec-quest", "specextend", "vegas"),
+    "gammas": (3, 5), "sparsities": (0.05, 0.2), "contexts": (1024, 8192), "batches": (1, 8),
+}
 
 
 def test_meta_is_clearly_synthetic(small_set: Path) -> None:
@@ -32,9 +36,9 @@ def test_meta_is_clearly_synthetic(small_set: Path) -> None:
 
 
 def test_same_seed_same_rows_other_seed_other_rows(tmp_path: Path) -> None:
-    a = make_synthetic_trace_set(tmp_path / "a", seed=7, **GRID)  # type: ignore[arg-type]
-    b = make_synthetic_trace_set(tmp_path / "b", seed=7, **GRID)  # type: ignore[arg-type]
-    c = make_synthetic_trace_set(tmp_path / "c", seed=8, **GRID)  # type: ignore[arg-type]
+    a = make_synthetic_trace_set(tmp_path / "a", seed=7, **GRID)
+    b = make_synthetic_trace_set(tmp_path / "b", seed=7, **GRID)
+    c = make_synthetic_trace_set(tmp_path / "c", seed=8, **GRID)
     pd.testing.assert_frame_equal(a.latency, b.latency)
     assert a.meta["content_hash"] == b.meta["content_hash"]
     assert not np.array_equal(a.latency["ms_median"], c.latency["ms_median"])
@@ -42,16 +46,16 @@ def test_same_seed_same_rows_other_seed_other_rows(tmp_path: Path) -> None:
 
 
 def test_every_planned_phase_has_a_row(tmp_path: Path) -> None:
-    ts = make_synthetic_trace_set(tmp_path / "s", noise=0.0, **GRID)  # type: ignore[arg-type]
+    ts = make_synthetic_trace_set(tmp_path / "s", noise=0.0, **GRID)
     spec = get_preset("qwen3-8b")
     index = ts.latency.set_index(["phase", "method", "batch", "context", "n_query", "kv_read",
                                   "collect_rows"])["ms_median"]
     checked = 0
     for method in GRID["methods"]:
-        for gamma in GRID["gammas"]:  # type: ignore[attr-defined]
-            for s in GRID["sparsities"]:  # type: ignore[attr-defined]
-                for c in GRID["contexts"]:  # type: ignore[attr-defined]
-                    for b in GRID["batches"]:  # type: ignore[attr-defined]
+        for gamma in GRID["gammas"]:
+            for s in GRID["sparsities"]:
+                for c in GRID["contexts"]:
+                    for b in GRID["batches"]:
                         ctx = np.full(b, c)
                         for call in iteration_plan(method, gamma, ctx, s, spec.max_positions):
                             key = (call.phase, method, b, c, call.n_query, int(call.kv_read[0]),
@@ -65,7 +69,7 @@ def test_every_planned_phase_has_a_row(tmp_path: Path) -> None:
 
 def test_roofline_follows_the_physics() -> None:
     spec = get_preset("qwen3-8b")
-    t = lambda **kw: roofline_ms(spec, SYNTHETIC_GPU, **kw)  # noqa: E731
+    t = lambda **kw: roofline_ms(spec, SYNTHETIC_GPU, **kw)
     short = t(phase="verify", batch=4, n_query=8, kv_read=4096)
     long = t(phase="verify", batch=4, n_query=8, kv_read=65536)
     assert long > short
@@ -81,7 +85,7 @@ def test_roofline_follows_the_physics() -> None:
 def test_alpha_rises_with_sparsity_and_orders_methods() -> None:
     for method in ("vegas", "specextend", "magicdec-quest", "magicdec-stream"):
         values = [synthetic_alpha(method, s, 8192) for s in (0.01, 0.03, 0.07, 0.15, 0.5)]
-        assert all(b > a for a, b in zip(values, values[1:]))
+        assert all(b > a for a, b in itertools.pairwise(values))
     assert synthetic_alpha("vegas", 0.07, 8192) > synthetic_alpha("magicdec-stream", 0.07, 8192)
     assert synthetic_alpha("vegas", 0.07, 65536) < synthetic_alpha("vegas", 0.07, 4096)
     np.testing.assert_allclose(synthetic_rates("vegas", 3, 0.07, 4096),
@@ -129,7 +133,7 @@ def test_refuses_the_package_defaults_directory() -> None:
 
 
 def test_small_grid_is_fast(tmp_path: Path) -> None:
-    make_synthetic_trace_set(tmp_path / "warm", **GRID)  # type: ignore[arg-type]
+    make_synthetic_trace_set(tmp_path / "warm", **GRID)
     start = time.perf_counter()
-    make_synthetic_trace_set(tmp_path / "s", **GRID)  # type: ignore[arg-type]
+    make_synthetic_trace_set(tmp_path / "s", **GRID)
     assert time.perf_counter() - start < 1.0

@@ -15,8 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vegas_sim.errors import TraceSetError
+from vegas_sim.methods import PHASES
 from vegas_sim.models import get_preset
 from vegas_sim.traces import io
 from vegas_sim.traces.synthetic import synthetic_meta
@@ -97,7 +100,7 @@ def test_unfinalized_parts_are_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(TraceSetError) as info:
         io.load_trace_set(tmp_path / "s")
     msg = str(info.value)
-    assert "unfinished trace set" in msg and "--resume" in msg and "finalize_trace_set" in msg
+    assert "unfinished trace set" in msg and "vegas-sim calibrate" in msg and "finalize_trace_set" in msg
     ts = io.finalize_trace_set(tmp_path / "s")
     assert sorted(ts.latency["batch"].tolist()) == [1, 2]
 
@@ -155,7 +158,8 @@ def test_resume_after_writer_process_is_killed(tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                          check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
 
     w = io.TraceSetWriter(out, _meta())
@@ -220,3 +224,37 @@ def test_accept_prob_float64_lists_are_cast(tmp_path: Path) -> None:
     w.append_acceptance(df)
     ts = w.finalize()
     assert np.allclose(ts.acceptance["accept_prob"].iloc[0], [0.25, 0.5, 1.0])
+
+
+@st.composite
+def _latency_rows(draw: st.DrawFn) -> pd.DataFrame:
+    n = draw(st.integers(1, 6))
+    ints = st.integers(1, 1 << 20)
+    p10 = draw(st.lists(st.floats(0, 1e3), min_size=n, max_size=n))
+    extra = draw(st.lists(st.floats(0, 1e3), min_size=2 * n, max_size=2 * n))
+    median = [a + b for a, b in zip(p10, extra[:n], strict=True)]
+    return pd.DataFrame({
+        "phase": draw(st.lists(st.sampled_from(PHASES), min_size=n, max_size=n)),
+        "method": draw(st.lists(st.sampled_from(io.LATENCY_METHODS), min_size=n, max_size=n)),
+        "batch": draw(st.lists(ints, min_size=n, max_size=n)),
+        "context": draw(st.lists(ints, min_size=n, max_size=n)),
+        "n_query": draw(st.lists(st.integers(1, 16), min_size=n, max_size=n)),
+        "kv_read": draw(st.lists(st.integers(0, 1 << 20), min_size=n, max_size=n)),
+        "collect_rows": draw(st.lists(st.integers(0, 16), min_size=n, max_size=n)),
+        "ms_median": median, "ms_p10": p10,
+        "ms_p90": [m + b for m, b in zip(median, extra[n:], strict=True)],
+        "n": draw(st.lists(st.integers(1, 1000), min_size=n, max_size=n)),
+    })
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunks=st.lists(_latency_rows(), min_size=1, max_size=4))
+def test_any_valid_rows_round_trip(tmp_path: Path, chunks: list[pd.DataFrame]) -> None:
+    out = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+    w = io.TraceSetWriter(out, _meta(), durable=False)
+    for i, rows in enumerate(chunks):
+        w.append_latency(rows, key=f"point-{i}")
+    ts = io.load_trace_set(w.finalize().path)
+    expected = pd.concat(chunks, ignore_index=True)
+    pd.testing.assert_frame_equal(ts.latency, expected, check_dtype=False)

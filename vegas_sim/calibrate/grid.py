@@ -52,13 +52,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import gc
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,13 +202,13 @@ def validate_plan(plan: CalibrationPlan) -> None:
 def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",
                **overrides: Any) -> CalibrationPlan:
     """The `--quick` grid: a few minutes' worth of points cut to < 2 minutes on an H200."""
-    base: dict[str, Any] = dict(
-        model=model, weights=weights, device=device, quick=True,
-        gamma=(3, 7), sparsity=(0.03, 0.07), batch=(1, 4, 16), context=(1024, 8192, 32768),
-        n_query=(1, 4, 8), iterations=8, temperatures=(0.0,), warmup=1, reps=3,
-        acceptance_prompts=4, acceptance_batch=4,
-        workloads=("chat",) if weights == "real" else (),
-    )
+    base: dict[str, Any] = {
+        "model": model, "weights": weights, "device": device, "quick": True,
+        "gamma": (3, 7), "sparsity": (0.03, 0.07), "batch": (1, 4, 16),
+        "context": (1024, 8192, 32768), "n_query": (1, 4, 8), "iterations": 8,
+        "temperatures": (0.0,), "warmup": 1, "reps": 3, "acceptance_prompts": 4,
+        "acceptance_batch": 4, "workloads": ("chat",) if weights == "real" else (),
+    }
     base.update(overrides)
     return CalibrationPlan(**base)
 
@@ -215,14 +216,14 @@ def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",
 def default_plan(model: str, *, device: str = "cuda", weights: str = "random",
                  **overrides: Any) -> CalibrationPlan:
     """The full grid of issue 4 (e.g. the packaged Qwen3-8B latency set, ≈ 6 H200-minutes)."""
-    base: dict[str, Any] = dict(
-        model=model, weights=weights, device=device,
-        gamma=(1, 3, 7, 11, 15), sparsity=(0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2),
-        batch=(1, 2, 4, 8, 16, 32, 64, 128),
-        context=tuple(1024 * 2**i for i in range(8)),  # 1K .. 128K
-        n_query=(1, 2, 4, 8, 12, 16), iterations=64, temperatures=(0.0, 0.6),
-        workloads=("reasoning", "code", "chat", "longdoc") if weights == "real" else (),
-    )
+    base: dict[str, Any] = {
+        "model": model, "weights": weights, "device": device,
+        "gamma": (1, 3, 7, 11, 15), "sparsity": (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2),
+        "batch": (1, 2, 4, 8, 16, 32, 64, 128),
+        "context": tuple(1024 * 2**i for i in range(8)),  # 1K .. 128K
+        "n_query": (1, 2, 4, 8, 12, 16), "iterations": 64, "temperatures": (0.0, 0.6),
+        "workloads": ("reasoning", "code", "chat", "longdoc") if weights == "real" else (),
+    }
     base.update(overrides)
     return CalibrationPlan(**base)
 
@@ -380,7 +381,7 @@ def measure_step_overhead(model: Any, context: int, *, steps: int = 20,
         graph_wall = _wall_ms(replay, device, steps)
         out.update(cuda_graphs=True, graph_step_wall_ms=graph_wall,
                    cpu_overhead_ms=eager_wall - graph_wall)
-    except Exception as e:  # graphs are an optimisation: report why they failed, keep going
+    except Exception as e:  # noqa: BLE001 - graphs are an optimisation: report why, keep going
         out.update(cuda_graphs=False, graph_error=f"{type(e).__name__}: {e}"[:300],
                    cpu_overhead_ms=eager_wall - out["eager_step_gpu_ms"],
                    note="overhead = eager wall time - eager GPU time (graphs unavailable)")
@@ -509,8 +510,7 @@ def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
     timer = PhaseTimer(ctx.model.device)
     dec = _decoder(ctx, "vanilla", 1, ctx.plan.ref_sparsity, timer)
     state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(1), seed=ctx.seed)
-    its = _timed(ctx, timer, lambda: dec.decode(state), "decode")
-    del state
+    its = _timed(ctx, timer, functools.partial(dec.decode, state), "decode")
     B, C = ctx.batch, ctx.context
     return [latency_row("decode", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "decode")),
             latency_row("sample", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "sample"))]
@@ -539,13 +539,10 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
         if path == "vegas":
             dec.select(state)  # this sparsity's budget from the same collected weights
         if path == "magicdec-quest":
-            its = _timed(ctx, timer, lambda: dec.step(state), "other")
+            body = functools.partial(dec.step, state)
         else:
-            def body() -> None:
-                dec.draft(state)
-                state.cache.rollback(state.context)
-
-            its = _timed(ctx, timer, body, "other")
+            body = functools.partial(_draft_and_rollback, dec, state)
+        its = _timed(ctx, timer, body, "other")
         steps, quest = draft_samples(its, gamma)
         for m in methods_here:
             for j in range(1, gamma + 1):
@@ -554,8 +551,31 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
                 if m == "magicdec-quest" and quest[j - 1]:
                     pages = (C + j) // QUEST_PAGE + 1
                     rows.append(latency_row("quest_meta", m, B, C, 1, pages, 0, quest[j - 1]))
-    del state
     return rows
+
+
+def _draft_and_rollback(dec: Any, state: Any) -> None:
+    dec.draft(state)
+    state.cache.rollback(state.context)
+
+
+def _verify_iteration(dec: Any, state: Any) -> None:
+    dec.verify(state)
+    dec.accept_and_rollback(state)
+    dec.select(state)
+
+
+def _verify_samples(ctx: PointContext, run_method: str, gamma: int
+                    ) -> list[list[Sample]]:
+    """Timed iterations of verify → accept → select of `run_method` (its state is freed on
+    return, before the next configuration allocates its own)."""
+    from vegas_sim.calibrate.timers import PhaseTimer
+
+    timer = PhaseTimer(ctx.model.device)
+    dec = _decoder(ctx, run_method, gamma, ctx.plan.ref_sparsity, timer)
+    state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
+    dec.draft(state)
+    return _timed(ctx, timer, functools.partial(_verify_iteration, dec, state), "verify")
 
 
 def verify_configs(plan: CalibrationPlan, n_query: int) -> list[tuple[str, list[str]]]:
@@ -580,24 +600,11 @@ def measure_verify(ctx: PointContext, n_query: int) -> list[dict[str, Any]]:
     The drafts do not change verify's cost, so they are made once and every timed iteration is
     verify → accept (rolled back to C by the synthetic state) → select.
     """
-    from vegas_sim.calibrate.timers import PhaseTimer
-
     gamma = n_query - 1
     B, C = ctx.batch, ctx.context
     rows: list[dict[str, Any]] = []
     for run_method, labels in verify_configs(ctx.plan, n_query):
-        timer = PhaseTimer(ctx.model.device)
-        dec = _decoder(ctx, run_method, gamma, ctx.plan.ref_sparsity, timer)
-        state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
-        dec.draft(state)
-
-        def body() -> None:
-            dec.verify(state)
-            dec.accept_and_rollback(state)
-            dec.select(state)
-
-        its = _timed(ctx, timer, body, "verify")
-        del state
+        its = _verify_samples(ctx, run_method, gamma)
         rc = collect_rows(run_method, gamma)
         for label in labels:
             rows.append(latency_row("verify", label, B, C, n_query, C + n_query, rc,
@@ -707,7 +714,7 @@ def acceptance_summary(acc: pd.DataFrame, at_gamma: int = 6) -> list[dict[str, A
     keys = ["method", "gamma", "sparsity", "temperature", "workload"]
     for k, g in acc.groupby(keys, sort=True):
         rec: dict[str, Any] = {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(keys, k)}
-        rec["rows"] = int(len(g))
+        rec["rows"] = len(g)
         rec["acceptance_length"] = float(g["accepted"].mean() + 1)
         if rec["gamma"] >= at_gamma:
             rec[f"acceptance_length_gamma{at_gamma}"] = float(
@@ -825,13 +832,16 @@ def _label(point: LatencyPoint | AcceptancePoint) -> str:
 
 def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
                     progress: ProgressFn | None = None, *, log_fn: LogFn | None = None,
-                    retry_failed: bool = False) -> Path:
+                    retry_failed: bool = False,
+                    model: tuple[Any, dict[str, Any]] | None = None) -> Path:
     """Measure `plan` into the trace set `out_dir` (created, or resumed if it exists).
 
     progress(done, total, label) is called once at the start (points already done) and after
     every point; an exception it raises interrupts the run, which a later call resumes.
     log_fn gets one line per skipped / OOM point (default: the 'vegas_sim.calibrate' logger).
     retry_failed: redo points recorded as 'skip' or 'oom' by an earlier session.
+    model: an already loaded (runtime.Transformer, weights meta) to use instead of loading
+    `plan.model` (notebooks, tests); it must live on `plan.device`.
     Returns the finalized trace-set directory (loadable with traces.io.load_trace_set).
     """
     from vegas_sim.calibrate.runtime import load_model
@@ -842,9 +852,13 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     out = Path(out_dir)
     if plan.weights == "real" and plan.acceptance and not plan.workloads:
         say("note: no --workload given, so no acceptance rows will be measured")
-    model, _tok, weights_meta = load_model(plan.model, weights=plan.weights, device=plan.device,
-                                           dtype=_dtype(plan), seed=plan.seed)
-    spec = model.spec
+    if model is None:
+        net, _tok, weights_meta = load_model(plan.model, weights=plan.weights,
+                                             device=plan.device, dtype=_dtype(plan),
+                                             seed=plan.seed)
+    else:
+        net, weights_meta = model
+    spec = net.spec
     gpu = hardware.measure_hardware(device, quick=plan.quick)
     writer = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu))
     recorded = writer.progress()
@@ -860,13 +874,13 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     try:
         if any(p.key not in done for p in points if isinstance(p, LatencyPoint)):
             session.step_overhead = measure_step_overhead(
-                model, min(effective_context(plan, spec, min(plan.context)), 1024))
+                net, min(effective_context(plan, spec, min(plan.context)), 1024),
+                steps=20 if device.type == "cuda" else 3)
         prompt_cache: dict[str, list[list[int]]] = {}
         for point in points:
             if point.key in done:
                 continue
-            status, detail, secs = _run_point(model, plan, point, writer, device,
-                                              prompt_cache)
+            status, detail, secs = _run_point(net, plan, point, writer, device, prompt_cache)
             session.points.append({"key": point.key, "status": status, "detail": detail,
                                    "seconds": secs})
             if status != "ok":
@@ -921,4 +935,6 @@ def _run_point(model: Any, plan: CalibrationPlan, point: LatencyPoint | Acceptan
         writer.mark_done(point.key, "oom", oom)
         return "oom", oom, time.perf_counter() - t0
     writer.mark_done(point.key, "ok")
+    if device.type == "cuda" and isinstance(point, LatencyPoint):
+        torch.cuda.empty_cache()  # next point's KV has another size: do not fragment
     return "ok", "", time.perf_counter() - t0

@@ -91,20 +91,24 @@ def _ops_verify_attention() -> Callable[..., Any] | None:
 
 
 class DenseAttention:
-    """Full causal attention: the verify kernel for NQ <= 16 rows, torch SDPA for prefill chunks.
+    """Full causal attention, no score collection: the verify kernel (kernels.ops) for
+    NQ <= 16 rows on CUDA, torch SDPA for prefill chunks and on CPU.
 
-    Used for vanilla decoding, prefill, and as the reference the sparse policies are tested
-    against. Collects no scores.
+    On CPU, SDPA computes the same thing as the kernels' torch reference (tested) at a fraction
+    of its cost, which keeps CPU decoding of SmolLM2 usable; `use_kernel=True` forces the ops
+    path (e.g. under TRITON_INTERPRET=1 with VEGAS_SIM_KERNELS=triton).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, use_kernel: bool | None = None) -> None:
+        self.use_kernel = use_kernel
         self._verify = _ops_verify_attention()
 
     def attend(
         self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
         scale: float,
     ) -> Tensor:
-        if q.shape[1] <= VERIFY_MAX_NQ and self._verify is not None:
+        kernel = q.is_cuda if self.use_kernel is None else self.use_kernel
+        if kernel and q.shape[1] <= VERIFY_MAX_NQ and self._verify is not None:
             out, _lse, _scores = self._verify(q, k_cache, v_cache, cache_lens, scale, "none")
             return out  # type: ignore[no-any-return]
         return masked_attention(q, k_cache, v_cache, cache_lens, scale)

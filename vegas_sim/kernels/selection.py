@@ -23,26 +23,29 @@ from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2
 @triton.jit
 def _score_weights_kernel(
     SCORES, LSE, RANK, ROWS, OUT, qk_scale2, R, HQ, S_MAX, inv_count,
-    ONE_ROW: tl.constexpr, FLOOR: tl.constexpr, BLOCK_S: tl.constexpr,
+    ONE_ROW: tl.constexpr, FLOOR: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
+    """One [BLOCK_R rows, BLOCK_S keys] tile per step over the request's (row, head) lines,
+    which are contiguous: [r0·HQ, r0·HQ + n_lines) with r0 = rows[b] (one row) or 0 (all)."""
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     rank = tl.load(RANK + b)
     inside = offs < rank
-    acc = tl.zeros([BLOCK_S], tl.float32)
     if ONE_ROW:
-        r_lo = tl.load(ROWS + b).to(tl.int32)
-        r_hi = r_lo + 1
+        first = tl.load(ROWS + b).to(tl.int32) * HQ
+        n_lines = HQ
     else:
-        r_lo = 0
-        r_hi = R
-    for r in range(r_lo, r_hi):
-        for h in range(0, HQ):
-            base = (b * R + r) * HQ + h
-            lse2 = tl.load(LSE + base) * 1.4426950408889634
-            s = tl.load(SCORES + base.to(tl.int64) * S_MAX + offs, mask=inside,
-                        other=float("-inf"))
-            acc += tl.exp2(s.to(tl.float32) * qk_scale2 - lse2)
+        first = 0
+        n_lines = R * HQ
+    acc = tl.zeros([BLOCK_S], tl.float32)
+    for j0 in range(0, n_lines, BLOCK_R):
+        j = j0 + tl.arange(0, BLOCK_R)
+        ok = j < n_lines
+        line = b * R * HQ + first + j  # [BLOCK_R] index into [B·R·HQ]
+        lse2 = tl.load(LSE + line, mask=ok, other=float("inf")) * 1.4426950408889634
+        s = tl.load(SCORES + line.to(tl.int64)[:, None] * S_MAX + offs[None, :],
+                    mask=ok[:, None] & inside[None, :], other=float("-inf"))
+        acc += tl.sum(tl.exp2(s.to(tl.float32) * qk_scale2 - lse2[:, None]), 0)
     w = tl.maximum(acc * inv_count, FLOOR)
     tl.store(OUT + b.to(tl.int64) * S_MAX + offs, tl.where(inside, w, 0.0), mask=offs < S_MAX)
 
@@ -54,7 +57,8 @@ def score_weights(
     rank_len: Tensor,
     rows: Tensor | None = None,
     *,
-    block_s: int = 1024,
+    block_s: int = 256,
+    block_r: int = 16,
 ) -> Tensor:
     """Triton launcher; same contract as `reference.score_weights` (API.md)."""
     B, R, Hq, S_max = scores.shape
@@ -67,7 +71,7 @@ def score_weights(
     count = Hq if one_row else R * Hq
     _score_weights_kernel[(B, triton.cdiv(S_max, block_s))](
         scores, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max, 1.0 / count,
-        ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, num_warps=4,
+        ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=4,
     )
     return out
 

@@ -177,10 +177,11 @@ def num_sms(device: torch.device) -> int:
 
 def choose_splits(batch: int, hkv: int, max_len: int, rows: int, n_sms: int,
                   block_n: int) -> int:
-    """KV splits per (request, KV head): fill ~2 waves of programs over the SMs, but keep each
-    split long enough (>= 32 keys per packed row, >= 4 tiles) that the fp32 partials stay a few
-    percent of the KV bytes (partial bytes / KV bytes ≈ rows / keys per split)."""
-    want = max(1, math.ceil(2 * n_sms / max(1, batch * hkv)))
+    """KV splits per (request, KV head): about one wave of programs over the SMs (measured on
+    the H200: 1 wave beat 2 and 4, benchmarks/KERNELS_NOTES.md), each split long enough
+    (>= 32 keys per packed row, >= 4 tiles) that the fp32 partials stay a few percent of the KV
+    bytes (partial bytes / KV bytes ≈ rows / keys per split)."""
+    want = max(1, math.ceil(n_sms / max(1, batch * hkv)))
     min_keys = max(4 * block_n, 32 * rows)
     most = max(1, max_len // min_keys)
     return int(min(want, most))
@@ -219,13 +220,14 @@ def verify_attention(
     BLOCK_M = max(16, _next_pow2(NQ * G))
     BLOCK_D = max(16, _next_pow2(D))
     if block_n is None:
-        block_n = 64 if BLOCK_M <= 64 else 32  # keep the [M, N] fp32 tile in registers
+        # H200 sweep: 128-key tiles for M <= 32, 64 for M = 64 (shared memory), 32 beyond
+        block_n = 128 if BLOCK_M <= 32 else (64 if BLOCK_M <= 64 else 32)
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
     if splits is None:
         splits = choose_splits(B, Hkv, max_len, NQ * G, num_sms(q.device), block_n)
     if num_warps is None:
-        num_warps = 4 if BLOCK_M <= 32 else 8
+        num_warps = 4 if BLOCK_M <= 64 else 8  # 4 beat 8 at M = 32 and 64 on the H200
     if num_stages is None:
         num_stages = 3
     out = torch.empty_like(q)

@@ -9,13 +9,14 @@ over vanilla per method), Fig. 10b (iteration time by phase), Fig. 4 (per-positi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from vegas_sim.methods import METHODS
-from vegas_sim.reports.csv import rate_columns
+from vegas_sim.reports.csv import is_extrapolated, rate_columns
 
 # Columns that identify a configuration (any present subset); the rest are metrics.
 CONFIG_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len", "engine",
@@ -50,7 +51,7 @@ def _missing(df: pd.DataFrame, cols: tuple[str, ...]) -> list[str]:
     return [c for c in cols if c not in df.columns or df[c].isna().all()]
 
 
-def fmt_tokens(n: float) -> str:
+def fmt_tokens(n: Any) -> str:
     """32768 → '32K'."""
     n = int(n)
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
@@ -111,13 +112,13 @@ def heatmaps(df: pd.DataFrame) -> list[Chart]:
         return [_skip(title, "needs a sweep with at least 2 values of both γ and sparsity")]
     rank = {m: i for i, m in enumerate(method_order(list(spec["method"].unique())))}
     # Vegas first (the paper's figure), then the other methods, smaller cells first.
-    groups.sort(key=lambda kg: (0 if kg[0][0] == "vegas" else 1, rank.get(kg[0][0], 99)))
+    groups.sort(key=lambda kg: (0 if kg[0][0] == "vegas" else 1, rank.get(str(kg[0][0]), 99)))
     charts = []
     cells = cell_columns(df)
     for key, g in groups[:MAX_HEATMAPS]:
         pivot = g.pivot_table(index="gamma", columns="sparsity", values="throughput_tok_s",
                               aggfunc="mean")  # [n_gamma, n_sparsity] tok/s
-        best = g.loc[g["throughput_tok_s"].idxmax()]
+        best = g.iloc[int(np.argmax(g["throughput_tok_s"].to_numpy()))]
         label = cell_label(g.iloc[0], cells)
         fig = go.Figure(go.Heatmap(
             z=pivot.to_numpy(), x=[f"{s:g}" for s in pivot.columns],
@@ -264,8 +265,9 @@ def _versus(df: pd.DataFrame, x: str, other: str, title: str) -> Chart:
     fig = go.Figure()
     lines = ["method"] + ([other] if other in best.columns and best[other].nunique() > 1 else [])
     for key, g in best.groupby(lines, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        name = key[0] if len(key) == 1 else f"{key[0]} @ {other}={fmt_tokens(key[1]) if other == 'context' else key[1]}"
+        parts: tuple[Any, ...] = key if isinstance(key, tuple) else (key,)
+        value = fmt_tokens(parts[1]) if len(parts) > 1 and other == "context" else parts[-1]
+        name = str(parts[0]) if len(parts) == 1 else f"{parts[0]} @ {other}={value}"
         g = g.sort_values(x)
         fig.add_trace(go.Scatter(
             x=g[x], y=g["throughput_tok_s"], mode="lines+markers", name=name,
@@ -332,7 +334,7 @@ def parity(df: pd.DataFrame) -> Chart:
                        array=(g["ci_high"] - g["predicted"]).clip(lower=0),
                        arrayminus=(g["predicted"] - g["ci_low"]).clip(lower=0))
         text = [", ".join(f"{c}={r[c]}" for c in config) for _, r in g.iterrows()]
-        symbols = (["circle-open" if bool(x) else "circle" for x in g["extrapolated"].fillna(False)]
+        symbols = (["circle-open" if is_extrapolated(x) else "circle" for x in g["extrapolated"]]
                    if "extrapolated" in g.columns else "circle")
         fig.add_trace(go.Scatter(
             x=g["measured"], y=g["predicted"], mode="markers", name=str(regime), error_y=err,

@@ -121,3 +121,12 @@ def rate_columns(df: pd.DataFrame) -> list[str]:
     """`rate_1 .. rate_K` present in `df`, in position order."""
     cols = [c for c in df.columns if c.startswith("rate_") and c[5:].isdigit()]
     return sorted(cols, key=lambda c: int(c[5:]))
+
+
+def is_extrapolated(value: Any) -> bool:
+    """predict writes '' or the reasons; validate may write a bool; CSV turns '' into NaN."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "false", "0", "no")
+    return bool(value)

@@ -197,7 +197,8 @@ def extend_rates(rates: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]
 
 def _split_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Sort rows into runs (stable: file order inside a key) and add a run id column."""
-    df = df.sort_values(_RUN_KEYS, kind="mergesort").reset_index(drop=True)
+    df = (df.assign(_row=np.arange(len(df)))  # file order breaks ties: a stable sort
+          .sort_values(_RUN_KEYS + ["_row"]).drop(columns="_row").reset_index(drop=True))
     new_key = np.zeros(len(df), dtype=bool)
     new_key[0] = True
     for k in _RUN_KEYS:

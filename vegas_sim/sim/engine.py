@@ -285,28 +285,33 @@ class EngineResult:
 
 # ---------------------------------------------------------------------------- pre-draw
 def _draw_token_plan(
-    dist: AcceptanceSampler | None, rng: np.random.Generator, out: np.ndarray
-) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
-    """Per request: accepted drafts [R, W], iterations needed [R], token increments [R, W].
+    dist: AcceptanceSampler | None, rng: np.random.Generator, out: np.ndarray, gamma: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per request: iterations needed [R], token increments [R, W] (None for vanilla), and the
+    histogram [γ+1] of accepted drafts over the iterations that run (before truncation).
 
     Draws W ≈ 1.3·max_out/E[len] columns first and extends (rarely) until every request's
     cumulative tokens reach its output length. Vanilla (dist None): one token per iteration.
     """
     if dist is None:
-        return None, out.copy(), None
+        return np.array([int(out.sum())], np.int64), out.copy(), None
     n, max_out = out.shape[0], int(out.max())
     width = min(max_out, math.ceil(1.3 * max_out / max(dist.mean_length, 1.0)) + 16)
     acc = np.asarray(dist.sample(rng, n, width), dtype=np.int64)  # [R, W]
     while True:
-        cum = np.cumsum(acc + 1, axis=1)  # [R, W] tokens after k+1 iterations
+        cum = np.cumsum(acc, axis=1)  # [R, W]
+        cum += np.arange(1, acc.shape[1] + 1)  # tokens after k+1 iterations (bonus included)
         if np.all(cum[:, -1] >= out):
             break
         more = min(max_out, max(width // 2, 16))
         acc = np.concatenate([acc, np.asarray(dist.sample(rng, n, more), np.int64)], axis=1)
     n_iters = np.sum(cum < out[:, None], axis=1) + 1  # first k with cum >= out, 1-based
-    capped = np.minimum(cum, out[:, None])
-    inc = np.diff(capped, axis=1, prepend=0)  # [R, W] int64, 0 after finishing
-    return acc, n_iters.astype(np.int64), inc
+    ran = np.arange(acc.shape[1])[None, :] < n_iters[:, None]  # [R, W]
+    hist = np.bincount(acc[ran], minlength=gamma + 1).astype(np.int64)
+    del acc, ran
+    np.minimum(cum, out[:, None], out=cum)
+    inc = np.diff(cum, axis=1, prepend=0)  # [R, W] int64, 0 after finishing
+    return hist, n_iters.astype(np.int64), inc
 
 
 # ---------------------------------------------------------------------------- the instance
@@ -423,7 +428,12 @@ class _DecodeInstance:
         """Run iterations until a request finishes or one could be admitted.
 
         The hot loop: membership is fixed inside it, so the views are bound to locals once.
-        Per iteration: one cost call, one SimPy timeout, three numpy ops on [n] arrays.
+        Per iteration: one cost call and three numpy ops on [n] arrays. The SimPy clock is
+        advanced by one timeout per iteration only while another event (an arrival) is
+        scheduled; otherwise consecutive iterations are fused into one timeout at the end,
+        which is the same timeline (nothing else can happen in between) without the
+        per-event cost. An event due at or before an iteration's end is processed before the
+        next iteration starts, exactly as with one timeout per iteration.
         """
         env, cost, queue = self.env, self.cost, self.queue
         starts, dts = self.starts, self.dts
@@ -431,13 +441,17 @@ class _DecodeInstance:
         # only an arrival can make admission possible before the next finish
         room = self.n < self.cfg.max_batch and not self.mem_blocked
         it, next_fin = self.it, self.next_fin
+        now = env.now
         while True:
             dt = cost(ctx_v)
             if it % BREAKDOWN_STRIDE == 0:
                 self._sample_breakdown(dt)
-            starts.append(env.now)
+            starts.append(now)
             dts.append(dt)
-            yield env.timeout(dt)
+            now += dt
+            if now >= env.peek():  # an arrival is due during this iteration: let it happen
+                yield env.timeout(now - env.now)
+                now = env.now
             if inc_flat is None:  # vanilla: one token each
                 ctx_v += 1
             else:
@@ -447,6 +461,8 @@ class _DecodeInstance:
             it += 1
             if it == next_fin or (room and queue):
                 break
+        if now > env.now:  # bring the clock to the end of the last fused iteration
+            yield env.timeout(now - env.now)
         self.it = it
         if it == next_fin:
             self._retire()
@@ -499,7 +515,7 @@ def simulate(
     n = cfg.n_requests
     inp, out = _request_lengths(cfg, rng_len)
     _check_fits(cfg, inp, out)
-    acc, n_iters, inc = _draw_token_plan(acceptance, rng_acc, out)
+    hist, n_iters, inc = _draw_token_plan(acceptance, rng_acc, out, cfg.gamma)
 
     env = simpy.Environment()
     inst = _DecodeInstance(env, cfg, cost, prefill_fn if cfg.prefill == "co-located" else None,
@@ -522,7 +538,7 @@ def simulate(
         env.process(_arrival_process(env, inst, _arrival_times_ms(cfg, rng_arr), arrival_ms))
     env.process(inst.run())
     env.run()
-    return _collect(cfg, inst, acc, inp, out, arrival_ms, time.perf_counter() - wall0)
+    return _collect(cfg, inst, hist, inc, inp, out, arrival_ms, time.perf_counter() - wall0)
 
 
 def _request_lengths(cfg: EngineConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -555,8 +571,8 @@ def _arrival_times_ms(cfg: EngineConfig, rng: np.random.Generator) -> np.ndarray
 
 
 # ---------------------------------------------------------------------------- collection
-def _collect(cfg: EngineConfig, inst: _DecodeInstance, acc: np.ndarray | None,
-             inp: np.ndarray, out: np.ndarray, arrival_ms: np.ndarray,
+def _collect(cfg: EngineConfig, inst: _DecodeInstance, hist: np.ndarray,
+             inc: np.ndarray | None, inp: np.ndarray, out: np.ndarray, arrival_ms: np.ndarray,
              wall_s: float) -> EngineResult:
     """Rebuild per-iteration tokens and per-request timelines from the iteration log."""
     starts = np.asarray(inst.starts, dtype=np.float64)  # [I]
@@ -564,23 +580,18 @@ def _collect(cfg: EngineConfig, inst: _DecodeInstance, acc: np.ndarray | None,
     n_it = starts.shape[0]
     ends = starts + dts
     g0, k = inst.first_iter, inst.n_iters  # [R]
-    # (request, local iteration) pairs that ran: global iteration g0 + j for j < k
     # running requests per iteration: +1 at the first iteration, -1 after the last
     delta = np.bincount(g0, minlength=n_it + 1) - np.bincount(g0 + k, minlength=n_it + 1)
     iter_batch = np.cumsum(delta)[:n_it].astype(np.int64)
-    if acc is None:
+    if inc is None:
         iter_tokens = iter_batch.copy()  # vanilla: one token per request per iteration
-        hist = np.array([int(k.sum())], np.int64)
     else:
-        # (request, local iteration) pairs that ran: global iteration g0 + j for j < k
+        # (request, local iteration j < k) ran in global iteration g0 + j
         cols = np.arange(int(k.max()))  # [W']
         ran = cols[None, :] < k[:, None]  # [R, W']
         glob = (g0[:, None] + cols[None, :])[ran]  # [Σk]
-        drawn = acc[:, : cols.shape[0]]  # [R, W']
-        capped = np.minimum(np.cumsum(drawn + 1, axis=1), out[:, None])
-        toks = np.diff(capped, axis=1, prepend=0)[ran]
+        toks = inc[:, : cols.shape[0]][ran]  # [Σk]
         iter_tokens = np.bincount(glob, weights=toks, minlength=n_it).astype(np.int64)
-        hist = np.bincount(drawn[ran], minlength=cfg.gamma + 1)
     iter_new = np.bincount(g0, minlength=n_it).astype(np.int64)
     scale = 0.0
     if inst.bd_iter_ms > 0 and n_it:

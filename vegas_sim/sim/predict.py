@@ -281,6 +281,22 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     return row
 
 
+def _check_analytic(sc: Scenario) -> None:
+    """The closed form models a saturated closed loop: B requests always running, prompt
+    already in the cache (disaggregated), KV room for all of them."""
+    arr = Arrivals.parse(sc.arrival)
+    need = sc.batch * (sc.context + sc.output_len + _slack(sc))
+    if (arr.kind != "closed" or (arr.users is not None and arr.users < sc.batch)
+            or sc.prefill != "disaggregated"
+            or (sc.kv_capacity_tokens is not None and sc.kv_capacity_tokens < need)):
+        raise UserInputError(
+            "the analytic engine models a full closed-loop batch (users >= batch, KV room for "
+            "the whole batch) with disaggregated prefill",
+            where="--engine",
+            fix="use the sim engine for Poisson arrivals, fewer users, a limited KV cache or "
+                "co-located prefill")
+
+
 def _base_key(sc: Scenario) -> tuple[Any, ...]:
     return (sc.batch, sc.context, sc.output_len, sc.n_requests, sc.arrival, sc.prefill,
             sc.kv_capacity_tokens)
@@ -300,6 +316,8 @@ def predict_one(
                              where="--replications", fix="pass --replications 1 or more")
     t0 = time.perf_counter()
     validate_scenario(scenario, latency.model, _gpu_memory(latency))
+    if engine == "analytic":
+        _check_analytic(scenario)
     seeds = _seeds(seed, replications)
     dist = _dist(acceptance, scenario)
     runs = _runs(scenario, latency, dist, engine, seeds)

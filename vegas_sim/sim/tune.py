@@ -5,7 +5,7 @@ Per cell (all cells advance together, each step one parallel sweep):
 1. **Where acceptance stabilises.** At a large γ (`probe_gamma`, default 12: long drafts
    magnify differences in per-position acceptance), sweep sparsity over a coarse grid. The
    stable sparsity s₁ is the *smallest* s whose mean acceptance length is within
-   `stable_pct` % (default 2 %) of the largest acceptance length seen in the sweep. Beyond it
+   `stable_pct` % (default 5 %) of the largest acceptance length seen in the sweep. Beyond it
    the draft gets more expensive but barely more accurate.
 2. **γ for throughput.** At s₁, sweep γ (`gamma`, default 1..12); γ* = argmax throughput.
 3. **Refine sparsity.** With γ* fixed, sweep sparsity on a finer grid (`refine_step`, default
@@ -41,6 +41,7 @@ import pandas as pd
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
+from vegas_sim.reports.csv import is_extrapolated
 from vegas_sim.sim.sweep import SweepRunner
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class TuneConfig:
     method: str = "vegas"
     probe_gamma: int = 12
     sparsity_coarse: tuple[float, ...] = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
-    stable_pct: float = 2.0
+    stable_pct: float = 5.0
     gamma: tuple[int, ...] = tuple(range(1, 13))
     refine_step: float = 0.005
     baselines: tuple[str, ...] = ("magicdec-stream", "magicdec-quest", "specextend")
@@ -94,7 +95,8 @@ class TuneConfig:
 
 
 # ---- pure step logic (unit-tested without a model) ---------------------------------------------
-def stable_sparsity(sparsity: Sequence[float], acceptance_length: Sequence[float],
+def stable_sparsity(sparsity: Sequence[float] | pd.Series,
+                    acceptance_length: Sequence[float] | pd.Series,
                     stable_pct: float) -> float:
     """Smallest s whose acceptance length is within stable_pct % of the maximum over the sweep."""
     s = np.asarray(sparsity, dtype=float)
@@ -185,7 +187,8 @@ class TuneResult:
         out = {}
         for batch, g in mean.groupby("batch"):
             top = g["rel"].max()
-            out[int(batch)] = int(g[g["rel"] >= top * (1 - 1e-12)]["gamma"].min())
+            out[int(batch)] = int(  # type: ignore[arg-type]
+                g[g["rel"] >= top * (1 - 1e-12)]["gamma"].min())
         return out
 
     def serving_table(self) -> dict[str, Any]:
@@ -215,7 +218,7 @@ class TuneResult:
         by_context: dict[str, dict[str, dict[str, Any]]] = {}
         for ctx, g in cells.groupby("context"):
             g = g.sort_values("batch")
-            by_context[str(int(ctx))] = {
+            by_context[str(int(ctx))] = {  # type: ignore[arg-type]
                 "num_speculative_tokens_by_batch": {str(int(b)): int(v) for b, v in
                                                     zip(g["batch"], g["gamma"])},
                 "sparsity_by_batch": {str(int(b)): float(v) for b, v in
@@ -371,6 +374,8 @@ def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None]) -> d
                    baseline_tok_s=float(bl["throughput_tok_s"]),
                    speedup_vs_baseline=r[0], speedup_vs_baseline_ci_low=r[1],
                    speedup_vs_baseline_ci_high=r[2])
-    ext = [bool(x["extrapolated"]) for x in (ch, bl) if x is not None and "extrapolated" in x.index]
-    out["extrapolated"] = any(ext)
+    reasons = [str(x["extrapolated"]) for x in (ch, bl)
+               if x is not None and is_extrapolated(x.get("extrapolated"))]
+    out["extrapolated"] = bool(reasons)
+    out["extrapolated_reasons"] = "; ".join(reasons)
     return out

@@ -104,7 +104,7 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
             f"no packaged trace set for model {model!r}", where="--model",
             fix=f"use one of: {', '.join(models)}; or {_HOW_TO_MAKE}")
     # Prefer measured sets over synthetic ones (packaged sets should never be synthetic).
-    return load_trace_set(sorted(matches, key=lambda s: (s.synthetic, s.name))[0].path)
+    return load_trace_set(min(matches, key=lambda s: (s.synthetic, s.name)).path)
 
 
 def _pick_acceptance(model: str, packaged: list[_Entry]) -> TraceSet | None:

@@ -62,3 +62,9 @@ META_KEYS = {
 }
 
 WEIGHT_KINDS = ("real", "random")
+
+# meta.json: optional keys that the writer / generator add.
+OPTIONAL_META_KEYS = {
+    "parts": "{'latency': [part names], 'acceptance': [...]} included by the last finalize",
+    "synthetic": "true for sets from traces/synthetic.py (never measured, never packaged)",
+}

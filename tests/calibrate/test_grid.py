@@ -1,0 +1,277 @@
+"""The calibration grid runner: rows match methods.iteration_plan, resume, OOM, skip, and a
+tiny real-model calibration on CPU (the CI run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from tests.calibrate.conftest import tiny_model
+from vegas_sim.calibrate import grid, hardware
+from vegas_sim.calibrate.grid import (
+    CalibrationPlan,
+    acceptance_points,
+    default_plan,
+    draft_samples,
+    latency_points,
+    quick_plan,
+    run_calibration,
+    split_iterations,
+    stats,
+    verify_configs,
+)
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import METHODS, iteration_plan
+from vegas_sim.models import get_preset
+from vegas_sim.traces.io import TraceSetWriter, load_trace_set
+
+RANDOM_META = {"kind": "random", "id": "tiny-llama", "sha256": None}
+
+
+def tiny_plan(**kw: Any) -> CalibrationPlan:
+    base: dict[str, Any] = {
+        "model": "tiny-llama", "weights": "random", "methods": METHODS, "gamma": (2,),
+        "sparsity": (0.25, 0.5), "batch": (1, 2), "context": (32, 64), "n_query": (1,),
+        "device": "cpu", "warmup": 0, "reps": 2, "min_tokens": 16, "quick": True,
+    }
+    base.update(kw)
+    return CalibrationPlan(**base)
+
+
+@pytest.fixture(scope="module")
+def tiny_net() -> Any:
+    return tiny_model("llama")
+
+
+# ---- plan -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, where", [
+    ({"weights": "fake"}, "--weights"),
+    ({"methods": ("vegas", "nope")}, None),
+    ({"gamma": (16,)}, "--gamma"),
+    ({"n_query": (17,)}, "--n-query"),
+    ({"batch": (0,)}, "--batch"),
+    ({"temperatures": (-1.0,)}, "--temperature"),
+    ({"iterations": 0}, "--iterations"),
+    ({"sparsity": (0.0,)}, None),
+])
+def test_plan_rejects_bad_options(kw: dict[str, Any], where: str | None) -> None:
+    with pytest.raises(UserInputError) as ei:
+        tiny_plan(**kw)
+    if where is not None:
+        assert ei.value.where == where
+
+
+def test_plans_and_points() -> None:
+    q = quick_plan("qwen3-8b")
+    assert q.quick and len(latency_points(q)) == 9 and acceptance_points(q) == []
+    d = default_plan("qwen3-8b")
+    assert d.verify_n_query() == [2, 4, 8, 12, 16]
+    assert d.context[-1] == 128 * 1024 and d.ref_sparsity == 0.07
+    pts = latency_points(d)
+    sizes = [p.batch * p.context for p in pts]
+    assert sizes == sorted(sizes) and len(pts) == 64
+    real = default_plan("smollm2-135m", weights="real", methods=("vegas", "vanilla"))
+    acc = acceptance_points(real)
+    # vanilla does not draft: no acceptance rows; every (s, T, workload) once, at max gamma
+    assert {p.method for p in acc} == {"vegas"} and {p.gamma for p in acc} == {15}
+    assert len(acc) == 8 * 2 * 4 and len({p.key for p in acc}) == len(acc)
+
+
+def test_verify_configs_cover_every_collection_setting() -> None:
+    plan = tiny_plan()
+    got = dict(verify_configs(plan, 8))
+    assert got["magicdec-stream"] == ["magicdec-stream", "magicdec-quest"]
+    assert set(got) == {"magicdec-stream", "vegas", "vegas-all", "specextend"}
+    only_vegas = tiny_plan(methods=("vegas",))
+    assert dict(verify_configs(only_vegas, 8)) == {"magicdec-stream": ["any"], "vegas": ["vegas"]}
+
+
+# ---- statistics and sample bookkeeping -------------------------------------------------------
+def test_stats_ordered() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        s = stats(list(rng.exponential(1.0, size=int(rng.integers(1, 9)))))
+        assert s["ms_p10"] <= s["ms_median"] <= s["ms_p90"]
+    assert stats([2.0, float("nan"), 4.0])["n"] == 2
+    with pytest.raises(RuntimeError):
+        stats([])
+
+
+def test_draft_samples_fold_once_per_iteration_work() -> None:
+    # two Quest iterations: other (index prep), 2 steps each with nested scoring, verify,
+    # sample, then the metadata update (top-level quest_meta)
+    one = [("other", 0.2), ("draft_step", 1.0), ("quest_meta", 0.1), ("draft_step", 2.0),
+           ("quest_meta", 0.3), ("verify", 5.0), ("sample", 0.5), ("quest_meta", 0.4)]
+    its = split_iterations(one + one, "other")
+    assert len(its) == 2
+    steps, quest = draft_samples(its, 2)
+    assert steps == [[1.1, 1.1], [2.1, 2.1]]
+    assert quest == [[pytest.approx(0.3)] * 2, [pytest.approx(0.5)] * 2]
+    plain = [("other", 0.0), ("draft_step", 1.0), ("draft_step", 1.5)]
+    steps, quest = draft_samples(split_iterations(plain, "other"), 2)
+    assert steps == [[1.0], [1.5]] and quest == [[], []]
+
+
+# ---- hardware --------------------------------------------------------------------------------
+def test_hardware_cpu_is_honest() -> None:
+    hw = hardware.measure_hardware("cpu", quick=True)
+    assert hw["name"] == "cpu" and hw["matmul_dtype"] == "float32" and hw["measured"]
+    for key in ("sm_count", "memory_gb", "copy_bandwidth_gbs", "bf16_tflops"):
+        assert hw[key] > 0
+    assert "torch" in hardware.software_versions()
+
+
+def test_memory_estimate_scales_with_kv() -> None:
+    spec = get_preset("qwen3-8b")
+    kv = spec.kv_bytes_per_token()
+    a = hardware.memory_needed(spec, 1, 1024, include_weights=False)
+    b = hardware.memory_needed(spec, 2, 1024, include_weights=False)
+    assert a >= kv * 1024 and b > 1.9 * a
+    assert hardware.memory_needed(spec, 1, 1024) - a == spec.param_count() * 2
+    # H200 after loading the weights: B=4 at 128K fits, B=8 at 128K does not
+    free = int(125e9)
+    assert hardware.fits_in_memory(spec, 4, 131072, "cpu", include_weights=False, available=free)
+    assert not hardware.fits_in_memory(spec, 8, 131072, "cpu", include_weights=False,
+                                       available=free)
+
+
+# ---- end to end on a tiny random model -------------------------------------------------------
+class Interrupt(Exception):
+    pass
+
+
+def _plan_keys(plan: CalibrationPlan) -> list[str]:
+    return [p.key for p in latency_points(plan)]
+
+
+def test_rows_match_iteration_plan_and_resume(tmp_path: Path, tiny_net: Any) -> None:
+    plan = tiny_plan()
+    out = tmp_path / "ts"
+    calls: list[tuple[int, int, str]] = []
+
+    def stop_at_second(done: int, total: int, label: str) -> None:
+        calls.append((done, total, label))
+        if done == 2:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_calibration(plan, out, stop_at_second, model=(tiny_net, RANDOM_META))
+    assert calls[0] == (0, 4, "start")
+    first = json.loads((out / "run_log.json").read_text())["sessions"]
+    assert first[0]["outcome"].startswith("interrupted") and len(first[0]["points"]) == 2
+    done_before = TraceSetWriter(out, json.loads((out / "meta.json").read_text())).done_points()
+    assert done_before == set(_plan_keys(plan)[:2])
+
+    calls.clear()
+    run_calibration(plan, out, lambda d, t, lab: calls.append((d, t, lab)),
+                    model=(tiny_net, RANDOM_META))
+    assert calls[0] == (2, 4, "resumed") and calls[-1][0] == 4
+    log = json.loads((out / "run_log.json").read_text())
+    second = log["sessions"][-1]
+    assert [p["key"] for p in second["points"]] == _plan_keys(plan)[2:]  # nothing redone
+    assert log["total_gpu_seconds"] >= first[0]["wall_s"]
+    assert second["step_overhead"]["context"] == 32 and not second["step_overhead"]["cuda_graphs"]
+
+    ts = load_trace_set(out)
+    assert ts.weights_kind == "random" and ts.acceptance.empty
+    assert "meaningless" in ts.meta["grid"]["acceptance"]
+    _assert_rows_cover_plans(ts.latency, plan, tiny_net.spec.max_positions)
+
+
+def _assert_rows_cover_plans(lat: pd.DataFrame, plan: CalibrationPlan, max_len: int) -> None:
+    """Every phase call of iteration_plan has a latency row with the same quantities (draft
+    steps up to DRAFT_GAMMA: later steps differ only by one tail entry each)."""
+    assert (lat["ms_median"] > 0).all() and (lat["n"] == plan.reps).all()
+    have = {tuple(r) for r in lat[["phase", "method", "batch", "context", "n_query", "kv_read",
+                                   "collect_rows"]].itertuples(index=False)}
+    gamma = plan.gamma[0]
+    for b in plan.batch:
+        for c in plan.context:
+            for m in METHODS:
+                for s in plan.sparsity:
+                    calls = iteration_plan(m, gamma, np.full(b, c), s, max_len, plan.min_tokens)
+                    step = 0
+                    for call in calls:
+                        if call.phase == "draft_step":
+                            step += 1
+                        if call.phase in ("draft_step", "quest_meta") and step > grid.DRAFT_GAMMA:
+                            continue
+                        key = (call.phase, m, b, c, call.n_query, int(call.kv_read[0]),
+                               call.collect_rows)
+                        assert key in have, key
+
+
+def test_oom_point_is_recorded_skipped_and_retried(tmp_path: Path, tiny_net: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from vegas_sim.calibrate.specdec import SpecDecoder
+
+    plan = tiny_plan(methods=("vanilla", "vegas"), batch=(1,), sparsity=(0.25,))
+    real_verify = SpecDecoder.verify
+    state = {"calls": 0}
+
+    def flaky_verify(self: Any, st: Any) -> None:
+        state["calls"] += 1
+        if state["calls"] == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        real_verify(self, st)
+
+    monkeypatch.setattr(SpecDecoder, "verify", flaky_verify)
+    lines: list[str] = []
+    out = tmp_path / "ts"
+    run_calibration(plan, out, model=(tiny_net, RANDOM_META), log_fn=lines.append)
+    progress = [json.loads(x) for x in (out / "progress.jsonl").read_text().splitlines()]
+    status = {p["key"]: p["status"] for p in progress}
+    assert status == {"latency/b1/c32": "oom", "latency/b1/c64": "ok"}
+    assert any("oom" in x and "out of memory" in x for x in lines)
+    ts = load_trace_set(out)
+    assert set(ts.latency["context"]) == {64}
+    # a plain resume keeps the OOM verdict; retry_failed measures the point again
+    run_calibration(plan, out, model=(tiny_net, RANDOM_META))
+    assert set(load_trace_set(out).latency["context"]) == {64}
+    run_calibration(plan, out, model=(tiny_net, RANDOM_META), retry_failed=True)
+    assert set(load_trace_set(out).latency["context"]) == {32, 64}
+
+
+def test_points_that_cannot_fit_are_skipped(tmp_path: Path, tiny_net: Any,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "free_memory", lambda device: 10_000)
+    plan = tiny_plan(methods=("vanilla",), batch=(1,), context=(32,))
+    lines: list[str] = []
+    run_calibration(plan, tmp_path / "ts", model=(tiny_net, RANDOM_META), log_fn=lines.append)
+    assert lines and "skip" in lines[0] and "GB free" in lines[0]
+    assert load_trace_set(tmp_path / "ts").latency.empty
+
+
+def test_cpu_device_check() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    with pytest.raises(UserInputError, match="CUDA is not available"):
+        run_calibration(tiny_plan(device="cuda"), "/nonexistent/never-written")
+
+
+# ---- the CI calibration: real SmolLM2 on CPU -------------------------------------------------
+def test_tiny_real_calibration_smollm2(tmp_path: Path, smollm2: Any) -> None:
+    model, _tok, meta = smollm2
+    plan = CalibrationPlan(
+        model="smollm2-135m", weights="real", methods=("vegas",), gamma=(2,), sparsity=(0.07,),
+        batch=(1,), context=(256,), n_query=(1,), workloads=("chat",), iterations=2,
+        device="cpu", warmup=0, reps=2, acceptance_prompts=2, acceptance_batch=2, quick=True)
+    out = run_calibration(plan, tmp_path / "smol", model=(model, meta))
+    ts = load_trace_set(out)
+    assert ts.weights_kind == "real" and ts.meta["workload"] == ["chat"]
+    assert ts.meta["model"]["name"] == "smollm2-135m"
+    assert {"decode", "draft_step", "verify", "select", "sample"} <= set(ts.latency["phase"])
+    acc = ts.acceptance
+    assert len(acc) == 2 * 2  # 2 prompts × 2 iterations
+    assert (acc["model_weights"] == "real").all() and (acc["gamma"] == 2).all()
+    assert acc["accept_prob"].map(len).eq(2).all()
+    assert set(acc["request"]) == {0, 1} and set(acc["iteration"]) == {0, 1}
+    log = json.loads((out / "run_log.json").read_text())
+    assert log["acceptance_summary"][0]["workload"] == "chat"
+    assert 1.0 <= log["acceptance_summary"][0]["acceptance_length"] <= 3.0

@@ -1,0 +1,81 @@
+"""Workloads: the shipped token files, their provenance, and synthetic prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vegas_sim.calibrate import workloads as WL
+from vegas_sim.errors import UserInputError
+from vegas_sim.models import get_preset
+
+DATASETS = WL.default_datasets_dir()
+needs_datasets = pytest.mark.skipif(not (DATASETS / "gsm8k_test.jsonl").is_file(),
+                                    reason="shared/datasets not present")
+
+
+def test_shipped_smollm2_workloads() -> None:
+    path = WL.WORKLOAD_DIR / "smollm2-135m.npz"
+    assert path.stat().st_size < 2_000_000
+    vocab = get_preset("smollm2-135m").vocab
+    for name in WL.WORKLOADS:
+        prompts = WL.workload_prompts(name)
+        assert len(prompts) == 32
+        assert len({p.source for p in prompts}) == 32  # distinct sources
+        for p in prompts:
+            assert p.tokens and max(p.tokens) < vocab and min(p.tokens) >= 0
+    longdoc = WL.load_workload("longdoc")
+    lengths = sorted({len(p) for p in longdoc})
+    assert lengths == list(WL.LONGDOC_LENGTHS)
+    assert max(lengths) + 512 <= get_preset("smollm2-135m").max_positions  # room for output
+    assert WL.load_workload("longdoc", max_len=2048) == [p for p in longdoc if len(p) <= 2048]
+    sources = {p.source.split(":")[0] for p in WL.workload_prompts("reasoning")}
+    assert sources == {"aime24", "aime25", "gsm8k"}
+
+
+def test_chat_workloads_are_chat_templated(smollm2: Any) -> None:
+    _, tok, _ = smollm2
+    for name in ("reasoning", "code", "chat"):
+        text = tok.decode(WL.load_workload(name)[0])
+        assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    doc = tok.decode(WL.load_workload("longdoc")[0])
+    assert "<|im_start|>" not in doc and "Project Gutenberg" not in doc
+
+
+@needs_datasets
+def test_shipped_file_is_what_build_produces(tmp_path: Path) -> None:
+    """The committed file is up to date with the builder and the datasets (deterministic)."""
+    out = WL.build_workloads(out_dir=tmp_path)
+    with np.load(out) as new, np.load(WL.WORKLOAD_DIR / "smollm2-135m.npz") as shipped:
+        assert sorted(new.files) == sorted(shipped.files)
+        for k in new.files:
+            assert np.array_equal(new[k], shipped[k]), k
+
+
+@needs_datasets
+def test_book_body_strips_gutenberg_header_and_license() -> None:
+    body = WL.book_body(DATASETS / "gutenberg" / "pg11_alice_in_wonderland.txt")
+    assert "Alice" in body[:2000]
+    assert "*** START" not in body and "*** END" not in body and "\r" not in body
+    assert "Project Gutenberg License" not in body
+
+
+def test_missing_model_and_unknown_workload_are_user_errors(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="unknown workload"):
+        WL.load_workload("poetry")
+    with pytest.raises(UserInputError, match="no workloads built") as e:
+        WL.workload_prompts("chat", model="qwen3-8b", directory=tmp_path)
+    assert "build_workloads" in str(e.value)
+
+
+def test_synthetic_prompts_are_seeded_and_in_range() -> None:
+    a = WL.synthetic_prompts(4, 100, 50, np.random.default_rng(1))
+    b = WL.synthetic_prompts(4, 100, 50, np.random.default_rng(1))
+    assert a == b and len(a) == 4 and all(len(p) == 100 for p in a)
+    assert min(min(p) for p in a) >= 0 and max(max(p) for p in a) < 50
+    assert a != WL.synthetic_prompts(4, 100, 50, np.random.default_rng(2))
+    with pytest.raises(UserInputError):
+        WL.synthetic_prompts(0, 10, 50, np.random.default_rng(0))

@@ -1,0 +1,57 @@
+"""The sweep / tune / report commands end to end on a synthetic trace set (click runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from vegas_sim.cli_explore import report, sweep, tune
+from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "ts"
+    make_synthetic_trace_set(path, gammas=(2, 4, 8), sparsities=(0.03, 0.07, 0.15),
+                             contexts=(4096, 16384), batches=(1, 4), noise=0.0)
+    return path
+
+
+def test_sweep_then_report(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "s.csv"
+    res = CliRunner().invoke(sweep, [
+        "--gamma", "2..4", "--sparsity", "0.03,0.07", "--batch", "1,4", "--context", "4K",
+        "-m", "vegas", "-m", "magicdec-stream", "--output-len", "64", "--traces", str(traces),
+        "--workers", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(out)
+    assert len(table) == 2 * (1 + 2 * 3 * 2)
+    html = tmp_path / "s.html"
+    res = CliRunner().invoke(report, [str(out), "--out", str(html)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["charts"] >= 4
+    assert "<svg" not in html.read_text()[:1000] and html.stat().st_size > 4_000_000
+
+
+def test_tune_writes_json(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    res = CliRunner().invoke(tune, ["--batch", "1,4", "--context", "4K", "--output-len", "64",
+                                    "--traces", str(traces), "--workers", "1",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert set(doc["num_speculative_tokens_by_batch"]) == {"1", "4"}
+    assert "B=   1 C=   4096" in res.stdout
+
+
+def test_user_errors_become_click_errors(traces: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(sweep, ["--gamma", "0", "--traces", str(traces),
+                                     "--out", str(tmp_path / "x.csv")])
+    assert res.exit_code == 1 and "--gamma" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(report, [str(tmp_path / "missing.csv"), "--out",
+                                      str(tmp_path / "r.html")])
+    assert res.exit_code == 1 and "does not exist" in res.output

@@ -1,0 +1,184 @@
+"""predict(): the library API behind `vegas-sim predict`, through real (synthetic) trace sets."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import PHASES
+from vegas_sim.models import get_preset
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.latency import LatencyModel
+from vegas_sim.sim.predict import (
+    Scenario, kv_capacity, predict, predict_one, prefill_fn, roofline_prefill_ms,
+)
+from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+Models = tuple[LatencyModel, AcceptanceModel]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    path: Path = tmp_path_factory.mktemp("traces") / "synthetic"
+    ts = make_synthetic_trace_set(path, methods=("vanilla", "vegas", "magicdec-stream"),
+                                  gammas=(2, 4, 6), contexts=(1024, 4096, 16384))
+    latency = LatencyModel.from_meta(ts.latency, ts.meta)
+    return latency, AcceptanceModel.from_traces(ts.acceptance, ts.weights_kind)
+
+
+def sc(method: str = "vegas", **kw: object) -> Scenario:
+    base: dict[str, object] = {"gamma": 4, "sparsity": 0.07, "batch": 4, "context": 4096,
+                               "output_len": 256}
+    base.update(kw)
+    return Scenario(method, **base)  # type: ignore[arg-type]
+
+
+REQUIRED = [
+    "method", "gamma", "sparsity", "batch", "context", "output_len", "engine",
+    "throughput_tok_s", "throughput_ci_low", "throughput_ci_high", "speedup_vs_vanilla",
+    "speedup_ci_low", "speedup_ci_high", "acceptance_length", "rates", "tpot_ms_p50",
+    "tpot_ms_p90", "itl_ms_p50", "itl_ms_p99", "iter_ms", "extrapolated", "gpu",
+    "iterations_simulated", "wall_s", *[f"ms_{p}" for p in PHASES],
+]
+
+
+def test_rows_and_columns(models: Models) -> None:
+    calls: list[tuple[int, int]] = []
+    df = predict([sc("vanilla"), sc("vegas"), sc("magicdec-stream")], *models, replications=3,
+                 progress=lambda i, n: calls.append((i, n)))
+    assert calls == [(1, 3), (2, 3), (3, 3)]
+    assert len(df) == 3 and set(REQUIRED) <= set(df.columns)
+    van, veg, stream = (df.iloc[i] for i in range(3))
+    assert van["speedup_vs_vanilla"] == 1.0 and van["acceptance_length"] == 1.0
+    assert van["rates"] == ""
+    for row in (veg, stream):
+        assert row["throughput_ci_low"] <= row["throughput_tok_s"] <= row["throughput_ci_high"]
+        assert row["speedup_ci_low"] <= row["speedup_vs_vanilla"] <= row["speedup_ci_high"]
+        assert row["speedup_vs_vanilla"] == pytest.approx(
+            row["throughput_tok_s"] / van["throughput_tok_s"], rel=0.02)
+        rates = [float(x) for x in row["rates"].split()]
+        assert len(rates) == 4 and rates == sorted(rates, reverse=True)
+        assert row["acceptance_length"] == pytest.approx(1 + sum(rates), abs=1e-3)
+        phases = sum(row[f"ms_{p}"] for p in PHASES)
+        assert phases == pytest.approx(row["iter_ms"], rel=1e-6)
+        assert row["iterations_simulated"] > 0 and row["gpu"] == "synthetic (measured)"
+    # the synthetic truth ranks Vegas' drafts above StreamingLLM's
+    assert veg["acceptance_length"] > stream["acceptance_length"]
+
+
+def test_same_seed_same_table(models: Models) -> None:
+    a = predict([sc()], *models, seed=7, replications=2).drop(columns="wall_s")
+    b = predict([sc()], *models, seed=7, replications=2).drop(columns="wall_s")
+    c = predict([sc()], *models, seed=8, replications=2).drop(columns="wall_s")
+    pd.testing.assert_frame_equal(a, b)
+    assert a["throughput_tok_s"][0] != c["throughput_tok_s"][0]
+
+
+def test_sim_and_analytic_agree(models: Models) -> None:
+    s = sc(output_len=2048, batch=8, requests=64)
+    sim = predict_one(s, *models, replications=2)
+    closed = predict_one(s, *models, engine="analytic")
+    assert closed["iterations_simulated"] == 0
+    assert sim["throughput_tok_s"] == pytest.approx(closed["throughput_tok_s"], rel=0.03)
+    assert sim["speedup_vs_vanilla"] == pytest.approx(closed["speedup_vs_vanilla"], rel=0.03)
+
+
+def test_extrapolation_is_reported(models: Models) -> None:
+    inside = predict_one(sc(context=4096), *models, replications=1)
+    outside = predict_one(sc(context=65536, gamma=8), *models, replications=1)
+    assert outside["extrapolated"] != ""
+    assert len(outside["extrapolated"]) > len(inside["extrapolated"])
+
+
+def test_kv_capacity_limits_throughput(models: Models) -> None:
+    full = predict_one(sc(batch=8), *models, replications=1)
+    need = 4096 + 256 + 5
+    tight = predict_one(sc(batch=8, kv_capacity_tokens=2 * need), *models, replications=1)
+    assert tight["throughput_tok_s"] < 0.5 * full["throughput_tok_s"]
+
+
+def test_colocated_prefill_costs_throughput(models: Models) -> None:
+    dis = predict_one(sc(), *models, replications=1)
+    co = predict_one(sc(prefill="co-located"), *models, replications=1)
+    assert co["throughput_tok_s"] < dis["throughput_tok_s"]
+    assert co["ms_prefill"] > 0 and dis["ms_prefill"] == 0
+
+
+def test_prefill_falls_back_to_roofline(models: Models) -> None:
+    latency = models[0]
+    fn = prefill_fn(latency, "vegas")  # the synthetic set has no 'prefill' rows
+    gpu = latency.gpu
+    one = roofline_prefill_ms(latency.model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops, 4096)
+    assert fn(np.array([4096, 4096])) == pytest.approx(2 * one)
+    # 4096 tokens of an 8B model are compute-bound: ≈ 2·params·L / FLOP rate
+    spec = latency.model
+    gemm = spec.gemm_flops(4096) / (gpu.bf16_tflops * 1e12) * 1000
+    assert gemm < one < 1.5 * gemm
+
+
+def test_poisson_low_load_throughput_is_the_offered_load(models: Models) -> None:
+    row = predict_one(sc(arrival="poisson:0.5", requests=40, output_len=64), *models,
+                      replications=1)
+    assert row["throughput_tok_s"] == pytest.approx(0.5 * 64, rel=0.35)
+
+
+def test_max_positions(models: Models) -> None:
+    with pytest.raises(UserInputError, match=r"max positions \(131072\)") as err:
+        predict([sc(context=131072, output_len=1)], *models)
+    assert err.value.where == "--context/--output-len"
+
+
+def test_batch_that_does_not_fit_names_the_max_batch(models: Models) -> None:
+    spec = get_preset("qwen3-8b")
+    cap = kv_capacity(spec, 141.0)  # the synthetic GPU's memory
+    max_batch = cap // (32768 + 1024 + 5)
+    with pytest.raises(UserInputError) as err:
+        predict([sc(batch=max_batch + 1, context=32768, output_len=1024)], *models)
+    assert err.value.where == "--batch/--context"
+    assert f"--batch {max_batch} " in str(err.value.fix)
+    predict_one(sc(batch=max_batch, context=32768, output_len=8), *models, replications=1,
+                engine="analytic")  # the max batch itself is accepted
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"method": "eagle"}, "unknown method"),
+    ({"gamma": 0}, "gamma"),
+    ({"sparsity": 0.0}, "sparsity"),
+    ({"batch": 0}, "batch"),
+    ({"context": 0}, "context"),
+    ({"output_len": 0}, "output"),
+    ({"requests": 0}, "requests"),
+    ({"arrival": "poisson:-1"}, "rate"),
+    ({"prefill": "remote"}, "prefill"),
+])
+def test_invalid_scenarios(models: Models, kw: dict[str, object], match: str) -> None:
+    method = str(kw.pop("method", "vegas"))
+    with pytest.raises(UserInputError, match=match):
+        predict([sc(method, **kw)], *models)
+
+
+def test_bad_engine_and_replications(models: Models) -> None:
+    with pytest.raises(UserInputError, match="engine"):
+        predict([sc()], *models, engine="fast")
+    with pytest.raises(UserInputError, match="replications"):
+        predict([sc()], *models, replications=0)
+
+
+def test_picklable_for_process_pools(models: Models) -> None:
+    scen, lat, acc = pickle.loads(pickle.dumps((sc(), *models)))
+    a = predict_one(scen, lat, acc, replications=1)
+    b = predict_one(sc(), *models, replications=1)
+    assert a["throughput_tok_s"] == b["throughput_tok_s"]
+
+
+@pytest.mark.parametrize("kw", [{"arrival": "poisson:2"}, {"prefill": "co-located"},
+                                {"arrival": "closed:2"}, {"kv_capacity_tokens": 5000}])
+def test_analytic_refuses_what_it_does_not_model(models: Models, kw: dict[str, object]) -> None:
+    with pytest.raises(UserInputError, match="analytic") as err:
+        predict([sc("vegas", **kw)], *models, engine="analytic")
+    assert err.value.where == "--engine"

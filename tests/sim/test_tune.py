@@ -1,0 +1,155 @@
+"""Tune: step logic, and that the three-step search finds the brute-force optimum."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.sim.test_sweep import Models, synthetic_models
+from vegas_sim.errors import UserInputError
+from vegas_sim.sim.predict import Scenario
+from vegas_sim.sim.sweep import sweep
+from vegas_sim.sim.tune import (
+    TuneConfig,
+    TuneResult,
+    argbest,
+    ratio_ci,
+    refine_grid,
+    stable_sparsity,
+    tune,
+)
+
+CONFIG = TuneConfig(
+    probe_gamma=12, sparsity_coarse=(0.01, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2), gamma=tuple(range(1, 11)),
+    refine_step=0.01, baseline_gamma=(1, 2, 3, 4, 5, 6), output_len=128,
+)
+CELLS = [(1, 4096), (4, 32768), (16, 4096)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    return synthetic_models(tmp_path_factory.mktemp("tune") / "ts")
+
+
+@pytest.fixture(scope="module")
+def result(models: Models) -> TuneResult:
+    return tune(CELLS, *models, config=CONFIG, workers=2, model="qwen3-8b")
+
+
+def test_stable_sparsity_is_smallest_within_pct() -> None:
+    s = [0.2, 0.01, 0.05, 0.1]  # unsorted on purpose
+    acc = [3.00, 2.0, 2.90, 2.97]
+    assert stable_sparsity(s, acc, 2.0) == 0.1  # 2.97 >= 0.98 · 3.0 = 2.94; 2.90 is not
+    assert stable_sparsity(s, acc, 5.0) == 0.05
+    assert stable_sparsity(s, acc, 0.0) == 0.2
+
+
+def test_refine_grid_spans_coarse_neighbours() -> None:
+    assert refine_grid((0.01, 0.03, 0.05, 0.1), 0.05, 0.01) == [0.03, 0.04, 0.05, 0.06, 0.07,
+                                                                 0.08, 0.09, 0.1]
+    assert refine_grid((0.01, 0.03), 0.01, 0.005) == [0.005, 0.01, 0.015, 0.02, 0.025, 0.03]
+    top = refine_grid((0.5, 0.9), 0.9, 0.1)
+    assert top[0] == 0.5 and top[-1] == 1.0  # capped at 1
+
+
+def test_ratio_ci_quadrature() -> None:
+    r, lo, hi = ratio_ci(2.0, 2.0 / math.e, 2.0 * math.e, 1.0, 1.0, 1.0)
+    assert (r, lo, hi) == pytest.approx((2.0, 2.0 / math.e, 2.0 * math.e))
+    r, lo, hi = ratio_ci(1.0, math.exp(-0.3), math.exp(0.3), 1.0, math.exp(-0.4), math.exp(0.4))
+    assert (lo, hi) == pytest.approx((math.exp(-0.5), math.exp(0.5)))
+
+
+def test_argbest_ties_go_to_smaller_gamma_then_sparsity() -> None:
+    df = pd.DataFrame({"gamma": [6, 4, 4], "sparsity": [0.05, 0.07, 0.05],
+                       "throughput_tok_s": [10.0, 10.0, 10.0]})
+    best = argbest(df)
+    assert (best["gamma"], best["sparsity"]) == (4, 0.05)
+
+
+def test_config_rejects_bad_input() -> None:
+    with pytest.raises(UserInputError, match="does not speculate"):
+        TuneConfig(method="vanilla")
+    with pytest.raises(UserInputError, match="--stable-pct"):
+        TuneConfig(stable_pct=150)
+
+
+def _brute_force(models: Models, cell: tuple[int, int]) -> tuple[pd.Series, float]:
+    """Every (γ, s) the strategy could ever reach: γ grid × all fine sparsities in range.
+
+    Returns the optimum and its margin over the best configuration at any other γ.
+    """
+    lo, hi, step = CONFIG.sparsity_coarse[0] / 2, CONFIG.sparsity_coarse[-1], CONFIG.refine_step
+    fine = sorted({round(v, 6) for v in np.arange(step, hi + 1e-9, step) if v >= lo - 1e-9}
+                  | set(CONFIG.sparsity_coarse))
+    scen = [Scenario("vegas", g, s, batch=cell[0], context=cell[1], output_len=CONFIG.output_len)
+            for g, s in itertools.product(CONFIG.gamma, fine)]
+    df = sweep(scen, *models, engine="analytic", workers=2)
+    best = argbest(df)
+    runner_up = df[df["gamma"] != best["gamma"]]["throughput_tok_s"].max()
+    return best, float(best["throughput_tok_s"] / runner_up - 1.0)
+
+
+# (cell, optimum clear): at B=4, C=32K the synthetic landscape has two optima 0.05 % apart,
+# (γ=2, s=0.1) and (γ=3, s=0.15); the three-step strategy (like the paper's) lands on the
+# second. There we require the throughput, not the point. The other cells have a clear optimum
+# (> 0.5 % ahead of any other γ) and tune must find exactly it.
+@pytest.mark.parametrize(("cell", "clear"), [((1, 4096), True), ((4, 32768), False),
+                                             ((16, 4096), True)])
+def test_tune_finds_brute_force_optimum(models: Models, result: TuneResult,
+                                        cell: tuple[int, int], clear: bool) -> None:
+    truth, margin = _brute_force(models, cell)
+    row = result.cells.set_index(["batch", "context"]).loc[cell]
+    assert (margin > 0.005) == clear, margin
+    assert row["throughput_tok_s"] >= truth["throughput_tok_s"] * (1 - 1e-3)
+    if clear:
+        assert (row["gamma"], row["sparsity"]) == (truth["gamma"], truth["sparsity"])
+        assert row["throughput_tok_s"] == pytest.approx(truth["throughput_tok_s"], rel=1e-9)
+
+
+def test_tune_baselines_and_speedups(models: Models, result: TuneResult) -> None:
+    steps = result.steps
+    for (batch, context), row in result.cells.set_index(["batch", "context"]).iterrows():
+        base = steps[(steps["step"] == "baselines") & (steps["batch"] == batch)
+                     & (steps["context"] == context)]
+        spec = base[base["method"] != "vanilla"]
+        assert row["baseline_tok_s"] == spec["throughput_tok_s"].max()
+        assert row["baseline_method"] in CONFIG.baselines
+        assert row["speedup_vs_baseline"] == pytest.approx(
+            row["throughput_tok_s"] / row["baseline_tok_s"])
+        van = base[base["method"] == "vanilla"]["throughput_tok_s"].iloc[0]
+        assert row["speedup_vs_vanilla"] == pytest.approx(row["throughput_tok_s"] / van)
+        assert (row["speedup_vs_baseline_ci_low"] <= row["speedup_vs_baseline"]
+                <= row["speedup_vs_baseline_ci_high"])
+    assert set(steps["step"]) == {"baselines", "1-sparsity", "2-gamma", "3-refine"}
+
+
+def test_serving_json(result: TuneResult, tmp_path: Path) -> None:
+    doc = json.loads(result.write_json(tmp_path / "t.json").read_text())
+    assert doc["format"] == "vegas-sim.speculative-table" and doc["method"] == "vegas"
+    cells = result.cells.set_index(["batch", "context"])
+    for ctx, entry in doc["by_context"].items():
+        for b, g in entry["num_speculative_tokens_by_batch"].items():
+            assert g == cells.loc[(int(b), int(ctx)), "gamma"]
+    # One context per batch in CELLS: the per-batch table is that cell's γ.
+    for b, g in doc["num_speculative_tokens_by_batch"].items():
+        assert g == cells.xs(int(b), level="batch")["gamma"].iloc[0]
+    assert len(doc["cells"]) == len(CELLS)
+    with pytest.raises(UserInputError, match="--out"):
+        result.write_json(tmp_path / "t.csv")
+
+
+def test_tune_with_sim_final_engine_has_ci(models: Models) -> None:
+    cfg = TuneConfig(sparsity_coarse=(0.03, 0.07), gamma=(2, 4), probe_gamma=8,
+                     refine_step=0.02, baselines=("magicdec-stream",), baseline_gamma=(2,),
+                     output_len=64, final_engine="sim", replications=3)
+    res = tune([(4, 4096)], *models, config=cfg, workers=1)
+    row = res.cells.iloc[0]
+    assert row["throughput_ci_low"] < row["throughput_tok_s"] < row["throughput_ci_high"]
+    assert row["speedup_vs_baseline_ci_low"] < row["speedup_vs_baseline"]
+    assert "final" in set(res.steps["step"])

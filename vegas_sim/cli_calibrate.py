@@ -1,0 +1,162 @@
+"""`vegas-sim calibrate` and `vegas-sim validate`: the commands that need a GPU (or are slow on CPU).
+
+Registered on the group in cli.py; torch is imported only inside the commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vegas_sim.calibrate import gridspec
+from vegas_sim.cli import progress_bar, user_errors
+from vegas_sim.methods import METHODS
+
+
+def _plan_overrides(opts: dict[str, Any]) -> dict[str, Any]:
+    """Only the grid options the user gave; the rest come from the quick/default plan."""
+    parsers = {
+        "methods": lambda t: tuple(gridspec.parse_name_list(t, "--methods", METHODS)),
+        "gamma": lambda t: tuple(gridspec.parse_int_grid(t, "--gamma")),
+        "sparsity": lambda t: tuple(gridspec.parse_sparsity_grid(t, "--sparsity")),
+        "batch": lambda t: tuple(gridspec.parse_int_grid(t, "--batch")),
+        "context": lambda t: tuple(gridspec.parse_int_grid(t, "--context")),
+        "n_query": lambda t: tuple(gridspec.parse_int_grid(t, "--n-query")),
+        "workloads": lambda t: tuple(gridspec.parse_name_list(t, "--workload")),
+        "temperatures": lambda t: tuple(gridspec.parse_temperature_grid(t, "--temperature")),
+    }
+    out: dict[str, Any] = {}
+    for key, parse in parsers.items():
+        if opts.get(key) is not None:
+            out[key] = parse(opts[key])
+    if opts.get("iterations") is not None:
+        out["iterations"] = opts["iterations"]
+    return out
+
+
+@click.command()
+@click.option("--model", required=True,
+              help="Preset name (qwen3-8b, qwen3-4b, llama-3.1-8b, smollm2-135m), a .gguf "
+                   "file, or a Hugging Face checkpoint directory.")
+@click.option("--weights", type=click.Choice(["real", "random"]), default=None,
+              help="real: load the checkpoint (latency + acceptance); random: latency only. "
+                   "Default: random for presets, real for files.")
+@click.option("--methods", default=None, help="Comma list of methods, or 'all'.")
+@click.option("--gamma", default=None, help=f"γ grid, {gridspec.INT_GRID_HELP}.")
+@click.option("--sparsity", default=None, help=f"Sparsity grid, {gridspec.FLOAT_GRID_HELP}.")
+@click.option("--batch", default=None, help="Batch-size grid, e.g. '1,4,16' or '1..128:x2'.")
+@click.option("--context", default=None, help="Context grid, e.g. '1K..128K:x2'.")
+@click.option("--n-query", default=None, help="Verify query rows grid, e.g. '1,4,8,16'.")
+@click.option("--workload", "workloads", default=None,
+              help="Acceptance workloads: reasoning, code, chat, longdoc (real weights).")
+@click.option("--iterations", type=int, default=None,
+              help="Spec-decode iterations per acceptance run.")
+@click.option("--temperature", "temperatures", default=None,
+              help="Temperatures for acceptance runs, e.g. '0,0.6' (0 = greedy).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--quick", is_flag=True, help="A small grid that finishes in < 2 min on an H200.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--retry-failed", is_flag=True, help="Redo points an earlier run skipped (OOM).")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Trace-set directory; an existing one is resumed where it stopped.")
+def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
+              retry_failed: bool, out: Path, **grid: Any) -> None:
+    """Measure a trace set on the GPU: per-phase latencies of every method and, with real
+    weights, per-iteration acceptance.
+
+    Writes incrementally: an interrupted run resumes where it stopped, and a grid point that
+    runs out of GPU memory is recorded and skipped. Copy bandwidth and bf16 matmul rate are
+    measured in the same run.
+
+    Examples:
+
+        vegas-sim calibrate --model qwen3-8b --quick --out traces/qwen3-8b-quick
+
+        vegas-sim calibrate --model qwen3-8b --batch 1..128:x2 --context 1K..128K:x2 --out traces/q8b
+
+        vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
+            --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
+    """
+    from vegas_sim.calibrate import grid as grid_runner
+
+    with user_errors():
+        if weights is None:
+            weights = "real" if Path(model).exists() else "random"
+        make = grid_runner.quick_plan if quick else grid_runner.default_plan
+        plan = make(model, device=device, weights=weights, seed=seed,
+                    **_plan_overrides(grid))
+        grid_runner.validate_plan(plan)
+        with progress_bar("calibrating") as bar:
+            task = bar.add_task("calibrate", total=None)
+
+            def progress(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total, description=label)
+
+            path = grid_runner.run_calibration(plan, out, progress, retry_failed=retry_failed,
+                                               log_fn=lambda line: click.echo(line, err=True))
+    click.echo(f"wrote trace set {path}")
+
+
+@click.command()
+@click.option("--traces", type=click.Path(path_type=Path), required=True,
+              help="The calibration trace set G (latency of the model validated).")
+@click.option("--acceptance-traces", type=click.Path(path_type=Path), default=None,
+              help="Real-weights trace set for acceptance (default: --traces, or packaged).")
+@click.option("--heldout", type=click.Path(path_type=Path), default=None,
+              help="CSV/JSON of held-out configurations (columns: method, gamma, sparsity, "
+                   "batch, context, output_len, workload, temperature).")
+@click.option("--random", "n_random", type=int, default=None,
+              help="Draw this many held-out configurations outside the grid instead.")
+@click.option("--model", required=True, help="Model to run: preset, .gguf file or HF dir.")
+@click.option("--weights", type=click.Choice(["real", "random"]), default=None,
+              help="random: acceptance decisions are replayed from a recorded real trace.")
+@click.option("--max-batch", type=int, default=64, show_default=True)
+@click.option("--context-range", default="2K,128K", show_default=True,
+              help="Context range for --random, 'LO,HI'.")
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for choosing held-out configurations and for the runs (recorded).")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Result CSV (predicted, measured, error %, CI, extrapolated).")
+def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
+             n_random: int | None, model: str, weights: str | None, max_batch: int,
+             context_range: str, output_len: int, device: str, seed: int, out: Path) -> None:
+    """Compare predictions with real GPU decoding at configurations outside the grid.
+
+    Runs real end-to-end decoding for every held-out configuration, predicts each one from
+    the trace set only, and writes predicted vs measured throughput with the error. Refuses
+    configurations that are calibration grid points. `vegas-sim report` turns the CSV into a
+    parity plot.
+
+    Examples:
+
+        vegas-sim validate --traces traces/smol --model smollm2.gguf --random 20 --out val.csv
+
+        vegas-sim validate --traces traces/q8b --model qwen3-8b --weights random \\
+            --acceptance-traces traces/smol --random 20 --out val-q8b.csv
+    """
+    from vegas_sim.calibrate import validate as validation
+
+    with user_errors():
+        if (heldout is None) == (n_random is None):
+            raise click.UsageError("pass exactly one of --heldout FILE or --random N")
+        lo, hi = gridspec.parse_int_grid(context_range, "--context-range")
+        if weights is None:
+            weights = "real" if Path(model).exists() else "random"
+        with progress_bar("validating") as bar:
+            task = bar.add_task("validate", total=None)
+
+            def progress(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total, description=label)
+
+            table = validation.run_validation(
+                traces=traces, acceptance_traces=acceptance_traces, heldout_file=heldout,
+                n_random=n_random, model=model, weights=weights, max_batch=max_batch,
+                contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
+                progress=progress)
+    summary = validation.summarize(table)
+    click.echo(summary)
+    click.echo(f"wrote {out}")

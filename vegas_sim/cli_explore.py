@@ -1,0 +1,203 @@
+"""`vegas-sim sweep`, `tune` and `report`: registered on the main group by vegas_sim/cli.py.
+
+Each command's docstring is its --help text and carries an example.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import METHODS
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    try:
+        yield
+    except UserInputError as e:
+        raise click.ClickException(e.message()) from None
+
+
+@contextmanager
+def _bar(description: str) -> Iterator[Any]:
+    """A rich progress bar on stderr; yields a callback(done, total)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=done, total=total)
+
+        yield update
+
+
+def _models(model: str, traces: Path | None) -> tuple[Any, Any, list[str]]:
+    from vegas_sim import api
+
+    latency, acceptance, notes = api.load_models(model, traces, None)
+    return latency, acceptance, list(notes)
+
+
+_model_opt = click.option("--model", default="qwen3-8b", show_default=True,
+                          help="Model whose latency to use (a preset calibrated in the trace set).")
+_traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=None,
+                           help="Trace set directory (default: the packaged measured sets).")
+
+
+@click.command()
+@click.option("--gamma", "-g", default="2..12", show_default=True,
+              help="γ grid: '2..12', '2,4,8', '2..12:2'.")
+@click.option("--sparsity", "-s", default="0.01,0.03,0.05,0.07,0.1", show_default=True,
+              help="Sparsity grid: '0.01,0.03', '1%..10%:1%', '0.01..0.2:0.01'.")
+@click.option("--batch", "-b", default="4", show_default=True, help="Max batch grid: '1,4,16'.")
+@click.option("--context", "-c", default="32K", show_default=True,
+              help="Context grid: '4K,32K,128K', '1K..128K:x2'.")
+@click.option("--method", "-m", "methods", multiple=True, type=click.Choice(METHODS),
+              default=("vegas",), show_default=True,
+              help="Method(s) to sweep (repeat the option); vanilla is always added.")
+@click.option("--output-len", default="1024", show_default=True, help="Output length grid.")
+@_model_opt
+@_traces_opt
+@click.option("--engine", type=click.Choice(["analytic", "sim", "both"]), default="analytic",
+              show_default=True, help="Closed form (fast), SimPy engine, or both rows.")
+@click.option("--workers", type=int, default=None,
+              help="Local worker processes [default: all cores].")
+@click.option("--scheduler", default=None,
+              help="Dask scheduler address (tcp://host:8786): run on that cluster instead.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--replications", type=int, default=5, show_default=True,
+              help="Replications per configuration for the sim engine's 95% CIs.")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Result table: *.csv or *.parquet (one row per configuration).")
+def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
+          output_len: str, model: str, traces: Path | None, engine: str, workers: int | None,
+          scheduler: str | None, seed: int, replications: int, out: Path) -> None:
+    """Predict every configuration of a grid γ × sparsity × batch × context × method.
+
+    Runs in parallel on all local cores (or on a Dask cluster with --scheduler) and writes one
+    tidy row per configuration with every metric and its 95% CI. Rows are identical for the
+    same seed whatever the number of workers.
+
+    Example:
+
+        vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16
+        --context 32K,128K -m vegas -m magicdec-stream --out sweep.csv
+    """
+    from vegas_sim.sim.sweep import SweepGrid
+    from vegas_sim.sim.sweep import sweep as run_sweep
+
+    with _user_errors():
+        grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
+                               context=context, output_len=output_len)
+        latency, acceptance, notes = _models(model, traces)
+        with _bar(f"sweep ({engine})") as update:
+            table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
+                              replications=replications, workers=workers, scheduler=scheduler,
+                              progress=lambda d, t: update(f"sweep ({engine})", d, t), out=out)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {out} ({len(table)} rows)", err=True)
+
+
+@click.command()
+@click.option("--batch", "-b", default="1,4,16", show_default=True, help="Batch sizes: '1,4,16'.")
+@click.option("--context", "-c", default="32K", show_default=True,
+              help="Context lengths: '4K,32K,128K'.")
+@click.option("--method", default="vegas", show_default=True, type=click.Choice(METHODS[1:]),
+              help="Method to tune.")
+@click.option("--output-len", type=int, default=1024, show_default=True)
+@click.option("--stable-pct", type=float, default=5.0, show_default=True,
+              help="Step 1: smallest sparsity whose acceptance is within this % of the max.")
+@_model_opt
+@_traces_opt
+@click.option("--final-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
+              show_default=True, help="Engine for the reported numbers (sim: replication CIs).")
+@click.option("--workers", type=int, default=None, help="Local worker processes.")
+@click.option("--scheduler", default=None, help="Dask scheduler address.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Serving table: *.json (best γ per batch size and context).")
+def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
+         model: str, traces: Path | None, final_engine: str, workers: int | None,
+         scheduler: str | None, seed: int, out: Path) -> None:
+    """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
+
+    (1) sweep sparsity at a large γ and take the smallest sparsity where acceptance has
+    stabilised, (2) sweep γ there for throughput, (3) with γ fixed, refine sparsity. Prints the
+    choice, the speedup over vanilla and over the best baseline (MagicDec, SpecExtend at their
+    own best γ, s) with 95% CIs, and writes a JSON table of the best γ per batch size and
+    context that a serving engine can read (vLLM num_speculative_tokens).
+
+    Example:
+
+        vegas-sim tune --batch 1,4,16 --context 32K,128K --out best_gamma.json
+    """
+    from vegas_sim.calibrate.gridspec import parse_int_grid
+    from vegas_sim.sim.tune import TuneConfig
+    from vegas_sim.sim.tune import tune as run_tune
+
+    with _user_errors():
+        cells = [(b, c) for b in parse_int_grid(batch, "--batch")
+                 for c in parse_int_grid(context, "--context")]
+        config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
+                            final_engine=final_engine)
+        latency, acceptance, notes = _models(model, traces)
+        with _bar("tune") as update:
+            result = run_tune(cells, latency, acceptance, config=config, seed=seed,
+                              workers=workers, scheduler=scheduler, progress=update, model=model)
+        result.notes.extend(notes)
+        result.write_json(out)
+    for _, r in result.cells.iterrows():
+        line = (f"B={r['batch']:>4} C={r['context']:>7}: γ={r['gamma']}, s={r['sparsity']:g} "
+                f"{r['throughput_tok_s']:.0f} tok/s, {r['speedup_vs_vanilla']:.2f}× vanilla "
+                f"[{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]")
+        if "speedup_vs_baseline" in r.index:
+            line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} "
+                     f"[{r['speedup_vs_baseline_ci_low']:.2f}, "
+                     f"{r['speedup_vs_baseline_ci_high']:.2f}]")
+        click.echo(line)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {out}", err=True)
+
+
+@click.command()
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Report file (*.html); the CSVs are written beside it.")
+@click.option("--kind", type=click.Choice(["sweep", "tune", "validate"]), default=None,
+              help="Report kind [default: detected from the columns].")
+@click.option("--title", default=None, help="Title of the page.")
+def report(results: Path, out: Path, kind: str | None, title: str | None) -> None:
+    """Write one self-contained HTML report (opens offline, from disk) from a sweep, tune or
+    validate result, plus its CSVs beside it.
+
+    Charts: throughput heatmap over γ × sparsity, speedup over vanilla per method, iteration
+    time by phase, per-position acceptance, throughput vs batch and vs context; for validate
+    results a predicted-vs-measured parity plot and the error table. Charts the data cannot
+    support are listed as skipped.
+
+    Example:
+
+        vegas-sim report sweep.csv --out sweep.html
+    """
+    from vegas_sim.reports.html import write_report
+
+    with _user_errors():
+        written = write_report(results, out, kind, title=title)
+    for skipped in written.skipped:
+        click.echo(f"skipped {skipped}", err=True)
+    click.echo(json.dumps({"html": str(written.html), "csvs": [str(p) for p in written.csvs],
+                           "charts": len(written.charts)}))
