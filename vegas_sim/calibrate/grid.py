@@ -20,11 +20,12 @@
    - ``select`` (vegas: 2 rows averaged; vegas-all: all rows; specextend: the last accepted row)
      and the speculative ``sample`` (acceptance of γ+1 rows) for each n_query.
 
-   Every configuration runs `warmup` whole iterations (draft → verify → accept → select), then
-   `reps` timed ones through the SpecDecoder phase API and a PhaseTimer (CUDA events); each row
-   holds the median / p10 / p90 over the timed samples and their count. Random-weight models
-   take their accept decisions from a zero-acceptance replay, so the context grows by exactly
-   one token per iteration and rows record the mean context over the timed iterations.
+   Every configuration runs `warmup` untimed, then `reps` timed repetitions through the
+   SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); each row
+   holds the median / p10 / p90 over the timed samples and their count. The synthetic state
+   rolls every repetition back to the same C, so every sample is at exactly the row's context
+   (whatever the model accepts). Contexts are capped at max_positions − 2γ − 2 (a 128K grid
+   point of a 128K model is measured at 131072 − 32 and its rows say so).
 
 2. **Acceptance runs** (real weights only): for each method × sparsity × temperature × workload,
    `SpecDecoder.generate` at the largest γ of the plan (the simulator truncates to smaller γ)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pandas as pd
 from rich.console import Console
@@ -17,45 +18,60 @@ def _ci(value: float, low: float, high: float, fmt: str) -> str:
     return f"{format(value, fmt)} [{format(low, fmt)}, {format(high, fmt)}]"
 
 
-def _phase_breakdown(row: pd.Series) -> str:
-    parts = []
-    total = float(row.get("iter_ms", float("nan")))
-    for phase in PHASE_ORDER:
-        ms = row.get(f"ms_{phase}")
-        if ms is None or pd.isna(ms) or ms <= 0:
-            continue
-        share = f" {100 * ms / total:.0f}%" if total and not math.isnan(total) else ""
-        parts.append(f"{phase} {ms:.2f}{share}")
-    return ", ".join(parts)
+def _phases_present(df: pd.DataFrame) -> list[str]:
+    return [p for p in PHASE_ORDER
+            if f"ms_{p}" in df and (df[f"ms_{p}"].fillna(0) > 0).any()]
 
 
 def prediction_table(df: pd.DataFrame) -> Table:
-    table = Table(title="vegas-sim prediction (95% CI in brackets)", show_lines=False)
-    for name in ("method", "γ", "s", "batch", "context", "tok/s", "speedup", "acc len",
-                 "TPOT ms p50", "iter ms", "iteration breakdown (ms, share)", "extrapolated"):
-        table.add_column(name, overflow="fold")
+    first = df.iloc[0]
+    table = Table(title=f"batch {first['batch']}, context {first['context']}, output "
+                        f"{first['output_len']} — 95% CI in brackets")
+    for name in ("method", "γ", "s", "tok/s", "speedup", "acc len", "TPOT ms", "extrap."):
+        table.add_column(name, no_wrap=True)
     for _, row in df.iterrows():
         spec = row["method"] != "vanilla"
         table.add_row(
             str(row["method"]),
             str(row["gamma"]) if spec else "-",
             f"{row['sparsity']:.3g}" if spec else "-",
-            str(row["batch"]),
-            str(row["context"]),
             _ci(row["throughput_tok_s"], row["throughput_ci_low"], row["throughput_ci_high"],
                 ".0f"),
             _ci(row["speedup_vs_vanilla"], row["speedup_ci_low"], row["speedup_ci_high"], ".2f"),
             f"{row['acceptance_length']:.2f}",
             f"{row['tpot_ms_p50']:.2f}",
-            f"{row['iter_ms']:.2f}",
-            _phase_breakdown(row),
-            str(row.get("extrapolated") or ""),
+            "yes" if row.get("extrapolated") else "",
         )
     return table
 
 
+def breakdown_table(df: pd.DataFrame) -> Table:
+    """Mean ms per iteration by phase (and share of the iteration)."""
+    phases = _phases_present(df)
+    table = Table(title="iteration time by phase, ms (share)")
+    table.add_column("method", no_wrap=True)
+    for phase in phases:
+        table.add_column(phase.replace("_step", "").replace("_meta", ""), justify="right",
+                         no_wrap=True)
+    table.add_column("iteration", justify="right")
+    for _, row in df.iterrows():
+        total = float(row["iter_ms"])
+        cells = []
+        for phase in phases:
+            ms = float(row.get(f"ms_{phase}") or 0.0)
+            cells.append(f"{ms:.2f} {100 * ms / total:.0f}%" if ms > 0 and total > 0 else "-")
+        table.add_row(str(row["method"]), *cells, f"{total:.2f}")
+    return table
+
+
 def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None = None) -> None:
-    console = console or Console()
+    # Piped output is not wrapped at 80 columns: tables stay one line per method.
+    console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(prediction_table(df))
+    console.print(breakdown_table(df))
+    reasons = sorted({r for text in df.get("extrapolated", pd.Series(dtype=str)).fillna("")
+                      for r in str(text).split(";") if r})
+    for reason in reasons:
+        console.print(f"[yellow]extrapolated:[/yellow] {reason}")
     for note in notes:
         console.print(f"[dim]note:[/dim] {note}")
