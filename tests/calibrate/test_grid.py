@@ -39,6 +39,7 @@ def tiny_plan(**kw: Any) -> CalibrationPlan:
         "model": "tiny-llama", "weights": "random", "methods": METHODS, "gamma": (2,),
         "sparsity": (0.25, 0.5), "batch": (1, 2), "context": (32, 64), "n_query": (1,),
         "device": "cpu", "warmup": 0, "reps": 2, "min_tokens": 16, "quick": True,
+        "temperatures": (0.0, 0.6),  # latency grid samples at 0.6: the top-p/top-k path
     }
     base.update(kw)
     return CalibrationPlan(**base)

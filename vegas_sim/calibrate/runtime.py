@@ -344,6 +344,7 @@ class Transformer(torch.nn.Module):
 
         No host syncs on CUDA (capturable); on CPU it checks the cache has room."""
         policy = policy if policy is not None else DenseAttention()
+        tokens = tokens.to(self.device)  # no-op when already there (graph buffers are)
         B, NQ = tokens.shape
         self._ensure_rope(cache.max_seq)
         if tokens.device.type == "cpu" and int(cache.lens.max()) + NQ > cache.max_seq:

@@ -393,7 +393,10 @@ class SpecDecoder:
         else:
             self._emit(state, old_ctx, a_h, drafts_h, next_h, prob_h)
         if c.method == "magicdec-quest":
-            self._quest_meta(state, old_ctx, state.ctx_host)
+            # Synthetic states roll back to C, but still pay the update a real iteration pays
+            # (pages of [C, C + 1 + a)); quest_select never reads past C's full pages.
+            end = old_ctx + (a_h + 1 if state.synthetic else step_h)
+            self._quest_meta(state, old_ctx, end)
         state.iteration += 1
 
     def _decide(self, state: BatchState) -> tuple[Tensor, Tensor, Tensor]:

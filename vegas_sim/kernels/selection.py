@@ -2,8 +2,8 @@
 
 - `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
   averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
-- `topk_select`: `torch.topk` over [L, B, S] in one call (batched over layers); measured in
-  benchmarks/kernels.py against the verify iteration it belongs to.
+- `topk_select`: `torch.topk` over [L, B, S] in one call (batched over layers, unsorted when
+  all budgets are equal); measured in benchmarks/kernels.py against the verify iteration.
 - `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
 - `quest_select`: Triton page scoring, `torch.topk` over pages, vectorised index expansion.
 """
@@ -24,30 +24,52 @@ from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2
 def _score_weights_kernel(
     SCORES, LSE, RANK, ROWS, OUT, qk_scale2, R, HQ, S_MAX, inv_count,
     ONE_ROW: tl.constexpr, FLOOR: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+    EVEN_S: tl.constexpr,
 ):
-    """One [BLOCK_R rows, BLOCK_S keys] tile per step over the request's (row, head) lines,
-    which are contiguous: [r0·HQ, r0·HQ + n_lines) with r0 = rows[b] (one row) or 0 (all)."""
+    """One program = BLOCK_S keys of one request; steps over the request's (row, head) lines
+    BLOCK_R at a time ([BLOCK_R, BLOCK_S] bf16 tile per step). The lines are contiguous:
+    [r0·HQ, r0·HQ + n_lines) with r0 = rows[b] (one row) or 0 (all).
+
+    No per-key load mask: keys past rank_len are read and discarded (they are valid memory),
+    because a mask `offs < rank` (rank loaded at run time) stops Triton from vectorising the
+    loads — run 2's version of this kernel, 2× slower than run 1's, had exactly that. Blocks
+    entirely past rank_len skip the loads."""
     b = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    block0 = tl.program_id(1) * BLOCK_S
+    offs = tl.max_contiguous(tl.multiple_of(block0 + tl.arange(0, BLOCK_S), BLOCK_S), BLOCK_S)
     rank = tl.load(RANK + b)
-    inside = offs < rank
     if ONE_ROW:
         first = tl.load(ROWS + b).to(tl.int32) * HQ
         n_lines = HQ
     else:
         first = 0
         n_lines = R * HQ
+    n_end = tl.where(block0 < rank, n_lines, 0)
     acc = tl.zeros([BLOCK_S], tl.float32)
-    for j0 in range(0, n_lines, BLOCK_R):
+    for j0 in range(0, n_end, BLOCK_R):
         j = j0 + tl.arange(0, BLOCK_R)
         ok = j < n_lines
         line = b * R * HQ + first + j  # [BLOCK_R] index into [B·R·HQ]
         lse2 = tl.load(LSE + line, mask=ok, other=float("inf")) * 1.4426950408889634
-        s = tl.load(SCORES + line.to(tl.int64)[:, None] * S_MAX + offs[None, :],
-                    mask=ok[:, None] & inside[None, :], other=float("-inf"))
+        ptr = SCORES + line.to(tl.int64)[:, None] * S_MAX + offs[None, :]
+        if EVEN_S:
+            s = tl.load(ptr, mask=ok[:, None], other=float("-inf"))
+        else:
+            s = tl.load(ptr, mask=ok[:, None] & (offs < S_MAX)[None, :], other=float("-inf"))
         acc += tl.sum(tl.exp2(s.to(tl.float32) * qk_scale2 - lse2[:, None]), 0)
-    w = tl.maximum(acc * inv_count, FLOOR)
-    tl.store(OUT + b.to(tl.int64) * S_MAX + offs, tl.where(inside, w, 0.0), mask=offs < S_MAX)
+    w = tl.where(offs < rank, tl.maximum(acc * inv_count, FLOOR), 0.0)
+    if EVEN_S:
+        tl.store(OUT + b.to(tl.int64) * S_MAX + offs, w)
+    else:
+        tl.store(OUT + b.to(tl.int64) * S_MAX + offs, w, mask=offs < S_MAX)
+
+
+def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_R): the largest of 512/256/128 keys that divides S_max (no S mask),
+    else 256; BLOCK_R so that a tile is ~4096 elements (32 per thread at 4 warps)."""
+    block_s = next((bs for bs in (512, 256, 128) if s_max % bs == 0), 256)
+    block_r = min(4096 // block_s, max(1, _next_pow2(n_lines)))
+    return block_s, block_r
 
 
 def score_weights(
@@ -57,8 +79,8 @@ def score_weights(
     rank_len: Tensor,
     rows: Tensor | None = None,
     *,
-    block_s: int = 256,
-    block_r: int = 16,
+    block_s: int | None = None,
+    block_r: int | None = None,
 ) -> Tensor:
     """Triton launcher; same contract as `reference.score_weights` (API.md)."""
     B, R, Hq, S_max = scores.shape
@@ -69,16 +91,31 @@ def score_weights(
     one_row = rows is not None
     row_t = rows.to(device=scores.device, dtype=torch.int64).contiguous() if rows is not None else rank
     count = Hq if one_row else R * Hq
+    auto_s, auto_r = weights_blocks(S_max, count)
+    block_s = auto_s if block_s is None else block_s
+    block_r = auto_r if block_r is None else block_r
     _score_weights_kernel[(B, triton.cdiv(S_max, block_s))](
         scores, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max, 1.0 / count,
-        ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=4,
+        ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r,
+        EVEN_S=S_max % block_s == 0, num_warps=4,
     )
     return out
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
-    """[L, B, S] → [L, B, max(budget)] int32 via one batched torch.topk (see module docstring)."""
-    return reference.topk_select(weights, budget)
+    """[L, B, S] → [L, B, max(budget)] int32 via one batched torch.topk.
+
+    One host sync (K = max budget, as the reference). When every request has the same
+    budget the top-K need not be sorted (`sorted=False` skips a segmented sort of K entries
+    per row); otherwise the reference's sorted top-K keeps the first budget[b] per row.
+    """
+    L, B, _ = weights.shape
+    if B == 0:
+        return reference.topk_select(weights, budget)
+    lo, hi = (int(x) for x in torch.stack([budget.min(), budget.max()]).tolist())
+    if lo != hi or hi == 0:
+        return reference.topk_select(weights, budget)
+    return torch.topk(weights, hi, dim=-1, sorted=False).indices.to(torch.int32)
 
 
 def stream_indices(context: Tensor, budget: Tensor, sink: int) -> tuple[Tensor, Tensor]:

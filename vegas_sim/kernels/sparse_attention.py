@@ -5,7 +5,7 @@ the forced tail [tail_start[b], cache_lens[b]). Virtual position j < n_idx maps 
 j >= n_idx to tail_start + (j − n_idx). One program = (request, KV head, split of j); the G query
 heads of a KV head are packed into an M tile of 16 rows (tensor cores; the padding costs FLOPs,
 not bytes). Each gathered token moves D contiguous elements per KV head. Partials are merged by
-the same `_combine_kernel` as verify attention.
+the same `combine` as verify attention.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from vegas_sim.kernels.verify_attention import LOG2E, _combine_kernel, _next_pow2, interpreted, num_sms
+from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2, combine, interpreted, num_sms
 
 
 @triton.jit
@@ -135,8 +135,5 @@ def sparse_draft_attention(
         INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
         num_stages=num_stages,
     )
-    _combine_kernel[(B * Hkv,)](
-        out, lse, o_part, lse_part, Hq, Hkv, 1, splits,
-        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, num_warps=4,
-    )
+    combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits, BLOCK_M)
     return out

@@ -4,17 +4,34 @@ One program = one (request, KV head, KV split). All NQ·G query rows that share 
 (G = Hq/Hkv) are packed into one M tile (padded to >= 16) so that `tl.dot` runs on tensor
 cores and every K/V tile is read once per KV head — the kernel is bound by KV bytes.
 Splits write fp32 partials (output normalised by the split's own softmax sum, plus the
-split's log2-sum-exp); `_combine_kernel` merges them. With one split the main kernel writes
+split's log2-sum-exp); `_combine_kernel` merges them, one program per (request, KV head,
+packed row), so the merge is one load round trip. With one split the main kernel writes
 the final output directly.
 
 Score write-out (Collect-2-Query / collect-all): the raw q·k (fp32 accumulate → bf16) of the
-collected rows, -inf where masked, for every position in [0, S_max): keys beyond cache_lens
-are filled by the same programs after their main loop (a store-only pass).
+collected rows, -inf where masked, for every position in [0, S_max).
+- first_last: the 2·G collected rows (row 0 and row NQ−1 of each of the G heads) get their
+  own small dot against the K tile already loaded, [BLOCK_C = max(16, 2G), BLOCK_N], stored
+  as a dense tile. Storing the whole [BLOCK_M, BLOCK_N] accumulator with a row mask (run 2)
+  cost 30–80 % at NQ >= 8 on the H200: BLOCK_M/2G times the store instructions, and the
+  per-key mask `n < hi` (hi loaded at run time) stopped Triton from vectorising the stores.
+- Every split works on whole BLOCK_N tiles aligned to multiples of BLOCK_N, so the score
+  stores need no per-key mask (the tile past cache_lens is -inf by the causal mask); only
+  the S_max end needs one, and only when S_max is not a multiple of BLOCK_N (EVEN_S). Keys
+  from round_up(cache_lens, BLOCK_N) to S_max are filled with -inf by a store-only pass.
+  Allocate S_max as a multiple of 128 for the fast path.
+
+Launch config (`choose_config`): a table of configurations measured best on the H200
+(`TUNED`), else tile sizes by M and a split count from a wave model (`choose_splits`): the
+time of a launch is ~ ceil(programs / SMs) × keys per program, so 5 splits at B=4 (160
+programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave) — the 0.65 vs
+0.99 of copy that run 2 vs the run-1 sweep measured.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -36,7 +53,8 @@ def _verify_attention_kernel(
     S_MAX, HQ, HKV, NQ, SPLITS, R,
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, COLLECT: tl.constexpr, SINGLE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
+    SINGLE: tl.constexpr, EVEN_S: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -61,26 +79,33 @@ def _verify_attention_kernel(
     if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16; fp32 holds bf16 products exactly
         q = q.to(tl.float32)
 
-    # this split's key range [lo, hi), a whole number of BLOCK_N tiles
+    # Collect-2-Query rows c: c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G);
+    # R == 1 when NQ == 1, so rows c >= R*G are padding. Scores row start in [B, R, HQ, S_MAX].
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < R * G
+    r_c = offs_c // G
+    nq_c = tl.where(r_c == 0, 0, NQ - 1)
+    head_c = kvh * G + offs_c % G
+    limit_c = L - NQ + nq_c
+    c_row = ((b * R + r_c) * HQ + head_c).to(tl.int64) * S_MAX  # [BLOCK_C]
+    m_row = ((b * R + nq) * HQ + head).to(tl.int64) * S_MAX  # [BLOCK_M], collect "all" (R == NQ)
+    qc = tl.zeros([BLOCK_C, BLOCK_D], dtype=q.dtype)
+    if COLLECT == 1:
+        qc_off = ((b * NQ + nq_c) * HQ + head_c).to(tl.int64) * D
+        qc = tl.load(Q + qc_off[:, None] + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
+                     other=0.0).to(q.dtype)
+
+    # this split's key range [lo, hi): whole BLOCK_N tiles aligned to multiples of BLOCK_N
     chunk = tl.cdiv(tl.cdiv(L, SPLITS), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, L)
 
     kv_base = b.to(tl.int64) * stride_kb + kvh * D
-    if COLLECT == 1:
-        # first_last: rows 0 -> r 0, NQ-1 -> r 1 (R == 1 when NQ == 1)
-        r_idx = tl.where(nq == 0, 0, 1)
-        collected = row_ok & ((nq == 0) | (nq == NQ - 1))
-    else:
-        r_idx = nq
-        collected = row_ok
-    s_row = ((b * R + r_idx) * HQ + head).to(tl.int64) * S_MAX  # [BLOCK_M] scores row start
-
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        n = start + offs_n
+        n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
         n_ok = n < hi
         kv_off = kv_base + n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :]
         k = tl.load(K + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -88,12 +113,26 @@ def _verify_attention_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        visible = (n[None, :] <= limit[:, None]) & n_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        if COLLECT != 0:
-            tl.store(SCORES + s_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                     mask=collected[:, None] & n_ok[None, :])
+        kt = tl.trans(k)
+        s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
+        s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
+        if COLLECT == 1:
+            sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
+            sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
+            if EVEN_S:
+                tl.store(SCORES + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
+                         mask=c_ok[:, None])
+            else:
+                tl.store(SCORES + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
+                         mask=c_ok[:, None] & (n < S_MAX)[None, :])
+        if COLLECT == 2:
+            if EVEN_S:
+                tl.store(SCORES + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
+                         mask=row_ok[:, None])
+            else:
+                tl.store(SCORES + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
+                         mask=row_ok[:, None] & (n < S_MAX)[None, :])
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s * qk_scale2 - m_safe[:, None])
@@ -103,15 +142,27 @@ def _verify_attention_kernel(
         m_i = m_new
 
     if COLLECT != 0:
-        # -inf for keys [L, S_MAX): each split fills its share, store-only
-        fill = tl.cdiv(tl.cdiv(S_MAX - L, SPLITS), BLOCK_N) * BLOCK_N
-        f_lo = L + split * fill
+        # -inf for keys [round_up(L, BLOCK_N), S_MAX): each split fills its share, store-only
+        f0 = tl.cdiv(L, BLOCK_N) * BLOCK_N
+        fill = tl.cdiv(tl.cdiv(tl.maximum(S_MAX - f0, 0), SPLITS), BLOCK_N) * BLOCK_N
+        f_lo = f0 + split * fill
         f_hi = tl.minimum(f_lo + fill, S_MAX)
-        neg = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.bfloat16)
         for start in range(f_lo, f_hi, BLOCK_N):
-            n = start + offs_n
-            tl.store(SCORES + s_row[:, None] + n[None, :], neg,
-                     mask=collected[:, None] & (n < f_hi)[None, :])
+            n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
+            if COLLECT == 1:
+                neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.bfloat16)
+                if EVEN_S:
+                    tl.store(SCORES + c_row[:, None] + n[None, :], neg_c, mask=c_ok[:, None])
+                else:
+                    tl.store(SCORES + c_row[:, None] + n[None, :], neg_c,
+                             mask=c_ok[:, None] & (n < S_MAX)[None, :])
+            else:
+                neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.bfloat16)
+                if EVEN_S:
+                    tl.store(SCORES + m_row[:, None] + n[None, :], neg_m, mask=row_ok[:, None])
+                else:
+                    tl.store(SCORES + m_row[:, None] + n[None, :], neg_m,
+                             mask=row_ok[:, None] & (n < S_MAX)[None, :])
 
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
@@ -124,44 +175,55 @@ def _verify_attention_kernel(
         tl.store(LSE + (b * NQ + nq) * HQ + head, lse2 * 0.6931471805599453, mask=row_ok)
     else:
         part = (pid_bh * SPLITS + split).to(tl.int64) * BLOCK_M + offs_m  # [BLOCK_M]
-        tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], o)
-        tl.store(LSE_PART + part, lse2)
+        tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LSE_PART + part, lse2, mask=row_ok)
 
 
 @triton.jit
 def _combine_kernel(
     OUT, LSE, O_PART, LSE_PART, HQ, HKV, NQ, SPLITS,
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
-    """Merge the split partials of one (request, KV head): out = Σ_s 2^(lse_s − lse) o_s."""
+    """Merge the split partials of one (request, KV head, packed row m):
+    out = Σ_s 2^(lse_s − lse) o_s, all splits loaded at once ([BLOCK_S >= SPLITS, BLOCK_D])."""
     pid_bh = tl.program_id(0)
+    m = tl.program_id(1)
     b = pid_bh // HKV
     kvh = pid_bh % HKV
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_run = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for split in range(0, SPLITS):
-        part = (pid_bh * SPLITS + split).to(tl.int64) * BLOCK_M + offs_m
-        lse_s = tl.load(LSE_PART + part)
-        o_s = tl.load(O_PART + part[:, None] * BLOCK_D + offs_d[None, :])
-        m_new = tl.maximum(m_run, lse_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_run - m_safe)
-        w = tl.exp2(lse_s - m_safe)
-        l_run = l_run * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        m_run = m_new
-    nq = offs_m // G
-    head = kvh * G + offs_m % G
-    row_ok = offs_m < NQ * G
-    l_safe = tl.where(l_run > 0.0, l_run, 1.0)
+    s_ok = offs_s < SPLITS
+    part = (pid_bh * SPLITS + offs_s).to(tl.int64) * BLOCK_M + m  # [BLOCK_S]
+    lse_s = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse_s, 0)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp2(lse_s - top_safe)  # 0 for empty splits (lse -inf)
+    o_s = tl.load(O_PART + part[:, None] * BLOCK_D + offs_d[None, :],
+                  mask=(s_ok & (w > 0.0))[:, None], other=0.0)
+    l_sum = tl.sum(w, 0)
+    acc = tl.sum(w[:, None] * o_s, 0)  # [BLOCK_D]
+    l_safe = tl.where(l_sum > 0.0, l_sum, 1.0)
+    nq = m // G
+    head = kvh * G + m % G
     o_off = ((b * NQ + nq) * HQ + head).to(tl.int64) * D
-    tl.store(OUT + o_off[:, None] + offs_d[None, :], (acc / l_safe[:, None]).to(OUT.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d < D)[None, :])
-    lse = (m_run + tl.log2(l_safe)) * 0.6931471805599453
-    tl.store(LSE + (b * NQ + nq) * HQ + head, lse, mask=row_ok)
+    tl.store(OUT + o_off + offs_d, (acc / l_safe).to(OUT.dtype.element_ty), mask=offs_d < D)
+    lse = tl.where(l_sum > 0.0, (top_safe + tl.log2(l_safe)) * 0.6931471805599453,
+                   float("-inf"))
+    tl.store(LSE + (b * NQ + nq) * HQ + head, lse)
+
+
+def combine(out: Tensor, lse: Tensor, o_part: Tensor, lse_part: Tensor, n_q: int, hkv: int,
+            splits: int, block_m: int) -> None:
+    """Launch `_combine_kernel`: out [B, NQ, Hq, D] / lse [B, NQ, Hq] from the partials
+    ([B·Hkv·splits·BLOCK_M, BLOCK_D] and [B·Hkv·splits·BLOCK_M]) of the NQ·G valid rows."""
+    B, _, Hq, D = out.shape
+    G = Hq // hkv
+    _combine_kernel[(B * hkv, n_q * G)](
+        out, lse, o_part, lse_part, Hq, hkv, n_q, splits,
+        G=G, D=D, BLOCK_M=block_m, BLOCK_D=o_part.shape[1], BLOCK_S=max(2, _next_pow2(splits)),
+        num_warps=4 if splits * o_part.shape[1] >= 4096 else 2,
+    )
 
 
 def interpreted(t: Tensor) -> bool:
@@ -175,16 +237,81 @@ def num_sms(device: torch.device) -> int:
     return NUM_SMS_DEFAULT
 
 
-def choose_splits(batch: int, hkv: int, max_len: int, rows: int, n_sms: int,
-                  block_n: int) -> int:
-    """KV splits per (request, KV head): about one wave of programs over the SMs (measured on
-    the H200: 1 wave beat 2 and 4, benchmarks/KERNELS_NOTES.md), each split long enough
-    (>= 32 keys per packed row, >= 4 tiles) that the fp32 partials stay a few percent of the KV
-    bytes (partial bytes / KV bytes ≈ rows / keys per split)."""
-    want = max(1, math.ceil(n_sms / max(1, batch * hkv)))
-    min_keys = max(4 * block_n, 32 * rows)
-    most = max(1, max_len // min_keys)
-    return int(min(want, most))
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Launch configuration of `_verify_attention_kernel`."""
+
+    splits: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def label(self) -> str:
+        return f"s{self.splits} n{self.block_n} w{self.num_warps} st{self.num_stages}"
+
+
+# Measured best on the H200 (benchmarks/results/kernels_h200_run1.csv, kind=tune), keyed by
+# (SMs, B·Hkv, BLOCK_M, floor(log2(max_len))). `benchmarks/kernels.py --tune` prints entries
+# in this format; paste the ones that beat the heuristic here.
+TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
+    (132, 32, 32, 17): VerifyConfig(4, 128, 4, 3),  # B=4 C=128K NQ=8: 0.98 of copy (st4: 0.99)
+    (132, 128, 64, 15): VerifyConfig(6, 64, 4, 3),  # B=16 C=32K NQ=16: 0.96
+}
+
+# Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
+# 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
+# ≈ 1 µs, the combine launch ≈ 3 µs. Rough; they only break near-ties between split counts.
+PROGRAM_KEYS = 64
+COMBINE_KEYS = 192
+MAX_SPLITS = 128
+SPLIT_GAIN = 0.03
+
+
+def split_cost(n_heads: int, max_len: int, splits: int, block_n: int, n_sms: int) -> float:
+    """Relative time of a launch with `splits` splits: waves × (keys per program + fixed)."""
+    chunk = math.ceil(math.ceil(max_len / splits) / block_n) * block_n
+    used = math.ceil(max_len / chunk)  # splits that get keys (chunks are whole tiles)
+    waves = math.ceil(n_heads * used / n_sms)
+    return waves * (chunk + PROGRAM_KEYS) + (COMBINE_KEYS if used > 1 else 0)
+
+
+def choose_splits(n_heads: int, max_len: int, block_n: int, n_sms: int) -> int:
+    """Split count minimising `split_cost`; more splits must win by > SPLIT_GAIN (the model is
+    rough, and every split adds partials and scheduling noise). n_heads = B·Hkv programs per
+    split. Hkv 8, 132 SMs: B=1 → 16 (one wave of 128), B=3 → 11 (two full waves), B=4 → 4,
+    B=16 → 1."""
+    max_len = max(1, max_len)
+    best, best_cost = 1, math.inf
+    for s in range(1, MAX_SPLITS + 1):
+        cost = split_cost(n_heads, max_len, s, block_n, n_sms)
+        if cost < best_cost * (1.0 - SPLIT_GAIN):
+            best, best_cost = s, cost
+        if math.ceil(max_len / s) <= block_n:
+            break  # more splits only leave some empty
+    return best
+
+
+def tile_config(block_m: int) -> tuple[int, int, int]:
+    """(BLOCK_N, warps, stages) by M tile, from the H200 sweep: 128-key tiles and 4 warps for
+    M <= 32 (0.98–0.99 of copy at B=4 NQ=8), 64-key tiles for M = 64 (128 with 4 stages is out
+    of shared memory there), 32-key tiles and 8 warps for M = 128 (G = 8, not measured)."""
+    if block_m <= 32:
+        return 128, 4, 3
+    if block_m <= 64:
+        return 64, 4, 3
+    return 32, 8, 3
+
+
+def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
+                  n_sms: int) -> VerifyConfig:
+    """Launch config for one verify call: the `TUNED` entry for this shape, else heuristics."""
+    block_m = max(16, _next_pow2(n_q * group))
+    key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
+    if key in TUNED:
+        return TUNED[key]
+    block_n, warps, stages = tile_config(block_m)
+    return VerifyConfig(choose_splits(batch * hkv, max_len, block_n, n_sms), block_n, warps,
+                        stages)
 
 
 def _next_pow2(x: int) -> int:
@@ -207,29 +334,27 @@ def verify_attention(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
-    Keyword-only knobs (None = heuristics) exist for the benchmark; `max_len` (a host-side
-    bound on cache_lens, default S_max) sizes the split count without a device sync.
+    Keyword-only knobs (None = `choose_config`) exist for the benchmark; `max_len` (a
+    host-side bound on cache_lens, default S_max) sizes the split count without a device sync.
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     assert k_cache.stride(3) == 1 and k_cache.stride(2) == D and k_cache.stride() == v_cache.stride()
     q = q.contiguous()
-    rows = collect_row_ids(NQ, collect)
-    R = len(rows)
+    R = len(collect_row_ids(NQ, collect))
     BLOCK_M = max(16, _next_pow2(NQ * G))
     BLOCK_D = max(16, _next_pow2(D))
-    if block_n is None:
-        # H200 sweep: 128-key tiles for M <= 32, 64 for M = 64 (shared memory), 32 beyond
-        block_n = 128 if BLOCK_M <= 32 else (64 if BLOCK_M <= 64 else 32)
+    BLOCK_C = max(16, _next_pow2(2 * G))
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
+    auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device))
+    block_n = auto.block_n if block_n is None else block_n
     if splits is None:
-        splits = choose_splits(B, Hkv, max_len, NQ * G, num_sms(q.device), block_n)
-    if num_warps is None:
-        num_warps = 4 if BLOCK_M <= 64 else 8  # 4 beat 8 at M = 32 and 64 on the H200
-    if num_stages is None:
-        num_stages = 3
+        splits = (auto.splits if block_n == auto.block_n
+                  else choose_splits(B * Hkv, max_len, block_n, num_sms(q.device)))
+    num_warps = auto.num_warps if num_warps is None else num_warps
+    num_stages = auto.num_stages if num_stages is None else num_stages
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
     scores = (torch.empty(B, R, Hq, S_max, dtype=torch.bfloat16, device=q.device)
@@ -245,14 +370,11 @@ def verify_attention(
         scores if scores is not None else lse,  # dummy pointer when nothing is collected
         scale * LOG2E, S_max, Hq, Hkv, NQ, splits, max(R, 1),
         k_cache.stride(0), k_cache.stride(1),
-        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
-        COLLECT=COLLECT_CODE[collect], SINGLE=single, INPUT_PRECISION=precision,
-        UPCAST=interpreted(q),
+        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
+        COLLECT=COLLECT_CODE[collect], SINGLE=single, EVEN_S=S_max % block_n == 0,
+        INPUT_PRECISION=precision, UPCAST=interpreted(q),
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single:
-        _combine_kernel[(B * Hkv,)](
-            out, lse, o_part, lse_part, Hq, Hkv, NQ, splits,
-            G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, num_warps=4,
-        )
+        combine(out, lse, o_part, lse_part, NQ, Hkv, splits, BLOCK_M)
     return out, lse, scores

@@ -1,0 +1,126 @@
+"""Sampling and lossless acceptance (vegas_sim.calibrate.sampling)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from vegas_sim.calibrate.sampling import (
+    draw,
+    greedy_accept,
+    probs_from_logits,
+    rejection_accept,
+    sample,
+)
+from vegas_sim.errors import UserInputError
+
+P_MIN = 1e-3  # seeded draws: a correct sampler passes deterministically; a wrong one fails hard
+
+
+def _chi2_p(tokens: torch.Tensor, expected: np.ndarray) -> float:
+    """Chi-square p-value of token counts against probabilities `expected` [V]."""
+    n = tokens.numel()
+    counts = np.bincount(tokens.numpy(), minlength=expected.size).astype(float)
+    expected = np.asarray(expected, dtype=np.float64)
+    exp = expected / expected.sum() * n
+    keep = exp >= 5  # merge thin cells so the chi-square approximation holds
+    obs = np.append(counts[keep], counts[~keep].sum())
+    ex = np.append(exp[keep], exp[~keep].sum())
+    if ex[-1] == 0:
+        assert obs[-1] == 0, "tokens drawn where the target has no mass"
+        obs, ex = obs[:-1], ex[:-1]
+    return float(stats.chisquare(obs, ex * obs.sum() / ex.sum()).pvalue)
+
+
+def test_greedy_probs_are_one_hot_argmax() -> None:
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
+    p = probs_from_logits(logits, 0.0)
+    assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+    assert torch.equal(sample(logits, 0.0), torch.tensor([1, 0]))
+
+
+def test_top_k_and_top_p_filter() -> None:
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    assert torch.allclose(probs_from_logits(logits, 1.0), torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    k2 = probs_from_logits(logits, 1.0, top_k=2)
+    assert torch.allclose(k2, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
+    # top_p = 0.65: 0.4 alone < 0.65, 0.4 + 0.3 reaches it -> keep the first two
+    p65 = probs_from_logits(logits, 1.0, top_p=0.65)
+    assert torch.allclose(p65, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
+    p70 = probs_from_logits(logits, 1.0, top_p=0.7 + 1e-6)
+    assert (p70 > 0).sum() == 3
+    hot = probs_from_logits(logits, 0.5)  # temperature sharpens: p ∝ p0^2
+    assert torch.allclose(hot, torch.tensor([16, 9, 4, 1]) / 30.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1)])
+def test_bad_sampling_args_raise(kw: dict[str, float]) -> None:
+    args = dict(temperature=1.0, top_p=1.0, top_k=0) | kw
+    with pytest.raises(UserInputError):
+        probs_from_logits(torch.zeros(4), args["temperature"], args["top_p"], int(args["top_k"]))
+
+
+def test_draw_matches_distribution_and_skips_zero_mass() -> None:
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
+    tokens = draw(p.expand(20000, -1), gen)
+    assert not torch.isin(tokens, torch.tensor([1, 4])).any()
+    assert _chi2_p(tokens, p.numpy()) > P_MIN
+
+
+def test_greedy_accept_counts_leading_matches() -> None:
+    target = torch.tensor([[3, 1, 2, 5], [0, 0, 0, 7], [4, 4, 4, 4]])  # argmax per row
+    logits = torch.nn.functional.one_hot(target, 8).float()
+    drafts = torch.tensor([[3, 9, 2], [0, 0, 0], [1, 4, 4]])
+    a, nxt, prob = greedy_accept(drafts, logits)
+    assert a.tolist() == [1, 3, 0]
+    assert nxt.tolist() == [1, 7, 4]  # correction, bonus, correction
+    assert prob.tolist() == [[1, 0, 1], [1, 1, 1], [0, 1, 1]]
+
+
+def _random_dists(gen: torch.Generator, rows: int, vocab: int) -> torch.Tensor:
+    return torch.softmax(2.0 * torch.randn(rows, vocab, generator=gen), dim=-1)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_rejection_sampler_first_token_follows_target(gamma: int) -> None:
+    """Draw drafts from q, accept/resample: the first emitted token must follow p_0."""
+    vocab, n = 6, 20000
+    gen = torch.Generator().manual_seed(1 + gamma)
+    q1 = _random_dists(gen, gamma, vocab)  # [γ, V] one q per position, shared by all rows
+    p1 = _random_dists(gen, gamma + 1, vocab)  # [γ+1, V]
+    q = q1.expand(n, -1, -1).contiguous()
+    p = p1.expand(n, -1, -1).contiguous()
+    drafts = draw(q, gen)  # [n, γ]
+    a, nxt, prob = rejection_accept(drafts, q, p, gen)
+    first = torch.where(a > 0, drafts[:, 0], nxt)
+    assert _chi2_p(first, p1[0].numpy()) > P_MIN
+    expected = torch.clamp(p1[:gamma].gather(1, drafts.T).T / q1.gather(1, drafts.T).T, max=1)
+    assert torch.allclose(prob, expected)
+    assert 0 < a.float().mean() < gamma  # both outcomes exercised
+    # A rejection at position 0 must follow normalise(max(p0 - q0, 0)).
+    resid = (p1[0] - q1[0]).clamp_min(0)
+    assert _chi2_p(nxt[a == 0], (resid / resid.sum()).numpy()) > P_MIN
+
+
+def test_rejection_sampler_second_token_given_acceptance() -> None:
+    """Conditioned on the first draft being accepted, the second token follows p_1."""
+    vocab, n, gamma = 5, 40000, 2
+    gen = torch.Generator().manual_seed(7)
+    q1, p1 = _random_dists(gen, gamma, vocab), _random_dists(gen, gamma + 1, vocab)
+    q, p = q1.expand(n, -1, -1).contiguous(), p1.expand(n, -1, -1).contiguous()
+    drafts = draw(q, gen)
+    a, nxt, _ = rejection_accept(drafts, q, p, gen)
+    sel = a >= 1
+    second = torch.where(a[sel] > 1, drafts[sel, 1], nxt[sel])
+    assert _chi2_p(second, p1[1].numpy()) > P_MIN
+
+
+def test_identical_draft_and_target_accept_everything() -> None:
+    gen = torch.Generator().manual_seed(3)
+    q = _random_dists(gen, 3, 7)[None].expand(500, -1, -1).contiguous()
+    p = torch.cat([q, q[:, :1]], dim=1)
+    a, _, prob = rejection_accept(draw(q, gen), q, p, gen)
+    assert (a == 3).all() and torch.allclose(prob, torch.ones_like(prob))

@@ -1,0 +1,115 @@
+"""Launch-config choice of verify attention and the fast paths added for the H200 targets.
+
+The config tests pin the behaviour that the H200 measurements asked for (one full wave of
+programs, BLOCK_N by M tile, the measured table); the kernel tests run the fast paths (S_max a
+multiple of BLOCK_N: unmasked score stores; Collect-2-Query's separate dot for G = 1..8; many
+splits with empty ones; scores past cache_lens filled by every split) against the reference.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+from tests.kernels.test_attention import OUT_TOL, check_scores, make_kv, rel_err
+from tests.kernels.test_selection import check_topk
+from vegas_sim.kernels import reference
+
+
+@pytest.fixture
+def va(use_triton: None):  # type: ignore[no-untyped-def]
+    from vegas_sim.kernels import verify_attention
+
+    return verify_attention
+
+
+def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-def]
+    # Hkv 8 on 132 SMs: B=4 -> 4 splits (128 programs); 5 would need 2 waves (run 2's 0.65)
+    assert va.choose_splits(32, 131072, 128, 132) == 4
+    assert va.split_cost(32, 131072, 5, 128, 132) > 1.5 * va.split_cost(32, 131072, 4, 128, 132)
+    assert va.choose_splits(8, 32768, 128, 132) == 16  # B=1: 128 programs
+    assert va.choose_splits(128, 131072, 64, 132) == 1  # B=16
+    assert va.choose_splits(24, 131072, 128, 132) == 11  # B=3: two full waves of 132
+    assert va.choose_splits(8, 100, 128, 132) == 1  # shorter than one tile
+
+
+def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
+    assert va.choose_config(4, 8, 8, 4, 131072, 132) == va.VerifyConfig(4, 128, 4, 3)
+    assert va.choose_config(16, 8, 16, 4, 32768, 132) == va.VerifyConfig(6, 64, 4, 3)
+    for nq in range(1, 17):
+        for group in (1, 2, 4, 8):
+            cfg = va.choose_config(2, 32 // group, nq, group, 65536, 132)
+            block_m = max(16, 1 << (nq * group - 1).bit_length())
+            # 128-key tiles with 4 stages at M >= 64 are out of shared memory on the H200
+            assert not (block_m >= 64 and cfg.block_n == 128 and cfg.num_stages >= 4)
+            assert cfg.block_n == (128 if block_m <= 32 else 64 if block_m <= 64 else 32)
+            assert 1 <= cfg.splits <= va.MAX_SPLITS
+
+
+FAST_CASES = [
+    # B, NQ, Hq, Hkv, D, S_max, lens, collect, splits, block_n
+    (2, 8, 8, 1, 32, 128, [128, 77], "first_last", 3, 32),  # G = 8: 2G = 16 dense rows
+    (2, 5, 8, 4, 16, 192, [100, 6], "first_last", 7, 16),  # G = 2, empty splits, long fill
+    (1, 1, 4, 1, 16, 64, [17], "first_last", 5, 16),  # NQ = 1: R = 1, G = 4
+    (2, 3, 4, 4, 16, 96, [96, 40], "all", 2, 32),  # G = 1, S_max % BLOCK_N == 0
+    (1, 16, 8, 2, 16, 64, [64], "first_last", 4, 16),  # M = 64, every key in use
+    (2, 6, 4, 2, 16, 100, [90, 30], "first_last", 3, 32),  # S_max % BLOCK_N != 0 (masked)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", FAST_CASES)
+def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, device: str, va,  # type: ignore[no-untyped-def]
+                                           poison: None) -> None:
+    B, NQ, Hq, Hkv, D, S, lens, collect, splits, block_n = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    out, lse, scores = va.verify_attention(q, k, v, cl, D ** -0.5, collect, splits=splits,
+                                           block_n=block_n)
+    r_out, r_lse, r_scores = reference.verify_attention(q, k, v, cl, D ** -0.5, collect)
+    assert rel_err(out, r_out) < OUT_TOL[dtype]
+    assert (lse - r_lse).abs().max() < 1e-4 * max(1.0, float(r_lse.abs().max()))
+    check_scores(scores, r_scores)
+
+
+def test_weights_blocks_avoid_masks(use_triton: None) -> None:
+    from vegas_sim.kernels import selection
+
+    assert selection.weights_blocks(131072 + 128, 64) == (128, 32)
+    assert selection.weights_blocks(131072, 64) == (512, 8)
+    assert selection.weights_blocks(300, 64) == (256, 16)  # masked fallback
+    assert selection.weights_blocks(512, 2) == (512, 2)
+
+
+@pytest.mark.parametrize("S", [256, 384])
+def test_score_weights_unmasked_path(S: int, device: str, use_triton: None, poison: None) -> None:
+    """S_max a multiple of BLOCK_S (no key mask), rank_len far below S_max (blocks skipped)."""
+    from vegas_sim.kernels import selection
+
+    gen = torch.Generator().manual_seed(S)
+    B, R, Hq = 2, 2, 4
+    scores = (torch.randn(B, R, Hq, S, generator=gen) * 4).bfloat16()
+    scores[1, :, :, 100:] = float("-inf")
+    lse = torch.logsumexp(scores.float() * 0.25, -1)
+    rank = torch.tensor([S - 3, 60], dtype=torch.int32)
+    args = (scores.to(device), lse.to(device), 0.25, rank.to(device))
+    got = selection.score_weights(*args, block_s=128)
+    ref = reference.score_weights(scores, lse, 0.25, rank)
+    assert torch.allclose(got.cpu(), ref, rtol=1e-5, atol=1e-9)
+    assert (got[1, 60:] == 0).all()
+
+
+def test_topk_select_equal_budgets(device: str, use_triton: None) -> None:
+    from vegas_sim.kernels import ops
+
+    gen = torch.Generator().manual_seed(9)
+    w = torch.rand(4, 3, 700, generator=gen)
+    w[:, :, 650:] = 0
+    budget = torch.full((3,), math.ceil(0.07 * 650), dtype=torch.int32)
+    idx = ops.topk_select(w.to(device), budget.to(device))
+    check_topk(idx.cpu(), w, budget)
