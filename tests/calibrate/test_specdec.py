@@ -23,7 +23,7 @@ from vegas_sim.methods import SPEC_METHODS
 
 from .conftest import tiny_model
 
-MAX_NEW = 16
+MAX_NEW = 14
 
 
 # ---------------------------------------------------------------- losslessness on SmolLM2
@@ -67,9 +67,15 @@ def _check_records(res: GenerationResult, gamma: int, prompts: list[torch.Tensor
         assert all(r.emitted == r.accepted + 1 for r in recs[:-1])
 
 
+# Every method, γ ∈ {1, 4, 7} spread over them (the full product costs ~2 min on 2 cores).
+LOSSLESS_CASES = [
+    ("magicdec-stream", 1), ("magicdec-stream", 7), ("magicdec-quest", 4),
+    ("specextend", 1), ("specextend", 7), ("vegas", 4), ("vegas", 7), ("vegas-all", 4),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", SPEC_METHODS)
-@pytest.mark.parametrize("gamma", [1, 4, 7])
+@pytest.mark.parametrize("method,gamma", LOSSLESS_CASES)
 def test_greedy_lossless_on_smollm2(smollm2: Any, smol_prompts: list[torch.Tensor],
                                     vanilla_tokens: list[list[int]], method: str,
                                     gamma: int) -> None:

@@ -523,7 +523,8 @@ def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
 
 def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
                    ) -> list[dict[str, Any]]:
-    """draft_step (+ quest_meta) rows of one drafting kernel path at every planned sparsity.
+    """draft_step (+ quest_meta) rows of one drafting kernel path at every planned sparsity
+    (once per distinct kv_read: rows have no sparsity column, only the budget it implies).
 
     One state serves all sparsities: the budget is recomputed per draft (stream, quest) or by
     re-selecting from the state's (random) collected weights (selected-keys path). Stream and
@@ -539,7 +540,16 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     B, C = ctx.batch, ctx.context
     contexts = np.full(B, C, dtype=np.int64)
     rows: list[dict[str, Any]] = []
+    seen: set[tuple[int, ...]] = set()
+    quest_pool: dict[int, list[float]] = {j: [] for j in range(1, gamma + 1)}
     for s in ctx.plan.sparsity:
+        # Sparsities whose budgets coincide here (the min_tokens floor at short contexts) give
+        # the same kv_read: measure such a draft once.
+        kv_key = tuple(int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
+                       for m in methods_here for j in range(1, gamma + 1))
+        if kv_key in seen:
+            continue
+        seen.add(kv_key)
         dec = _decoder(ctx, path, gamma, s, timer)
         if path == "vegas":
             dec.select(state)  # this sparsity's budget from the same collected weights
@@ -549,13 +559,18 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
             body = functools.partial(_draft_and_rollback, dec, state)
         its = _timed(ctx, timer, body, "other")
         steps, quest = draft_samples(its, gamma)
-        for m in methods_here:
-            for j in range(1, gamma + 1):
+        for j in range(1, gamma + 1):
+            quest_pool[j].extend(quest[j - 1])
+            for m in methods_here:
                 kv = int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
                 rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
-                if m == "magicdec-quest" and quest[j - 1]:
-                    pages = (C + j) // QUEST_PAGE + 1
-                    rows.append(latency_row("quest_meta", m, B, C, 1, pages, 0, quest[j - 1]))
+    # quest_meta's quantity (pages scored) does not depend on the sparsity: one row per step
+    # with the samples of every sparsity pooled.
+    for j in range(1, gamma + 1):
+        if quest_pool[j]:
+            pages = (C + j) // QUEST_PAGE + 1
+            rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0,
+                                    quest_pool[j]))
     return rows
 
 

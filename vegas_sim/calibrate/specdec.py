@@ -288,10 +288,13 @@ class SpecDecoder:
 
     # ---- synthetic state (latency grid) ---------------------------------------------------
     def init_state(self, batch: int, context: int, max_seq: int, *, seed: int = 0,
-                   replay: AcceptanceReplay | None = None) -> BatchState:
+                   replay: AcceptanceReplay | None = None,
+                   max_new_tokens: int | None = None) -> BatchState:
         """A state at verified context `context` for every request, with random K/V and no
         prefill: the drafts' selection is made from random weights (vegas types), Quest
-        metadata from the random keys. Context stays fixed across iterations."""
+        metadata from the random keys. Context stays fixed across iterations — unless
+        `max_new_tokens` is given: then the state evolves like a real one (contexts grow,
+        tokens are emitted, requests finish), which `validate` uses at 128K contexts."""
         c = self.config
         if context < 1 or max_seq < context + 2 * max(c.gamma, 1) + 2:
             raise UserInputError(
@@ -299,7 +302,8 @@ class SpecDecoder:
                 fix=f"use max_seq >= context + 2*gamma + 2 = {context + 2 * max(c.gamma, 1) + 2}")
         gen = torch.Generator(self.device).manual_seed(seed)
         state = self._new_state(batch, max_seq)
-        state.synthetic, state.replay, state.generator = True, replay, gen
+        state.synthetic, state.replay, state.generator = max_new_tokens is None, replay, gen
+        state.max_new_tokens = max_new_tokens or 0
         ctx = np.full(batch, context, dtype=np.int64)
         state.cache.fill_random(self._dev(ctx), gen)
         self._set_context(state, ctx)
