@@ -178,7 +178,9 @@ def test_rows_match_iteration_plan_and_resume(tmp_path: Path, tiny_net: Any) -> 
     second = log["sessions"][-1]
     assert [p["key"] for p in second["points"]] == _plan_keys(plan)[2:]  # nothing redone
     assert log["total_gpu_seconds"] >= first[0]["wall_s"]
-    assert second["step_overhead"]["context"] == 32 and not second["step_overhead"]["cuda_graphs"]
+    overhead = second["step_overhead"]
+    assert overhead["context"] == 32 and not overhead["cuda_graphs"]
+    assert overhead["draft_step"]["eager_step_wall_ms"] > 0  # the Vegas draft step too
 
     ts = load_trace_set(out)
     assert ts.weights_kind == "random" and ts.acceptance.empty
@@ -279,3 +281,29 @@ def test_tiny_real_calibration_smollm2(tmp_path: Path, smollm2: Any) -> None:
     log = json.loads((out / "run_log.json").read_text())
     assert log["acceptance_summary"][0]["workload"] == "chat"
     assert 1.0 <= log["acceptance_summary"][0]["acceptance_length"] <= 3.0
+
+
+def test_plan_from_cli_options() -> None:
+    plan = grid.plan_from_options(
+        "smollm2-135m", weights="real", methods="vegas,magicdec-stream", gamma="2..12:2",
+        sparsity="1%,7%", batch="1..8:x2", context="1K..8K:x2", workload="chat,code",
+        temperature="0,0.6", iterations=5, device="cpu")
+    assert plan.methods == ("vegas", "magicdec-stream") and plan.gamma == (2, 4, 6, 8, 10, 12)
+    assert plan.sparsity == (0.01, 0.07) and plan.batch == (1, 2, 4, 8)
+    assert plan.context == (1024, 2048, 4096, 8192) and plan.workloads == ("chat", "code")
+    assert plan.temperatures == (0.0, 0.6) and plan.iterations == 5 and not plan.quick
+    assert grid.plan_from_options("qwen3-8b", quick=True).quick
+    with pytest.raises(UserInputError) as ei:
+        grid.plan_from_options("qwen3-8b", gamma="2..16")
+    assert ei.value.where == "--gamma"
+
+
+def test_contexts_beyond_the_model_are_dropped(tmp_path: Path, tiny_net: Any) -> None:
+    lines: list[str] = []
+    plan = tiny_plan(methods=("vanilla",), batch=(1,), context=(64, 256, 512))
+    run_calibration(plan, tmp_path / "ts", model=(tiny_net, RANDOM_META), log_fn=lines.append)
+    assert any("[512]" in x and "not measured" in x for x in lines)
+    lat = load_trace_set(tmp_path / "ts").latency
+    # 256 = max_positions: measured just below it, so that γ = 2 drafts + verify still fit
+    assert grid.effective_context(plan, tiny_net.spec, 256) == 256 - 2 * 2 - 2
+    assert sorted(set(lat["context"])) == [64, 250]

@@ -8,12 +8,14 @@
    method, batch, context, n_query, kv_read per request, collect_rows), so the latency model is
    fitted on the numbers it is later evaluated at:
 
-   - ``decode`` and ``sample`` of vanilla: the runtime's dense single-token forward (n_query 1,
-     kv_read C+1) and `sampling.sample` over its logits;
+   - ``decode`` and ``sample`` of vanilla: `SpecDecoder.decode` (dense single-token forward,
+     n_query 1, kv_read C+1, then sampling);
    - ``draft_step`` (and ``quest_meta`` for Quest) for each drafting *kernel path* × sparsity:
      StreamingLLM, Quest, and "selected keys" (shared by vegas, vegas-all and specextend, which
      run the same draft kernel on the same budget — the rows are written once per method);
-     one row per draft step of γ = `DRAFT_GAMMA` with that step's kv_read;
+     one row per draft step of γ = `DRAFT_GAMMA` with that step's kv_read, sparsities whose
+     budgets coincide at this C measured once; quest_meta pooled over sparsities (its quantity,
+     pages scored, does not depend on them);
    - ``verify`` for each n_query = γ+1 of the plan and each score-collection setting its
      methods use (0 rows: magicdec; 2: vegas; all: vegas-all / specextend; 0 is always
      measured as the baseline for the collection overhead), at the reference sparsity;
@@ -28,9 +30,9 @@
    point of a 128K model is measured at 131072 − 32 and its rows say so).
 
 2. **Acceptance runs** (real weights only): for each method × sparsity × temperature × workload,
-   `SpecDecoder.generate` at the largest γ of the plan (the simulator truncates to smaller γ)
-   over the workload's prompts, batched; one row per (request, iteration) for the first
-   `iterations` iterations. Random weights: no acceptance rows, and meta.json says why.
+   SpecDecoder's own loop (`prefill_state`, then `step` exactly `iterations` times) at the
+   largest γ of the plan (the simulator truncates to smaller γ) over the workload's prompts,
+   in batches; one row per (request, iteration). Random weights: no acceptance rows, and meta.json says why.
 
 3. **meta.json / run_log.json.** Model spec + weights id/sha256, the GPU measured in the same
    run (copy bandwidth, matmul rate), software, date, grid, workloads, seeds; `finalize` adds
@@ -43,10 +45,14 @@ run interrupted at any moment resumes where it stopped (done keys are skipped). 
 cannot fit (estimate from `hardware.fits_in_memory`) is marked ``skip``; a point that runs out of
 memory anyway is marked ``oom`` after freeing the allocator's cache, and the run continues.
 
-Expected time (H200, Qwen3-8B random weights, `default_plan`): about 49 (B, C) points of the
-8 × 8 grid fit; each costs ≈ 1400 step-equivalents of ~4–5 ms ≈ 6 s, plus the acceptance-free
-meta measurements ≈ 5–6 GPU-minutes in all. `quick_plan` (3 contexts × 3 batches, 2 sparsities,
-n_query {1, 4, 8}) finishes in well under 2 minutes.
+Expected time (one H200, Qwen3-8B random weights, `default_plan`): 49 of the 64 (B, C) points
+fit (B·C up to ~512K tokens; the rest are skipped in milliseconds by the memory estimate).
+Measured on 2026-11-29 with eager (no CUDA graph) draft/verify steps, which are CPU-launch
+bound at ~35 ms a step: 40 points in 515 s before coinciding budgets were deduplicated, so
+≈ 8 GPU-minutes for the whole grid now; once the decoder replays CUDA graphs (~8 ms a step at
+B=1; measured by `measure_step_overhead`: dense 8.1 ms graphed vs 32.5 ms eager, Vegas draft
+step 8.4 vs 35.1 ms) ≈ 3 minutes. `quick_plan` (9 points) took 61 s including model setup and
+the hardware measurements.
 """
 
 from __future__ import annotations
@@ -233,6 +239,42 @@ def default_plan(model: str, *, device: str = "cuda", weights: str = "random",
     return CalibrationPlan(**base)
 
 
+def plan_from_options(
+    model: str, *, weights: str = "random", methods: str | None = None,
+    gamma: str | None = None, sparsity: str | None = None, batch: str | None = None,
+    context: str | None = None, n_query: str | None = None, workload: str | None = None,
+    iterations: int | None = None, temperature: str | None = None, device: str = "cuda",
+    seed: int = 0, quick: bool = False,
+) -> CalibrationPlan:
+    """A plan from CLI option strings (grid syntax of `gridspec`); unset options keep the
+    preset's value: `quick_plan` with quick=True, else `default_plan`."""
+    from vegas_sim.calibrate import gridspec as g
+
+    over: dict[str, Any] = {"seed": seed}
+    if methods is not None:
+        over["methods"] = tuple(g.parse_name_list(methods, "--methods", METHODS))
+    if gamma is not None:
+        over["gamma"] = tuple(g.parse_int_grid(gamma, "--gamma", maximum=MAX_N_QUERY - 1))
+    if sparsity is not None:
+        over["sparsity"] = tuple(g.parse_sparsity_grid(sparsity))
+    if batch is not None:
+        over["batch"] = tuple(g.parse_int_grid(batch, "--batch"))
+    if context is not None:
+        over["context"] = tuple(g.parse_int_grid(context, "--context"))
+    if n_query is not None:
+        over["n_query"] = tuple(g.parse_int_grid(n_query, "--n-query", maximum=MAX_N_QUERY))
+    if workload is not None:
+        from vegas_sim.calibrate.workloads import WORKLOADS
+
+        over["workloads"] = tuple(g.parse_name_list(workload, "--workload", WORKLOADS))
+    if iterations is not None:
+        over["iterations"] = iterations
+    if temperature is not None:
+        over["temperatures"] = tuple(g.parse_temperature_grid(temperature))
+    make = quick_plan if quick else default_plan
+    return make(model, device=device, weights=weights, **over)
+
+
 # ============================================================================ grid points
 @dataclass(frozen=True)
 class LatencyPoint:
@@ -347,7 +389,9 @@ def latency_temperature(plan: CalibrationPlan) -> float:
 
 def measure_step_overhead(model: Any, context: int, *, steps: int = 20,
                           seed: int = 0) -> dict[str, Any]:
-    """Per-step CPU overhead of a single-token (batch 1) forward at `context`.
+    """Per-step CPU overhead of single-token (batch 1) steps at `context`: the dense decode
+    step (top level of the dict, DenseAttention) and a Vegas draft step (key 'draft_step':
+    sparse attention over the selected keys of a synthetic state).
 
     CUDA: wall time of an eager step minus wall time of the same step replayed from a CUDA graph
     (runtime.GraphedForward), plus the eager step's GPU time (CUDA events) for reference. CPU:
@@ -361,14 +405,37 @@ def measure_step_overhead(model: Any, context: int, *, steps: int = 20,
     lens = torch.full((1,), context, dtype=torch.int32, device=device)
     cache.fill_random(lens, generator=gen)
     tok = _random_tokens(1, 1, model.spec.vocab, device, gen)
-    policy = DenseAttention()
+    out = {"context": context, "batch": 1,
+           **_step_overhead(model, cache, DenseAttention(), lens, tok, steps)}
+    del cache
+    try:
+        dec = _overhead_decoder(model, "vegas")
+        state = dec.init_state(1, context, context + 4, seed=seed)
+        out["draft_step"] = _step_overhead(model, state.cache, state.draft_policy,
+                                           state.context.clone(), tok, steps)
+    except Exception as e:  # noqa: BLE001 - a report, not a measurement the set depends on
+        out["draft_step"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    return out
+
+
+def _overhead_decoder(model: Any, method: str) -> Any:
+    """A default-config SpecDecoder of `method` with γ = 1 (overhead measurements)."""
+    from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
+
+    return SpecDecoder(model, SpecConfig(method=method, gamma=1))
+
+
+def _step_overhead(model: Any, cache: Any, policy: Any, lens: torch.Tensor, tok: torch.Tensor,
+                   steps: int) -> dict[str, Any]:
+    """Eager vs graph-replayed wall ms of one forward of `tok` with `policy` (see above)."""
+    device = model.device
 
     def eager() -> None:
         model.forward(tok, cache, policy, last_only=True)
         cache.rollback(lens)
 
     eager_wall = _wall_ms(eager, device, steps)
-    out: dict[str, Any] = {"context": context, "batch": 1, "eager_step_wall_ms": eager_wall}
+    out: dict[str, Any] = {"eager_step_wall_ms": eager_wall}
     if device.type != "cuda":
         out["cuda_graphs"] = False
         out["note"] = "CPU: steps are synchronous; no CUDA graphs, no launch overhead to measure"
@@ -906,8 +973,13 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     recorded = writer.progress()
     done = {k for k, r in recorded.items()
             if not (retry_failed and r.get("status") in ("skip", "oom"))}
-    points: list[LatencyPoint | AcceptancePoint] = [*latency_points(plan),
-                                                    *acceptance_points(plan)]
+    lat_points = latency_points(plan)
+    usable = [p for p in lat_points if p.context <= spec.max_positions]
+    too_long = sorted({p.context for p in lat_points} - {p.context for p in usable})
+    if too_long:
+        say(f"contexts {too_long} exceed {spec.name}'s {spec.max_positions} positions: "
+            "not measured")
+    points: list[LatencyPoint | AcceptancePoint] = [*usable, *acceptance_points(plan)]
     total = len(points)
     n_done = sum(p.key in done for p in points)
     session = Session()
