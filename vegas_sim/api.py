@@ -41,7 +41,7 @@ def load_models(
     model: str, traces: Path | None = None, gpu: str | None = None
 ) -> tuple[LatencyModel, AcceptanceModel, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used."""
-    from vegas_sim.traces import catalog
+    import vegas_sim.traces.catalog as catalog
 
     latency_set, acceptance_set, notes = catalog.resolve(model, traces)
     latency = fit_latency(latency_set)

@@ -212,7 +212,7 @@ def traces_list() -> None:
 
         vegas-sim traces list
     """
-    from vegas_sim.traces import catalog
+    import vegas_sim.traces.catalog as catalog
 
     sets = catalog.packaged_sets()
     if not sets:

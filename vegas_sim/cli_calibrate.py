@@ -5,6 +5,8 @@ Registered on the group in cli.py; torch is imported only inside the commands.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -13,27 +15,6 @@ import click
 from vegas_sim.calibrate import gridspec
 from vegas_sim.cli import progress_bar, user_errors
 from vegas_sim.methods import METHODS
-
-
-def _plan_overrides(opts: dict[str, Any]) -> dict[str, Any]:
-    """Only the grid options the user gave; the rest come from the quick/default plan."""
-    parsers = {
-        "methods": lambda t: tuple(gridspec.parse_name_list(t, "--methods", METHODS)),
-        "gamma": lambda t: tuple(gridspec.parse_int_grid(t, "--gamma")),
-        "sparsity": lambda t: tuple(gridspec.parse_sparsity_grid(t, "--sparsity")),
-        "batch": lambda t: tuple(gridspec.parse_int_grid(t, "--batch")),
-        "context": lambda t: tuple(gridspec.parse_int_grid(t, "--context")),
-        "n_query": lambda t: tuple(gridspec.parse_int_grid(t, "--n-query")),
-        "workloads": lambda t: tuple(gridspec.parse_name_list(t, "--workload")),
-        "temperatures": lambda t: tuple(gridspec.parse_temperature_grid(t, "--temperature")),
-    }
-    out: dict[str, Any] = {}
-    for key, parse in parsers.items():
-        if opts.get(key) is not None:
-            out[key] = parse(opts[key])
-    if opts.get("iterations") is not None:
-        out["iterations"] = opts["iterations"]
-    return out
 
 
 @click.command()
@@ -49,20 +30,28 @@ def _plan_overrides(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--batch", default=None, help="Batch-size grid, e.g. '1,4,16' or '1..128:x2'.")
 @click.option("--context", default=None, help="Context grid, e.g. '1K..128K:x2'.")
 @click.option("--n-query", default=None, help="Verify query rows grid, e.g. '1,4,8,16'.")
-@click.option("--workload", "workloads", default=None,
+@click.option("--workload", default=None,
               help="Acceptance workloads: reasoning, code, chat, longdoc (real weights).")
 @click.option("--iterations", type=int, default=None,
               help="Spec-decode iterations per acceptance run.")
-@click.option("--temperature", "temperatures", default=None,
+@click.option("--temperature", default=None,
               help="Temperatures for acceptance runs, e.g. '0,0.6' (0 = greedy).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
 @click.option("--quick", is_flag=True, help="A small grid that finishes in < 2 min on an H200.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--min-tokens", type=int, default=None,
+              help="Budget floor (default 256). A small-context model needs a lower floor "
+                   "for sparsity to matter (e.g. 32 for SmolLM2's 8K).")
+@click.option("--latency/--no-latency", default=True, show_default=True,
+              help="Measure the latency grid.")
+@click.option("--acceptance/--no-acceptance", default=True, show_default=True,
+              help="Run the acceptance grid (real weights only).")
 @click.option("--retry-failed", is_flag=True, help="Redo points an earlier run skipped (OOM).")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
-              retry_failed: bool, out: Path, **grid: Any) -> None:
+              min_tokens: int | None, latency: bool, acceptance: bool, retry_failed: bool,
+              out: Path, **grid: Any) -> None:
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
 
@@ -84,9 +73,12 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
     with user_errors():
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
-        make = grid_runner.quick_plan if quick else grid_runner.default_plan
-        plan = make(model, device=device, weights=weights, seed=seed,
-                    **_plan_overrides(grid))
+        plan = grid_runner.plan_from_options(model, weights=weights, device=device, seed=seed,
+                                             quick=quick, **grid)
+        extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance}
+        if min_tokens is not None:
+            extra["min_tokens"] = min_tokens
+        plan = dataclasses.replace(plan, **extra)
         grid_runner.validate_plan(plan)
         with progress_bar("calibrating") as bar:
             task = bar.add_task("calibrate", total=None)
