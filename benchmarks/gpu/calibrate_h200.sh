@@ -26,5 +26,5 @@ timeout 70 $cli calibrate --model smollm2-135m --weights random --methods all \
 tar czf "$OUT/traces.tgz" -C /tmp/tr .
 
 # 4. Kernel benchmark with whatever time is left.
-timeout 60 python3 benchmarks/kernels.py --quick --out "$OUT/kernels_h200.csv" 2>&1 \
+timeout 100 python3 benchmarks/kernels.py --quick --out "$OUT/kernels_h200.csv" 2>&1 \
   | tail -40 | tee "$OUT/kernels.log"
