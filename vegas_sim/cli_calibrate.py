@@ -42,6 +42,8 @@ from vegas_sim.methods import METHODS
 @click.option("--min-tokens", type=int, default=None,
               help="Budget floor (default 256). A small-context model needs a lower floor "
                    "for sparsity to matter (e.g. 32 for SmolLM2's 8K).")
+@click.option("--prompts", type=int, default=None,
+              help="Prompts per workload in acceptance runs (default 16; 4 with --quick).")
 @click.option("--latency/--no-latency", default=True, show_default=True,
               help="Measure the latency grid.")
 @click.option("--acceptance/--no-acceptance", default=True, show_default=True,
@@ -50,7 +52,7 @@ from vegas_sim.methods import METHODS
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
-              min_tokens: int | None, latency: bool, acceptance: bool, retry_failed: bool,
+              min_tokens: int | None, prompts: int | None, latency: bool, acceptance: bool, retry_failed: bool,
               out: Path, **grid: Any) -> None:
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
@@ -78,6 +80,9 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
         extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance}
         if min_tokens is not None:
             extra["min_tokens"] = min_tokens
+        if prompts is not None:
+            extra["acceptance_prompts"] = prompts
+            extra["acceptance_batch"] = min(prompts, plan.acceptance_batch)
         plan = dataclasses.replace(plan, **extra)
         grid_runner.validate_plan(plan)
         with progress_bar("calibrating") as bar:
