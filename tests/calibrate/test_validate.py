@@ -55,3 +55,25 @@ def test_replayed_run_follows_the_replayed_acceptance() -> None:
     assert m.iterations == 9
     assert m.tokens == 24 + 18
     assert m.throughput > 0
+
+
+def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """validate's whole path on CPU: held-out file → predict from the trace set → a real
+    (random-weight, replayed-acceptance) run → a result table with errors."""
+    from vegas_sim.calibrate.validate import run_validation, summarize
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    hs = [HeldOut("vegas", 2, 0.5, 2, 80, output_len=8), HeldOut("vanilla", 1, 1.0, 1, 100, 8)]
+    write_heldout(hs, tmp_path / "h.csv")
+    out = tmp_path / "val.csv"
+    table = run_validation(traces=traces, acceptance_traces=None, heldout_file=tmp_path / "h.csv",
+                           n_random=None, model="smollm2-135m", weights="random", max_batch=2,
+                           contexts=(64, 256), output_len=8, device="cpu", seed=0, out=out,
+                           replications=2)
+    assert out.exists() and len(table) == 2
+    assert (table["measured"] > 0).all() and (table["predicted"] > 0).all()
+    assert set(table["regime"]) == {"random-weights+replay"}
+    assert "configurations" in summarize(table)

@@ -1,23 +1,30 @@
-"""Latency model: fit recovery on synthetic roofline data, LOO, extrapolation, what-if, fast path."""
+"""Latency model: fit recovery on synthetic roofline data (sum form: GPU-bound, and max form:
+host floor + GPU), LOO, extrapolation, what-if, host-overhead removal, fast path, and the
+packaged host-bound H200 set."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from vegas_sim.errors import TraceSetError
+import vegas_sim.traces
+from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.gpus import get_gpu
 from vegas_sim.methods import METHODS, iteration_plan
 from vegas_sim.models import get_preset
 from vegas_sim.sim.latency import (
     FEATURES,
     PHASE_FEATURES,
+    PRIOR_ETA_GEMM,
+    PRIOR_ETA_KV,
     LatencyModel,
     MeasuredGpu,
     _Physics,
+    _steps_max_sum,
 )
 
 MODEL = get_preset("qwen3-8b")
@@ -317,3 +324,204 @@ def test_fits_a_written_and_reloaded_synthetic_trace_set(tmp_path: object) -> No
     ctx = np.array([1000, 5000, 20000])
     assert lm.iteration_cost("vegas", 4, 0.07)(ctx) == pytest.approx(
         lm.plan_ms("vegas", 4, ctx, 0.07), rel=1e-9)
+
+
+def test_synthetic_fits_use_the_sum_form(fitted: LatencyModel) -> None:
+    """GPU-bound roofline data has no host floor: every group keeps the sum form, all FITTED."""
+    coef = fitted.coefficients()
+    assert set(coef["mode"]) == {"sum"}
+    assert (coef["host_ms"] == 0.0).all()
+    assert not coef["source"].str.contains("PRIOR").any()
+    forward = coef[coef["phase"].isin(["decode", "draft_step", "verify"])]
+    assert (forward["host_bound_share"] == 0.0).all()  # weights alone outweigh the 0.25 ms const
+    assert 0.0 < fitted.host_bound_share() < 0.5  # small sample/select calls: const > GPU work
+
+
+# ---- the host + GPU (max) form -----------------------------------------------------------
+
+HOST_MS = {"decode": 30.0, "sample": 1.5}
+GPU_TRUE = {"gemm": 1.6, "kv": 1.4, "logits": 3.0}  # 1 / efficiency of the synthetic GPU
+
+
+def max_latency(rng: np.random.Generator, noise: float, batches: tuple[int, ...],
+                contexts: tuple[int, ...]) -> pd.DataFrame:
+    """vanilla rows from t = max(host, gemm·c_g + kv·c_kv), log-normal noise."""
+    phys = _Physics.of(MODEL, GPU.copy_bandwidth_gbs, GPU.bf16_tflops)
+    recs = []
+    for b in batches:
+        for c in contexts:
+            for phase in ("decode", "sample"):
+                x = phys.intercept_features(b, 1) + phys.slope_features(phase, 1, 0) * b * (c + 1)
+                gpu = sum(GPU_TRUE[f] * x[FEATURES.index(f)] for f in PHASE_FEATURES[phase]
+                          if f != "const")
+                recs.append({"phase": phase, "method": "vanilla", "batch": b, "context": c,
+                             "n_query": 1, "kv_read": c + 1, "collect_rows": 0,
+                             "ms_median": max(HOST_MS[phase], gpu)})
+    df = pd.DataFrame(recs)
+    df["ms_median"] *= np.exp(rng.normal(0.0, noise, len(df)))
+    df["ms_p10"], df["ms_p90"], df["n"] = df["ms_median"], df["ms_median"], 5
+    return df
+
+
+def test_max_form_recovers_host_floor_and_gpu_slopes() -> None:
+    # decode: gemm 3.9·1.6 = 6.3 ms; kv reaches 30 ms at B·C ≈ 0.66 M tokens → about half the
+    # grid sits on the floor, half is GPU-bound
+    df = max_latency(np.random.default_rng(20), 0.02, (1, 4, 16, 64),
+                     (1024, 16384, 65536, 131072, 262144))
+    lm = LatencyModel.fit(df, MODEL, GPU)
+    row = lm.coefficients().set_index("phase").loc["decode"]
+    assert row["mode"] == "max"
+    assert row["host_ms"] == pytest.approx(HOST_MS["decode"], rel=0.03)
+    assert row["kv"] == pytest.approx(GPU_TRUE["kv"], rel=0.05)
+    assert "kv=FITTED" in row["source"] and "host=FITTED" in row["source"]
+    assert 0.2 < row["host_bound_share"] < 0.8
+    # gemm never leaves the floor at weight-bound batch: it stays at its roofline prior
+    assert "gemm=PRIOR" in row["source"]
+    assert row["gemm"] == pytest.approx(1.0 / PRIOR_ETA_GEMM, rel=0.02)
+    loo = lm.loo_errors().set_index("phase")
+    assert loo.loc["decode", "median_pct"] < 3.0, loo
+
+
+def test_host_bound_set_keeps_priors_and_extrapolates_along_kv_bytes() -> None:
+    """Every point on the floor (like an eager runtime): the GPU side is the roofline prior,
+    and beyond the grid, once GPU work exceeds the floor, time grows linearly with KV bytes."""
+    df = max_latency(np.random.default_rng(21), 0.05, (1, 4, 16), (1024, 4096, 16384))
+    lm = LatencyModel.fit(df, MODEL, GPU)
+    row = lm.coefficients().set_index("phase").loc["decode"]
+    assert row["mode"] == "max" and row["host_bound_share"] == 1.0
+    assert row["source"] == "host=FITTED,gemm=PRIOR,kv=PRIOR"
+    assert row["kv"] == pytest.approx(1.0 / PRIOR_ETA_KV, rel=0.02)
+    assert lm.host_bound_share() == 1.0
+
+    def decode(ctx: int) -> float:
+        return lm.phase_ms("decode", "vanilla", 1, np.full(4, ctx))
+    assert decode(1024) == pytest.approx(decode(16384), rel=1e-12)  # flat on the floor
+    assert decode(1024) == pytest.approx(HOST_MS["decode"], rel=0.05)
+    kv_ms = MODEL.kv_bytes_per_token() / (GPU.copy_bandwidth_gbs * 1e9) * 1e3 / PRIOR_ETA_KV
+    t1, t2, t4 = decode(1 << 20), decode(2 << 20), decode(4 << 20)
+    assert t1 > 2 * decode(131072)  # never flat
+    assert t2 - t1 == pytest.approx(4 * (1 << 20) * kv_ms, rel=1e-9)  # linear in KV bytes
+    assert t4 - t2 == pytest.approx(2 * (t2 - t1), rel=1e-9)
+
+
+def test_steps_closed_form_matches_brute_force() -> None:
+    rng = np.random.default_rng(22)
+    for _ in range(300):
+        h, a, b = rng.uniform(0, 10), rng.uniform(-5, 12), rng.choice([0.0, rng.uniform(0, 3)])
+        n = int(rng.integers(1, 25))
+        want = sum(max(h, a + b * k) for k in range(1, n + 1))
+        assert _steps_max_sum(h, a, b, n) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_iteration_cost_equals_plan_sum_when_steps_cross_the_floor(fitted: LatencyModel) -> None:
+    """Set the host floor between draft step 1 and step γ: the per-step max must match."""
+    ctx = np.random.default_rng(23).integers(50_000, 60_000, 32)
+    for method, sparsity in (("vegas", 0.5), ("magicdec-quest", 1.0), ("magicdec-stream", 0.3)):
+        gamma = 16
+        plan = iteration_plan(method, gamma, ctx, sparsity, MODEL.max_positions)
+        steps = [p for p in plan if p.phase == ("quest_meta" if "quest" in method
+                                                else "draft_step")]
+        phase = steps[0].phase
+        g = [fitted.phase_ms(phase, method, 1, p.kv_read) - fitted.phase_ms(
+            phase, method, 1, np.zeros_like(p.kv_read)) for p in steps]
+        assert g[-1] > g[0]
+        # launch cost halfway between the GPU work of the first and of the last step
+        base = fitted.without_host_overhead(0.0)
+        g0 = base.phase_ms(phase, method, 1, steps[0].kv_read)
+        g1 = base.phase_ms(phase, method, 1, steps[-1].kv_read)
+        lm = fitted.without_host_overhead((g0 + g1) / 2)
+        cost = lm.iteration_cost(method, gamma, sparsity)
+        assert cost(ctx) == pytest.approx(lm.plan_ms(method, gamma, ctx, sparsity), rel=1e-12)
+        assert sum(cost.breakdown(ctx).values()) == pytest.approx(cost(ctx), rel=1e-12)
+
+
+def test_what_if_keeps_host_terms_and_scales_gpu_terms() -> None:
+    df = max_latency(np.random.default_rng(24), 0.02, (1, 4, 16, 64),
+                     (1024, 16384, 65536, 131072, 262144))
+    lm = LatencyModel.fit(df, MODEL, GPU)
+    wi = lm.what_if(get_gpu("h100-sxm"))
+    ratio = get_gpu("h200").bandwidth_gbs / get_gpu("h100-sxm").bandwidth_gbs
+    host = lm.coefficients().set_index("phase").loc["decode", "host_ms"]
+    small, big = np.full(1, 1024), np.full(4, 1 << 20)
+    assert wi.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
+    assert lm.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
+    # GPU-bound and weight-bound: every GPU term is bandwidth-scaled
+    assert wi.phase_ms("decode", "vanilla", 1, big) == pytest.approx(
+        lm.phase_ms("decode", "vanilla", 1, big) * ratio, rel=1e-9)
+
+
+def test_without_host_overhead_replaces_host_terms() -> None:
+    df = max_latency(np.random.default_rng(25), 0.02, (1, 4, 16), (1024, 4096, 16384))
+    lm = LatencyModel.fit(df, MODEL, GPU)
+    graph = lm.without_host_overhead(0.05)
+    assert graph.launch_ms == 0.05 and lm.launch_ms is None
+    assert "0.05 ms launch" in graph.gpu_label
+    kv = np.full(1, 1024)
+    phys = _Physics.of(MODEL, GPU.copy_bandwidth_gbs, GPU.bf16_tflops)
+    gpu = (phys.weight_ms / PRIOR_ETA_GEMM + phys.kv_ms_per_token * 1024 / PRIOR_ETA_KV)
+    assert graph.phase_ms("decode", "vanilla", 1, kv) == pytest.approx(gpu, rel=1e-6)
+    assert lm.phase_ms("decode", "vanilla", 1, kv) > 4 * gpu  # the eager floor
+    assert graph.what_if(get_gpu("b200")).launch_ms == 0.05  # kept through a what-if
+    with pytest.raises(UserInputError, match="graph-launch-ms"):
+        lm.without_host_overhead(-1.0)
+
+
+# ---- the packaged host-bound H200 set ------------------------------------------------------
+
+PACKAGED = Path(vegas_sim.traces.__file__).parent / "default" / "qwen3-8b-h200"
+
+
+@pytest.fixture(scope="module")
+def packaged() -> LatencyModel:
+    if not (PACKAGED / "meta.json").exists():
+        pytest.skip("packaged qwen3-8b-h200 trace set not present")
+    from vegas_sim.traces.io import load_trace_set
+
+    ts = load_trace_set(PACKAGED)
+    return LatencyModel.from_meta(ts.latency, ts.meta)
+
+
+def test_packaged_set_is_host_bound_with_flagged_priors(packaged: LatencyModel) -> None:
+    assert packaged.host_bound_share() > 0.8  # eager runtime: ~35 ms per forward step
+    coef = packaged.coefficients().set_index(["phase", "method"])
+    row = coef.loc[("decode", "vanilla")]
+    assert row["mode"] == "max" and 30.0 < row["host_ms"] < 45.0
+    assert "kv=PRIOR" in row["source"] and "gemm=PRIOR" in row["source"]
+    assert row["kv"] == pytest.approx(1.0 / PRIOR_ETA_KV)
+    # sampling is GPU-bound at large B·n_query: its slope is fitted, not a prior
+    assert "logits=FITTED" in coef.loc[("sample", "vegas"), "source"]
+    loo = packaged.loo_errors()
+    print("\npackaged qwen3-8b-h200 LOO:\n" + loo.to_string())
+    assert set(loo["phase"]) == {"decode", "draft_step", "verify", "select", "quest_meta",
+                                 "sample"}
+    # noisy eager timings (drift up to 2x between points): no target below what they allow
+    assert (loo["median_pct"] < 25.0).all(), loo
+
+
+def test_packaged_set_extrapolates_with_kv_bytes(packaged: LatencyModel) -> None:
+    """B=4: 128K sits on the host floor; at 1M the GPU work dominates and grows with KV bytes."""
+    def decode(ctx: int) -> float:
+        return packaged.phase_ms("decode", "vanilla", 1, np.full(4, ctx))
+    gemm = packaged.without_host_overhead(0.0).phase_ms("decode", "vanilla", 1, np.zeros(4))
+    t128, t1m, t2m = decode(131072), decode(1 << 20), decode(2 << 20)
+    assert t1m > 3 * t128
+    kv_ratio = (1 << 20) / 131072
+    graph = packaged.without_host_overhead(0.0)
+    g128 = graph.phase_ms("decode", "vanilla", 1, np.full(4, 131072)) - gemm
+    assert (t1m - gemm) / g128 == pytest.approx(kv_ratio, rel=0.01)
+    assert t2m - t1m == pytest.approx(t1m - gemm, rel=0.01)
+    # a whole Vegas iteration grows too, never flat
+    cost = packaged.iteration_cost("vegas", 7, 0.07)
+    assert cost(np.full(4, 1 << 20)) > 1.3 * cost(np.full(4, 131072))
+
+
+def test_packaged_iteration_cost_equals_plan_sum(packaged: LatencyModel) -> None:
+    rng = np.random.default_rng(26)
+    for method in METHODS:
+        for gamma in (3, 7):
+            cost = packaged.iteration_cost(method, gamma, 0.07)
+            for batch in (1, 8, 128):
+                ctx = rng.integers(1, 2_000_000, batch)
+                want = packaged.plan_ms(method, gamma, ctx, 0.07)
+                assert cost(ctx) == pytest.approx(want, rel=1e-9), method
+                assert sum(cost.breakdown(ctx).values()) == pytest.approx(want, rel=1e-9)

@@ -1,10 +1,13 @@
-"""Latency model: per-phase time grounded in the roofline, fitted to latency.parquet.
+"""Latency model: per-phase time of an asynchronous host + GPU pipeline, fitted to latency.parquet.
 
-For one call of a phase on a batch of B requests (uniform n_query, per-request kv_read), the
-predicted time is a non-negative combination of *features*, each in roofline milliseconds on
-the measured GPU (copy bandwidth BW, bf16 matmul rate F from meta.json 'gpu'):
+One call of a phase on a batch of B requests (uniform n_query, per-request kv_read) costs
 
-    const    1                                            fixed launch / CPU overhead
+    t = s + max(h, g),    g = Σ_f c_f · x_f
+
+- g, the GPU work: a non-negative combination of roofline *features*, each in milliseconds on
+  the measured GPU (copy bandwidth BW, bf16 matmul rate F from meta.json 'gpu'); a coefficient
+  c_f is 1 / efficiency:
+
     gemm     max(weight_bytes / BW, gemm_flops(B·n_query) / F)   dense layers + LM head
     logits   B·n_query·vocab·4 / BW                       fp32 logits read by sampling
     kv       Σ_b kv_read_b · bytes_per_entry / BW         KV (or Quest page metadata) read
@@ -12,28 +15,56 @@ the measured GPU (copy bandwidth BW, bf16 matmul rate F from meta.json 'gpu'):
     collect  Σ_b kv_read_b · collect_rows · Hq · L · 2 / BW   bf16 scores written / read
     rank     Σ_b kv_read_b · L · 4 / BW                   fp32 per-layer weights ranked by top-k
 
-Which features a phase uses is in `PHASE_FEATURES` (a feature that cannot vary inside a phase,
-e.g. attn with one query row, is left out: it would only be collinear with kv). Coefficients are
-fitted per (phase, method) group with `scipy.optimize.nnls` on relative error (rows weighted by
-1/t), so every coefficient is a non-negative efficiency factor: physical by construction.
+- h, the host floor: the CPU time to issue the phase's kernels (Python + launch overhead of an
+  eager runtime). The host runs ahead of the GPU, so the step takes whichever is longer.
+- s (the `const` coefficient), a serial fixed cost added on top (launch + sync that does not
+  overlap GPU work).
 
-Grouping: one fit per (phase, method) because the kernels differ by method (index
-construction, number of collected rows, Quest paging). A phase the trace set recorded under
-method "any" serves every method lacking its own rows; the method-independent phases (sample,
-prefill, other) fall back further to a fit pooled over all methods. Anything else missing is a
-TraceSetError: calibrate that method.
+Two forms are fitted per (phase, method) group and one is kept (`mode`):
 
-Features a group's points cannot tell apart (e.g. const vs a GEMM that never leaves the
-weight-bound regime) are dropped by a fixed physical rule, see `_identifiable_mask`.
+- "sum": h = 0, s and every c_f fitted by NNLS on relative error — the GPU-bound form (the old
+  model: t = const + Σ c_f x_f). Collinear features are dropped by `_identifiable_mask`.
+- "max": s = 0, h and c fitted jointly by `scipy.optimize.least_squares` on log error with a
+  robust (soft-L1) loss, the max taken exactly. Each log-coefficient is pulled toward a roofline
+  PRIOR (`PRIOR_ETA_KV` of the measured copy bandwidth for KV / score / logits bytes,
+  `PRIOR_ETA_GEMM` of the measured bf16 rate / copy bandwidth for GEMMs) by a penalty worth
+  `PRIOR_WEIGHT` points: points above the host floor (GPU-bound) move it, host-bound points
+  cannot. So when no point is GPU-bound, g keeps the roofline prior and still grows with bytes.
 
-Every feature except gemm/logits is linear in Σ kv_read, so outside the grid the model
-extrapolates along the physics (twice the KV bytes → twice the KV term), never flat. That
-linearity also makes `IterationCost` cheap: per phase, time = intercept(B) + slope · Σ kv_read,
-and Σ kv_read over the plan is a few numpy reductions of the context array.
+Rule: the "sum" form is kept when the max form finds no host-bound point (then h is not
+identified and the sum form nests it) or when its in-sample median |log error| is at most
+`SUM_MODE_MARGIN` × that of the "max" form (a serial fixed cost explains the data clearly better
+than a host floor, e.g. synthetic roofline sets or sampling); otherwise "max". On a host-bound
+trace set (eager runtime: every step ≈ 35 ms whatever B and context) an unconstrained sum form
+learns const ≈ 35 ms with near-zero noise slopes and extrapolates flat; the max form extrapolates
+along the physics: beyond the grid, once g exceeds h, time grows linearly with KV bytes. The sum
+form's GPU coefficients are also bounded below by 1 / ROOFLINE_SLACK (no kernel beats the
+measured rates by more than that), so it cannot go flat either; it counts the GPU work as serial
+on top of the host time, which some eager phases do (a sync inside verify).
+
+Every coefficient carries a source (see `coefficients()`): FITTED (the GPU-bound points outweigh
+the prior: Σ over GPU-bound points of the feature's share of g ≥ PRIOR_WEIGHT), PRIOR (no point
+informs it: the roofline prior), or CAPPED (the prior was lowered so the GPU time stays under
+the measured host floor: the data give only an upper bound), or BOUND (sum form: held at the
+1 / ROOFLINE_SLACK lower bound, the data would have it faster). `host_bound_share()` is the
+fraction of measured points where h > g.
+
+Grouping: one fit per (phase, method) because the kernels differ by method (index construction,
+number of collected rows, Quest paging). A phase the trace set recorded under method "any"
+serves every method lacking its own rows; the method-independent phases (sample, prefill, other)
+fall back further to a fit pooled over all methods. Anything else missing is a TraceSetError:
+calibrate that method.
+
+`what_if` rescales the GPU terms by datasheet ratios and keeps h and s (CPU time);
+`without_host_overhead(launch_ms)` replaces them by a per-call launch cost (what a CUDA-graph
+engine would see). Every GPU feature except gemm/logits is linear in Σ kv_read, so
+`IterationCost` evaluates a whole iteration with a few numpy reductions of the context array and
+a max per phase call (closed form over the γ draft steps).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +72,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.gpus import GpuSpec, datasheet_for_device
@@ -78,6 +109,46 @@ PHASE_FEATURES: dict[str, tuple[str, ...]] = {
 METHOD_INDEPENDENT_PHASES = ("sample", "prefill", "other")
 ANY_METHOD = "any"
 _POOLED = "*"
+
+# Roofline priors (not fits): the efficiency a phase reaches on its GPU work when the trace set
+# cannot tell (no GPU-bound point). Bandwidth-bound streams (KV, scores, logits, ranking) reach
+# ~0.9 of the measured copy bandwidth; GEMMs ~0.7 of the measured bf16 rate (or of the copy
+# bandwidth while weight-bound).
+PRIOR_ETA_KV = 0.9
+PRIOR_ETA_GEMM = 0.7
+# The max form's prior penalty on each log-coefficient, in points: a coefficient moves away from
+# its prior only when more than this many (share-weighted) GPU-bound points ask for it.
+PRIOR_WEIGHT = 2.0
+# Robust loss scale of the max form (|log error| above it counts linearly, like a median).
+MAX_FIT_F_SCALE = 0.05
+# The sum form is kept when its median |log error| ≤ this × the max form's.
+SUM_MODE_MARGIN = 0.9
+# The sum form's GPU coefficients are bounded below by 1 / ROOFLINE_SLACK: no kernel beats the
+# measured copy bandwidth / bf16 rate by more than this factor. Without it, on host-bound data the
+# const would absorb the GPU work and leave sub-roofline (or zero, i.e. flat) slopes.
+ROOFLINE_SLACK = 1.25
+# Starting points of the max fit: every coefficient at prior × each scale (the max has zero
+# gradient where all points are host-bound, so one start would stay where it began).
+_MAX_FIT_STARTS = (1.0 / 64, 1.0 / 8, 1.0, 8.0, 64.0, 512.0)
+SOURCES = ("FITTED", "PRIOR", "CAPPED", "BOUND")
+
+
+def prior_coef(phase: str) -> np.ndarray:
+    """[n_features] the roofline prior coefficient (1 / efficiency) of each feature of `phase`.
+
+    const has no prior (0: a host or serial cost is always fitted). attn's prior is 0 except
+    for prefill: with ≤ ~40 query rows attention is bandwidth-bound on any current GPU
+    (Hq/Hkv FLOPs per KV byte per row, far below the FLOP/byte ridge), so its FLOPs overlap the
+    KV read counted by `kv`.
+    """
+    c = np.zeros(len(FEATURES))
+    c[_F["gemm"]] = 1.0 / PRIOR_ETA_GEMM
+    for name in ("logits", "kv", "collect", "rank"):
+        c[_F[name]] = 1.0 / PRIOR_ETA_KV
+    if phase == "prefill":
+        c[_F["attn"]] = 1.0 / PRIOR_ETA_GEMM
+    return c * _mask(phase)
+
 
 _REQUIRED_COLUMNS = ("phase", "method", "batch", "context", "n_query", "kv_read",
                      "collect_rows", "ms_median")
@@ -228,40 +299,218 @@ def _identifiable_mask(phase: str, x: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _fit_nnls(x: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Non-negative c minimising Σ ((x·c − t) / t)²; x [n, k], t [n] → c [k]."""
+def _fit_nnls(x: np.ndarray, t: np.ndarray, lb: np.ndarray | None = None) -> np.ndarray:
+    """c ≥ lb (default 0) minimising Σ ((x·c − t) / t)²; x [n, k], t [n], lb [k] → c [k].
+
+    Solved as NNLS in u = c − lb ≥ 0.
+    """
     a = x / t[:, None]  # relative error: each row weighted by 1/t
+    lo = np.zeros(a.shape[1]) if lb is None else lb
+    rhs = np.ones(len(t)) - a @ lo
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0  # an all-zero feature gets coefficient 0 anyway
-    c, _ = nnls(a / scale, np.ones(len(t)), maxiter=50 * a.shape[1])
-    return np.asarray(c / scale)
+    u, _ = nnls(a / scale, rhs, maxiter=50 * a.shape[1])
+    return np.asarray(lo + u / scale)
+
+
+def _sum_lower_bounds(phase: str, mask: np.ndarray) -> np.ndarray:
+    """[mask.sum()] the sum form's lower bounds: a GPU feature cannot run faster than
+    1 / ROOFLINE_SLACK × the measured rate (0 for const and prior-less features)."""
+    return np.asarray(np.where(prior_coef(phase) > 0, 1.0 / ROOFLINE_SLACK, 0.0)[mask])
+
+
+def _max_residuals(
+    p: np.ndarray, x: np.ndarray, logt: np.ndarray, prior: np.ndarray,
+) -> np.ndarray:
+    """[n + k] log(max(h, g)) − log t for the points, then PRIOR_WEIGHT·φ for the priors.
+
+    p = [log h, φ_1..φ_k], c = prior · exp(φ); x [n, k] the GPU features of the free columns.
+    """
+    h = math.exp(p[0])
+    g = x @ (prior * np.exp(p[1:]))  # [n]
+    return np.concatenate([np.log(np.maximum(np.maximum(h, g), 1e-300)) - logt,
+                           PRIOR_WEIGHT * p[1:]])
+
+
+def _max_jacobian(
+    p: np.ndarray, x: np.ndarray, logt: np.ndarray, prior: np.ndarray,
+) -> np.ndarray:
+    """[n + k, 1 + k] d residual / d p (the max picks which parameters a point depends on)."""
+    h = math.exp(p[0])
+    c = prior * np.exp(p[1:])  # [k]
+    g = x @ c  # [n]
+    n, k = x.shape
+    jac = np.zeros((n + k, 1 + k))
+    gpu = g > h
+    jac[:n, 0] = ~gpu
+    jac[:n, 1:] = np.where(gpu[:, None], x * c / np.maximum(g, 1e-300)[:, None], 0.0)
+    jac[n:, 1:] = PRIOR_WEIGHT * np.eye(k)
+    return jac
+
+
+def _solve_max(x: np.ndarray, t: np.ndarray, prior: np.ndarray, p0: np.ndarray) -> np.ndarray:
+    res = least_squares(
+        _max_residuals, p0, jac=_max_jacobian, args=(x, np.log(t), prior), loss="soft_l1",
+        f_scale=MAX_FIT_F_SCALE, method="trf", max_nfev=200,
+    )
+    return np.asarray(res.x)
+
+
+def _max_cost(p: np.ndarray, x: np.ndarray, t: np.ndarray, prior: np.ndarray) -> float:
+    z = (_max_residuals(p, x, np.log(t), prior) / MAX_FIT_F_SCALE) ** 2
+    return float(np.sum(np.sqrt(1.0 + z) - 1.0))  # soft-L1, up to a constant factor
+
+
+def _fit_max(
+    x: np.ndarray, t: np.ndarray, prior: np.ndarray, starts: list[np.ndarray],
+) -> np.ndarray:
+    """Best p = [log h, φ] over the starting points; x [n, k], t [n], prior [k] > 0."""
+    best, best_cost = starts[0], math.inf
+    for p0 in starts:
+        p = _solve_max(x, t, prior, p0)
+        cost = _max_cost(p, x, t, prior)
+        if cost < best_cost:
+            best, best_cost = p, cost
+    return best
+
+
+def _max_starts(t: np.ndarray, k: int, extra: np.ndarray | None = None) -> list[np.ndarray]:
+    """Starting points: h at the median time, every φ at log(scale) (+ an NNLS-derived φ)."""
+    logh = math.log(float(np.median(t)))
+    out = [np.concatenate([[logh], np.full(k, math.log(s))]) for s in _MAX_FIT_STARTS]
+    if extra is not None:
+        out.append(np.concatenate([[logh], extra]))
+    return out
 
 
 @dataclass(frozen=True)
 class _Group:
-    """One fitted (phase, method) group."""
+    """One fitted (phase, method) group: t = coef[const] + max(host, x_gpu · coef_gpu)."""
 
     phase: str
     method: str
-    coef: np.ndarray  # [n_features], zeros where the phase has no such feature
+    coef: np.ndarray  # [n_features], zeros where the phase has no such feature; const = s
     mask: np.ndarray  # [n_features] bool, the features this group was fitted with
     x: np.ndarray  # [n_points, n_features] design matrix of the measured points
     t: np.ndarray  # [n_points] measured ms_median
+    mode: str = "sum"  # "sum" (h = 0, const fitted) or "max" (h fitted, const = 0)
+    host: float = 0.0  # h, ms
+    source: tuple[str, ...] = ()  # per feature: FITTED / PRIOR / CAPPED / "" (unused)
+    host_source: str = "FITTED"
+
+    @property
+    def serial(self) -> float:
+        return float(self.coef[_F["const"]])
+
+    @property
+    def gpu_coef(self) -> np.ndarray:
+        """[n_features] the coefficients of the GPU features (const zeroed)."""
+        c = self.coef.copy()
+        c[_F["const"]] = 0.0
+        return c
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """[n] ms for design rows x [n, n_features]."""
+        return np.asarray(self.serial + np.maximum(self.host, x @ self.gpu_coef))
+
+    def host_bound(self) -> np.ndarray:
+        """[n_points] bool: the host side (h, or s in the sum form) exceeds the GPU work."""
+        g = self.x @ self.gpu_coef
+        return np.asarray(np.maximum(self.host, self.serial) > g)
 
     def loo_rel_errors(self) -> np.ndarray:
-        """[n_points] |pred − t| / t with each point left out of its own fit."""
-        mask = self.mask
+        """[n_points] |pred − t| / t with each point left out of its own fit (same form; the
+        max form restarts from the full fit's parameters only)."""
         n = len(self.t)
         if n < 2:
             return np.full(n, np.nan)
         errs = np.empty(n)
         keep = np.ones(n, dtype=bool)
+        if self.mode == "sum":
+            mask = self.mask
+            for i in range(n):
+                keep[i] = False
+                c = _fit_nnls(self.x[keep][:, mask], self.t[keep],
+                              _sum_lower_bounds(self.phase, mask))
+                errs[i] = abs(float(self.x[i, mask] @ c) - self.t[i]) / self.t[i]
+                keep[i] = True
+            return errs
+        free = _max_free(self.phase, self.mask)
+        prior = prior_coef(self.phase)[free]
+        xf = self.x[:, free]
+        p_full = np.concatenate([[math.log(max(self.host, 1e-300))],
+                                 np.log(np.maximum(self.coef[free], 1e-300) / prior)])
         for i in range(n):
             keep[i] = False
-            c = _fit_nnls(self.x[keep][:, mask], self.t[keep])
-            errs[i] = abs(float(self.x[i, mask] @ c) - self.t[i]) / self.t[i]
+            p = _solve_max(xf[keep], self.t[keep], prior, p_full)
+            pred = max(math.exp(p[0]), float(xf[i] @ (prior * np.exp(p[1:]))))
+            errs[i] = abs(pred - self.t[i]) / self.t[i]
             keep[i] = True
         return errs
+
+
+def _max_free(phase: str, mask: np.ndarray) -> np.ndarray:
+    """[n_features] bool: the GPU features the max form fits (identifiable, prior > 0)."""
+    return np.asarray(mask & (prior_coef(phase) > 0))
+
+
+def _sum_group(phase: str, method: str, x: np.ndarray, t: np.ndarray) -> _Group:
+    mask = _identifiable_mask(phase, x)
+    coef = np.zeros(len(FEATURES))
+    lb = _sum_lower_bounds(phase, mask)
+    coef[mask] = _fit_nnls(x[:, mask], t, lb)
+    at_bound = np.zeros(len(FEATURES), dtype=bool)
+    at_bound[mask] = (lb > 0) & (coef[mask] <= lb * (1 + 1e-9))
+    source = tuple("" if not m else "BOUND" if b else "FITTED" for m, b in zip(mask, at_bound))
+    return _Group(phase, method, coef, mask, x, t, "sum", 0.0, source, "FITTED")
+
+
+def _max_group(phase: str, method: str, x: np.ndarray, t: np.ndarray,
+               nnls_coef: np.ndarray) -> _Group:
+    """The max form: robust, prior-regularised least squares on log error (see module doc)."""
+    mask = _identifiable_mask(phase, x)
+    free = _max_free(phase, mask)
+    prior = prior_coef(phase)[free]  # [k] > 0
+    xf = x[:, free]  # [n, k]
+    # an extra start from the sum fit's slopes: a GPU-bound group begins near its answer
+    extra = np.log(np.maximum(nnls_coef[free], 1e-3 * prior) / prior)
+    p = _fit_max(xf, t, prior, _max_starts(t, int(free.sum()), extra))
+    h = math.exp(float(p[0]))
+    c = prior * np.exp(p[1:])
+    g = xf @ c  # [n]
+    gpu = g > h
+    coef = np.zeros(len(FEATURES))
+    coef[free] = c
+    # data weight of each coefficient: Σ over GPU-bound points of its share of g (= the sum of
+    # |d log t̂ / d φ|); it is FITTED when that outweighs the prior's PRIOR_WEIGHT
+    weight = (xf[gpu] * c / g[gpu, None]).sum(axis=0) if gpu.any() else np.zeros(len(c))
+    source = [""] * len(FEATURES)
+    for j, f in enumerate(np.flatnonzero(free)):
+        if weight[j] >= PRIOR_WEIGHT:
+            source[f] = "FITTED"
+        elif p[1 + j] < math.log(0.9):
+            source[f] = "CAPPED"
+        else:
+            source[f] = "PRIOR"
+    host_source = "FITTED"
+    if gpu.all():  # no point sits on a floor: h is not identified; no host floor then
+        h, host_source = 0.0, "PRIOR"
+    return _Group(phase, method, coef, mask, x, t, "max", h, tuple(source), host_source)
+
+
+def _with_host(grp: _Group, launch_ms: float) -> _Group:
+    """`grp` with its host term (h in the max form, a fitted s in the sum form) = launch_ms."""
+    if grp.mode == "max":
+        return dataclasses.replace(grp, host=launch_ms)
+    if not grp.mask[_F["const"]]:
+        return grp  # const folded into the GEMM: nothing separate to replace
+    coef = grp.coef.copy()
+    coef[_F["const"]] = launch_ms
+    return dataclasses.replace(grp, coef=coef)
+
+
+def _median_log_error(grp: _Group) -> float:
+    return float(np.median(np.abs(np.log(np.maximum(grp.predict(grp.x), 1e-300) / grp.t))))
 
 
 def _validate_latency(latency: pd.DataFrame) -> pd.DataFrame:
@@ -297,36 +546,42 @@ def _validate_latency(latency: pd.DataFrame) -> pd.DataFrame:
 # ---- iteration cost ----------------------------------------------------------------------
 
 
-# g[r] = Σ_{k=1..γ} floor((r + k) / QUEST_PAGE) for r in 0..QUEST_PAGE-1, built per γ.
-def _quest_offsets(gamma: int) -> np.ndarray:
-    r = np.arange(QUEST_PAGE)[:, None]
-    k = np.arange(1, gamma + 1)[None, :]
-    return np.asarray(((r + k) // QUEST_PAGE).sum(axis=1), dtype=np.int64)
+def _steps_max_sum(h: float, a: float, b: float, n: int) -> float:
+    """Σ_{k=1..n} max(h, a + b·k) in closed form (b ≥ 0): the first k* steps sit on the floor."""
+    if b <= 0.0:
+        return n * max(h, a)
+    k_star = min(max(math.floor((h - a) / b), 0), n)  # a + b·k ≤ h  ⇔  k ≤ (h − a) / b
+    return k_star * h + (n - k_star) * a + b * (n * (n + 1) - k_star * (k_star + 1)) / 2
 
 
 @dataclass
 class _Term:
-    """One plan entry reduced to intercept(B) + slope · (a·ΣC + b·Σsel + c·Σquest + d·B)."""
+    """One plan entry: `repeats` calls of a phase, each costing serial + max(host, gpu).
+
+    gpu of one call = intercept(B) + slope · kv_sum where, per kind,
+      "single": kv_sum = a·ΣC + d·B                      (decode, verify, select, sample)
+      "steps":  kv_sum of step k = Σsel + B·k, k=1..γ    (draft_step)
+      "quest":  kv_sum of step k = Σ_b (C_b + k)//16 + B (quest_meta)
+    """
 
     phase: str
     group: _Group
+    kind: str
     repeats: int
     n_query: int
     rows: int
     slope: float  # ms per unit Σ kv_read
-    # Σ kv_read of this entry (over its repeats) = a·ΣC + b·Σsel + q·Σquest + d·B
     a: float
-    b: float
-    q: float
     d: float
 
 
 class IterationCost:
     """Fast evaluator of one iteration's time for a fixed (method, gamma, sparsity).
 
-    Called once per simulated iteration: a few numpy reductions over the context array plus a
-    per-batch-size cache of the GEMM/overhead part. Agrees with summing `phase_ms` over
-    `methods.iteration_plan` to rounding.
+    Called once per simulated iteration: a few numpy reductions over the context array, a
+    per-batch-size cache of the GEMM part, and one max(host, gpu) per phase call (closed form
+    over the γ draft steps). Agrees with summing `phase_ms` over `methods.iteration_plan` to
+    rounding.
     """
 
     def __init__(
@@ -339,50 +594,46 @@ class IterationCost:
         self._model = model
         max_len = model.model.max_positions
         self._hi = max(math.ceil(sparsity * max_len - 1e-9), min_tokens)
-        assert QUEST_PAGE == 16  # _quest_sum uses >> 4 and & 15
-        self._quest_g = _quest_offsets(gamma) if method == "magicdec-quest" else None
+        assert QUEST_PAGE == 16  # _quest_steps uses >> 4 and & 15
+        # [16, γ] (r + k) // 16 for r = C % 16 and draft step k
+        self._quest_m = (
+            (np.arange(QUEST_PAGE)[:, None] + np.arange(1, gamma + 1)[None, :]) // QUEST_PAGE
+        ).astype(np.float64) if method == "magicdec-quest" else None
         self._terms = self._build_terms()
-        self._a = sum(t.slope * t.a for t in self._terms)
-        self._b = sum(t.slope * t.b for t in self._terms)
-        self._q = sum(t.slope * t.q for t in self._terms)
-        self._d = sum(t.slope * t.d for t in self._terms)
-        self._base: dict[int, float] = {}
+        self._serial = sum(t.repeats * t.group.serial for t in self._terms)
+        self._base: dict[int, list[float]] = {}
 
     def _build_terms(self) -> list[_Term]:
         g, m = self.gamma, self.method
         terms: list[_Term] = []
 
-        def add(phase: str, repeats: int, nq: int, rows: int, a: float, b: float, q: float,
+        def add(phase: str, kind: str, repeats: int, nq: int, rows: int, a: float,
                 d: float) -> None:
             grp = self._model._group(phase, m)
-            slope = float(self._model._physics.slope_features(phase, nq, rows) @ grp.coef)
-            terms.append(_Term(phase, grp, repeats, nq, rows, slope, a, b, q, d))
+            slope = float(self._model._physics.slope_features(phase, nq, rows) @ grp.gpu_coef)
+            terms.append(_Term(phase, grp, kind, repeats, nq, rows, slope, a, d))
 
         if m == "vanilla":
-            add("decode", 1, 1, 0, 1.0, 0.0, 0.0, 1.0)  # kv_read = C + 1
-            add("sample", 1, 1, 0, 1.0, 0.0, 0.0, 1.0)
+            add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
+            add("sample", "single", 1, 1, 0, 1.0, 1.0)
             return terms
-        # draft step k reads sel + k: Σ over k = γ·Σsel + B·γ(γ+1)/2
-        add("draft_step", g, 1, 0, 0.0, float(g), 0.0, g * (g + 1) / 2)
+        add("draft_step", "steps", g, 1, 0, 0.0, 0.0)  # step k reads sel + k
         if m == "magicdec-quest":
-            # step k scores (C + k)//16 + 1 pages: Σ_k = γ·Σ(C//16) + Σ g[C%16] + B·γ
-            add("quest_meta", g, 1, 0, 0.0, 0.0, 1.0, float(g))
+            add("quest_meta", "quest", g, 1, 0, 0.0, 0.0)  # step k scores (C + k)//16 + 1 pages
         rows = collect_rows(m, g)
-        add("verify", 1, g + 1, rows, 1.0, 0.0, 0.0, float(g + 1))
+        add("verify", "single", 1, g + 1, rows, 1.0, float(g + 1))
         if rows:
-            add("select", 1, 1, rows, 1.0, 0.0, 0.0, 1.0)
-        add("sample", 1, g + 1, 0, 1.0, 0.0, 0.0, float(g + 1))
+            add("select", "single", 1, 1, rows, 1.0, 1.0)
+        add("sample", "single", 1, g + 1, 0, 1.0, float(g + 1))
         return terms
 
-    def _intercept(self, batch: int) -> float:
-        """ms of the kv-independent part (overheads, GEMMs, logits, B-linear kv) at `batch`."""
+    def _intercepts(self, batch: int) -> list[float]:
+        """Per term, ms of the GPU work that does not depend on kv_read (GEMMs, logits)."""
         base = self._base.get(batch)
         if base is None:
             phys = self._model._physics
-            base = sum(
-                t.repeats * float(phys.intercept_features(batch, t.n_query) @ t.group.coef)
-                for t in self._terms
-            ) + self._d * batch
+            base = [float(phys.intercept_features(batch, t.n_query) @ t.group.gpu_coef)
+                    for t in self._terms]
             self._base[batch] = base
         return base
 
@@ -408,10 +659,26 @@ class IterationCost:
             np.minimum(x, c, out=x)
         return float(np.add.reduce(x))
 
-    def _quest_sum(self, c: np.ndarray) -> float:
-        """Σ_k Σ_b ((C_b + k) // 16) over draft steps k = 1..γ (quest_meta pages minus B·γ)."""
-        assert self._quest_g is not None
-        return float(self.gamma * np.add.reduce(c >> 4) + np.add.reduce(self._quest_g[c & 15]))
+    def _quest_steps(self, c: np.ndarray) -> np.ndarray:
+        """[γ] pages scored by quest_meta at draft step k: Σ_b ((C_b + k) // 16 + 1)."""
+        assert self._quest_m is not None
+        hist = np.bincount(c & 15, minlength=QUEST_PAGE).astype(np.float64)  # [16]
+        return np.asarray(float(np.add.reduce(c >> 4) + c.shape[0]) + hist @ self._quest_m)
+
+    def _term_ms(self, t: _Term, base: float, batch: int, csum: float, c: np.ndarray,
+                 sel: float) -> float:
+        """GPU-or-host part of all `repeats` calls of one term (serial part excluded)."""
+        h = t.group.host
+        if t.kind == "single":
+            return max(h, base + t.slope * (t.a * csum + t.d * batch))
+        if t.kind == "steps":
+            return _steps_max_sum(h, base + t.slope * sel, t.slope * batch, t.repeats)
+        # step k scores Σ_b ((C_b + k)//16 + 1) pages, between p16 + B and p16 + B·(1 + ⌈γ/16⌉)
+        p16 = float(np.add.reduce(c >> 4)) + batch
+        if base + t.slope * (p16 + batch * ((t.repeats + 15) // 16)) <= h:
+            return t.repeats * h  # every step host-bound (the usual case: a tiny kernel)
+        gpu = base + t.slope * self._quest_steps(c)  # [γ]
+        return float(np.add.reduce(np.maximum(gpu, h)))
 
     def __call__(self, contexts: np.ndarray) -> float:
         """Total iteration time in ms for a batch whose requests hold `contexts` tokens.
@@ -419,31 +686,32 @@ class IterationCost:
         `contexts` must be an integer numpy array [B] (the engine's per-request contexts).
         """
         c = contexts  # [B] int64
-        base = self._base.get(c.shape[0])
+        batch = c.shape[0]
+        base = self._base.get(batch)
         if base is None:
-            base = self._intercept(c.shape[0])
-        total = base + self._a * float(np.add.reduce(c))
-        if self._b:
-            total += self._b * self._selected_sum(c)
-        if self._quest_g is not None:
-            total += self._q * self._quest_sum(c)
+            base = self._intercepts(batch)
+        csum = float(np.add.reduce(c))
+        sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
+        total = self._serial
+        for t, b in zip(self._terms, base):
+            if t.kind == "single":  # inlined _term_ms: this is the hot path
+                g = b + t.slope * (t.a * csum + t.d * batch)
+                total += max(t.group.host, g)
+            else:
+                total += self._term_ms(t, b, batch, csum, c, sel)
         return total
 
     def breakdown(self, contexts: np.ndarray) -> dict[str, float]:
         """ms per phase (draft_step summed over the γ steps, etc.)."""
         c = np.asarray(contexts, dtype=np.int64)
         batch = c.shape[0]
-        sums = {"C": float(c.sum()), "sel": 0.0, "quest": 0.0}
-        if any(t.b for t in self._terms):
-            sums["sel"] = self._selected_sum(c)
-        if self._quest_g is not None:
-            sums["quest"] = self._quest_sum(c)
-        phys = self._model._physics
+        base = self._intercepts(batch)
+        csum = float(c.sum())
+        sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
         out: dict[str, float] = {}
-        for t in self._terms:
-            kv_sum = t.a * sums["C"] + t.b * sums["sel"] + t.q * sums["quest"] + t.d * batch
-            ms = t.repeats * float(phys.intercept_features(batch, t.n_query) @ t.group.coef)
-            out[t.phase] = out.get(t.phase, 0.0) + ms + t.slope * kv_sum
+        for t, b in zip(self._terms, base):
+            ms = t.repeats * t.group.serial + self._term_ms(t, b, batch, csum, c, sel)
+            out[t.phase] = out.get(t.phase, 0.0) + ms
         return out
 
 
@@ -456,12 +724,17 @@ class LatencyModel:
     def __init__(
         self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], _Group],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
+        launch_ms: float | None = None,
     ) -> None:
         self._model = model
         self._measured = measured  # what the trace set measured
         self._gpu = effective or measured  # what the features are computed for
-        self._groups = groups
+        self._groups = groups  # as fitted (LOO and coefficients() report these)
         self._what_if = what_if
+        self._launch_ms = launch_ms
+        # what predictions use: the fitted groups, host terms replaced when launch_ms is given
+        self._effective = groups if launch_ms is None else {
+            key: _with_host(grp, launch_ms) for key, grp in groups.items()}
         self._physics = _Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops)
         self._loo: pd.DataFrame | None = None
 
@@ -499,10 +772,10 @@ class LatencyModel:
     # -- prediction --
     def _group(self, phase: str, method: str) -> _Group:
         for key in ((phase, method), (phase, ANY_METHOD)):
-            if key in self._groups:
-                return self._groups[key]
-        if phase in METHOD_INDEPENDENT_PHASES and (phase, _POOLED) in self._groups:
-            return self._groups[(phase, _POOLED)]
+            if key in self._effective:
+                return self._effective[key]
+        if phase in METHOD_INDEPENDENT_PHASES and (phase, _POOLED) in self._effective:
+            return self._effective[(phase, _POOLED)]
         measured = sorted({m for (p, m) in self._groups if p == phase and m != _POOLED})
         raise TraceSetError(
             f"phase {phase!r} was not measured for method {method!r}"
@@ -521,7 +794,7 @@ class LatencyModel:
         kv = np.asarray(kv_read)
         x = self._physics.intercept_features(int(kv.shape[0]), n_query)
         x += self._physics.slope_features(phase, n_query, collect_rows) * float(kv.sum())
-        return float(x @ grp.coef)
+        return grp.serial + max(grp.host, float(x @ grp.gpu_coef))
 
     def iteration_cost(
         self, method: str, gamma: int, sparsity: float, min_tokens: int = MIN_TOKENS
@@ -571,24 +844,38 @@ class LatencyModel:
         return out
 
     def coefficients(self) -> pd.DataFrame:
-        """One row per fitted group: phase, method ('*' = pooled), n_points, fitted (the
-        features the points could identify), then one coefficient column per feature."""
+        """One row per fitted group: phase, method ('*' = pooled), n_points, mode ('sum' or
+        'max'), host_ms (h), host_bound_share, fitted (the features whose coefficient the points
+        determine), source (per coefficient: 'host=FITTED,gemm=PRIOR,...', see module doc), then
+        one coefficient column per feature (const = the serial fixed cost s)."""
         recs = []
         for (phase, method), grp in sorted(self._groups.items()):
+            active = [(f, s) for f, s in zip(FEATURES, grp.source) if s]
+            source = ([f"host={grp.host_source}"] if grp.mode == "max" else []) + [
+                f"{f}={s}" for f, s in active]
             rec: dict[str, Any] = {
-                "phase": phase, "method": method, "n_points": len(grp.t),
-                "fitted": ",".join(f for f, m in zip(FEATURES, grp.mask) if m),
+                "phase": phase, "method": method, "n_points": len(grp.t), "mode": grp.mode,
+                "host_ms": grp.host, "host_bound_share": float(grp.host_bound().mean()),
+                "fitted": ",".join(f for f, s in active if s == "FITTED"),
+                "source": ",".join(source),
             }
             rec.update({name: float(grp.coef[i]) for i, name in enumerate(FEATURES)})
             recs.append(rec)
         return pd.DataFrame(recs)
 
+    def host_bound_share(self) -> float:
+        """Fraction of the measured points (pooled fits excluded) where the host side (h, or the
+        serial cost s) exceeds the fitted GPU work: near 1 for an eager, launch-bound runtime."""
+        flags = [grp.host_bound() for (_, m), grp in self._groups.items() if m != _POOLED]
+        return float(np.concatenate(flags).mean()) if flags else 0.0
+
     def what_if(self, target: GpuSpec) -> LatencyModel:
         """Rescale to an unmeasured GPU by datasheet bandwidth/FLOP ratios.
 
-        The fitted efficiencies and the fixed overhead c0 are kept; the roofline features are
-        recomputed for a GPU whose bandwidth / FLOP rate are the measured ones times
-        (target datasheet / measured GPU's datasheet).
+        Only the GPU terms change: the roofline features are recomputed for a GPU whose
+        bandwidth / FLOP rate are the measured ones times (target datasheet / measured GPU's
+        datasheet), with the fitted (or prior) efficiencies kept. The host floor h and the serial
+        cost s are CPU time and are kept as they are (or as `without_host_overhead` set them).
         """
         base = self._measured  # a what-if of a what-if still scales from what was measured
         source = datasheet_for_device(base.name)
@@ -605,7 +892,29 @@ class LatencyModel:
             bf16_tflops=base.bf16_tflops * target.bf16_tflops / source.bf16_tflops,
             memory_gb=target.memory_gb,
         )
-        return LatencyModel(self._model, self._measured, self._groups, target, scaled)
+        return LatencyModel(self._model, self._measured, self._groups, target, scaled,
+                            self._launch_ms)
+
+    def without_host_overhead(self, launch_ms: float) -> LatencyModel:
+        """The same model with every group's host term replaced by `launch_ms` per phase call.
+
+        What an engine without per-kernel host overhead (CUDA-graph replay) would see: in a
+        "max" group the host floor h becomes launch_ms (t = max(launch_ms, g)); in a "sum" group
+        the fitted serial cost s becomes launch_ms (t = launch_ms + g). Known limit: a sum group
+        whose const was folded into a weight-bound GEMM (`_identifiable_mask`) keeps that share.
+        GPU terms, what-if scaling and the fits (LOO, coefficients()) are unchanged.
+        """
+        if not (math.isfinite(launch_ms) and launch_ms >= 0.0):
+            raise UserInputError(f"launch cost must be a finite number of ms >= 0, got {launch_ms}",
+                                 where="--graph-launch-ms",
+                                 fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
+        return LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
+                            float(launch_ms))
+
+    @property
+    def launch_ms(self) -> float | None:
+        """The per-call launch cost set by `without_host_overhead` (None: measured host terms)."""
+        return self._launch_ms
 
     @property
     def model(self) -> ModelSpec:
@@ -628,9 +937,11 @@ class LatencyModel:
     @property
     def gpu_label(self) -> str:
         """E.g. 'NVIDIA H200 (measured)' or 'h100-sxm (what-if, not measured)'."""
-        if self._what_if is not None:
-            return f"{self._what_if.name} (what-if, not measured)"
-        return f"{self._gpu.name} (measured)"
+        label = (f"{self._what_if.name} (what-if, not measured)" if self._what_if is not None
+                 else f"{self._gpu.name} (measured)")
+        if self._launch_ms is not None:
+            label += f", host overhead replaced by {self._launch_ms:g} ms launch"
+        return label
 
     def methods_covered(self) -> list[str]:
         """Methods whose whole iteration can be predicted from the measured phases."""
@@ -645,18 +956,34 @@ class LatencyModel:
 
 
 def _fit_group(phys: _Physics, phase: str, method: str, rows: pd.DataFrame) -> _Group:
-    """Fit one group; rows are measured points with a uniform batch (kv_read per request)."""
+    """Fit one group in both forms and keep one by the SUM_MODE_MARGIN rule (module doc).
+
+    Rows are measured points with a uniform batch (kv_read per request).
+    """
     batch = rows["batch"].to_numpy(dtype=float)
     n_query = rows["n_query"].to_numpy(dtype=float)
     kv_sum = batch * rows["kv_read"].to_numpy(dtype=float)  # Σ_b kv_read_b, uniform batch
     x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float))
     t = rows["ms_median"].to_numpy(dtype=float)
-    mask = _identifiable_mask(phase, x)
-    coef = np.zeros(len(FEATURES))
-    coef[mask] = _fit_nnls(x[:, mask], t)
-    return _Group(phase, method, coef, mask, x, t)
+    summed = _sum_group(phase, method, x, t)
+    maxed = _max_group(phase, method, x, t, summed.coef)
+    if maxed.host == 0.0:  # no point sits on a host floor: the sum form nests the max form
+        return summed
+    if _median_log_error(summed) <= SUM_MODE_MARGIN * _median_log_error(maxed):
+        return summed
+    return maxed
 
 
 LatencyFn = Callable[[np.ndarray], float]
-__all__ = ["FEATURES", "IterationCost", "LatencyFn", "LatencyModel", "MeasuredGpu",
-           "PHASE_FEATURES"]
+__all__ = [
+    "FEATURES",
+    "PHASE_FEATURES",
+    "PRIOR_ETA_GEMM",
+    "PRIOR_ETA_KV",
+    "SOURCES",
+    "IterationCost",
+    "LatencyFn",
+    "LatencyModel",
+    "MeasuredGpu",
+    "prior_coef",
+]
