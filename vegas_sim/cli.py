@@ -90,6 +90,10 @@ def _predict_options(f: F) -> F:
         click.option("--gpu", default=None,
                      help="Hardware what-if: rescale to this GPU's datasheet "
                           "(a100, h100-sxm, h100-nvl, h200, b200). Not measured."),
+        click.option("--graph-launch-ms", type=float, default=None,
+                     help="What-if: replace the measured per-step host overhead (the "
+                          "calibration runtime is eager) by this launch cost, as a CUDA-graph "
+                          "engine would see. Not measured."),
         click.option("--requests", type=int, default=None,
                      help="Requests to simulate (default: 4 × batch)."),
         click.option("--arrival", default="closed", show_default=True,
@@ -130,6 +134,8 @@ def predict(fmt: str, out: Path | None, **kwargs: Any) -> None:
         vegas-sim predict -m vegas -m magicdec-stream -m specextend --batch 16 --context 128K
 
         vegas-sim predict --gamma 6 --gpu h100-sxm --format json --out pred.json
+
+        vegas-sim predict --gamma 7 --context 128K --graph-launch-ms 0.5
     """
     from vegas_sim import api
 
