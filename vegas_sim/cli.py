@@ -6,26 +6,17 @@ Every command's docstring is its --help text and carries an example.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from vegas_sim.cliutil import user_errors
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn library errors a user can fix into a clean message and exit status 1."""
-    try:
-        yield
-    except UserInputError as e:
-        raise click.ClickException(e.message()) from None
 
 
 def parse_size(value: str, option: str) -> int:
@@ -37,19 +28,6 @@ def parse_size(value: str, option: str) -> int:
         raise UserInputError(f"{value!r} is a grid; one value is expected", where=option,
                              fix="pass a single size such as 32K (use `sweep` for grids)")
     return values[0]
-
-
-def progress_bar(description: str) -> Any:
-    """A rich progress bar with ETA, on stderr so that stdout stays machine-readable."""
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
-    return Progress(
-        TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("eta"), TimeRemainingColumn(), console=Console(stderr=True),
-        transient=True,
-    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,15 +6,13 @@ Registered on the group in cli.py; torch is imported only inside the commands.
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Any
 
 import click
 
 from vegas_sim.calibrate import gridspec
-from vegas_sim.cli import progress_bar, user_errors
-from vegas_sim.methods import METHODS
+from vegas_sim.cliutil import progress_task, user_errors
 
 
 @click.command()
@@ -85,12 +83,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
             extra["acceptance_batch"] = min(prompts, plan.acceptance_batch)
         plan = dataclasses.replace(plan, **extra)
         grid_runner.validate_plan(plan)
-        with progress_bar("calibrating") as bar:
-            task = bar.add_task("calibrate", total=None)
-
-            def progress(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=label)
-
+        with progress_task("calibrating") as progress:
             path = grid_runner.run_calibration(plan, out, progress, retry_failed=retry_failed,
                                                log_fn=lambda line: click.echo(line, err=True))
     click.echo(f"wrote trace set {path}")
@@ -143,12 +136,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
         lo, hi = gridspec.parse_int_grid(context_range, "--context-range")
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
-        with progress_bar("validating") as bar:
-            task = bar.add_task("validate", total=None)
-
-            def progress(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=label)
-
+        with progress_task("validating") as progress:
             table = validation.run_validation(
                 traces=traces, acceptance_traces=acceptance_traces, heldout_file=heldout,
                 n_random=n_random, model=model, weights=weights, max_batch=max_batch,

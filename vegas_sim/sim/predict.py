@@ -38,7 +38,12 @@ from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations
 from vegas_sim.sim.engine import (
-    PREFILL_MODES, Arrivals, EngineConfig, Lengths, PrefillFn, simulate,
+    PREFILL_MODES,
+    Arrivals,
+    EngineConfig,
+    Lengths,
+    PrefillFn,
+    simulate,
 )
 from vegas_sim.sim.latency import IterationCost, LatencyModel
 from vegas_sim.sim.metrics import RunMetrics, mean_ci, summarize

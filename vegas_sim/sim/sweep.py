@@ -90,8 +90,11 @@ class SweepGrid:
               context: str, output_len: str, include_vanilla: bool = True,
               extra: dict[str, Any] | None = None) -> SweepGrid:
         """Build a grid from CLI grid strings: '2..12', '0.01,0.03', '1K,32K' (gridspec syntax)."""
-        from vegas_sim.calibrate.gridspec import (parse_int_grid, parse_name_list,
-                                                  parse_sparsity_grid)
+        from vegas_sim.calibrate.gridspec import (
+            parse_int_grid,
+            parse_name_list,
+            parse_sparsity_grid,
+        )
         from vegas_sim.methods import METHODS
 
         names: list[str] = []
