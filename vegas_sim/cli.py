@@ -184,8 +184,25 @@ def traces_show(directory: Path) -> None:
     from vegas_sim.traces import io
 
     with user_errors():
-        summary = io.summarize(io.load_trace_set(directory))
+        trace_set = io.load_trace_set(directory)
+        summary = io.summarize(trace_set)
     click.echo(io.format_summary(summary))
+    if len(trace_set.latency):
+        _show_latency_fit(trace_set)
+
+
+def _show_latency_fit(trace_set: Any) -> None:
+    """The latency model fitted on this set: leave-one-out error per phase."""
+    from vegas_sim import api
+
+    with user_errors():
+        model = api.fit_latency(trace_set)
+        loo = model.loo_errors()
+    click.echo(f"  latency model leave-one-out error ({model.host_bound_share():.0%} of points "
+               "host-bound):")
+    for row in loo.itertuples():
+        click.echo(f"    {row.phase:<11} {row.n_points:>4} points  median {row.median_pct:5.1f} %"
+                   f"  max {row.max_pct:6.1f} %")
 
 
 @traces.command("list")

@@ -742,6 +742,11 @@ def _fmt_range(r: list[Any] | None) -> str:
     return f"{r[0]}" if r[0] == r[1] else f"{r[0]} .. {r[1]}"
 
 
+def _num(value: Any) -> str:
+    """Measured numbers to 4 significant digits (they are not more precise than that)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """Human-readable text of `summarize`'s dict."""
     m, g, lat, acc = d["model"], d["gpu"], d["latency"], d["acceptance"]
@@ -751,8 +756,9 @@ def format_summary(d: dict[str, Any]) -> str:
     lines += [
         (f"  model     {m['name']} ({m['architecture']}, {m['n_layers']} layers), "
         f"{m['weights_kind']} weights ({m['weights_id']})"),
-        (f"  gpu       {g['name']}: copy {g['copy_bandwidth_gbs']} GB/s, bf16 "
-        f"{g['bf16_tflops']} TFLOP/s measured, {g['sm_count']} SMs, {g['memory_gb']} GB"),
+        (f"  gpu       {g['name']}: copy {_num(g['copy_bandwidth_gbs'])} GB/s, bf16 "
+        f"{_num(g['bf16_tflops'])} TFLOP/s measured, {g['sm_count']} SMs, "
+        f"{_num(g['memory_gb'])} GB"),
         f"  date      {d['date']}",
         "  software  " + ", ".join(f"{k} {v}" for k, v in sorted(d["software"].items())),
         f"  latency   {lat['rows']} rows; methods {', '.join(lat['methods']) or '-'}",
