@@ -103,8 +103,11 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
         raise UserInputError(
             f"no packaged trace set for model {model!r}", where="--model",
             fix=f"use one of: {', '.join(models)}; or {_HOW_TO_MAKE}")
-    # Prefer measured sets over synthetic ones (packaged sets should never be synthetic).
-    return load_trace_set(min(matches, key=lambda s: (s.synthetic, s.name)).path)
+    # Prefer measured sets over synthetic ones (packaged sets should never be synthetic), and
+    # sets that measured latency (an acceptance-only set of the same model may sit beside).
+    sets = [load_trace_set(e.path) for e in sorted(matches, key=lambda s: (s.synthetic, s.name))]
+    with_latency = [ts for ts in sets if len(ts.latency)]
+    return (with_latency or sets)[0]
 
 
 def _pick_acceptance(model: str, packaged: list[_Entry]) -> TraceSet | None:
