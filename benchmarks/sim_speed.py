@@ -38,8 +38,13 @@ def _trace_set(traces: Path | None, workdir: str) -> TraceSet:
 
 
 def _models(ts: TraceSet) -> tuple[LatencyModel, AcceptanceModel]:
+    """Latency from `ts`; acceptance from `ts` or, for a latency-only set, the packaged
+    real-weight set (as `predict` does)."""
+    from vegas_sim.traces import catalog
+
+    _, acc, _ = catalog.resolve(ts.model_name, ts.path)
     return (LatencyModel.from_meta(ts.latency, ts.meta),
-            AcceptanceModel.from_traces(ts.acceptance, ts.weights_kind))
+            AcceptanceModel.from_traces(acc.acceptance, acc.weights_kind))
 
 
 def bench_iterations(latency: LatencyModel, acceptance: AcceptanceModel, batch: int) -> None:
