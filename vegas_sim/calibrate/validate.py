@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import QUEST_PAGE
+from vegas_sim.methods import MIN_TOKENS, QUEST_PAGE
 from vegas_sim.sim.heldout import (
     HeldOut,
     check_outside_grid,
@@ -71,25 +71,27 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     return Measurement(tokens, seconds, iterations, per_iter)
 
 
-def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int) -> Measurement:
+def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
+                 min_tokens: int = MIN_TOKENS) -> Measurement:
     """Prefill real prompts (cut to h.context tokens), then decode with real acceptance."""
     from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
-    decoder = SpecDecoder(model, _spec_config(h))
+    decoder = SpecDecoder(model, _spec_config(h, min_tokens))
     gen = torch.Generator(device).manual_seed(seed)
     state = decoder.prefill_state(prompts, h.output_len, generator=gen)
     _warm(decoder, model, h, device)
     return _window_run(decoder, state, device)
 
 
-def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int) -> Measurement:
+def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
+                     min_tokens: int = MIN_TOKENS) -> Measurement:
     """Random KV at h.context, acceptance replayed from `sequences` [B, iterations]."""
     from vegas_sim.calibrate.replay import AcceptanceReplay
     from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
-    decoder = SpecDecoder(model, _spec_config(h))
+    decoder = SpecDecoder(model, _spec_config(h, min_tokens))
     _warm(decoder, model, h, device)
     replay = AcceptanceReplay([list(map(int, row)) for row in sequences])
     max_seq = h.context + h.output_len + 2 * h.gamma + QUEST_PAGE + 2
@@ -98,11 +100,11 @@ def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int) -
     return _window_run(decoder, state, device)
 
 
-def _spec_config(h: HeldOut) -> Any:
+def _spec_config(h: HeldOut, min_tokens: int) -> Any:
     from vegas_sim.calibrate.specdec import SpecConfig
 
     return SpecConfig(method=h.method, gamma=h.gamma, sparsity=h.sparsity,
-                      temperature=h.temperature)
+                      temperature=h.temperature, min_tokens=min_tokens)
 
 
 def _warm(decoder: Any, model: Any, h: HeldOut, device: torch.device) -> None:
@@ -165,10 +167,14 @@ def run_validation(
     latency = api.fit_latency(latency_set)
     acceptance = AcceptanceModel.from_traces(acc_set.acceptance, acc_set.weights_kind)
     spec_max = int(latency_set.meta["model"]["max_positions"])
+    # The budget floor the acceptance was traced with: real runs and predictions use it too.
+    min_tokens = int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
-    workloads: list[str | None] = list(latency_set.meta.get("workload") or []) or [None]
-    if weights == "random":
-        workloads = [None]
+    # Real runs decode real prompts: the acceptance predicted is that workload's. Random
+    # weights replay acceptance pooled over the traced workloads.
+    workloads: list[str | None] = (
+        [None] if weights == "random"
+        else list(latency_set.meta.get("workload") or []) or ["longdoc"])
     torch_device = torch.device(device)
     mem = (torch.cuda.get_device_properties(torch_device).total_memory
            if torch_device.type == "cuda" else 16 << 30)
@@ -184,9 +190,12 @@ def run_validation(
     for i, h in enumerate(heldout):
         if progress:
             progress(i, len(heldout), h.label)
+        # A real run's first token comes from the prefill; the simulator's decode instance
+        # (disaggregated prefill) generates all output_len tokens in iterations.
+        out_len = h.output_len if weights == "random" else h.output_len - 1
         sc = Scenario(method=h.method, gamma=h.gamma, sparsity=h.sparsity, batch=h.batch,
-                      context=h.context, output_len=h.output_len, requests=h.batch,
-                      workload=h.workload, temperature=h.temperature)
+                      context=h.context, output_len=out_len, requests=h.batch,
+                      workload=h.workload, temperature=h.temperature, min_tokens=min_tokens)
         pred = predict([sc], latency, acceptance, seed=seed, replications=replications).iloc[0]
         rng = np.random.default_rng([seed, i])
         if weights == "random":
@@ -195,12 +204,12 @@ def run_validation(
             n_iter = h.output_len + 1
             seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
                     else np.zeros((h.batch, n_iter), dtype=np.int64))
-            m = measure_replayed(runtime_model, h, seqs, seed + i)
+            m = measure_replayed(runtime_model, h, seqs, seed + i, min_tokens)
         else:
             from vegas_sim.calibrate.workloads import load_workload
 
             prompts = _prompts_for(h, load_workload(h.workload or "longdoc"))
-            m = measure_real(runtime_model, h, prompts, seed + i)
+            m = measure_real(runtime_model, h, prompts, seed + i, min_tokens)
         rows.append(_result_row(h, pred, m, weights))
         pd.DataFrame(rows).to_csv(out, index=False)  # nothing lost if interrupted
     if progress:

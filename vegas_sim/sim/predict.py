@@ -34,6 +34,7 @@ import pandas as pd
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import PHASES, check_gamma, check_method, check_sparsity
+from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations
@@ -68,6 +69,7 @@ class Scenario:
     temperature: float = 0.0
     prefill: str = "disaggregated"  # "disaggregated" | "co-located"
     kv_capacity_tokens: int | None = None  # None: GPU memory − weights
+    min_tokens: int = MIN_TOKENS  # budget floor of the draft selection (methods.budget)
 
     @property
     def n_requests(self) -> int:
@@ -204,7 +206,7 @@ def _capacity(sc: Scenario, latency: LatencyModel) -> int | None:
 
 
 def _cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
-    return latency.iteration_cost(sc.method, sc.gamma, sc.sparsity)
+    return latency.iteration_cost(sc.method, sc.gamma, sc.sparsity, sc.min_tokens)
 
 
 def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
