@@ -172,9 +172,9 @@ def run_validation(
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
     # Real runs decode real prompts: the acceptance predicted is that workload's. Random
     # weights replay acceptance pooled over the traced workloads.
+    traced = sorted(str(w) for w in acc_set.acceptance["workload"].unique())
     workloads: list[str | None] = (
-        [None] if weights == "random"
-        else list(latency_set.meta.get("workload") or []) or ["longdoc"])
+        [None] if weights == "random" else list(traced) or ["longdoc"])
     torch_device = torch.device(device)
     mem = (torch.cuda.get_device_properties(torch_device).total_memory
            if torch_device.type == "cuda" else 16 << 30)
