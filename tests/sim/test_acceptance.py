@@ -206,9 +206,18 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
 
 
 def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
-    inside = model.lookup("vegas", 4, 0.1, 2000)  # log-nearest bucket: 1024
+    # Between traced buckets the rates are interpolated linearly in log-context.
+    buckets = sorted(model.coverage()["context_buckets"])  # type: ignore[type-var]
+    lo_b, hi_b = [b for b in buckets if b < 2000][-1], [b for b in buckets if b > 2000][0]
+    inside = model.lookup("vegas", 4, 0.1, 2000)
     assert inside.extrapolated == []
-    np.testing.assert_allclose(inside.rates, model.lookup("vegas", 4, 0.1, 1024).rates)
+    w = (math.log(2000) - math.log(lo_b)) / (math.log(hi_b) - math.log(lo_b))
+    r_lo = model.lookup("vegas", 4, 0.1, int(lo_b)).rates
+    r_hi = model.lookup("vegas", 4, 0.1, int(hi_b)).rates
+    np.testing.assert_allclose(inside.rates, (1 - w) * r_lo + w * r_hi)
+    ctxs = np.geomspace(lo_b, hi_b, 9).astype(int)
+    means = [model.lookup("vegas", 4, 0.1, int(c)).mean_length for c in ctxs]
+    assert np.all(np.diff(means) >= -1e-12) or np.all(np.diff(means) <= 1e-12)  # monotone
     far = model.lookup("vegas", 4, 0.1, 200_000)
     assert any("context 200000 outside traced" in n for n in far.extrapolated)
     np.testing.assert_allclose(far.rates, model.lookup("vegas", 4, 0.1, 32768).rates)

@@ -310,14 +310,33 @@ class AcceptanceModel:
                     f"unknown workload {workload!r} for {method} at temperature {temp:g}",
                     where="workload", fix=f"use one of: {', '.join(wls)} (or none to pool all)")
             keys = [k for k in keys if k[2] == workload]
-        bucket, note = self._pick_bucket(keys, context)
-        if note:
-            notes.append(note)
-        keys = [k for k in keys if k[4] == bucket]
-        comps, w, s_notes = self._sparsity_mixture(keys, sparsity, gamma)
-        notes.extend(s_notes)
+        comps: list[_Source] = []
+        w: list[float] = []
+        for bucket, bucket_w, note in self._context_mixture(keys, context):
+            if note:
+                notes.append(note)
+            b_comps, b_w, s_notes = self._sparsity_mixture(
+                [k for k in keys if k[4] == bucket], sparsity, gamma)
+            notes.extend(n for n in s_notes if n not in notes)
+            comps += b_comps
+            w += [bucket_w * x for x in b_w]
         rates = sum((wi * c.rates for wi, c in zip(w, comps)), np.zeros(gamma))
         return AcceptanceDist(method, gamma, np.asarray(rates), notes, comps, np.asarray(w))
+
+    def _context_mixture(self, keys: list[tuple[str, float, str, float, float, int]],
+                         context: int) -> list[tuple[float, float, str]]:
+        """(bucket, weight, note): inside the traced buckets, the two neighbours with weights
+        linear in log-context (a monotone interpolation of the rates); outside, the nearest
+        bucket alone, labelled extrapolated."""
+        buckets = sorted({k[4] for k in keys})
+        logc = math.log(max(context, 1))
+        if len(buckets) == 1 or not (buckets[0] < context < buckets[-1]):
+            bucket, note = self._pick_bucket(keys, context)
+            return [(bucket, 1.0, note)]
+        j = int(np.searchsorted(buckets, context))
+        lo, hi = buckets[j - 1], buckets[j]
+        w = (logc - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return [(b, bw, "") for b, bw in ((lo, 1.0 - w), (hi, w)) if bw > 0.0]
 
     def _pick_bucket(self, keys: list[tuple[str, float, str, float, float, int]],
                      context: int) -> tuple[float, str]:
