@@ -18,8 +18,8 @@ from vegas_sim.methods import METHODS
 
 
 @contextmanager
-def _bar(description: str) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields a callback(done, total)."""
+def _bar() -> Iterator[Any]:
+    """Rich progress bars on stderr, one per label; yields update(label, done, total)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -100,7 +100,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
         latency, acceptance, notes = _models(model, traces)
-        with _bar(f"sweep ({engine})") as update:
+        with _bar() as update:
             table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
                               replications=replications, workers=workers, scheduler=scheduler,
                               progress=lambda d, t: update(f"sweep ({engine})", d, t), out=out)
@@ -152,7 +152,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine)
         latency, acceptance, notes = _models(model, traces)
-        with _bar("tune") as update:
+        with _bar() as update:
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update, model=model)
         result.notes.extend(notes)

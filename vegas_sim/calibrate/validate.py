@@ -80,7 +80,7 @@ def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
     decoder = SpecDecoder(model, _spec_config(h, min_tokens))
     gen = torch.Generator(device).manual_seed(seed)
     state = decoder.prefill_state(prompts, h.output_len, generator=gen)
-    _warm(decoder, model, h, device)
+    _warm(decoder, h, device)
     return _window_run(decoder, state, device)
 
 
@@ -92,7 +92,7 @@ def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
 
     device = next(model.parameters()).device
     decoder = SpecDecoder(model, _spec_config(h, min_tokens))
-    _warm(decoder, model, h, device)
+    _warm(decoder, h, device)
     replay = AcceptanceReplay([list(map(int, row)) for row in sequences])
     max_seq = h.context + h.output_len + 2 * h.gamma + QUEST_PAGE + 2
     state = decoder.init_state(h.batch, h.context, max_seq, seed=seed, replay=replay,
@@ -107,7 +107,7 @@ def _spec_config(h: HeldOut, min_tokens: int) -> Any:
                       temperature=h.temperature, min_tokens=min_tokens)
 
 
-def _warm(decoder: Any, model: Any, h: HeldOut, device: torch.device) -> None:
+def _warm(decoder: Any, h: HeldOut, device: torch.device) -> None:
     """One short synthetic run so that Triton compilation stays out of the measurement."""
     ctx = min(h.context, 1024)
     state = decoder.init_state(h.batch, ctx, ctx + 4 * h.gamma + QUEST_PAGE + 8, seed=1)
