@@ -21,7 +21,7 @@ from vegas_sim.calibrate.timers import PhaseTimer
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import SPEC_METHODS
 
-from .conftest import tiny_model
+from .conftest import tiny_model, tiny_spec
 
 MAX_NEW = 14
 
@@ -250,10 +250,33 @@ def test_timer_nested_phases_are_excluded_and_merged() -> None:
     samples = timer.samples()
     assert [name for name, _ in samples] == ["draft_step", "quest_meta", "verify"]
     ms = dict(samples)
-    assert 18 <= ms["draft_step"] < 28  # 20 ms own, the 30 ms nested excluded
-    assert 28 <= ms["quest_meta"] < 40  # three nested intervals summed into one sample
+    # 20 ms own; with the 30 ms nested it would be >= 50 (loose bounds: a busy CI machine)
+    assert 18 <= ms["draft_step"] < 48
+    assert ms["quest_meta"] >= 28  # three nested intervals summed into one sample
     timer.reset()
     assert timer.summary() == {}
     with pytest.raises(UserInputError):
         with timer.phase("bogus"):
             pass
+
+
+# ------------------------------------------------------------------ CUDA graphs (GPU only)
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["vanilla", *SPEC_METHODS])
+def test_graphed_decoding_matches_eager_on_cuda(method: str) -> None:
+    """Replaying the draft / verify / decode steps as CUDA graphs changes nothing: the same
+    greedy tokens and the same per-iteration acceptance as eager steps (same kernels, same
+    shapes), while contexts grow, budgets change and requests finish at different times."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    spec = tiny_spec("qwen3", n_layers=3, max_positions=1024)
+    model = Transformer(spec, None, device="cuda", dtype=torch.bfloat16, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (300, 420, 530)]
+    cfg = SpecConfig(method, 5, sparsity=0.05, min_tokens=16)
+    eager = SpecDecoder(model, cfg, graphs=False).generate(prompts, 40)
+    graphed_decoder = SpecDecoder(model, cfg, graphs=True)
+    graphed = graphed_decoder.generate(prompts, 40)
+    assert graphed.tokens == eager.tokens
+    assert [r.accepted for r in graphed.records] == [r.accepted for r in eager.records]
+    assert [r.budget for r in graphed.records] == [r.budget for r in eager.records]

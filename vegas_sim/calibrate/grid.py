@@ -77,6 +77,8 @@ import torch
 
 from vegas_sim.calibrate import hardware
 from vegas_sim.errors import UserInputError
+from vegas_sim.calibrate.specdec import graphs_default
+from vegas_sim.kernels import ops
 from vegas_sim.methods import (
     METHODS,
     MIN_TOKENS,
@@ -626,6 +628,8 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
             body = functools.partial(_draft_and_rollback, dec, state)
         its = _timed(ctx, timer, body, "other")
         steps, quest = draft_samples(its, gamma)
+        if path == "magicdec-quest" and dec.graphs:
+            steps, quest = split_quest_scoring(steps, quest, quest_scoring_ms(dec, state))
         for j in range(1, gamma + 1):
             quest_pool[j].extend(quest[j - 1])
             for m in methods_here:
@@ -639,6 +643,43 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
             rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0,
                                     quest_pool[j]))
     return rows
+
+
+def quest_scoring_ms(dec: Any, state: Any, reps: int = 10) -> float:
+    """Median GPU ms of one draft step's Quest page scoring + page top-k over all layers,
+    replayed as a CUDA graph on the state's current metadata and page counts.
+
+    Inside a graphed draft step the scoring cannot be timed on its own (no events inside a
+    capture), so it is measured here, alone, and `split_quest_scoring` moves it from
+    draft_step to quest_meta — the phases methods.iteration_plan sums."""
+    policy = state.draft_policy
+    spec = dec.spec
+    gen = torch.Generator(device=dec.device).manual_seed(0)
+    q = torch.randn(state.batch, spec.n_heads, spec.head_dim, generator=gen, device=dec.device,
+                    dtype=dec.model.dtype)  # [B, Hq, D]
+
+    def score_all_layers() -> None:
+        for layer in range(spec.n_layers):
+            ops.quest_select(q, policy.kmin[layer], policy.kmax[layer], policy.context,
+                             policy.n_pages, policy.max_pages)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        score_all_layers()  # compile / autotune outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        score_all_layers()
+    return float(np.median(hardware.time_ms(graph.replay, dec.device, reps=reps)))
+
+
+def split_quest_scoring(steps: list[list[float]], quest: list[list[float]], scoring_ms: float
+                        ) -> tuple[list[list[float]], list[list[float]]]:
+    """Move `scoring_ms` of every graphed Quest draft-step sample to its quest_meta sample."""
+    steps = [[max(ms - scoring_ms, 0.0) for ms in step] for step in steps]
+    quest = [[ms + scoring_ms for ms in q] for q in quest]
+    return steps, quest
 
 
 def _draft_and_rollback(dec: Any, state: Any) -> None:
@@ -844,6 +885,8 @@ def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, A
         "latency_temperature": latency_temperature(plan),
         "draft_gamma": DRAFT_GAMMA,
         "draft_paths": {k: list(v) for k, v in DRAFT_PATHS.items()},
+        # Draft, verify and decode steps replayed as CUDA graphs (specdec.SpecDecoder).
+        "cuda_graphs": graphs_default(torch.device(plan.device)),
         "acceptance": (
             f"real weights: gamma {max(plan.gamma)}, {plan.iterations} iterations per request"
             if real and plan.acceptance else

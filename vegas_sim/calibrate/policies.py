@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from vegas_sim.kernels import ops
-from vegas_sim.kernels.reference import collect_row_ids
 
 PhaseFn = Callable[[str], AbstractContextManager[None]]
 
@@ -72,8 +71,10 @@ class QuestDraftAttention:
     """Quest drafting: per layer, top n_pages pages of [0, C) by the page bound + partial page."""
 
     def __init__(self, kmin: Tensor, kmax: Tensor, batch: int, device: torch.device,
-                 phase: PhaseFn = _no_phase) -> None:
+                 phase: PhaseFn = _no_phase, max_pages: int | None = None) -> None:
         self.kmin, self.kmax = kmin, kmax  # [L, B, P, Hkv, D] page channel-wise min / max
+        # A fixed bound on n_pages keeps ops.quest_select free of host syncs (CUDA graphs).
+        self.max_pages = max_pages
         self.context = torch.zeros(batch, dtype=torch.int32, device=device)  # [B] C, tail start
         self.n_pages = torch.ones(batch, dtype=torch.int32, device=device)  # [B]
         self.phase = phase  # times page scoring as "quest_meta" (off inside CUDA graphs)
@@ -87,10 +88,23 @@ class QuestDraftAttention:
         q1 = q[:, 0]  # [B, Hq, D]
         with self.phase("quest_meta"):
             idx, n_idx = ops.quest_select(q1, self.kmin[layer], self.kmax[layer], self.context,
-                                          self.n_pages)
+                                          self.n_pages, self.max_pages)
         out = ops.sparse_draft_attention(q1, k_cache, v_cache, idx, n_idx, self.context,
                                          cache_lens, scale)
         return out[:, None]
+
+
+def collected_rows(x: Tensor, collect: str) -> Tensor:
+    """x [B, NQ, ...] -> its rows of `collect` (reference.collect_row_ids) by slicing: an
+    index list would be copied to the device, which a CUDA graph capture does not allow."""
+    nq = x.shape[1]
+    if collect == "first_last" and nq > 1:
+        return x[:, :: nq - 1]  # rows 0 and NQ-1
+    if collect == "first_last":
+        return x[:, :1]
+    if collect == "all":
+        return x
+    raise ValueError(f"no rows are collected with collect={collect!r}")
 
 
 class CollectingVerifyAttention:
@@ -115,8 +129,7 @@ class CollectingVerifyAttention:
         out, lse, scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale,
                                                 self.collect)
         if scores is not None:
-            rows = collect_row_ids(q.shape[1], self.collect)
-            lse_rows = lse[:, rows]  # [B, R, Hq] of the collected rows
+            lse_rows = collected_rows(lse, self.collect)  # [B, R, Hq] of the collected rows
             if self.per_row:
                 self._per_row_weights(layer, scores, lse_rows, scale)
             else:
@@ -129,6 +142,7 @@ class CollectingVerifyAttention:
         # Fold rows into the batch so one score_weights call gives each row its own head-mean:
         # [B, R, Hq, S] -> [B·R, 1, Hq, S] -> weights [B·R, S] -> [B, R, S].
         B, R, Hq, S = scores.shape
+        rank_len = self.rank_len[:, None].expand(B, R).reshape(B * R)  # no host sync
         w = ops.score_weights(scores.reshape(B * R, 1, Hq, S), lse_rows.reshape(B * R, 1, Hq),
-                              scale, self.rank_len.repeat_interleave(R))
+                              scale, rank_len)
         self.weights[layer, :, :R].copy_(w.view(B, R, S))

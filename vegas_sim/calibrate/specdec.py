@@ -59,6 +59,7 @@ iteration is rolled back to the same C) so that repeated timings measure the sam
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,7 @@ from vegas_sim.calibrate.policies import (
     SparseDraftAttention,
 )
 from vegas_sim.calibrate.replay import AcceptanceReplay
-from vegas_sim.calibrate.runtime import DenseAttention, KVCache, Transformer
+from vegas_sim.calibrate.runtime import DenseAttention, GraphedForward, KVCache, Transformer
 from vegas_sim.calibrate.sampling import (
     check_sampling,
     draw,
@@ -173,23 +174,39 @@ class BatchState:
     synthetic: bool = False  # fixed context, no emission / records
     generator: torch.Generator | None = None
     replay: AcceptanceReplay | None = None
+    graphs: dict[tuple[str, int], GraphedForward] = field(default_factory=dict)
+    graph_pool: Any = None  # one memory pool for all graphs of this state
 
     @property
     def batch(self) -> int:
         return int(self.t0.shape[0])
 
 
+def graphs_default(device: torch.device) -> bool:
+    """CUDA graphs on CUDA unless VEGAS_SIM_CUDA_GRAPHS=0 (eager runs, e.g. for debugging)."""
+    return device.type == "cuda" and os.environ.get("VEGAS_SIM_CUDA_GRAPHS", "1") != "0"
+
+
 class SpecDecoder:
-    """Runs one method (SpecConfig) on a model; see the module docstring for the semantics."""
+    """Runs one method (SpecConfig) on a model; see the module docstring for the semantics.
+
+    graphs: replay the draft step, the verify pass and the vanilla decode step as CUDA graphs
+    (runtime.GraphedForward, captured per state when it is created), so that the per-step CPU
+    cost is a graph launch instead of ~15 kernel launches per layer. Default: on for CUDA.
+    """
 
     def __init__(self, model: Transformer, config: SpecConfig,
-                 timer: PhaseTimer | None = None) -> None:
+                 timer: PhaseTimer | None = None, graphs: bool | None = None) -> None:
         self.model = model
         self.config = config
         self.timer = timer if timer is not None else PhaseTimer(model.device, enabled=False)
         self.spec = model.spec
         self.device = model.device
         self.dense = DenseAttention()
+        self.graphs = graphs_default(self.device) if graphs is None else graphs
+        if self.graphs and self.device.type != "cuda":
+            raise UserInputError("CUDA graphs need a CUDA model", where="graphs",
+                                 fix="pass graphs=False on the CPU")
 
     # ---- helpers --------------------------------------------------------------------------
     def _budget(self, length: np.ndarray) -> np.ndarray:
@@ -213,7 +230,9 @@ class SpecDecoder:
             shape = (s.n_layers, batch, pages, s.n_kv_heads, s.head_dim)
             kmin = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
             kmax = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
-            draft_policy = QuestDraftAttention(kmin, kmax, batch, self.device, self.timer.phase)
+            max_pages = self._capacity(max_seq) // methods.QUEST_PAGE
+            draft_policy = QuestDraftAttention(kmin, kmax, batch, self.device, self.timer.phase,
+                                               max_pages=max_pages)
         elif c.method != "vanilla":
             draft_policy = SparseDraftAttention(s.n_layers, batch, self._capacity(max_seq),
                                                 self.device,
@@ -222,7 +241,7 @@ class SpecDecoder:
         verify = CollectingVerifyAttention(
             s.n_layers, batch, max_seq, self.device, c.collect,
             per_row=c.method == "specextend", max_rows=gamma + 1)
-        return BatchState(
+        state = BatchState(
             cache=cache,
             context=torch.zeros(batch, dtype=torch.int32, device=self.device),
             ctx_host=np.zeros(batch, dtype=np.int64),
@@ -235,6 +254,49 @@ class SpecDecoder:
             done=np.zeros(batch, dtype=bool),
             emitted=[[] for _ in range(batch)],
         )
+        if self.graphs:
+            self._capture_steps(state)
+        return state
+
+    # ---- CUDA graphs ----------------------------------------------------------------------
+    def _step_roles(self, state: BatchState) -> list[tuple[str, int, Any, bool]]:
+        """(role, n_query, policy, last_only) of the forwards one iteration replays."""
+        if self.config.method == "vanilla":
+            return [("decode", 1, self.dense, True)]
+        return [("draft", 1, state.draft_policy, True),
+                ("verify", self.config.gamma + 1, state.verify_policy, False)]
+
+    def _capture_steps(self, state: BatchState) -> None:
+        """Capture this state's step graphs now, so that no timed step pays for a capture.
+
+        The cache is empty (or about to be filled at random): the warm-up forwards inside
+        GraphedForward only write K/V that prefill / fill_random overwrite, and the policies'
+        buffers are set before every replay."""
+        for role, nq, policy, last_only in self._step_roles(state):
+            self._graph(state, role, nq, policy, last_only)
+
+    def _graph(self, state: BatchState, role: str, n_query: int, policy: Any,
+               last_only: bool) -> GraphedForward:
+        key = (role, n_query)
+        graph = state.graphs.get(key)
+        if graph is None:
+            # No phase may record CUDA events inside a capture (Quest's nested quest_meta).
+            enabled, self.timer.enabled = self.timer.enabled, False
+            try:
+                graph = GraphedForward(self.model, state.cache, policy, state.batch, n_query,
+                                       last_only=last_only, pool=state.graph_pool)
+            finally:
+                self.timer.enabled = enabled
+            state.graphs[key], state.graph_pool = graph, graph.pool
+        return graph
+
+    def _forward(self, state: BatchState, role: str, tokens: Tensor, policy: Any,
+                 last_only: bool = False) -> Tensor:
+        """model(tokens) with `policy`: a graph replay (its logits are a static buffer, valid
+        until this role's next replay) or an eager forward."""
+        if not self.graphs:
+            return self.model(tokens, state.cache, policy, last_only=last_only)
+        return self._graph(state, role, tokens.shape[1], policy, last_only)(tokens)
 
     def _set_context(self, state: BatchState, ctx: np.ndarray) -> None:
         state.ctx_host = ctx.astype(np.int64)
@@ -348,7 +410,8 @@ class SpecDecoder:
         tok = state.t0[:, None]  # [B, 1]
         for j in range(c.gamma):
             with self.timer.phase("draft_step"):
-                logits = self.model(tok, state.cache, state.draft_policy, last_only=True)[:, 0]
+                logits = self._forward(state, "draft", tok, state.draft_policy,
+                                       last_only=True)[:, 0]
                 if c.greedy:
                     d = logits.argmax(-1)  # [B]
                 else:
@@ -365,7 +428,7 @@ class SpecDecoder:
             state.cache.rollback(state.context)
             tokens = torch.cat([state.t0[:, None], state.drafts], dim=1)  # [B, γ+1]
             state.verify_policy.rank_len.copy_(state.context + 1)  # rank [0, C]
-            state.target_logits = self.model(tokens, state.cache, state.verify_policy)
+            state.target_logits = self._forward(state, "verify", tokens, state.verify_policy)
             state.collect_ctx = state.ctx_host.copy()
 
     def accept_and_rollback(self, state: BatchState) -> None:
@@ -470,7 +533,8 @@ class SpecDecoder:
         """One vanilla step for every request: full attention, sample, advance by one."""
         c = self.config
         with self.timer.phase("decode"):
-            logits = self.model(state.t0[:, None], state.cache, self.dense, last_only=True)
+            logits = self._forward(state, "decode", state.t0[:, None], self.dense,
+                                   last_only=True)
         with self.timer.phase("sample"):
             nxt = sample(logits[:, 0], c.temperature, c.top_p, c.top_k, state.generator)
             if state.synthetic:

@@ -174,10 +174,16 @@ def quest_update_meta(
 
 
 def quest_select(
-    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor
+    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
+    max_pages: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Quest top n_pages full pages of [0, context) + the partial page: indices [B, K], n_idx."""
+    """Quest top n_pages full pages of [0, context) + the partial page: indices [B, K], n_idx.
+
+    K = 16·(max n_pages + 1), read from the device (a host sync) unless `max_pages`
+    (>= every n_pages) is given: then K = 16·(max_pages + 1) and the op is capturable in a
+    CUDA graph whose n_pages change between replays."""
     impl: Any = reference
     if backend(q) == "triton":
         impl = _triton_module("selection")
-    return impl.quest_select(q, kmin, kmax, context, n_pages)  # type: ignore[no-any-return]
+    return impl.quest_select(q, kmin, kmax, context, n_pages,  # type: ignore[no-any-return]
+                             max_pages)

@@ -202,14 +202,17 @@ def quest_page_scores(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
 
 
 def quest_select(
-    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor
+    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
+    max_pages: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Quest: top n_pages[b] full pages inside [0, context) + the current partial page.
 
-    Returns token indices [B, K] int32 (K = 16·(max n_pages + 1), -1 past n_idx) and n_idx [B].
+    Returns token indices [B, K] int32 (K = 16·(max n_pages + 1), or 16·(max_pages + 1) when
+    given; -1 past n_idx) and n_idx [B].
     """
     B, P = kmin.shape[0], kmin.shape[1]
-    K = QUEST_PAGE * (int(n_pages.max().item()) + 1) if B else 0
+    n_max = int(n_pages.max().item()) if max_pages is None and B else (max_pages or 0)
+    K = QUEST_PAGE * (n_max + 1) if B else 0
     scores = quest_page_scores(q, kmin, kmax)  # [B, P]
     out = torch.full((B, K), -1, dtype=torch.int32, device=q.device)
     n_out = torch.zeros(B, dtype=torch.int32, device=q.device)
