@@ -96,10 +96,14 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
               help="Real-weights trace set for acceptance (default: --traces, or packaged).")
 @click.option("--heldout", type=click.Path(path_type=Path), default=None,
               help="CSV/JSON of held-out configurations (columns: method, gamma, sparsity, "
-                   "batch, context, output_len, workload, temperature).")
+                   "batch, context, output_len, workload, temperature, waves; an empty "
+                   "temperature means the latency grid's).")
 @click.option("--random", "n_random", type=int, default=None,
               help="Draw this many held-out configurations outside the grid instead.")
-@click.option("--model", required=True, help="Model to run: preset, .gguf file or HF dir.")
+@click.option("--repredict", type=click.Path(path_type=Path), default=None,
+              help="Re-predict every row of this earlier result CSV with the current "
+                   "simulator (no GPU run; measured columns kept) and print before/after.")
+@click.option("--model", default=None, help="Model to run: preset, .gguf file or HF dir.")
 @click.option("--weights", type=click.Choice(["real", "random"]), default=None,
               help="random: acceptance decisions are replayed from a recorded real trace.")
 @click.option("--max-batch", type=int, default=64, show_default=True)
@@ -109,17 +113,25 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for choosing held-out configurations and for the runs (recorded).")
+@click.option("--replications", type=int, default=5, show_default=True,
+              help="Simulator replications per prediction.")
+@click.option("--time-budget", type=float, default=None,
+              help="Seconds after which no new configuration starts (the table so far is "
+                   "kept), for a bounded GPU call.")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result CSV (predicted, measured, error %, CI, extrapolated).")
 def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
-             n_random: int | None, model: str, weights: str | None, max_batch: int,
-             context_range: str, output_len: int, device: str, seed: int, out: Path) -> None:
+             n_random: int | None, repredict: Path | None, model: str | None,
+             weights: str | None, max_batch: int, context_range: str, output_len: int,
+             device: str, seed: int, replications: int, time_budget: float | None,
+             out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
     the trace set only, and writes predicted vs measured throughput with the error. Refuses
     configurations that are calibration grid points. `vegas-sim report` turns the CSV into a
-    parity plot.
+    parity plot. With --repredict, no decoding runs: the predictions of an earlier result
+    table are recomputed with the current simulator and the before/after errors printed.
 
     Examples:
 
@@ -127,12 +139,28 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
 
         vegas-sim validate --traces traces/q8b --model qwen3-8b --weights random \\
             --acceptance-traces traces/smol --random 20 --out val-q8b.csv
+
+        vegas-sim validate --repredict val-q8b.csv --traces traces/q8b \\
+            --acceptance-traces traces/smol --out val-q8b-new.csv
     """
     from vegas_sim.calibrate import validate as validation
 
     with user_errors():
+        if repredict is not None:
+            if heldout is not None or n_random is not None or model is not None:
+                raise click.UsageError("--repredict runs nothing: drop --heldout/--random/--model")
+            before, after = validation.repredict(
+                repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
+                seed=seed, replications=replications)
+            click.echo(validation.compare(before, after))
+            click.echo(validation.summarize(after))
+            click.echo(f"wrote {out}")
+            return
         if (heldout is None) == (n_random is None):
-            raise click.UsageError("pass exactly one of --heldout FILE or --random N")
+            raise click.UsageError("pass exactly one of --heldout FILE or --random N "
+                                   "(or --repredict RESULTS.csv)")
+        if model is None:
+            raise click.UsageError("--model is required to run held-out configurations")
         lo, hi = gridspec.parse_int_grid(context_range, "--context-range")
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
@@ -141,7 +169,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                 traces=traces, acceptance_traces=acceptance_traces, heldout_file=heldout,
                 n_random=n_random, model=model, weights=weights, max_batch=max_batch,
                 contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
-                progress=progress)
-    summary = validation.summarize(table)
-    click.echo(summary)
+                progress=progress, replications=replications, time_budget_s=time_budget,
+                log=lambda line: click.echo(line, err=True))
+    click.echo(validation.summarize(table))
     click.echo(f"wrote {out}")

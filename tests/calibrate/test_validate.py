@@ -77,3 +77,120 @@ def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert (table["measured"] > 0).all() and (table["predicted"] > 0).all()
     assert set(table["regime"]) == {"random-weights+replay"}
     assert "configurations" in summarize(table)
+
+
+def test_prompts_are_natural_text_and_waves_rotate() -> None:
+    from vegas_sim.calibrate.validate import prompts_for
+
+    h = HeldOut("vegas", 3, 0.1, batch=2, context=5, output_len=8)
+    long_prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 18]]
+    p0, note = prompts_for(h, [[99, 98]] + long_prompts, wave=0)
+    assert note == "" and [p.tolist() for p in p0] == [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11]]
+    p1, _ = prompts_for(h, long_prompts, wave=1)  # requests 2, 3 → prompts 2, 0
+    assert [p.tolist() for p in p1] == [[13, 14, 15, 16, 17], [1, 2, 3, 4, 5]]
+    p, note = prompts_for(h, [[4, 5]], wave=0)  # nothing long enough: repeated, and said so
+    assert p[0].tolist() == [4, 5, 4, 5, 4] and "repeated" in note
+
+
+def test_fixed_sequences_continue_across_calls() -> None:
+    from vegas_sim.sim.acceptance import FixedSequences
+
+    fs = FixedSequences(3, [[0, 1, 2, 3, 5], [1]])
+    a = fs.sample(np.random.default_rng(0), 3, 3)
+    b = fs.sample(np.random.default_rng(0), 3, 3)
+    assert a.tolist() == [[0, 1, 2], [1, 1, 1], [0, 1, 2]]
+    assert b.tolist() == [[3, 3, 0], [1, 1, 1], [3, 3, 0]]  # 5 capped at γ, then cyclic
+    assert fs.mean_length == pytest.approx(1 + (0 + 1 + 2 + 3 + 3 + 1) / 6)
+
+
+def test_replayed_prediction_matches_hand_count(tmp_path: Path) -> None:
+    """With given accept counts the simulator's window is known exactly: request 0 needs
+    4 + 1 + 2 + ... tokens; the window's tokens and iterations follow."""
+    from vegas_sim.calibrate.validate import load_models, predict_replayed
+    from vegas_sim.sim.predict import Scenario
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    models = load_models(traces, None)
+    sc = Scenario("vegas", 3, 0.5, batch=2, context=80, output_len=24, requests=2)
+    seqs = [[[3, 0, 1, 2] * 10, [1, 1, 1, 1] * 10]]
+    thr, iter_ms = predict_replayed(sc, models.latency, seqs, waves=1, seed=0)
+    cost = models.latency.iteration_cost("vegas", 3, 0.5, sc.min_tokens)
+    # 9 iterations (as in the measured replay test), 24 + 18 tokens; contexts grow per
+    # request by its emitted tokens.
+    ctx = np.array([80, 80])
+    total = 0.0
+    for k in range(9):
+        total += cost(ctx)
+        ctx = ctx + np.array([[4, 1, 2, 3][k % 4], 2])
+    assert iter_ms == pytest.approx(total / 9)
+    assert thr == pytest.approx(42 / (total / 1000.0))
+
+
+def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
+    from vegas_sim.calibrate.validate import compare, encode_accepted, repredict
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    import pandas as pd
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    old = pd.DataFrame([{
+        "method": "vegas", "gamma": 3, "sparsity": 0.5, "batch": 2, "context": 80,
+        "output_len": 24, "workload": None, "temperature": 0.0, "waves": 1,
+        "regime": "random-weights+replay", "predicted": 1.0, "measured": 500.0,
+        "error_pct": -99.8, "measured_iterations": 9, "measured_seconds": 0.084,
+        "measured_tokens": 42,
+        "measured_accepted": encode_accepted([[[3, 0, 1, 2] * 3, [1] * 12]]),
+    }])
+    old.to_csv(tmp_path / "old.csv", index=False)
+    before, after = repredict(tmp_path / "old.csv", traces=traces, acceptance_traces=None,
+                              out=tmp_path / "new.csv", seed=0, replications=2)
+    row = after.iloc[0]
+    assert row["measured"] == 500.0 and row["predicted"] == row["predicted_replay"] > 1.0
+    assert row["error_pct"] == pytest.approx(100 * (row["predicted"] - 500) / 500)
+    assert (tmp_path / "new.csv").exists()
+    assert "before median 99.8 %" in compare(before, after)
+
+
+def test_empty_temperature_resolves_to_the_latency_grids(tmp_path: Path) -> None:
+    import dataclasses
+
+    from vegas_sim.calibrate.validate import load_models, resolve_temperature
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    models = dataclasses.replace(load_models(traces, None), latency_temperature=0.6,
+                                 traced_temperatures=(0.0, 0.6))
+    h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=None), models)
+    assert h.temperature == 0.6 and note == ""
+    h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=0.0), models)
+    assert "sampling cost differs" in note
+    greedy_only = dataclasses.replace(models, traced_temperatures=(0.0,))
+    h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=None),
+                                  greedy_only)
+    assert h.temperature == 0.0 and "differs" in note
+
+
+def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "validation"
+    spec = importlib.util.spec_from_file_location("make_heldout", root / "make_heldout.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for regime in ("smollm2", "qwen3_8b"):
+        hs = read_heldout(root / f"heldout_{regime}.csv")
+        assert len(hs) >= 22
+        check_outside_grid(hs, mod.GRIDS[regime])
+        assert {h.method for h in hs} == set(mod.METHODS)
+        # the committed file is what the recorded seed regenerates
+        assert hs == mod.draw(regime, np.random.default_rng([mod.SEED, 0 if regime == "smollm2" else 1]))
+        if regime == "qwen3_8b":
+            assert all(mod.kv_gb(h.batch, h.context, h.output_len) <= mod.MAX_KV_GB for h in hs)
+            assert max(h.context for h in hs) > 100_000 and min(h.batch for h in hs) == 1

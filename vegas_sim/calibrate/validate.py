@@ -7,6 +7,17 @@ Both regimes of DESIGN.md run through `run_validation`:
   *real* traces (the same sampler the simulator uses), so the real kernels, batching and
   rollback run at scale with realistic acceptance.
 
+Each configuration runs `waves` closed batches one after the other (other prompts, or other
+replayed draws) and pools them. Every result row carries three predictions:
+- `predicted_sim`: `predict` from the trace sets alone (acceptance from the acceptance model);
+- `predicted_replay`: the simulator fed the run's own accept counts (`measured_accepted`,
+  hex-encoded): acceptance identical, so its error is the latency model's and the batching's;
+- `predicted`: the one the targets are judged on — `predicted_sim` for real weights,
+  `predicted_replay` for the replay regime, whose acceptance is itself a draw from the
+  acceptance model (an input, like an arrival trace).
+`acceptance_error_pct` and `iter_time_error_pct` split the error into its two factors.
+`repredict` recomputes every prediction of an old table with the current simulator.
+
 Throughput is measured the way the simulator defines it for a closed batch of B requests that
 start together (sim/metrics.py: steady-state window = from the first iteration to the end of
 the iteration in which the first request finishes; tokens emitted in that window / its time).
@@ -15,6 +26,7 @@ the iteration in which the first request finishes; tokens emitted in that window
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,14 +52,32 @@ ProgressFn = Callable[[int, int, str], None]
 
 @dataclasses.dataclass
 class Measurement:
+    """One (or several pooled) steady-state windows of a real run.
+
+    `accepted` holds, per wave and per request, the accepted-draft counts of the window's
+    iterations in order (before truncation at the output length): the acceptance the run
+    really had, which `predict_replayed` feeds back into the simulator.
+    """
+
     tokens: int
     seconds: float
     iterations: int
-    acceptance_length: float
+    acceptance_length: float  # 1 + mean accepted drafts per (request, iteration), pre-truncation
+    accepted: list[list[list[int]]] = dataclasses.field(default_factory=list)
 
     @property
     def throughput(self) -> float:
         return self.tokens / self.seconds
+
+
+def pool(measurements: Sequence[Measurement]) -> Measurement:
+    """Waves pooled: tokens and seconds summed (a ratio of sums, like one longer window)."""
+    draws = [a for m in measurements for wave in m.accepted for req in wave for a in req]
+    iters = sum(m.iterations for m in measurements)
+    acc_len = 1.0 + float(np.mean(draws)) if draws else 1.0
+    return Measurement(sum(m.tokens for m in measurements),
+                       sum(m.seconds for m in measurements), iters, acc_len,
+                       [w for m in measurements for w in m.accepted])
 
 
 def _sync(device: torch.device) -> None:
@@ -58,7 +88,7 @@ def _sync(device: torch.device) -> None:
 def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     """Run iterations until the first request finishes; tokens and time of that window."""
     emitted = lambda: sum(len(e) for e in state.emitted)  # noqa: E731
-    start_tokens, iterations = emitted(), 0
+    start_tokens, iterations, first_record = emitted(), 0, len(state.records)
     _sync(device)
     t0 = time.perf_counter()
     while not state.done.any():
@@ -67,12 +97,16 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     _sync(device)
     seconds = time.perf_counter() - t0
     tokens = emitted() - start_tokens
-    per_iter = tokens / max(iterations * state.batch, 1)
-    return Measurement(tokens, seconds, iterations, per_iter)
+    seqs: list[list[int]] = [[] for _ in range(state.batch)]
+    for r in state.records[first_record:]:
+        seqs[r.request].append(int(r.accepted))
+    draws = [a for s in seqs for a in s]
+    acc_len = 1.0 + float(np.mean(draws)) if draws else 1.0  # vanilla records nothing
+    return Measurement(tokens, seconds, iterations, acc_len, [seqs] if draws else [])
 
 
 def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
-                 min_tokens: int = MIN_TOKENS) -> Measurement:
+                 min_tokens: int = MIN_TOKENS, warm: bool = True) -> Measurement:
     """Prefill real prompts (cut to h.context tokens), then decode with real acceptance."""
     from vegas_sim.calibrate.specdec import SpecDecoder
 
@@ -80,19 +114,21 @@ def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
     decoder = SpecDecoder(model, _spec_config(h, min_tokens))
     gen = torch.Generator(device).manual_seed(seed)
     state = decoder.prefill_state(prompts, h.output_len, generator=gen)
-    _warm(decoder, h, device)
+    if warm:
+        _warm(decoder, h, device)
     return _window_run(decoder, state, device)
 
 
 def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
-                     min_tokens: int = MIN_TOKENS) -> Measurement:
+                     min_tokens: int = MIN_TOKENS, warm: bool = True) -> Measurement:
     """Random KV at h.context, acceptance replayed from `sequences` [B, iterations]."""
     from vegas_sim.calibrate.replay import AcceptanceReplay
     from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
     decoder = SpecDecoder(model, _spec_config(h, min_tokens))
-    _warm(decoder, h, device)
+    if warm:
+        _warm(decoder, h, device)
     replay = AcceptanceReplay([list(map(int, row)) for row in sequences])
     max_seq = h.context + h.output_len + 2 * h.gamma + QUEST_PAGE + 2
     state = decoder.init_state(h.batch, h.context, max_seq, seed=seed, replay=replay,
@@ -104,7 +140,7 @@ def _spec_config(h: HeldOut, min_tokens: int) -> Any:
     from vegas_sim.calibrate.specdec import SpecConfig
 
     return SpecConfig(method=h.method, gamma=h.gamma, sparsity=h.sparsity,
-                      temperature=h.temperature, min_tokens=min_tokens)
+                      temperature=h.temperature or 0.0, min_tokens=min_tokens)
 
 
 def _warm(decoder: Any, h: HeldOut, device: torch.device) -> None:
@@ -117,15 +153,33 @@ def _warm(decoder: Any, h: HeldOut, device: torch.device) -> None:
     del state
 
 
-def _prompts_for(h: HeldOut, tokenizer_prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """B prompts of exactly h.context tokens, from long workload prompts (repeated if short)."""
+def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int = 0
+                ) -> tuple[list[torch.Tensor], str]:
+    """B prompts of exactly h.context tokens for wave `wave`, and a note ('' if natural).
+
+    Natural text only: prompts at least h.context long, cut to their first h.context tokens,
+    taken in turn (wave w, request b → long prompt (w·B + b) mod n), so that waves see other
+    prompts. Repeating a short prompt to reach the context (the old behaviour) makes
+    degenerate, copyable text whose acceptance is not the traced workload's; it is done only
+    when no prompt is long enough, and the note says so.
+    """
+    long = [list(p) for p in workload_prompts if len(p) >= h.context]
+    note = ""
+    if not long:
+        long = [list(p) for p in workload_prompts if len(p) >= 2]
+        note = (f"no workload prompt has {h.context} tokens: prompts repeated to reach it "
+                "(acceptance not the traced workload's)")
     out = []
     for b in range(h.batch):
-        ids = list(tokenizer_prompts[b % len(tokenizer_prompts)])
+        ids = long[(wave * h.batch + b) % len(long)]
         while len(ids) < h.context:
             ids = ids + ids
         out.append(torch.tensor(ids[: h.context], dtype=torch.long))
-    return out
+    return out, note
+
+
+def _prompts_for(h: HeldOut, tokenizer_prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    return prompts_for(h, tokenizer_prompts)[0]
 
 
 def choose_heldout(
@@ -145,17 +199,23 @@ def choose_heldout(
     return chosen
 
 
-def run_validation(
-    *, traces: Path, acceptance_traces: Path | None, heldout_file: Path | None,
-    n_random: int | None, model: str, weights: str, max_batch: int,
-    contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
-    progress: ProgressFn | None = None, replications: int = 5,
-) -> pd.DataFrame:
-    """Measure and predict every held-out configuration; write and return the result table."""
+@dataclasses.dataclass
+class _Models:
+    """What predictions need, loaded once per validation (or re-prediction)."""
+
+    latency: Any  # sim.latency.LatencyModel
+    acceptance: Any  # sim.acceptance.AcceptanceModel
+    min_tokens: int  # the budget floor the acceptance was traced with
+    latency_temperature: float  # the temperature the latency grid sampled at
+    grid: dict[str, list[Any]]
+    latency_meta: dict[str, Any]
+    traced_temperatures: tuple[float, ...] = ()  # of the acceptance set
+
+
+def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
+    """Latency model of `traces`, acceptance model of `acceptance_traces` (default: traces)."""
     from vegas_sim import api
-    from vegas_sim.calibrate.runtime import load_model
     from vegas_sim.sim.acceptance import AcceptanceModel
-    from vegas_sim.sim.predict import Scenario, predict
     from vegas_sim.traces.io import load_trace_set
 
     latency_set = load_trace_set(traces)
@@ -164,15 +224,107 @@ def run_validation(
         raise UserInputError("the acceptance trace set has random weights",
                              where=str(acc_set.path),
                              fix="pass --acceptance-traces with a real-weights trace set")
-    latency = api.fit_latency(latency_set)
-    acceptance = AcceptanceModel.from_traces(acc_set.acceptance, acc_set.weights_kind)
-    spec_max = int(latency_set.meta["model"]["max_positions"])
-    # The budget floor the acceptance was traced with: real runs and predictions use it too.
-    min_tokens = int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
+    grid = latency_set.meta.get("grid", {})
+    return _Models(
+        latency=api.fit_latency(latency_set),
+        acceptance=AcceptanceModel.from_traces(acc_set.acceptance, acc_set.weights_kind),
+        min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
+        latency_temperature=float(grid.get("latency_temperature", 0.0)),
+        grid=grid_of(latency_set.meta), latency_meta=latency_set.meta,
+        traced_temperatures=tuple(sorted(float(t) for t in acc_set.acceptance["temperature"]
+                                         .unique())))
+
+
+def resolve_temperature(h: HeldOut, models: _Models) -> tuple[HeldOut, str]:
+    """An empty temperature becomes the latency grid's when the acceptance set traced it
+    (else the traced one nearest to it); a temperature other than the latency grid's is
+    noted: the sample phase and sampled draft steps cost more than greedy argmax, and the
+    latency model only knows the cost at the temperature it was measured at."""
+    if h.temperature is None:
+        want, traced = models.latency_temperature, models.traced_temperatures
+        temp = want if not traced or any(abs(t - want) < 1e-9 for t in traced) else min(
+            traced, key=lambda t: (abs(t - want), t))
+        h = dataclasses.replace(h, temperature=temp)
+    run_temp = float(h.temperature or 0.0)
+    if abs(run_temp - models.latency_temperature) > 1e-9:
+        return h, (f"latency traced at temperature {models.latency_temperature:g}, run at "
+                   f"{run_temp:g}: sampling cost differs")
+    return h, ""
+
+
+def _scenario(h: HeldOut, weights: str, min_tokens: int) -> Any:
+    from vegas_sim.sim.predict import Scenario
+
+    # A real run's first token comes from the prefill; the simulator's decode instance
+    # (disaggregated prefill) generates all output_len tokens in iterations.
+    out_len = h.output_len if weights == "random" else h.output_len - 1
+    return Scenario(method=h.method, gamma=h.gamma, sparsity=h.sparsity, batch=h.batch,
+                    context=h.context, output_len=out_len, requests=h.batch,
+                    workload=h.workload, temperature=h.temperature or 0.0,
+                    min_tokens=min_tokens)
+
+
+def predict_replayed(sc: Any, latency: Any, accepted: Sequence[Sequence[Sequence[int]]],
+                     waves: int, seed: int) -> tuple[float, float]:
+    """(throughput, mean window iteration ms) the simulator gives with the run's own accept
+    counts (one closed batch per wave, pooled like the measurement). Vanilla: `accepted` is
+    empty and `waves` identical runs are pooled (its prediction has no randomness)."""
+    from vegas_sim.sim.acceptance import FixedSequences
+    from vegas_sim.sim.engine import simulate
+    from vegas_sim.sim.metrics import steady_window, summarize as run_summary
+    from vegas_sim.sim.predict import _capacity, engine_config
+
+    cfg = engine_config(sc, _capacity(sc, latency))
+    cost = latency.iteration_cost(sc.method, sc.gamma, sc.sparsity, sc.min_tokens)
+    tokens, ms, iters = 0, 0.0, 0
+    per_wave: list[Sequence[Sequence[int]] | None] = (
+        [None] * waves if sc.method == "vanilla" else list(accepted))
+    for w, seqs in enumerate(per_wave):
+        dist = None if seqs is None else FixedSequences(sc.gamma, [list(r) or [0] for r in seqs])
+        res = simulate(cfg, cost, dist, seed=np.random.SeedSequence([seed, w]))
+        m = run_summary(res)
+        g0, g1 = steady_window(res)
+        tokens += m.window_tokens
+        ms += m.window_ms[1] - m.window_ms[0]
+        iters += g1 - g0 + 1
+    return tokens / (ms / 1000.0), ms / max(iters, 1)
+
+
+def encode_accepted(accepted: Sequence[Sequence[Sequence[int]]]) -> str:
+    """Per wave '|', per request ',', one hex digit per iteration (γ ≤ 15)."""
+    return "|".join(",".join("".join(format(a, "x") for a in req) for req in wave)
+                    for wave in accepted)
+
+
+def decode_accepted(text: Any) -> list[list[list[int]]]:
+    if not isinstance(text, str) or not text:
+        return []
+    return [[[int(c, 16) for c in req] for req in wave.split(",")] for wave in text.split("|")]
+
+
+def run_validation(
+    *, traces: Path, acceptance_traces: Path | None, heldout_file: Path | None,
+    n_random: int | None, model: str, weights: str, max_batch: int,
+    contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
+    progress: ProgressFn | None = None, replications: int = 5,
+    time_budget_s: float | None = None, log: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """Measure and predict every held-out configuration; write and return the result table.
+
+    `time_budget_s`: no new configuration starts after this many seconds (the ones done are
+    written; the rest are logged as skipped), so a bounded GPU call still ends with a table.
+    """
+    from vegas_sim.calibrate.runtime import load_model
+    from vegas_sim.sim.predict import predict
+
+    t_start = time.perf_counter()
+    models = load_models(traces, acceptance_traces)
+    latency, acceptance = models.latency, models.acceptance
+    spec_max = int(latency.model.max_positions)
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
     # Real runs decode real prompts: the acceptance predicted is that workload's. Random
     # weights replay acceptance pooled over the traced workloads.
-    traced = sorted(str(w) for w in acc_set.acceptance["workload"].unique())
+    traced = sorted(str(w) for w in acceptance._runs["workload"].unique())
     workloads: list[str | None] = (
         [None] if weights == "random" else list(traced) or ["longdoc"])
     torch_device = torch.device(device)
@@ -180,37 +332,35 @@ def run_validation(
            if torch_device.type == "cuda" else 16 << 30)
     spec = latency.model
     max_tokens = int(0.8 * (mem - spec.weight_bytes()) / spec.kv_bytes_per_token())
-    heldout = choose_heldout(heldout_file, n_random, grid_of(latency_set.meta), seed=seed,
+    heldout = choose_heldout(heldout_file, n_random, models.grid, seed=seed,
                              max_batch=max_batch, contexts=(lo, hi), output_len=output_len,
                              max_tokens=max_tokens, workloads=workloads)
     write_heldout(heldout, out.with_suffix(".heldout.csv"))
 
     runtime_model, tokenizer, _ = load_model(model, weights=weights, device=device, seed=seed)
-    rows = []
-    for i, h in enumerate(heldout):
+    rows: list[dict[str, Any]] = []
+    for i, h0 in enumerate(heldout):
+        if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+            if log:
+                log(f"time budget {time_budget_s:g} s spent: skipped {len(heldout) - i} "
+                    f"configuration(s) from {h0.label}")
+            break
+        h, note = resolve_temperature(h0, models)
         if progress:
             progress(i, len(heldout), h.label)
-        # A real run's first token comes from the prefill; the simulator's decode instance
-        # (disaggregated prefill) generates all output_len tokens in iterations.
-        out_len = h.output_len if weights == "random" else h.output_len - 1
-        sc = Scenario(method=h.method, gamma=h.gamma, sparsity=h.sparsity, batch=h.batch,
-                      context=h.context, output_len=out_len, requests=h.batch,
-                      workload=h.workload, temperature=h.temperature, min_tokens=min_tokens)
-        pred = predict([sc], latency, acceptance, seed=seed, replications=replications).iloc[0]
-        rng = np.random.default_rng([seed, i])
-        if weights == "random":
-            dist = acceptance.lookup(h.method, h.gamma, h.sparsity, h.context, h.workload,
-                                     h.temperature) if h.method != "vanilla" else None
-            n_iter = h.output_len + 1
-            seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
-                    else np.zeros((h.batch, n_iter), dtype=np.int64))
-            m = measure_replayed(runtime_model, h, seqs, seed + i, min_tokens)
-        else:
-            from vegas_sim.calibrate.workloads import load_workload
-
-            prompts = _prompts_for(h, load_workload(h.workload or "longdoc"))
-            m = measure_real(runtime_model, h, prompts, seed + i, min_tokens)
-        rows.append(_result_row(h, pred, m, weights))
+        sc = _scenario(h, weights, models.min_tokens)
+        pred = predict([sc], latency, acceptance, seed=seed,
+                       replications=max(replications, h.waves)).iloc[0]
+        t_cfg = time.perf_counter()
+        m, prompt_note = _measure(runtime_model, h, acceptance, weights, seed, i, models)
+        rep, rep_iter = predict_replayed(sc, latency, m.accepted, h.waves, seed)
+        notes = ";".join(n for n in (note, prompt_note) if n)
+        rows.append(_result_row(h, pred, m, weights, rep, rep_iter, notes,
+                                time.perf_counter() - t_cfg))
+        if log:
+            log(f"{h.label}: measured {m.throughput:.1f} tok/s, predicted "
+                f"{rows[-1]['predicted']:.1f} ({rows[-1]['error_pct']:+.1f} %), "
+                f"{rows[-1]['wall_s']:.1f} s")
         pd.DataFrame(rows).to_csv(out, index=False)  # nothing lost if interrupted
     if progress:
         progress(len(heldout), len(heldout), "done")
@@ -219,30 +369,176 @@ def run_validation(
     return table
 
 
-def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str) -> dict[str, Any]:
-    predicted = float(pred["throughput_tok_s"])
+def _measure(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed: int,
+             i: int, models: _Models) -> tuple[Measurement, str]:
+    """All waves of one configuration, pooled; the first wave pays the warm-up."""
+    waves: list[Measurement] = []
+    note = ""
+    for w in range(h.waves):
+        run_seed = seed + 1000 * i + w
+        if weights == "random":
+            rng = np.random.default_rng([seed, i, w])
+            dist = acceptance.lookup(h.method, h.gamma, h.sparsity, h.context, h.workload,
+                                     h.temperature or 0.0) if h.method != "vanilla" else None
+            n_iter = h.output_len + 1
+            seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
+                    else np.zeros((h.batch, n_iter), dtype=np.int64))
+            waves.append(measure_replayed(runtime_model, h, seqs, run_seed, models.min_tokens,
+                                          warm=w == 0))
+        else:
+            from vegas_sim.calibrate.workloads import load_workload
+
+            prompts, note = prompts_for(h, load_workload(h.workload or "longdoc"), w)
+            waves.append(measure_real(runtime_model, h, prompts, run_seed, models.min_tokens,
+                                      warm=w == 0))
+    return pool(waves), note
+
+
+def _pct(a: float, b: float) -> float:
+    return 100.0 * (a - b) / b if b else float("nan")
+
+
+def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
+                replayed: float, replayed_iter_ms: float, notes: str,
+                wall_s: float) -> dict[str, Any]:
+    """One result row. `predicted` is what the issue's targets are judged on: the simulator
+    from the trace sets alone for real weights; for the replay regime the simulator fed the
+    same replayed accept counts as the run (the acceptance there is an input drawn from the
+    acceptance model, like an arrival trace; the regime validates the performance model)."""
+    sim = float(pred["throughput_tok_s"])
+    primary = sim if weights == "real" else replayed
+    measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
     return {
         **dataclasses.asdict(h),
         "regime": "real-weights" if weights == "real" else "random-weights+replay",
-        "predicted": predicted,
+        "predicted": primary,
         "measured": m.throughput,
-        "error_pct": 100.0 * (predicted - m.throughput) / m.throughput,
+        "error_pct": _pct(primary, m.throughput),
+        "predicted_sim": sim,
+        "error_sim_pct": _pct(sim, m.throughput),
+        "predicted_replay": replayed,
+        "error_replay_pct": _pct(replayed, m.throughput),
         "ci_low": float(pred["throughput_ci_low"]),
         "ci_high": float(pred["throughput_ci_high"]),
         "predicted_acceptance_length": float(pred["acceptance_length"]),
         "measured_acceptance_length": m.acceptance_length,
+        "acceptance_error_pct": _pct(float(pred["acceptance_length"]), m.acceptance_length),
         "measured_iterations": m.iterations,
         "measured_seconds": m.seconds,
-        "predicted_iter_ms": float(pred["iter_ms"]),
-        "measured_iter_ms": 1000.0 * m.seconds / max(m.iterations, 1),
+        "measured_tokens": m.tokens,
+        "predicted_iter_ms": replayed_iter_ms,
+        "measured_iter_ms": measured_iter_ms,
+        "iter_time_error_pct": _pct(replayed_iter_ms, measured_iter_ms),
         "extrapolated": str(pred.get("extrapolated") or ""),
+        "notes": notes,
+        "wall_s": wall_s,
+        "measured_accepted": encode_accepted(m.accepted),
     }
 
 
-def summarize(table: pd.DataFrame) -> str:
+def _heldout_of(row: dict[str, Any]) -> HeldOut:
+    fields = {f.name for f in dataclasses.fields(HeldOut)}
+    clean: dict[str, Any] = {k: (None if isinstance(v, float) and np.isnan(v) else v)
+                             for k, v in row.items() if k in fields}
+    for k in ("gamma", "batch", "context", "output_len", "waves"):
+        if k in clean and clean[k] is not None:
+            clean[k] = int(clean[k])
+    return HeldOut(**clean).validated()
+
+
+REQUIRED_RESULT_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len",
+                           "regime", "measured")
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    """A result table written by `run_validation` (any version with the required columns)."""
+    if not path.is_file():
+        raise UserInputError("file not found", where=str(path),
+                             fix="pass the CSV written by `vegas-sim validate --out`")
+    table = pd.read_csv(path, keep_default_na=True)
+    missing = [c for c in REQUIRED_RESULT_COLUMNS if c not in table.columns]
+    if missing:
+        raise UserInputError(f"missing columns {missing}", where=str(path),
+                             fix="pass the CSV written by `vegas-sim validate --out`")
+    if table.empty:
+        raise UserInputError("the result table has no rows", where=str(path),
+                             fix="pass a validation run that measured something")
+    return table
+
+
+def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, out: Path,
+              seed: int = 0, replications: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Re-predict every row of an earlier result table with the *current* simulator.
+
+    The measured columns (throughput, iterations, accept counts, time) are kept; every
+    predicted column and error is recomputed from `traces` / `acceptance_traces`. Writes the
+    new table to `out` and returns (old table, new table); `compare` summarises the two.
+    A table from before accept counts were recorded gets NaN for the replay columns (and for
+    `predicted` in the replay regime).
+    """
+    from vegas_sim.sim.predict import predict
+
+    old = read_results(results)
+    models = load_models(traces, acceptance_traces)
+    rows = []
+    for rec in old.to_dict(orient="records"):
+        row = {str(k): v for k, v in rec.items()}
+        weights = "real" if str(row["regime"]).startswith("real") else "random"
+        h = _heldout_of(row)
+        if h.temperature is None:  # an unresolved row (should not happen): resolve now
+            h = resolve_temperature(h, models)[0]
+        sc = _scenario(h, weights, models.min_tokens)
+        pred = predict([sc], models.latency, models.acceptance, seed=seed,
+                       replications=max(replications, h.waves)).iloc[0]
+        accepted = decode_accepted(row.get("measured_accepted"))
+        rep, rep_iter = (predict_replayed(sc, models.latency, accepted, h.waves, seed)
+                         if accepted or h.method == "vanilla" else (math.nan, math.nan))
+        m = Measurement(int(row.get("measured_tokens", 0) or 0),
+                        float(row.get("measured_seconds", math.nan)),
+                        int(row.get("measured_iterations", 0) or 0),
+                        float(row.get("measured_acceptance_length", math.nan)), accepted)
+        notes = row.get("notes")
+        new = _result_row(h, pred, m, weights, rep, rep_iter,
+                          "" if notes is None or pd.isna(notes) else str(notes),
+                          float(row.get("wall_s", math.nan)))
+        new["measured"] = float(row["measured"])  # as measured, not recomputed from the parts
+        for pred_col, err_col in (("predicted", "error_pct"), ("predicted_sim", "error_sim_pct"),
+                                  ("predicted_replay", "error_replay_pct")):
+            new[err_col] = _pct(new[pred_col], new["measured"])
+        if "measured_iter_ms" in row and not pd.isna(row["measured_iter_ms"]):
+            new["measured_iter_ms"] = float(row["measured_iter_ms"])
+            new["iter_time_error_pct"] = _pct(rep_iter, new["measured_iter_ms"])
+        rows.append(new)
+    table = pd.DataFrame(rows)
+    table.to_csv(out, index=False)
+    return old, table
+
+
+def summarize(table: pd.DataFrame, column: str = "error_pct") -> str:
+    """Per regime: configurations, median and max |error| (NaN errors are not counted)."""
     lines = []
     for regime, g in table.groupby("regime"):
-        err = g["error_pct"].abs()
-        lines.append(f"{regime}: {len(g)} configurations, |error| median {err.median():.1f} %, "
+        err = g[column].abs().dropna() if column in g else pd.Series(dtype=float)
+        if err.empty:
+            lines.append(f"{regime}: {len(g)} configurations, no {column}")
+            continue
+        lines.append(f"{regime}: {len(err)} configurations, |error| median {err.median():.1f} %, "
                      f"max {err.max():.1f} %")
+        for extra in ("error_sim_pct", "error_replay_pct", "acceptance_error_pct",
+                      "iter_time_error_pct"):
+            if extra != column and extra in g and g[extra].notna().any():
+                e = g[extra].abs().dropna()
+                lines.append(f"  {extra}: median {e.median():.1f} %, max {e.max():.1f} %")
+    return "\n".join(lines)
+
+
+def compare(before: pd.DataFrame, after: pd.DataFrame) -> str:
+    """Before/after |error| per regime (median, max) and the rows that moved most."""
+    lines = []
+    for regime in sorted(set(before["regime"]) | set(after["regime"])):
+        b = before[before["regime"] == regime]["error_pct"].abs().dropna()
+        a = after[after["regime"] == regime]["error_pct"].abs().dropna()
+        fmt = lambda e: (f"median {e.median():.1f} %, max {e.max():.1f} %"  # noqa: E731
+                         if len(e) else "no errors")
+        lines.append(f"{regime}: before {fmt(b)} ({len(b)}) -> after {fmt(a)} ({len(a)})")
     return "\n".join(lines)

@@ -462,3 +462,41 @@ def _pool(cells: list[_Cell]) -> _Cell:
         np.concatenate([c.run_len for c in cells]),
         min(c.ctx_min for c in cells), max(c.ctx_max for c in cells),
     )
+
+
+# ---- given sequences (common random numbers) -------------------------------------------
+
+
+class FixedSequences:
+    """An `engine.AcceptanceSampler` that replays given per-request sequences.
+
+    `validate` feeds the simulator the accept counts a real run produced (or replayed), so
+    that prediction and measurement see the same acceptance and the difference isolates the
+    latency model and the batching. Row r of every `sample` call is request r's sequence,
+    continued from where the previous call stopped (the engine extends its plan in chunks)
+    and repeated cyclically past its end; requests beyond the given rows reuse them cyclically.
+    """
+
+    def __init__(self, gamma: int, sequences: list[list[int]]) -> None:
+        if gamma < 1 or not sequences or any(len(s) == 0 for s in sequences):
+            raise UserInputError("FixedSequences needs gamma >= 1 and non-empty sequences",
+                                 where="acceptance sequences",
+                                 fix="give every request at least one accepted count")
+        self.gamma = gamma
+        self._seqs = [np.minimum(np.asarray(s, dtype=np.int64), gamma) for s in sequences]
+        self._cursor = 0
+
+    @property
+    def mean_length(self) -> float:
+        """1 + mean accepted drafts over all given iterations (bonus included)."""
+        return 1.0 + float(np.concatenate(self._seqs).mean())
+
+    def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
+        """[n_requests, n_iterations] the next columns of each sequence (rng unused)."""
+        cols = self._cursor + np.arange(n_iterations)  # [W]
+        out = np.empty((n_requests, n_iterations), dtype=np.int64)
+        for r in range(n_requests):
+            seq = self._seqs[r % len(self._seqs)]
+            out[r] = seq[cols % len(seq)]
+        self._cursor += n_iterations
+        return out

@@ -5,6 +5,16 @@ A held-out configuration must not be a point of the calibration grid G: the late
 refuses a configuration whose batch *and* context are both latency-grid values *and* whose
 γ and sparsity are both acceptance-grid values — such a point was (or could have been)
 measured directly, so predicting it proves nothing.
+
+Columns beyond the configuration itself:
+- ``temperature``: empty (None) = "the temperature the latency grid sampled at" (meta.json
+  grid.latency_temperature), resolved by `validate` when it runs: the sample phase and the
+  sampled draft steps (top-p sorts the vocabulary) cost more than greedy argmax, and the
+  latency model only knows the cost at the temperature it was measured at.
+- ``waves``: independent closed batches of ``batch`` requests run one after the other
+  (different prompts / different replayed acceptance), pooled: tokens and time of every
+  wave's steady-state window are summed. A batch of one request over ~30 iterations measures
+  one prompt's acceptance; a few waves average over prompts, like the prediction does.
 """
 
 from __future__ import annotations
@@ -32,15 +42,19 @@ class HeldOut:
     context: int
     output_len: int = 128
     workload: str | None = None
-    temperature: float = 0.0
+    temperature: float | None = 0.0  # None: the latency grid's temperature (see above)
+    waves: int = 1
 
     def validated(self) -> HeldOut:
         check_method(self.method)
         check_gamma(self.gamma)
         check_sparsity(self.sparsity)
-        if self.batch < 1 or self.context < 1 or self.output_len < 2:
+        if self.batch < 1 or self.context < 1 or self.output_len < 2 or self.waves < 1:
             raise UserInputError(f"bad held-out configuration {self}",
-                                 fix="batch >= 1, context >= 1, output_len >= 2")
+                                 fix="batch >= 1, context >= 1, output_len >= 2, waves >= 1")
+        if self.temperature is not None and self.temperature < 0:
+            raise UserInputError(f"bad held-out temperature {self.temperature}",
+                                 fix="use 0 (greedy), a positive temperature, or leave it empty")
         return self
 
     @property
@@ -72,6 +86,9 @@ def read_heldout(path: Path) -> list[HeldOut]:
         clean: dict[str, Any] = {
             k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()
         }
+        for k in ("gamma", "batch", "context", "output_len", "waves"):
+            if isinstance(clean.get(k), float) and float(clean[k]).is_integer():
+                clean[k] = int(clean[k])
         try:
             out.append(HeldOut(**clean).validated())
         except TypeError as e:
