@@ -19,16 +19,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 
 # (a) SmolLM2-135M real weights end to end. --time-budget stops starting configurations
 # early enough that the table and report are still written inside the timeout.
-timeout 235 "${cli[@]}" validate --traces "$SMOL_TRACES" --acceptance-traces "$ACC_TRACES" \
+timeout ${VALIDATE_TIMEOUT:-235} "${cli[@]}" validate --traces "$SMOL_TRACES" --acceptance-traces "$ACC_TRACES" \
   --model "$GGUF" --weights real --heldout benchmarks/validation/heldout_smollm2.csv \
-  --time-budget 185 --seed 0 --out "$OUT/validate_h200_smollm2.csv" \
+  --time-budget ${VALIDATE_BUDGET:-185} --seed 0 --out "$OUT/validate_h200_smollm2.csv" \
   > "$OUT/validate_h200_smollm2.log" 2>&1
 echo "smollm2 rc=$?" | tee -a "$OUT/validate_h200_smollm2.log"; tail -8 "$OUT/validate_h200_smollm2.log"
 
 # (b) Qwen3-8B shape, random weights, acceptance replayed from the real SmolLM2 traces.
-timeout 235 "${cli[@]}" validate --traces "$Q8B_TRACES" --acceptance-traces "$ACC_TRACES" \
+timeout ${VALIDATE_TIMEOUT:-235} "${cli[@]}" validate --traces "$Q8B_TRACES" --acceptance-traces "$ACC_TRACES" \
   --model qwen3-8b --weights random --heldout benchmarks/validation/heldout_qwen3_8b.csv \
-  --time-budget 185 --seed 0 --out "$OUT/validate_h200_qwen3_8b.csv" \
+  --time-budget ${VALIDATE_BUDGET:-185} --seed 0 --out "$OUT/validate_h200_qwen3_8b.csv" \
   > "$OUT/validate_h200_qwen3_8b.log" 2>&1
 echo "qwen3-8b rc=$?" | tee -a "$OUT/validate_h200_qwen3_8b.log"; tail -8 "$OUT/validate_h200_qwen3_8b.log"
 

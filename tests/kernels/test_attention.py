@@ -161,11 +161,11 @@ def test_sparse_draft_attention_matches_reference(
     cl = torch.tensor(lens, dtype=torch.int32)
     tail = cl - torch.tensor(tail_len, dtype=torch.int32)
     idx = random_indices(gen, tail.tolist(), n, max(max(n), 1))
-    args = [t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl)]
+    i_d, n_d, t_d, c_d = (t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl))
     from vegas_sim.kernels import sparse_attention as tri
 
-    out = tri.sparse_draft_attention(q, k, v, *args, D ** -0.5, splits=splits)
-    ref = reference.sparse_draft_attention(q, k, v, *args, D ** -0.5)
+    out = tri.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5, splits=splits)
+    ref = reference.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5)
     assert not torch.isnan(out.float()).any()
     assert rel_err(out, ref) < OUT_TOL[dtype]
 
@@ -186,12 +186,15 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("B,NQ,C,collect", [
-    (4, 8, 32768, "first_last"), (16, 16, 8192, "all"), (1, 1, 131072, "first_last"),
-    (2, 12, 32768, "none"),
+@pytest.mark.parametrize("B,NQ,C,collect,knobs", [
+    (4, 8, 32768, "first_last", {}), (16, 16, 8192, "all", {}),
+    (1, 1, 131072, "first_last", {}), (2, 12, 32768, "none", {}),
+    # both Collect-2-Query implementations and the wgmma-sized M tile, whatever the default
+    (4, 8, 32768, "first_last", {"c2q_dot": True}), (2, 5, 32768, "first_last", {"min_m": 64}),
+    (1, 16, 32768, "first_last", {"c2q_dot": False, "splits": 64, "block_n": 64}),
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
-                                          poison: None) -> None:
+                                          knobs: dict, poison: None) -> None:
     gen = torch.Generator(device="cuda").manual_seed(B * 1000 + NQ)
     Hq, Hkv, D = 32, 8, 128
     q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -199,7 +202,12 @@ def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
     v = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     lens = torch.randint(C // 2, C + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
     lens[0] = C
-    out, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, collect)
+    if knobs:
+        from vegas_sim.kernels import verify_attention as tri
+
+        out, lse, scores = tri.verify_attention(q, k, v, lens, D ** -0.5, collect, **knobs)
+    else:
+        out, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, collect)
     r_out, r_lse, r_scores = reference.verify_attention(q, k, v, lens, D ** -0.5, collect)
     assert rel_err(out, r_out) < 1e-2
     assert (lse - r_lse).abs().max() < 1e-3

@@ -138,6 +138,7 @@ def test_vegas_pipeline_selects_inside_rank_len(device: str, use_triton: None) -
     _, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, "first_last")
     rows = ops.collect_row_ids(NQ, "first_last")
     rank = lens - NQ + 1
+    assert scores is not None
     w = ops.score_weights(scores, lse[:, rows], D ** -0.5, rank)
     budget = torch.minimum(torch.tensor([40, 100], device=device), rank)
     idx = ops.topk_select(torch.stack([w, w]), budget.int())

@@ -37,16 +37,30 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
 
 
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
-    assert va.choose_config(4, 8, 8, 4, 131072, 132) == va.VerifyConfig(4, 128, 4, 3)
     assert va.choose_config(16, 8, 16, 4, 32768, 132) == va.VerifyConfig(6, 64, 4, 3)
-    for nq in range(1, 17):
-        for group in (1, 2, 4, 8):
-            cfg = va.choose_config(2, 32 // group, nq, group, 65536, 132)
-            block_m = max(16, 1 << (nq * group - 1).bit_length())
-            # 128-key tiles with 4 stages at M >= 64 are out of shared memory on the H200
-            assert not (block_m >= 64 and cfg.block_n == 128 and cfg.num_stages >= 4)
-            assert cfg.block_n == (128 if block_m <= 32 else 64 if block_m <= 64 else 32)
-            assert 1 <= cfg.splits <= va.MAX_SPLITS
+    # M tile: >= 64 by default (wgmma on Hopper) so every NQ <= 16 at G = 4 is one kernel
+    assert va.choose_config(4, 8, 1, 4, 131072, 132) == va.choose_config(4, 8, 16, 4, 131072, 132)
+    for min_m in (16, 64):
+        for nq in range(1, 17):
+            for group in (1, 2, 4, 8):
+                cfg = va.choose_config(2, 32 // group, nq, group, 65536, 132, min_m=min_m)
+                block_m = max(min_m, 16, 1 << (nq * group - 1).bit_length())
+                # 128-key tiles with 4 stages at M >= 64 are out of shared memory on the H200
+                assert not (block_m >= 64 and cfg.block_n == 128 and cfg.num_stages >= 4)
+                assert cfg.block_n == (128 if block_m <= 32 else 64 if block_m <= 64 else 32)
+                assert 1 <= cfg.splits <= va.MAX_SPLITS
+    # the run-1 table entry for M 32 still applies when asked for M 16 tiles
+    assert va.choose_config(4, 8, 8, 4, 131072, 132, min_m=16) == va.VerifyConfig(4, 128, 4, 3)
+
+
+def test_int32_offset_guard(va) -> None:  # type: ignore[no-untyped-def]
+    from vegas_sim.errors import UserInputError
+
+    q = torch.zeros(1, 2, 4, 16)
+    # a request stride of 2^31 elements, without the memory (token stride 0)
+    k = torch.zeros(16).as_strided((1, 2**27, 1, 16), (2**31, 0, 16, 1))
+    with pytest.raises(UserInputError, match="2\\^31"):
+        va.verify_attention(q, k, k, torch.tensor([8], dtype=torch.int32), 0.25)
 
 
 FAST_CASES = [
@@ -60,17 +74,25 @@ FAST_CASES = [
 ]
 
 
+# Collect-2-Query implementations (separate dot / rows of the main tile) and M tile minimum
+VARIANTS = [{"c2q_dot": True, "min_m": 16}, {"c2q_dot": False, "min_m": 16},
+            {"c2q_dot": False, "min_m": 64}]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["dot", "rows", "rows-m64"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", FAST_CASES)
-def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, device: str, va,  # type: ignore[no-untyped-def]
-                                           poison: None) -> None:
+def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, variant: dict,  # type: ignore[no-untyped-def]
+                                           device: str, va, poison: None) -> None:
     B, NQ, Hq, Hkv, D, S, lens, collect, splits, block_n = case
+    if collect != "first_last" and variant["c2q_dot"]:
+        pytest.skip("c2q_dot only changes first_last")
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
     k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
     cl = torch.tensor(lens, dtype=torch.int32, device=device)
     out, lse, scores = va.verify_attention(q, k, v, cl, D ** -0.5, collect, splits=splits,
-                                           block_n=block_n)
+                                           block_n=block_n, **variant)
     r_out, r_lse, r_scores = reference.verify_attention(q, k, v, cl, D ** -0.5, collect)
     assert rel_err(out, r_out) < OUT_TOL[dtype]
     assert (lse - r_lse).abs().max() < 1e-4 * max(1.0, float(r_lse.abs().max()))
@@ -80,15 +102,17 @@ def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, devi
 def test_weights_blocks_avoid_masks(use_triton: None) -> None:
     from vegas_sim.kernels import selection
 
-    assert selection.weights_blocks(131072 + 128, 64) == (128, 32)
-    assert selection.weights_blocks(131072, 64) == (512, 8)
-    assert selection.weights_blocks(300, 64) == (256, 16)  # masked fallback
-    assert selection.weights_blocks(512, 2) == (512, 2)
+    assert selection.weights_blocks(131072 + 128, 64) == (1024, 4)  # last block masked
+    assert selection.weights_blocks(131072, 64) == (1024, 4)
+    assert selection.weights_blocks(300, 64) == (512, 8)
+    assert selection.weights_blocks(100, 2) == (128, 2)
 
 
-@pytest.mark.parametrize("S", [256, 384])
-def test_score_weights_unmasked_path(S: int, device: str, use_triton: None, poison: None) -> None:
-    """S_max a multiple of BLOCK_S (no key mask), rank_len far below S_max (blocks skipped)."""
+@pytest.mark.parametrize("S,block_s", [(256, 128), (384, 128), (384, 256), (300, 1024)])
+def test_score_weights_block_paths(S: int, block_s: int, device: str, use_triton: None,
+                                   poison: None) -> None:
+    """S_max a multiple of BLOCK_S (no key mask) or not (last block masked), rank_len far
+    below S_max (blocks skipped)."""
     from vegas_sim.kernels import selection
 
     gen = torch.Generator().manual_seed(S)
@@ -98,7 +122,7 @@ def test_score_weights_unmasked_path(S: int, device: str, use_triton: None, pois
     lse = torch.logsumexp(scores.float() * 0.25, -1)
     rank = torch.tensor([S - 3, 60], dtype=torch.int32)
     args = (scores.to(device), lse.to(device), 0.25, rank.to(device))
-    got = selection.score_weights(*args, block_s=128)
+    got = selection.score_weights(*args, block_s=block_s)
     ref = reference.score_weights(scores, lse, 0.25, rank)
     assert torch.allclose(got.cpu(), ref, rtol=1e-5, atol=1e-9)
     assert (got[1, 60:] == 0).all()

@@ -565,15 +565,56 @@ def _decoder(ctx: PointContext, method: str, gamma: int, sparsity: float, timer:
     return SpecDecoder(ctx.model, cfg, timer)
 
 
-def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str
-           ) -> list[list[Sample]]:
-    """warmup + reps calls of body; the timed ones split into iterations at phase `start`."""
+@dataclass
+class Timed:
+    """The timed repetitions of one body: per repetition, its phase samples (CUDA events:
+    GPU time) and its wall time from an idle device to an idle device."""
+
+    iterations: list[list[Sample]]
+    walls: list[float]
+
+    def host_gaps(self) -> list[float]:
+        """Per repetition, wall − Σ phase samples (≥ 0): time the device sat idle because
+        the host was busy — launches, Python bookkeeping, work after a host sync."""
+        if len(self.walls) != len(self.iterations):
+            return [0.0] * len(self.iterations)
+        return [max(w - sum(ms for _, ms in it), 0.0)
+                for it, w in zip(self.iterations, self.walls)]
+
+
+def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str) -> Timed:
+    """warmup + reps calls of body; the timed ones split into iterations at phase `start`,
+    each also timed on the wall clock (device synchronised before and after)."""
+    device = ctx.model.device
     for _ in range(ctx.plan.warmup):
         body()
     timer.reset()
+    walls = []
     for _ in range(ctx.plan.reps):
+        _sync(device)
+        t0 = time.perf_counter()
         body()
-    return split_iterations(timer.samples(), start)
+        _sync(device)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    return Timed(split_iterations(timer.samples(), start), walls)
+
+
+def with_host_gap(samples: list[float], gaps: list[float]) -> list[float]:
+    """Phase samples with their repetition's host gap added (one sample per repetition)."""
+    if len(samples) != len(gaps):
+        return samples
+    return [ms + gap for ms, gap in zip(samples, gaps)]
+
+
+def host_bound_steps(samples: list[float], walls: list[float]) -> list[float]:
+    """Draft-step samples as the pipelined loop pays them: max(GPU, host) per step.
+
+    A repetition is one draft step between two device syncs, so its wall time is about host
+    + GPU; inside the loop the host enqueues step j+1 while the GPU runs step j, and a step
+    costs max(host, GPU), host = wall − GPU."""
+    if len(samples) != len(walls):
+        return samples
+    return [max(ms, wall - ms) for ms, wall in zip(samples, walls)]
 
 
 def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
@@ -584,10 +625,13 @@ def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
     timer = PhaseTimer(ctx.model.device)
     dec = _decoder(ctx, "vanilla", 1, ctx.plan.ref_sparsity, timer)
     state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(1), seed=ctx.seed)
-    its = _timed(ctx, timer, functools.partial(dec.decode, state), "decode")
+    timed = _timed(ctx, timer, functools.partial(dec.decode, state), "decode")
+    its = timed.iterations
     B, C = ctx.batch, ctx.context
+    # Vanilla syncs every step (the host needs the token): the host's share is not hidden.
+    sample = with_host_gap(phase_samples(its, "sample"), timed.host_gaps())
     return [latency_row("decode", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "decode")),
-            latency_row("sample", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "sample"))]
+            latency_row("sample", "vanilla", B, C, 1, C + 1, 0, sample)]
 
 
 def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
@@ -626,10 +670,12 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
             body = functools.partial(dec.step, state)
         else:
             body = functools.partial(_draft_and_rollback, dec, state)
-        its = _timed(ctx, timer, body, "other")
-        steps, quest = draft_samples(its, gamma)
+        timed = _timed(ctx, timer, body, "other")
+        steps, quest = draft_samples(timed.iterations, gamma)
         if path == "magicdec-quest" and dec.graphs:
             steps, quest = split_quest_scoring(steps, quest, quest_scoring_ms(dec, state))
+        elif path != "magicdec-quest" and gamma == 1:  # Quest's body is a whole iteration
+            steps = [host_bound_steps(steps[0], timed.walls)]
         for j in range(1, gamma + 1):
             quest_pool[j].extend(quest[j - 1])
             for m in methods_here:
@@ -714,8 +760,7 @@ def fill_drafts(dec: Any, state: Any, seed: int) -> None:
     state.draft_probs = q
 
 
-def _verify_samples(ctx: PointContext, run_method: str, gamma: int
-                    ) -> list[list[Sample]]:
+def _verify_samples(ctx: PointContext, run_method: str, gamma: int) -> Timed:
     """Timed iterations of verify → accept → select of `run_method` (its state is freed on
     return, before the next configuration allocates its own)."""
     from vegas_sim.calibrate.timers import PhaseTimer
@@ -754,15 +799,19 @@ def measure_verify(ctx: PointContext, n_query: int) -> list[dict[str, Any]]:
     B, C = ctx.batch, ctx.context
     rows: list[dict[str, Any]] = []
     for run_method, labels in verify_configs(ctx.plan, n_query):
-        its = _verify_samples(ctx, run_method, gamma)
+        timed = _verify_samples(ctx, run_method, gamma)
+        its = timed.iterations
         rc = collect_rows(run_method, gamma)
         for label in labels:
             rows.append(latency_row("verify", label, B, C, n_query, C + n_query, rc,
                                     phase_samples(its, "verify")))
             if label == "any":
                 continue
+            # The acceptance syncs with the host (records, emission, selection's budgets):
+            # the device's idle time around it is charged to the sample phase.
             rows.append(latency_row("sample", label, B, C, n_query, C + n_query, 0,
-                                    phase_samples(its, "sample")))
+                                    with_host_gap(phase_samples(its, "sample"),
+                                                  timed.host_gaps())))
             sel = phase_samples(its, "select")
             if rc and sel:
                 rows.append(latency_row("select", label, B, C, 1, C + 1, rc, sel))

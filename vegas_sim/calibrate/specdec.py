@@ -191,8 +191,9 @@ class SpecDecoder:
     """Runs one method (SpecConfig) on a model; see the module docstring for the semantics.
 
     graphs: replay the draft step, the verify pass and the vanilla decode step as CUDA graphs
-    (runtime.GraphedForward, captured per state when it is created), so that the per-step CPU
-    cost is a graph launch instead of ~15 kernel launches per layer. Default: on for CUDA.
+    (runtime.GraphedForward, captured per state at first use or by `prepare_graphs`), so that
+    the per-step CPU cost is a graph launch instead of ~15 kernel launches per layer. Default:
+    on for CUDA.
     """
 
     def __init__(self, model: Transformer, config: SpecConfig,
@@ -254,8 +255,6 @@ class SpecDecoder:
             done=np.zeros(batch, dtype=bool),
             emitted=[[] for _ in range(batch)],
         )
-        if self.graphs:
-            self._capture_steps(state)
         return state
 
     # ---- CUDA graphs ----------------------------------------------------------------------
@@ -266,12 +265,15 @@ class SpecDecoder:
         return [("draft", 1, state.draft_policy, True),
                 ("verify", self.config.gamma + 1, state.verify_policy, False)]
 
-    def _capture_steps(self, state: BatchState) -> None:
-        """Capture this state's step graphs now, so that no timed step pays for a capture.
+    def prepare_graphs(self, state: BatchState) -> None:
+        """Capture this state's step graphs now (otherwise each is captured at its first use),
+        so that a timed window pays for no capture. No-op without graphs.
 
-        The cache is empty (or about to be filled at random): the warm-up forwards inside
-        GraphedForward only write K/V that prefill / fill_random overwrite, and the policies'
-        buffers are set before every replay."""
+        Safe at any point between iterations: the warm-up forwards inside GraphedForward only
+        write K/V past the cache's lengths (rewritten by the next step before anything reads
+        them) and the verify weights (recomputed by the next verify before selection)."""
+        if not self.graphs:
+            return
         for role, nq, policy, last_only in self._step_roles(state):
             self._graph(state, role, nq, policy, last_only)
 
@@ -365,7 +367,8 @@ class SpecDecoder:
         gen = torch.Generator(self.device).manual_seed(seed)
         state = self._new_state(batch, max_seq)
         state.synthetic, state.replay, state.generator = max_new_tokens is None, replay, gen
-        state.max_new_tokens = max_new_tokens or 0
+        # Synthetic: emission is bookkept (and forgotten) every iteration; nobody finishes.
+        state.max_new_tokens = max_new_tokens if max_new_tokens is not None else 1 << 30
         ctx = np.full(batch, context, dtype=np.int64)
         state.cache.fill_random(self._dev(ctx), gen)
         self._set_context(state, ctx)
@@ -455,10 +458,11 @@ class SpecDecoder:
             prob_h = accept_prob.float().cpu().numpy()
         old_ctx = state.ctx_host
         state.ctx_host = old_ctx + step_h
+        # A synthetic state does the same host bookkeeping as a real one (its cost is part of
+        # an iteration's time) and then forgets it; replay still advances per request.
+        self._emit(state, old_ctx, a_h, drafts_h, next_h, prob_h)
         if state.synthetic:
-            state.req_iteration += 1  # replay still advances per request
-        else:
-            self._emit(state, old_ctx, a_h, drafts_h, next_h, prob_h)
+            self._forget_emission(state)
         if c.method == "magicdec-quest":
             # Synthetic states roll back to C, but still pay the update a real iteration pays
             # (pages of [C, C + 1 + a)); quest_select never reads past C's full pages.
@@ -502,6 +506,15 @@ class SpecDecoder:
             state.req_iteration[b] += 1
             state.done[b] = len(state.emitted[b]) >= state.max_new_tokens
 
+    @staticmethod
+    def _forget_emission(state: BatchState) -> None:
+        """Synthetic states: drop what _emit recorded; nobody ever finishes."""
+        state.records.clear()
+        for tokens in state.emitted:
+            tokens.clear()
+        assert state.done is not None
+        state.done[:] = False
+
     def _quest_meta(self, state: BatchState, start: np.ndarray, end: np.ndarray) -> None:
         """Page min/max over newly verified positions [start, end) of every layer."""
         assert state.kmin is not None and state.kmax is not None
@@ -537,18 +550,20 @@ class SpecDecoder:
                                    last_only=True)
         with self.timer.phase("sample"):
             nxt = sample(logits[:, 0], c.temperature, c.top_p, c.top_k, state.generator)
-            if state.synthetic:
-                state.cache.rollback(state.context)
-                return
-            state.t0.copy_(nxt)
-            nxt_h = nxt.cpu().numpy()
-        state.ctx_host = state.ctx_host + 1
-        state.context.copy_(state.cache.lens)
+            if not state.synthetic:
+                state.t0.copy_(nxt)
+            nxt_h = nxt.cpu().numpy()  # emission needs the tokens on the host: one sync
         assert state.done is not None
         for b in range(state.batch):
             if not state.done[b]:
                 state.emitted[b].append(int(nxt_h[b]))
                 state.done[b] = len(state.emitted[b]) >= state.max_new_tokens
+        if state.synthetic:  # same host work as a real step, then back to C
+            self._forget_emission(state)
+            state.cache.rollback(state.context)
+            return
+        state.ctx_host = state.ctx_host + 1
+        state.context.copy_(state.cache.lens)
         state.iteration += 1
 
     def step(self, state: BatchState) -> None:

@@ -65,10 +65,13 @@ def _score_weights_kernel(
 
 
 def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int]:
-    """(BLOCK_S, BLOCK_R): the largest of 512/256/128 keys that divides S_max (no S mask),
-    else 256; BLOCK_R so that a tile is ~4096 elements (32 per thread at 4 warps)."""
-    block_s = next((bs for bs in (512, 256, 128) if s_max % bs == 0), 256)
-    block_r = min(4096 // block_s, max(1, _next_pow2(n_lines)))
+    """(BLOCK_S, BLOCK_R): 1024-key rows (2 KB contiguous per (row, head) line: 256-byte pieces
+    262 KB apart, run 3's BLOCK_S 128 at S_max = 128K + 128, read at ~1.3 TB/s), the last block
+    masked against S_max (an argument Triton specialises as a multiple of 16, so the mask keeps
+    16-byte loads; only masks on *loaded* values, like rank_len, stop vectorisation). BLOCK_R so
+    that a tile is ~4096 elements (32 per thread at 4 warps)."""
+    block_s = min(1024, max(128, _next_pow2(s_max)))
+    block_r = min(max(1, 4096 // block_s), max(1, _next_pow2(n_lines)))
     return block_s, block_r
 
 
@@ -81,6 +84,8 @@ def score_weights(
     *,
     block_s: int | None = None,
     block_r: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> Tensor:
     """Triton launcher; same contract as `reference.score_weights` (API.md)."""
     B, R, Hq, S_max = scores.shape
@@ -97,7 +102,8 @@ def score_weights(
     _score_weights_kernel[(B, triton.cdiv(S_max, block_s))](
         scores, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max, 1.0 / count,
         ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r,
-        EVEN_S=S_max % block_s == 0, num_warps=4,
+        EVEN_S=S_max % block_s == 0, num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     return out
 
@@ -185,9 +191,11 @@ def _quest_score_kernel(
 
 
 def quest_select(
-    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor
+    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
+    max_pages: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Same contract as `reference.quest_select`; one host sync (K depends on max n_pages)."""
+    """Same contract as `reference.quest_select`; one host sync (K depends on max n_pages)
+    unless `max_pages` is given (then capturable in a CUDA graph)."""
     B, Hq, D = q.shape
     P, Hkv = kmin.shape[1], kmin.shape[2]
     dev = q.device
@@ -199,7 +207,10 @@ def quest_select(
         G=Hq // Hkv, D=D, BLOCK_D=max(16, _next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE,
         num_warps=4,
     )
-    n_max = int(n_pages.max().item()) if B else 0
+    if max_pages is not None:
+        n_max = max_pages if B else 0
+    else:
+        n_max = int(n_pages.max().item()) if B else 0
     full = torch.clamp(ctx // QUEST_PAGE, max=P)  # [B]
     take = torch.minimum(n_pages.to(device=dev, dtype=torch.int64), full)  # [B]
     k_pages = min(n_max, P)

@@ -10,16 +10,20 @@ the final output directly.
 
 Score write-out (Collect-2-Query / collect-all): the raw q·k (fp32 accumulate → bf16) of the
 collected rows, -inf where masked, for every position in [0, S_max).
-- first_last: the 2·G collected rows (row 0 and row NQ−1 of each of the G heads) get their
-  own small dot against the K tile already loaded, [BLOCK_C = max(16, 2G), BLOCK_N], stored
-  as a dense tile. Storing the whole [BLOCK_M, BLOCK_N] accumulator with a row mask (run 2)
-  cost 30–80 % at NQ >= 8 on the H200: BLOCK_M/2G times the store instructions, and the
-  per-key mask `n < hi` (hi loaded at run time) stopped Triton from vectorising the stores.
+- The packed rows are ordered row 0, row NQ−1, then rows 1..NQ−2 (`_packed_row`), so the
+  first_last rows are the first R·G rows of the M tile: the default stores those rows of the
+  main score tile (row mask constant along keys → 16-byte stores). `c2q_dot=True` instead
+  computes them with a separate [max(16, 2G), BLOCK_N] dot (run 3's version).
+- M tiles are >= 64 by default (`MIN_M_DEFAULT`): wgmma on Hopper, and no register spills
+  with the score store (ptxas for sm_90a: M 32 × N 128 with a store spills at 255 registers;
+  M 64 × N 64 uses 196 without spills).
 - Every split works on whole BLOCK_N tiles aligned to multiples of BLOCK_N, so the score
   stores need no per-key mask (the tile past cache_lens is -inf by the causal mask); only
   the S_max end needs one, and only when S_max is not a multiple of BLOCK_N (EVEN_S). Keys
   from round_up(cache_lens, BLOCK_N) to S_max are filled with -inf by a store-only pass.
   Allocate S_max as a multiple of 128 for the fast path.
+- Hot-loop addresses are an int64 base pointer per program plus int32 tile offsets (the
+  launcher refuses caches whose offsets would overflow int32).
 
 Launch config (`choose_config`): a table of configurations measured best on the H200
 (`TUNED`), else tile sizes by M and a split count from a wave model (`choose_splits`): the
@@ -31,6 +35,7 @@ programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave) —
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -38,12 +43,21 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from vegas_sim.errors import UserInputError
 from vegas_sim.kernels.reference import collect_row_ids
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 COLLECT_CODE = {"none": 0, "first_last": 1, "all": 2}
 NUM_SMS_DEFAULT = 132  # H200; read off the device when there is one
+
+
+@triton.jit
+def _packed_row(q_idx, NQ):
+    """Query row (0..NQ-1) of packed row group q_idx = m // G: the collected rows first
+    (group 0 = row 0, group 1 = row NQ-1), then rows 1..NQ-2, so the Collect-2-Query rows are
+    the first R·G rows of the M tile. Groups >= NQ are padding (masked by the caller)."""
+    return tl.where(q_idx == 0, 0, tl.where(q_idx == 1, NQ - 1, q_idx - 1))
 
 
 @triton.jit
@@ -54,7 +68,7 @@ def _verify_attention_kernel(
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
-    SINGLE: tl.constexpr, EVEN_S: tl.constexpr,
+    C2Q_DOT: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -63,10 +77,11 @@ def _verify_attention_kernel(
     kvh = pid_bh % HKV
     L = tl.load(LENS + b)
 
-    offs_m = tl.arange(0, BLOCK_M)  # packed row m = nq * G + g
+    offs_m = tl.arange(0, BLOCK_M)  # packed row m = group * G + g, groups in _packed_row order
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    nq = offs_m // G
+    q_idx = offs_m // G
+    nq = _packed_row(q_idx, NQ)
     head = kvh * G + offs_m % G
     row_ok = offs_m < NQ * G
     d_ok = offs_d < D
@@ -79,18 +94,27 @@ def _verify_attention_kernel(
     if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16; fp32 holds bf16 products exactly
         q = q.to(tl.float32)
 
-    # Collect-2-Query rows c: c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G);
-    # R == 1 when NQ == 1, so rows c >= R*G are padding. Scores row start in [B, R, HQ, S_MAX].
+    # Score rows. Row-store path (C2Q_DOT False, and collect "all"): packed row m stores its own
+    # s row; collected = the first R·G packed rows for first_last (score row r = group), all
+    # NQ·G for "all" (score row r = nq). Scores [B, R, HQ, S_MAX].
+    r_m = q_idx if COLLECT == 1 else nq
+    # Hot-loop addresses are a per-program int64 base pointer + int32 tile offsets (64-bit
+    # offset tensors cost two registers per element; at M 32 x N 128 the kernel spilled).
+    # The launcher checks that the offsets fit in int32.
+    sc_base = SCORES + (b * R * HQ + kvh * G).to(tl.int64) * S_MAX
+    m_row = (r_m * HQ + offs_m % G) * S_MAX  # [BLOCK_M] int32, relative to sc_base
+    m_ok = offs_m < R * G if COLLECT == 1 else row_ok
+    # Dot path (C2Q_DOT): the 2·G collected rows get their own [BLOCK_C, BLOCK_N] dot against
+    # the K tile already loaded; c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G).
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < R * G
     r_c = offs_c // G
     nq_c = tl.where(r_c == 0, 0, NQ - 1)
     head_c = kvh * G + offs_c % G
     limit_c = L - NQ + nq_c
-    c_row = ((b * R + r_c) * HQ + head_c).to(tl.int64) * S_MAX  # [BLOCK_C]
-    m_row = ((b * R + nq) * HQ + head).to(tl.int64) * S_MAX  # [BLOCK_M], collect "all" (R == NQ)
+    c_row = (r_c * HQ + offs_c % G) * S_MAX  # [BLOCK_C] int32, relative to sc_base
     qc = tl.zeros([BLOCK_C, BLOCK_D], dtype=q.dtype)
-    if COLLECT == 1:
+    if COLLECT == 1 and C2Q_DOT:
         qc_off = ((b * NQ + nq_c) * HQ + head_c).to(tl.int64) * D
         qc = tl.load(Q + qc_off[:, None] + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
                      other=0.0).to(q.dtype)
@@ -100,16 +124,17 @@ def _verify_attention_kernel(
     lo = split * chunk
     hi = tl.minimum(lo + chunk, L)
 
-    kv_base = b.to(tl.int64) * stride_kb + kvh * D
+    k_base = K + (b.to(tl.int64) * stride_kb + kvh * D)
+    v_base = V + (b.to(tl.int64) * stride_kb + kvh * D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
         n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
         n_ok = n < hi
-        kv_off = kv_base + n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :]
-        k = tl.load(K + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(V + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        kv_off = n[:, None] * stride_ks + offs_d[None, :]  # [BLOCK_N, BLOCK_D] int32
+        k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -117,22 +142,22 @@ def _verify_attention_kernel(
         s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
         s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
-        if COLLECT == 1:
+        if COLLECT == 1 and C2Q_DOT:
             sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
             sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
             if EVEN_S:
-                tl.store(SCORES + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
+                tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
                          mask=c_ok[:, None])
             else:
-                tl.store(SCORES + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
+                tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
                          mask=c_ok[:, None] & (n < S_MAX)[None, :])
-        if COLLECT == 2:
+        elif COLLECT != 0:
             if EVEN_S:
-                tl.store(SCORES + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                         mask=row_ok[:, None])
+                tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
+                         mask=m_ok[:, None])
             else:
-                tl.store(SCORES + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                         mask=row_ok[:, None] & (n < S_MAX)[None, :])
+                tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
+                         mask=m_ok[:, None] & (n < S_MAX)[None, :])
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s * qk_scale2 - m_safe[:, None])
@@ -149,20 +174,20 @@ def _verify_attention_kernel(
         f_hi = tl.minimum(f_lo + fill, S_MAX)
         for start in range(f_lo, f_hi, BLOCK_N):
             n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
-            if COLLECT == 1:
+            if COLLECT == 1 and C2Q_DOT:
                 neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.bfloat16)
                 if EVEN_S:
-                    tl.store(SCORES + c_row[:, None] + n[None, :], neg_c, mask=c_ok[:, None])
+                    tl.store(sc_base + c_row[:, None] + n[None, :], neg_c, mask=c_ok[:, None])
                 else:
-                    tl.store(SCORES + c_row[:, None] + n[None, :], neg_c,
+                    tl.store(sc_base + c_row[:, None] + n[None, :], neg_c,
                              mask=c_ok[:, None] & (n < S_MAX)[None, :])
             else:
                 neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.bfloat16)
                 if EVEN_S:
-                    tl.store(SCORES + m_row[:, None] + n[None, :], neg_m, mask=row_ok[:, None])
+                    tl.store(sc_base + m_row[:, None] + n[None, :], neg_m, mask=m_ok[:, None])
                 else:
-                    tl.store(SCORES + m_row[:, None] + n[None, :], neg_m,
-                             mask=row_ok[:, None] & (n < S_MAX)[None, :])
+                    tl.store(sc_base + m_row[:, None] + n[None, :], neg_m,
+                             mask=m_ok[:, None] & (n < S_MAX)[None, :])
 
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
@@ -204,7 +229,7 @@ def _combine_kernel(
     l_sum = tl.sum(w, 0)
     acc = tl.sum(w[:, None] * o_s, 0)  # [BLOCK_D]
     l_safe = tl.where(l_sum > 0.0, l_sum, 1.0)
-    nq = m // G
+    nq = _packed_row(m // G, NQ)
     head = kvh * G + m % G
     o_off = ((b * NQ + nq) * HQ + head).to(tl.int64) * D
     tl.store(OUT + o_off + offs_d, (acc / l_safe).to(OUT.dtype.element_ty), mask=offs_d < D)
@@ -302,10 +327,19 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
     return 32, 8, 3
 
 
+# Smallest M tile. 64 = one warpgroup: on Hopper Triton then emits wgmma (the tensor cores read
+# K and V straight from shared memory); M 16/32 tiles compile to mma.sync + ldmatrix, and at
+# M 32 x N 128 the kernel is at 255 registers and spills once scores are stored (ptxas, sm_90a)
+# — the tile shape behind run 3's 38–75 % Collect-2-Query overhead at NQ 8. With M 64 for
+# every NQ the score store costs about its bytes (run 3, NQ 16 "all": 25 % more bytes, +27–38 %)
+# and one compiled kernel serves NQ 1..16. The padding costs tensor-core FLOPs only.
+MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "64"))  # env: a tuning run's pick
+
+
 def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
-                  n_sms: int) -> VerifyConfig:
+                  n_sms: int, min_m: int = MIN_M_DEFAULT) -> VerifyConfig:
     """Launch config for one verify call: the `TUNED` entry for this shape, else heuristics."""
-    block_m = max(16, _next_pow2(n_q * group))
+    block_m = max(min_m, 16, _next_pow2(n_q * group))
     key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
     if key in TUNED:
         return TUNED[key]
@@ -317,6 +351,11 @@ def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
+
+# Collect-2-Query implementation: False (default) = store the first R·G rows of the main
+# score tile (the packing puts the collected rows first), True = a separate
+# [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see KERNELS_NOTES.md.
+C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
 
 def verify_attention(
     q: Tensor,
@@ -331,11 +370,14 @@ def verify_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     max_len: int | None = None,
+    c2q_dot: bool | None = None,
+    min_m: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
-    Keyword-only knobs (None = `choose_config`) exist for the benchmark; `max_len` (a
-    host-side bound on cache_lens, default S_max) sizes the split count without a device sync.
+    Keyword-only knobs (None = `choose_config` / module defaults) exist for the benchmark;
+    `max_len` (a host-side bound on cache_lens, default S_max) sizes the split count without
+    a device sync.
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -343,12 +385,20 @@ def verify_attention(
     assert k_cache.stride(3) == 1 and k_cache.stride(2) == D and k_cache.stride() == v_cache.stride()
     q = q.contiguous()
     R = len(collect_row_ids(NQ, collect))
-    BLOCK_M = max(16, _next_pow2(NQ * G))
+    if max(k_cache.stride(0), R * Hq * S_max) >= 2**31:
+        raise UserInputError(
+            f"one request's KV cache ({k_cache.stride(0)} elements) or score rows "
+            f"({R}x{Hq}x{S_max}) exceed 2^31 elements: the kernel's int32 offsets overflow",
+            where="verify_attention(k_cache, collect)",
+            fix="allocate a smaller S_max per request (or collect fewer rows)")
+    c2q_dot = C2Q_DOT_DEFAULT if c2q_dot is None else c2q_dot
+    min_m = MIN_M_DEFAULT if min_m is None else min_m
+    BLOCK_M = max(min_m, 16, _next_pow2(NQ * G))
     BLOCK_D = max(16, _next_pow2(D))
     BLOCK_C = max(16, _next_pow2(2 * G))
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
-    auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device))
+    auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device), min_m=min_m)
     block_n = auto.block_n if block_n is None else block_n
     if splits is None:
         splits = (auto.splits if block_n == auto.block_n
@@ -371,8 +421,8 @@ def verify_attention(
         scale * LOG2E, S_max, Hq, Hkv, NQ, splits, max(R, 1),
         k_cache.stride(0), k_cache.stride(1),
         G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
-        COLLECT=COLLECT_CODE[collect], SINGLE=single, EVEN_S=S_max % block_n == 0,
-        INPUT_PRECISION=precision, UPCAST=interpreted(q),
+        COLLECT=COLLECT_CODE[collect], C2Q_DOT=c2q_dot, SINGLE=single,
+        EVEN_S=S_max % block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single:
