@@ -44,12 +44,9 @@ case $stage in
     || touch /root/nographs
   [ -e /root/nographs ] && echo "CUDA graphs OFF" | tee "$OUT/graphs.txt" \
     && export VEGAS_SIM_CUDA_GRAPHS=0
-  # The verify kernel's implementation defaults, picked on this GPU before anything is
-  # measured with them (the kernels' own GPU tests ran in an earlier call of this session).
-  timeout 100 python3 benchmarks/gpu/choose_verify_defaults.py --env /root/verify.env 2>&1 \
-    | tail -40 | tee "$OUT/verify_defaults.log"
-  [ -e /root/verify.env ] && . /root/verify.env
-  timeout 330 "${cli[@]}" calibrate --model qwen3-8b --weights random --methods all \
+  # (The verify kernel's defaults were picked on this GPU by an earlier call:
+  #  benchmarks/gpu/choose_verify_defaults.py, log in benchmarks/results/h200/.)
+  timeout 300 "${cli[@]}" calibrate --model qwen3-8b --weights random --methods all \
     --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
     --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -15 | tee "$OUT/q8b.log"
   finalize $TR/qwen3-8b-h200
@@ -64,7 +61,7 @@ case $stage in
     --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
     --out $TR/smollm2-135m-h200 2>&1 | tail -10 | tee "$OUT/smol_latency.log"
   finalize $TR/smollm2-135m-h200
-  timeout 320 "${cli[@]}" calibrate --model $GGUF --weights real --methods all \
+  timeout 280 "${cli[@]}" calibrate --model $GGUF --weights real --methods all \
     --no-latency --gamma 12 --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 \
     --workload longdoc,reasoning,chat,code --temperature 0.6,0 --iterations 32 \
     --prompts 32 --min-tokens 32 --out $TR/smollm2-135m-real 2>&1 | tail -10 \
@@ -76,8 +73,8 @@ case $stage in
 3)
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF SMOL_TRACES=$TR/smollm2-135m-h200 \
     Q8B_TRACES=$TR/qwen3-8b-h200 ACC_TRACES=$TR/smollm2-135m-real
-  VALIDATE_TIMEOUT=190 VALIDATE_BUDGET=145 bash benchmarks/gpu/validate_h200.sh
-  timeout 170 python3 benchmarks/kernels.py --quick --tune --out "$OUT/kernels_h200.csv" 2>&1 \
+  VALIDATE_TIMEOUT=160 VALIDATE_BUDGET=115 bash benchmarks/gpu/validate_h200.sh
+  timeout 130 python3 benchmarks/kernels.py --quick --out "$OUT/kernels_h200.csv" 2>&1 \
     | tail -45 | tee "$OUT/kernels.log"
   ;;
 esac

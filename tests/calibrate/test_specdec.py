@@ -280,3 +280,52 @@ def test_graphed_decoding_matches_eager_on_cuda(method: str) -> None:
     assert graphed.tokens == eager.tokens
     assert [r.accepted for r in graphed.records] == [r.accepted for r in eager.records]
     assert [r.budget for r in graphed.records] == [r.budget for r in eager.records]
+
+
+def test_index_buffer_growth_marks_captured_graphs_stale() -> None:
+    """A draft policy whose index buffer is reallocated bumps its generation (SpecDecoder
+    then recaptures the draft graph instead of replaying one that reads the freed buffer)."""
+    from vegas_sim.calibrate.policies import SparseDraftAttention
+
+    policy = SparseDraftAttention(2, 1, 8, torch.device("cpu"), shared=False)
+    small = torch.zeros(2, 1, 8, dtype=torch.int32)
+    policy.set(small, torch.tensor([8]), torch.tensor([9]))
+    assert policy.generation == 0
+    policy.set(torch.zeros(2, 1, 12, dtype=torch.int32), torch.tensor([12]), torch.tensor([13]))
+    assert policy.generation == 1 and policy.indices.shape[-1] == 12
+
+
+def test_quest_select_never_takes_more_pages_than_max_pages() -> None:
+    from vegas_sim.kernels import reference
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 16, generator=gen)
+    kmin = torch.randn(1, 8, 2, 16, generator=gen)
+    kmax = kmin + 1
+    idx, n_idx = reference.quest_select(q, kmin, kmax, torch.tensor([128]), torch.tensor([6]),
+                                        max_pages=2)
+    assert idx.shape[1] == 16 * 3 and int(n_idx[0]) == 32  # 2 pages, no partial page at 128
+
+
+@pytest.mark.gpu
+def test_graphed_drafts_survive_a_larger_selection_on_cuda() -> None:
+    """The latency grid re-selects one state at several sparsities: a budget beyond the index
+    buffer reallocates it, and the next graphed draft must read the new buffer (recapture),
+    giving the eager drafts."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    spec = tiny_spec("qwen3", n_layers=3, max_positions=4096)
+    model = Transformer(spec, None, device="cuda", dtype=torch.bfloat16, seed=0)
+    drafts = {}
+    for graphs in (False, True):
+        small = SpecDecoder(model, SpecConfig("vegas", 3, sparsity=0.02, min_tokens=16),
+                            graphs=graphs)
+        state = small.init_state(2, 3000, 3100, seed=0)
+        small.draft(state)
+        state.cache.rollback(state.context)
+        large = SpecDecoder(model, SpecConfig("vegas", 3, sparsity=0.3, min_tokens=16),
+                            graphs=graphs)
+        large.select(state)
+        large.draft(state)
+        drafts[graphs] = state.drafts.clone()
+    assert torch.equal(drafts[True], drafts[False])

@@ -648,7 +648,9 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
 
     timer = PhaseTimer(ctx.model.device)
     gamma = DRAFT_GAMMA
-    base = _decoder(ctx, path, gamma, ctx.plan.ref_sparsity, timer)
+    # The largest sparsity sizes the state's index buffers for every sparsity (no regrowth,
+    # so the captured draft graph serves them all).
+    base = _decoder(ctx, path, gamma, max(ctx.plan.sparsity), timer)
     state = base.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
     B, C = ctx.batch, ctx.context
     contexts = np.full(B, C, dtype=np.int64)

@@ -44,15 +44,19 @@ class SparseDraftAttention:
                                   device=device)  # [L or 1, B, K_cap]
         self.n_idx = torch.zeros(batch, dtype=torch.int32, device=device)  # [B]
         self.tail_start = torch.zeros(batch, dtype=torch.int32, device=device)  # [B]
+        # Bumped when `indices` is reallocated: a CUDA graph captured before reads the old
+        # tensor, so its owner must capture again (SpecDecoder checks this).
+        self.generation = 0
 
     def set(self, indices: Tensor, n_idx: Tensor, tail_start: Tensor) -> None:
         """indices [L or 1, B, K] (or [B, K] when shared), -1 past n_idx; all < tail_start."""
         if indices.dim() == 2:
             indices = indices[None]
         k = indices.shape[-1]
-        if k > self.indices.shape[-1]:  # grow (eager runs only: a graph would keep the old one)
+        if k > self.indices.shape[-1]:  # grow; graphs that read the old tensor are stale
             self.indices = torch.full(self.indices.shape[:2] + (k,), -1, dtype=torch.int32,
                                       device=self.indices.device)
+            self.generation += 1
         self.indices.fill_(-1)
         self.indices[:, :, :k].copy_(indices.expand(self.indices.shape[0], -1, -1))
         self.n_idx.copy_(n_idx)

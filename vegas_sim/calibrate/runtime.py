@@ -329,8 +329,11 @@ class Transformer(torch.nn.Module):
         return KVCache(k, v, lens)
 
     def _ensure_rope(self, n_pos: int) -> None:
+        # Built once for every position the model has: a table reallocated later would leave
+        # the CUDA graphs captured before reading freed memory.
         if self._rope_cos.shape[0] < n_pos:
-            self._rope_cos, self._rope_sin = rope_table(self.spec, n_pos, self.device)
+            n = max(n_pos, self.spec.max_positions)
+            self._rope_cos, self._rope_sin = rope_table(self.spec, n, self.device)
 
     # ---- forward -------------------------------------------------------------------------
     @torch.no_grad()

@@ -176,6 +176,7 @@ class BatchState:
     replay: AcceptanceReplay | None = None
     graphs: dict[tuple[str, int], GraphedForward] = field(default_factory=dict)
     graph_pool: Any = None  # one memory pool for all graphs of this state
+    graph_generation: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -281,7 +282,8 @@ class SpecDecoder:
                last_only: bool) -> GraphedForward:
         key = (role, n_query)
         graph = state.graphs.get(key)
-        if graph is None:
+        generation = getattr(policy, "generation", 0)  # policy buffers reallocated since?
+        if graph is None or state.graph_generation.get(key) != generation:
             # No phase may record CUDA events inside a capture (Quest's nested quest_meta).
             enabled, self.timer.enabled = self.timer.enabled, False
             try:
@@ -290,6 +292,7 @@ class SpecDecoder:
             finally:
                 self.timer.enabled = enabled
             state.graphs[key], state.graph_pool = graph, graph.pool
+            state.graph_generation[key] = generation
         return graph
 
     def _forward(self, state: BatchState, role: str, tokens: Tensor, policy: Any,

@@ -221,7 +221,7 @@ def quest_select(
     for b in range(B):
         ctx = int(c_list[b])
         full = min(ctx // QUEST_PAGE, P)
-        take = min(int(n_list[b]), full)
+        take = min(int(n_list[b]), full, n_max)
         pages = torch.topk(scores[b, :full], take).indices if take else offs[:0]
         tok = (pages[:, None] * QUEST_PAGE + offs[None, :]).reshape(-1)  # [take*16]
         partial = torch.arange(full * QUEST_PAGE, ctx, device=q.device)  # the current page

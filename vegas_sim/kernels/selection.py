@@ -213,6 +213,7 @@ def quest_select(
         n_max = int(n_pages.max().item()) if B else 0
     full = torch.clamp(ctx // QUEST_PAGE, max=P)  # [B]
     take = torch.minimum(n_pages.to(device=dev, dtype=torch.int64), full)  # [B]
+    take = take.clamp(max=n_max)  # never more pages than the K columns hold
     k_pages = min(n_max, P)
     top = torch.topk(scores, k_pages, dim=1).indices if k_pages else scores[:, :0].long()
     offs = torch.arange(QUEST_PAGE, device=dev)

@@ -333,7 +333,10 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
 # — the tile shape behind run 3's 38–75 % Collect-2-Query overhead at NQ 8. With M 64 for
 # every NQ the score store costs about its bytes (run 3, NQ 16 "all": 25 % more bytes, +27–38 %)
 # and one compiled kernel serves NQ 1..16. The padding costs tensor-core FLOPs only.
-MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "64"))  # env: a tuning run's pick
+# H200 run 4 (benchmarks/gpu/choose_verify_defaults.py, 8 calibration shapes, none +
+# first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
+# 16 without collection and at NQ 1. Env VEGAS_SIM_VERIFY_MIN_M overrides.
+MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
 
 
 def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
