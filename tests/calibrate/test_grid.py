@@ -321,3 +321,23 @@ def test_host_gap_and_host_bound_corrections() -> None:
     assert Timed(iterations=[[("sample", 1.0)]], walls=[]).host_gaps() == [0.0]
     # GPU-bound step (host 0.2 of a 1.2 ms wall) keeps its GPU time; host-bound takes the host
     assert host_bound_steps([1.0, 0.3], [1.2, 1.0]) == [1.0, 0.7]
+
+
+def test_sigterm_interrupts_like_ctrl_c() -> None:
+    """`timeout`'s SIGTERM becomes a KeyboardInterrupt inside a calibration, so the run log
+    is still written on the way out (then the previous handler is back)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from vegas_sim.calibrate.grid import terminate_as_interrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with terminate_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(2)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -38,8 +38,9 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
 
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
     assert va.choose_config(16, 8, 16, 4, 32768, 132) == va.VerifyConfig(6, 64, 4, 3)
-    # M tile: >= 64 by default (wgmma on Hopper) so every NQ <= 16 at G = 4 is one kernel
-    assert va.choose_config(4, 8, 1, 4, 131072, 132) == va.choose_config(4, 8, 16, 4, 131072, 132)
+    # M tile >= 64 (wgmma on Hopper): every NQ <= 16 at G = 4 is one kernel
+    assert (va.choose_config(4, 8, 1, 4, 131072, 132, min_m=64)
+            == va.choose_config(4, 8, 16, 4, 131072, 132, min_m=64))
     for min_m in (16, 64):
         for nq in range(1, 17):
             for group in (1, 2, 4, 8):

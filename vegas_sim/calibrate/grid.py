@@ -57,6 +57,7 @@ the hardware measurements.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -65,8 +66,10 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1079,32 +1082,67 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     session = Session()
     if progress is not None:
         progress(n_done, total, "resumed" if n_done else "start")
+    with terminate_as_interrupt(), _recorded(out, session, gpu.get("name", str(device))):
+        n_done = _measure_points(net, plan, points, done, writer, device, session, say,
+                                 progress, n_done, total)
+    ts = writer.finalize()
+    write_run_log(out, session, gpu.get("name", str(device)), acceptance_summary(ts.acceptance))
+    return out
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (e.g. `timeout`, a scheduler's kill) raises KeyboardInterrupt in the main
+    thread, so an interrupted calibration still writes its run log on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        if any(p.key not in done for p in points if isinstance(p, LatencyPoint)):
-            session.step_overhead = measure_step_overhead(
-                net, min(effective_context(plan, spec, min(plan.context)), 1024),
-                steps=20 if device.type == "cuda" else 3)
-        prompt_cache: dict[str, list[list[int]]] = {}
-        for point in points:
-            if point.key in done:
-                continue
-            status, detail, secs = _run_point(net, plan, point, writer, device, prompt_cache)
-            session.points.append({"key": point.key, "status": status, "detail": detail,
-                                   "seconds": secs})
-            if status != "ok":
-                say(f"{_label(point)}: {status} ({detail})")
-            n_done += 1
-            if progress is not None:
-                progress(n_done, total, _label(point))
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _recorded(out: Path, session: Session, device: str) -> Iterator[None]:
+    """Mark the session complete or interrupted, and write the run log either way."""
+    try:
+        yield
         session.outcome = "complete"
     except BaseException as e:
         session.outcome = f"interrupted: {type(e).__name__}: {e}"[:300]
         raise
     finally:
-        write_run_log(out, session, gpu.get("name", str(device)))
-    ts = writer.finalize()
-    write_run_log(out, session, gpu.get("name", str(device)), acceptance_summary(ts.acceptance))
-    return out
+        write_run_log(out, session, device)
+
+
+def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done: set[str],
+                    writer: Any, device: torch.device, session: Session,
+                    say: Callable[[str], None], progress: ProgressFn | None, n_done: int,
+                    total: int) -> int:
+    """Measure every point not yet done (in order); returns the running done count."""
+    if any(p.key not in done for p in points if isinstance(p, LatencyPoint)):
+        session.step_overhead = measure_step_overhead(
+            net, min(effective_context(plan, net.spec, min(plan.context)), 1024),
+            steps=20 if device.type == "cuda" else 3)
+    prompt_cache: dict[str, list[list[int]]] = {}
+    for point in points:
+        if point.key in done:
+            continue
+        status, detail, secs = _run_point(net, plan, point, writer, device, prompt_cache)
+        session.points.append({"key": point.key, "status": status, "detail": detail,
+                               "seconds": secs})
+        if status != "ok":
+            say(f"{_label(point)}: {status} ({detail})")
+        n_done += 1
+        if progress is not None:
+            progress(n_done, total, _label(point))
+    return n_done
 
 
 def _run_point(model: Any, plan: CalibrationPlan, point: LatencyPoint | AcceptancePoint,

@@ -68,7 +68,7 @@ def _verify_attention_kernel(
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
-    C2Q_DOT: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr,
+    C2Q_DOT: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -132,7 +132,10 @@ def _verify_attention_kernel(
     for start in range(lo, hi, BLOCK_N):
         n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
         n_ok = n < hi
-        kv_off = n[:, None] * stride_ks + offs_d[None, :]  # [BLOCK_N, BLOCK_D] int32
+        if OFFS64:  # the whole cache spans >= 2^31 elements (see the launcher)
+            kv_off = n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :]
+        else:
+            kv_off = n[:, None] * stride_ks + offs_d[None, :]  # [BLOCK_N, BLOCK_D] int32
         k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
@@ -426,6 +429,10 @@ def verify_attention(
         G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
         COLLECT=COLLECT_CODE[collect], C2Q_DOT=c2q_dot, SINGLE=single,
         EVEN_S=S_max % block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
+        # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
+        # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
+        # GPU run shows where the int32 path overflows, such caches take int64 offsets.
+        OFFS64=B * k_cache.stride(0) >= 2**31,
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single:
