@@ -69,9 +69,9 @@ def _predict_options(f: F) -> F:
                      help="Hardware what-if: rescale to this GPU's datasheet "
                           "(a100, h100-sxm, h100-nvl, h200, b200). Not measured."),
         click.option("--graph-launch-ms", type=float, default=None,
-                     help="What-if: replace the measured per-step host overhead (the "
-                          "calibration runtime is eager) by this launch cost, as a CUDA-graph "
-                          "engine would see. Not measured."),
+                     help="What-if: replace the measured per-step host overhead (large "
+                          "in sets measured with an eager runtime) by this launch cost, as a "
+                          "CUDA-graph engine would see. Not measured."),
         click.option("--requests", type=int, default=None,
                      help="Requests to simulate (default: 4 × batch)."),
         click.option("--arrival", default="closed", show_default=True,

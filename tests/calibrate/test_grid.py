@@ -83,6 +83,19 @@ def test_plans_and_points() -> None:
     # vanilla does not draft: no acceptance rows; every (s, T, workload) once, at max gamma
     assert {p.method for p in acc} == {"vegas"} and {p.gamma for p in acc} == {15}
     assert len(acc) == 8 * 2 * 4 and len({p.key for p in acc}) == len(acc)
+    # a run cut after the first 8 points has every workload × temperature, at s = 0.07
+    assert {(p.workload, p.temperature) for p in acc[:8]} == {
+        (w, t) for w in real.workloads for t in real.temperatures}
+    assert {p.sparsity for p in acc[:8]} == {0.07}
+
+
+def test_coarse_to_fine_spreads_the_range_first() -> None:
+    from vegas_sim.calibrate.grid import coarse_to_fine
+
+    order = coarse_to_fine([0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2], 0.07)
+    assert order[:3] == [0.07, 0.01, 0.2] and sorted(order) == [0.01, 0.02, 0.03, 0.05, 0.07,
+                                                                0.1, 0.15, 0.2]
+    assert coarse_to_fine([0.5], 0.5) == [0.5]
 
 
 def test_verify_configs_cover_every_collection_setting() -> None:

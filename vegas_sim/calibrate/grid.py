@@ -45,14 +45,16 @@ run interrupted at any moment resumes where it stopped (done keys are skipped). 
 cannot fit (estimate from `hardware.fits_in_memory`) is marked ``skip``; a point that runs out of
 memory anyway is marked ``oom`` after freeing the allocator's cache, and the run continues.
 
-Expected time (one H200, Qwen3-8B random weights, `default_plan`): 49 of the 64 (B, C) points
-fit (B·C up to ~512K tokens; the rest are skipped in milliseconds by the memory estimate).
-Measured on 2026-11-29 with eager (no CUDA graph) draft/verify steps, which are CPU-launch
-bound at ~35 ms a step: 40 points in 515 s before coinciding budgets were deduplicated, so
-≈ 8 GPU-minutes for the whole grid now; once the decoder replays CUDA graphs (~8 ms a step at
-B=1; measured by `measure_step_overhead`: dense 8.1 ms graphed vs 32.5 ms eager, Vegas draft
-step 8.4 vs 35.1 ms) ≈ 3 minutes. `quick_plan` (9 points) took 61 s including model setup and
-the hardware measurements.
+Expected time (one H200, measured 2026-11-29 with the CUDA-graph decode loop): Qwen3-8B random
+weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2: the 45 (B, C) points with B·C ≤ 512K-ish took
+≈ 6 GPU-minutes (≈ 8 s a point: 20 graph captures + the timed repetitions); SmolLM2 real
+weights: ≈ 5 s a latency point, ≈ 11 s an acceptance point of 32 longdoc prompts (mostly the
+per-request eager prefill of up to 7K-token prompts). `quick_plan` (9 points) fits in 2 minutes.
+Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
+scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
+from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the
+device's idle time (host work after a sync) is charged to `sample`, and draft steps record
+max(GPU, host) (see `with_host_gap`, `host_bound_steps`).
 """
 
 from __future__ import annotations
@@ -313,12 +315,28 @@ def latency_points(plan: CalibrationPlan) -> list[LatencyPoint]:
     return sorted(pts, key=lambda p: (p.batch * p.context, p.context))
 
 
+def coarse_to_fine(values: Sequence[float], first: float) -> list[float]:
+    """`first`, then each next value the farthest (in log scale) from those already taken:
+    a run cut anywhere has covered the range as evenly as it could."""
+    rest = sorted(set(values) - {first})
+    order = [first]
+    while rest:
+        far = max(rest, key=lambda v: (min(abs(math.log(v / o)) for o in order), -v))
+        order.append(far)
+        rest.remove(far)
+    return order
+
+
 def acceptance_points(plan: CalibrationPlan) -> list[AcceptancePoint]:
+    """Sparsity outermost, coarse to fine; every method × workload × temperature at each, so a
+    run cut by a time limit still has every workload, temperature and method (the H200 run of
+    2026-11-29 went workload-first and ended inside the first workload)."""
     if not plan.acceptance or plan.weights != "real":
         return []
     gamma = max(plan.gamma)
-    return [AcceptancePoint(m, gamma, s, t, w) for w in plan.workloads for t in plan.temperatures
-            for m in plan.spec_methods for s in plan.sparsity]
+    return [AcceptancePoint(m, gamma, s, t, w)
+            for s in coarse_to_fine(plan.sparsity, plan.ref_sparsity)
+            for t in plan.temperatures for w in plan.workloads for m in plan.spec_methods]
 
 
 # ============================================================================ statistics/rows
