@@ -94,6 +94,15 @@ def make_cache(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, torc
     return k, v
 
 
+def verify_inputs(gen: torch.Generator, B: int, C: int, NQ: int
+                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+    """Cache copies to rotate over (`n_copies`), cache_lens [B] = C, q [B, NQ, HQ, D]."""
+    caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
+    lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    return caches, lens, q
+
+
 def kv_bytes(B: int, tokens: int) -> float:
     return 2.0 * B * tokens * HKV * D * 2  # K and V, bf16
 
@@ -195,9 +204,7 @@ def bench_tune(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any
     gen = torch.Generator(device="cuda").manual_seed(1)
     n_sms = va.num_sms(torch.device("cuda"))
     for B, C, NQ in TUNE_SHAPES:
-        caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-        lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-        q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+        caches, lens, q = verify_inputs(gen, B, C, NQ)
         timed: list[tuple[float, Any]] = []
         for i, cfg in enumerate(tune_candidates(B, C, NQ, n_sms)):
             label = cfg.label() + (" (auto)" if i == 0 else "")
@@ -242,9 +249,7 @@ def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str,
     gen = torch.Generator(device="cuda").manual_seed(5)
     n_sms = va.num_sms(torch.device("cuda"))
     for B, C, NQ in VARIANT_SHAPES:
-        caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-        lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-        q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+        caches, lens, q = verify_inputs(gen, B, C, NQ)
         base: dict[int, float] = {}
         for label, collect, kw in sweep_verify_variants(B, C, NQ, n_sms)[:6]:
             ms = bench(verify_call(caches, q, lens, collect, C, **kw))
@@ -572,9 +577,7 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
         for B, C, NQ in shapes:
             if not left():
                 break
-            caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-            lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-            q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+            caches, lens, q = verify_inputs(gen, B, C, NQ)
             auto = va.choose_config(B, HKV, NQ, HQ // HKV, C, n_sms).label()
             for label, collect, kw in sweep_verify_variants(B, C, NQ, n_sms):
                 if not left():

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import HQ, D, bench, make_cache, n_copies, kv_bytes, verify_call  # noqa: E402
+from kernels import bench, verify_call, verify_inputs  # noqa: E402
 
 SHAPES = [(1, 8192, 1), (1, 32768, 8), (4, 32768, 1), (4, 32768, 8), (4, 131072, 8),
           (16, 32768, 16), (64, 8192, 4), (1, 131072, 16)]
@@ -33,9 +33,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     log_cost: dict[tuple[int, bool], float] = {}
     for B, C, NQ in SHAPES:
-        caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-        lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-        q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+        caches, lens, q = verify_inputs(gen, B, C, NQ)
         none = {m: bench(verify_call(caches, q, lens, "none", C, min_m=m)) for m in (16, 64)}
         for m, dot in itertools.product((16, 64), (False, True)):
             fl = bench(verify_call(caches, q, lens, "first_last", C, min_m=m, c2q_dot=dot))
