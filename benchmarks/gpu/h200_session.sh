@@ -14,10 +14,10 @@
 # Run 4 (2026-11-29, second session), as it happened: a first stage 1 crashed at its 3rd
 # latency point (a graph replaying a reallocated index buffer; fixed: SpecDecoder recaptures)
 # and its machine went back while that was debugged; stage 1 again (Qwen3-8B grid cut by its
-# timeout after 45 points); stage 2 (SmolLM2 latency cut after 19 points, acceptance after
+# timeout after 35 points); stage 2 (SmolLM2 latency cut after 19 points, acceptance after
 # 26); stage 3 with VALIDATE_TIMEOUT=150 VALIDATE_BUDGET=100 and a 95 s kernel benchmark (which
 # crashed at B=16 C=128K); a last call resumed the acceptance (170 s) and the Qwen3-8B grid
-# (120 s) into the same directories. Outputs: benchmarks/results/ and docs/RESULTS.md.
+# (120 s): 41 acceptance and 45 latency points in all. Outputs: benchmarks/results/ and docs/RESULTS.md.
 set -u
 stage=${1:?stage 1, 2 or 3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
