@@ -3,6 +3,8 @@
 # benchmark (docs/RESULTS.md), as three device calls made back to back (a machine left idle
 # for 30 s is given back, and with it /root). Run from the repo root:
 #
+#   stage 0  carry .whl: a < 2-minute smoke run of every GPU code path at tiny grids (run it
+#            first in a session: a crash there costs minutes, not the budget)
 #   stage 1  carry .whl and .model/smollm2.gguf.part.aa: graphed-decoding GPU test, verify
 #            kernel defaults picked on the GPU, Qwen3-8B latency set
 #   stage 2  carry .whl and .model/smollm2.gguf.part.ab: join + check the GGUF, SmolLM2
@@ -40,6 +42,21 @@ pack() {  # $1 = set name
 }
 
 case $stage in
+0)
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate/test_specdec.py \
+    -k graphed 2>&1 | tail -5
+  # every latency path, three sparsities (index regrowth), a 2^31-element-scale verify is not
+  # needed here: B 1,2 x C 1K,3K
+  timeout 90 "${cli[@]}" calibrate --model qwen3-8b --weights random --methods all \
+    --batch 1,2 --context 1K,3K --n-query 1 --gamma 3 --sparsity 0.01,0.05,0.2 \
+    --out /tmp/smoke-q8b 2>&1 | tail -3
+  timeout 60 "${cli[@]}" validate --traces /tmp/smoke-q8b \
+    --acceptance-traces vegas_sim/traces/default/smollm2-135m-real --model qwen3-8b \
+    --weights random --random 2 --max-batch 2 --context-range 1500,2500 --output-len 16 \
+    --seed 0 --out /tmp/smoke-val.csv 2>&1 | tail -3
+  timeout 60 python3 benchmarks/kernels.py --quick --only sparse,select \
+    --out "$OUT/smoke_kernels.csv" 2>&1 | tail -8
+  ;;
 1)
   cp .model/smollm2.gguf.part.aa /root/model/
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv \
