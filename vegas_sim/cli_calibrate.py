@@ -56,9 +56,10 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
 
-    Writes incrementally: an interrupted run resumes where it stopped, and a grid point that
-    runs out of GPU memory is recorded and skipped. Copy bandwidth and bf16 matmul rate are
-    measured in the same run.
+    Writes incrementally: an interrupted run (Ctrl-C, or SIGTERM from `timeout`) resumes where
+    it stopped, and a grid point that runs out of GPU memory is recorded and skipped. Copy
+    bandwidth and bf16 matmul rate are measured in the same run. On CUDA the draft, verify and
+    decode steps are replayed as CUDA graphs (VEGAS_SIM_CUDA_GRAPHS=0 runs them eagerly).
 
     Examples:
 

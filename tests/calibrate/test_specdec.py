@@ -329,3 +329,17 @@ def test_graphed_drafts_survive_a_larger_selection_on_cuda() -> None:
         large.draft(state)
         drafts[graphs] = state.drafts.clone()
     assert torch.equal(drafts[True], drafts[False])
+
+
+def test_graphs_are_a_cuda_option() -> None:
+    """On the CPU graphs are off by default, refused when asked for, and prepare_graphs is a
+    no-op (so validate and the grid call it unconditionally)."""
+    model = tiny_model("llama", seed=0)
+    cfg = SpecConfig("vegas", 2, sparsity=0.1, min_tokens=4)
+    dec = SpecDecoder(model, cfg)
+    assert dec.graphs is False
+    state = dec.init_state(1, 40, 60, seed=0)
+    dec.prepare_graphs(state)
+    assert state.graphs == {}
+    with pytest.raises(UserInputError, match="CUDA graphs"):
+        SpecDecoder(model, cfg, graphs=True)
