@@ -55,9 +55,10 @@ def load_models(
         notes = [*notes, f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
     if graph_launch_ms is None and latency.host_bound_share() > 0.5:
         notes = [*notes, f"{latency.host_bound_share():.0%} of the measured latency points are "
-                         "host-bound (e.g. a set measured with an eager runtime): "
-                         "predictions are for that runtime; --graph-launch-ms 0.5 predicts "
-                         "a CUDA-graph engine (what-if, not measured)"]
+                         "host-bound (the host's work per step exceeds the GPU's: an eager "
+                         "runtime, or a small model): predictions are for that runtime; "
+                         "--graph-launch-ms 0.5 replaces the host floor by a fixed launch cost "
+                         "(what-if, not measured)"]
     if graph_launch_ms is not None:
         latency = latency.without_host_overhead(graph_launch_ms)
         notes = [*notes, f"host overhead replaced by {graph_launch_ms} ms per step "
