@@ -732,14 +732,9 @@ def quest_scoring_ms(dec: Any, state: Any, reps: int = 10) -> float:
             ops.quest_select(q, policy.kmin[layer], policy.kmax[layer], policy.context,
                              policy.n_pages, policy.max_pages)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        score_all_layers()  # compile / autotune outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        score_all_layers()
+    from vegas_sim.calibrate.runtime import capture_cuda_graph
+
+    graph, _ = capture_cuda_graph(score_all_layers)
     return float(np.median(hardware.time_ms(graph.replay, dec.device, reps=reps)))
 
 
@@ -1100,11 +1095,12 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     session = Session()
     if progress is not None:
         progress(n_done, total, "resumed" if n_done else "start")
-    with terminate_as_interrupt(), _recorded(out, session, gpu.get("name", str(device))):
-        n_done = _measure_points(net, plan, points, done, writer, device, session, say,
-                                 progress, n_done, total)
+    device_name = gpu.get("name", str(device))
+    with terminate_as_interrupt(), _recorded(out, session, device_name):
+        _measure_points(net, plan, points, done, writer, device, session, say, progress,
+                        n_done, total)
     ts = writer.finalize()
-    write_run_log(out, session, gpu.get("name", str(device)), acceptance_summary(ts.acceptance))
+    write_run_log(out, session, device_name, acceptance_summary(ts.acceptance))
     return out
 
 
@@ -1142,8 +1138,8 @@ def _recorded(out: Path, session: Session, device: str) -> Iterator[None]:
 def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done: set[str],
                     writer: Any, device: torch.device, session: Session,
                     say: Callable[[str], None], progress: ProgressFn | None, n_done: int,
-                    total: int) -> int:
-    """Measure every point not yet done (in order); returns the running done count."""
+                    total: int) -> None:
+    """Measure every point not yet done (in order); `n_done` of `total` are done already."""
     if any(p.key not in done for p in points if isinstance(p, LatencyPoint)):
         session.step_overhead = measure_step_overhead(
             net, min(effective_context(plan, net.spec, min(plan.context)), 1024),
@@ -1160,7 +1156,6 @@ def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done
         n_done += 1
         if progress is not None:
             progress(n_done, total, _label(point))
-    return n_done
 
 
 def _run_point(model: Any, plan: CalibrationPlan, point: LatencyPoint | AcceptancePoint,

@@ -424,6 +424,24 @@ class Transformer(torch.nn.Module):
 # ---- CUDA graphs -------------------------------------------------------------------------
 
 
+def capture_cuda_graph(body: Callable[[], Any], *, warm: Callable[[], Any] | None = None,
+                       warmup: int = 1, pool: Any = None) -> tuple[Any, Any]:
+    """(graph, what `body` returned while captured: its static outputs).
+
+    `warm` (default: `body`) runs `warmup` times on a side stream first: Triton compilation /
+    autotuning and cuBLAS handle creation must happen outside a capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            (warm or body)()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = body()
+    return graph, out
+
+
 class GraphedForward:
     """A CUDA graph of `model.forward` for fixed (batch, n_query), replayed per step.
 
@@ -446,16 +464,16 @@ class GraphedForward:
         self.policy = policy if policy is not None else DenseAttention()
         self.tokens = torch.zeros(batch, n_query, dtype=torch.long, device=model.device)
         saved = cache.lens.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):  # triton autotune / cuBLAS handle creation outside capture
-                model.forward(self.tokens, cache, self.policy, last_only)
-                cache.lens.copy_(saved)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = model.forward(self.tokens, cache, self.policy, last_only)
+
+        def forward() -> Tensor:
+            return model.forward(self.tokens, cache, self.policy, last_only)
+
+        def warm() -> None:
+            forward()
+            cache.lens.copy_(saved)
+
+        self.graph, self.logits = capture_cuda_graph(forward, warm=warm, warmup=warmup,
+                                                     pool=pool)
         cache.lens.copy_(saved)  # capture does not execute, but keep lens exact regardless
         self.pool = self.graph.pool()
 

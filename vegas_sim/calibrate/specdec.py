@@ -46,8 +46,8 @@ instead of the comparison (random-weight latency runs at 8B/128K with realistic 
 drafting, verifying, rollback and emission still run for real. accept_prob is then recorded
 as 1 for the a replayed accepts and 0 after.
 
-Timing (timers.PhaseTimer): draft_step (each step; its Quest page scoring excluded and timed as
-quest_meta), quest_meta (page scoring + metadata update of newly verified tokens), verify (with
+Timing (timers.PhaseTimer): draft_step (each step; eagerly, its Quest page scoring excluded and
+timed as quest_meta — inside a CUDA graph it cannot be, see grid.quest_scoring_ms), quest_meta (page scoring + metadata update of newly verified tokens), verify (with
 its score collection), sample (acceptance, emission and rollback), select (top-k), decode and
 sample (vanilla), prefill, collect (the prompt's last-row collection), other.
 
@@ -171,12 +171,12 @@ class BatchState:
     emitted: list[list[int]] = field(default_factory=list)
     max_new_tokens: int = 0
     records: list[IterationRecord] = field(default_factory=list)
-    synthetic: bool = False  # fixed context, no emission / records
+    synthetic: bool = False  # fixed context; emission bookkept, then forgotten, every iteration
     generator: torch.Generator | None = None
     replay: AcceptanceReplay | None = None
-    graphs: dict[tuple[str, int], GraphedForward] = field(default_factory=dict)
+    # (role, n_query) -> (graph, the policy generation it was captured at)
+    graphs: dict[tuple[str, int], tuple[GraphedForward, int]] = field(default_factory=dict)
     graph_pool: Any = None  # one memory pool for all graphs of this state
-    graph_generation: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -243,7 +243,7 @@ class SpecDecoder:
         verify = CollectingVerifyAttention(
             s.n_layers, batch, max_seq, self.device, c.collect,
             per_row=c.method == "specextend", max_rows=gamma + 1)
-        state = BatchState(
+        return BatchState(
             cache=cache,
             context=torch.zeros(batch, dtype=torch.int32, device=self.device),
             ctx_host=np.zeros(batch, dtype=np.int64),
@@ -256,7 +256,6 @@ class SpecDecoder:
             done=np.zeros(batch, dtype=bool),
             emitted=[[] for _ in range(batch)],
         )
-        return state
 
     # ---- CUDA graphs ----------------------------------------------------------------------
     def _step_roles(self, state: BatchState) -> list[tuple[str, int, Any, bool]]:
@@ -281,9 +280,9 @@ class SpecDecoder:
     def _graph(self, state: BatchState, role: str, n_query: int, policy: Any,
                last_only: bool) -> GraphedForward:
         key = (role, n_query)
-        graph = state.graphs.get(key)
         generation = getattr(policy, "generation", 0)  # policy buffers reallocated since?
-        if graph is None or state.graph_generation.get(key) != generation:
+        graph, captured_at = state.graphs.get(key, (None, -1))
+        if graph is None or captured_at != generation:
             # No phase may record CUDA events inside a capture (Quest's nested quest_meta).
             enabled, self.timer.enabled = self.timer.enabled, False
             try:
@@ -291,8 +290,7 @@ class SpecDecoder:
                                        last_only=last_only, pool=state.graph_pool)
             finally:
                 self.timer.enabled = enabled
-            state.graphs[key], state.graph_pool = graph, graph.pool
-            state.graph_generation[key] = generation
+            state.graphs[key], state.graph_pool = (graph, generation), graph.pool
         return graph
 
     def _forward(self, state: BatchState, role: str, tokens: Tensor, policy: Any,

@@ -42,6 +42,7 @@ from vegas_sim.sim.heldout import (
     HeldOut,
     check_outside_grid,
     grid_of,
+    heldout_from_record,
     random_heldout,
     read_heldout,
     write_heldout,
@@ -72,12 +73,17 @@ class Measurement:
 
 def pool(measurements: Sequence[Measurement]) -> Measurement:
     """Waves pooled: tokens and seconds summed (a ratio of sums, like one longer window)."""
-    draws = [a for m in measurements for wave in m.accepted for req in wave for a in req]
-    iters = sum(m.iterations for m in measurements)
-    acc_len = 1.0 + float(np.mean(draws)) if draws else 1.0
+    waves = [w for m in measurements for w in m.accepted]
     return Measurement(sum(m.tokens for m in measurements),
-                       sum(m.seconds for m in measurements), iters, acc_len,
-                       [w for m in measurements for w in m.accepted])
+                       sum(m.seconds for m in measurements),
+                       sum(m.iterations for m in measurements), acceptance_length(waves), waves)
+
+
+def acceptance_length(waves: Sequence[Sequence[Sequence[int]]]) -> float:
+    """1 + mean accepted drafts over every (wave, request, iteration); 1 with none (vanilla
+    records nothing)."""
+    draws = [a for wave in waves for req in wave for a in req]
+    return 1.0 + float(np.mean(draws)) if draws else 1.0
 
 
 def _sync(device: torch.device) -> None:
@@ -100,9 +106,8 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     seqs: list[list[int]] = [[] for _ in range(state.batch)]
     for r in state.records[first_record:]:
         seqs[r.request].append(int(r.accepted))
-    draws = [a for s in seqs for a in s]
-    acc_len = 1.0 + float(np.mean(draws)) if draws else 1.0  # vanilla records nothing
-    return Measurement(tokens, seconds, iterations, acc_len, [seqs] if draws else [])
+    waves = [seqs] if any(seqs) else []  # vanilla records nothing
+    return Measurement(tokens, seconds, iterations, acceptance_length(waves), waves)
 
 
 def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
@@ -178,11 +183,6 @@ def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int
             ids = ids + ids
         out.append(torch.tensor(ids[: h.context], dtype=torch.long))
     return out, note
-
-
-def _prompts_for(h: HeldOut, tokenizer_prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    return prompts_for(h, tokenizer_prompts)[0]
-
 
 def choose_heldout(
     heldout_file: Path | None, n_random: int | None, grid: dict[str, list[Any]], *,
@@ -326,7 +326,7 @@ def run_validation(
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
     # Real runs decode real prompts: the acceptance predicted is that workload's. Random
     # weights replay acceptance pooled over the traced workloads.
-    traced = sorted(str(w) for w in acceptance._runs["workload"].unique())
+    traced = [str(w) for w in acceptance.coverage()["workloads"]]
     workloads: list[str | None] = (
         [None] if weights == "random" else list(traced) or ["longdoc"])
     torch_device = torch.device(device)
@@ -438,16 +438,6 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
     }
 
 
-def _heldout_of(row: dict[str, Any]) -> HeldOut:
-    fields = {f.name for f in dataclasses.fields(HeldOut)}
-    clean: dict[str, Any] = {k: (None if isinstance(v, float) and np.isnan(v) else v)
-                             for k, v in row.items() if k in fields}
-    for k in ("gamma", "batch", "context", "output_len", "waves"):
-        if k in clean and clean[k] is not None:
-            clean[k] = int(clean[k])
-    return HeldOut(**clean).validated()
-
-
 REQUIRED_RESULT_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len",
                            "regime", "measured")
 
@@ -486,7 +476,7 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
     for rec in old.to_dict(orient="records"):
         row = {str(k): v for k, v in rec.items()}
         weights = "real" if str(row["regime"]).startswith("real") else "random"
-        h = _heldout_of(row)
+        h = heldout_from_record(row)
         if h.temperature is None:  # an unresolved row (should not happen): resolve now
             h = resolve_temperature(h, models)[0]
         sc = _scenario(h, weights, models.min_tokens)

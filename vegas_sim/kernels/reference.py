@@ -201,6 +201,14 @@ def quest_page_scores(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
     return torch.maximum(hi, lo).sum(dim=(2, 3, 4))
 
 
+def quest_page_bound(n_pages: Tensor, max_pages: int | None) -> int:
+    """Pages the index list has room for: `max_pages` when given (no host sync, so CUDA
+    graphs can capture the op), else the largest n_pages (one sync); 0 for an empty batch."""
+    if n_pages.numel() == 0:
+        return 0
+    return max_pages if max_pages is not None else int(n_pages.max().item())
+
+
 def quest_select(
     q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
     max_pages: int | None = None,
@@ -211,7 +219,7 @@ def quest_select(
     given; -1 past n_idx) and n_idx [B].
     """
     B, P = kmin.shape[0], kmin.shape[1]
-    n_max = int(n_pages.max().item()) if max_pages is None and B else (max_pages or 0)
+    n_max = quest_page_bound(n_pages, max_pages)
     K = QUEST_PAGE * (n_max + 1) if B else 0
     scores = quest_page_scores(q, kmin, kmax)  # [B, P]
     out = torch.full((B, K), -1, dtype=torch.int32, device=q.device)

@@ -207,10 +207,7 @@ def quest_select(
         G=Hq // Hkv, D=D, BLOCK_D=max(16, _next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE,
         num_warps=4,
     )
-    if max_pages is not None:
-        n_max = max_pages if B else 0
-    else:
-        n_max = int(n_pages.max().item()) if B else 0
+    n_max = reference.quest_page_bound(n_pages, max_pages)
     full = torch.clamp(ctx // QUEST_PAGE, max=P)  # [B]
     take = torch.minimum(n_pages.to(device=dev, dtype=torch.int64), full)  # [B]
     take = take.clamp(max=n_max)  # never more pages than the K columns hold

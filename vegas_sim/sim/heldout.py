@@ -66,6 +66,20 @@ class HeldOut:
 FIELDS = [f.name for f in dataclasses.fields(HeldOut)]
 
 
+def heldout_from_record(row: dict[str, Any]) -> HeldOut:
+    """A validated HeldOut from a table row (CSV/JSON/result table): columns that are not
+    HeldOut fields are ignored, NaN (an empty CSV cell) is None, integral floats (pandas reads
+    an int column holding a NaN as float) are ints."""
+    clean: dict[str, Any] = {
+        k: (None if isinstance(v, float) and np.isnan(v) else v)
+        for k, v in row.items() if k in FIELDS
+    }
+    for k in ("gamma", "batch", "context", "output_len", "waves"):
+        if isinstance(clean.get(k), float) and float(clean[k]).is_integer():
+            clean[k] = int(clean[k])
+    return HeldOut(**clean).validated()
+
+
 def read_heldout(path: Path) -> list[HeldOut]:
     """Configurations from a CSV (header = HeldOut fields) or a JSON list of objects."""
     if not path.exists():
@@ -83,14 +97,8 @@ def read_heldout(path: Path) -> list[HeldOut]:
         if unknown:
             raise UserInputError(f"row {i}: unknown columns {sorted(unknown)}", where=str(path),
                                  fix=f"use columns {FIELDS}")
-        clean: dict[str, Any] = {
-            k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in row.items()
-        }
-        for k in ("gamma", "batch", "context", "output_len", "waves"):
-            if isinstance(clean.get(k), float) and float(clean[k]).is_integer():
-                clean[k] = int(clean[k])
         try:
-            out.append(HeldOut(**clean).validated())
+            out.append(heldout_from_record(row))
         except TypeError as e:
             raise UserInputError(f"row {i}: {e}", where=str(path),
                                  fix=f"columns {FIELDS[:5]} are required") from None
