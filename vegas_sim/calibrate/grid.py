@@ -47,9 +47,10 @@ memory anyway is marked ``oom`` after freeing the allocator's cache, and the run
 
 Expected time (one H200, measured 2026-11-29 with the CUDA-graph decode loop): Qwen3-8B random
 weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2: the 45 (B, C) points with B·C ≤ 512K-ish took
-≈ 6 GPU-minutes (≈ 8 s a point: 20 graph captures + the timed repetitions); SmolLM2 real
-weights: ≈ 5 s a latency point, ≈ 11 s an acceptance point of 32 longdoc prompts (mostly the
-per-request eager prefill of up to 7K-token prompts). `quick_plan` (9 points) fits in 2 minutes.
+≈ 6 GPU-minutes (≈ 8 s a point, each with ~20 graph captures and the timed repetitions);
+SmolLM2 real weights: ≈ 5 s a latency point, ≈ 11 s an acceptance point of 32 longdoc prompts
+(not profiled; the per-request eager prefill of up to 7K-token prompts is the suspect).
+`quick_plan` (9 points) took 61 s with the eager loop of the first session; not re-timed.
 Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
 scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
 from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the
