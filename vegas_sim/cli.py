@@ -205,6 +205,29 @@ def _show_latency_fit(trace_set: Any) -> None:
                    f"  max {row.max_pct:6.1f} %")
 
 
+@traces.command("merge")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+def traces_merge(out: Path, sources: tuple[Path, ...]) -> None:
+    """Merge trace sets of one model and GPU, measured apart, into the new directory OUT.
+
+    For calibrations run as parallel processes or over several sessions. Refused when the
+    sets differ in model, weights or GPU, or when two of them measured the same latency row
+    or acceptance point (it would count twice). Grid lists and workloads are unioned; the
+    run log keeps every source's sessions and adds up their GPU minutes.
+
+    Example:
+
+        vegas-sim traces merge ./smollm2-all ./acc-chat ./acc-code ./acc-longdoc
+    """
+    from vegas_sim.traces.io import format_summary, summarize
+    from vegas_sim.traces.merge import merge_trace_sets
+
+    with user_errors():
+        merged = merge_trace_sets(out, list(sources))
+    click.echo(format_summary(summarize(merged)))
+
+
 @traces.command("list")
 def traces_list() -> None:
     """List the trace sets packaged with vegas-sim.

@@ -97,14 +97,15 @@ from vegas_sim.methods import (
     draft_kv_read,
 )
 from vegas_sim.models import ModelSpec
-from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, SCHEMA_VERSION
+from vegas_sim.traces.io import acceptance_summary
+from vegas_sim.traces.schema import (ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, RUN_LOG_FILE,
+                                     SCHEMA_VERSION)
 
 log = logging.getLogger("vegas_sim.calibrate")
 
 ProgressFn = Callable[[int, int, str], None]
 LogFn = Callable[[str], None]
 
-RUN_LOG = "run_log.json"
 # Draft steps per timed repetition in the sparsity sweep. Step j's cost differs from step 1's
 # only by j − 1 more tail entries, which the latency model's KV term covers, so one step is
 # enough and keeps the sweep (3 kernel paths × every sparsity) cheap.
@@ -923,24 +924,6 @@ def measure_acceptance_point(model: Any, plan: CalibrationPlan, point: Acceptanc
     return pd.DataFrame(rows, columns=ACCEPTANCE_SCHEMA.names)
 
 
-def acceptance_summary(acc: pd.DataFrame, at_gamma: int = 6) -> list[dict[str, Any]]:
-    """Mean acceptance length (1 + accepted) per (method, γ, sparsity, temperature, workload),
-    also truncated to γ = `at_gamma` when traced at γ >= it (the run log's headline)."""
-    out: list[dict[str, Any]] = []
-    if acc.empty:
-        return out
-    keys = ["method", "gamma", "sparsity", "temperature", "workload"]
-    for k, g in acc.groupby(keys, sort=True):
-        rec: dict[str, Any] = {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(keys, k)}
-        rec["rows"] = len(g)
-        rec["acceptance_length"] = float(g["accepted"].mean() + 1)
-        if rec["gamma"] >= at_gamma:
-            rec[f"acceptance_length_gamma{at_gamma}"] = float(
-                np.minimum(g["accepted"].to_numpy(), at_gamma).mean() + 1)
-        out.append(rec)
-    return out
-
-
 # ============================================================================ meta / run log
 def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, Any],
                gpu: dict[str, Any]) -> dict[str, Any]:
@@ -1010,7 +993,7 @@ class Session:
 def write_run_log(out: Path, session: Session, device: str,
                   summary: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Append/replace this session in run_log.json; totals over all sessions."""
-    path = out / RUN_LOG
+    path = out / RUN_LOG_FILE
     data = _read_run_log(path)
     sessions = [s for s in data.get("sessions", []) if s.get("started") != session.to_dict(
         device)["started"]]

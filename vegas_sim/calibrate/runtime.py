@@ -57,16 +57,19 @@ class AttentionPolicy(Protocol):
 
 def masked_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, scale: float,
+    max_len: int | None = None,
 ) -> Tensor:
     """Causal attention of NQ new rows per request over its cache, with torch SDPA.
 
-    Row i of request b attends keys [0, cache_lens[b] - NQ + i]. Keys are cut at the longest
-    request's length (a host sync: fine for prefill, not used inside CUDA graphs on decode).
+    Row i of request b attends keys [0, cache_lens[b] - NQ + i]. Keys are cut at `max_len`, a
+    host-side bound on cache_lens, or else at the longest request's length — a host sync per
+    call, i.e. per layer, which made eager prefill of long prompts host-bound on the H200.
     q [B, NQ, Hq, D] -> [B, NQ, Hq, D].
     """
     B, NQ, Hq, D = q.shape
     s_max = k_cache.shape[1]
-    kv_len = min(int(cache_lens.max().item()), s_max)
+    bound = int(cache_lens.max().item()) if max_len is None else max_len
+    kv_len = min(bound, s_max)
     k = k_cache[:, :kv_len].transpose(1, 2)  # [B, Hkv, S, D]
     v = v_cache[:, :kv_len].transpose(1, 2)
     key_pos = torch.arange(kv_len, device=q.device)  # [S]
@@ -98,8 +101,9 @@ class DenseAttention:
     path (e.g. under TRITON_INTERPRET=1 with VEGAS_SIM_KERNELS=triton).
     """
 
-    def __init__(self, use_kernel: bool | None = None) -> None:
+    def __init__(self, use_kernel: bool | None = None, max_len: int | None = None) -> None:
         self.use_kernel = use_kernel
+        self.max_len = max_len  # host-side bound on cache_lens (incl. new rows): no sync
         self._verify = _ops_verify_attention()
 
     def attend(
@@ -110,7 +114,7 @@ class DenseAttention:
         if kernel and q.shape[1] <= VERIFY_MAX_NQ and self._verify is not None:
             out, _lse, _scores = self._verify(q, k_cache, v_cache, cache_lens, scale, "none")
             return out  # type: ignore[no-any-return]
-        return masked_attention(q, k_cache, v_cache, cache_lens, scale)
+        return masked_attention(q, k_cache, v_cache, cache_lens, scale, self.max_len)
 
 
 # ---- KV cache ----------------------------------------------------------------------------
@@ -406,19 +410,25 @@ class Transformer(torch.nn.Module):
         m = min(min(lengths), chunk)
         prompts = [p.to(self.device, torch.long).reshape(-1) for p in prompts]
         prefixes = [p[: len(p) - m] for p in prompts]
+        base = [int(x) for x in cache.lens.tolist()]  # one sync; lengths are tracked on host
         if len({len(p) for p in prefixes}) == 1:
-            self._prefill_chunks(torch.stack(prefixes), cache, chunk)
+            self._prefill_chunks(torch.stack(prefixes), cache, chunk, max(base))
         else:
             for b, pre in enumerate(prefixes):
-                self._prefill_chunks(pre[None], cache.request(b), chunk)
+                self._prefill_chunks(pre[None], cache.request(b), chunk, base[b])
         tail = torch.stack([p[len(p) - m:] for p in prompts])  # [B, m]
+        if policy is None:
+            policy = DenseAttention(max_len=max(b + n for b, n in zip(base, lengths)))
         return self.forward(tail, cache, policy, last_only=True)[:, 0]
 
-    def _prefill_chunks(self, tokens: Tensor, cache: KVCache, chunk: int) -> None:
-        """tokens [B, T] appended in chunks of `chunk` with dense attention."""
-        dense = DenseAttention()
+    def _prefill_chunks(self, tokens: Tensor, cache: KVCache, chunk: int, start_len: int
+                        ) -> None:
+        """tokens [B, T] appended in chunks of `chunk` with dense attention; start_len bounds
+        the caches' lengths before the first chunk (host-side, so no per-layer sync)."""
         for start in range(0, tokens.shape[1], chunk):
-            self.forward(tokens[:, start:start + chunk], cache, dense, last_only=True)
+            piece = tokens[:, start:start + chunk]
+            dense = DenseAttention(max_len=start_len + start + piece.shape[1])
+            self.forward(piece, cache, dense, last_only=True)
 
 
 # ---- CUDA graphs -------------------------------------------------------------------------

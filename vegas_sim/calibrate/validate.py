@@ -111,12 +111,14 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
 
 
 def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
-                 min_tokens: int = MIN_TOKENS, warm: bool = True) -> Measurement:
-    """Prefill real prompts (cut to h.context tokens), then decode with real acceptance."""
+                 min_tokens: int = MIN_TOKENS, warm: bool = True,
+                 sampling: tuple[float, int] = (1.0, 0)) -> Measurement:
+    """Prefill real prompts (cut to h.context tokens), then decode with real acceptance;
+    sampling = (top_p, top_k) of sampled runs."""
     from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
-    decoder = SpecDecoder(model, _spec_config(h, min_tokens))
+    decoder = SpecDecoder(model, _spec_config(h, min_tokens, *sampling))
     gen = torch.Generator(device).manual_seed(seed)
     state = decoder.prefill_state(prompts, h.output_len, generator=gen)
     if warm:
@@ -126,13 +128,14 @@ def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
 
 
 def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
-                     min_tokens: int = MIN_TOKENS, warm: bool = True) -> Measurement:
+                     min_tokens: int = MIN_TOKENS, warm: bool = True,
+                     sampling: tuple[float, int] = (1.0, 0)) -> Measurement:
     """Random KV at h.context, acceptance replayed from `sequences` [B, iterations]."""
     from vegas_sim.calibrate.replay import AcceptanceReplay
     from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
-    decoder = SpecDecoder(model, _spec_config(h, min_tokens))
+    decoder = SpecDecoder(model, _spec_config(h, min_tokens, *sampling))
     if warm:
         _warm(decoder, h, device)
     replay = AcceptanceReplay([list(map(int, row)) for row in sequences])
@@ -143,11 +146,16 @@ def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
     return _window_run(decoder, state, device)
 
 
-def _spec_config(h: HeldOut, min_tokens: int) -> Any:
+def _spec_config(h: HeldOut, min_tokens: int, top_p: float = 1.0, top_k: int = 0) -> Any:
+    """Sampled runs filter like the calibration did (its top-p / top-k, e.g. Qwen3's 0.95 / 20):
+    the filter costs a vocabulary sort per sampled row, and it changes acceptance."""
     from vegas_sim.calibrate.specdec import SpecConfig
 
+    temperature = h.temperature or 0.0
+    if temperature == 0:
+        top_p, top_k = 1.0, 0
     return SpecConfig(method=h.method, gamma=h.gamma, sparsity=h.sparsity,
-                      temperature=h.temperature or 0.0, min_tokens=min_tokens)
+                      temperature=temperature, top_p=top_p, top_k=top_k, min_tokens=min_tokens)
 
 
 def _warm(decoder: Any, h: HeldOut, device: torch.device) -> None:
@@ -210,6 +218,7 @@ class _Models:
     min_tokens: int  # the budget floor the acceptance was traced with
     latency_temperature: float  # the temperature the latency grid sampled at
     grid: dict[str, list[Any]]
+    sampling: tuple[float, int]  # (top_p, top_k) the calibration sampled with
     latency_meta: dict[str, Any]
     traced_temperatures: tuple[float, ...] = ()  # of the acceptance set
 
@@ -232,6 +241,7 @@ def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
         acceptance=AcceptanceModel.from_traces(acc_set.acceptance, acc_set.weights_kind),
         min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
         latency_temperature=float(grid.get("latency_temperature", 0.0)),
+        sampling=(float(grid.get("top_p", 1.0)), int(grid.get("top_k", 0))),
         grid=grid_of(latency_set.meta), latency_meta=latency_set.meta,
         traced_temperatures=tuple(sorted(float(t) for t in acc_set.acceptance["temperature"]
                                          .unique())))
@@ -386,13 +396,13 @@ def _measure(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed
             seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
                     else np.zeros((h.batch, n_iter), dtype=np.int64))
             waves.append(measure_replayed(runtime_model, h, seqs, run_seed, models.min_tokens,
-                                          warm=w == 0))
+                                          warm=w == 0, sampling=models.sampling))
         else:
             from vegas_sim.calibrate.workloads import load_workload
 
             prompts, note = prompts_for(h, load_workload(h.workload or "longdoc"), w)
             waves.append(measure_real(runtime_model, h, prompts, run_seed, models.min_tokens,
-                                      warm=w == 0))
+                                      warm=w == 0, sampling=models.sampling))
     return pool(waves), note
 
 

@@ -781,6 +781,24 @@ def format_summary(d: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def acceptance_summary(acc: pd.DataFrame, at_gamma: int = 6) -> list[dict[str, Any]]:
+    """Mean acceptance length (1 + accepted) per (method, γ, sparsity, temperature, workload),
+    also truncated to γ = `at_gamma` when traced at γ >= it (the run log's headline)."""
+    out: list[dict[str, Any]] = []
+    if acc.empty:
+        return out
+    keys = ["method", "gamma", "sparsity", "temperature", "workload"]
+    for k, g in acc.groupby(keys, sort=True):
+        rec: dict[str, Any] = {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(keys, k)}
+        rec["rows"] = len(g)
+        rec["acceptance_length"] = float(g["accepted"].mean() + 1)
+        if rec["gamma"] >= at_gamma:
+            rec[f"acceptance_length_gamma{at_gamma}"] = float(
+                np.minimum(g["accepted"].to_numpy(), at_gamma).mean() + 1)
+        out.append(rec)
+    return out
+
+
 def require_real_acceptance(trace_set: TraceSet) -> None:
     """Raise TraceSetError unless `trace_set` has acceptance rows from real weights."""
     if trace_set.weights_kind != "real":

@@ -13,6 +13,7 @@ SCHEMA_VERSION = 1
 META_FILE = "meta.json"
 LATENCY_FILE = "latency.parquet"
 ACCEPTANCE_FILE = "acceptance.parquet"
+RUN_LOG_FILE = "run_log.json"  # how the set was measured: sessions, GPU time, overhead
 DATA_FILES = (LATENCY_FILE, ACCEPTANCE_FILE)
 
 # One row per measured point.

@@ -1,0 +1,108 @@
+"""merge_trace_sets / `vegas-sim traces merge`: union of disjoint sets of one model and GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from vegas_sim.cli import cli
+from vegas_sim.errors import TraceSetError
+from vegas_sim.models import get_preset
+from vegas_sim.traces import io
+from vegas_sim.traces.merge import merge_trace_sets
+from vegas_sim.traces.synthetic import synthetic_meta
+
+
+def _acceptance(workload: str, temperature: float, accepted: int, n: int = 4) -> pd.DataFrame:
+    return pd.DataFrame({
+        "method": ["vegas"] * n, "gamma": [3] * n, "sparsity": [0.07] * n,
+        "budget": [256] * n, "context": [2048] * n, "temperature": [temperature] * n,
+        "workload": [workload] * n, "request": range(n), "iteration": [0] * n,
+        "accepted": [accepted] * n, "accept_prob": [[1.0, 1.0, 0.0]] * n,
+        "model_weights": ["real"] * n,
+    })
+
+
+def _latency(batch: int) -> pd.DataFrame:
+    return pd.DataFrame({
+        "phase": ["decode"], "method": ["vanilla"], "batch": [batch], "context": [1024],
+        "n_query": [1], "kv_read": [1025], "collect_rows": [0], "ms_median": [1.0 + batch],
+        "ms_p10": [0.9], "ms_p90": [1.1 + batch], "n": [10],
+    })
+
+
+def _make_set(path: Path, workload: str, temperature: float, accepted: int,
+              batch: int | None = None, model: str = "smollm2-135m",
+              gpu_name: str | None = None, minutes: float = 1.0) -> Path:
+    grid: dict[str, Any] = {"workloads": [workload], "temperatures": [temperature],
+                            "batch": [batch] if batch else []}
+    meta = synthetic_meta(get_preset(model), grid=grid, workloads=[workload])
+    if gpu_name is not None:
+        meta["gpu"] = {**meta["gpu"], "name": gpu_name}
+    w = io.TraceSetWriter(path, meta, durable=False)
+    w.append_acceptance(_acceptance(workload, temperature, accepted))
+    if batch is not None:
+        w.append_latency(_latency(batch))
+    w.finalize()
+    (path / "run_log.json").write_text(json.dumps({"total_gpu_minutes": minutes}))
+    return path
+
+
+def test_merge_unions_rows_grid_and_gpu_minutes(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1, batch=1, minutes=1.5)
+    b = _make_set(tmp_path / "b", "code", 0.6, accepted=3, batch=4, minutes=2.0)
+    merged = merge_trace_sets(tmp_path / "m", [a, b])
+    assert sorted(merged.acceptance["workload"].unique()) == ["chat", "code"]
+    assert len(merged.acceptance) == 8
+    assert sorted(merged.latency["batch"]) == [1, 4]
+    assert merged.meta["grid"]["workloads"] == ["chat", "code"]
+    assert merged.meta["grid"]["temperatures"] == [0.0, 0.6]
+    assert merged.meta["workload"] == ["chat", "code"]
+    assert [m["path"] for m in merged.meta["merged_from"]] == [str(a), str(b)]
+    log = json.loads((tmp_path / "m" / "run_log.json").read_text())
+    assert log["total_gpu_minutes"] == pytest.approx(3.5)
+    lengths = {(r["workload"], r["temperature"]): r["acceptance_length"]
+               for r in log["acceptance_summary"]}
+    assert lengths == {("chat", 0.0): 2.0, ("code", 0.6): 4.0}
+    assert io.check(tmp_path / "m")  # the merged set is a valid, hashed trace set
+
+
+def test_merge_refuses_a_point_measured_twice(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    b = _make_set(tmp_path / "b", "chat", 0.0, accepted=2)
+    with pytest.raises(TraceSetError, match="count twice"):
+        merge_trace_sets(tmp_path / "m", [a, b])
+
+
+def test_merge_refuses_a_latency_row_measured_twice(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1, batch=2)
+    b = _make_set(tmp_path / "b", "code", 0.0, accepted=2, batch=2)
+    with pytest.raises(TraceSetError, match="latency"):
+        merge_trace_sets(tmp_path / "m", [a, b])
+
+
+def test_merge_refuses_other_model_or_gpu(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    other_model = _make_set(tmp_path / "b", "code", 0.0, accepted=1, model="qwen3-8b")
+    other_gpu = _make_set(tmp_path / "c", "code", 0.0, accepted=1, gpu_name="NVIDIA H100")
+    with pytest.raises(TraceSetError, match="different models"):
+        merge_trace_sets(tmp_path / "m1", [a, other_model])
+    with pytest.raises(TraceSetError, match="different GPUs"):
+        merge_trace_sets(tmp_path / "m2", [a, other_gpu])
+
+
+def test_merge_cli_refuses_a_non_empty_output(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    b = _make_set(tmp_path / "b", "code", 0.0, accepted=1)
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["traces", "merge", str(tmp_path / "m"), str(a), str(b)])
+    assert ok.exit_code == 0, ok.output
+    assert "workloads chat, code" in ok.output
+    again = runner.invoke(cli, ["traces", "merge", str(tmp_path / "m"), str(a), str(b)])
+    assert again.exit_code == 1
+    assert "not empty" in again.output

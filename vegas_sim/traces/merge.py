@@ -1,0 +1,129 @@
+"""Merge trace sets measured separately — parallel calibration processes, several sessions —
+into one.
+
+The sources must describe the same model (all of meta['model'], weights included) on the
+same GPU model, and must not measure the same thing twice: a latency row key (phase, method,
+batch, context, n_query, kv_read, collect_rows) or an acceptance group (method, γ, sparsity,
+temperature, workload) found in two sources is refused, since the merged set would weight
+it double. The merged meta keeps the first source's meta, with every list-valued grid entry
+the sorted union over the sources, the workload list the union, the latest date, and
+`merged_from` naming each source. run_log.json lists every source's sessions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from vegas_sim.errors import TraceSetError
+from vegas_sim.traces.io import (TraceSet, TraceSetWriter, acceptance_summary,
+                                 load_trace_set)
+from vegas_sim.traces.schema import RUN_LOG_FILE
+
+LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
+ACCEPTANCE_KEY = ["method", "gamma", "sparsity", "temperature", "workload"]
+
+
+def merge_trace_sets(out: str | Path, sources: Sequence[str | Path]) -> TraceSet:
+    """Write the union of `sources` (finalized trace-set directories) to the new directory
+    `out` and return it, finalized."""
+    out = Path(out)
+    if len(sources) < 2:
+        raise TraceSetError("merge needs at least two trace sets", where="SOURCES",
+                            fix="name two or more trace-set directories")
+    if out.exists() and any(out.iterdir()):
+        raise TraceSetError("the output directory exists and is not empty", where=str(out),
+                            fix="name a new directory for the merged set")
+    sets = [load_trace_set(s) for s in sources]
+    _check_same_model_and_gpu(sets)
+    _check_disjoint(sets, "latency", LATENCY_KEY)
+    _check_disjoint(sets, "acceptance", ACCEPTANCE_KEY)
+    writer = TraceSetWriter(out, merged_meta(sets))
+    for ts in sets:
+        if len(ts.latency):
+            writer.append_latency(ts.latency)
+        if len(ts.acceptance):
+            writer.append_acceptance(ts.acceptance)
+    merged = writer.finalize()
+    _write_run_log(out, sets, merged)
+    return merged
+
+
+def _check_same_model_and_gpu(sets: list[TraceSet]) -> None:
+    first = sets[0]
+    for ts in sets[1:]:
+        if ts.meta["model"] != first.meta["model"]:
+            raise TraceSetError(
+                f"different models: {first.path} has {first.model_name!r} "
+                f"({first.weights_kind} weights), {ts.path} has {ts.model_name!r} "
+                f"({ts.weights_kind} weights)", where=f"{ts.path}/meta.json, key 'model'",
+                fix="merge only sets of the same model and weights")
+        if ts.gpu_name != first.gpu_name:
+            raise TraceSetError(
+                f"different GPUs: {first.path} was measured on {first.gpu_name!r}, {ts.path} "
+                f"on {ts.gpu_name!r}", where=f"{ts.path}/meta.json, key 'gpu.name'",
+                fix="merge only sets measured on the same GPU model")
+
+
+def _check_disjoint(sets: list[TraceSet], table: str, key: list[str]) -> None:
+    seen: dict[tuple[Any, ...], Path] = {}
+    for ts in sets:
+        frame: pd.DataFrame = getattr(ts, table)
+        if frame.empty:
+            continue
+        for k in frame[key].drop_duplicates().itertuples(index=False, name=None):
+            if k in seen:
+                raise TraceSetError(
+                    f"{seen[k]} and {ts.path} both measured {table} "
+                    f"{dict(zip(key, k))}: merged, it would count twice",
+                    where=str(ts.path), fix="drop one of the two sets from the merge, or "
+                    "re-calibrate one of them without that grid point")
+            seen[k] = ts.path
+
+
+def merged_meta(sets: list[TraceSet]) -> dict[str, Any]:
+    """The first set's meta, grid lists unioned, workloads unioned, the latest date."""
+    meta = {k: v for k, v in sets[0].meta.items() if k not in ("content_hash", "parts")}
+    grid = dict(meta["grid"])
+    for ts in sets[1:]:
+        for k, v in ts.meta["grid"].items():
+            if isinstance(v, list) and isinstance(grid.get(k), list):
+                grid[k] = _union(grid[k], v)
+            elif k not in grid:
+                grid[k] = v
+    meta["grid"] = grid
+    meta["workload"] = _union(*(ts.meta.get("workload", []) for ts in sets))
+    meta["date"] = max(str(ts.meta["date"]) for ts in sets)
+    meta["merged_from"] = [{"path": str(ts.path), "date": ts.meta["date"],
+                            "grid": ts.meta["grid"]} for ts in sets]
+    return meta
+
+
+def _union(*lists: list[Any]) -> list[Any]:
+    """Values of all lists, each once, sorted where they compare, else in first-seen order."""
+    out: list[Any] = []
+    for values in lists:
+        out += [v for v in values if v not in out]
+    try:
+        return sorted(out)
+    except TypeError:
+        return out
+
+
+def _write_run_log(out: Path, sets: list[TraceSet], merged: TraceSet) -> None:
+    """Every source's run log, the GPU minutes over all of them, and the merged set's
+    acceptance summary."""
+    logs = []
+    for ts in sets:
+        path = ts.path / RUN_LOG_FILE
+        log = json.loads(path.read_text()) if path.is_file() else {}
+        logs.append({"source": str(ts.path), **log})
+    minutes = [float(log.get("total_gpu_minutes", log.get("total_gpu_minutes_lower_bound",
+                                                           0.0))) for log in logs]
+    data = {"merged_from": logs, "total_gpu_minutes": sum(minutes),
+            "acceptance_summary": acceptance_summary(merged.acceptance)}
+    (out / RUN_LOG_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
