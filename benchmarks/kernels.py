@@ -5,12 +5,17 @@ bandwidth measured in the same run (a large device-to-device copy, read + write 
 
     python benchmarks/kernels.py --out benchmarks/results/kernels_h200.csv [--quick] [--tune]
 
---quick (B 1,4,16; C 32K,128K; NQ 1,8,16; no SDPA past NQ 1 at B 16) takes ~2 GPU-minutes
-with compilation; --tune adds a small launch-config sweep of verify attention (~1 minute)
-and prints `TUNED` entries for vegas_sim/kernels/verify_attention.py. The last lines are a
-table of the four targets with PASS/FAIL.
+--quick (B 1,4,16; C 32K,128K; NQ 1,8,16; collect none/first_last; no SDPA past NQ 1 at
+B 16) takes ~2 GPU-minutes with compilation. Steps, in order: Collect-2-Query candidates
+(kind c2q), verify grid, Vegas selection, sparse draft, B=1 C=32K launch configs (b1), then
+the caches of >= 2^31 elements (B=16 C=128K) and the int32-offset crash probe (probe). Each
+failing shape is an `error` row; a lost CUDA context ends the GPU work; the CSV and the
+PASS/FAIL table are always written (also on SIGTERM). --tune adds a small launch-config
+sweep of verify attention (~1 minute) and prints `TUNED` entries for
+vegas_sim/kernels/verify_attention.py. The last lines are a table of the targets with PASS/FAIL.
 
-Rows of the CSV: `kind` (copy, verify, sdpa, sparse, select, gemm, tune, variant, sweep), the
+Rows of the CSV: `kind` (copy, c2q, verify, sdpa, sparse, select, b1, probe, error, tune,
+variant, sweep), the
 shape columns, `ms` (median of CUDA-graph replays, triton.testing.do_bench_cudagraph: host
 launch overhead excluded, as in the calibration runtime; inputs rotated past the L2), `gbps`
 (bytes counted / time), `ratio_copy` (gbps / copy), and a free-form `note`. Nothing runs at import.
@@ -21,7 +26,9 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -30,6 +37,13 @@ from typing import Any
 import torch
 
 HQ, HKV, D = 32, 8, 128
+DEV = "cuda"  # tests/kernels/test_benchmark_smoke.py runs the control flow on "cpu"
+# Shape grids (module constants so the CPU smoke test can shrink them)
+BATCHES = [1, 4, 16]
+CONTEXTS, CONTEXTS_QUICK = [8192, 32768, 131072], [32768, 131072]
+SELECT_SHAPE = (4, 131072, 8)  # B, C, NQ of the Vegas selection share
+B1_CONTEXT = 32768
+LONG_C = 32768  # the targets are stated for C >= 32K
 SCALE = D ** -0.5
 LAYERS = 36
 FIELDS = ["kind", "batch", "context", "n_query", "collect", "sparsity", "ms", "gbps",
@@ -74,7 +88,7 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     """GB/s of a large device-to-device copy, counting bytes read + written: the faster of
     the graph-replayed and the eager timing."""
     n = int(gib * 2**30) // 2
-    x = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    x = torch.empty(n, dtype=torch.bfloat16, device=DEV).normal_()
     y = torch.empty_like(x)
     for _ in range(50):  # ~0.1 s of copies: clocks up before the first timing
         y.copy_(x)
@@ -87,19 +101,50 @@ def copy_bandwidth(gib: float = 4.0) -> float:
 
 def make_cache(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Caches for contexts up to C; S_max = C + 128 (a multiple of 128, as the runtime should
-    allocate it: the score write-out then needs no key mask)."""
+    allocate it: the score write-out then needs no key mask). Filled one request at a time
+    (no single random op over >= 2^31 elements: run 4's crash at B=16 C=128K came at the
+    first sync after such a fill, see KERNELS_NOTES.md) and synchronised, so a setup failure
+    is reported here and not by the next timed kernel."""
     S = C + 128
-    k = torch.randn(B, S, HKV, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, S, HKV, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(B, S, HKV, D, device=DEV, dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    for b in range(B):
+        k[b].normal_(generator=gen)
+        v[b].normal_(generator=gen)
+    torch.cuda.synchronize()
     return k, v
+
+
+def big_cache(B: int, C: int) -> bool:
+    """True when the cache spans >= 2^31 elements (B=16 C=128K): the shapes run last, after
+    everything else is measured, because an illegal address there kills the CUDA context."""
+    return B * (C + 128) * HKV * D >= 2**31
+
+
+class ContextLost(RuntimeError):
+    """A sticky CUDA error (illegal address, ...): nothing else can run in this process."""
+
+
+def failed(out: list[dict[str, Any]], kind: str, e: BaseException, **shape: Any) -> None:
+    """Record a failed shape as a CSV row (kind `error`, ms empty); raise ContextLost when the
+    CUDA context is gone (probed with a synchronize), else let the run go on."""
+    msg = f"{kind} FAILED: {type(e).__name__}: {e}".replace("\n", " ")[:300]
+    out.append(row("error", note=msg, **shape))
+    print(f"error   {shape} {msg}", flush=True)
+    try:
+        torch.cuda.synchronize()
+    except Exception as e2:  # the probe itself failing is the answer
+        raise ContextLost(msg) from e2
+    if "illegal" in str(e) or "unspecified launch failure" in str(e):
+        raise ContextLost(msg) from e
 
 
 def verify_inputs(gen: torch.Generator, B: int, C: int, NQ: int
                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
     """Cache copies to rotate over (`n_copies`), cache_lens [B] = C, q [B, NQ, HQ, D]."""
     caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-    lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-    q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((B,), C, dtype=torch.int32, device=DEV)
+    q = torch.randn(B, NQ, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
     return caches, lens, q
 
 
@@ -119,47 +164,71 @@ def sdpa_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int) -> float:
     NQ = q.shape[1]
     qt = q.transpose(1, 2)  # [B, Hq, NQ, D]
     kt, vt = k[:, :C].transpose(1, 2), v[:, :C].transpose(1, 2)  # [B, Hkv, C, D] views
-    mask = torch.ones(NQ, C, dtype=torch.bool, device="cuda").tril(C - NQ)
+    mask = torch.ones(NQ, C, dtype=torch.bool, device=DEV).tril(C - NQ)
     f = torch.nn.functional.scaled_dot_product_attention
     return bench(lambda: f(qt, kt, vt, attn_mask=mask, scale=SCALE, enable_gqa=True))
 
 
-def bench_verify(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
-    from vegas_sim.kernels import verify_attention as va
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def bench_verify(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                 big: bool = False) -> None:
+    """Verify attention over the B × C × NQ grid, collect none / first_last (/ all without
+    --quick). `big` selects the caches of >= 2^31 elements (run last), else the others. A
+    failing shape is recorded (`failed`) and the grid goes on."""
+    gen = torch.Generator(device=DEV).manual_seed(0)
     for C in args.contexts:
         for B in args.batches:
-            if kv_bytes(B, C) > 40e9:
+            if kv_bytes(B, C) > 40e9 or big_cache(B, C) != big:
                 continue
-            caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-            k, v = caches[0]
-            lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-            for NQ in args.n_query:
-                q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-                cfg = va.choose_config(B, HKV, NQ, HQ // HKV, C, va.num_sms(q.device)).label()
-                base = None
-                for collect in ("none", "first_last", "all"):
-                    ms = bench(verify_call(caches, q, lens, collect, C))
-                    gb = kv_bytes(B, C) / ms / 1e6
-                    base = ms if collect == "none" else base
-                    assert base is not None
-                    out.append(row("verify", batch=B, context=C, n_query=NQ, collect=collect,
-                                   ms=ms, gbps=gb, ratio_copy=gb / copy_bw,
-                                   overhead_pct=100 * (ms / base - 1), config=cfg))
-                    print_row(out[-1])
-                if args.quick and (B * C > 4 * 131072 or NQ not in (1, 8)):
-                    continue  # SDPA is a reference line (~0.2 of copy); keep --quick short
-                try:
-                    ms = sdpa_ms(q, k, v, C)
-                    gb = kv_bytes(B, C) / ms / 1e6
-                    out.append(row("sdpa", batch=B, context=C, n_query=NQ, ms=ms, gbps=gb,
-                                   ratio_copy=gb / copy_bw, note="torch SDPA, bool mask"))
-                except Exception as e:  # noqa: BLE001 - a reference line must not stop the run
-                    out.append(row("sdpa", batch=B, context=C, n_query=NQ, note=repr(e)[:80]))
-                print_row(out[-1])
-            del k, v, caches
+            try:
+                verify_shape(args, copy_bw, out, gen, B, C)
+            except ContextLost:
+                raise
+            except Exception as e:  # noqa: BLE001 - one shape must not stop the run
+                failed(out, "verify", e, batch=B, context=C)
             torch.cuda.empty_cache()
+
+
+def verify_shape(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                 gen: torch.Generator, B: int, C: int) -> None:
+    caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
+    k, v = caches[0]
+    lens = torch.full((B,), C, dtype=torch.int32, device=DEV)
+    for NQ in args.n_query:
+        q = torch.randn(B, NQ, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
+        base = None
+        for collect in (("none", "first_last") if args.quick
+                        else ("none", "first_last", "all")):
+            cfg = launch_label(B, NQ, C, collect)
+            ms = bench(verify_call(caches, q, lens, collect, C))
+            gb = kv_bytes(B, C) / ms / 1e6
+            base = ms if collect == "none" else base
+            assert base is not None
+            out.append(row("verify", batch=B, context=C, n_query=NQ, collect=collect,
+                           ms=ms, gbps=gb, ratio_copy=gb / copy_bw,
+                           overhead_pct=100 * (ms / base - 1), config=cfg))
+            print_row(out[-1])
+        if args.quick and (B * C > 4 * 131072 or NQ not in (1, 8)):
+            continue  # SDPA is a reference line (~0.2 of copy); keep --quick short
+        try:
+            ms = sdpa_ms(q, k, v, C)
+            gb = kv_bytes(B, C) / ms / 1e6
+            out.append(row("sdpa", batch=B, context=C, n_query=NQ, ms=ms, gbps=gb,
+                           ratio_copy=gb / copy_bw, note="torch SDPA, bool mask"))
+        except Exception as e:  # noqa: BLE001 - a reference line must not stop the run
+            out.append(row("sdpa", batch=B, context=C, n_query=NQ, note=repr(e)[:80]))
+        print_row(out[-1])
+    del k, v, caches
+
+
+def launch_label(B: int, NQ: int, C: int, collect: str, **kw: Any) -> str:
+    """The launch config verify_attention picks for this call (M tile, splits, tiles)."""
+    from vegas_sim.kernels import verify_attention as va
+
+    G = HQ // HKV
+    min_m = kw.get("min_m", va.default_min_m(NQ, G, collect))
+    block_m = max(min_m, 16, 1 << (NQ * G - 1).bit_length())
+    cfg = va.choose_config(B, HKV, NQ, G, C, va.num_sms(torch.device(DEV)), min_m=min_m)
+    return f"m{block_m} {cfg.label()}"
 
 
 def verify_call(caches: list[tuple[torch.Tensor, torch.Tensor]], q: torch.Tensor,
@@ -201,8 +270,8 @@ def bench_tune(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any
     and a `TUNED` line when it beats the heuristic by > 3 %."""
     from vegas_sim.kernels import verify_attention as va
 
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    n_sms = va.num_sms(torch.device("cuda"))
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    n_sms = va.num_sms(torch.device(DEV))
     for B, C, NQ in TUNE_SHAPES:
         caches, lens, q = verify_inputs(gen, B, C, NQ)
         timed: list[tuple[float, Any]] = []
@@ -246,8 +315,8 @@ def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str,
     run can confirm or flip the defaults (C2Q_DOT_DEFAULT, MIN_M_DEFAULT). Rows kind=variant."""
     from vegas_sim.kernels import verify_attention as va
 
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    n_sms = va.num_sms(torch.device("cuda"))
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    n_sms = va.num_sms(torch.device(DEV))
     for B, C, NQ in VARIANT_SHAPES:
         caches, lens, q = verify_inputs(gen, B, C, NQ)
         base: dict[int, float] = {}
@@ -265,56 +334,70 @@ def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str,
         torch.cuda.empty_cache()
 
 
-def bench_sparse(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
+def bench_sparse(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                 big: bool = False) -> None:
+    """Sparse draft attention at C >= 32K; `big` as in bench_verify. Failures are recorded."""
     from vegas_sim.kernels import sparse_attention as sa
 
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    q1 = torch.randn(1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    q1 = torch.randn(1, HQ, D, device=DEV, dtype=torch.bfloat16)
     k1, v1 = make_cache(gen, 1, 64)
-    one = torch.ones(1, dtype=torch.int32, device="cuda")
-    idx1 = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    idx1 = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
     launch = bench(lambda: sa.sparse_draft_attention(q1, k1, v1, idx1, one, one, one + 1, SCALE))
     out.append(row("sparse", batch=1, context=2, ms=launch,
                    note="launch: the same op on 2 keys, CUDA-graph replayed"))
-    for C in [c for c in args.contexts if c >= 32768]:
+    for C in [c for c in args.contexts if c >= LONG_C]:
         for B in args.batches:
-            if kv_bytes(B, C) > 40e9:
+            if kv_bytes(B, C) > 40e9 or big_cache(B, C) != big:
                 continue
-            caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-            q = torch.randn(B, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-            for s in ((0.01, 0.05, 0.2) if args.quick else (0.01, 0.05, 0.1, 0.2)):
-                K = math.ceil(s * C)
-                n = torch.full((B,), K, dtype=torch.int32, device="cuda")
-                tail = torch.full((B,), C, dtype=torch.int32, device="cuda")
-                lens = tail + 4
-                calls = []
-                for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
-                    idx = torch.stack([torch.randperm(C, generator=gen, device="cuda")[:K]
-                                       for _ in range(B)]).int()
-                    kk, vv = caches[i % len(caches)]
-                    calls.append(partial(sa.sparse_draft_attention, q, kk, vv, idx, n, tail,
-                                         lens, SCALE))
-                ms = bench(rotating(calls))
-                byt = kv_bytes(B, K + 4)
-                bound = byt / copy_bw / 1e6 + launch
-                out.append(row("sparse", batch=B, context=C, sparsity=s, ms=ms,
-                               gbps=byt / ms / 1e6, ratio_copy=byt / ms / 1e6 / copy_bw,
-                               note=f"ms / (bytes/copy + launch) = {ms / bound:.2f}"))
-                print_row(out[-1])
-            del caches, calls
+            try:
+                sparse_shape(args, copy_bw, out, gen, B, C, launch)
+            except ContextLost:
+                raise
+            except Exception as e:  # noqa: BLE001 - one shape must not stop the run
+                failed(out, "sparse", e, batch=B, context=C)
             torch.cuda.empty_cache()
+
+
+def sparse_shape(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                 gen: torch.Generator, B: int, C: int, launch: float) -> None:
+    from vegas_sim.kernels import sparse_attention as sa
+
+    caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
+    q = torch.randn(B, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
+    for s in ((0.01, 0.05, 0.2) if args.quick else (0.01, 0.05, 0.1, 0.2)):
+        K = math.ceil(s * C)
+        n = torch.full((B,), K, dtype=torch.int32, device=DEV)
+        tail = torch.full((B,), C, dtype=torch.int32, device=DEV)
+        lens = tail + 4
+        calls = []
+        for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
+            idx = torch.stack([torch.randperm(C, generator=gen, device=DEV)[:K]
+                               for _ in range(B)]).int()
+            kk, vv = caches[i % len(caches)]
+            calls.append(partial(sa.sparse_draft_attention, q, kk, vv, idx, n, tail,
+                                 lens, SCALE))
+        ms = bench(rotating(calls))
+        byt = kv_bytes(B, K + 4)
+        bound = byt / copy_bw / 1e6 + launch
+        out.append(row("sparse", batch=B, context=C, sparsity=s, ms=ms,
+                       gbps=byt / ms / 1e6, ratio_copy=byt / ms / 1e6 / copy_bw,
+                       note=f"ms / (bytes/copy + launch) = {ms / bound:.2f}"))
+        print_row(out[-1])
+    del caches, calls
 
 
 def qwen3_8b_gemm_ms(tokens: int) -> float:
     """Measured: the per-layer bf16 GEMMs of Qwen3-8B (qkv, o, gate+up, down) for `tokens`
     rows, × 36 layers, + lm_head. Norms, RoPE, sampling are not included."""
     h, ffn, vocab = 4096, 12288, 151936
-    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(tokens, ffn, device="cuda", dtype=torch.bfloat16)
-    ws = [torch.randn(n, h, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(tokens, h, device=DEV, dtype=torch.bfloat16)
+    y = torch.randn(tokens, ffn, device=DEV, dtype=torch.bfloat16)
+    ws = [torch.randn(n, h, device=DEV, dtype=torch.bfloat16) * 0.02
           for n in (h + 2 * 1024, h, 2 * ffn)]
-    wd = torch.randn(h, ffn, device="cuda", dtype=torch.bfloat16) * 0.02
-    wl = torch.randn(vocab, h, device="cuda", dtype=torch.bfloat16) * 0.02
+    wd = torch.randn(h, ffn, device=DEV, dtype=torch.bfloat16) * 0.02
+    wl = torch.randn(vocab, h, device=DEV, dtype=torch.bfloat16) * 0.02
 
     def layer() -> None:
         for w in ws:
@@ -331,11 +414,11 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     from vegas_sim.kernels import ops, reference
     from vegas_sim.kernels import verify_attention as va
 
-    B, C, NQ = 4, 131072, 8
-    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, C, NQ = SELECT_SHAPE
+    gen = torch.Generator(device=DEV).manual_seed(3)
     k, v = make_cache(gen, B, C)
-    lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-    q = torch.randn(B, NQ, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((B,), C, dtype=torch.int32, device=DEV)
+    q = torch.randn(B, NQ, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
     plain = bench(lambda: va.verify_attention(q, k, v, lens, SCALE, "none", max_len=C))
     coll = bench(lambda: va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C))
     _, lse, scores = va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C)
@@ -348,7 +431,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     w = ops.score_weights(scores, lse2, SCALE, rank)
     del copies
     weights = torch.stack([w] * LAYERS)  # [36, B, S]
-    budget = torch.full((B,), math.ceil(0.07 * (C - NQ + 1)), dtype=torch.int32, device="cuda")
+    budget = torch.full((B,), math.ceil(0.07 * (C - NQ + 1)), dtype=torch.int32, device=DEV)
     K = int(budget[0])
     # topk_select reads max(budget) on the host (one sync, not capturable); its GPU work is
     # this one torch.topk, timed under a graph. The eager op is in the CSV too.
@@ -367,6 +450,12 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
                      ("topk_36_layers", topk_ms), ("topk_36_layers_sorted", topk_sorted_ms),
                      ("topk_select_eager_with_host_sync", topk_eager_ms)]:
         out.append(row("select", batch=B, context=C, n_query=NQ, ms=ms, note=name))
+    w_bytes = scores.numel() * 2.0 + B * scores.shape[-1] * 4.0  # bf16 scores in, fp32 out
+    out.append(row("select", batch=B, context=C, n_query=NQ, ms=w_ms,
+                   gbps=w_bytes / w_ms / 1e6, ratio_copy=w_bytes / w_ms / 1e6 / copy_bw,
+                   note="score_weights one layer (bytes = scores read + weights written)"))
+    print(f"score_weights one layer: {w_ms * 1e3:.1f} us for {w_bytes / 1e6:.1f} MB = "
+          f"{w_bytes / w_ms / 1e6 / copy_bw:.2f} of copy", flush=True)
     share = (select + collect_extra) / verify_iter
     out.append(row("select", batch=B, context=C, n_query=NQ, ms=select + collect_extra,
                    overhead_pct=100 * share,
@@ -376,6 +465,134 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
           f"{verify_iter:.3f} ms verify iteration = {100 * share:.1f} % "
           f"(weights {LAYERS * w_ms:.3f}, topk {topk_ms:.3f} [sorted {topk_sorted_ms:.3f}], "
           f"collect {collect_extra:.3f}, gemm {gemm:.3f})", flush=True)
+
+
+C2Q_SHAPES = [(4, 131072, 8), (16, 32768, 8), (1, 32768, 8)]
+# (label, knobs) of each Collect-2-Query candidate; "rows" at the per-collection M default
+# (64 at NQ·G > 16) is the default.
+C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
+    ("rows m16", {"c2q": "rows", "min_m": 16}),
+    ("rows m64", {"c2q": "rows", "min_m": 64}),
+    ("dot m64", {"c2q": "dot", "min_m": 64}),
+    ("slice m16", {"c2q": "slice", "min_m": 16}),
+    ("slice m64", {"c2q": "slice", "min_m": 64}),
+    ("rows m16 n64", {"c2q": "rows", "min_m": 16, "block_n": 64}),
+]
+
+
+def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
+                         out: list[dict[str, Any]]) -> None:
+    """One line per Collect-2-Query candidate at the three target shapes: ms and overhead %
+    over the default collect="none" call (rows kind=c2q). Also the none call at M 64, to
+    separate the tile change from the store."""
+    from vegas_sim.kernels import verify_attention as va
+
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    G = HQ // HKV
+    for B, C, NQ in C2Q_SHAPES:
+        try:
+            caches, lens, q = verify_inputs(gen, B, C, NQ)
+            torch.cuda.synchronize()
+            base = bench(verify_call(caches, q, lens, "none", C))
+            default = {"c2q": "dot" if va.C2Q_DOT_DEFAULT else "rows",
+                       "min_m": va.default_min_m(NQ, G, "first_last")}
+            cands = [("none m64", "none", {"min_m": 64})] + [
+                (label, "first_last", kw) for label, kw in C2Q_CANDIDATES]
+            for label, collect, kw in cands:
+                if kw == default:
+                    label += " (default)"
+                try:
+                    ms = bench(verify_call(caches, q, lens, collect, C, **kw))
+                except ContextLost:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a candidate may not compile
+                    failed(out, f"c2q {label}", e, batch=B, context=C, n_query=NQ)
+                    continue
+                gb = kv_bytes(B, C) / ms / 1e6
+                ovh = 100 * (ms / base - 1)
+                out.append(row("c2q", batch=B, context=C, n_query=NQ, collect=collect, ms=ms,
+                               gbps=gb, ratio_copy=gb / copy_bw, overhead_pct=ovh,
+                               config=label, note=f"none (default) {base:.4f} ms"))
+                print(f"c2q     B={B:2d} C={C:6d} NQ={NQ:2d} {label:22s} ms={ms:.4f} "
+                      f"none={base:.4f} ovh%={ovh:6.1f}", flush=True)
+            del caches
+        except ContextLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - one shape must not stop the run
+            failed(out, "c2q", e, batch=B, context=C, n_query=NQ)
+        torch.cuda.empty_cache()
+
+
+B1_SPLITS = [(16, 128), (32, 64), (16, 64), (32, 128)]
+
+
+def bench_b1_configs(args: argparse.Namespace, copy_bw: float,
+                     out: list[dict[str, Any]]) -> None:
+    """B=1 C=32K verify (collect none): ratio to copy per split count / BLOCK_N, NQ 1, 8, 16
+    (rows kind=b1). 8 KV heads give 8 programs per split; n64 tiles need half the shared
+    memory of n128 (3 stages: 96 KB vs 192 KB), so two programs can share an SM."""
+    gen = torch.Generator(device=DEV).manual_seed(8)
+    B, C = 1, B1_CONTEXT
+    for NQ in (1, 8, 16):
+        caches, lens, q = verify_inputs(gen, B, C, NQ)
+        torch.cuda.synchronize()
+        auto = launch_label(B, NQ, C, "none")
+        for splits, block_n in B1_SPLITS:
+            label = f"s{splits} n{block_n}"
+            try:
+                ms = bench(verify_call(caches, q, lens, "none", C, splits=splits,
+                                       block_n=block_n))
+            except ContextLost:
+                raise
+            except Exception as e:  # noqa: BLE001 - out of resources is a result
+                failed(out, f"b1 {label}", e, batch=B, context=C, n_query=NQ)
+                continue
+            gb = kv_bytes(B, C) / ms / 1e6
+            out.append(row("b1", batch=B, context=C, n_query=NQ, collect="none", ms=ms,
+                           gbps=gb, ratio_copy=gb / copy_bw, config=label,
+                           note=f"auto {auto}"))
+            print(f"b1      B=1 C={C:6d} NQ={NQ:2d} {label:10s} ms={ms:.4f} "
+                  f"copy={gb / copy_bw:.2f}  (auto {auto})", flush=True)
+        del caches
+        torch.cuda.empty_cache()
+
+
+def probe_int32_offsets(args: argparse.Namespace, copy_bw: float,
+                        out: list[dict[str, Any]]) -> None:
+    """Run 4's crash, isolated (the last step: a crash here loses nothing): verify at the
+    largest big cache of the grid (B=16 C=128K, NQ 1, collect none) with the int32 tile
+    offsets the launcher no longer uses there (offs64=False), against the default int64 path.
+    'ok' means the int32 path is sound on this Triton and run 4's illegal address came from
+    elsewhere (the >= 2^31-element randn fill, now per request); a crash means the int32
+    path itself (keep OFFS64 for such caches). Row kind=probe."""
+    from vegas_sim.kernels import verify_attention as va
+
+    big = [(B, C) for C in args.contexts for B in args.batches
+           if big_cache(B, C) and kv_bytes(B, C) <= 40e9]
+    if not big:
+        return
+    B, C = max(big)
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    k, v = make_cache(gen, B, C)
+    lens = torch.full((B,), C, dtype=torch.int32, device=DEV)
+    q = torch.randn(B, 1, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
+    ref, _, _ = va.verify_attention(q, k, v, lens, SCALE, "none", max_len=C, offs64=True)
+    torch.cuda.synchronize()
+    out.append(row("probe", batch=B, context=C, n_query=1, collect="none",
+                   note="int64 tile offsets (default for this cache): ok"))
+    print_row(out[-1])
+    try:
+        got, _, _ = va.verify_attention(q, k, v, lens, SCALE, "none", max_len=C, offs64=False)
+        torch.cuda.synchronize()
+    except ContextLost:
+        raise
+    except Exception as e:  # noqa: BLE001 - the answer we are after
+        failed(out, "probe int32 tile offsets", e, batch=B, context=C, n_query=1)
+        return
+    diff = float((got.float() - ref.float()).abs().max())
+    out.append(row("probe", batch=B, context=C, n_query=1, collect="none",
+                   note=f"int32 tile offsets: no crash; max |out - int64 out| = {diff:.3g}"))
+    print_row(out[-1])
 
 
 def print_row(r: dict[str, Any]) -> None:
@@ -394,7 +611,7 @@ def _verdict(ok: bool | None) -> str:
 
 def summary(rows: list[dict[str, Any]]) -> None:
     """Per-NQ detail, then the four targets (DESIGN.md) with PASS/FAIL from this run's rows."""
-    ver = [r for r in rows if r["kind"] == "verify" and r["context"] >= 32768
+    ver = [r for r in rows if r["kind"] == "verify" and r["context"] >= LONG_C
            and r["ms"] != ""]
     plain = [r for r in ver if r["collect"] == "none"]
     c2q = [r for r in ver if r["collect"] == "first_last"]
@@ -429,20 +646,66 @@ def summary(rows: list[dict[str, Any]]) -> None:
         c_spread = max(by_nq.values()) - min(by_nq.values())
     s_max = max(sparse_ratio, default=None)
     sh = share[-1] if share else None
+    errors = [r for r in rows if r["kind"] == "error"]
+    ver_err = [r for r in errors if str(r["note"]).startswith(("verify", "CUDA context"))]
+    candidate_summary(rows)
+    b1 = [r for r in plain if r["batch"] == 1 and r["context"] == B1_CONTEXT]
+    b1_min = min((r["ratio_copy"] for r in b1), default=None)
 
     def fmt(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 
     print("\n| target | measured | goal | verdict |\n|---|---|---|---|")
-    print(f"| verify attention / copy BW, C>=32K, NQ<=16 (min) | {fmt(v_min, '.2f')} | >= 0.85 | "
-          f"{_verdict(None if v_min is None else v_min >= 0.85)} |")
+    v_note = f" ({len(ver_err)} shape(s) failed)" if ver_err else ""
+    print(f"| verify attention / copy BW, C>=32K, NQ<=16 (min){v_note} | {fmt(v_min, '.2f')} | "
+          f">= 0.85 | {_verdict(None if v_min is None else v_min >= 0.85 and not ver_err)} |")
+    print(f"| verify at B=1 C={B1_CONTEXT}, defaults (min over NQ) | {fmt(b1_min, '.2f')} | >= 0.85 | "
+          f"{_verdict(None if b1_min is None else b1_min >= 0.85)} |")
     print(f"| Collect-2-Query overhead (max; spread over NQ) | {fmt(c_max, '.1f')} % "
           f"({fmt(c_spread, '.1f')} pts) | <= 6 % | "
           f"{_verdict(None if c_max is None else c_max <= 6.0)} |")
     print(f"| sparse draft / (bytes/copy + launch) (max) | {fmt(s_max, '.2f')} | <= 1.3 | "
           f"{_verdict(None if s_max is None else s_max <= 1.3)} |")
     print(f"| Vegas selection share, B=4 C=128K | {fmt(sh, '.1f')} % | <= 8 % | "
-          f"{_verdict(None if sh is None else sh <= 8.0)} |", flush=True)
+          f"{_verdict(None if sh is None else sh <= 8.0)} |")
+    print(f"| no failed shape (kind=error rows) | {len(errors)} | 0 | "
+          f"{_verdict(not errors)} |", flush=True)
+    for r in errors:
+        print(f"  error: B={r['batch']} C={r['context']} NQ={r['n_query']}: {r['note']}")
+
+
+def candidate_summary(rows: list[dict[str, Any]]) -> None:
+    """The Collect-2-Query candidates (overhead % per shape) and the B=1 C=32K configs (ratio
+    to copy per NQ), each with the best one marked."""
+    c2q = [r for r in rows if r["kind"] == "c2q" and r["ms"] != ""]
+    shapes = sorted({(r["batch"], r["context"], r["n_query"]) for r in c2q})
+    if c2q:
+        print("\nCollect-2-Query candidates, overhead % over collect=none (default launch):")
+        print(f"  {'candidate':22s}"
+              + "".join(f"{f'B{b} C{c // 1024}K NQ{n}':>15}" for b, c, n in shapes))
+        for label in dict.fromkeys(r["config"] for r in c2q):
+            cells = []
+            for b, c, n in shapes:
+                hit = [r for r in c2q if r["config"] == label and (r["batch"], r["context"],
+                                                                   r["n_query"]) == (b, c, n)]
+                cells.append(f"{hit[0]['overhead_pct']:15.1f}" if hit else f"{'-':>15}")
+            print(f"  {label:22s}" + "".join(cells))
+        fl = [r for r in c2q if r["collect"] == "first_last"]
+        for b, c, n in shapes:
+            sel = [r for r in fl if (r["batch"], r["context"], r["n_query"]) == (b, c, n)]
+            if sel:
+                best = min(sel, key=lambda r: r["overhead_pct"])
+                print(f"  best at B={b} C={c} NQ={n}: {best['config']} "
+                      f"{best['overhead_pct']:.1f} %")
+    b1 = [r for r in rows if r["kind"] == "b1" and r["ms"] != ""]
+    if b1:
+        print(f"\nB=1 C={B1_CONTEXT} verify (none), ratio to copy per launch config:")
+        for nq in sorted({r["n_query"] for r in b1}):
+            sel = [r for r in b1 if r["n_query"] == nq]
+            best = max(sel, key=lambda r: r["ratio_copy"])
+            print(f"  NQ={nq:2d}: " + "  ".join(f"{r['config']} {r['ratio_copy']:.2f}"
+                                               for r in sel)
+                  + f"   best {best['config']} ({sel[0]['note']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,14 +717,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the variant sweep of run 4 (see sweep()), then exit")
     p.add_argument("--budget-s", type=float, default=150.0,
                    help="--sweep starts no new item after this many seconds")
-    p.add_argument("--only", default="verify,sparse,select",
-                   help="comma list of verify,sparse,select")
+    p.add_argument("--step-budget-s", type=float, default=120.0,
+                   help="start no benchmark step after this many seconds (the rest is "
+                        "recorded as not started)")
+    p.add_argument("--only", default="c2q,b1,verify,sparse,select,probe",
+                   help="comma list of c2q,b1,verify,sparse,select,probe")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    args.batches = [1, 4, 16]
-    args.contexts = [32768, 131072] if args.quick else [8192, 32768, 131072]
+    args.batches = BATCHES
+    args.contexts = CONTEXTS_QUICK if args.quick else CONTEXTS
     args.n_query = [1, 8, 16] if args.quick else [1, 4, 8, 12, 16]
     rows: list[dict[str, Any]] = []
     copy_bw = copy_bandwidth()
@@ -470,7 +736,19 @@ def main(argv: list[str] | None = None) -> int:
                          "CUDA-graph replays (do_bench_cudagraph), inputs rotated past the L2"))
     print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write)")
     only = set(args.only.split(","))
-    steps = [("verify", bench_verify), ("sparse", bench_sparse), ("select", bench_selection)]
+    # Caches of >= 2^31 elements (B=16 C=128K) last: an illegal address there (run 4) kills
+    # the CUDA context, so everything else is measured first; every step records its
+    # failures as `error` rows, and a lost context ends the GPU work but not the report.
+    # Order = priority under the time budget: the targets' evidence first, the B=1 configs
+    # and the big cache last. No step starts after --step-budget-s seconds (recorded).
+    steps: list[tuple[str, Callable[..., None]]] = [
+        ("c2q", bench_c2q_candidates), ("verify", bench_verify), ("select", bench_selection),
+        ("sparse", bench_sparse), ("b1", bench_b1_configs),
+        ("verify", partial(bench_verify, big=True)), ("sparse", partial(bench_sparse, big=True)),
+        ("probe", probe_int32_offsets)]
+    t0 = time.time()
+    # `timeout` sends SIGTERM: exit through the finally below (CSV + table) instead of dying
+    old_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
         if args.sweep:
             sweep(args, copy_bw, rows)
@@ -479,17 +757,41 @@ def main(argv: list[str] | None = None) -> int:
             bench_variants(args, copy_bw, rows)
             bench_tune(args, copy_bw, rows)
         for name, fn in steps:
-            if name in only:
+            if name not in only:
+                continue
+            if time.time() - t0 > args.step_budget_s:
+                rows.append(row("error", note=f"step {name} not started: --step-budget-s "
+                                              f"{args.step_budget_s:.0f} s spent"))
+                print(rows[-1]["note"], flush=True)
+                continue
+            try:
                 fn(args, copy_bw, rows)
+                write_csv(args.out, rows)
+            except ContextLost as e:
+                rows.append(row("error", note=f"CUDA context lost in step {name}; later "
+                                              f"steps not run: {e}"[:300]))
+                print(rows[-1]["note"], flush=True)
+                break
+            except Exception as e:  # noqa: BLE001 - record and go on with the next step
+                try:
+                    failed(rows, name, e)
+                except ContextLost:
+                    break
     finally:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=FIELDS)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()})
+        signal.signal(signal.SIGTERM, old_handler)
+        write_csv(args.out, rows)
         summary(rows)
     return 0
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The CSV so far (rewritten after every step, so a killed run keeps what it measured)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
 
@@ -535,8 +837,8 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
     from vegas_sim.kernels import verify_attention as va
 
     t0 = time.time()
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    n_sms = va.num_sms(torch.device("cuda"))
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    n_sms = va.num_sms(torch.device(DEV))
 
     def left() -> bool:
         return time.time() - t0 < args.budget_s
@@ -551,10 +853,10 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
 
     # score_weights at the Vegas shape (B 4, R 2, Hq 32, S = 128K + 128)
     B, S = 4, 131072 + 128
-    scores = [torch.randn(B, 2, HQ, S, generator=gen, device="cuda").bfloat16() * 4
+    scores = [torch.randn(B, 2, HQ, S, generator=gen, device=DEV).bfloat16() * 4
               for _ in range(4)]
     lse = torch.logsumexp(scores[0].float()[..., :131072] * SCALE, -1)
-    rank = torch.full((B,), 131065, dtype=torch.int32, device="cuda")
+    rank = torch.full((B,), 131065, dtype=torch.int32, device=DEV)
     for bs, br, w, st in [(128, 32, 4, None), (512, 8, 4, None), (1024, 4, 4, None),
                           (1024, 8, 8, None), (2048, 2, 4, None), (2048, 4, 8, None),
                           (1024, 4, 4, 3), (2048, 2, 4, 3), (4096, 2, 8, 3)]:
@@ -565,7 +867,7 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
                              for sc in scores]))
         record("weights", f"s{bs} r{br} w{w} st{st}", ms, scores[0].numel() * 2.0 * 2,
                batch=B, context=131072)
-    weights = torch.rand(LAYERS, B, S, generator=gen, device="cuda")
+    weights = torch.rand(LAYERS, B, S, generator=gen, device=DEV)
     K = math.ceil(0.07 * 131065)
     for srt in (False, True):
         ms = bench(lambda: torch.topk(weights, K, dim=-1, sorted=srt))
@@ -594,10 +896,10 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
 
     verify_shapes(SWEEP_VERIFY[:3])
     # sparse draft: launch term and small selections, split rule (min tiles per split)
-    q1 = torch.randn(1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    q1 = torch.randn(1, HQ, D, device=DEV, dtype=torch.bfloat16)
     k1, v1 = make_cache(gen, 1, 64)
-    one = torch.ones(1, dtype=torch.int32, device="cuda")
-    idx1 = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    idx1 = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
     for mt in (4, 1):
         ms = bench(lambda: sa.sparse_draft_attention(q1, k1, v1, idx1, one, one, one + 1,
                                                      SCALE, min_tiles=mt))
@@ -607,12 +909,12 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
         if not left():
             break
         caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
-        q = torch.randn(B, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(B, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
         K = math.ceil(s * C)
-        n = torch.full((B,), K, dtype=torch.int32, device="cuda")
-        tail = torch.full((B,), C, dtype=torch.int32, device="cuda")
+        n = torch.full((B,), K, dtype=torch.int32, device=DEV)
+        tail = torch.full((B,), C, dtype=torch.int32, device=DEV)
         lens = tail + 4
-        idxs = [torch.stack([torch.randperm(C, generator=gen, device="cuda")[:K]
+        idxs = [torch.stack([torch.randperm(C, generator=gen, device=DEV)[:K]
                              for _ in range(B)]).int() for _ in range(4)]
         for mt, bn in ((4, 64), (1, 64), (1, 32), (2, 64)):
             ms = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, ix, n, tail,

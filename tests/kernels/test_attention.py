@@ -192,6 +192,10 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
     # both Collect-2-Query implementations and the wgmma-sized M tile, whatever the default
     (4, 8, 32768, "first_last", {"c2q_dot": True}), (2, 5, 32768, "first_last", {"min_m": 64}),
     (1, 16, 32768, "first_last", {"c2q_dot": False, "splits": 64, "block_n": 64}),
+    # the "slice" Collect-2-Query candidate at M 32 (split once), 64 and 16 (no split)
+    (4, 8, 32768, "first_last", {"c2q": "slice", "min_m": 16}),
+    (16, 8, 32768, "first_last", {"c2q": "slice", "min_m": 64}),
+    (1, 1, 32768, "first_last", {"c2q": "slice"}), (2, 16, 8192, "first_last", {"c2q": "dot"}),
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
                                           knobs: dict, poison: None) -> None:

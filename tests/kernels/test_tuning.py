@@ -77,17 +77,22 @@ FAST_CASES = [
 
 # Collect-2-Query implementations (separate dot / rows of the main tile) and M tile minimum
 VARIANTS = [{"c2q_dot": True, "min_m": 16}, {"c2q_dot": False, "min_m": 16},
-            {"c2q_dot": False, "min_m": 64}]
+            {"c2q_dot": False, "min_m": 64}, {"c2q": "slice", "min_m": 16},
+            {"c2q": "slice", "min_m": 32}, {"c2q": "slice", "min_m": 64},
+            {"c2q": "slice", "min_m": 128},
+            {"c2q": "dot", "min_m": 64}, {}]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["dot", "rows", "rows-m64"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["dot", "rows", "rows-m64", "slice",
+                                                   "slice-m32", "slice-m64", "slice-m128", "dot-m64",
+                                                   "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", FAST_CASES)
 def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, variant: dict,  # type: ignore[no-untyped-def]
                                            device: str, va, poison: None) -> None:
     B, NQ, Hq, Hkv, D, S, lens, collect, splits, block_n = case
-    if collect != "first_last" and variant["c2q_dot"]:
-        pytest.skip("c2q_dot only changes first_last")
+    if collect != "first_last" and (variant.get("c2q_dot") or "c2q" in variant):
+        pytest.skip("the Collect-2-Query store only changes first_last")
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
     k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
@@ -138,3 +143,55 @@ def test_topk_select_equal_budgets(device: str, use_triton: None) -> None:
     budget = torch.full((3,), math.ceil(0.07 * 650), dtype=torch.int32)
     idx = ops.topk_select(w.to(device), budget.to(device))
     check_topk(idx.cpu(), w, budget)
+
+
+def test_default_min_m_per_collection(va, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """64-row (wgmma) tiles only for Collect-2-Query with more than 16 packed rows."""
+    monkeypatch.setattr(va, "_MIN_M_ENV", None)
+    assert va.default_min_m(8, 4, "first_last") == 64  # NQ 8, G 4: 32 rows
+    assert va.default_min_m(5, 4, "first_last") == 64
+    assert va.default_min_m(4, 4, "first_last") == 16  # 16 rows: M 16 won in run 4
+    assert va.default_min_m(1, 4, "first_last") == 16
+    assert va.default_min_m(8, 4, "none") == 16
+    assert va.default_min_m(8, 4, "all") == 16
+    monkeypatch.setattr(va, "_MIN_M_ENV", "32")
+    assert va.default_min_m(1, 4, "none") == 32
+
+
+def test_unknown_c2q_store_is_a_user_error(va) -> None:  # type: ignore[no-untyped-def]
+    from vegas_sim.errors import UserInputError
+
+    q = torch.zeros(1, 2, 4, 16)
+    k = torch.zeros(1, 32, 1, 16)
+    with pytest.raises(UserInputError, match="c2q"):
+        va.verify_attention(q, k, k, torch.tensor([8], dtype=torch.int32), 0.25, "first_last",
+                            c2q="sparse")
+
+
+# Keep this the last test of the last kernel test file: if the >= 2^31-element cache still
+# hits an illegal address (H200 run 4), the CUDA context is lost and nothing after it runs.
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("NQ,collect", [(1, "none"), (8, "first_last")])
+def test_verify_cache_over_2_31_elements(NQ: int, collect: str) -> None:
+    """B=16 C=128K (16 × 131200 × 8 × 128 elements > 2^31), default launch, checked on the
+    last request, whose keys sit past 2^31 elements from the cache base."""
+    from vegas_sim.kernels import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    B, C, Hq, Hkv, D = 16, 131072, 32, 8, 128
+    k = torch.empty(B, C + 128, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    for b in range(B):  # per request: no single random fill over >= 2^31 elements
+        k[b].normal_(generator=gen)
+        v[b].normal_(generator=gen)
+    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
+    out, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, collect)
+    torch.cuda.synchronize()
+    last = slice(B - 1, B)
+    r_out, r_lse, r_scores = reference.verify_attention(q[last], k[last], v[last], lens[last],
+                                                        D ** -0.5, collect)
+    assert rel_err(out[last], r_out) < 1e-2
+    assert (lse[last] - r_lse).abs().max() < 1e-3
+    check_scores(None if scores is None else scores[last], r_scores)

@@ -13,10 +13,13 @@ collected rows, -inf where masked, for every position in [0, S_max).
 - The packed rows are ordered row 0, row NQ−1, then rows 1..NQ−2 (`_packed_row`), so the
   first_last rows are the first R·G rows of the M tile: the default stores those rows of the
   main score tile (row mask constant along keys → 16-byte stores). `c2q_dot=True` instead
-  computes them with a separate [max(16, 2G), BLOCK_N] dot (run 3's version).
-- M tiles are >= 64 by default (`MIN_M_DEFAULT`): wgmma on Hopper, and no register spills
-  with the score store (ptxas for sm_90a: M 32 × N 128 with a store spills at 255 registers;
-  M 64 × N 64 uses 196 without spills).
+  computes them with a separate [max(16, 2G), BLOCK_N] dot (run 3's version); `c2q="slice"`
+  cuts rows 0..BLOCK_C-1 out of the main tile (reshape/permute/split) and stores them densely.
+- M tile minimum (`default_min_m`): 64 (wgmma on Hopper) for Collect-2-Query with NQ·G > 16,
+  else 16. ptxas for sm_90a: M 32 × N 128 with a score store spills at 255 registers and
+  adds a shared-memory layout conversion (7 more barriers per tile); M 64 × N 64 uses 196
+  registers without spills and one more barrier. H200 run 4: that halves the first_last
+  overhead at NQ 8; without collection and at NQ·G <= 16, M 16 is as fast or faster.
 - Every split works on whole BLOCK_N tiles aligned to multiples of BLOCK_N, so the score
   stores need no per-key mask (the tile past cache_lens is -inf by the causal mask); only
   the S_max end needs one, and only when S_max is not a multiple of BLOCK_N (EVEN_S). Keys
@@ -61,6 +64,27 @@ def _packed_row(q_idx, NQ):
 
 
 @triton.jit
+def _leading_rows(s, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows 0..BLOCK_C-1 of s [BLOCK_M, BLOCK_N] as a [BLOCK_C, BLOCK_N] tensor, by reshape /
+    permute / split (Triton has no slicing): [K, BLOCK_C, N] -> [BLOCK_C, N, K], then halve K
+    keeping the even half until K = 1 (index i = 2a + c, keep c = 0). K = BLOCK_M / BLOCK_C is
+    1, 2, 4 or 8 (M <= 128). The C2Q "slice" candidate: only this sub-tile is converted to the
+    store layout, instead of the whole M tile with a row mask."""
+    # One return at the end: the compiler (unlike the interpreter) also builds the code after
+    # an early `return` under a constexpr `if`, which fails at K = 1.
+    K: tl.constexpr = BLOCK_M // BLOCK_C
+    t = s
+    if K >= 2:
+        t = tl.permute(tl.reshape(s, [K, BLOCK_C, BLOCK_N]), [1, 2, 0])  # [BLOCK_C, N, K]
+        if K >= 8:
+            t, _ = tl.split(tl.reshape(t, [BLOCK_C, BLOCK_N, 4, 2]))  # [BLOCK_C, N, 4]
+        if K >= 4:
+            t, _ = tl.split(tl.reshape(t, [BLOCK_C, BLOCK_N, 2, 2]))  # [BLOCK_C, N, 2]
+        t, _ = tl.split(t)  # [BLOCK_C, N]
+    return t
+
+
+@triton.jit
 def _verify_attention_kernel(
     Q, K, V, LENS, OUT, LSE, O_PART, LSE_PART, SCORES,
     qk_scale2,  # scale * log2(e): softmax in base 2
@@ -68,7 +92,7 @@ def _verify_attention_kernel(
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
-    C2Q_DOT: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
+    C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -94,7 +118,7 @@ def _verify_attention_kernel(
     if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16; fp32 holds bf16 products exactly
         q = q.to(tl.float32)
 
-    # Score rows. Row-store path (C2Q_DOT False, and collect "all"): packed row m stores its own
+    # Score rows. Row-store path (C2Q 0 "rows", and collect "all"): packed row m stores its own
     # s row; collected = the first R·G packed rows for first_last (score row r = group), all
     # NQ·G for "all" (score row r = nq). Scores [B, R, HQ, S_MAX].
     r_m = q_idx if COLLECT == 1 else nq
@@ -104,7 +128,7 @@ def _verify_attention_kernel(
     sc_base = SCORES + (b * R * HQ + kvh * G).to(tl.int64) * S_MAX
     m_row = (r_m * HQ + offs_m % G) * S_MAX  # [BLOCK_M] int32, relative to sc_base
     m_ok = offs_m < R * G if COLLECT == 1 else row_ok
-    # Dot path (C2Q_DOT): the 2·G collected rows get their own [BLOCK_C, BLOCK_N] dot against
+    # Dot path (C2Q 1) and slice path (C2Q 2, rows 0..BLOCK_C-1 of s): the 2·G collected rows get their own [BLOCK_C, BLOCK_N] dot against
     # the K tile already loaded; c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G).
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < R * G
@@ -114,7 +138,7 @@ def _verify_attention_kernel(
     limit_c = L - NQ + nq_c
     c_row = (r_c * HQ + offs_c % G) * S_MAX  # [BLOCK_C] int32, relative to sc_base
     qc = tl.zeros([BLOCK_C, BLOCK_D], dtype=q.dtype)
-    if COLLECT == 1 and C2Q_DOT:
+    if COLLECT == 1 and C2Q == 1:
         qc_off = ((b * NQ + nq_c) * HQ + head_c).to(tl.int64) * D
         qc = tl.load(Q + qc_off[:, None] + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
                      other=0.0).to(q.dtype)
@@ -145,9 +169,12 @@ def _verify_attention_kernel(
         s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
         s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
-        if COLLECT == 1 and C2Q_DOT:
-            sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
-            sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
+        if COLLECT == 1 and C2Q != 0:
+            if C2Q == 1:
+                sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
+                sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
+            else:  # packed rows 0..BLOCK_C-1 of s (the collected rows come first)
+                sc = _leading_rows(s, BLOCK_M, BLOCK_C, BLOCK_N)
             if EVEN_S:
                 tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
                          mask=c_ok[:, None])
@@ -177,7 +204,7 @@ def _verify_attention_kernel(
         f_hi = tl.minimum(f_lo + fill, S_MAX)
         for start in range(f_lo, f_hi, BLOCK_N):
             n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
-            if COLLECT == 1 and C2Q_DOT:
+            if COLLECT == 1 and C2Q != 0:
                 neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.bfloat16)
                 if EVEN_S:
                     tl.store(sc_base + c_row[:, None] + n[None, :], neg_c, mask=c_ok[:, None])
@@ -339,6 +366,7 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
 # H200 run 4 (benchmarks/gpu/choose_verify_defaults.py, 8 calibration shapes, none +
 # first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
 # 16 without collection and at NQ 1. Env VEGAS_SIM_VERIFY_MIN_M overrides.
+# 16 with collection off; see default_min_m for the per-collection choice.
 MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
 
 
@@ -362,6 +390,30 @@ def _next_pow2(x: int) -> int:
 # score tile (the packing puts the collected rows first), True = a separate
 # [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see KERNELS_NOTES.md.
 C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
+# The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
+# tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
+# tile cut out by reshape/permute/split and stored densely (`_leading_rows`).
+C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
+_MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
+# M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
+# H200 run 4 (results/h200/verify_defaults_run4.log), first_last overhead over none at M 16,
+# rows store: B=1 C=32K NQ 8 +19.9 % (M 64: +6.8 %), B=4 C=32K NQ 8 +27.7 % (+11.7 %),
+# B=4 C=128K NQ 8 +23.1 % (+12.8 %). M 64 lost at NQ 1 (B=4 C=32K +7.8 % vs +10.1 %) and at
+# B=64 C=8K NQ 4 (+9.6 % vs +24.2 %) — both NQ·G <= 16, where M stays 16. Without collection
+# M 16 is as fast or faster (none 0.1307 vs 0.1321 ms, 0.5125 vs 0.5209 ms).
+MIN_M_COLLECT = 64
+
+
+def default_min_m(n_q: int, group: int, collect: str) -> int:
+    """M tile minimum when the caller gives none: VEGAS_SIM_VERIFY_MIN_M if set, else 64 for
+    Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half, run 4), else
+    16 (mma.sync tiles; fastest without collection and at NQ·G <= 16)."""
+    if _MIN_M_ENV is not None:
+        return int(_MIN_M_ENV)
+    if collect == "first_last" and n_q * group > 16:
+        return MIN_M_COLLECT
+    return 16
+
 
 def verify_attention(
     q: Tensor,
@@ -378,12 +430,17 @@ def verify_attention(
     max_len: int | None = None,
     c2q_dot: bool | None = None,
     min_m: int | None = None,
+    c2q: str | None = None,
+    offs64: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
     Keyword-only knobs (None = `choose_config` / module defaults) exist for the benchmark;
     `max_len` (a host-side bound on cache_lens, default S_max) sizes the split count without
-    a device sync.
+    a device sync. `c2q` names the Collect-2-Query store ("rows", "dot", "slice"; overrides
+    `c2q_dot`); `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
+    int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
+    >= 2^31 elements; False there exists only for the benchmark's crash probe).
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -397,11 +454,17 @@ def verify_attention(
             f"({R}x{Hq}x{S_max}) exceed 2^31 elements: the kernel's int32 offsets overflow",
             where="verify_attention(k_cache, collect)",
             fix="allocate a smaller S_max per request (or collect fewer rows)")
-    c2q_dot = C2Q_DOT_DEFAULT if c2q_dot is None else c2q_dot
-    min_m = MIN_M_DEFAULT if min_m is None else min_m
+    if c2q is None:
+        c2q = "dot" if (C2Q_DOT_DEFAULT if c2q_dot is None else c2q_dot) else "rows"
+    if c2q not in C2Q_CODE:
+        raise UserInputError(f"unknown Collect-2-Query store {c2q!r}",
+                             where="verify_attention(c2q)", fix=f"use one of {sorted(C2Q_CODE)}")
+    min_m = default_min_m(NQ, G, collect) if min_m is None else min_m
     BLOCK_M = max(min_m, 16, _next_pow2(NQ * G))
     BLOCK_D = max(16, _next_pow2(D))
     BLOCK_C = max(16, _next_pow2(2 * G))
+    if c2q == "slice" and BLOCK_C > BLOCK_M:
+        c2q = "rows"  # G >= 16 at small NQ: 2·G rows exceed the M tile; rows stores them
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
     auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device), min_m=min_m)
@@ -427,12 +490,12 @@ def verify_attention(
         scale * LOG2E, S_max, Hq, Hkv, NQ, splits, max(R, 1),
         k_cache.stride(0), k_cache.stride(1),
         G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
-        COLLECT=COLLECT_CODE[collect], C2Q_DOT=c2q_dot, SINGLE=single,
+        COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
         EVEN_S=S_max % block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
         # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
         # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
         # GPU run shows where the int32 path overflows, such caches take int64 offsets.
-        OFFS64=B * k_cache.stride(0) >= 2**31,
+        OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single:
