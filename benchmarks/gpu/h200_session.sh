@@ -12,13 +12,18 @@
 #   stage 2  carry .whl: SmolLM2 latency (real weights), Qwen3-8B latency at B.C = 512K
 #            merged into the packaged set
 #   stage 3  carry .whl: validation in both regimes, 24 held-out configurations each
+#   stage 4  (a fresh machine: first a call that carries part.aa and runs
+#            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
+#            and part.ab: what stage 1's 300 s left out —
+#            longdoc at T = 0.6 with 32 prompts (contexts to 7K, as the packaged greedy
+#            longdoc), one process per method; sparsities 2, 5, 10, 15 % of the short workloads
 #
 # The GGUF (98 MB) is over the 64 MiB a call may carry, hence the two halves.
 #
 # History: run 4 (second session) used stages 1-3 of an earlier version of this script:
 # acceptance ran longdoc only, SmolLM2 latency B.C <= 8K, validation 5 + 5 configurations.
 set -u
-stage=${1:?stage 0, 1, 2 or 3}
+stage=${1:?stage 0, 1, 2, 3 or 4}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -108,6 +113,29 @@ case $stage in
     Q8B_TRACES=$TR/qwen3-8b-h200 ACC_TRACES=$TR/smollm2-135m-real
   VALIDATE_TIMEOUT=${VALIDATE_TIMEOUT:-270} VALIDATE_BUDGET=${VALIDATE_BUDGET:-235} \
     bash benchmarks/gpu/validate_h200.sh
+  ;;
+4)
+  cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
+  echo "$SHA  $GGUF" | sha256sum -c - | tee "$OUT/gguf.txt" || exit 2
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  acc=(calibrate --model $GGUF --weights real --no-latency --gamma 12 --iterations 32
+       --min-tokens 32)
+  for m in magicdec-stream magicdec-quest specextend vegas vegas-all; do
+    timeout ${ACC_TIMEOUT:-470} "${cli[@]}" "${acc[@]}" --methods $m \
+      --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 --workload longdoc --temperature 0.6 \
+      --prompts 32 --out $TR/acc4-longdoc-$m > $TR/acc4-longdoc-$m.log 2>&1 &
+  done
+  for w in reasoning chat code; do
+    for t in 0 0.6; do
+      timeout ${ACC_TIMEOUT:-470} "${cli[@]}" "${acc[@]}" --methods all \
+        --sparsity 0.05,0.1,0.15,0.02 --workload $w --temperature $t --prompts 16 \
+        --out $TR/acc4-$w-t$t > $TR/acc4-$w-t$t.log 2>&1 &
+    done
+  done
+  wait
+  for s in $TR/acc4-*/; do [ -f $s/meta.json ] && finalize $s; done
+  for s in $TR/acc4-*/; do rm -rf $s/parts; done
+  tar czf "$OUT/acc4.tgz" -C $TR $(cd $TR && ls -d acc4-*)
   ;;
 esac
 ls -la "$OUT"

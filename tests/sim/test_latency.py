@@ -4,6 +4,8 @@ packaged H200 set (measured with CUDA graphs)."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ GPU = MeasuredGpu("NVIDIA H200", copy_bandwidth_gbs=4200.0, bf16_tflops=700.0, m
 # The "true" efficiencies the synthetic GPU runs at (ms = Σ coef · roofline-ms feature).
 TRUE = {
     "const": 0.25, "gemm": 1.15, "logits": 1.6, "kv": 1.25, "attn": 0.6, "collect": 1.4,
-    "rank": 2.5,
+    "rank": 2.5, "tokens": 0.8, "batched": 0.3, "rows": 0.05,
 }
 
 
@@ -110,10 +112,18 @@ def test_fit_recovers_coefficients_with_noise(fitted: LatencyModel) -> None:
         row = coef.loc[(phase, method)]
         for f in PHASE_FEATURES[phase]:
             want = true_coef(phase)[FEATURES.index(f)]
+            if f in ("const", "gemm", "tokens", "batched") and "tokens" in PHASE_FEATURES[phase]:
+                continue  # near-collinear (they differ at batch 1 and the GEMM kink only):
+                # checked through predictions below
             if f == "const":  # a small share of every point: loosely determined by 1 % noise
                 assert abs(row[f] - want) < 0.2, (phase, method, f)
             else:
                 assert row[f] == pytest.approx(want, rel=0.06), (phase, method, f)
+    for phase, method in [("decode", "vanilla"), ("draft_step", "vegas")]:
+        for batch in (1, 2, 8, 32, 256):  # the batch-1 (GEMV) step, the batched cost, the kink
+            want = true_ms(phase, batch, 1, 3000.0, 0)
+            got = fitted.phase_ms(phase, method, 1, np.full(batch, 3000))
+            assert got == pytest.approx(want, rel=0.02), (phase, batch)
     # verify of vegas: n_query = γ+1 varies, collect_rows = 2 fixed (collect folded into kv)
     row = coef.loc[("verify", "vegas")]
     assert row["gemm"] == pytest.approx(TRUE["gemm"], rel=0.06)
@@ -230,11 +240,15 @@ def test_what_if_scales_memory_bound_terms_by_bandwidth_ratio(fitted: LatencyMod
     assert fitted.gpu_label == "NVIDIA H200 (measured)"
     assert wi.is_what_if and not fitted.is_what_if
     ratio = get_gpu("h200").bandwidth_gbs / target.bandwidth_gbs  # > 1: slower memory
-    c0 = fitted.coefficients().set_index(["phase", "method"]).loc[("draft_step", "vegas"), "const"]
+    row = fitted.coefficients().set_index(["phase", "method"]).loc[("draft_step", "vegas")]
+    c0 = row["const"]
     kv = np.full(2, 20_000)  # batch 2: weight-bound GEMM on both GPUs
+    # the per-token GEMM FLOP term scales with the bf16 rate, every other GPU term with bandwidth
+    flop_ratio = get_gpu("h200").bf16_tflops / target.bf16_tflops
+    tok = row["tokens"] * 2 * MODEL.gemm_flops(1) * 1e3 / (GPU.bf16_tflops * 1e12)
     t_src = fitted.phase_ms("draft_step", "vegas", 1, kv)
     t_dst = wi.phase_ms("draft_step", "vegas", 1, kv)
-    assert t_dst - c0 == pytest.approx((t_src - c0) * ratio, rel=1e-9)
+    assert t_dst - c0 - tok * flop_ratio == pytest.approx((t_src - c0 - tok) * ratio, rel=1e-9)
     # compute-bound verify at large batch: H100-SXM and H200 have the same bf16 datasheet rate,
     # so the GEMM part is unchanged and only bandwidth terms grow
     assert wi.phase_ms("verify", "vegas", 8, np.full(512, 1000), 2) > fitted.phase_ms(
@@ -352,7 +366,7 @@ def max_latency(rng: np.random.Generator, noise: float, batches: tuple[int, ...]
         for c in contexts:
             for phase in ("decode", "sample"):
                 x = phys.intercept_features(b, 1) + phys.slope_features(phase, 1, 0) * b * (c + 1)
-                gpu = sum(GPU_TRUE[f] * x[FEATURES.index(f)] for f in PHASE_FEATURES[phase]
+                gpu = sum(GPU_TRUE.get(f, 0.0) * x[FEATURES.index(f)] for f in PHASE_FEATURES[phase]
                           if f != "const")
                 recs.append({"phase": phase, "method": "vanilla", "batch": b, "context": c,
                              "n_query": 1, "kv_read": c + 1, "collect_rows": 0,
@@ -380,6 +394,44 @@ def test_max_form_recovers_host_floor_and_gpu_slopes() -> None:
     assert row["gemm"] == pytest.approx(1.0 / PRIOR_ETA_GEMM, rel=0.02)
     loo = lm.loo_errors().set_index("phase")
     assert loo.loc["decode", "median_pct"] < 3.0, loo
+
+
+def test_max_form_floor_grows_with_batch() -> None:
+    """A host (or launch-latency) floor that steps up past batch 1 and grows per request, as the
+    graphed SmolLM2 set shows, is fitted as such and not passed off as GPU work."""
+    phys = _Physics.of(MODEL, GPU.copy_bandwidth_gbs, GPU.bf16_tflops)
+    rng = np.random.default_rng(27)
+    recs = []
+    for b in (1, 2, 4, 8, 16, 32):
+        for c in (1024, 4096, 16384, 65536):
+            floor = 30.0 + 2.0 * (b > 1) + 0.25 * b
+            x = phys.intercept_features(b, 1) + phys.slope_features("decode", 1, 0) * b * (c + 1)
+            gpu = GPU_TRUE["gemm"] * x[FEATURES.index("gemm")] + GPU_TRUE["kv"] * x[
+                FEATURES.index("kv")]
+            recs.append({"phase": "decode", "method": "vanilla", "batch": b, "context": c,
+                         "n_query": 1, "kv_read": c + 1, "collect_rows": 0,
+                         "ms_median": max(floor, gpu) * math.exp(rng.normal(0.0, 0.005))})
+            recs.append({**recs[-1], "phase": "sample", "ms_median": 1.0 + 0.01 * b})
+    df = pd.DataFrame(recs)
+    df["ms_p10"], df["ms_p90"], df["n"] = df["ms_median"], df["ms_median"], 5
+    lm = LatencyModel.fit(df, MODEL, GPU)
+    row = lm.coefficients().set_index("phase").loc["decode"]
+    assert row["mode"] == "max" and row["tokens"] == 0.0 and row["batched"] == 0.0
+    assert row["host_ms"] == pytest.approx(30.0, rel=0.03)
+    assert row["host_batched_ms"] == pytest.approx(2.0, rel=0.2)
+    assert row["host_per_token_ms"] == pytest.approx(0.25, rel=0.1)
+    assert lm.loo_errors().set_index("phase").loc["decode", "median_pct"] < 1.5
+    # the floor is host time: removed by without_host_overhead, kept by a what-if
+    graph = lm.without_host_overhead(0.0)
+    assert graph.phase_ms("decode", "vanilla", 1, np.full(16, 1024)) < 10.0
+    wi = lm.what_if(get_gpu("h100-sxm"))
+    assert wi.phase_ms("decode", "vanilla", 1, np.full(16, 1024)) == pytest.approx(
+        30.0 + 2.0 + 0.25 * 16, rel=0.03)
+    # the fast path sees the same batch-dependent floor
+    for b in (1, 3, 32):
+        ctx = np.full(b, 2048)
+        assert lm.iteration_cost("vanilla", 1, 1.0)(ctx) == pytest.approx(
+            lm.plan_ms("vanilla", 1, ctx, 1.0), rel=1e-12)
 
 
 def test_host_bound_set_keeps_priors_and_extrapolates_along_kv_bytes() -> None:
@@ -441,7 +493,8 @@ def test_what_if_keeps_host_terms_and_scales_gpu_terms() -> None:
     lm = LatencyModel.fit(df, MODEL, GPU)
     wi = lm.what_if(get_gpu("h100-sxm"))
     ratio = get_gpu("h200").bandwidth_gbs / get_gpu("h100-sxm").bandwidth_gbs
-    host = lm.coefficients().set_index("phase").loc["decode", "host_ms"]
+    row = lm.coefficients().set_index("phase").loc["decode"]
+    host = row["host_ms"] + row["host_per_token_ms"]  # the floor at B·n_query = 1
     small, big = np.full(1, 1024), np.full(4, 1 << 20)
     assert wi.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
     assert lm.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
@@ -495,8 +548,42 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
     assert set(loo["phase"]) == {"decode", "draft_step", "verify", "select", "quest_meta",
                                  "sample"}
     med = loo.set_index("phase")["median_pct"]
-    assert med["decode"] < 6.0 and med["verify"] < 6.0 and med["draft_step"] < 8.0
+    # the forward passes meet the ≤ 3 % target (they were 3.8-5.6 % before the per-token GEMM,
+    # batch-1 GEMV and per-collected-row features); select / sample are host-jitter bound
+    assert med["decode"] < 3.0 and med["verify"] < 3.0 and med["draft_step"] < 3.0, loo
     assert (med < 25.0).all(), loo
+    by_method = packaged.loo_errors(by_method=True).set_index(["phase", "method"])
+    assert by_method.loc[("verify", "vegas-all"), "median_pct"] < 4.0  # all rows collected
+
+
+def test_packaged_per_token_and_batch1_terms(packaged: LatencyModel) -> None:
+    """Graphed decode: batch 1 (a GEMV) is cheaper than the batched GEMM path, and the forward
+    pass grows with batch even while the GEMM is weight-bound (per-token work)."""
+    def decode(batch: int) -> float:
+        return packaged.phase_ms("decode", "vanilla", 1, np.full(batch, 1025))
+    t = [decode(b) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert all(b > a for a, b in itertools.pairwise(t)), t
+    assert t[1] - t[0] > 0.2  # measured 8.26 → 8.82 ms
+    per_token = [(decode(2 * b) - decode(b)) / b for b in (8, 16, 32)]  # ms per added request
+    assert max(per_token) < 1.5 * min(per_token), per_token  # ~linear in tokens
+    # beyond the grid the forward pass keeps growing with tokens (never flat)
+    assert decode(512) > decode(256) > decode(128)
+
+
+def test_loo_leaves_the_whole_measured_point_out() -> None:
+    """Rows of one (batch, context) point go out together: duplicating every row (as the grid
+    does when several gammas share a phase's features) must not change the leave-one-out error;
+    a per-row LOO would let each row's twin predict it."""
+    df = synthetic_latency(np.random.default_rng(30), noise=0.03, methods=("vanilla",))
+    twice = pd.concat([df, df], ignore_index=True)
+    once = LatencyModel.fit(df, MODEL, GPU).loo_errors().set_index("phase")
+    dup = LatencyModel.fit(twice, MODEL, GPU).loo_errors().set_index("phase")
+    assert dup.loc["decode", "n_points"] == 2 * once.loc["decode", "n_points"]
+    for phase in ("decode", "sample"):
+        assert dup.loc[phase, "median_pct"] == pytest.approx(once.loc[phase, "median_pct"],
+                                                             rel=1e-6)
+        assert dup.loc[phase, "max_pct"] == pytest.approx(once.loc[phase, "max_pct"], rel=1e-6)
+    assert once.loc["decode", "median_pct"] > 0.5  # 3 % noise: an honest, non-zero error
 
 
 def test_packaged_set_extrapolates_with_kv_bytes(packaged: LatencyModel) -> None:

@@ -14,7 +14,7 @@ from vegas_sim.cli import cli
 from vegas_sim.errors import TraceSetError
 from vegas_sim.models import get_preset
 from vegas_sim.traces import io
-from vegas_sim.traces.merge import merge_trace_sets
+from vegas_sim.traces.merge import merge_trace_sets, union_seconds
 from vegas_sim.traces.synthetic import synthetic_meta
 
 
@@ -106,3 +106,9 @@ def test_merge_cli_refuses_a_non_empty_output(tmp_path: Path) -> None:
     again = runner.invoke(cli, ["traces", "merge", str(tmp_path / "m"), str(a), str(b)])
     assert again.exit_code == 1
     assert "not empty" in again.output
+
+
+def test_gpu_minutes_count_overlapping_sessions_once() -> None:
+    assert union_seconds([(0, 60), (30, 90), (200, 260)]) == 150
+    assert union_seconds([(0, 100), (10, 20)]) == 100
+    assert union_seconds([]) == 0

@@ -15,8 +15,18 @@ One call of a phase on a batch of B requests (uniform n_query, per-request kv_re
     collect  Σ_b kv_read_b · collect_rows · Hq · L · 2 / BW   bf16 scores written / read
     rank     Σ_b kv_read_b · L · 4 / BW                   fp32 per-layer weights ranked by top-k
 
+  plus KERNEL_FEATURES (sum form only, coefficients bounded by KERNEL_MAX), which the measured
+  graphed H200 set needs (leave-one-out of decode 3.8 → 1.3 %, draft_step 5.6 → 1.2 %, verify
+  3.8 → 1.7 %):
+
+    tokens   B·n_query · gemm_flops(1) / F      GEMM FLOPs not hidden under the weight stream
+    batched  weight_bytes / BW · [B·n_query > 1]  the batched GEMM path vs batch-1 GEMVs
+    rows     collect_rows                       per collected score row, per call (vegas-all)
+
 - h, the host floor: the CPU time to issue the phase's kernels (Python + launch overhead of an
-  eager runtime). The host runs ahead of the GPU, so the step takes whichever is longer.
+  eager runtime, or launch-latency-bound tiny kernels). The host runs ahead of the GPU, so the
+  step takes whichever is longer. It may grow with the batch: h = h0 + h_batched·[B·n_query > 1]
+  + h_per_token·B·n_query (a per-token term only where no GPU feature of the group is ∝ tokens).
 - s (the `const` coefficient), a serial fixed cost added on top (launch + sync that does not
   overlap GPU work).
 
@@ -33,7 +43,8 @@ Two forms are fitted per (phase, method) group and one is kept (`mode`):
 
 Rule: the "sum" form is kept when the max form finds no host-bound point (then h is not
 identified and the sum form nests it) or when its in-sample median |log error| is at most
-`SUM_MODE_MARGIN` × that of the "max" form (a serial fixed cost explains the data clearly better
+`SUM_MODE_MARGIN` × that of the "max" form (each with its refinements: kernel features,
+batch-dependent floor) (a serial fixed cost explains the data clearly better
 than a host floor, e.g. synthetic roofline sets or sampling); otherwise "max". On a host-bound
 trace set (eager runtime: every step ≈ 35 ms whatever B and context) an unconstrained sum form
 learns const ≈ 35 ms with near-zero noise slopes and extrapolates flat; the max form extrapolates
@@ -48,6 +59,9 @@ informs it: the roofline prior), or CAPPED (the prior was lowered so the GPU tim
 the measured host floor: the data give only an upper bound), or BOUND (sum form: held at the
 1 / ROOFLINE_SLACK lower bound, the data would have it faster). `host_bound_share()` is the
 fraction of measured points where h > g.
+
+Leave-one-out (`loo_errors`) leaves a whole measured (batch, context) point out (all its rows:
+the gammas and sparsities measured there share a session), refits and predicts its rows.
 
 Grouping: one fit per (phase, method) because the kernels differ by method (index construction,
 number of collected rows, Quest paging). A phase the trace set recorded under method "any"
@@ -72,7 +86,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares, nnls
+from scipy.optimize import least_squares, lsq_linear, nnls
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.gpus import GpuSpec, datasheet_for_device
@@ -91,20 +105,40 @@ from vegas_sim.models import ModelSpec
 
 LATENCY_WHERE = "latency.parquet"
 
-FEATURES: tuple[str, ...] = ("const", "gemm", "logits", "kv", "attn", "collect", "rank")
+FEATURES: tuple[str, ...] = ("const", "gemm", "logits", "kv", "attn", "collect", "rank",
+                             "tokens", "batched", "rows")
 _F = {name: i for i, name in enumerate(FEATURES)}
 
 PHASE_FEATURES: dict[str, tuple[str, ...]] = {
-    "decode": ("const", "gemm", "kv"),
-    "draft_step": ("const", "gemm", "kv"),
-    "verify": ("const", "gemm", "kv", "attn", "collect"),
+    "decode": ("const", "gemm", "kv", "tokens", "batched"),
+    "draft_step": ("const", "gemm", "kv", "tokens", "batched"),
+    "verify": ("const", "gemm", "kv", "attn", "collect", "tokens", "batched", "rows"),
     "prefill": ("const", "gemm", "kv", "attn"),
     "collect": ("const", "collect"),
     "select": ("const", "collect", "rank"),
     "quest_meta": ("const", "kv"),
     "sample": ("const", "logits"),
-    "other": ("const", "gemm", "kv"),
+    "other": ("const", "gemm", "kv", "tokens", "batched"),
 }
+# Kernel-level GPU features (sum form only, no roofline prior): fitted when a group is GPU-bound.
+#   tokens   B·n_query · gemm_flops(1) / F: GEMM FLOP time that does not hide under the weight
+#            stream (small-M GEMMs run far from peak), so a step grows with batch even while the
+#            roofline GEMM term is still weight-bound
+#   batched  weight_bytes / BW when B·n_query > 1, else 0: the tensor-core GEMM path costs more
+#            than the GEMV kernels a single-row step runs (measured: decode B=1 8.26 ms, B=2
+#            8.82 ms on the graphed H200 set)
+#   rows     collect_rows, per call: a fixed cost per collected score row (the verify kernel's
+#            extra score stores per row, per layer: vegas-all at 16 rows +3.2 ms at C=1024)
+KERNEL_FEATURES = ("tokens", "batched", "rows")
+# A sum-form fixed cost s up to this many weight streams (weight_bytes / BW) is folded into the
+# `batched` weight-read term when every point takes the batched path (see _sum_group).
+FOLD_WEIGHT_STREAMS = 4.0
+# Upper bounds of the kernel features' coefficients (1 / efficiency): a per-token GEMM cost runs
+# at ≥ 5 % of the measured bf16 rate, the batched path's extra cost (or a fixed cost folded
+# into it) is at most FOLD_WEIGHT_STREAMS weight streams. They keep the sum form from passing a
+# host floor that grows with batch (an eager or launch-bound small model: 135M parameters) off
+# as GPU work; the max form's batch-dependent floor explains such data instead.
+KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
 # Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
 METHOD_INDEPENDENT_PHASES = ("sample", "prefill", "other")
 ANY_METHOD = "any"
@@ -121,6 +155,8 @@ PRIOR_ETA_GEMM = 0.7
 PRIOR_WEIGHT = 2.0
 # Robust loss scale of the max form (|log error| above it counts linearly, like a median).
 MAX_FIT_F_SCALE = 0.05
+# The max form's GPU log-coefficients stay within ± this of their prior (keeps exp() finite).
+MAX_FIT_LOG_RANGE = 30.0
 # The sum form is kept when its median |log error| ≤ this × the max form's.
 SUM_MODE_MARGIN = 0.9
 # The sum form's GPU coefficients are bounded below by 1 / ROOFLINE_SLACK: no kernel beats the
@@ -227,12 +263,16 @@ class _Physics:
         """Roofline GEMM time for `tokens` query rows in flight: weight- or FLOP-bound."""
         return np.maximum(self.weight_ms, self.gemm_flop_ms_per_token * np.asarray(tokens))
 
-    def intercept_features(self, batch: int, n_query: int) -> np.ndarray:
+    def intercept_features(self, batch: int, n_query: int, rows: int = 0) -> np.ndarray:
         """[n_features] the part of the features that does not depend on kv_read."""
         f = np.zeros(len(FEATURES))
+        tokens = batch * n_query
         f[_F["const"]] = 1.0
-        f[_F["gemm"]] = float(self.gemm_ms(batch * n_query))
-        f[_F["logits"]] = batch * n_query * self.logits_ms_per_row
+        f[_F["gemm"]] = float(self.gemm_ms(tokens))
+        f[_F["logits"]] = tokens * self.logits_ms_per_row
+        f[_F["tokens"]] = tokens * self.gemm_flop_ms_per_token
+        f[_F["batched"]] = self.weight_ms if tokens > 1 else 0.0
+        f[_F["rows"]] = float(rows)
         return f
 
     def slope_features(self, phase: str, n_query: int, rows: int) -> np.ndarray:
@@ -257,6 +297,10 @@ class _Physics:
         x[:, _F["attn"]] = kv_sum * n_query * self.attn_ms_per_row_key
         x[:, _F["collect"]] = kv_sum * rows * self.collect_ms_per_row_key
         x[:, _F["rank"]] = kv_sum * self.rank_ms_per_key
+        tokens = batch * n_query
+        x[:, _F["tokens"]] = tokens * self.gemm_flop_ms_per_token
+        x[:, _F["batched"]] = np.where(tokens > 1, self.weight_ms, 0.0)
+        x[:, _F["rows"]] = rows
         return x
 
 
@@ -296,20 +340,27 @@ def _identifiable_mask(phase: str, x: np.ndarray) -> np.ndarray:
     if mask[_F["rank"]] and mask[_F["collect"]] and _constant(
             col["rank"] / np.maximum(col["collect"], 1e-300)):
         mask[_F["rank"]] = False
+    for name in ("tokens", "batched", "rows"):  # one value only: a constant, already counted
+        if mask[_F[name]] and _constant(col[name]):
+            mask[_F[name]] = False
     return mask
 
 
-def _fit_nnls(x: np.ndarray, t: np.ndarray, lb: np.ndarray | None = None) -> np.ndarray:
-    """c ≥ lb (default 0) minimising Σ ((x·c − t) / t)²; x [n, k], t [n], lb [k] → c [k].
+def _fit_nnls(x: np.ndarray, t: np.ndarray, lb: np.ndarray | None = None,
+              ub: np.ndarray | None = None) -> np.ndarray:
+    """lb ≤ c ≤ ub (default 0 ≤ c) minimising Σ ((x·c − t) / t)²; x [n, k], t [n], lb/ub [k].
 
-    Solved as NNLS in u = c − lb ≥ 0.
+    Solved as NNLS in u = c − lb ≥ 0 (bounded least squares when an upper bound is finite).
     """
     a = x / t[:, None]  # relative error: each row weighted by 1/t
     lo = np.zeros(a.shape[1]) if lb is None else lb
     rhs = np.ones(len(t)) - a @ lo
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0  # an all-zero feature gets coefficient 0 anyway
-    u, _ = nnls(a / scale, rhs, maxiter=50 * a.shape[1])
+    if ub is None or not np.isfinite(ub).any():
+        u, _ = nnls(a / scale, rhs, maxiter=50 * a.shape[1])
+    else:
+        u = lsq_linear(a / scale, rhs, bounds=(0.0, (ub - lo) * scale), method="bvls").x
     return np.asarray(lo + u / scale)
 
 
@@ -319,73 +370,113 @@ def _sum_lower_bounds(phase: str, mask: np.ndarray) -> np.ndarray:
     return np.asarray(np.where(prior_coef(phase) > 0, 1.0 / ROOFLINE_SLACK, 0.0)[mask])
 
 
+def _floor_design(tokens: np.ndarray) -> np.ndarray:
+    """[n, 3] the host floor's regressors per row: 1, [B·n_query > 1], B·n_query.
+
+    The floor is h0 + h_batched·[tokens > 1] + h_token·tokens: per-step host (or launch-latency)
+    work grows with the requests in the batch, and a single-row step runs other kernels.
+    """
+    tok = np.asarray(tokens, dtype=float)
+    return np.stack([np.ones_like(tok), (tok > 1).astype(float), tok], axis=1)
+
+
+def _floor_free(z: np.ndarray, xf: np.ndarray | None = None) -> np.ndarray:
+    """[3] bool: the floor regressors the rows can identify: h0 always; the others must vary,
+    and the per-token slope must not be proportional to a GPU feature of xf [n, k] (sampling's
+    logits are ∝ B·n_query: GPU work that a per-token floor would pass off as host time)."""
+    free = np.array([True, not _constant(z[:, 1]), not _constant(z[:, 2])])
+    if free[2] and xf is not None:
+        tok = z[:, 2]
+        free[2] = not any(_constant(xf[:, j] / tok) for j in range(xf.shape[1]))
+    return free
+
+
+def _sum_upper_bounds(mask: np.ndarray) -> np.ndarray:
+    """[mask.sum()] the sum form's upper bounds: KERNEL_MAX for the kernel features, else ∞."""
+    ub = np.array([KERNEL_MAX.get(f, np.inf) for f in FEATURES])
+    return np.asarray(ub[mask])
+
+
 def _max_residuals(
-    p: np.ndarray, x: np.ndarray, logt: np.ndarray, prior: np.ndarray,
+    p: np.ndarray, x: np.ndarray, z: np.ndarray, logt: np.ndarray, prior: np.ndarray,
 ) -> np.ndarray:
     """[n + k] log(max(h, g)) − log t for the points, then PRIOR_WEIGHT·φ for the priors.
 
-    p = [log h, φ_1..φ_k], c = prior · exp(φ); x [n, k] the GPU features of the free columns.
+    p = [a_1..a_m, φ_1..φ_k]: the floor h = z · a (ms, a ≥ 0), the GPU work g = x · c with
+    c = prior · exp(φ); x [n, k] the GPU features of the free columns, z [n, m] the floor's.
     """
-    h = math.exp(p[0])
-    g = x @ (prior * np.exp(p[1:]))  # [n]
+    m = z.shape[1]
+    h = z @ p[:m]  # [n]
+    g = x @ (prior * np.exp(p[m:]))  # [n]
     return np.concatenate([np.log(np.maximum(np.maximum(h, g), 1e-300)) - logt,
-                           PRIOR_WEIGHT * p[1:]])
+                           PRIOR_WEIGHT * p[m:]])
 
 
 def _max_jacobian(
-    p: np.ndarray, x: np.ndarray, logt: np.ndarray, prior: np.ndarray,
+    p: np.ndarray, x: np.ndarray, z: np.ndarray, logt: np.ndarray, prior: np.ndarray,
 ) -> np.ndarray:
-    """[n + k, 1 + k] d residual / d p (the max picks which parameters a point depends on)."""
-    h = math.exp(p[0])
-    c = prior * np.exp(p[1:])  # [k]
+    """[n + k, m + k] d residual / d p (the max picks which parameters a point depends on)."""
+    m = z.shape[1]
+    h = z @ p[:m]  # [n]
+    c = prior * np.exp(p[m:])  # [k]
     g = x @ c  # [n]
     n, k = x.shape
-    jac = np.zeros((n + k, 1 + k))
+    jac = np.zeros((n + k, m + k))
     gpu = g > h
-    jac[:n, 0] = ~gpu
-    jac[:n, 1:] = np.where(gpu[:, None], x * c / np.maximum(g, 1e-300)[:, None], 0.0)
-    jac[n:, 1:] = PRIOR_WEIGHT * np.eye(k)
+    jac[:n, :m] = np.where(gpu[:, None], 0.0, z / np.maximum(h, 1e-300)[:, None])
+    jac[:n, m:] = np.where(gpu[:, None], x * c / np.maximum(g, 1e-300)[:, None], 0.0)
+    jac[n:, m:] = PRIOR_WEIGHT * np.eye(k)
     return jac
 
 
-def _solve_max(x: np.ndarray, t: np.ndarray, prior: np.ndarray, p0: np.ndarray) -> np.ndarray:
+def _solve_max(x: np.ndarray, z: np.ndarray, t: np.ndarray, prior: np.ndarray,
+               p0: np.ndarray) -> np.ndarray:
+    m, k = z.shape[1], x.shape[1]
+    # floor terms ≥ 0 (h0 > 0); each GPU coefficient within e^±MAX_FIT_LOG_RANGE of its prior
+    lo = np.concatenate([[1e-9], np.zeros(m - 1), np.full(k, -MAX_FIT_LOG_RANGE)])
+    hi = np.concatenate([np.full(m, np.inf), np.full(k, MAX_FIT_LOG_RANGE)])
     res = least_squares(
-        _max_residuals, p0, jac=_max_jacobian, args=(x, np.log(t), prior), loss="soft_l1",
-        f_scale=MAX_FIT_F_SCALE, method="trf", max_nfev=200,
+        _max_residuals, np.clip(p0, lo, hi), jac=_max_jacobian, args=(x, z, np.log(t), prior),
+        bounds=(lo, hi), loss="soft_l1", f_scale=MAX_FIT_F_SCALE, method="trf", max_nfev=200,
     )
     return np.asarray(res.x)
 
 
-def _max_cost(p: np.ndarray, x: np.ndarray, t: np.ndarray, prior: np.ndarray) -> float:
-    z = (_max_residuals(p, x, np.log(t), prior) / MAX_FIT_F_SCALE) ** 2
-    return float(np.sum(np.sqrt(1.0 + z) - 1.0))  # soft-L1, up to a constant factor
+def _max_cost(p: np.ndarray, x: np.ndarray, z: np.ndarray, t: np.ndarray,
+              prior: np.ndarray) -> float:
+    r = (_max_residuals(p, x, z, np.log(t), prior) / MAX_FIT_F_SCALE) ** 2
+    return float(np.sum(np.sqrt(1.0 + r) - 1.0))  # soft-L1, up to a constant factor
 
 
 def _fit_max(
-    x: np.ndarray, t: np.ndarray, prior: np.ndarray, starts: list[np.ndarray],
+    x: np.ndarray, z: np.ndarray, t: np.ndarray, prior: np.ndarray, starts: list[np.ndarray],
 ) -> np.ndarray:
-    """Best p = [log h, φ] over the starting points; x [n, k], t [n], prior [k] > 0."""
+    """Best p = [a, φ] over the starting points; x [n, k], z [n, m], t [n], prior [k] > 0."""
     best, best_cost = starts[0], math.inf
     for p0 in starts:
-        p = _solve_max(x, t, prior, p0)
-        cost = _max_cost(p, x, t, prior)
+        p = _solve_max(x, z, t, prior, p0)
+        cost = _max_cost(p, x, z, t, prior)
         if cost < best_cost:
             best, best_cost = p, cost
     return best
 
 
-def _max_starts(t: np.ndarray, k: int, extra: np.ndarray | None = None) -> list[np.ndarray]:
-    """Starting points: h at the median time, every φ at log(scale) (+ an NNLS-derived φ)."""
-    logh = math.log(float(np.median(t)))
-    out = [np.concatenate([[logh], np.full(k, math.log(s))]) for s in _MAX_FIT_STARTS]
+def _max_starts(t: np.ndarray, z: np.ndarray, k: int,
+                extra: np.ndarray | None = None) -> list[np.ndarray]:
+    """Starting points: h0 at the median time and the floor's slopes near 0, every φ at
+    log(scale) (+ an NNLS-derived φ)."""
+    h0 = float(np.median(t))
+    a = np.concatenate([[h0], 1e-3 * h0 / np.maximum(z[:, 1:].max(axis=0), 1.0)])  # [m]
+    out = [np.concatenate([a, np.full(k, math.log(s))]) for s in _MAX_FIT_STARTS]
     if extra is not None:
-        out.append(np.concatenate([[logh], extra]))
+        out.append(np.concatenate([a, extra]))
     return out
 
 
 @dataclass(frozen=True)
 class _Group:
-    """One fitted (phase, method) group: t = coef[const] + max(host, x_gpu · coef_gpu)."""
+    """One fitted (phase, method) group: t = coef[const] + max(floor, x_gpu · coef_gpu), the
+    floor = host + host_batched·[B·n_query > 1] + host_per_token·B·n_query (max form)."""
 
     phase: str
     method: str
@@ -394,9 +485,29 @@ class _Group:
     x: np.ndarray  # [n_points, n_features] design matrix of the measured points
     t: np.ndarray  # [n_points] measured ms_median
     mode: str = "sum"  # "sum" (h = 0, const fitted) or "max" (h fitted, const = 0)
-    host: float = 0.0  # h, ms
+    host: float = 0.0  # h0, ms
+    host_batched: float = 0.0  # ms added to the floor when B·n_query > 1
+    host_per_token: float = 0.0  # ms per B·n_query row added to the floor
     source: tuple[str, ...] = ()  # per feature: FITTED / PRIOR / CAPPED / "" (unused)
     host_source: str = "FITTED"
+    # [n_points] int: the measured (batch, context) point each row belongs to; LOO leaves a
+    # whole point out (its rows share one measurement session). None: one row per point.
+    point: np.ndarray | None = None
+    tokens: np.ndarray | None = None  # [n_points] B·n_query of the measured rows
+
+    def floor(self, tokens: int) -> float:
+        """The host floor (ms) of one call with B·n_query = tokens."""
+        return self.host + self.host_batched * (tokens > 1) + self.host_per_token * tokens
+
+    def floors(self) -> np.ndarray:
+        """[n_points] the host floor of each measured row."""
+        tok = np.ones(len(self.t)) if self.tokens is None else self.tokens
+        return np.asarray(_floor_design(tok) @ self.floor_terms)
+
+    @property
+    def floor_terms(self) -> np.ndarray:
+        """[3] (h0, h_batched, h_per_token), the coefficients of `_floor_design`."""
+        return np.array([self.host, self.host_batched, self.host_per_token])
 
     @property
     def serial(self) -> float:
@@ -409,44 +520,49 @@ class _Group:
         c[_F["const"]] = 0.0
         return c
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """[n] ms for design rows x [n, n_features]."""
-        return np.asarray(self.serial + np.maximum(self.host, x @ self.gpu_coef))
+    def predict_points(self) -> np.ndarray:
+        """[n_points] ms the fit predicts for the measured rows."""
+        return np.asarray(self.serial + np.maximum(self.floors(), self.x @ self.gpu_coef))
 
     def host_bound(self) -> np.ndarray:
-        """[n_points] bool: the host side (h, or s in the sum form) exceeds the GPU work."""
+        """[n_points] bool: the host side (floor, or s in the sum form) exceeds the GPU work."""
         g = self.x @ self.gpu_coef
-        return np.asarray(np.maximum(self.host, self.serial) > g)
+        return np.asarray(np.maximum(self.floors(), self.serial) > g)
 
     def loo_rel_errors(self) -> np.ndarray:
-        """[n_points] |pred − t| / t with each point left out of its own fit (same form; the
-        max form restarts from the full fit's parameters only)."""
+        """[n_points] |pred − t| / t, each row predicted by a fit without its whole measured
+        (batch, context) point (`point`; all of that point's rows go out together: same form, the
+        max form restarts from the full fit's parameters only). NaN where nothing is left."""
         n = len(self.t)
-        if n < 2:
-            return np.full(n, np.nan)
-        errs = np.empty(n)
-        keep = np.ones(n, dtype=bool)
-        if self.mode == "sum":
-            mask = self.mask
-            for i in range(n):
-                keep[i] = False
-                c = _fit_nnls(self.x[keep][:, mask], self.t[keep],
-                              _sum_lower_bounds(self.phase, mask))
-                errs[i] = abs(float(self.x[i, mask] @ c) - self.t[i]) / self.t[i]
-                keep[i] = True
+        point = np.arange(n) if self.point is None else self.point
+        errs = np.full(n, np.nan)
+        if len(np.unique(point)) < 2:
             return errs
-        free = _max_free(self.phase, self.mask)
+        mask = self.mask
+        free = _max_free(self.phase, mask)
         prior = prior_coef(self.phase)[free]
-        xf = self.x[:, free]
-        p_full = np.concatenate([[math.log(max(self.host, 1e-300))],
+        z = _floor_design(np.ones(n) if self.tokens is None else self.tokens)
+        zfree = np.array([True, self.host_batched > 0.0, self.host_per_token > 0.0])
+        z = z[:, zfree]  # [n, m]
+        m = z.shape[1]
+        p_full = np.concatenate([self.floor_terms[zfree],
                                  np.log(np.maximum(self.coef[free], 1e-300) / prior)])
-        for i in range(n):
-            keep[i] = False
-            p = _solve_max(xf[keep], self.t[keep], prior, p_full)
-            pred = max(math.exp(p[0]), float(xf[i] @ (prior * np.exp(p[1:]))))
-            errs[i] = abs(pred - self.t[i]) / self.t[i]
-            keep[i] = True
+        for key in np.unique(point):
+            out = point == key  # [n] the rows of the left-out point
+            if self.mode == "sum":
+                c = _fit_nnls(self.x[~out][:, mask], self.t[~out],
+                              _sum_lower_bounds(self.phase, mask), _sum_upper_bounds(mask))
+                pred = self.x[out][:, mask] @ c  # [n_out]
+            else:
+                p = _solve_max(self.x[~out][:, free], z[~out], self.t[~out], prior, p_full)
+                pred = np.maximum(z[out] @ p[:m], self.x[out][:, free] @ (prior * np.exp(p[m:])))
+            errs[out] = np.abs(pred - self.t[out]) / self.t[out]
         return errs
+
+
+def _kernel_index(phase: str) -> list[int]:
+    """Indices (into FEATURES) of the KERNEL_FEATURES the phase is fitted with."""
+    return [_F[f] for f in KERNEL_FEATURES if f in PHASE_FEATURES[phase]]
 
 
 def _max_free(phase: str, mask: np.ndarray) -> np.ndarray:
@@ -454,29 +570,54 @@ def _max_free(phase: str, mask: np.ndarray) -> np.ndarray:
     return np.asarray(mask & (prior_coef(phase) > 0))
 
 
-def _sum_group(phase: str, method: str, x: np.ndarray, t: np.ndarray) -> _Group:
+def _sum_group(phase: str, method: str, x: np.ndarray, t: np.ndarray,
+               kernel_terms: bool = True) -> _Group:
+    """The sum form; kernel_terms=False leaves out KERNEL_FEATURES (roofline features only)."""
     mask = _identifiable_mask(phase, x)
+    if not kernel_terms:
+        mask &= ~np.isin(FEATURES, KERNEL_FEATURES)
     coef = np.zeros(len(FEATURES))
     lb = _sum_lower_bounds(phase, mask)
-    coef[mask] = _fit_nnls(x[:, mask], t, lb)
+    coef[mask] = _fit_nnls(x[:, mask], t, lb, _sum_upper_bounds(mask))
+    w = x[:, _F["batched"]]  # [n] weight_bytes / BW where B·n_query > 1
+    if (kernel_terms and mask[_F["const"]] and _F["batched"] in _kernel_index(phase)
+            and not mask[_F["batched"]] and w.min() > 0
+            and coef[_F["const"]] <= FOLD_WEIGHT_STREAMS * w.min()):
+        # every point runs the batched path (verify): a fixed cost of the size of a few weight
+        # streams is GPU work of the forward pass (norms, RoPE, small kernels), so it is folded
+        # into the weight-read term, as for a weight-bound GEMM: it scales with bandwidth in a
+        # what-if and does not count as host time. A larger one (an eager small model) stays s.
+        mask[_F["const"]], mask[_F["batched"]] = False, True
+        lb = _sum_lower_bounds(phase, mask)
+        coef[:] = 0.0
+        coef[mask] = _fit_nnls(x[:, mask], t, lb, _sum_upper_bounds(mask))
     at_bound = np.zeros(len(FEATURES), dtype=bool)
     at_bound[mask] = (lb > 0) & (coef[mask] <= lb * (1 + 1e-9))
     source = tuple("" if not m else "BOUND" if b else "FITTED" for m, b in zip(mask, at_bound))
-    return _Group(phase, method, coef, mask, x, t, "sum", 0.0, source, "FITTED")
+    return _Group(phase, method, coef, mask, x, t, "sum", source=source, host_source="FITTED")
 
 
 def _max_group(phase: str, method: str, x: np.ndarray, t: np.ndarray,
-               nnls_coef: np.ndarray) -> _Group:
-    """The max form: robust, prior-regularised least squares on log error (see module doc)."""
+               nnls_coef: np.ndarray, tokens: np.ndarray, floor_terms: bool = True) -> _Group:
+    """The max form: robust, prior-regularised least squares on log error (see module doc).
+
+    tokens [n] = B·n_query of each row (the host floor's regressor); floor_terms=False fits a
+    constant floor h0 only."""
     mask = _identifiable_mask(phase, x)
     free = _max_free(phase, mask)
     prior = prior_coef(phase)[free]  # [k] > 0
     xf = x[:, free]  # [n, k]
+    z = _floor_design(tokens)
+    zfree = _floor_free(z, xf) if floor_terms else np.array([True, False, False])
+    zf = z[:, zfree]  # [n, m]
+    m = zf.shape[1]
     # an extra start from the sum fit's slopes: a GPU-bound group begins near its answer
     extra = np.log(np.maximum(nnls_coef[free], 1e-3 * prior) / prior)
-    p = _fit_max(xf, t, prior, _max_starts(t, int(free.sum()), extra))
-    h = math.exp(float(p[0]))
-    c = prior * np.exp(p[1:])
+    p = _fit_max(xf, zf, t, prior, _max_starts(t, zf, int(free.sum()), extra))
+    terms = np.zeros(3)
+    terms[zfree] = p[:m]
+    h = zf @ p[:m]  # [n] the floor per row
+    c = prior * np.exp(p[m:])
     g = xf @ c  # [n]
     gpu = g > h
     coef = np.zeros(len(FEATURES))
@@ -488,20 +629,21 @@ def _max_group(phase: str, method: str, x: np.ndarray, t: np.ndarray,
     for j, f in enumerate(np.flatnonzero(free)):
         if weight[j] >= PRIOR_WEIGHT:
             source[f] = "FITTED"
-        elif p[1 + j] < math.log(0.9):
+        elif p[m + j] < math.log(0.9):
             source[f] = "CAPPED"
         else:
             source[f] = "PRIOR"
     host_source = "FITTED"
     if gpu.all():  # no point sits on a floor: h is not identified; no host floor then
-        h, host_source = 0.0, "PRIOR"
-    return _Group(phase, method, coef, mask, x, t, "max", h, tuple(source), host_source)
+        terms, host_source = np.zeros(3), "PRIOR"
+    return _Group(phase, method, coef, mask, x, t, "max", float(terms[0]), float(terms[1]),
+                  float(terms[2]), tuple(source), host_source, tokens=tokens)
 
 
 def _with_host(grp: _Group, launch_ms: float) -> _Group:
     """`grp` with its host term (h in the max form, a fitted s in the sum form) = launch_ms."""
     if grp.mode == "max":
-        return dataclasses.replace(grp, host=launch_ms)
+        return dataclasses.replace(grp, host=launch_ms, host_batched=0.0, host_per_token=0.0)
     if not grp.mask[_F["const"]]:
         return grp  # const folded into the GEMM: nothing separate to replace
     coef = grp.coef.copy()
@@ -510,7 +652,7 @@ def _with_host(grp: _Group, launch_ms: float) -> _Group:
 
 
 def _median_log_error(grp: _Group) -> float:
-    return float(np.median(np.abs(np.log(np.maximum(grp.predict(grp.x), 1e-300) / grp.t))))
+    return float(np.median(np.abs(np.log(np.maximum(grp.predict_points(), 1e-300) / grp.t))))
 
 
 def _validate_latency(latency: pd.DataFrame) -> pd.DataFrame:
@@ -601,7 +743,10 @@ class IterationCost:
         ).astype(np.float64) if method == "magicdec-quest" else None
         self._terms = self._build_terms()
         self._serial = sum(t.repeats * t.group.serial for t in self._terms)
-        self._base: dict[int, list[float]] = {}
+        # per batch size, per term: (GPU ms independent of kv_read, host floor ms)
+        self._base: dict[int, list[tuple[float, float]]] = {}
+        self._fast: dict[int, list[tuple[_Term | None, float, float, float]]] = {}
+        self._selects = method != "vanilla"
 
     def _build_terms(self) -> list[_Term]:
         g, m = self.gamma, self.method
@@ -627,13 +772,14 @@ class IterationCost:
         add("sample", "single", 1, g + 1, 0, 1.0, float(g + 1))
         return terms
 
-    def _intercepts(self, batch: int) -> list[float]:
-        """Per term, ms of the GPU work that does not depend on kv_read (GEMMs, logits)."""
+    def _intercepts(self, batch: int) -> list[tuple[float, float]]:
+        """Per term, (ms of the GPU work that does not depend on kv_read (GEMMs, logits), the
+        host floor of one call at this batch)."""
         base = self._base.get(batch)
         if base is None:
             phys = self._model._physics
-            base = [float(phys.intercept_features(batch, t.n_query) @ t.group.gpu_coef)
-                    for t in self._terms]
+            base = [(float(phys.intercept_features(batch, t.n_query, t.rows) @ t.group.gpu_coef),
+                     t.group.floor(batch * t.n_query)) for t in self._terms]
             self._base[batch] = base
         return base
 
@@ -665,10 +811,10 @@ class IterationCost:
         hist = np.bincount(c & 15, minlength=QUEST_PAGE).astype(np.float64)  # [16]
         return np.asarray(float(np.add.reduce(c >> 4) + c.shape[0]) + hist @ self._quest_m)
 
-    def _term_ms(self, t: _Term, base: float, batch: int, csum: float, c: np.ndarray,
+    def _term_ms(self, t: _Term, base: float, h: float, batch: int, csum: float, c: np.ndarray,
                  sel: float) -> float:
-        """GPU-or-host part of all `repeats` calls of one term (serial part excluded)."""
-        h = t.group.host
+        """GPU-or-host part of all `repeats` calls of one term (serial part excluded); h is the
+        host floor of one call."""
         if t.kind == "single":
             return max(h, base + t.slope * (t.a * csum + t.d * batch))
         if t.kind == "steps":
@@ -687,19 +833,31 @@ class IterationCost:
         """
         c = contexts  # [B] int64
         batch = c.shape[0]
-        base = self._base.get(batch)
-        if base is None:
-            base = self._intercepts(batch)
+        fast = self._fast.get(batch)
+        if fast is None:
+            fast = self._fast_terms(batch)
         csum = float(np.add.reduce(c))
-        sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
+        sel = self._selected_sum(c) if self._selects else 0.0
         total = self._serial
-        for t, b in zip(self._terms, base):
-            if t.kind == "single":  # inlined _term_ms: this is the hot path
-                g = b + t.slope * (t.a * csum + t.d * batch)
-                total += max(t.group.host, g)
+        for t, g0, h, per_c in fast:
+            if t is None:  # a "single" term, inlined: this is the hot path
+                g = g0 + per_c * csum
+                total += max(g, h)
             else:
-                total += self._term_ms(t, b, batch, csum, c, sel)
+                total += self._term_ms(t, g0, h, batch, csum, c, sel)
         return total
+
+    def _fast_terms(self, batch: int) -> list[tuple[_Term | None, float, float, float]]:
+        """Per term at this batch size: (None for a "single" term, else the term; its GPU ms
+        without the Σ C part (single) or its intercept (others); host floor; ms per unit ΣC)."""
+        out: list[tuple[_Term | None, float, float, float]] = []
+        for t, (b, h) in zip(self._terms, self._intercepts(batch)):
+            if t.kind == "single":
+                out.append((None, b + t.slope * t.d * batch, h, t.slope * t.a))
+            else:
+                out.append((t, b, h, 0.0))
+        self._fast[batch] = out
+        return out
 
     def breakdown(self, contexts: np.ndarray) -> dict[str, float]:
         """ms per phase (draft_step summed over the γ steps, etc.)."""
@@ -709,8 +867,8 @@ class IterationCost:
         csum = float(c.sum())
         sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
         out: dict[str, float] = {}
-        for t, b in zip(self._terms, base):
-            ms = t.repeats * t.group.serial + self._term_ms(t, b, batch, csum, c, sel)
+        for t, (b, h) in zip(self._terms, base):
+            ms = t.repeats * t.group.serial + self._term_ms(t, b, h, batch, csum, c, sel)
             out[t.phase] = out.get(t.phase, 0.0) + ms
         return out
 
@@ -792,9 +950,9 @@ class LatencyModel:
             raise UserInputError(f"unknown phase {phase!r}", fix=f"use one of: {', '.join(PHASES)}")
         grp = self._group(phase, method)
         kv = np.asarray(kv_read)
-        x = self._physics.intercept_features(int(kv.shape[0]), n_query)
+        x = self._physics.intercept_features(int(kv.shape[0]), n_query, collect_rows)
         x += self._physics.slope_features(phase, n_query, collect_rows) * float(kv.sum())
-        return grp.serial + max(grp.host, float(x @ grp.gpu_coef))
+        return grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
 
     def iteration_cost(
         self, method: str, gamma: int, sparsity: float, min_tokens: int = MIN_TOKENS
@@ -855,7 +1013,9 @@ class LatencyModel:
                 f"{f}={s}" for f, s in active]
             rec: dict[str, Any] = {
                 "phase": phase, "method": method, "n_points": len(grp.t), "mode": grp.mode,
-                "host_ms": grp.host, "host_bound_share": float(grp.host_bound().mean()),
+                "host_ms": grp.host, "host_batched_ms": grp.host_batched,
+                "host_per_token_ms": grp.host_per_token,
+                "host_bound_share": float(grp.host_bound().mean()),
                 "fitted": ",".join(f for f, s in active if s == "FITTED"),
                 "source": ",".join(source),
             }
@@ -965,13 +1125,27 @@ def _fit_group(phys: _Physics, phase: str, method: str, rows: pd.DataFrame) -> _
     kv_sum = batch * rows["kv_read"].to_numpy(dtype=float)  # Σ_b kv_read_b, uniform batch
     x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float))
     t = rows["ms_median"].to_numpy(dtype=float)
-    summed = _sum_group(phase, method, x, t)
-    maxed = _max_group(phase, method, x, t, summed.coef)
+    # the form is chosen on the roofline features alone: KERNEL_FEATURES describe GPU kernels,
+    # so they must not explain a host floor away (an eager runtime's ~constant step time would
+    # otherwise be fitted as a weight-stream or per-token cost and extrapolate wrongly)
+    tokens = batch * n_query  # [n]
+    # the measured (batch, context) point of each row, for an honest leave-one-out
+    _, point = np.unique(rows[["batch", "context"]].to_numpy(dtype=np.int64), axis=0,
+                         return_inverse=True)
+    point = np.asarray(point).reshape(-1)
+    # The sum form with its (bounded) kernel features against the max form with its
+    # batch-dependent floor. On floor-bound points the two are alike (a per-token GEMM cost looks
+    # like a floor that grows with batch): KERNEL_MAX keeps implausible GPU costs out of the sum
+    # form, and _floor_free keeps GPU features ∝ tokens out of the floor.
+    roofline = dataclasses.replace(_sum_group(phase, method, x, t, kernel_terms=False),
+                                   tokens=tokens)
+    summed = dataclasses.replace(_sum_group(phase, method, x, t), point=point, tokens=tokens)
+    maxed = _max_group(phase, method, x, t, roofline.coef, tokens)
     if maxed.host == 0.0:  # no point sits on a host floor: the sum form nests the max form
         return summed
     if _median_log_error(summed) <= SUM_MODE_MARGIN * _median_log_error(maxed):
         return summed
-    return maxed
+    return dataclasses.replace(maxed, point=point)
 
 
 LatencyFn = Callable[[np.ndarray], float]

@@ -12,7 +12,9 @@ the sorted union over the sources, the workload list the union, the latest date,
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -116,14 +118,47 @@ def _union(*lists: list[Any]) -> list[Any]:
 
 def _write_run_log(out: Path, sets: list[TraceSet], merged: TraceSet) -> None:
     """Every source's run log, the GPU minutes over all of them, and the merged set's
-    acceptance summary."""
+    acceptance summary.
+
+    total_gpu_minutes is wall time on the GPU: sources measured at the same time (parallel
+    processes on one GPU) overlap, so the sessions' [started, started + wall_s] intervals are
+    unioned; a source whose log has no sessions adds its own total. process_minutes is the
+    plain sum over sources."""
     logs = []
     for ts in sets:
         path = ts.path / RUN_LOG_FILE
         log = json.loads(path.read_text()) if path.is_file() else {}
         logs.append({"source": str(ts.path), **log})
-    minutes = [float(log.get("total_gpu_minutes", log.get("total_gpu_minutes_lower_bound",
-                                                           0.0))) for log in logs]
-    data = {"merged_from": logs, "total_gpu_minutes": sum(minutes),
+    intervals: list[tuple[float, float]] = []
+    unsessioned = sum(_collect_sessions(log, intervals) for log in logs)
+    data = {"merged_from": logs,
+            "total_gpu_minutes": union_seconds(intervals) / 60.0 + unsessioned,
+            "process_minutes": sum(_log_minutes(log) for log in logs),
             "acceptance_summary": acceptance_summary(merged.acceptance)}
     (out / RUN_LOG_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def _collect_sessions(log: dict[str, Any], intervals: list[tuple[float, float]]) -> float:
+    """Append the log's session intervals (recursing into merged logs); returns the minutes
+    of logs that have no sessions (rebuilt ones), which can only be added as they are."""
+    if "merged_from" in log:
+        return sum(_collect_sessions(inner, intervals) for inner in log["merged_from"])
+    sessions = log.get("sessions") or []
+    for session in sessions:
+        start = dt.datetime.fromisoformat(session["started"]).timestamp()
+        intervals.append((start, start + float(session.get("wall_s", 0.0))))
+    return 0.0 if sessions else _log_minutes(log)
+
+
+def _log_minutes(log: dict[str, Any]) -> float:
+    return float(log.get("total_gpu_minutes", log.get("total_gpu_minutes_lower_bound", 0.0)))
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
