@@ -15,6 +15,7 @@ import pandas as pd
 from vegas_sim.gpus import get_gpu
 from vegas_sim.methods import check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
+from vegas_sim.sim import fitcache
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
 from vegas_sim.traces.io import TraceSet
@@ -31,9 +32,24 @@ def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
 
 
 def fit_latency(trace_set: TraceSet) -> LatencyModel:
-    """The latency model of a trace set's model on its measured GPU."""
+    """The latency model of a trace set's model on its measured GPU (cached on disk by the
+    set's content hash: `sim.fitcache`)."""
+    import vegas_sim.sim.latency as latency_code
+
     spec = ModelSpec.from_dict(trace_set.meta["model"])
-    return LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set))
+    key = fitcache.cache_key("latency", trace_set.meta, "latency.parquet", (latency_code,))
+    return fitcache.cached(key, lambda: LatencyModel.fit(trace_set.latency, spec,
+                                                         measured_gpu(trace_set)))
+
+
+def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
+    """The acceptance model of a trace set (cached like `fit_latency`)."""
+    import vegas_sim.sim.acceptance as acceptance_code
+
+    key = fitcache.cache_key("acceptance", trace_set.meta, "acceptance.parquet",
+                             (acceptance_code,))
+    return fitcache.cached(key, lambda: AcceptanceModel.from_traces(trace_set.acceptance,
+                                                                    trace_set.weights_kind))
 
 
 @functools.lru_cache(maxsize=8)
@@ -63,9 +79,7 @@ def load_models(
         latency = latency.without_host_overhead(graph_launch_ms)
         notes = [*notes, f"host overhead replaced by {graph_launch_ms} ms per step "
                          "(CUDA-graph what-if) — NOT measured"]
-    acceptance = AcceptanceModel.from_traces(acceptance_set.acceptance,
-                                             acceptance_set.weights_kind)
-    return latency, acceptance, tuple(notes)
+    return latency, fit_acceptance(acceptance_set), tuple(notes)
 
 
 def predict_methods(
