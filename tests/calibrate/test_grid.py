@@ -317,9 +317,11 @@ def test_contexts_beyond_the_model_are_dropped(tmp_path: Path, tiny_net: Any) ->
     run_calibration(plan, tmp_path / "ts", model=(tiny_net, RANDOM_META), log_fn=lines.append)
     assert any("[512]" in x and "not measured" in x for x in lines)
     lat = load_trace_set(tmp_path / "ts").latency
-    # 256 = max_positions: measured just below it, so that γ = 2 drafts + verify still fit
-    assert grid.effective_context(plan, tiny_net.spec, 256) == 256 - 2 * 2 - 2
-    assert sorted(set(lat["context"])) == [64, 250]
+    # 256 = max_positions: measured just below it, so that the drafts (γ = 2 here, the grid's
+    # DRAFT_GAMMA steps) + verify still fit
+    capped = 256 - 2 * max(2, grid.DRAFT_GAMMA) - 2
+    assert grid.effective_context(plan, tiny_net.spec, 256) == capped
+    assert sorted(set(lat["context"])) == [64, capped]
 
 
 def test_host_gap_and_host_bound_corrections() -> None:

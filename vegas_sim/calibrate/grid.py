@@ -106,10 +106,16 @@ log = logging.getLogger("vegas_sim.calibrate")
 ProgressFn = Callable[[int, int, str], None]
 LogFn = Callable[[str], None]
 
-# Draft steps per timed repetition in the sparsity sweep. Step j's cost differs from step 1's
-# only by j − 1 more tail entries, which the latency model's KV term covers, so one step is
-# enough and keeps the sweep (3 kernel paths × every sparsity) cheap.
-DRAFT_GAMMA = 1
+# Draft steps per timed repetition in the sparsity sweep. A drafting iteration also does work
+# once for all its steps (StreamingLLM index lists, Quest page counts, Quest's metadata update
+# after acceptance), which `draft_samples` spreads over the repetition's steps because
+# methods.iteration_plan has only per-step phases. With 1 step (runs 3–5) that whole
+# per-iteration cost landed on every step: the H200 probe (benchmarks/gpu/draft_step_probe.py,
+# results/h200/draft_step_probe_run5.log) timed a stream draft step at 10.11 ms in the grid vs
+# 9.58 ms inside γ = 7 iterations (= Vegas's 9.56), and validation over-predicted stream and
+# Quest iterations by 7–18 %. With 4 steps the spread share is within ±0.2 ms a step of the
+# loop's for γ 2–15.
+DRAFT_GAMMA = 4
 MAX_N_QUERY = 16  # verify kernel limit (kernels/API.md)
 QWEN3_TOP_P = 0.95  # DESIGN.md defaults for sampled runs
 QWEN3_TOP_K = 20
@@ -679,6 +685,7 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     contexts = np.full(B, C, dtype=np.int64)
     rows: list[dict[str, Any]] = []
     seen: set[tuple[int, ...]] = set()
+    emitted: set[tuple[str, int]] = set()
     quest_pool: dict[int, list[float]] = {j: [] for j in range(1, gamma + 1)}
     for s in ctx.plan.sparsity:
         # Sparsities whose budgets coincide here (the min_tokens floor at short contexts) give
@@ -705,14 +712,17 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
             quest_pool[j].extend(quest[j - 1])
             for m in methods_here:
                 kv = int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
-                rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
+                if (m, kv) not in emitted:  # step j of one budget = step j' of another
+                    emitted.add((m, kv))
+                    rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
     # quest_meta's quantity (pages scored) does not depend on the sparsity: one row per step
     # with the samples of every sparsity pooled.
-    for j in range(1, gamma + 1):
+    by_pages: dict[int, list[float]] = {}
+    for j in range(1, gamma + 1):  # steps that score the same number of pages pool too
         if quest_pool[j]:
-            pages = (C + j) // QUEST_PAGE + 1
-            rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0,
-                                    quest_pool[j]))
+            by_pages.setdefault((C + j) // QUEST_PAGE + 1, []).extend(quest_pool[j])
+    for pages, samples in by_pages.items():
+        rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0, samples))
     return rows
 
 
