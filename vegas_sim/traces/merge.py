@@ -133,7 +133,8 @@ def _write_run_log(out: Path, sets: list[TraceSet], merged: TraceSet) -> None:
     unsessioned = sum(_collect_sessions(log, intervals) for log in logs)
     data = {"merged_from": logs,
             "total_gpu_minutes": union_seconds(intervals) / 60.0 + unsessioned,
-            "process_minutes": sum(_log_minutes(log) for log in logs),
+            "process_minutes": sum(float(log.get("process_minutes", _log_minutes(log)))
+                                   for log in logs),
             "acceptance_summary": acceptance_summary(merged.acceptance)}
     (out / RUN_LOG_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
