@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +195,15 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
         if regime == "qwen3_8b":
             assert all(mod.kv_gb(h.batch, h.context, h.output_len) <= mod.MAX_KV_GB for h in hs)
             assert max(h.context for h in hs) > 100_000 and min(h.batch for h in hs) == 1
+
+
+def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
+    from vegas_sim.calibrate.validate import acceptance_se_pct
+
+    # two waves, two requests each: per-request acceptance lengths 2, 4, 3, 3 → mean 3,
+    # std 0.8165, SE 0.408 = 13.6 % of 3
+    waves = [[[1, 1], [3, 3]], [[2, 2, 2], [1, 3]]]
+    assert acceptance_se_pct(waves) == pytest.approx(100 * 0.816497 / 2 / 3, rel=1e-4)
+    assert math.isnan(acceptance_se_pct([[[2, 2]]]))  # one request: no spread to measure
+    assert math.isnan(acceptance_se_pct([]))  # vanilla records nothing
+    assert acceptance_se_pct([[[2, 2], [2, 2]]]) == 0.0  # identical requests

@@ -86,6 +86,19 @@ def acceptance_length(waves: Sequence[Sequence[Sequence[int]]]) -> float:
     return 1.0 + float(np.mean(draws)) if draws else 1.0
 
 
+def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]]) -> float:
+    """Sampling error of a run's acceptance length, % of it: the standard deviation of the
+    per-request acceptance lengths / √requests. Acceptance varies from prompt to prompt
+    (≈ 18 % per prompt for SmolLM2 on longdoc), so a run of few requests measures its own
+    prompts, not the workload the prediction describes: an acceptance error within ~2 of
+    these is noise. NaN with fewer than 2 requests (and for vanilla)."""
+    per_request = [1.0 + float(np.mean(req)) for wave in waves for req in wave if len(req)]
+    if len(per_request) < 2:
+        return float("nan")
+    x = np.asarray(per_request)
+    return float(100.0 * x.std(ddof=1) / math.sqrt(len(x)) / x.mean())
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -435,6 +448,7 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "predicted_acceptance_length": float(pred["acceptance_length"]),
         "measured_acceptance_length": m.acceptance_length,
         "acceptance_error_pct": _pct(float(pred["acceptance_length"]), m.acceptance_length),
+        "acceptance_se_pct": acceptance_se_pct(m.accepted),
         "measured_iterations": m.iterations,
         "measured_seconds": m.seconds,
         "measured_tokens": m.tokens,
@@ -531,6 +545,11 @@ def summarize(table: pd.DataFrame, column: str = "error_pct") -> str:
             if extra != column and extra in g and g[extra].notna().any():
                 e = g[extra].abs().dropna()
                 lines.append(f"  {extra}: median {e.median():.1f} %, max {e.max():.1f} %")
+        if "acceptance_se_pct" in g and g["acceptance_se_pct"].notna().any():
+            se = g["acceptance_se_pct"].dropna()
+            within = (g["acceptance_error_pct"].abs() <= 2 * g["acceptance_se_pct"]).sum()
+            lines.append(f"  acceptance sampling error of the runs (prompt-to-prompt): median "
+                         f"{se.median():.1f} %; {within} of {len(se)} acceptance errors within 2 of it")
     return "\n".join(lines)
 
 
