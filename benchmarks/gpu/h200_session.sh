@@ -20,8 +20,14 @@
 #
 # The GGUF (98 MB) is over the 64 MiB a call may carry, hence the two halves.
 #
-# History: run 4 (second session) used stages 1-3 of an earlier version of this script:
-# acceptance ran longdoc only, SmolLM2 latency B.C <= 8K, validation 5 + 5 configurations.
+# Run 5 (third session of 2026-11-29), as it happened: stages 0-3 back to back (165 + 310 +
+# 230 + 220 s), stage 1's processes cut at 300 s with 20-23 of 40 points each; a fresh machine
+# for stage 4 (389 s); benchmarks/gpu/draft_step_probe.py (23 s); a last call measured the
+# three points stage 1 had cut (vegas-all s 0.03 T 0.6 of chat/code/reasoning, 38 s). The
+# sets were assembled with `vegas-sim traces merge` on the CPU (docs/RESULTS.md, Calibration).
+# Run 4 (second session) used stages 1-3 of an earlier version of this script: acceptance ran
+# longdoc only, SmolLM2 latency B.C <= 8K, validation 5 + 5 configurations.
+# Note: the grid now times DRAFT_GAMMA = 4 draft steps per repetition (run 5 timed 1).
 set -u
 stage=${1:?stage 0, 1, 2, 3 or 4}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
