@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -138,7 +139,7 @@ def test_rates_use_accept_prob_when_sampling(traces: pd.DataFrame,
                                              model: AcceptanceModel) -> None:
     d = model.lookup("vegas", 4, 0.1, 8192, temperature=0.6)
     rows = cell_rows(traces, 4, 0.1, 8192, temp=0.6)
-    probs = np.stack(rows["accept_prob"].to_numpy())
+    probs = np.stack(list(rows["accept_prob"]))  # [N, 4]
     assert d.rates[0] == pytest.approx(probs[:, 0].mean(), rel=1e-6)
     acc = rows["accepted"].to_numpy()
     # the Rao-Blackwellised rates agree with the raw outcomes within sampling error
@@ -207,7 +208,7 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
 
 def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
     # Between traced buckets the rates are interpolated linearly in log-context.
-    buckets = sorted(model.coverage()["context_buckets"])  # type: ignore[type-var]
+    buckets = sorted(model.coverage()["context_buckets"])  # type: ignore[call-overload]
     lo_b, hi_b = [b for b in buckets if b < 2000][-1], [b for b in buckets if b > 2000][0]
     inside = model.lookup("vegas", 4, 0.1, 2000)
     assert inside.extrapolated == []
@@ -240,8 +241,9 @@ def test_coverage(model: AcceptanceModel) -> None:
     assert cov["methods"] == ["vegas"] and cov["gamma_max"] == 8
     assert cov["sparsities"] == [0.05, 0.1, 0.2] and cov["workloads"] == ["chat", "code"]
     assert cov["temperatures"] == [0.0, 0.6] and cov["context_buckets"] == [1024, 8192, 32768]
-    lo, hi = cov["context_range"]  # type: ignore[misc]
-    assert lo == 1024 and hi > 32768
+    ctx_range = cov["context_range"]
+    assert isinstance(ctx_range, tuple)
+    assert ctx_range[0] == 1024 and ctx_range[1] > 32768
 
 
 # ---- bootstrap ---------------------------------------------------------------------------
@@ -330,7 +332,7 @@ def test_bootstrap_is_fast(model: AcceptanceModel) -> None:
     assert time.perf_counter() - t < 3.0
 
 
-def test_reads_a_written_and_reloaded_synthetic_trace_set(tmp_path: object) -> None:
+def test_reads_a_written_and_reloaded_synthetic_trace_set(tmp_path: Path) -> None:
     synthetic = pytest.importorskip("vegas_sim.traces.synthetic")
     from vegas_sim.traces.io import load_trace_set
 
@@ -342,3 +344,70 @@ def test_reads_a_written_and_reloaded_synthetic_trace_set(tmp_path: object) -> N
     d = m.lookup("vegas", 6, 0.07, 2048)
     assert d.rates.shape == (6,) and any("gamma 6" in n for n in d.extrapolated)
     assert d.sample(np.random.default_rng(0), 4, 9).shape == (4, 9)
+
+
+# ---- output length: the iterations a request of that length runs ---------------------------
+
+
+def rising_runs(n_requests: int = 6, n_iterations: int = 20) -> pd.DataFrame:
+    """Greedy runs whose acceptance rises along the generation: iteration k accepts
+    min(k // 4, 3) of γ 3, so a short output sees less acceptance than the whole run."""
+    recs = []
+    for req in range(n_requests):
+        ctx = 4096
+        for it in range(n_iterations):
+            acc = min(it // 4, 3)
+            prob = (np.arange(3) < acc).astype(np.float32)
+            recs.append(("vegas", 3, 0.1, 410, ctx, 0.0, "w", req, it, acc, prob, "real"))
+            ctx += acc + 1
+    return pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
+                                       "temperature", "workload", "request", "iteration",
+                                       "accepted", "accept_prob", "model_weights"])
+
+
+def test_output_len_keeps_the_iterations_a_short_request_runs() -> None:
+    df = rising_runs()
+    m = AcceptanceModel.from_traces(df, "real")
+    gen = df["context"] - 4096  # tokens generated before each iteration (one run per request)
+    for out_len in (1, 5, 12, 30):
+        d = m.lookup("vegas", 3, 0.1, 4096, output_len=out_len)
+        acc = df.loc[gen < out_len, "accepted"].to_numpy()
+        np.testing.assert_allclose(d.rates, [(acc >= i).mean() for i in (1, 2, 3)], rtol=1e-12)
+        assert d.extrapolated == []
+        # replay stays inside the kept prefix of the runs
+        assert d.sample(np.random.default_rng(0), 20, 30).max() <= acc.max()
+    full = m.lookup("vegas", 3, 0.1, 4096)
+    assert full.mean_length == pytest.approx(1 + df["accepted"].mean())
+    assert m.lookup("vegas", 3, 0.1, 4096, output_len=10).mean_length < full.mean_length
+    assert m.lookup("vegas", 3, 0.1, 4096, output_len=10_000).mean_length == pytest.approx(
+        full.mean_length)  # past the traced tokens: every iteration, and a note
+    assert any("output length 10000 beyond the" in n
+               for n in m.lookup("vegas", 3, 0.1, 4096, output_len=10_000).extrapolated)
+    with pytest.raises(UserInputError, match="output_len"):
+        m.lookup("vegas", 3, 0.1, 4096, output_len=0)
+
+
+def test_output_len_blocks_are_windows_of_the_kept_prefix() -> None:
+    df = rising_runs(n_requests=2, n_iterations=12)  # per run: accepted 0,0,0,0,1,1,1,1,2,...
+    d = AcceptanceModel.from_traces(df, "real").lookup("vegas", 3, 0.1, 4096, output_len=8)
+    # gen before iterations: 0,1,2,3,4,6,8,...: 6 iterations kept, accepted 0,0,0,0,1,1
+    prefix = [0, 0, 0, 0, 1, 1]
+    windows = {tuple(prefix[(p + k) % 6] for k in range(8)) for p in range(6)}
+    smp = d.sample(np.random.default_rng(1), 30, 16)
+    assert {tuple(b) for b in smp.reshape(-1, 8)} <= windows
+    np.testing.assert_allclose(d.rates, [2 / 6, 0, 0])
+
+
+def test_output_len_truncation_and_mixture_stay_exact(traces: pd.DataFrame,
+                                                     model: AcceptanceModel) -> None:
+    d3 = model.lookup("vegas", 3, 0.1, 8192, output_len=20)
+    d4 = model.lookup("vegas", 4, 0.1, 8192, output_len=20)
+    np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
+    rows = cell_rows(traces, 4, 0.1, 8192)
+    first = rows.groupby(["workload", "request"])["context"].transform("min")
+    acc = np.minimum(rows.loc[rows["context"] - first < 20, "accepted"].to_numpy(), 3)
+    np.testing.assert_allclose(d3.rates, [(acc >= i).mean() for i in (1, 2, 3)], rtol=1e-12)
+    mid = model.lookup("vegas", 6, 0.075, 8192, output_len=20)
+    lo = model.lookup("vegas", 6, 0.05, 8192, output_len=20)
+    hi = model.lookup("vegas", 6, 0.1, 8192, output_len=20)
+    assert mid.mean_length == pytest.approx((lo.mean_length + hi.mean_length) / 2)

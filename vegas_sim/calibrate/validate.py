@@ -404,7 +404,8 @@ def _measure(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed
         if weights == "random":
             rng = np.random.default_rng([seed, i, w])
             dist = acceptance.lookup(h.method, h.gamma, h.sparsity, h.context, h.workload,
-                                     h.temperature or 0.0) if h.method != "vanilla" else None
+                                     h.temperature or 0.0, output_len=h.output_len
+                                     ) if h.method != "vanilla" else None
             n_iter = h.output_len + 1
             seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
                     else np.zeros((h.batch, n_iter), dtype=np.int64))

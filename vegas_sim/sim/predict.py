@@ -212,8 +212,10 @@ def _cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
 def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
     if sc.method == "vanilla":
         return None
+    # Acceptance rises along a generation (the traces' later iterations accept more), so the
+    # traced runs are cut to the iterations a request of this output length runs.
     return acceptance.lookup(sc.method, sc.gamma, sc.sparsity, sc.context, sc.workload,
-                             sc.temperature)
+                             sc.temperature, output_len=sc.output_len)
 
 
 def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,
