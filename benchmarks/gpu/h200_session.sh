@@ -12,6 +12,10 @@
 #   stage 2  carry .whl: SmolLM2 latency (real weights), Qwen3-8B latency at B.C = 512K
 #            merged into the packaged set
 #   stage 3  carry .whl: validation in both regimes, 24 held-out configurations each
+#   stage 5  (next session: re-measure the latency sets with DRAFT_GAMMA = 4, then stage 3)
+#            carry .whl, after stage 0 (part.aa) and a call with part.ab that joins the GGUF:
+#            `bash benchmarks/gpu/h200_session.sh 5` re-measures both latency sets (Qwen3-8B
+#            ~7.5 min: run it as `5 q8b`, then `5 smol`), then stage 3 validates.
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -29,7 +33,7 @@
 # longdoc only, SmolLM2 latency B.C <= 8K, validation 5 + 5 configurations.
 # Note: the grid now times DRAFT_GAMMA = 4 draft steps per repetition (run 5 timed 1).
 set -u
-stage=${1:?stage 0, 1, 2, 3 or 4}
+stage=${1:?stage 0, 1, 2, 3, 4 or 5}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -119,6 +123,24 @@ case $stage in
     Q8B_TRACES=$TR/qwen3-8b-h200 ACC_TRACES=$TR/smollm2-135m-real
   VALIDATE_TIMEOUT=${VALIDATE_TIMEOUT:-270} VALIDATE_BUDGET=${VALIDATE_BUDGET:-235} \
     bash benchmarks/gpu/validate_h200.sh
+  ;;
+5)
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  if [ "${2:-q8b}" = q8b ]; then
+    timeout ${Q8B_TIMEOUT:-560} "${cli[@]}" calibrate --model qwen3-8b --weights random \
+      --methods all --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
+      --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -6 | tee "$OUT/q8b.log"
+    finalize $TR/qwen3-8b-h200; rm -rf $TR/qwen3-8b-h200/parts
+    tar czf "$OUT/qwen3-8b-h200.tgz" -C $TR qwen3-8b-h200
+  else
+    timeout ${SMOL_TIMEOUT:-300} "${cli[@]}" calibrate --model $GGUF --weights real \
+      --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
+      --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
+      --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/smol_latency.log"
+    finalize $TR/smollm2-135m-h200; rm -rf $TR/smollm2-135m-h200/parts
+    tar czf "$OUT/smollm2-135m-h200.tgz" -C $TR smollm2-135m-h200
+    cp -r $D/smollm2-135m-real $TR/  # stage 3 reads the acceptance set from $TR
+  fi
   ;;
 4)
   cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
