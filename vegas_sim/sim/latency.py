@@ -86,7 +86,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import least_squares, lsq_linear, nnls
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.gpus import GpuSpec, datasheet_for_device
@@ -352,6 +351,8 @@ def _fit_nnls(x: np.ndarray, t: np.ndarray, lb: np.ndarray | None = None,
 
     Solved as NNLS in u = c − lb ≥ 0 (bounded least squares when an upper bound is finite).
     """
+    from scipy.optimize import lsq_linear, nnls  # fitting only: a cached model never imports it
+
     a = x / t[:, None]  # relative error: each row weighted by 1/t
     lo = np.zeros(a.shape[1]) if lb is None else lb
     rhs = np.ones(len(t)) - a @ lo
@@ -431,6 +432,8 @@ def _max_jacobian(
 
 def _solve_max(x: np.ndarray, z: np.ndarray, t: np.ndarray, prior: np.ndarray,
                p0: np.ndarray) -> np.ndarray:
+    from scipy.optimize import least_squares  # fitting only (see _fit_nnls)
+
     m, k = z.shape[1], x.shape[1]
     # floor terms ≥ 0 (h0 > 0); each GPU coefficient within e^±MAX_FIT_LOG_RANGE of its prior
     lo = np.concatenate([[1e-9], np.zeros(m - 1), np.full(k, -MAX_FIT_LOG_RANGE)])
