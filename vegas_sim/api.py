@@ -19,6 +19,7 @@ from vegas_sim.sim import fitcache
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
 from vegas_sim.traces.io import TraceSet
+from vegas_sim.traces.schema import ACCEPTANCE_FILE, LATENCY_FILE
 
 
 def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
@@ -37,7 +38,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
     import vegas_sim.sim.latency as latency_code
 
     spec = ModelSpec.from_dict(trace_set.meta["model"])
-    key = fitcache.cache_key("latency", trace_set.meta, "latency.parquet", (latency_code,))
+    key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, (latency_code,))
     return fitcache.cached(key, lambda: LatencyModel.fit(trace_set.latency, spec,
                                                          measured_gpu(trace_set)))
 
@@ -46,8 +47,7 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
     import vegas_sim.sim.acceptance as acceptance_code
 
-    key = fitcache.cache_key("acceptance", trace_set.meta, "acceptance.parquet",
-                             (acceptance_code,))
+    key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_code,))
     return fitcache.cached(key, lambda: AcceptanceModel.from_traces(trace_set.acceptance,
                                                                     trace_set.weights_kind))
 

@@ -214,7 +214,8 @@ def traces_merge(out: Path, sources: tuple[Path, ...]) -> None:
     For calibrations run as parallel processes or over several sessions. Refused when the
     sets differ in model, weights or GPU, or when two of them measured the same latency row
     or acceptance point (it would count twice). Grid lists and workloads are unioned; the
-    run log keeps every source's sessions and adds up their GPU minutes.
+    run log keeps every source's sessions, counting GPU time that overlapped (parallel
+    processes on one GPU) once.
 
     Example:
 

@@ -50,12 +50,14 @@ weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2: the 45 (B, C) points with B·C �
 ≈ 6 GPU-minutes (≈ 8 s a point, each with ~20 graph captures and the timed repetitions);
 SmolLM2 real weights: ≈ 5 s a latency point, ≈ 11 s an acceptance point of 32 longdoc prompts
 (not profiled; the per-request eager prefill of up to 7K-token prompts is the suspect).
-`quick_plan` (9 points) took 61 s with the eager loop of the first session; not re-timed.
+`quick_plan` (9 points) took 65 s on the H200 with the graphed loop (run 5,
+benchmarks/results/h200/calibrate_quick_run5.log).
 Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
 scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
 from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the
-device's idle time (host work after a sync) is charged to `sample`, and draft steps record
-max(GPU, host) (see `with_host_gap`, `host_bound_steps`).
+device's idle time (host work after a sync) is charged to `sample` (`with_host_gap`); draft
+steps are timed `DRAFT_GAMMA` to a repetition, so the host's launch work overlaps the GPU's as
+in the decode loop and a host-bound step's event time is the host's.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.calibrate import hardware
+from vegas_sim.calibrate.sampling import sampling_args
 from vegas_sim.errors import UserInputError
 from vegas_sim.calibrate.specdec import graphs_default
 from vegas_sim.kernels import ops
@@ -405,13 +408,6 @@ def _random_tokens(batch: int, n: int, vocab: int, device: torch.device,
     return torch.randint(0, vocab, (batch, n), generator=gen, device=device)
 
 
-def _sampling_args(temperature: float, plan: CalibrationPlan) -> tuple[float, float, int]:
-    """(temperature, top_p, top_k): greedy ignores top-p/top-k."""
-    if temperature == 0:
-        return 0.0, 1.0, 0
-    return temperature, plan.top_p, plan.top_k
-
-
 def latency_temperature(plan: CalibrationPlan) -> float:
     """Temperature the latency grid samples at: the largest planned one (sampling with top-p
     sorts the vocabulary, the costlier path; greedy argmax is cheaper and rarely matters)."""
@@ -588,7 +584,8 @@ class PointContext:
 def _decoder(ctx: PointContext, method: str, gamma: int, sparsity: float, timer: Any) -> Any:
     from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 
-    temp, top_p, top_k = _sampling_args(latency_temperature(ctx.plan), ctx.plan)
+    temp, top_p, top_k = sampling_args(latency_temperature(ctx.plan), ctx.plan.top_p,
+                                      ctx.plan.top_k)
     cfg = SpecConfig(method=method, gamma=gamma, sparsity=sparsity,
                      min_tokens=ctx.plan.min_tokens, temperature=temp, top_p=top_p, top_k=top_k)
     return SpecDecoder(ctx.model, cfg, timer)
@@ -635,17 +632,6 @@ def with_host_gap(samples: list[float], gaps: list[float]) -> list[float]:
     return [ms + gap for ms, gap in zip(samples, gaps)]
 
 
-def host_bound_steps(samples: list[float], walls: list[float]) -> list[float]:
-    """Draft-step samples as the pipelined loop pays them: max(GPU, host) per step.
-
-    A repetition is one draft step between two device syncs, so its wall time is about host
-    + GPU; inside the loop the host enqueues step j+1 while the GPU runs step j, and a step
-    costs max(host, GPU), host = wall − GPU."""
-    if len(samples) != len(walls):
-        return samples
-    return [max(ms, wall - ms) for ms, wall in zip(samples, walls)]
-
-
 def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
     """decode + sample of vanilla at (B, C): dense one-token forward, then sampling; the
     synthetic state rolls back to C after every step, so every sample is at exactly C."""
@@ -686,7 +672,9 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     rows: list[dict[str, Any]] = []
     seen: set[tuple[int, ...]] = set()
     emitted: set[tuple[str, int]] = set()
-    quest_pool: dict[int, list[float]] = {j: [] for j in range(1, gamma + 1)}
+    # quest_meta's quantity (pages scored at step j) does not depend on the sparsity: its
+    # samples are pooled over sparsities, and over the steps that score as many pages.
+    quest_pool: dict[int, list[float]] = {}
     for s in ctx.plan.sparsity:
         # Sparsities whose budgets coincide here (the min_tokens floor at short contexts) give
         # the same kv_read: measure such a draft once.
@@ -706,22 +694,15 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
         steps, quest = draft_samples(timed.iterations, gamma)
         if path == "magicdec-quest" and dec.graphs:
             steps, quest = split_quest_scoring(steps, quest, quest_scoring_ms(dec, state))
-        elif path != "magicdec-quest" and gamma == 1:  # Quest's body is a whole iteration
-            steps = [host_bound_steps(steps[0], timed.walls)]
         for j in range(1, gamma + 1):
-            quest_pool[j].extend(quest[j - 1])
+            if quest[j - 1]:
+                quest_pool.setdefault((C + j) // QUEST_PAGE + 1, []).extend(quest[j - 1])
             for m in methods_here:
                 kv = int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
                 if (m, kv) not in emitted:  # step j of one budget = step j' of another
                     emitted.add((m, kv))
                     rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
-    # quest_meta's quantity (pages scored) does not depend on the sparsity: one row per step
-    # with the samples of every sparsity pooled.
-    by_pages: dict[int, list[float]] = {}
-    for j in range(1, gamma + 1):  # steps that score the same number of pages pool too
-        if quest_pool[j]:
-            by_pages.setdefault((C + j) // QUEST_PAGE + 1, []).extend(quest_pool[j])
-    for pages, samples in by_pages.items():
+    for pages, samples in quest_pool.items():
         rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0, samples))
     return rows
 
@@ -906,7 +887,7 @@ def measure_acceptance_point(model: Any, plan: CalibrationPlan, point: Acceptanc
     """
     from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 
-    temp, top_p, top_k = _sampling_args(point.temperature, plan)
+    temp, top_p, top_k = sampling_args(point.temperature, plan.top_p, plan.top_k)
     cfg = SpecConfig(method=point.method, gamma=point.gamma, sparsity=point.sparsity,
                      min_tokens=plan.min_tokens, temperature=temp, top_p=top_p, top_k=top_k)
     dec = SpecDecoder(model, cfg)

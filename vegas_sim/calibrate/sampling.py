@@ -33,6 +33,13 @@ def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
                              fix="use 0 to disable top-k")
 
 
+def sampling_args(temperature: float, top_p: float, top_k: int) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) of one run: greedy (T = 0) ignores the filters."""
+    if temperature == 0:
+        return 0.0, 1.0, 0
+    return temperature, top_p, top_k
+
+
 def probs_from_logits(logits: Tensor, temperature: float, top_p: float = 1.0,
                       top_k: int = 0) -> Tensor:
     """[..., V] logits → [..., V] fp32 probabilities after temperature, top-k and top-p.

@@ -162,11 +162,10 @@ def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
 def _spec_config(h: HeldOut, min_tokens: int, top_p: float = 1.0, top_k: int = 0) -> Any:
     """Sampled runs filter like the calibration did (its top-p / top-k, e.g. Qwen3's 0.95 / 20):
     the filter costs a vocabulary sort per sampled row, and it changes acceptance."""
+    from vegas_sim.calibrate.sampling import sampling_args
     from vegas_sim.calibrate.specdec import SpecConfig
 
-    temperature = h.temperature or 0.0
-    if temperature == 0:
-        top_p, top_k = 1.0, 0
+    temperature, top_p, top_k = sampling_args(h.temperature or 0.0, top_p, top_k)
     return SpecConfig(method=h.method, gamma=h.gamma, sparsity=h.sparsity,
                       temperature=temperature, top_p=top_p, top_k=top_k, min_tokens=min_tokens)
 
@@ -239,7 +238,6 @@ class _Models:
 def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
     """Latency model of `traces`, acceptance model of `acceptance_traces` (default: traces)."""
     from vegas_sim import api
-    from vegas_sim.sim.acceptance import AcceptanceModel
     from vegas_sim.traces.io import load_trace_set
 
     latency_set = load_trace_set(traces)
@@ -251,7 +249,7 @@ def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
     grid = latency_set.meta.get("grid", {})
     return _Models(
         latency=api.fit_latency(latency_set),
-        acceptance=AcceptanceModel.from_traces(acc_set.acceptance, acc_set.weights_kind),
+        acceptance=api.fit_acceptance(acc_set),
         min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
         latency_temperature=float(grid.get("latency_temperature", 0.0)),
         sampling=(float(grid.get("top_p", 1.0)), int(grid.get("top_k", 0))),
@@ -550,7 +548,8 @@ def summarize(table: pd.DataFrame, column: str = "error_pct") -> str:
             se = g["acceptance_se_pct"].dropna()
             within = (g["acceptance_error_pct"].abs() <= 2 * g["acceptance_se_pct"]).sum()
             lines.append(f"  acceptance sampling error of the runs (prompt-to-prompt): median "
-                         f"{se.median():.1f} %; {within} of {len(se)} acceptance errors within 2 of it")
+                         f"{se.median():.1f} %; {within} of {len(se)} acceptance errors "
+                         "within 2 of it")
     return "\n".join(lines)
 
 

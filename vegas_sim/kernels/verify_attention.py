@@ -128,8 +128,9 @@ def _verify_attention_kernel(
     sc_base = SCORES + (b * R * HQ + kvh * G).to(tl.int64) * S_MAX
     m_row = (r_m * HQ + offs_m % G) * S_MAX  # [BLOCK_M] int32, relative to sc_base
     m_ok = offs_m < R * G if COLLECT == 1 else row_ok
-    # Dot path (C2Q 1) and slice path (C2Q 2, rows 0..BLOCK_C-1 of s): the 2·G collected rows get their own [BLOCK_C, BLOCK_N] dot against
-    # the K tile already loaded; c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G).
+    # Dot path (C2Q 1) and slice path (C2Q 2, rows 0..BLOCK_C-1 of s): the 2·G collected rows
+    # get their own [BLOCK_C, BLOCK_N] dot against the K tile already loaded (slice: cut from
+    # s); c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G).
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < R * G
     r_c = offs_c // G
@@ -365,8 +366,8 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
 # and one compiled kernel serves NQ 1..16. The padding costs tensor-core FLOPs only.
 # H200 run 4 (benchmarks/gpu/choose_verify_defaults.py, 8 calibration shapes, none +
 # first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
-# 16 without collection and at NQ 1. Env VEGAS_SIM_VERIFY_MIN_M overrides.
-# 16 with collection off; see default_min_m for the per-collection choice.
+# 16 without collection and at NQ 1: 16 is the default, `default_min_m` makes the
+# per-collection choice. Env VEGAS_SIM_VERIFY_MIN_M overrides both.
 MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
 
 

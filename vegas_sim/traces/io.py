@@ -49,6 +49,7 @@ from vegas_sim.methods import METHODS, PHASES, SPEC_METHODS
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.schema import (
     ACCEPTANCE_FILE,
+    ACCEPTANCE_POINT_KEYS,
     ACCEPTANCE_SCHEMA,
     DATA_FILES,
     LATENCY_FILE,
@@ -787,7 +788,7 @@ def acceptance_summary(acc: pd.DataFrame, at_gamma: int = 6) -> list[dict[str, A
     out: list[dict[str, Any]] = []
     if acc.empty:
         return out
-    keys = ["method", "gamma", "sparsity", "temperature", "workload"]
+    keys = list(ACCEPTANCE_POINT_KEYS)
     for k, g in acc.groupby(keys, sort=True):
         rec: dict[str, Any] = {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(keys, k)}
         rec["rows"] = len(g)

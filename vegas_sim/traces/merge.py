@@ -24,10 +24,10 @@ import pandas as pd
 from vegas_sim.errors import TraceSetError
 from vegas_sim.traces.io import (TraceSet, TraceSetWriter, acceptance_summary,
                                  load_trace_set)
-from vegas_sim.traces.schema import RUN_LOG_FILE
+from vegas_sim.traces.schema import ACCEPTANCE_POINT_KEYS, RUN_LOG_FILE
 
 LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
-ACCEPTANCE_KEY = ["method", "gamma", "sparsity", "temperature", "workload"]
+ACCEPTANCE_KEY = list(ACCEPTANCE_POINT_KEYS)
 
 
 def merge_trace_sets(out: str | Path, sources: Sequence[str | Path]) -> TraceSet:

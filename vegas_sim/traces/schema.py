@@ -15,6 +15,8 @@ LATENCY_FILE = "latency.parquet"
 ACCEPTANCE_FILE = "acceptance.parquet"
 RUN_LOG_FILE = "run_log.json"  # how the set was measured: sessions, GPU time, overhead
 DATA_FILES = (LATENCY_FILE, ACCEPTANCE_FILE)
+# The columns that name one acceptance grid point (its rows are that point's requests).
+ACCEPTANCE_POINT_KEYS = ("method", "gamma", "sparsity", "temperature", "workload")
 
 # One row per measured point.
 LATENCY_SCHEMA = pa.schema([
