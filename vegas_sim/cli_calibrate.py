@@ -41,8 +41,8 @@ from vegas_sim.cliutil import progress_task, user_errors
               help="Budget floor (default 256). A small-context model needs a lower floor "
                    "for sparsity to matter (e.g. 32 for SmolLM2's 8K).")
 @click.option("--prompts", type=int, default=None,
-              help="Prompts per workload in acceptance runs (default 16; 4 with --quick); "
-                   "on CUDA they run as one batch.")
+              help="Prompts per workload in acceptance runs (default 16; 4 with --quick). On "
+                   "CUDA, up to 128 (prompt, sparsity) requests decode as one batch.")
 @click.option("--latency/--no-latency", default=True, show_default=True,
               help="Measure the latency grid.")
 @click.option("--acceptance/--no-acceptance", default=True, show_default=True,
@@ -82,10 +82,6 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
             extra["min_tokens"] = min_tokens
         if prompts is not None:
             extra["acceptance_prompts"] = prompts
-            # A GPU decodes all of a workload's prompts as one batch (acceptance does not
-            # depend on the batch); the CPU keeps batches small.
-            extra["acceptance_batch"] = (prompts if device == "cuda"
-                                         else min(prompts, plan.acceptance_batch))
         plan = dataclasses.replace(plan, **extra)
         grid_runner.validate_plan(plan)
         with progress_task("calibrating") as progress:

@@ -14,7 +14,6 @@ quantities, so the two halves agree by construction.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +71,7 @@ def collect_rows(method: str, gamma: int) -> int:
 
 
 def budget(
-    sparsity: float,
+    sparsity: float | np.ndarray,
     length: int | np.ndarray,
     max_len: int,
     min_tokens: int = MIN_TOKENS,
@@ -82,10 +81,13 @@ def budget(
     DESIGN.md writes clamp(x, lo, hi); when s·max_len < min_tokens the floor wins (a short
     model context must not get a budget below the floor), so the upper bound is
     max(ceil(s·max_len), min_tokens). `length` is the rankable length (C + 1 for Vegas).
+    `sparsity` may be one value or one per element of `length` (a batch whose requests
+    draft at different sparsities).
     """
     length_arr = np.asarray(length, dtype=np.int64)
-    raw = np.ceil(sparsity * length_arr - 1e-9).astype(np.int64)
-    hi = max(math.ceil(sparsity * max_len - 1e-9), min_tokens)
+    s = np.asarray(sparsity, dtype=np.float64)
+    raw = np.ceil(s * length_arr - 1e-9).astype(np.int64)
+    hi = np.maximum(np.ceil(s * max_len - 1e-9).astype(np.int64), min_tokens)
     return np.minimum(np.clip(raw, min_tokens, hi), length_arr)
 
 

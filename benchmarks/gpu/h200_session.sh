@@ -12,10 +12,11 @@
 #   stage 2  carry .whl: SmolLM2 latency (real weights), Qwen3-8B latency at B.C = 512K
 #            merged into the packaged set
 #   stage 3  carry .whl: validation in both regimes, 24 held-out configurations each
-#   stage 5  (next session: re-measure the latency sets with DRAFT_GAMMA = 4, then stage 3)
-#            carry .whl, after stage 0 (part.aa) and a call with part.ab that joins the GGUF:
-#            `bash benchmarks/gpu/h200_session.sh 5` re-measures both latency sets (Qwen3-8B
-#            ~7.5 min: run it as `5 q8b`, then `5 smol`), then stage 3 validates.
+#   stage 5  the fourth session's run (run 6): every packaged set re-measured, then stage 3.
+#            `5 q8b` (carry .whl and part.aa, copied to /root/model first): the Qwen3-8B
+#            latency set with DRAFT_GAMMA = 4. `5 smol` (carry .whl and part.ab): join the
+#            GGUF, the whole SmolLM2 acceptance set (sparsities batched), the SmolLM2 latency
+#            set. Then stage 3 validates against them.
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -132,14 +133,41 @@ case $stage in
       --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -6 | tee "$OUT/q8b.log"
     finalize $TR/qwen3-8b-h200; rm -rf $TR/qwen3-8b-h200/parts
     tar czf "$OUT/qwen3-8b-h200.tgz" -C $TR qwen3-8b-h200
-  else
+  else  # smol: the GGUF's second half, the acceptance set, then the latency set
+    cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
+    echo "$SHA  $GGUF" | sha256sum -c - | tee "$OUT/gguf.txt" || exit 2
+    # Acceptance: one process per workload x temperature (host-bound; they share the GPU),
+    # each method's 8 sparsities decoded as one batch (grid.measure_acceptance_group).
+    s0=$(date +%s); sets=()
+    for w in longdoc reasoning chat code; do
+      for t in 0 0.6; do
+        out=$TR/acc-$w-t$t; sets+=("$out")
+        OMP_NUM_THREADS=2 timeout ${ACC_TIMEOUT:-200} "${cli[@]}" calibrate --model $GGUF \
+          --weights real --methods all --no-latency --gamma 12 \
+          --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 --workload $w --temperature $t \
+          --iterations 32 --prompts $([ $w = longdoc ] && echo 32 || echo 16) \
+          --min-tokens 32 --out $out > $out.log 2>&1 &
+      done
+    done
+    wait
+    echo "acceptance wall: $(( $(date +%s) - s0 )) s" | tee "$OUT/acceptance_wall.txt"
+    ok=()
+    for s in "${sets[@]}"; do
+      [ -f $s/meta.json ] && finalize $s && ok+=("$s"); tail -2 $s.log
+    done
+    rm -rf $TR/smollm2-135m-real
+    "${cli[@]}" traces merge $TR/smollm2-135m-real "${ok[@]}" 2>&1 | tee "$OUT/acceptance_merge.log"
+    rm -rf $TR/smollm2-135m-real/parts
+    tar czf "$OUT/smollm2-135m-real.tgz" -C $TR smollm2-135m-real
+    tar czf "$OUT/acc_logs.tgz" -C $TR $(cd $TR && ls acc-*.log)
     timeout ${SMOL_TIMEOUT:-300} "${cli[@]}" calibrate --model $GGUF --weights real \
       --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
       --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
       --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/smol_latency.log"
     finalize $TR/smollm2-135m-h200; rm -rf $TR/smollm2-135m-h200/parts
     tar czf "$OUT/smollm2-135m-h200.tgz" -C $TR smollm2-135m-h200
-    cp -r $D/smollm2-135m-real $TR/  # stage 3 reads the acceptance set from $TR
+    # stage 3 reads the acceptance set from $TR: the packaged one if this one failed
+    [ -f $TR/smollm2-135m-real/meta.json ] || cp -r $D/smollm2-135m-real $TR/
   fi
   ;;
 4)

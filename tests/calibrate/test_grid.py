@@ -16,6 +16,7 @@ from tests.calibrate.conftest import tiny_model
 from vegas_sim.calibrate import grid, hardware
 from vegas_sim.calibrate.grid import (
     CalibrationPlan,
+    acceptance_groups,
     acceptance_points,
     default_plan,
     draft_samples,
@@ -87,6 +88,11 @@ def test_plans_and_points() -> None:
     assert {(p.workload, p.temperature) for p in acc[:8]} == {
         (w, t) for w in real.workloads for t in real.temperatures}
     assert {p.sparsity for p in acc[:8]} == {0.07}
+    # measured as one batch per (method, γ, T, workload), all 8 sparsities in each
+    groups = acceptance_groups(acc)
+    assert len(groups) == 2 * 4 and all(len(g) == 8 for g in groups)
+    assert all(len({(p.method, p.temperature, p.workload) for p in g}) == 1 for g in groups)
+    assert acceptance_groups(acc[3:])[0][0] == acc[3]  # a resumed run: what is left, grouped
 
 
 def test_coarse_to_fine_spreads_the_range_first() -> None:
@@ -278,19 +284,30 @@ def test_cpu_device_check() -> None:
 def test_tiny_real_calibration_smollm2(tmp_path: Path, smollm2: Any) -> None:
     model, _tok, meta = smollm2
     plan = CalibrationPlan(
-        model="smollm2-135m", weights="real", methods=("vegas",), gamma=(2,), sparsity=(0.07,),
-        batch=(1,), context=(256,), n_query=(1,), workloads=("chat",), iterations=2,
-        device="cpu", warmup=0, reps=2, acceptance_prompts=2, acceptance_batch=2, quick=True)
+        model="smollm2-135m", weights="real", methods=("vegas",), gamma=(2,),
+        sparsity=(0.07, 0.2), batch=(1,), context=(256,), n_query=(1,), workloads=("chat",),
+        iterations=2, device="cpu", warmup=0, reps=2, acceptance_prompts=2, acceptance_batch=2,
+        min_tokens=8, quick=True)
     out = run_calibration(plan, tmp_path / "smol", model=(model, meta))
     ts = load_trace_set(out)
     assert ts.weights_kind == "real" and ts.meta["workload"] == ["chat"]
     assert ts.meta["model"]["name"] == "smollm2-135m"
     assert {"decode", "draft_step", "verify", "select", "sample"} <= set(ts.latency["phase"])
     acc = ts.acceptance
-    assert len(acc) == 2 * 2  # 2 prompts × 2 iterations
+    # The two sparsities ran as one group (2 calls of 2 requests): 2 prompts × 2 iterations
+    # each, under each point's own key, with each sparsity's own budgets.
+    assert len(acc) == 2 * 2 * 2
     assert (acc["model_weights"] == "real").all() and (acc["gamma"] == 2).all()
     assert acc["accept_prob"].map(len).eq(2).all()
-    assert set(acc["request"]) == {0, 1} and set(acc["iteration"]) == {0, 1}
+    by_s = {s: rows.set_index(["request", "iteration"]).sort_index()
+            for s, rows in acc.groupby("sparsity")}
+    assert set(by_s) == {0.07, 0.2}
+    for rows in by_s.values():
+        assert list(rows.index) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (by_s[0.2]["budget"] > by_s[0.07]["budget"]).all()
+    keys = {json.loads(line)["key"]
+            for line in (out / "progress.jsonl").read_text().splitlines()}
+    assert {f"acceptance/vegas/g2/s{s:g}/t0/chat" for s in (0.07, 0.2)} <= keys
     log = json.loads((out / "run_log.json").read_text())
     assert log["acceptance_summary"][0]["workload"] == "chat"
     assert 1.0 <= log["acceptance_summary"][0]["acceptance_length"] <= 3.0

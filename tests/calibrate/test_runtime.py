@@ -12,8 +12,8 @@ import torch
 
 from tests.calibrate.conftest import tiny_model, tiny_spec
 from vegas_sim.calibrate.runtime import (
-    DenseAttention, GraphedForward, KVCache, Layer, Transformer, load_model, masked_attention,
-    rope_inv_freq,
+    DenseAttention, GraphedForward, KVCache, Layer, Transformer, equal_runs, load_model,
+    masked_attention, rope_inv_freq,
 )
 from vegas_sim.errors import UserInputError
 from vegas_sim.models import get_preset
@@ -123,11 +123,14 @@ def test_prefill_chunks_and_ragged_batch_equal_single_requests() -> None:
     request's logits equal its own single-request run."""
     model = tiny_model("qwen3")
     gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (9, 23, 14)]
-    steps = torch.randint(0, 101, (3, 4), generator=gen)  # [B, steps]
-    cache = model.new_cache(3, 48)
+    # Neighbours of one length (a repeated prompt, then another of the same length) prefill
+    # as one batched run (equal_runs); the others alone.
+    prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (9, 23, 23, 23, 14)]
+    prompts[2] = prompts[1]
+    steps = torch.randint(0, 101, (5, 4), generator=gen)  # [B, steps]
+    cache = model.new_cache(5, 48)
     batched = [model.prefill(prompts, cache, chunk=5)]  # [B, V]
-    assert cache.lens.tolist() == [9, 23, 14]
+    assert cache.lens.tolist() == [9, 23, 23, 23, 14]
     for j in range(steps.shape[1]):
         batched.append(model.forward(steps[:, j:j + 1], cache)[:, 0])
     for b, p in enumerate(prompts):
@@ -135,6 +138,12 @@ def test_prefill_chunks_and_ragged_batch_equal_single_requests() -> None:
         ref = reference_forward(model, seq)[len(p) - 1:]  # last prompt row + decode rows
         got = torch.stack([row[b] for row in batched])
         torch.testing.assert_close(got, ref[: got.shape[0]], **FP32_TOL)
+
+
+def test_equal_runs() -> None:
+    assert equal_runs([3, 3, 5, 3]) == [(0, 2), (2, 3), (3, 4)]
+    assert equal_runs([7]) == [(0, 1)] and equal_runs([]) == []
+    assert equal_runs([2, 2, 2]) == [(0, 3)]
 
 
 def test_rollback_then_redecode_gives_identical_logits(tiny: Transformer) -> None:

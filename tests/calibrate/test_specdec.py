@@ -173,6 +173,35 @@ def test_records_and_batching_on_tiny_model() -> None:
         _check_records(res, 5, prompts, greedy=True)
 
 
+@pytest.mark.parametrize("method", SPEC_METHODS)
+def test_per_request_sparsity_equals_one_run_per_sparsity(method: str) -> None:
+    """A batch whose requests draft at their own sparsities (acceptance calibration) records
+    what one run per sparsity records; the sparsities give different budgets."""
+    model = tiny_model("llama", seed=3)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (70, 90)]
+    sparsities = (0.05, 0.3)
+    mixed = SpecDecoder(model, SpecConfig(method, 4, min_tokens=4)).generate(
+        [p for p in prompts for _ in sparsities], 24,
+        sparsity=[s for _ in prompts for s in sparsities])
+    budgets = {}
+    for j, s in enumerate(sparsities):
+        alone = SpecDecoder(model, SpecConfig(method, 4, sparsity=s, min_tokens=4)).generate(
+            prompts, 24)
+        for b in range(len(prompts)):
+            req = b * len(sparsities) + j
+            assert mixed.tokens[req] == alone.tokens[b]
+            got = [(r.context, r.budget, r.accepted) for r in mixed.records if r.request == req]
+            want = [(r.context, r.budget, r.accepted) for r in alone.records if r.request == b]
+            assert got == want, (method, s, b)
+            budgets[s] = [x[1] for x in got]
+    assert sum(budgets[0.3]) > sum(budgets[0.05])
+    with pytest.raises(UserInputError, match="one sparsity per prompt"):
+        SpecDecoder(model, SpecConfig(method, 4)).prefill_state(prompts, 4, sparsity=[0.1])
+    with pytest.raises(UserInputError):
+        SpecDecoder(model, SpecConfig(method, 4)).prefill_state(prompts, 4, sparsity=[0.1, 1.5])
+
+
 def test_replay_takes_accepted_counts_from_the_trace() -> None:
     model = tiny_model("llama", seed=2)
     gen = torch.Generator().manual_seed(0)

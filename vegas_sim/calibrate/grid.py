@@ -31,8 +31,11 @@
 
 2. **Acceptance runs** (real weights only): for each method × sparsity × temperature × workload,
    SpecDecoder's own loop (`prefill_state`, then `step` exactly `iterations` times) at the
-   largest γ of the plan (the simulator truncates to smaller γ) over the workload's prompts,
-   in batches; one row per (request, iteration). Random weights: no acceptance rows, and meta.json says why.
+   largest γ of the plan (the simulator truncates to smaller γ) over the workload's prompts;
+   one row per (request, iteration). A method × temperature × workload's sparsities decode as
+   one batch, each request drafting at its own sparsity (`measure_acceptance_group`):
+   acceptance is host-bound, so 8 sparsities cost about one. Random weights: no acceptance
+   rows, and meta.json says why.
 
 3. **meta.json / run_log.json.** Model spec + weights id/sha256, the GPU measured in the same
    run (copy bandwidth, matmul rate), software, date, grid, workloads, seeds; `finalize` adds
@@ -120,6 +123,10 @@ LogFn = Callable[[str], None]
 # loop's for γ 2–15.
 DRAFT_GAMMA = 4
 MAX_N_QUERY = 16  # verify kernel limit (kernels/API.md)
+# Requests per acceptance generate() call (CalibrationPlan.acceptance_batch = None): on CUDA a
+# group's 8 sparsities x 16 prompts decode as one batch.
+ACCEPTANCE_BATCH_GPU = 128
+ACCEPTANCE_BATCH_CPU = 8
 QWEN3_TOP_P = 0.95  # DESIGN.md defaults for sampled runs
 QWEN3_TOP_K = 20
 
@@ -162,7 +169,7 @@ class CalibrationPlan:
     reps: int = 5
     min_tokens: int = MIN_TOKENS
     acceptance_prompts: int = 16  # prompts per workload for acceptance runs
-    acceptance_batch: int = 8  # requests per generate() call
+    acceptance_batch: int | None = None  # requests per generate() call (requests_per_call)
     top_p: float = QWEN3_TOP_P  # for temperature > 0 (greedy ignores them)
     top_k: int = QWEN3_TOP_K
     dtype: str | None = None  # "bfloat16" | "float32"; None = bf16 on GPU, fp32 on CPU
@@ -220,7 +227,7 @@ def validate_plan(plan: CalibrationPlan) -> None:
                                  fix="0 is greedy; sampled runs use e.g. 0.6")
     for name, v in (("--iterations", plan.iterations), ("reps", plan.reps),
                     ("acceptance_prompts", plan.acceptance_prompts),
-                    ("acceptance_batch", plan.acceptance_batch)):
+                    ("acceptance_batch", plan.acceptance_batch or 1)):
         if v < 1:
             raise UserInputError(f"{v} must be >= 1", where=name, fix="pass a positive integer")
     if plan.warmup < 0:
@@ -235,7 +242,7 @@ def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",
         "gamma": (3, 7), "sparsity": (0.03, 0.07), "batch": (1, 4, 16),
         "context": (1024, 8192, 32768), "n_query": (1, 4, 8), "iterations": 8,
         "temperatures": (0.0,), "warmup": 1, "reps": 3, "acceptance_prompts": 4,
-        "acceptance_batch": 4, "workloads": ("chat",) if weights == "real" else (),
+        "workloads": ("chat",) if weights == "real" else (),
     }
     base.update(overrides)
     return CalibrationPlan(**base)
@@ -339,9 +346,11 @@ def coarse_to_fine(values: Sequence[float], first: float) -> list[float]:
 
 
 def acceptance_points(plan: CalibrationPlan) -> list[AcceptancePoint]:
-    """Sparsity outermost, coarse to fine; every method × workload × temperature at each, so a
-    run cut by a time limit still has every workload, temperature and method (the H200 run of
-    2026-11-29 went workload-first and ended inside the first workload)."""
+    """Sparsity outermost, coarse to fine; every method × workload × temperature at each.
+
+    They are measured in `acceptance_groups` (a method × temperature × workload's sparsities
+    in one batch), in the order of each group's first point here; a resumed run measures the
+    sparsities its group still lacks."""
     if not plan.acceptance or plan.weights != "real":
         return []
     gamma = max(plan.gamma)
@@ -878,41 +887,76 @@ def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
     return prompts[:plan.acceptance_prompts]
 
 
-def measure_acceptance_point(model: Any, plan: CalibrationPlan, point: AcceptancePoint,
-                             prompts: list[list[int]]) -> pd.DataFrame:
-    """Acceptance rows of `iterations` iterations per prompt, in batches of acceptance_batch.
+def acceptance_groups(points: Sequence[AcceptancePoint]) -> list[list[AcceptancePoint]]:
+    """Points that differ only in sparsity, grouped in the order each group's first point
+    comes: one batch decodes a group, each request at its own sparsity."""
+    groups: dict[tuple[str, int, float, str], list[AcceptancePoint]] = {}
+    for p in points:
+        groups.setdefault((p.method, p.gamma, p.temperature, p.workload), []).append(p)
+    return list(groups.values())
 
+
+def requests_per_call(plan: CalibrationPlan, spec: ModelSpec, max_seq: int,
+                      device: torch.device) -> int:
+    """Requests one acceptance generate() call decodes: plan.acceptance_batch, or by default
+    ACCEPTANCE_BATCH_GPU on CUDA (acceptance is host-bound: a bigger batch costs the GPU little
+    and saves whole iterations of host work) and ACCEPTANCE_BATCH_CPU on the CPU; halved until
+    the state fits in free memory."""
+    n = plan.acceptance_batch or (ACCEPTANCE_BATCH_GPU if device.type == "cuda"
+                                  else ACCEPTANCE_BATCH_CPU)
+    db = torch.tensor([], dtype=_dtype(plan) or torch.float32).element_size()
+    while n > 1 and not hardware.fits_in_memory(spec, n, max_seq, device,
+                                                include_weights=False, dtype_bytes=db):
+        n //= 2
+    return n
+
+
+def measure_acceptance_group(model: Any, plan: CalibrationPlan, group: list[AcceptancePoint],
+                             prompts: list[list[int]]) -> dict[str, pd.DataFrame]:
+    """Acceptance rows of `iterations` iterations per prompt for every point of `group` (one
+    method, γ, temperature and workload; sparsities differ), keyed by point key.
+
+    Every (prompt, sparsity) is one request; requests go prompt-major (a prompt's copies are
+    neighbours, so its prefill is one batched forward) in calls of `requests_per_call`.
     Drives SpecDecoder's own loop (prefill_state, then step) for exactly `iterations`
-    iterations, so slow-accepting requests do not run longer than fast ones.
+    iterations, so slow-accepting requests do not run longer than fast ones. Acceptance of a
+    request does not depend on its batch-mates (a test checks it against one point alone).
     """
     from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 
-    temp, top_p, top_k = sampling_args(point.temperature, plan.top_p, plan.top_k)
-    cfg = SpecConfig(method=point.method, gamma=point.gamma, sparsity=point.sparsity,
+    head = group[0]
+    temp, top_p, top_k = sampling_args(head.temperature, plan.top_p, plan.top_k)
+    cfg = SpecConfig(method=head.method, gamma=head.gamma, sparsity=head.sparsity,
                      min_tokens=plan.min_tokens, temperature=temp, top_p=top_p, top_k=top_k)
     dec = SpecDecoder(model, cfg)
-    gen = torch.Generator(device=model.device).manual_seed(_stable_seed(plan.seed, point.key))
-    rows: list[dict[str, Any]] = []
-    for start in range(0, len(prompts), plan.acceptance_batch):
-        chunk = [torch.tensor(p, dtype=torch.long) for p in
-                 prompts[start:start + plan.acceptance_batch]]
+    group_key = f"acceptance/{head.method}/g{head.gamma}/t{head.temperature:g}/{head.workload}"
+    gen = torch.Generator(device=model.device).manual_seed(_stable_seed(plan.seed, group_key))
+    max_new = acceptance_max_new(plan, head.gamma)
+    max_seq = max(len(p) for p in prompts) + max_new + 2 * head.gamma + 2
+    requests = [(i, p) for i in range(len(prompts)) for p in group]  # prompt-major
+    per_call = requests_per_call(plan, model.spec, max_seq, model.device)
+    rows: dict[str, list[dict[str, Any]]] = {p.key: [] for p in group}
+    for start in range(0, len(requests), per_call):
+        chunk = requests[start:start + per_call]
         with torch.no_grad():
-            state = dec.prefill_state(chunk, acceptance_max_new(plan, point.gamma),
-                                      generator=gen)
+            state = dec.prefill_state(
+                [torch.tensor(prompts[i], dtype=torch.long) for i, _ in chunk], max_new,
+                generator=gen, sparsity=[p.sparsity for _, p in chunk])
             for _ in range(plan.iterations):
                 dec.step(state)
         for r in state.records:
             if r.iteration >= plan.iterations:
                 continue
-            rows.append({
+            prompt, point = chunk[r.request]
+            rows[point.key].append({
                 "method": point.method, "gamma": point.gamma, "sparsity": point.sparsity,
                 "budget": r.budget, "context": r.context, "temperature": point.temperature,
-                "workload": point.workload, "request": start + r.request,
+                "workload": point.workload, "request": prompt,
                 "iteration": r.iteration, "accepted": r.accepted,
                 "accept_prob": [float(x) for x in r.accept_prob], "model_weights": "real",
             })
         del state
-    return pd.DataFrame(rows, columns=ACCEPTANCE_SCHEMA.names)
+    return {k: pd.DataFrame(v, columns=ACCEPTANCE_SCHEMA.names) for k, v in rows.items()}
 
 
 # ============================================================================ meta / run log
@@ -1114,61 +1158,78 @@ def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done
                     writer: Any, device: torch.device, session: Session,
                     say: Callable[[str], None], progress: ProgressFn | None, n_done: int,
                     total: int) -> None:
-    """Measure every point not yet done (in order); `n_done` of `total` are done already."""
-    if any(p.key not in done for p in points if isinstance(p, LatencyPoint)):
+    """Measure every point not yet done: latency points in order, then the acceptance points
+    in groups (`acceptance_groups`); `n_done` of `total` are done already."""
+    todo = [p for p in points if p.key not in done]
+    latency = [p for p in todo if isinstance(p, LatencyPoint)]
+    if latency:
         session.step_overhead = measure_step_overhead(
             net, min(effective_context(plan, net.spec, min(plan.context)), 1024),
             steps=20 if device.type == "cuda" else 3)
+    units: list[list[Any]] = [[p] for p in latency]
+    units += acceptance_groups([p for p in todo if isinstance(p, AcceptancePoint)])
     prompt_cache: dict[str, list[list[int]]] = {}
-    for point in points:
-        if point.key in done:
-            continue
-        status, detail, secs = _run_point(net, plan, point, writer, device, prompt_cache)
-        session.points.append({"key": point.key, "status": status, "detail": detail,
-                               "seconds": secs})
+    for unit in units:
+        status, detail, secs = _run_unit(net, plan, unit, writer, device, prompt_cache)
+        for point in unit:
+            session.points.append({"key": point.key, "status": status, "detail": detail,
+                                   "seconds": secs / len(unit)})
+        label = _label(unit[0]) + (f" (+{len(unit) - 1} sparsities)" if len(unit) > 1 else "")
         if status != "ok":
-            say(f"{_label(point)}: {status} ({detail})")
-        n_done += 1
+            say(f"{label}: {status} ({detail})")
+        n_done += len(unit)
         if progress is not None:
-            progress(n_done, total, _label(point))
+            progress(n_done, total, label)
 
 
-def _run_point(model: Any, plan: CalibrationPlan, point: LatencyPoint | AcceptancePoint,
-               writer: Any, device: torch.device, prompt_cache: dict[str, list[list[int]]]
-               ) -> tuple[str, str, float]:
-    """Measure one point, append its rows and mark it done; (status, detail, seconds)."""
-    t0 = time.perf_counter()
+def _skip_if_too_big(model: Any, plan: CalibrationPlan, point: LatencyPoint,
+                     device: torch.device) -> str | None:
+    """Why `point` cannot fit in free memory (the detail its 'skip' records), or None."""
     spec: ModelSpec = model.spec
-    if isinstance(point, LatencyPoint):
-        ctx = effective_context(plan, spec, point.context)
-        max_seq = ctx + 2 * max(plan.verify_n_query() + [DRAFT_GAMMA + 1]) + 2
-        db = torch.tensor([], dtype=model.dtype).element_size()
-        if not hardware.fits_in_memory(spec, point.batch, max_seq, device,
-                                       include_weights=False, dtype_bytes=db):
-            need = hardware.memory_needed(spec, point.batch, max_seq, include_weights=False,
-                                          dtype_bytes=db)
-            detail = (f"needs ~{need / 1e9:.1f} GB, {hardware.free_memory(device) / 1e9:.1f} GB "
-                      "free")
-            writer.mark_done(point.key, "skip", detail)
+    ctx = effective_context(plan, spec, point.context)
+    max_seq = ctx + 2 * max(plan.verify_n_query() + [DRAFT_GAMMA + 1]) + 2
+    db = torch.tensor([], dtype=model.dtype).element_size()
+    if hardware.fits_in_memory(spec, point.batch, max_seq, device, include_weights=False,
+                               dtype_bytes=db):
+        return None
+    need = hardware.memory_needed(spec, point.batch, max_seq, include_weights=False,
+                                  dtype_bytes=db)
+    return f"needs ~{need / 1e9:.1f} GB, {hardware.free_memory(device) / 1e9:.1f} GB free"
+
+
+def _run_unit(model: Any, plan: CalibrationPlan, unit: list[Any], writer: Any,
+              device: torch.device, prompt_cache: dict[str, list[list[int]]]
+              ) -> tuple[str, str, float]:
+    """Measure one latency point or one acceptance group, append its rows and mark its
+    points done; (status, detail, seconds)."""
+    t0 = time.perf_counter()
+    head = unit[0]
+    if isinstance(head, LatencyPoint):
+        detail = _skip_if_too_big(model, plan, head, device)
+        if detail is not None:
+            writer.mark_done(head.key, "skip", detail)
             return "skip", detail, time.perf_counter() - t0
     oom: str | None = None
     try:
-        if isinstance(point, LatencyPoint):
-            rows = latency_frame(measure_latency_point(model, plan, point))
-            writer.append_latency(rows, key=point.key)
+        if isinstance(head, LatencyPoint):
+            writer.append_latency(latency_frame(measure_latency_point(model, plan, head)),
+                                  key=head.key)
         else:
-            if point.workload not in prompt_cache:
-                prompt_cache[point.workload] = acceptance_prompts(plan, spec, point.workload,
-                                                                  point.gamma)
-            frame = measure_acceptance_point(model, plan, point, prompt_cache[point.workload])
-            writer.append_acceptance(frame, key=point.key)
+            if head.workload not in prompt_cache:
+                prompt_cache[head.workload] = acceptance_prompts(plan, model.spec,
+                                                                 head.workload, head.gamma)
+            frames = measure_acceptance_group(model, plan, unit, prompt_cache[head.workload])
+            for key, frame in frames.items():
+                writer.append_acceptance(frame, key=key)
     except _oom_types() as e:
         oom = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     if oom is not None:  # outside the except block: the traceback's frames are released
         free_device_memory(device)
-        writer.mark_done(point.key, "oom", oom)
+        for point in unit:
+            writer.mark_done(point.key, "oom", oom)
         return "oom", oom, time.perf_counter() - t0
-    writer.mark_done(point.key, "ok")
-    if device.type == "cuda" and isinstance(point, LatencyPoint):
-        torch.cuda.empty_cache()  # next point's KV has another size: do not fragment
+    for point in unit:
+        writer.mark_done(point.key, "ok")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the next unit's KV has another size: do not fragment
     return "ok", "", time.perf_counter() - t0

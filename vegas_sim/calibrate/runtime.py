@@ -154,9 +154,9 @@ class KVCache:
             )
         self.lens.copy_(new_lens)
 
-    def request(self, b: int) -> KVCache:
-        """A view of request b alone (B = 1); writes go through to this cache."""
-        return KVCache(self.k[:, b:b + 1], self.v[:, b:b + 1], self.lens[b:b + 1])
+    def requests(self, start: int, stop: int) -> KVCache:
+        """A view of requests [start, stop); writes go through to this cache."""
+        return KVCache(self.k[:, start:stop], self.v[:, start:stop], self.lens[start:stop])
 
     def fill_random(self, lens: Tensor, generator: torch.Generator | None = None) -> None:
         """Synthetic context without prefill (latency runs): random K/V, lens set to `lens`."""
@@ -395,9 +395,11 @@ class Transformer(torch.nn.Module):
         prompt's last token.
 
         Prompts may differ in length. All but the last m = min(shortest, chunk) tokens are
-        prefilled with dense attention (per request when the prefixes differ in length); the
-        final m tokens of every prompt go through one batched forward with `policy`, so a
-        score-collecting policy sees each prompt's last row, batched over requests.
+        prefilled with dense attention, batched over each run of neighbouring requests whose
+        prefixes have one length (a batch that repeats each prompt, e.g. once per sparsity,
+        prefills each prompt in one forward); the final m tokens of every prompt go through
+        one batched forward with `policy`, so a score-collecting policy sees each prompt's
+        last row, batched over requests.
         """
         if len(prompts) != cache.batch:
             raise UserInputError(
@@ -411,11 +413,9 @@ class Transformer(torch.nn.Module):
         prompts = [p.to(self.device, torch.long).reshape(-1) for p in prompts]
         prefixes = [p[: len(p) - m] for p in prompts]
         base = [int(x) for x in cache.lens.tolist()]  # one sync; lengths are tracked on host
-        if len({len(p) for p in prefixes}) == 1:
-            self._prefill_chunks(torch.stack(prefixes), cache, chunk, max(base))
-        else:
-            for b, pre in enumerate(prefixes):
-                self._prefill_chunks(pre[None], cache.request(b), chunk, base[b])
+        for start, stop in equal_runs([len(p) for p in prefixes]):
+            self._prefill_chunks(torch.stack(prefixes[start:stop]), cache.requests(start, stop),
+                                 chunk, max(base[start:stop]))
         tail = torch.stack([p[len(p) - m:] for p in prompts])  # [B, m]
         if policy is None:
             policy = DenseAttention(max_len=max(b + n for b, n in zip(base, lengths)))
@@ -429,6 +429,18 @@ class Transformer(torch.nn.Module):
             piece = tokens[:, start:start + chunk]
             dense = DenseAttention(max_len=start_len + start + piece.shape[1])
             self.forward(piece, cache, dense, last_only=True)
+
+
+def equal_runs(values: list[int]) -> list[tuple[int, int]]:
+    """[start, stop) of each run of equal neighbouring values: [3, 3, 5, 3] -> (0, 2), (2, 3),
+    (3, 4)."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            runs.append((start, i))
+            start = i
+    return runs
 
 
 # ---- CUDA graphs -------------------------------------------------------------------------

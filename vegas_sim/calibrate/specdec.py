@@ -61,6 +61,7 @@ iteration is rolled back to the same C) so that repeated timings measure the sam
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,7 @@ class BatchState:
     accepted: Tensor | None = None  # [B] int64 of the last acceptance
     collect_ctx: np.ndarray | None = None  # [B] C of the last verify (selection rank_len − 1)
     budget_host: np.ndarray | None = None  # [B] budget of the current draft selection
+    sparsity: np.ndarray | None = None  # [B] float64 per-request sparsity (None: config's)
     iteration: int = 0
     req_iteration: np.ndarray | None = None  # [B] iterations run while active
     done: np.ndarray | None = None  # [B] bool: emitted max_new_tokens, frozen
@@ -212,19 +214,24 @@ class SpecDecoder:
                                  fix="pass graphs=False on the CPU")
 
     # ---- helpers --------------------------------------------------------------------------
-    def _budget(self, length: np.ndarray) -> np.ndarray:
+    def _budget(self, state: BatchState, length: np.ndarray) -> np.ndarray:
         c = self.config
-        return methods.budget(c.sparsity, length, self.spec.max_positions, c.min_tokens)
+        s = state.sparsity if state.sparsity is not None else c.sparsity
+        return methods.budget(s, length, self.spec.max_positions, c.min_tokens)
 
     def _dev(self, x: np.ndarray, dtype: torch.dtype = torch.int32) -> Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
 
-    def _capacity(self, max_seq: int) -> int:
+    def _capacity(self, max_seq: int, sparsity: float) -> int:
         """Index-list capacity: the largest budget any context up to max_seq can get."""
-        return int(self._budget(np.array([max_seq]))[0]) + methods.QUEST_PAGE
+        c = self.config
+        top = methods.budget(sparsity, max_seq, self.spec.max_positions, c.min_tokens)
+        return int(top) + methods.QUEST_PAGE
 
-    def _new_state(self, batch: int, max_seq: int) -> BatchState:
+    def _new_state(self, batch: int, max_seq: int,
+                   sparsity: np.ndarray | None = None) -> BatchState:
         c, s = self.config, self.spec
+        top_sparsity = float(sparsity.max()) if sparsity is not None else c.sparsity
         cache = self.model.new_cache(batch, max_seq)
         kmin = kmax = None
         draft_policy: Any = None
@@ -233,11 +240,12 @@ class SpecDecoder:
             shape = (s.n_layers, batch, pages, s.n_kv_heads, s.head_dim)
             kmin = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
             kmax = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
-            max_pages = self._capacity(max_seq) // methods.QUEST_PAGE
+            max_pages = self._capacity(max_seq, top_sparsity) // methods.QUEST_PAGE
             draft_policy = QuestDraftAttention(kmin, kmax, batch, self.device, self.timer.phase,
                                                max_pages=max_pages)
         elif c.method != "vanilla":
-            draft_policy = SparseDraftAttention(s.n_layers, batch, self._capacity(max_seq),
+            draft_policy = SparseDraftAttention(s.n_layers, batch,
+                                                self._capacity(max_seq, top_sparsity),
                                                 self.device,
                                                 shared=c.method == "magicdec-stream")
         gamma = max(c.gamma, 1)
@@ -256,6 +264,7 @@ class SpecDecoder:
             req_iteration=np.zeros(batch, dtype=np.int64),
             done=np.zeros(batch, dtype=bool),
             emitted=[[] for _ in range(batch)],
+            sparsity=sparsity,
         )
 
     # ---- CUDA graphs ----------------------------------------------------------------------
@@ -309,8 +318,13 @@ class SpecDecoder:
     # ---- prefill --------------------------------------------------------------------------
     def prefill_state(self, prompts: list[Tensor], max_new_tokens: int, *,
                       generator: torch.Generator | None = None,
-                      replay: AcceptanceReplay | None = None) -> BatchState:
-        """Prefill `prompts` (1-D int64, >= 2 tokens each), sample t0, make the first selection."""
+                      replay: AcceptanceReplay | None = None,
+                      sparsity: Sequence[float] | None = None) -> BatchState:
+        """Prefill `prompts` (1-D int64, >= 2 tokens each), sample t0, make the first selection.
+
+        sparsity: one per prompt, to draft each request at its own sparsity (acceptance
+        calibration batches a grid's sparsities); default: the config's for all.
+        """
         if not prompts:
             raise UserInputError("no prompts", fix="pass at least one prompt")
         lengths = np.array([int(p.numel()) for p in prompts], dtype=np.int64)
@@ -322,7 +336,7 @@ class SpecDecoder:
                                  fix="ask for at least one token")
         c = self.config
         max_seq = int(lengths.max()) + max_new_tokens + 2 * max(c.gamma, 1) + 2
-        state = self._new_state(len(prompts), max_seq)
+        state = self._new_state(len(prompts), max_seq, self._per_request(sparsity, len(prompts)))
         state.generator, state.replay, state.max_new_tokens = generator, replay, max_new_tokens
         with self.timer.phase("prefill"):
             self.model.prefill([p.reshape(-1)[:-1] for p in prompts], state.cache)
@@ -345,6 +359,17 @@ class SpecDecoder:
         if c.method in VEGAS_TYPES:
             self.select(state)
         return state
+
+    @staticmethod
+    def _per_request(sparsity: Sequence[float] | None, batch: int) -> np.ndarray | None:
+        if sparsity is None:
+            return None
+        if len(sparsity) != batch:
+            raise UserInputError(f"{len(sparsity)} sparsities for {batch} prompts",
+                                 where="sparsity", fix="give one sparsity per prompt")
+        for s in sparsity:
+            methods.check_sparsity(s)
+        return np.asarray(sparsity, dtype=np.float64)
 
     def verify_collect_prefill(self, last: Tensor, state: BatchState, policy: Any) -> Tensor:
         """The last prompt token as one row; returns its logits [B, V]."""
@@ -395,12 +420,12 @@ class SpecDecoder:
         """Index lists that depend only on C (stream) or per-step page counts (quest)."""
         c = self.config
         if c.method == "magicdec-stream":
-            b = self._budget(state.ctx_host)
+            b = self._budget(state, state.ctx_host)
             idx, n_idx = ops.stream_indices(state.context, self._dev(b), c.sink)
             state.draft_policy.set(idx, n_idx, state.context)
             state.budget_host = np.minimum(b, state.ctx_host)
         elif c.method == "magicdec-quest":
-            b = self._budget(state.ctx_host)
+            b = self._budget(state, state.ctx_host)
             pages = np.maximum(b // methods.QUEST_PAGE, 1)
             state.draft_policy.set(state.context, self._dev(pages))
             partial = state.ctx_host % methods.QUEST_PAGE
@@ -534,7 +559,7 @@ class SpecDecoder:
         assert state.collect_ctx is not None
         with self.timer.phase("select"):
             rank_len = state.collect_ctx + 1  # positions [0, C] of the selecting iteration
-            b = self._budget(rank_len)
+            b = self._budget(state, rank_len)
             weights = state.verify_policy.weights  # [L, B, S] or [L, B, R, S]
             if c.method == "specextend":
                 assert state.accepted is not None
@@ -582,9 +607,12 @@ class SpecDecoder:
     @torch.no_grad()
     def generate(self, prompts: list[Tensor], max_new_tokens: int, *,
                  generator: torch.Generator | None = None,
-                 replay: AcceptanceReplay | None = None) -> GenerationResult:
-        """Decode `max_new_tokens` new tokens for each prompt (batched); tokens + records."""
-        state = self.prefill_state(prompts, max_new_tokens, generator=generator, replay=replay)
+                 replay: AcceptanceReplay | None = None,
+                 sparsity: Sequence[float] | None = None) -> GenerationResult:
+        """Decode `max_new_tokens` new tokens for each prompt (batched); tokens + records.
+        sparsity: one per prompt (see prefill_state)."""
+        state = self.prefill_state(prompts, max_new_tokens, generator=generator, replay=replay,
+                                   sparsity=sparsity)
         assert state.done is not None
         while not state.done.all():
             self.step(state)
