@@ -32,7 +32,10 @@
 # sets were assembled with `vegas-sim traces merge` on the CPU (docs/RESULTS.md, Calibration).
 # Run 4 (second session) used stages 1-3 of an earlier version of this script: acceptance ran
 # longdoc only, SmolLM2 latency B.C <= 8K, validation 5 + 5 configurations.
-# Note: the grid now times DRAFT_GAMMA = 4 draft steps per repetition (run 5 timed 1).
+# Run 6 (fourth session): `5 q8b` with Q8B_TIMEOUT=540 (466 s, carrying part.aa), `5 smol`
+# with ACC_TIMEOUT=200 SMOL_TIMEOUT=300 (336 s: acceptance 167 s, latency 147 s), stage 3 with
+# VALIDATE_TIMEOUT=265 VALIDATE_BUDGET=225 (214 s), then `pytest -m gpu tests/kernels
+# tests/calibrate` and `calibrate --quick` (90 s). 19.5 of the 30 device-minutes.
 set -u
 stage=${1:?stage 0, 1, 2, 3, 4 or 5}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

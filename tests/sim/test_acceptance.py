@@ -1,4 +1,5 @@
-"""Acceptance model: truncation exactness, decay extrapolation, interpolation, labels, bootstrap."""
+"""Acceptance model: truncation exactness, decay extrapolation, interpolation, labels, bootstrap,
+smoothing over neighbouring cells and the rate-matching replay."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pandas as pd
 import pytest
 
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel, extend_rates
+from vegas_sim.sim.acceptance import (AcceptanceDist, AcceptanceModel, _match_rates,
+                                      extend_rates, smoother_matrix)
 
 BASE = {0.05: 0.55, 0.1: 0.72, 0.2: 0.86}  # first-position acceptance by sparsity (monotone)
 
@@ -69,6 +71,12 @@ def model(traces: pd.DataFrame) -> AcceptanceModel:
     return AcceptanceModel.from_traces(traces, "real")
 
 
+@pytest.fixture(scope="module")
+def raw(traces: pd.DataFrame) -> AcceptanceModel:
+    """Every cell on its own data: the exactness properties against the trace rows."""
+    return AcceptanceModel.from_traces(traces, "real", smooth=False)
+
+
 def cell_rows(df: pd.DataFrame, gamma: int, s: float, c0: int, temp: float = 0.0) -> pd.DataFrame:
     """Rows of the runs that started at context c0 (all workloads)."""
     first = df[df["iteration"] == 0]
@@ -120,32 +128,33 @@ def test_vanilla_needs_no_acceptance(model: AcceptanceModel) -> None:
 # ---- truncation --------------------------------------------------------------------------
 
 
-def test_truncation_is_exact(traces: pd.DataFrame, model: AcceptanceModel) -> None:
-    d3 = model.lookup("vegas", 3, 0.1, 8192)  # traced at γ 4 and 8: uses γ_t = 4
+def test_truncation_is_exact(traces: pd.DataFrame, raw: AcceptanceModel,
+                             model: AcceptanceModel) -> None:
+    d3 = raw.lookup("vegas", 3, 0.1, 8192)  # traced at γ 4 and 8: uses γ_t = 4
     assert d3.extrapolated == []
     rows = cell_rows(traces, 4, 0.1, 8192)
     acc = np.minimum(rows["accepted"].to_numpy(), 3)
     direct = np.array([(acc >= i).mean() for i in (1, 2, 3)])
     np.testing.assert_allclose(d3.rates, direct, rtol=1e-12)  # greedy: prob = outcome
-    d4 = model.lookup("vegas", 4, 0.1, 8192)
-    np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
-    # replay: the same draws, truncated
-    s3 = d3.sample(np.random.default_rng(7), 50, 100)
-    s4 = d4.sample(np.random.default_rng(7), 50, 100)
-    assert np.array_equal(s3, np.minimum(s4, 3))
+    for m in (raw, model):  # smoothed or not: γ 3 is γ 4 truncated, draws included
+        d3, d4 = m.lookup("vegas", 3, 0.1, 8192), m.lookup("vegas", 4, 0.1, 8192)
+        np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
+        s3 = d3.sample(np.random.default_rng(7), 50, 100)
+        s4 = d4.sample(np.random.default_rng(7), 50, 100)
+        assert np.array_equal(s3, np.minimum(s4, 3))
 
 
 def test_rates_use_accept_prob_when_sampling(traces: pd.DataFrame,
-                                             model: AcceptanceModel) -> None:
-    d = model.lookup("vegas", 4, 0.1, 8192, temperature=0.6)
+                                             raw: AcceptanceModel) -> None:
+    d = raw.lookup("vegas", 4, 0.1, 8192, temperature=0.6)
     rows = cell_rows(traces, 4, 0.1, 8192, temp=0.6)
     probs = np.stack(list(rows["accept_prob"]))  # [N, 4]
     assert d.rates[0] == pytest.approx(probs[:, 0].mean(), rel=1e-6)
     acc = rows["accepted"].to_numpy()
     # the Rao-Blackwellised rates agree with the raw outcomes within sampling error
     for i in range(1, 5):
-        raw = (acc >= i).mean()
-        assert abs(d.rates[i - 1] - raw) < 4 * math.sqrt(raw * (1 - raw) / len(acc)) + 1e-9
+        frac = (acc >= i).mean()
+        assert abs(d.rates[i - 1] - frac) < 4 * math.sqrt(frac * (1 - frac) / len(acc)) + 1e-9
 
 
 # ---- extrapolation in gamma --------------------------------------------------------------
@@ -249,8 +258,8 @@ def test_coverage(model: AcceptanceModel) -> None:
 # ---- bootstrap ---------------------------------------------------------------------------
 
 
-def test_bootstrap_mean_matches_trace_mean(traces: pd.DataFrame, model: AcceptanceModel) -> None:
-    d = model.lookup("vegas", 8, 0.2, 32768)
+def test_bootstrap_mean_matches_trace_mean(traces: pd.DataFrame, raw: AcceptanceModel) -> None:
+    d = raw.lookup("vegas", 8, 0.2, 32768)
     rows = cell_rows(traces, 8, 0.2, 32768)
     trace_mean = rows["accepted"].mean()
     n_req, n_it = 500, 400
@@ -279,7 +288,7 @@ def test_blocks_are_consecutive_iterations_of_one_run() -> None:
         for it in range(10 + 3 * req):
             acc = (it % 3) if req != 1 else 3  # run 1 is all-accepted; others cycle 0,1,2
             recs.append(("vegas", 3, 0.1, 256, 4096 + 4 * it, 0.0, "w", req, it, acc,
-                         np.ones(3, np.float32) * (acc == 3), "real"))
+                         (np.arange(3) < acc).astype(np.float32), "real"))  # greedy 0/1
     df = pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
                                      "temperature", "workload", "request", "iteration",
                                      "accepted", "accept_prob", "model_weights"])
@@ -399,7 +408,8 @@ def test_output_len_blocks_are_windows_of_the_kept_prefix() -> None:
 
 
 def test_output_len_truncation_and_mixture_stay_exact(traces: pd.DataFrame,
-                                                     model: AcceptanceModel) -> None:
+                                                     raw: AcceptanceModel) -> None:
+    model = raw
     d3 = model.lookup("vegas", 3, 0.1, 8192, output_len=20)
     d4 = model.lookup("vegas", 4, 0.1, 8192, output_len=20)
     np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
@@ -411,3 +421,130 @@ def test_output_len_truncation_and_mixture_stay_exact(traces: pd.DataFrame,
     lo = model.lookup("vegas", 6, 0.05, 8192, output_len=20)
     hi = model.lookup("vegas", 6, 0.1, 8192, output_len=20)
     assert mid.mean_length == pytest.approx((lo.mean_length + hi.mean_length) / 2)
+
+
+# ---- smoothing over neighbouring cells ----------------------------------------------------
+
+
+def test_smoother_keeps_a_linear_trend_and_sums_to_one() -> None:
+    rng = np.random.default_rng(8)
+    coords = np.array([[math.log(s), math.log(c)] for s in (0.02, 0.05, 0.1, 0.2)
+                       for c in (1024, 4096, 16384)])  # [12, 2]
+    op = smoother_matrix(coords, rng.integers(1, 9, len(coords)).astype(float))
+    np.testing.assert_allclose(op.sum(axis=1), 1.0, atol=1e-12)
+    linear = 0.3 + 0.1 * coords[:, 0] - 0.02 * coords[:, 1]  # a plane: passes unchanged
+    np.testing.assert_allclose(op @ linear, linear, atol=2e-3)  # up to the tiny slope ridge
+    # one traced context: the context direction has no spread, the fit is still defined
+    one_c = smoother_matrix(coords[::3], np.ones(4))
+    np.testing.assert_allclose(one_c @ linear[::3], linear[::3], atol=2e-3)
+    assert np.array_equal(smoother_matrix(coords[:1], np.ones(1)), np.ones((1, 1)))
+
+
+SPS = (0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
+CTXS = (1024, 2048, 4096, 8192)
+
+
+def _logit(s: float, c: int) -> float:
+    """True per-position acceptance logit: smooth and increasing in log s and log C."""
+    return 0.8 + 0.7 * math.log(s / 0.05) + 0.25 * math.log(c / 4096)
+
+
+def noisy_smooth_traces(rng: np.random.Generator, gamma: int = 6, runs: int = 3,
+                        iterations: int = 12) -> pd.DataFrame:
+    """Sampled (T 0.6) traces whose runs each draw a random ease (logit offset, sd 0.8): few runs
+    per cell make every cell's mean noisy around a smooth truth."""
+    recs = []
+    for s in SPS:
+        for c0 in CTXS:
+            for req in range(runs):
+                p = 1 / (1 + math.exp(-(_logit(s, c0) + rng.normal(0, 0.8))))
+                ctx = c0
+                for it in range(iterations):
+                    prob = np.full(gamma, p, dtype=np.float32)
+                    ok = rng.random(gamma) < p
+                    acc = int(np.argmin(ok)) if not ok.all() else gamma
+                    recs.append(("vegas", gamma, s, int(math.ceil(s * ctx)), ctx, 0.6, "w", req,
+                                 it, acc, prob, "real"))
+                    ctx += acc + 1
+    return pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
+                                       "temperature", "workload", "request", "iteration",
+                                       "accepted", "accept_prob", "model_weights"])
+
+
+def true_length(s: float, c: int, gamma: int) -> float:
+    """1 + Σ_i E[p^i] over the run ease (the expectation the traces sample)."""
+    z = np.random.default_rng(0).normal(0, 0.8, 200_000)
+    p = 1 / (1 + np.exp(-(_logit(s, c) + z)))
+    return 1.0 + float(sum(np.mean(p ** i) for i in range(1, gamma + 1)))
+
+
+@pytest.fixture(scope="module")
+def noisy() -> tuple[AcceptanceModel, AcceptanceModel]:
+    df = noisy_smooth_traces(np.random.default_rng(9))
+    return (AcceptanceModel.from_traces(df, "real", smooth=False),
+            AcceptanceModel.from_traces(df, "real"))
+
+
+def test_smoothing_beats_cells_on_a_noisy_smooth_truth(
+        noisy: tuple[AcceptanceModel, AcceptanceModel]) -> None:
+    raw, smooth = noisy
+    err_raw, err_smooth, signed = [], [], []
+    for s in SPS:
+        for c in CTXS:
+            truth = true_length(s, c, 6)
+            r = raw.lookup("vegas", 6, s, c, temperature=0.6).mean_length
+            m = smooth.lookup("vegas", 6, s, c, temperature=0.6).mean_length
+            err_raw.append(abs(r / truth - 1))
+            err_smooth.append(abs(m / truth - 1))
+            signed.append(m / truth - 1)
+    assert np.mean(err_smooth) < 0.75 * np.mean(err_raw)  # noise averaged out ...
+    assert abs(np.mean(signed)) < 0.03  # ... without a bias
+
+
+def test_smoothing_recovers_the_monotone_trend(
+        noisy: tuple[AcceptanceModel, AcceptanceModel]) -> None:
+    """The truth rises in s and in C; cell noise makes the raw means dip, the smoothed ones
+    dip less often and only slightly (a corner cell has neighbours on one side only)."""
+    def dips(m: AcceptanceModel) -> np.ndarray:
+        grid = np.array([[m.lookup("vegas", 6, s, c, temperature=0.6).mean_length
+                          for s in SPS] for c in CTXS])  # [C, s]
+        return np.concatenate([np.diff(grid, axis=1).ravel(), np.diff(grid, axis=0).ravel()])
+    raw_d, smooth_d = dips(noisy[0]), dips(noisy[1])
+    assert (smooth_d < 0).sum() < (raw_d < 0).sum()
+    neg_mass = float(-np.minimum(smooth_d, 0).sum())  # total size of the dips, lengths
+    assert neg_mass < 0.2 * float(-np.minimum(raw_d, 0).sum()) and smooth_d.min() > -0.4
+
+
+def test_replay_follows_the_smoothed_rates(
+        noisy: tuple[AcceptanceModel, AcceptanceModel]) -> None:
+    _, smooth = noisy
+    for gamma, s in ((6, 0.05), (4, 0.06), (9, 0.1)):  # a cell, a mixture, an extension
+        d = smooth.lookup("vegas", gamma, s, 2048, temperature=0.6)
+        smp = d.sample(np.random.default_rng(4), 400, 200)
+        se = 0.5 / math.sqrt(smp.size / d.block_len)
+        per_pos = np.array([(smp >= i).mean() for i in range(1, gamma + 1)])
+        np.testing.assert_allclose(per_pos, d.rates, atol=4 * se)
+
+
+def test_match_rates_hits_the_target_and_keeps_a_matching_record() -> None:
+    rng = np.random.default_rng(10)
+    base_rates = np.array([0.8, 0.6, 0.3, 0.0])  # a record of γ_t 3 replayed at γ 4
+    u = rng.random(200_000)
+    vals = (u[:, None] < base_rates[None, :3]).sum(axis=1)  # [N] counts with those rates
+    base = np.array([0.8, 0.75, 0.5, 0.0])  # their conditional rates (0 past γ_t)
+    target = np.array([0.9, 0.5, 0.7, 0.4])
+    out = _match_rates(np.random.default_rng(11), vals, base, target)
+    want = np.cumprod(target)
+    got = np.array([(out >= i).mean() for i in range(1, 5)])
+    np.testing.assert_allclose(got, want, atol=0.006)
+    same = _match_rates(np.random.default_rng(11), vals, base, base)
+    assert same is vals  # nothing to change: the record replays unchanged, no draws
+
+
+def test_fitted_model_pickles(model: AcceptanceModel) -> None:
+    """fitcache stores the fitted model with pickle (after lookups filled its cache too)."""
+    import pickle
+
+    d = model.lookup("vegas", 5, 0.07, 3000, output_len=40)
+    back = pickle.loads(pickle.dumps(model))
+    np.testing.assert_allclose(back.lookup("vegas", 5, 0.07, 3000, output_len=40).rates, d.rates)

@@ -48,13 +48,14 @@ run interrupted at any moment resumes where it stopped (done keys are skipped). 
 cannot fit (estimate from `hardware.fits_in_memory`) is marked ``skip``; a point that runs out of
 memory anyway is marked ``oom`` after freeing the allocator's cache, and the run continues.
 
-Expected time (one H200, measured 2026-11-29 with the CUDA-graph decode loop): Qwen3-8B random
-weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2: the 45 (B, C) points with B·C ≤ 512K-ish took
-≈ 6 GPU-minutes (≈ 8 s a point, each with ~20 graph captures and the timed repetitions);
-SmolLM2 real weights: ≈ 5 s a latency point, ≈ 11 s an acceptance point of 32 longdoc prompts
-(not profiled; the per-request eager prefill of up to 7K-token prompts is the suspect).
-`quick_plan` (9 points) took 65 s on the H200 with the graphed loop (run 5,
-benchmarks/results/h200/calibrate_quick_run5.log).
+Expected time (one H200, measured 2026-11-29, run 6, CUDA-graph decode loop): Qwen3-8B random
+weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2, the 64 (B, C) points of B 1..128 × C 1K..128K
+(49 fit, 15 skipped): 7.6 GPU-minutes; SmolLM2 real weights: 28 latency points in 2.4 minutes,
+and the whole acceptance grid (5 methods × 8 sparsities × 4 workloads × 2 temperatures, 16-32
+prompts × 32 iterations each) in 2.6 minutes as 8 parallel processes, each method's
+sparsities batched (run 5 ran one point at a time: ≈ 13 s a point per process, 17 minutes).
+`quick_plan` (9 points) took 49 s on the H200 (run 6, benchmarks/results/h200/
+calibrate_quick_run6.log).
 Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
 scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
 from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the

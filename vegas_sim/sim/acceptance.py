@@ -6,11 +6,38 @@ temperature, workload, request); rows of a run are in file order with increasing
 context (a reset of either starts a new run, so a request id reused at another context is a
 different run). A run belongs to the context bucket of its first iteration's context.
 
-A *cell* is all runs of one (method, temperature, workload, sparsity, bucket, traced γ). A lookup
-picks cells and turns them into an `AcceptanceDist`:
+Context buckets are made per workload (a workload with ≤ 12 distinct prompt lengths, like
+longdoc's 1K, 2K, 4K, ... 7.5K, keeps them exact; more → log2-wide bins), so the many short
+prompts of one workload do not merge another's 4K and 7K prompts, between which acceptance
+still rises by up to ~30 % (SmolLM2 magicdec-stream, γ 11).
 
-- γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): truncation accepted' = min(accepted, γ),
-  exact for the first γ positions of those runs.
+A *cell* is all runs of one (method, temperature, workload, sparsity, bucket, traced γ).
+
+Smoothing. A cell holds few prompts (3–16 per bucket on the SmolLM2 H200 set), so its rates
+carry ~5 % sampling noise (two independent measurements of the same grid differ by sd ≈ 5 % per
+point), while acceptance is smooth in sparsity and context. Each cell's per-position rates are
+replaced by a local-linear Gaussian-kernel fit over the cells of its (method, temperature,
+workload, γ_t) in (log s, log C), bandwidths 0.4 and 0.5, weighted by runs (`smoother_matrix`;
+a linear trend passes unchanged, so pooling along a slope adds no bias). Chosen on calibration
+data only (SmolLM2 H200, two independent sets, output_len 128; |error| % of the mean acceptance
+length over all cells, γ 2–11; "current" = each cell alone):
+  cross-sample (fit one set, predict the other's cells; the target's own noise, ≈ 5 %, is
+  part of every number): all cells median / mean 4.3 / 7.0 → 4.1 / 6.4, bias +0.7 → +1.2;
+  longdoc T 0.6 3.4 / 4.6 → 2.9 / 4.1; longdoc T 0 3.2 / 3.8 → 3.3 / 4.0 (greedy noise is
+  shared across the sparsities of a prompt, 0.7–0.9 correlation, so pooling them gains
+  nothing); γ 12 all cells 6.7 / 10.3 → 6.6 / 9.5.
+  leave-one-prompt-out (per-prompt variation dominates): mean T 0.6 15.6 → 14.9 (short
+  prompts), 11.9 → 11.7 (longdoc); T 0 ±0.2. Longdoc prompts predicted at their own start
+  context (γ 4/7/11), global buckets raw → per-workload buckets smoothed: T 0.6 median / mean
+  10.7 / 13.7 → 10.2 / 13.2, T 0 11.3 / 14.1 → 11.3 / 14.2.
+  Bandwidths 0.3–0.5 × 0.3–0.5 were within ±0.2 of each other; 1.0 × 1.0 and a local mean
+  (Nadaraya-Watson) over contexts were biased and worse. `from_traces(..., smooth=False)` keeps
+  each cell on its own data.
+A lookup picks cells and turns them into an `AcceptanceDist`:
+
+- γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): truncation accepted' = min(accepted, γ);
+  the rates of γ are the first γ rates of γ_t and a replay of γ is a replay of γ_t truncated
+  (the same draws). Without smoothing these are exactly the cell's rates.
 - γ > max traced γ: every all-accepted iteration is extended position by position with
   conditional rates a_i = r_i / r_{i−1} extrapolated by a decay fitted to the last traced
   positions (log a_i linear in i, slope ≤ 0, clamped to [0, 1]). Marked extrapolated.
@@ -18,11 +45,8 @@ picks cells and turns them into an `AcceptanceDist`:
   (the mean is linearly interpolated); above the max traced: mixture with "draft = target"
   (s = 1, everything accepted); below the min traced: clamped. The last two are marked.
 - context: the two neighbouring buckets, weights linear in log-context; outside the traced
-  range → nearest, marked. (A leave-one-prompt-out CV on the SmolLM2 H200 traces found no
-  smoother alternative clearly better, per-prompt variation dominating the error: a Gaussian
-  kernel over log-context (bandwidth 0.3–0.5) gained ≈ 1 point of mean |error| on the short
-  prompts but lost 0.5 on longdoc; local-linear and logit-linear trends were within ±0.3;
-  pooling all contexts was clearly worse on longdoc.)
+  range → nearest, marked. (Before smoothing, a leave-one-prompt-out CV found no context
+  kernel clearly better than this interpolation of the raw cells.)
 - output length (`lookup(..., output_len=)`): each run keeps only the iterations a request of
   that many tokens runs (tokens generated before the iteration < output_len), a prefix of the
   run. Acceptance rises along a generation (text turns repetitive): on the SmolLM2 longdoc
@@ -34,7 +58,11 @@ Rates r_i = P(accepted ≥ i) use the recorded acceptance probabilities where th
 P(accepted ≥ i) = E[1{accepted ≥ i−1} · accept_prob_i] (Rao-Blackwellised: the probability of
 accepting d_i given the first i−1 were accepted is recorded, the coin flip adds only noise).
 Replay (`AcceptanceDist.sample`) is a circular block bootstrap of the real runs (of their kept
-prefixes when `output_len` is given).
+prefixes when `output_len` is given), each replayed iteration then thinned / extended position
+by position (`_match_rates`) so that the replay's per-position rates equal the smoothed,
+Rao-Blackwellised `rates` in expectation; an iteration whose record already has the target
+rates (greedy, unsmoothed) is replayed unchanged. The smoothed rates of a (group, output_len)
+are computed once per model and cached on it (plain dicts and arrays: picklable).
 """
 
 from __future__ import annotations
@@ -52,6 +80,14 @@ ACCEPTANCE_WHERE = "acceptance.parquet"
 BLOCK_LEN = 8  # iterations per bootstrap block: keeps the short-range correlation of a request
 DECAY_FIT_POSITIONS = 4  # last traced positions the conditional-rate decay is fitted on
 MAX_EXACT_BUCKETS = 12  # more distinct start contexts than this → log2-wide buckets
+# Gaussian-kernel bandwidths of the local-linear smoother of cell rates, in natural-log units of
+# sparsity and of context (chosen by the cross-sample / leave-one-prompt-out CV in the docstring)
+SMOOTH_BW_LOG_SPARSITY = 0.4
+SMOOTH_BW_LOG_CONTEXT = 0.5
+_SLOPE_RIDGE = 1e-3  # ridge on the local slopes: a degenerate direction falls back to a mean
+
+_CellKey = tuple[str, float, str, float, float, int]  # method, temp, workload, s, bucket, γ_t
+_GroupKey = tuple[str, float, str, int]  # method, temperature, workload, traced γ
 
 _RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
 _REQUIRED = ("method", "gamma", "sparsity", "context", "temperature", "workload", "request",
@@ -104,14 +140,29 @@ class _Cell:
         # the estimator is unbiased but not forced monotone; rates must be
         return np.minimum.accumulate(np.clip(out, 0.0, 1.0))
 
+    def outcome_cond(self, gamma: int) -> np.ndarray:
+        """[gamma] P(accepted ≥ i | accepted ≥ i − 1) of the recorded outcomes truncated to
+        `gamma` (what a replay of this cell draws); 0 past the traced γ, 1 where none reach i."""
+        acc = np.minimum(self.acc, gamma)
+        reach = np.array([(acc >= i).sum() for i in range(0, gamma + 1)], dtype=float)  # [γ+1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(reach[:-1] > 0, reach[1:] / np.where(reach[:-1] > 0, reach[:-1], 1),
+                            1.0)
+
 
 @dataclass(frozen=True)
 class _Source:
-    """One mixture component of a lookup: a cell truncated / extended to γ, or all-accepted."""
+    """One mixture component of a lookup: a cell truncated / extended to γ, or all-accepted.
+
+    Replay draws the cell's recorded accepted counts and then thins / extends each iteration
+    position by position so that the replayed per-position rates are `rates` in expectation
+    (see `_match_rates`): `rates` may be smoothed or Rao-Blackwellised, the outcomes are not.
+    """
 
     cell: _Cell | None  # None = draft equals target (s = 1): every draft accepted
     cond_ext: np.ndarray  # [γ − γ_t] conditional rates for the extended positions (may be [])
     rates: np.ndarray  # [γ] this component's per-position rates
+    base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
 
     def draw_blocks(self, rng: np.random.Generator, n_blocks: int, gamma: int,
                     block_len: int) -> np.ndarray:
@@ -125,7 +176,9 @@ class _Source:
         idx = rs[:, None] + (start - rs)[:, None] + np.arange(block_len)[None, :]
         idx = rs[:, None] + (idx - rs[:, None]) % rl[:, None]  # [n_blocks, block_len]
         vals = np.minimum(cell.acc[idx], gamma)
-        if len(self.cond_ext):
+        if self.base_cond is not None:
+            return _match_rates(rng, vals, self.base_cond, _cond(self.rates))
+        if len(self.cond_ext):  # a hand-built source: extend all-accepted iterations only
             full = vals == cell.gamma
             n_full = int(full.sum())
             if n_full:
@@ -133,6 +186,48 @@ class _Source:
                 extra = np.cumprod(u < self.cond_ext[None, :], axis=1).sum(axis=1)
                 vals[full] += extra
         return vals
+
+
+def _cond(rates: np.ndarray) -> np.ndarray:
+    """[γ] conditional rates a_i = r_i / r_{i−1} (r_0 = 1; 1 where r_{i−1} = 0)."""
+    prev = np.concatenate([[1.0], rates[:-1]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.clip(np.where(prev > 0, rates / np.where(prev > 0, prev, 1.0), 1.0), 0.0, 1.0)
+
+
+def _match_rates(rng: np.random.Generator, vals: np.ndarray, base: np.ndarray,
+                 target: np.ndarray) -> np.ndarray:
+    """Thin / extend replayed accepted counts so that P(accepted ≥ i) follows `target`.
+
+    vals [...] recorded counts drawn with conditional rates `base` [γ]; target [γ] the wanted
+    conditional rates. Position by position, an iteration that still follows its recording keeps
+    a recorded acceptance with probability min(1, t/b) and turns the recorded rejection into an
+    acceptance with probability max(0, (t − b)/(1 − b)); once turned it continues with fresh
+    draws at rate t. Each step then accepts with probability t exactly, and an iteration whose
+    record already matches (t = b) is replayed unchanged, so the block correlation is kept
+    wherever the target is close to the record. One uniform per position, drawn for positions
+    1..γ in order: a smaller γ uses a prefix of the same draws (truncation stays exact).
+    """
+    gamma = len(target)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        keep = np.where(base > 0, np.minimum(1.0, target / np.where(base > 0, base, 1.0)), 1.0)
+        flip = np.where(base < 1, np.maximum(0.0, (target - base) / np.where(base < 1, 1 - base,
+                                                                            1.0)), 0.0)
+    if np.all(keep >= 1.0 - 1e-12) and np.all(flip <= 1e-12):
+        return vals  # the record already has the target rates: replay it as it is
+    flat = vals.reshape(-1)  # [N]
+    out = np.zeros_like(flat)
+    following = np.ones(len(flat), dtype=bool)  # alive and still equal to the record
+    free = np.zeros(len(flat), dtype=bool)  # alive after a turned rejection
+    for i in range(1, gamma + 1):
+        u = rng.random(len(flat))
+        rec_acc = flat >= i
+        acc_f = following & np.where(rec_acc, u < keep[i - 1], u < flip[i - 1])
+        acc_free = free & (u < target[i - 1])
+        free = acc_free | (acc_f & ~rec_acc)
+        following = acc_f & rec_acc
+        out += following | free
+    return out.reshape(vals.shape)
 
 
 @dataclass
@@ -250,6 +345,20 @@ def _buckets(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return centres, inv
 
 
+def _workload_buckets(first: pd.DataFrame) -> np.ndarray:
+    """[runs] bucket centre of each run (rows of `first` in run order), bucketed per workload:
+    a workload with few distinct prompt lengths (longdoc: 1K, 2K, 4K, ... 7.5K) keeps them
+    exact instead of sharing the log2 bins that the many short prompts of another need."""
+    out = np.empty(len(first))
+    starts = first["context"].to_numpy()
+    wl = first["workload"].to_numpy()
+    for w in np.unique(wl):
+        sel = wl == w
+        centres, idx = _buckets(starts[sel])
+        out[sel] = centres[idx]
+    return out
+
+
 def _validate(df: pd.DataFrame, weights_kind: str) -> None:
     fix_real = "calibrate acceptance with the real checkpoint (random weights are latency-only)"
     if weights_kind != "real":
@@ -276,29 +385,63 @@ def _validate(df: pd.DataFrame, weights_kind: str) -> None:
 class AcceptanceModel:
     """Acceptance per traced configuration; `lookup` answers any (method, γ, s, C, ...)."""
 
-    def __init__(self, runs: pd.DataFrame, cells: dict[tuple[str, float, str, float, float, int],
-                                                        _Cell]) -> None:
+    def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, _Cell],
+                 smooth: bool = True) -> None:
         self._runs = runs  # one row per run: keys, bucket, start context
         # key: (method, temperature, workload, sparsity, bucket, gamma)
         self._cells = cells
         self._buckets = sorted({k[4] for k in cells})
+        self.smooth = smooth
+        # per (method, temperature, workload, γ_t): its cells and the [K, K] linear smoother
+        self._groups: dict[_GroupKey, tuple[list[_CellKey], np.ndarray]] = {}
+        for key in sorted(cells):
+            self._groups.setdefault((key[0], key[1], key[2], key[5]), ([], np.zeros(0)))[0].append(
+                key)
+        for g, (members, _) in self._groups.items():
+            coords = np.array([[math.log(k[3]), math.log(max(k[4], 1.0))] for k in members])
+            n_runs = np.array([len(np.unique(cells[k].run_start)) for k in members], dtype=float)
+            op = smoother_matrix(coords, n_runs) if smooth else np.eye(len(members))
+            self._groups[g] = (members, op)
+        # (group, output_len) → {cell key: smoothed rates}; filled lazily by lookups
+        self._smoothed: dict[tuple[_GroupKey, int | None], dict[_CellKey, np.ndarray]] = {}
 
     @classmethod
-    def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str) -> AcceptanceModel:
-        """Raises TraceSetError for random-weight traces (their acceptance is meaningless)."""
+    def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str, *,
+                    smooth: bool = True) -> AcceptanceModel:
+        """Raises TraceSetError for random-weight traces (their acceptance is meaningless).
+
+        smooth=False keeps every cell's own rates (no pooling over neighbouring sparsities and
+        contexts): the model the smoothing was validated against.
+        """
         _validate(acceptance, weights_kind)
         df = _split_runs(acceptance)
         first = df.groupby("run", sort=True).head(1)  # first iteration of each run
-        centres, bucket_of_run = _buckets(first["context"].to_numpy())
-        df["bucket"] = centres[bucket_of_run][df["run"].to_numpy()]
-        cells: dict[tuple[str, float, str, float, float, int], _Cell] = {}
+        run_bucket = _workload_buckets(first)  # [runs] bucket centre of each run
+        df["bucket"] = run_bucket[df["run"].to_numpy()]
+        cells: dict[_CellKey, _Cell] = {}
         keys = ["method", "temperature", "workload", "sparsity", "bucket", "gamma"]
         for key, rows in df.groupby(keys, sort=True):
             m, temp, wl, s, b, g = (str(v) for v in key)  # type: ignore[union-attr]
             cells[(m, float(temp), wl, float(s), float(b), int(g))] = _make_cell(
                 rows, int(g), float(s), float(b))
-        runs = first.assign(bucket=centres[bucket_of_run])[keys + ["run", "context"]]
-        return cls(runs.reset_index(drop=True), cells)
+        runs = first.assign(bucket=run_bucket)[keys + ["run", "context"]]
+        return cls(runs.reset_index(drop=True), cells, smooth)
+
+    def _cell_rates(self, key: _CellKey, output_len: int | None) -> np.ndarray:
+        """[γ_t] the (smoothed) rates of one cell, its runs cut to `output_len` tokens."""
+        group = (key[0], key[1], key[2], key[5])
+        cached = self._smoothed.get((group, output_len))
+        if cached is None:
+            members, op = self._groups[group]
+            raw = np.stack([self._cut(self._cells[k], output_len).rates() for k in members])
+            smoothed = np.minimum.accumulate(np.clip(op @ raw, 0.0, 1.0), axis=1)  # [K, γ_t]
+            cached = dict(zip(members, smoothed))
+            self._smoothed[(group, output_len)] = cached
+        return cached[key]
+
+    @staticmethod
+    def _cut(cell: _Cell, output_len: int | None) -> _Cell:
+        return cell if output_len is None else cell.head(output_len)
 
     # -- lookup --
     def lookup(
@@ -430,20 +573,25 @@ class AcceptanceModel:
         gts = sorted({k[5] for k in at_s})
         above = [g for g in gts if g >= gamma]
         gt = above[0] if above else gts[-1]
-        cell = _pool([self._cells[k] for k in at_s if k[5] == gt])
+        members = [k for k in at_s if k[5] == gt]
+        cuts = [self._cut(self._cells[k], output_len) for k in members]
+        cell = _pool(cuts)
         notes: list[str] = []
         if output_len is not None:
-            cell = cell.head(output_len)
             last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
             traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
             if output_len > traced:
                 notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
                              "request (median): later output positions replay the traced ones")
-        rates, ext = extend_rates(cell.rates(), gamma)
+        # pooled workloads: the iteration-weighted mean, as the pooled raw estimate would be
+        n_it = np.array([len(c.acc) for c in cuts], dtype=float)
+        cell_rates = np.stack([self._cell_rates(k, output_len) for k in members])  # [W, γ_t]
+        pooled = np.minimum.accumulate(n_it @ cell_rates / n_it.sum())
+        rates, ext = extend_rates(pooled, gamma)
         if gamma > gt:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
-        return _Source(cell, ext, rates), notes
+        return _Source(cell, ext, rates, cell.outcome_cond(gamma)), notes
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
@@ -469,6 +617,31 @@ class AcceptanceModel:
             "n_runs": int(len(self._runs)),
             "n_iterations": int(sum(len(c.acc) for c in cells)),
         }
+
+
+def smoother_matrix(coords: np.ndarray, weights: np.ndarray,
+                    bandwidth: tuple[float, float] = (SMOOTH_BW_LOG_SPARSITY,
+                                                      SMOOTH_BW_LOG_CONTEXT)) -> np.ndarray:
+    """[K, K] local-linear Gaussian-kernel smoother: smoothed = S @ values.
+
+    coords [K, 2] (log sparsity, log context) of the cells of one (method, temperature,
+    workload, γ_t); weights [K] their numbers of runs (runs, not iterations, are the
+    independent units). Row k fits a plane to the cells weighted by kernel × runs around
+    cell k and evaluates it there, so a linear trend in (log s, log C) passes unchanged (no
+    bias from pooling along a slope) and the weights sum to 1. A small ridge on the slopes
+    turns a direction without spread (one traced sparsity or context) into a local mean.
+    """
+    k_cells = len(coords)
+    out = np.empty((k_cells, k_cells))
+    bw = np.asarray(bandwidth, dtype=float)
+    for k in range(k_cells):
+        d = coords - coords[k]  # [K, 2]
+        kern = weights * np.exp(-0.5 * np.sum((d / bw) ** 2, axis=1))  # [K]
+        design = np.column_stack([np.ones(k_cells), d])  # [K, 3]
+        gram = (design.T * kern) @ design + np.diag([0.0, 1.0, 1.0]) * _SLOPE_RIDGE * kern.sum()
+        # the intercept of the weighted fit, as a linear function of the values: e_0ᵀ G⁻¹ Xᵀ W
+        out[k] = np.linalg.solve(gram, design.T * kern)[0]
+    return out
 
 
 def _make_cell(rows: pd.DataFrame, gamma: int, sparsity: float, bucket: float) -> _Cell:
