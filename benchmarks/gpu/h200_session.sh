@@ -53,6 +53,18 @@ finalize() {  # a set cut by its timeout is still usable: merge the points it me
   python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$1')" 2>&1 | tail -2
 }
 
+merge_acceptance() {  # the acceptance sets of parallel processes -> $TR/smollm2-135m-real
+  local ok=() s
+  for s in "$@"; do
+    [ -f $s/meta.json ] && finalize $s && ok+=("$s"); tail -2 $s.log
+  done
+  rm -rf $TR/smollm2-135m-real
+  "${cli[@]}" traces merge $TR/smollm2-135m-real "${ok[@]}" 2>&1 | tee "$OUT/acceptance_merge.log"
+  rm -rf $TR/smollm2-135m-real/parts
+  tar czf "$OUT/smollm2-135m-real.tgz" -C $TR smollm2-135m-real
+  tar czf "$OUT/acc_logs.tgz" -C $TR $(cd $TR && ls acc-*.log)
+}
+
 case $stage in
 0)
   cp .model/smollm2.gguf.part.aa /root/model/
@@ -91,14 +103,7 @@ case $stage in
     done
   done
   wait
-  ok=()
-  for s in "${sets[@]}"; do
-    [ -f $s/meta.json ] && finalize $s && ok+=("$s"); tail -2 $s.log
-  done
-  rm -rf $TR/smollm2-135m-real
-  "${cli[@]}" traces merge $TR/smollm2-135m-real "${ok[@]}" 2>&1 | tee "$OUT/acceptance_merge.log"
-  tar czf "$OUT/smollm2-135m-real.tgz" -C $TR smollm2-135m-real
-  tar czf "$OUT/acc_logs.tgz" -C $TR $(cd $TR && ls acc-*.log)
+  merge_acceptance "${sets[@]}"
   ;;
 2)
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
@@ -154,15 +159,7 @@ case $stage in
     done
     wait
     echo "acceptance wall: $(( $(date +%s) - s0 )) s" | tee "$OUT/acceptance_wall.txt"
-    ok=()
-    for s in "${sets[@]}"; do
-      [ -f $s/meta.json ] && finalize $s && ok+=("$s"); tail -2 $s.log
-    done
-    rm -rf $TR/smollm2-135m-real
-    "${cli[@]}" traces merge $TR/smollm2-135m-real "${ok[@]}" 2>&1 | tee "$OUT/acceptance_merge.log"
-    rm -rf $TR/smollm2-135m-real/parts
-    tar czf "$OUT/smollm2-135m-real.tgz" -C $TR smollm2-135m-real
-    tar czf "$OUT/acc_logs.tgz" -C $TR $(cd $TR && ls acc-*.log)
+    merge_acceptance "${sets[@]}"
     timeout ${SMOL_TIMEOUT:-300} "${cli[@]}" calibrate --model $GGUF --weights real \
       --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
       --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
