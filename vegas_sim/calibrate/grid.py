@@ -34,8 +34,9 @@
    largest γ of the plan (the simulator truncates to smaller γ) over the workload's prompts;
    one row per (request, iteration). A method × temperature × workload's sparsities decode as
    one batch, each request drafting at its own sparsity (`measure_acceptance_group`):
-   acceptance is host-bound, so 8 sparsities cost about one. Random weights: no acceptance
-   rows, and meta.json says why.
+   acceptance is host-bound, so 8 sparsities cost little more than one (run 6: the whole
+   SmolLM2 grid in 2.6 GPU-minutes; one point at a time, run 5: 17.1). Random weights: no
+   acceptance rows, and meta.json says why.
 
 3. **meta.json / run_log.json.** Model spec + weights id/sha256, the GPU measured in the same
    run (copy bandwidth, matmul rate), software, date, grid, workloads, seeds; `finalize` adds
