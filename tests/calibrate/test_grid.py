@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -276,18 +277,20 @@ def test_points_that_cannot_fit_are_skipped(tmp_path: Path, tiny_net: Any,
 
 def test_acceptance_batch_halves_until_it_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = get_preset("qwen3-8b")
-    plan = default_plan("qwen3-8b", device="cpu", weights="real", dtype="bfloat16")
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    plan = default_plan("qwen3-8b", device="cpu", weights="real")
+    # A stand-in for a loaded bf16 model (spec, device, dtype: what the estimate reads).
+    on_cuda = SimpleNamespace(spec=spec, device=torch.device("cuda"), dtype=torch.bfloat16)
+    on_cpu = SimpleNamespace(spec=spec, device=torch.device("cpu"), dtype=torch.bfloat16)
     free = 40e9  # bytes "free": 32 requests of 8K Qwen3-8B KV (~1.2 GB each) do not fit
     monkeypatch.setattr(hardware, "free_memory", lambda device: free)
-    n = grid.requests_per_call(plan, spec, 8192, cuda)
+    n = grid.requests_per_call(plan, on_cuda, 8192)
     assert n < grid.ACCEPTANCE_BATCH_GPU and n & (n - 1) == 0  # halved from 128
-    assert hardware.fits_in_memory(spec, n, 8192, cuda, include_weights=False, dtype_bytes=2)
-    assert not hardware.fits_in_memory(spec, 2 * n, 8192, cuda, include_weights=False,
+    assert hardware.fits_in_memory(spec, n, 8192, "cuda", include_weights=False, dtype_bytes=2)
+    assert not hardware.fits_in_memory(spec, 2 * n, 8192, "cuda", include_weights=False,
                                        dtype_bytes=2)
-    assert grid.requests_per_call(plan, spec, 1024, cpu) <= grid.ACCEPTANCE_BATCH_CPU
+    assert grid.requests_per_call(plan, on_cpu, 1024) <= grid.ACCEPTANCE_BATCH_CPU
     fixed = dataclasses.replace(plan, acceptance_batch=3)
-    assert grid.requests_per_call(fixed, spec, 64, cpu) == 3  # an explicit batch, if it fits
+    assert grid.requests_per_call(fixed, on_cpu, 64) == 3  # an explicit batch, if it fits
 
 
 def test_cpu_device_check() -> None:

@@ -407,6 +407,11 @@ def _dtype(plan: CalibrationPlan) -> torch.dtype | None:
                              fix="use bfloat16, float16 or float32") from None
 
 
+def _dtype_bytes(model: Any) -> int:
+    """Bytes per element of the loaded model's weights and KV cache (memory estimates)."""
+    return torch.tensor([], dtype=model.dtype).element_size()
+
+
 # ============================================================================ timing helpers
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -898,17 +903,16 @@ def acceptance_groups(points: Sequence[AcceptancePoint]) -> list[list[Acceptance
     return list(groups.values())
 
 
-def requests_per_call(plan: CalibrationPlan, spec: ModelSpec, max_seq: int,
-                      device: torch.device) -> int:
+def requests_per_call(plan: CalibrationPlan, model: Any, max_seq: int) -> int:
     """Requests one acceptance generate() call decodes: plan.acceptance_batch, or by default
     ACCEPTANCE_BATCH_GPU on CUDA (acceptance is host-bound: a bigger batch costs the GPU little
     and saves whole iterations of host work) and ACCEPTANCE_BATCH_CPU on the CPU; halved until
-    the state fits in free memory."""
-    n = plan.acceptance_batch or (ACCEPTANCE_BATCH_GPU if device.type == "cuda"
+    the state fits in free memory (`model`: the loaded runtime model — spec, device, dtype)."""
+    n = plan.acceptance_batch or (ACCEPTANCE_BATCH_GPU if model.device.type == "cuda"
                                   else ACCEPTANCE_BATCH_CPU)
-    db = torch.tensor([], dtype=_dtype(plan) or torch.float32).element_size()
-    while n > 1 and not hardware.fits_in_memory(spec, n, max_seq, device,
-                                                include_weights=False, dtype_bytes=db):
+    while n > 1 and not hardware.fits_in_memory(model.spec, n, max_seq, model.device,
+                                                include_weights=False,
+                                                dtype_bytes=_dtype_bytes(model)):
         n //= 2
     return n
 
@@ -936,7 +940,7 @@ def measure_acceptance_group(model: Any, plan: CalibrationPlan, group: list[Acce
     max_new = acceptance_max_new(plan, head.gamma)
     max_seq = max(len(p) for p in prompts) + max_new + 2 * head.gamma + 2
     requests = [(i, p) for i in range(len(prompts)) for p in group]  # prompt-major
-    per_call = requests_per_call(plan, model.spec, max_seq, model.device)
+    per_call = requests_per_call(plan, model, max_seq)
     rows: dict[str, list[dict[str, Any]]] = {p.key: [] for p in group}
     for start in range(0, len(requests), per_call):
         chunk = requests[start:start + per_call]
@@ -1190,7 +1194,7 @@ def _skip_if_too_big(model: Any, plan: CalibrationPlan, point: LatencyPoint,
     spec: ModelSpec = model.spec
     ctx = effective_context(plan, spec, point.context)
     max_seq = ctx + 2 * max(plan.verify_n_query() + [DRAFT_GAMMA + 1]) + 2
-    db = torch.tensor([], dtype=model.dtype).element_size()
+    db = _dtype_bytes(model)
     if hardware.fits_in_memory(spec, point.batch, max_seq, device, include_weights=False,
                                dtype_bytes=db):
         return None
