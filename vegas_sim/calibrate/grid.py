@@ -90,8 +90,8 @@ import torch
 
 from vegas_sim.calibrate import hardware
 from vegas_sim.calibrate.sampling import sampling_args
+from vegas_sim.calibrate.specdec import graphs_default, state_headroom
 from vegas_sim.errors import UserInputError
-from vegas_sim.calibrate.specdec import graphs_default
 from vegas_sim.kernels import ops
 from vegas_sim.methods import (
     METHODS,
@@ -594,7 +594,7 @@ class PointContext:
         return self.spec.max_positions
 
     def max_seq(self, gamma: int) -> int:
-        return self.context + 2 * max(gamma, 1) + 2
+        return self.context + state_headroom(gamma)
 
 
 def _decoder(ctx: PointContext, method: str, gamma: int, sparsity: float, timer: Any) -> Any:
@@ -848,7 +848,7 @@ def measure_verify(ctx: PointContext, n_query: int) -> list[dict[str, Any]]:
 def effective_context(plan: CalibrationPlan, spec: ModelSpec, context: int) -> int:
     """The context actually measured: capped so that context + 2γ_max + 2 fits the model."""
     gamma = max([DRAFT_GAMMA, *(q - 1 for q in plan.verify_n_query())])
-    return min(context, spec.max_positions - 2 * gamma - 2)
+    return min(context, spec.max_positions - state_headroom(gamma))
 
 
 def measure_latency_point(model: Any, plan: CalibrationPlan, point: LatencyPoint
@@ -885,7 +885,7 @@ def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
     """The first `acceptance_prompts` prompts of the workload that leave room for the output."""
     from vegas_sim.calibrate.workloads import load_workload
 
-    room = spec.max_positions - acceptance_max_new(plan, gamma) - 2 * gamma - 2
+    room = spec.max_positions - acceptance_max_new(plan, gamma) - state_headroom(gamma)
     prompts = [p for p in load_workload(workload, model=spec.name, max_len=room) if len(p) >= 2]
     if not prompts:
         raise UserInputError(
@@ -938,7 +938,7 @@ def measure_acceptance_group(model: Any, plan: CalibrationPlan, group: list[Acce
     group_key = f"acceptance/{head.method}/g{head.gamma}/t{head.temperature:g}/{head.workload}"
     gen = torch.Generator(device=model.device).manual_seed(_stable_seed(plan.seed, group_key))
     max_new = acceptance_max_new(plan, head.gamma)
-    max_seq = max(len(p) for p in prompts) + max_new + 2 * head.gamma + 2
+    max_seq = max(len(p) for p in prompts) + max_new + state_headroom(head.gamma)
     requests = [(i, p) for i in range(len(prompts)) for p in group]  # prompt-major
     per_call = requests_per_call(plan, model, max_seq)
     rows: dict[str, list[dict[str, Any]]] = {p.key: [] for p in group}

@@ -90,6 +90,13 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
 
 MAX_GAMMA = 15  # verify_attention takes at most 16 query rows
+
+
+def state_headroom(gamma: int) -> int:
+    """Cache slots a state needs past its context C: 2·max(γ, 1) + 2 (an iteration writes
+    [t0, d1..dγ] for the drafts and again for verify before rolling back; vanilla counts as
+    γ = 1)."""
+    return 2 * max(gamma, 1) + 2
 VEGAS_TYPES = ("vegas", "vegas-all", "specextend")
 
 
@@ -335,7 +342,7 @@ class SpecDecoder:
             raise UserInputError("max_new_tokens must be >= 1", where="max_new_tokens",
                                  fix="ask for at least one token")
         c = self.config
-        max_seq = int(lengths.max()) + max_new_tokens + 2 * max(c.gamma, 1) + 2
+        max_seq = int(lengths.max()) + max_new_tokens + state_headroom(c.gamma)
         state = self._new_state(len(prompts), max_seq, self._per_request(sparsity, len(prompts)))
         state.generator, state.replay, state.max_new_tokens = generator, replay, max_new_tokens
         with self.timer.phase("prefill"):
@@ -387,10 +394,10 @@ class SpecDecoder:
         `max_new_tokens` is given: then the state evolves like a real one (contexts grow,
         tokens are emitted, requests finish), which `validate` uses at 128K contexts."""
         c = self.config
-        if context < 1 or max_seq < context + 2 * max(c.gamma, 1) + 2:
+        if context < 1 or max_seq < context + state_headroom(c.gamma):
             raise UserInputError(
                 f"context {context} does not fit max_seq {max_seq}", where="init_state",
-                fix=f"use max_seq >= context + 2*gamma + 2 = {context + 2 * max(c.gamma, 1) + 2}")
+                fix=f"use max_seq >= context + 2*gamma + 2 = {context + state_headroom(c.gamma)}")
         gen = torch.Generator(self.device).manual_seed(seed)
         state = self._new_state(batch, max_seq)
         state.synthetic, state.replay, state.generator = max_new_tokens is None, replay, gen
