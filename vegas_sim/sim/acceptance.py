@@ -163,6 +163,7 @@ class _Source:
     cond_ext: np.ndarray  # [γ − γ_t] conditional rates for the extended positions (may be [])
     rates: np.ndarray  # [γ] this component's per-position rates
     base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
+    # (None only for the all-accepted component, which replays nothing)
 
     def draw_blocks(self, rng: np.random.Generator, n_blocks: int, gamma: int,
                     block_len: int) -> np.ndarray:
@@ -176,16 +177,9 @@ class _Source:
         idx = rs[:, None] + (start - rs)[:, None] + np.arange(block_len)[None, :]
         idx = rs[:, None] + (idx - rs[:, None]) % rl[:, None]  # [n_blocks, block_len]
         vals = np.minimum(cell.acc[idx], gamma)
-        if self.base_cond is not None:
-            return _match_rates(rng, vals, self.base_cond, _cond(self.rates))
-        if len(self.cond_ext):  # a hand-built source: extend all-accepted iterations only
-            full = vals == cell.gamma
-            n_full = int(full.sum())
-            if n_full:
-                u = rng.random((n_full, len(self.cond_ext)))
-                extra = np.cumprod(u < self.cond_ext[None, :], axis=1).sum(axis=1)
-                vals[full] += extra
-        return vals
+        assert self.base_cond is not None, "a traced component knows its outcomes' rates"
+        # thins to the smoothed rates and extends past the traced γ (base rate 0 there)
+        return _match_rates(rng, vals, self.base_cond, _cond(self.rates))
 
 
 def _cond(rates: np.ndarray) -> np.ndarray:
