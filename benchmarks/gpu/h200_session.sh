@@ -35,7 +35,9 @@
 # Run 6 (fourth session): `5 q8b` with Q8B_TIMEOUT=540 (466 s, carrying part.aa), `5 smol`
 # with ACC_TIMEOUT=200 SMOL_TIMEOUT=300 (336 s: acceptance 167 s, latency 147 s), stage 3 with
 # VALIDATE_TIMEOUT=265 VALIDATE_BUDGET=225 (214 s), then `pytest -m gpu tests/kernels
-# tests/calibrate` and `calibrate --quick` (90 s). 19.5 of the 30 device-minutes.
+# tests/calibrate` and `calibrate --quick` (90 s). 19.5 of the 30 device-minutes. Later, on a
+# fresh machine (part.aa, then part.ab joined as above), `vegas-sim validate` of
+# benchmarks/validation/heldout_smollm2_small_batch_x4.csv (--time-budget 280, 300 s).
 set -u
 stage=${1:?stage 0, 1, 2, 3, 4 or 5}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -51,6 +53,15 @@ mkdir -p $TR /root/model
 
 finalize() {  # a set cut by its timeout is still usable: merge the points it measured
   python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$1')" 2>&1 | tail -2
+}
+
+join_gguf() {  # the halves (part.aa copied to /root/model by an earlier call) -> $GGUF, checked
+  cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
+  # sha256sum's status, not tee's (a piped `| tee` hid a mismatch before)
+  echo "$SHA  $GGUF" | sha256sum -c - > "$OUT/gguf.txt"
+  local rc=$?
+  cat "$OUT/gguf.txt"
+  return $rc
 }
 
 merge_acceptance() {  # the acceptance sets of parallel processes -> $TR/smollm2-135m-real
@@ -89,8 +100,7 @@ case $stage in
     | tee "$OUT/kernels_run5.log" | tail -40
   ;;
 1)
-  cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
-  echo "$SHA  $GGUF" | sha256sum -c - | tee "$OUT/gguf.txt" || exit 2
+  join_gguf || exit 2
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
   sets=()
   for w in longdoc reasoning chat code; do
@@ -142,8 +152,7 @@ case $stage in
     finalize $TR/qwen3-8b-h200; rm -rf $TR/qwen3-8b-h200/parts
     tar czf "$OUT/qwen3-8b-h200.tgz" -C $TR qwen3-8b-h200
   else  # smol: the GGUF's second half, the acceptance set, then the latency set
-    cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
-    echo "$SHA  $GGUF" | sha256sum -c - | tee "$OUT/gguf.txt" || exit 2
+    join_gguf || exit 2
     # Acceptance: one process per workload x temperature (host-bound; they share the GPU),
     # each method's 8 sparsities decoded as one batch (grid.measure_acceptance_group).
     s0=$(date +%s); sets=()
@@ -171,8 +180,7 @@ case $stage in
   fi
   ;;
 4)
-  cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
-  echo "$SHA  $GGUF" | sha256sum -c - | tee "$OUT/gguf.txt" || exit 2
+  join_gguf || exit 2
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
   acc=(calibrate --model $GGUF --weights real --no-latency --gamma 12 --iterations 32
        --min-tokens 32)
