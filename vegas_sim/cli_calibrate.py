@@ -115,17 +115,21 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for choosing held-out configurations and for the runs (recorded).")
 @click.option("--replications", type=int, default=5, show_default=True,
-              help="Simulator replications per prediction.")
+              help="Simulator replications per prediction, at least (small batches get "
+                   "enough for 256 simulated requests).")
 @click.option("--time-budget", type=float, default=None,
               help="Seconds after which no new configuration starts (the table so far is "
                    "kept), for a bounded GPU call.")
+@click.option("--phase-wave/--no-phase-wave", default=True, show_default=True,
+              help="One more wave per configuration with per-phase timers (not measured "
+                   "throughput): measured vs predicted ms per phase in the table.")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result CSV (predicted, measured, error %, CI, extrapolated).")
 def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              n_random: int | None, repredict: Path | None, model: str | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
              device: str, seed: int, replications: int, time_budget: float | None,
-             out: Path) -> None:
+             phase_wave: bool, out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
@@ -171,6 +175,6 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                 n_random=n_random, model=model, weights=weights, max_batch=max_batch,
                 contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
                 progress=progress, replications=replications, time_budget_s=time_budget,
-                log=lambda line: click.echo(line, err=True))
+                log=lambda line: click.echo(line, err=True), phase_wave=phase_wave)
     click.echo(validation.summarize(table))
     click.echo(f"wrote {out}")

@@ -17,6 +17,11 @@
 #            latency set with DRAFT_GAMMA = 4. `5 smol` (carry .whl and part.ab): join the
 #            GGUF, the whole SmolLM2 acceptance set (sparsities batched), the SmolLM2 latency
 #            set. Then stage 3 validates against them.
+#   stage 7  the fifth session's run (run 7): `7 a` (carry .whl and part.aa, copied to
+#            /root/model): GPU tests of calibrate, a CUDA smoke run of `validate` (phase wave);
+#            `7 smol` (carry .whl and part.ab): join the GGUF, re-measure the SmolLM2 latency set
+#            (host gaps over HOST_GAP_CHAIN iterations); `7 va`: validation regime (a), >= 32
+#            requests per configuration, with the phase wave; `7 vb`: regime (b) likewise.
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -39,7 +44,7 @@
 # fresh machine (part.aa, then part.ab joined as above), `vegas-sim validate` of
 # benchmarks/validation/heldout_smollm2_small_batch_x4.csv (--time-budget 280, 300 s).
 set -u
-stage=${1:?stage 0, 1, 2, 3, 4 or 5}
+stage=${1:?stage 0, 1, 2, 3, 4, 5 or 7}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -178,6 +183,49 @@ case $stage in
     # stage 3 reads the acceptance set from $TR: the packaged one if this one failed
     [ -f $TR/smollm2-135m-real/meta.json ] || cp -r $D/smollm2-135m-real $TR/
   fi
+  ;;
+7)
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  val=(validate --acceptance-traces $D/smollm2-135m-real --seed 0)
+  case ${2:?7 a, smol, va or vb} in
+  a)
+    cp .model/smollm2.gguf.part.aa /root/model/
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv \
+      | tee "$OUT/gpu.txt"
+    printf 'method,gamma,sparsity,batch,context,output_len,waves\nvegas,3,0.06,3,3000,16,2\nvanilla,1,1.0,3,3000,16,1\n' \
+      > /tmp/smoke.csv
+    timeout 120 "${cli[@]}" "${val[@]}" --traces $D/qwen3-8b-h200 --model qwen3-8b \
+      --weights random --heldout /tmp/smoke.csv --out "$OUT/validate_smoke.csv" 2>&1 \
+      | tail -6 | tee "$OUT/validate_smoke.log"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate 2>&1 \
+      | tail -6 | tee "$OUT/calibrate_gpu_tests.log"
+    ;;
+  smol)
+    join_gguf || exit 2
+    timeout ${SMOL_TIMEOUT:-400} "${cli[@]}" calibrate --model $GGUF --weights real \
+      --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
+      --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
+      --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/smol_latency.log"
+    finalize $TR/smollm2-135m-h200; rm -rf $TR/smollm2-135m-h200/parts
+    tar czf "$OUT/smollm2-135m-h200.tgz" -C $TR smollm2-135m-h200
+    ;;
+  va)
+    timeout ${VALIDATE_TIMEOUT:-570} "${cli[@]}" "${val[@]}" --traces $TR/smollm2-135m-h200 \
+      --model $GGUF --weights real --heldout benchmarks/validation/heldout_smollm2.csv \
+      --time-budget ${VALIDATE_BUDGET:-500} --out "$OUT/validate_h200_smollm2.csv" \
+      > "$OUT/validate_h200_smollm2.log" 2>&1
+    echo "smollm2 rc=$?" | tee -a "$OUT/validate_h200_smollm2.log"
+    tail -8 "$OUT/validate_h200_smollm2.log"
+    ;;
+  vb)
+    timeout ${VALIDATE_TIMEOUT:-300} "${cli[@]}" "${val[@]}" --traces $D/qwen3-8b-h200 \
+      --model qwen3-8b --weights random --heldout benchmarks/validation/heldout_qwen3_8b.csv \
+      --time-budget ${VALIDATE_BUDGET:-250} --out "$OUT/validate_h200_qwen3_8b.csv" \
+      > "$OUT/validate_h200_qwen3_8b.log" 2>&1
+    echo "qwen3-8b rc=$?" | tee -a "$OUT/validate_h200_qwen3_8b.log"
+    tail -8 "$OUT/validate_h200_qwen3_8b.log"
+    ;;
+  esac
   ;;
 4)
   join_gguf || exit 2

@@ -51,13 +51,19 @@ CONTEXTS = {
 OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64}
 
 
+# Real weights: requests per configuration, at least. One request's acceptance length scatters
+# ~18 % (prompt and sampling); run 6 measured 8 requests at B = 1 (sampling error 6.7-8.7 %,
+# so a 2-sigma miss was 13-17 % of throughput). 32 halves that. The longdoc pool has 8-16
+# prompts this long, so waves past it repeat prompts with other sampling seeds.
+MIN_REQUESTS = 32
+
+
 def waves_for(regime: str, batch: int) -> int:
-    """Real weights: enough waves that ~6+ distinct prompts are averaged at small B (one
-    prompt's acceptance is not the workload's). Replay: one wave (its prediction replays the
-    same accept counts)."""
+    """Real weights: enough waves for MIN_REQUESTS requests. Replay: one wave (its prediction
+    replays the same accept counts)."""
     if regime != "smollm2":
         return 1
-    return 8 if batch == 1 else 4 if batch <= 3 else 3 if batch <= 12 else 2 if batch <= 24 else 1
+    return -(-MIN_REQUESTS // batch)
 
 
 def kv_gb(batch: int, context: int, output_len: int) -> float:

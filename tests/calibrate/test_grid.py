@@ -213,7 +213,10 @@ def _assert_rows_cover_plans(lat: pd.DataFrame, plan: CalibrationPlan, max_len: 
     """Every phase call of iteration_plan has a latency row with the same quantities (draft
     steps up to DRAFT_GAMMA: later steps differ only by one tail entry each)."""
     assert (lat["ms_median"] > 0).all()
-    assert (lat[lat.phase != "quest_meta"]["n"] == plan.reps).all()  # quest_meta: pooled
+    # decode / verify / select / sample: reps × HOST_GAP_CHAIN iterations; draft steps: reps
+    chained = lat.phase.isin(["decode", "verify", "select", "sample"])
+    assert (lat[chained]["n"] == plan.reps * grid.HOST_GAP_CHAIN).all()
+    assert (lat[~chained & (lat.phase != "quest_meta")]["n"] == plan.reps).all()  # quest: pooled
     quantities = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
     assert not lat.duplicated(quantities).any()  # coinciding budgets are measured once
     have = {tuple(r) for r in lat[quantities].itertuples(index=False)}
@@ -371,6 +374,33 @@ def test_host_gap_correction() -> None:
     assert timed.host_gaps() == [1.0, 0.0]  # the second wall is below the GPU sum: no gap
     assert with_host_gap([1.0, 1.5], timed.host_gaps()) == [2.0, 1.5]
     assert Timed(iterations=[[("sample", 1.0)]], walls=[]).host_gaps() == [0.0]
+
+
+def test_host_gap_is_shared_by_a_repetitions_chained_iterations() -> None:
+    """A repetition of `chain` back-to-back iterations: its gap (wall − Σ samples of all its
+    iterations) is split evenly among them, not charged to one."""
+    from vegas_sim.calibrate.grid import Timed
+
+    its = [[("decode", 3.0), ("sample", 0.5)]] * 4
+    timed = Timed(iterations=its, walls=[16.0, 13.0], chain=2)  # GPU 7 ms per repetition
+    assert timed.host_gaps() == [4.5, 4.5, 3.0, 3.0]
+    # iterations and walls that do not match the chain: no correction rather than a wrong one
+    assert Timed(iterations=its[:3], walls=[16.0, 13.0], chain=2).host_gaps() == [0.0] * 3
+
+
+def test_vanilla_and_verify_time_chained_iterations(tiny_net: Any) -> None:
+    """The host-gap phases are timed over HOST_GAP_CHAIN consecutive iterations per
+    repetition: reps × chain samples per row."""
+    from vegas_sim.calibrate import grid
+
+    plan = grid.quick_plan("tiny", device="cpu", methods=("vanilla", "vegas"), gamma=(2,), sparsity=(0.1,),
+                           batch=(1,), context=(32,), reps=2, warmup=0)
+    ctx = grid.PointContext(tiny_net, plan, 1, 32, seed=0)
+    with torch.no_grad():
+        rows = grid.measure_vanilla(ctx) + grid.measure_verify(ctx, 3)
+    n = {(r["phase"], r["method"]): r["n"] for r in rows}
+    assert n[("decode", "vanilla")] == n[("sample", "vanilla")] == 2 * grid.HOST_GAP_CHAIN
+    assert n[("verify", "vegas")] == n[("sample", "vegas")] == 2 * grid.HOST_GAP_CHAIN
 
 
 def test_sigterm_interrupts_like_ctrl_c() -> None:

@@ -78,6 +78,26 @@ def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert (table["measured"] > 0).all() and (table["predicted"] > 0).all()
     assert set(table["regime"]) == {"random-weights+replay"}
     assert "configurations" in summarize(table)
+    # the phase wave: every phase the latency model predicts was timed, and vice versa
+    from vegas_sim.calibrate.validate import parse_phases
+
+    for _, row in table.iterrows():
+        meas, pred = parse_phases(row["measured_phase_ms"]), parse_phases(
+            row["predicted_phase_ms"])
+        assert set(meas) == set(pred) and all(v > 0 for v in meas.values())
+    assert set(parse_phases(table.iloc[0]["measured_phase_ms"])) == {
+        "draft_step", "verify", "sample", "select"}
+
+
+def test_phase_means_charge_the_host_gap_to_sample_and_fold_other() -> None:
+    from vegas_sim.calibrate.validate import format_phases, parse_phases, phase_means
+
+    summary = {"draft_step": [1.0, 1.0, 1.0, 1.0], "other": [0.2, 0.2], "verify": [3.0, 3.0],
+               "sample": [0.5, 0.5]}
+    per = phase_means(summary, iterations=2, wall_ms=2 * 6.0)  # 5.7 ms of phases per iteration
+    assert per == pytest.approx({"draft_step": 2.2, "verify": 3.0, "sample": 0.8})
+    assert parse_phases(format_phases(per)) == pytest.approx(per)
+    assert phase_means({"decode": [3.0]}, 1, 2.0) == {"decode": 3.0, "sample": 0.0}
 
 
 def test_prompts_are_natural_text_and_waves_rotate() -> None:
@@ -150,6 +170,7 @@ def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
     before, after = repredict(tmp_path / "old.csv", traces=traces, acceptance_traces=None,
                               out=tmp_path / "new.csv", seed=0, replications=2)
     row = after.iloc[0]
+    assert row["measured_phase_ms"] == row["predicted_phase_ms"] == ""  # an untimed old run
     assert row["measured"] == 500.0 and row["predicted"] == row["predicted_replay"] > 1.0
     assert row["error_pct"] == pytest.approx(100 * (row["predicted"] - 500) / 500)
     assert (tmp_path / "new.csv").exists()

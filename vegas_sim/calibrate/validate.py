@@ -65,6 +65,7 @@ class Measurement:
     iterations: int
     acceptance_length: float  # 1 + mean accepted drafts per (request, iteration), pre-truncation
     accepted: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    phase_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # see phase_means
 
     @property
     def throughput(self) -> float:
@@ -104,10 +105,50 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def phase_means(summary: dict[str, list[float]], iterations: int, wall_ms: float
+                ) -> dict[str, float]:
+    """ms per iteration of each phase of a timed window (CUDA events: device time). The
+    device's idle time (wall − Σ phases: host work, syncs) is charged to 'sample', as the
+    calibration grid charges it (grid.with_host_gap), so both sides compare phase by phase."""
+    n = max(iterations, 1)
+    per = {name: float(sum(ms)) / n for name, ms in summary.items()}
+    if "other" in per:  # the draft's index preparation: the grid folds it into draft_step
+        per["draft_step"] = per.get("draft_step", 0.0) + per.pop("other")
+    gap = max(wall_ms / n - sum(per.values()), 0.0)
+    per["sample"] = per.get("sample", 0.0) + gap
+    return per
+
+
+def format_phases(phases: dict[str, float]) -> str:
+    """'decode=2.81;sample=0.31' (ms per iteration), phases in methods.PHASES order."""
+    from vegas_sim.methods import PHASES
+
+    return ";".join(f"{p}={phases[p]:.4g}" for p in PHASES if p in phases)
+
+
+def parse_phases(text: Any) -> dict[str, float]:
+    if not isinstance(text, str) or not text:
+        return {}
+    return {k: float(v) for k, v in (item.split("=") for item in text.split(";"))}
+
+
+def phase_line(row: dict[str, Any]) -> str:
+    """'; ms/iteration measured/predicted: verify 5.1/5.0 sample 0.62/0.55' ('' untimed)."""
+    meas, pred = parse_phases(row.get("measured_phase_ms")), parse_phases(
+        row.get("predicted_phase_ms"))
+    if not meas:
+        return ""
+    parts = [f"{k} {meas.get(k, 0.0):.3g}/{pred.get(k, 0.0):.3g}"
+             for k in dict.fromkeys([*pred, *meas])]
+    return "; ms/iteration measured/predicted: " + " ".join(parts)
+
+
 def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
-    """Run iterations until the first request finishes; tokens and time of that window."""
+    """Run iterations until the first request finishes; tokens and time of that window (and,
+    when the decoder's timer is enabled, its phases per iteration)."""
     emitted = lambda: sum(len(e) for e in state.emitted)  # noqa: E731
     start_tokens, iterations, first_record = emitted(), 0, len(state.records)
+    decoder.timer.reset()
     _sync(device)
     t0 = time.perf_counter()
     while not state.done.any():
@@ -120,18 +161,18 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     for r in state.records[first_record:]:
         seqs[r.request].append(int(r.accepted))
     waves = [seqs] if any(seqs) else []  # vanilla records nothing
-    return Measurement(tokens, seconds, iterations, acceptance_length(waves), waves)
+    phases = (phase_means(decoder.timer.summary(), iterations, 1e3 * seconds)
+              if decoder.timer.enabled else {})
+    return Measurement(tokens, seconds, iterations, acceptance_length(waves), waves, phases)
 
 
 def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
                  min_tokens: int = MIN_TOKENS, warm: bool = True,
-                 sampling: tuple[float, int] = (1.0, 0)) -> Measurement:
+                 sampling: tuple[float, int] = (1.0, 0), timed: bool = False) -> Measurement:
     """Prefill real prompts (cut to h.context tokens), then decode with real acceptance;
-    sampling = (top_p, top_k) of sampled runs."""
-    from vegas_sim.calibrate.specdec import SpecDecoder
-
+    sampling = (top_p, top_k) of sampled runs; `timed`: also time the window's phases."""
     device = next(model.parameters()).device
-    decoder = SpecDecoder(model, _spec_config(h, min_tokens, *sampling))
+    decoder = _decoder(model, h, min_tokens, sampling, timed)
     gen = torch.Generator(device).manual_seed(seed)
     state = decoder.prefill_state(prompts, h.output_len, generator=gen)
     if warm:
@@ -142,13 +183,13 @@ def measure_real(model: Any, h: HeldOut, prompts: list[torch.Tensor], seed: int,
 
 def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
                      min_tokens: int = MIN_TOKENS, warm: bool = True,
-                     sampling: tuple[float, int] = (1.0, 0)) -> Measurement:
+                     sampling: tuple[float, int] = (1.0, 0), timed: bool = False
+                     ) -> Measurement:
     """Random KV at h.context, acceptance replayed from `sequences` [B, iterations]."""
     from vegas_sim.calibrate.replay import AcceptanceReplay
-    from vegas_sim.calibrate.specdec import SpecDecoder
 
     device = next(model.parameters()).device
-    decoder = SpecDecoder(model, _spec_config(h, min_tokens, *sampling))
+    decoder = _decoder(model, h, min_tokens, sampling, timed)
     if warm:
         _warm(decoder, h, device)
     replay = AcceptanceReplay([list(map(int, row)) for row in sequences])
@@ -157,6 +198,18 @@ def measure_replayed(model: Any, h: HeldOut, sequences: np.ndarray, seed: int,
                                max_new_tokens=h.output_len)
     decoder.prepare_graphs(state)
     return _window_run(decoder, state, device)
+
+
+def _decoder(model: Any, h: HeldOut, min_tokens: int, sampling: tuple[float, int],
+             timed: bool) -> Any:
+    """h's SpecDecoder; `timed`: with an enabled PhaseTimer (CUDA events per phase, a few µs
+    of host time each — kept out of the waves whose throughput is measured)."""
+    from vegas_sim.calibrate.specdec import SpecDecoder
+    from vegas_sim.calibrate.timers import PhaseTimer
+
+    device = next(model.parameters()).device
+    return SpecDecoder(model, _spec_config(h, min_tokens, *sampling),
+                       PhaseTimer(device) if timed else None)
 
 
 def _spec_config(h: HeldOut, min_tokens: int, top_p: float = 1.0, top_k: int = 0) -> Any:
@@ -275,6 +328,20 @@ def resolve_temperature(h: HeldOut, models: _Models) -> tuple[HeldOut, str]:
     return h, ""
 
 
+# Requests the simulator runs for one prediction, at least (replications × batch): the
+# prediction is the configuration's expected throughput, so its own Monte-Carlo error must sit
+# well under the run's. With only as many simulated requests as the run measured (run 6: 5
+# replications of 1-8 requests), a B = 1 prediction had a ±17 % CI and two acceptance sets'
+# predictions differed by 3.2 % sd per configuration (2.0 % at ≥ 256 requests).
+MIN_SIMULATED_REQUESTS = 256
+
+
+def prediction_replications(h: HeldOut, replications: int) -> int:
+    """Replications of h's closed batch: at least `replications`, h.waves, and enough for
+    MIN_SIMULATED_REQUESTS requests."""
+    return max(replications, h.waves, math.ceil(MIN_SIMULATED_REQUESTS / h.batch))
+
+
 def _scenario(h: HeldOut, weights: str, min_tokens: int) -> Any:
     from vegas_sim.sim.predict import Scenario
 
@@ -331,8 +398,13 @@ def run_validation(
     contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
     progress: ProgressFn | None = None, replications: int = 5,
     time_budget_s: float | None = None, log: Callable[[str], None] | None = None,
+    phase_wave: bool = True,
 ) -> pd.DataFrame:
     """Measure and predict every held-out configuration; write and return the result table.
+
+    `phase_wave`: one more wave per configuration with per-phase timers (not part of the
+    measured throughput), compared phase by phase with the latency model in the table's
+    `measured_phase_ms` / `predicted_phase_ms` — which phase a miss comes from.
 
     `time_budget_s`: no new configuration starts after this many seconds (the ones done are
     written; the rest are logged as skipped), so a bounded GPU call still ends with a table.
@@ -373,17 +445,19 @@ def run_validation(
             progress(i, len(heldout), h.label)
         sc = _scenario(h, weights, models.min_tokens)
         pred = predict([sc], latency, acceptance, seed=seed,
-                       replications=max(replications, h.waves)).iloc[0]
+                       replications=prediction_replications(h, replications)).iloc[0]
         t_cfg = time.perf_counter()
-        m, prompt_note = _measure(runtime_model, h, acceptance, weights, seed, i, models)
+        m, prompt_note = _measure(runtime_model, h, acceptance, weights, seed, i, models,
+                                  phase_wave)
         rep, rep_iter = predict_replayed(sc, latency, m.accepted, h.waves, seed)
         notes = ";".join(n for n in (note, prompt_note) if n)
         rows.append(_result_row(h, pred, m, weights, rep, rep_iter, notes,
-                                time.perf_counter() - t_cfg))
+                                time.perf_counter() - t_cfg,
+                                predicted_phases(h, latency, m, models.min_tokens)))
         if log:
             log(f"{h.label}: measured {m.throughput:.1f} tok/s, predicted "
                 f"{rows[-1]['predicted']:.1f} ({rows[-1]['error_pct']:+.1f} %), "
-                f"{rows[-1]['wall_s']:.1f} s")
+                f"{rows[-1]['wall_s']:.1f} s" + phase_line(rows[-1]))
         pd.DataFrame(rows).to_csv(out, index=False)  # nothing lost if interrupted
     if progress:
         progress(len(heldout), len(heldout), "done")
@@ -393,29 +467,50 @@ def run_validation(
 
 
 def _measure(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed: int,
-             i: int, models: _Models) -> tuple[Measurement, str]:
-    """All waves of one configuration, pooled; the first wave pays the warm-up."""
-    waves: list[Measurement] = []
-    note = ""
-    for w in range(h.waves):
-        run_seed = seed + 1000 * i + w
-        if weights == "random":
-            rng = np.random.default_rng([seed, i, w])
-            dist = acceptance.lookup(h.method, h.gamma, h.sparsity, h.context, h.workload,
-                                     h.temperature or 0.0, output_len=h.output_len
-                                     ) if h.method != "vanilla" else None
-            n_iter = h.output_len + 1
-            seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
-                    else np.zeros((h.batch, n_iter), dtype=np.int64))
-            waves.append(measure_replayed(runtime_model, h, seqs, run_seed, models.min_tokens,
-                                          warm=w == 0, sampling=models.sampling))
-        else:
-            from vegas_sim.calibrate.workloads import load_workload
+             i: int, models: _Models, phase_wave: bool = False) -> tuple[Measurement, str]:
+    """All waves of one configuration, pooled; the first wave pays the warm-up. `phase_wave`:
+    one more wave (other prompts / draws) with per-phase timers, not pooled: its phases per
+    iteration go to the pooled measurement's `phase_ms`."""
+    waves = [_wave(runtime_model, h, acceptance, weights, seed, i, w, models)
+             for w in range(h.waves)]
+    note = waves[0][1]
+    m = pool([w for w, _ in waves])
+    if phase_wave:
+        timed, _ = _wave(runtime_model, h, acceptance, weights, seed, i, h.waves, models,
+                         timed=True)
+        m.phase_ms = timed.phase_ms
+    return m, note
 
-            prompts, note = prompts_for(h, load_workload(h.workload or "longdoc"), w)
-            waves.append(measure_real(runtime_model, h, prompts, run_seed, models.min_tokens,
-                                      warm=w == 0, sampling=models.sampling))
-    return pool(waves), note
+
+def _wave(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed: int, i: int,
+          w: int, models: _Models, timed: bool = False) -> tuple[Measurement, str]:
+    """Wave w of configuration i: its own prompts (real) or accept draws (replay)."""
+    run_seed = seed + 1000 * i + w
+    if weights == "random":
+        rng = np.random.default_rng([seed, i, w])
+        dist = acceptance.lookup(h.method, h.gamma, h.sparsity, h.context, h.workload,
+                                 h.temperature or 0.0, output_len=h.output_len
+                                 ) if h.method != "vanilla" else None
+        n_iter = h.output_len + 1
+        seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
+                else np.zeros((h.batch, n_iter), dtype=np.int64))
+        return measure_replayed(runtime_model, h, seqs, run_seed, models.min_tokens,
+                                warm=w == 0, sampling=models.sampling, timed=timed), ""
+    from vegas_sim.calibrate.workloads import load_workload
+
+    prompts, note = prompts_for(h, load_workload(h.workload or "longdoc"), w)
+    return measure_real(runtime_model, h, prompts, run_seed, models.min_tokens, warm=w == 0,
+                        sampling=models.sampling, timed=timed), note
+
+
+def predicted_phases(h: HeldOut, latency: Any, m: Measurement, min_tokens: int
+                     ) -> dict[str, float]:
+    """The latency model's ms per iteration of each phase, at the context the requests had
+    halfway through the measured window (the comparison for `Measurement.phase_ms`)."""
+    per_request = m.tokens / max(h.batch * h.waves, 1)
+    contexts = np.full(h.batch, h.context + int(per_request / 2), dtype=np.int64)
+    cost = latency.iteration_cost(h.method, h.gamma, h.sparsity, min_tokens)
+    return {k: float(v) for k, v in cost.breakdown(contexts).items()}
 
 
 def _pct(a: float, b: float) -> float:
@@ -424,7 +519,8 @@ def _pct(a: float, b: float) -> float:
 
 def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
                 replayed: float, replayed_iter_ms: float, notes: str,
-                wall_s: float) -> dict[str, Any]:
+                wall_s: float, predicted_phase_ms: dict[str, float] | None = None
+                ) -> dict[str, Any]:
     """One result row. `predicted` is what the issue's targets are judged on: the simulator
     from the trace sets alone for real weights; for the replay regime the simulator fed the
     same replayed accept counts as the run (the acceptance there is an input drawn from the
@@ -454,6 +550,8 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "predicted_iter_ms": replayed_iter_ms,
         "measured_iter_ms": measured_iter_ms,
         "iter_time_error_pct": _pct(replayed_iter_ms, measured_iter_ms),
+        "measured_phase_ms": format_phases(m.phase_ms),
+        "predicted_phase_ms": format_phases(predicted_phase_ms or {}) if m.phase_ms else "",
         "extrapolated": str(pred.get("extrapolated") or ""),
         "notes": notes,
         "wall_s": wall_s,
@@ -504,18 +602,20 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
             h = resolve_temperature(h, models)[0]
         sc = _scenario(h, weights, models.min_tokens)
         pred = predict([sc], models.latency, models.acceptance, seed=seed,
-                       replications=max(replications, h.waves)).iloc[0]
+                       replications=prediction_replications(h, replications)).iloc[0]
         accepted = decode_accepted(row.get("measured_accepted"))
         rep, rep_iter = (predict_replayed(sc, models.latency, accepted, h.waves, seed)
                          if accepted or h.method == "vanilla" else (math.nan, math.nan))
         m = Measurement(int(row.get("measured_tokens", 0) or 0),
                         float(row.get("measured_seconds", math.nan)),
                         int(row.get("measured_iterations", 0) or 0),
-                        float(row.get("measured_acceptance_length", math.nan)), accepted)
+                        float(row.get("measured_acceptance_length", math.nan)), accepted,
+                        parse_phases(row.get("measured_phase_ms")))
         notes = row.get("notes")
         new = _result_row(h, pred, m, weights, rep, rep_iter,
                           "" if notes is None or pd.isna(notes) else str(notes),
-                          float(row.get("wall_s", math.nan)))
+                          float(row.get("wall_s", math.nan)),
+                          predicted_phases(h, models.latency, m, models.min_tokens))
         new["measured"] = float(row["measured"])  # as measured, not recomputed from the parts
         for pred_col, err_col in (("predicted", "error_pct"), ("predicted_sim", "error_sim_pct"),
                                   ("predicted_replay", "error_replay_pct")):
