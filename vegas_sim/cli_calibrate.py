@@ -47,12 +47,16 @@ from vegas_sim.cliutil import progress_task, user_errors
               help="Measure the latency grid.")
 @click.option("--acceptance/--no-acceptance", default=True, show_default=True,
               help="Run the acceptance grid (real weights only).")
+@click.option("--verify-after-draft", is_flag=True,
+              help="Time verify, acceptance and selection in whole iterations (γ draft steps "
+                   "first, as decoding runs them): for host-bound (small) models, at the cost "
+                   "of the draft steps.")
 @click.option("--retry-failed", is_flag=True, help="Redo points an earlier run skipped (OOM).")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
-              min_tokens: int | None, prompts: int | None, latency: bool, acceptance: bool, retry_failed: bool,
-              out: Path, **grid: Any) -> None:
+              min_tokens: int | None, prompts: int | None, latency: bool, acceptance: bool,
+              verify_after_draft: bool, retry_failed: bool, out: Path, **grid: Any) -> None:
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
 
@@ -77,7 +81,8 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
             weights = "real" if Path(model).exists() else "random"
         plan = grid_runner.plan_from_options(model, weights=weights, device=device, seed=seed,
                                              quick=quick, **grid)
-        extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance}
+        extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance,
+                                 "verify_after_draft": verify_after_draft}
         if min_tokens is not None:
             extra["min_tokens"] = min_tokens
         if prompts is not None:

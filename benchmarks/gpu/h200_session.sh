@@ -20,7 +20,8 @@
 #   stage 7  the fifth session's run (run 7): `7 a` (carry .whl and part.aa, copied to
 #            /root/model): GPU tests of calibrate, a CUDA smoke run of `validate` (phase wave);
 #            `7 smol` (carry .whl and part.ab): join the GGUF, re-measure the SmolLM2 latency set
-#            (host gaps over HOST_GAP_CHAIN iterations); `7 va`: validation regime (a), >= 32
+#            (host gaps over HOST_GAP_CHAIN iterations; SMOL_FLAGS=--verify-after-draft on the
+#            second machine); `7 va`: validation regime (a), >= 32
 #            requests per configuration, with the phase wave; `7 vb`: regime (b) likewise.
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
@@ -205,7 +206,7 @@ case $stage in
     timeout ${SMOL_TIMEOUT:-400} "${cli[@]}" calibrate --model $GGUF --weights real \
       --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
       --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
-      --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/smol_latency.log"
+      ${SMOL_FLAGS:-} --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/smol_latency.log"
     finalize $TR/smollm2-135m-h200; rm -rf $TR/smollm2-135m-h200/parts
     tar czf "$OUT/smollm2-135m-h200.tgz" -C $TR smollm2-135m-h200
     ;;

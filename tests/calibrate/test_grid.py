@@ -388,14 +388,16 @@ def test_host_gap_is_shared_by_a_repetitions_chained_iterations() -> None:
     assert Timed(iterations=its[:3], walls=[16.0, 13.0], chain=2).host_gaps() == [0.0] * 3
 
 
-def test_vanilla_and_verify_time_chained_iterations(tiny_net: Any) -> None:
+@pytest.mark.parametrize("after_draft", [False, True])
+def test_vanilla_and_verify_time_chained_iterations(tiny_net: Any, after_draft: bool) -> None:
     """The host-gap phases are timed over HOST_GAP_CHAIN consecutive iterations per
-    repetition: reps × chain samples per row."""
+    repetition: reps × chain samples per row — also when every iteration drafts first."""
     from vegas_sim.calibrate import grid
 
-    plan = grid.quick_plan("tiny", device="cpu", methods=("vanilla", "vegas"), gamma=(2,), sparsity=(0.1,),
-                           batch=(1,), context=(32,), reps=2, warmup=0)
-    ctx = grid.PointContext(tiny_net, plan, 1, 32, seed=0)
+    plan = grid.quick_plan("tiny", device="cpu", methods=("vanilla", "vegas"), gamma=(2,),
+                           sparsity=(0.1,), batch=(2,), context=(32,), reps=2, warmup=0,
+                           verify_after_draft=after_draft)
+    ctx = grid.PointContext(tiny_net, plan, 2, 32, seed=0)
     with torch.no_grad():
         rows = grid.measure_vanilla(ctx) + grid.measure_verify(ctx, 3)
     n = {(r["phase"], r["method"]): r["n"] for r in rows}

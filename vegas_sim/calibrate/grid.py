@@ -177,6 +177,7 @@ class CalibrationPlan:
     dtype: str | None = None  # "bfloat16" | "float32"; None = bf16 on GPU, fp32 on CPU
     latency: bool = True
     acceptance: bool = True
+    verify_after_draft: bool = False  # see _verify_samples
 
     def __post_init__(self) -> None:
         validate_plan(self)
@@ -808,12 +809,24 @@ def fill_drafts(dec: Any, state: Any, seed: int) -> None:
 
 def _verify_samples(ctx: PointContext, run_method: str, gamma: int) -> Timed:
     """Timed iterations of verify → accept → select of `run_method` (its state is freed on
-    return, before the next configuration allocates its own)."""
+    return, before the next configuration allocates its own).
+
+    Default: the drafts are stand-ins (`fill_drafts`) and the iterations are verify → accept
+    → select alone. With `plan.verify_after_draft` every iteration drafts its γ tokens first
+    (`SpecDecoder.step`, as the decoding loop does): the host then meets acceptance and
+    selection after a long device wait, as in a real run. Validation run 7 timed the real
+    loop phase by phase: SmolLM2's sample and select (host-bound) took 0.1-1.1 ms more per
+    iteration there than verify → accept → select alone measured. Costs γ draft steps per
+    timed iteration (little for a small model, about the verify sweep again for a large one).
+    """
     from vegas_sim.calibrate.timers import PhaseTimer
 
     timer = PhaseTimer(ctx.model.device)
     dec = _decoder(ctx, run_method, gamma, ctx.plan.ref_sparsity, timer)
     state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
+    if ctx.plan.verify_after_draft:
+        dec.select(state)  # a selection to draft from (selected-keys methods; else no-op)
+        return _timed(ctx, timer, functools.partial(dec.step, state), "other", HOST_GAP_CHAIN)
     fill_drafts(dec, state, ctx.seed)
     return _timed(ctx, timer, functools.partial(_verify_iteration, dec, state), "verify",
                   HOST_GAP_CHAIN)
