@@ -208,24 +208,30 @@ def _show_latency_fit(trace_set: Any) -> None:
 @traces.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-def traces_merge(out: Path, sources: tuple[Path, ...]) -> None:
+@click.option("--replicates", is_flag=True,
+              help="Pool acceptance points measured in several sets as more requests "
+                   "(repeated calibrations of one grid).")
+def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None:
     """Merge trace sets of one model and GPU, measured apart, into the new directory OUT.
 
     For calibrations run as parallel processes or over several sessions. Refused when the
     sets differ in model, weights or GPU, or when two of them measured the same latency row
-    or acceptance point (it would count twice). Grid lists and workloads are unioned; the
-    run log keeps every source's sessions, counting GPU time that overlapped (parallel
-    processes on one GPU) once.
+    or acceptance point (it would count twice) — unless --replicates: then an acceptance
+    point measured in several sets keeps all their requests (renumbered), which lowers its
+    sampling error. Grid lists and workloads are unioned; the run log keeps every source's
+    sessions, counting GPU time that overlapped (parallel processes on one GPU) once.
 
-    Example:
+    Examples:
 
         vegas-sim traces merge ./smollm2-all ./acc-chat ./acc-code ./acc-longdoc
+
+        vegas-sim traces merge --replicates ./smollm2-acc ./acc-run1 ./acc-run2
     """
     from vegas_sim.traces.io import format_summary, summarize
     from vegas_sim.traces.merge import merge_trace_sets
 
     with user_errors():
-        merged = merge_trace_sets(out, list(sources))
+        merged = merge_trace_sets(out, list(sources), replicates=replicates)
     click.echo(format_summary(summarize(merged)))
 
 

@@ -29,7 +29,9 @@
 #            longdoc at T = 0.6 with 32 prompts (contexts to 7K, as the packaged greedy
 #            longdoc), one process per method; sparsities 2, 5, 10, 15 % of the short workloads
 #
-# The GGUF (98 MB) is over the 64 MiB a call may carry, hence the two halves.
+# The GGUF (98 MB) is over the 64 MiB a call may carry, hence the two halves, made with
+# `split -n 2 .model/smollm2.gguf .model/smollm2.gguf.part.` (49 MB each since run 7; the
+# tracked tree, ~13 MB, travels with each).
 #
 # Run 5 (third session of 2026-11-29), as it happened: stages 0-3 back to back (165 + 310 +
 # 230 + 220 s), stage 1's processes cut at 300 s with 20-23 of 40 points each; a fresh machine
@@ -44,6 +46,11 @@
 # tests/calibrate` and `calibrate --quick` (90 s). 19.5 of the 30 device-minutes. Later, on a
 # fresh machine (part.aa, then part.ab joined as above), `vegas-sim validate` of
 # benchmarks/validation/heldout_smollm2_small_batch_x4.csv (--time-budget 280, 300 s).
+# Run 7 (fifth session), two machines. First: `7 a` (53 s), `7 smol` (193 s), `7 va` (363 s),
+# `7 vb` (110 s). The validation's phase wave showed acceptance (sample) and selection taking
+# 0.1-1.1 ms more per iteration in the decoding loop than the grid measured, so a second
+# machine re-ran `7 smol` with SMOL_FLAGS=--verify-after-draft (377 s) and `7 va` (312 s).
+# About 29 of the 30 device-minutes.
 set -u
 stage=${1:?stage 0, 1, 2, 3, 4, 5 or 7}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

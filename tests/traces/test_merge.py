@@ -79,6 +79,25 @@ def test_merge_refuses_a_point_measured_twice(tmp_path: Path) -> None:
         merge_trace_sets(tmp_path / "m", [a, b])
 
 
+def test_replicates_pool_a_points_requests_renumbered(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    b = _make_set(tmp_path / "b", "chat", 0.0, accepted=2)
+    merged = merge_trace_sets(tmp_path / "m", [a, b], replicates=True)
+    acc = merged.acceptance
+    assert sorted(acc["request"]) == list(range(8))  # 4 + 4 requests, none merged into one
+    assert acc.groupby("request")["accepted"].first().tolist() == [1] * 4 + [2] * 4
+    assert merged.meta["grid"]["acceptance_replicates"] == 2
+    assert io.check(tmp_path / "m")
+    # latency rows are still refused twice
+    c = _make_set(tmp_path / "c", "chat", 0.0, accepted=1, batch=2)
+    d = _make_set(tmp_path / "d", "chat", 0.0, accepted=1, batch=2)
+    with pytest.raises(TraceSetError, match="latency"):
+        merge_trace_sets(tmp_path / "m2", [c, d], replicates=True)
+    result = CliRunner().invoke(cli, ["traces", "merge", "--replicates", str(tmp_path / "m3"),
+                                      str(a), str(b)])
+    assert result.exit_code == 0, result.output
+
+
 def test_merge_refuses_a_latency_row_measured_twice(tmp_path: Path) -> None:
     a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1, batch=2)
     b = _make_set(tmp_path / "b", "code", 0.0, accepted=2, batch=2)

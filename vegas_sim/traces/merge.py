@@ -8,6 +8,13 @@ temperature, workload) found in two sources is refused, since the merged set wou
 it double. The merged meta keeps the first source's meta, with every list-valued grid entry
 the sorted union over the sources, the workload list the union, the latest date, and
 `merged_from` naming each source. run_log.json lists every source's sessions.
+
+`replicates=True` pools repeated calibrations of the same acceptance grid instead: an
+acceptance group found in several sources keeps every source's requests, renumbered so that
+they stay distinct (source k's request ids follow source k-1's), as if the point had been
+run with more prompts — the sampling error of a point's acceptance falls as 1/√requests
+(two independent SmolLM2 sets differ by 5.4 % per point). `grid.acceptance_replicates`
+records how many sources were pooled. Latency rows must still be disjoint.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "col
 ACCEPTANCE_KEY = list(ACCEPTANCE_POINT_KEYS)
 
 
-def merge_trace_sets(out: str | Path, sources: Sequence[str | Path]) -> TraceSet:
+def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
+                     replicates: bool = False) -> TraceSet:
     """Write the union of `sources` (finalized trace-set directories) to the new directory
-    `out` and return it, finalized."""
+    `out` and return it, finalized; `replicates`: pool acceptance points measured in several
+    sources (see the module docstring)."""
     out = Path(out)
     if len(sources) < 2:
         raise TraceSetError("merge needs at least two trace sets", where="SOURCES",
@@ -43,13 +52,22 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path]) -> TraceSet
     sets = [load_trace_set(s) for s in sources]
     _check_same_model_and_gpu(sets)
     _check_disjoint(sets, "latency", LATENCY_KEY)
-    _check_disjoint(sets, "acceptance", ACCEPTANCE_KEY)
-    writer = TraceSetWriter(out, merged_meta(sets))
+    if not replicates:
+        _check_disjoint(sets, "acceptance", ACCEPTANCE_KEY)
+    meta = merged_meta(sets)
+    if replicates:
+        meta["grid"]["acceptance_replicates"] = len(sets)
+    writer = TraceSetWriter(out, meta)
+    offset = 0
     for ts in sets:
         if len(ts.latency):
             writer.append_latency(ts.latency)
         if len(ts.acceptance):
-            writer.append_acceptance(ts.acceptance)
+            acc = ts.acceptance
+            if replicates:
+                acc = acc.assign(request=acc["request"] + offset)
+                offset = int(acc["request"].max()) + 1
+            writer.append_acceptance(acc)
     merged = writer.finalize()
     _write_run_log(out, sets, merged)
     return merged
