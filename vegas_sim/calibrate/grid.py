@@ -20,7 +20,12 @@
      methods use (0 rows: magicdec; 2: vegas; all: vegas-all / specextend; 0 is always
      measured as the baseline for the collection overhead), at the reference sparsity;
    - ``select`` (vegas: 2 rows averaged; vegas-all: all rows; specextend: the last accepted row)
-     and the speculative ``sample`` (acceptance of γ+1 rows) for each n_query.
+     and the speculative ``sample`` (acceptance of γ+1 rows) for each n_query; with
+     `verify_after_draft` these three are timed inside whole iterations (γ draft steps first).
+
+   Host gaps (device idle while the host works: launches, bookkeeping after a sync) are
+   charged to ``sample``; vanilla and verify repetitions chain `HOST_GAP_CHAIN` iterations so
+   that a repetition's first launch and last sync are shared, as in the running loop.
 
    Every configuration runs `warmup` untimed, then `reps` timed repetitions through the
    SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); each row
@@ -51,7 +56,8 @@ memory anyway is marked ``oom`` after freeing the allocator's cache, and the run
 
 Expected time (one H200, measured 2026-11-29, run 6, CUDA-graph decode loop): Qwen3-8B random
 weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2, the 64 (B, C) points of B 1..128 × C 1K..128K
-(49 fit, 15 skipped): 7.6 GPU-minutes; SmolLM2 real weights: 28 latency points in 2.4 minutes,
+(49 fit, 15 skipped): 7.6 GPU-minutes; SmolLM2 real weights: 28 latency points in 2.4 minutes
+(6.0 with `verify_after_draft`, run 7),
 and the whole acceptance grid (5 methods × 8 sparsities × 4 workloads × 2 temperatures, 16-32
 prompts × 32 iterations each) in 2.6 minutes as 8 parallel processes, each method's
 sparsities batched (run 5 ran one point at a time: ≈ 13 s a point per process, 17 minutes).

@@ -15,7 +15,11 @@ replayed draws) and pools them. Every result row carries three predictions:
 - `predicted`: the one the targets are judged on — `predicted_sim` for real weights,
   `predicted_replay` for the replay regime, whose acceptance is itself a draw from the
   acceptance model (an input, like an arrival trace).
-`acceptance_error_pct` and `iter_time_error_pct` split the error into its two factors.
+`acceptance_error_pct` and `iter_time_error_pct` split the error into its two factors, and
+one extra timed wave per configuration (`phase_wave`) splits the iteration time by phase
+(`measured_phase_ms` vs the latency model's `predicted_phase_ms`). Predictions simulate at
+least MIN_SIMULATED_REQUESTS requests, so that they estimate the expected throughput rather
+than another draw of a run as small as the measured one.
 `repredict` recomputes every prediction of an old table with the current simulator.
 
 Throughput is measured the way the simulator defines it for a closed batch of B requests that
