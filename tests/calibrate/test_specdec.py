@@ -219,6 +219,36 @@ def test_replay_takes_accepted_counts_from_the_trace() -> None:
     assert min(replay.accepted(0, 2, 3), 3) == 3  # recorded 4 capped at γ
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_replay_pays_for_the_real_acceptance_decision(monkeypatch: pytest.MonkeyPatch,
+                                                      temperature: float) -> None:
+    """A replayed iteration computes the real acceptance decision (greedy match, or target
+    probabilities of all γ+1 rows and the rejection test) before overriding its outcome, so
+    that the replay regime's sample phase costs what a real run's does."""
+    from vegas_sim.calibrate import specdec
+
+    calls: list[tuple[int, ...]] = []
+    real_rule = specdec.rejection_accept if temperature else specdec.greedy_accept
+    name = "rejection_accept" if temperature else "greedy_accept"
+
+    def counting(drafts: torch.Tensor, *args: Any) -> Any:
+        calls.append(tuple(drafts.shape))
+        return real_rule(drafts, *args)
+
+    monkeypatch.setattr(specdec, name, counting)
+    model = tiny_model("llama", seed=2)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (20, 33)]
+    replay = AcceptanceReplay([[0, 2, 4, 1], [3, 3, 0]])
+    dec = SpecDecoder(model, SpecConfig("vegas", 3, sparsity=0.1, min_tokens=4,
+                                        temperature=temperature))
+    res = dec.generate(prompts, 12, generator=gen, replay=replay)
+    iterations = max(r.iteration for r in res.records) + 1
+    assert len(calls) == iterations and all(shape == (2, 3) for shape in calls)
+    recs = [r for r in res.records if r.request == 0]
+    assert [r.accepted for r in recs] == [replay.accepted(0, i, 3) for i in range(len(recs))]
+
+
 def test_replay_from_frame_and_errors() -> None:
     import pandas as pd
 
