@@ -23,6 +23,10 @@
 #            (host gaps over HOST_GAP_CHAIN iterations; SMOL_FLAGS=--verify-after-draft on the
 #            second machine); `7 va`: validation regime (a), >= 32
 #            requests per configuration, with the phase wave; `7 vb`: regime (b) likewise.
+#   stage 8  next session's plan (not run yet): `8 vb` (carry .whl) regime (b) again with the
+#            replay that pays for the acceptance decision, the 24 rows and the span file;
+#            `8 q8b` the Qwen3-8B latency set with this code (HOST_GAP_CHAIN; Q8B_FLAGS may
+#            add --verify-after-draft, which costs γ draft steps per timed verify iteration).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -52,7 +56,7 @@
 # machine re-ran `7 smol` with SMOL_FLAGS=--verify-after-draft (377 s) and `7 va` (312 s).
 # About 29 of the 30 device-minutes.
 set -u
-stage=${1:?stage 0, 1, 2, 3, 4, 5 or 7}
+stage=${1:?stage 0, 1, 2, 3, 4, 5, 7 or 8}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -232,6 +236,27 @@ case $stage in
       > "$OUT/validate_h200_qwen3_8b.log" 2>&1
     echo "qwen3-8b rc=$?" | tee -a "$OUT/validate_h200_qwen3_8b.log"
     tail -8 "$OUT/validate_h200_qwen3_8b.log"
+    ;;
+  esac
+  ;;
+8)
+  case ${2:?8 vb or q8b} in
+  vb)
+    for f in heldout_qwen3_8b heldout_qwen3_8b_span; do
+      timeout ${VALIDATE_TIMEOUT:-300} "${cli[@]}" validate --traces $D/qwen3-8b-h200 \
+        --acceptance-traces $D/smollm2-135m-real --seed 0 --model qwen3-8b --weights random \
+        --heldout benchmarks/validation/$f.csv --time-budget ${VALIDATE_BUDGET:-250} \
+        --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
+      echo "$f rc=$?"; tail -7 "$OUT/validate_h200_${f#heldout_}.log"
+    done
+    ;;
+  q8b)
+    timeout ${Q8B_TIMEOUT:-560} "${cli[@]}" calibrate --model qwen3-8b --weights random \
+      --methods all --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
+      --sparsity 0.01,0.05,0.2 ${Q8B_FLAGS:-} --out $TR/qwen3-8b-h200 2>&1 | tail -6 \
+      | tee "$OUT/q8b.log"
+    finalize $TR/qwen3-8b-h200; rm -rf $TR/qwen3-8b-h200/parts
+    tar czf "$OUT/qwen3-8b-h200.tgz" -C $TR qwen3-8b-h200
     ;;
   esac
   ;;
