@@ -57,9 +57,9 @@ memory anyway is marked ``oom`` after freeing the allocator's cache, and the run
 Expected time (one H200, measured 2026-11-29, run 6, CUDA-graph decode loop): Qwen3-8B random
 weights, γ 1,3,7,15 × sparsity 0.01,0.05,0.2, the 64 (B, C) points of B 1..128 × C 1K..128K
 (49 fit, 15 skipped): 7.6 GPU-minutes; SmolLM2 real weights: 28 latency points in 2.4 minutes
-(6.0 with `verify_after_draft`, run 7),
-and the whole acceptance grid (5 methods × 8 sparsities × 4 workloads × 2 temperatures, 16-32
-prompts × 32 iterations each) in 2.6 minutes as 8 parallel processes, each method's
+(6.0 with `verify_after_draft`, run 7), and the whole acceptance grid (5 methods × 8
+sparsities × 4 workloads × 2 temperatures, 16-32 prompts × 32 iterations each) in 2.6
+minutes as 8 parallel processes, each method's
 sparsities batched (run 5 ran one point at a time: ≈ 13 s a point per process, 17 minutes).
 `quick_plan` (9 points) took 49 s on the H200 (run 6, benchmarks/results/h200/
 calibrate_quick_run6.log).

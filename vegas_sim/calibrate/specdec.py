@@ -97,6 +97,8 @@ def state_headroom(gamma: int) -> int:
     [t0, d1..dγ] for the drafts and again for verify before rolling back; vanilla counts as
     γ = 1)."""
     return 2 * max(gamma, 1) + 2
+
+
 VEGAS_TYPES = ("vegas", "vegas-all", "specextend")
 
 

@@ -512,7 +512,10 @@ def _wave(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed: i
 def predicted_phases(h: HeldOut, latency: Any, m: Measurement, min_tokens: int
                      ) -> dict[str, float]:
     """The latency model's ms per iteration of each phase, at the context the requests had
-    halfway through the measured window (the comparison for `Measurement.phase_ms`)."""
+    halfway through the measured window (the comparison for `Measurement.phase_ms`; {} when
+    no phase wave ran)."""
+    if not m.phase_ms:
+        return {}
     per_request = m.tokens / max(h.batch * h.waves, 1)
     contexts = np.full(h.batch, h.context + int(per_request / 2), dtype=np.int64)
     cost = latency.iteration_cost(h.method, h.gamma, h.sparsity, min_tokens)
@@ -557,7 +560,7 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "measured_iter_ms": measured_iter_ms,
         "iter_time_error_pct": _pct(replayed_iter_ms, measured_iter_ms),
         "measured_phase_ms": format_phases(m.phase_ms),
-        "predicted_phase_ms": format_phases(predicted_phase_ms or {}) if m.phase_ms else "",
+        "predicted_phase_ms": format_phases(predicted_phase_ms or {}),
         "extrapolated": str(pred.get("extrapolated") or ""),
         "notes": notes,
         "wall_s": wall_s,

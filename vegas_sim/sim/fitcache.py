@@ -1,11 +1,12 @@
 """An on-disk cache of fitted models, so that `predict` does not refit a trace set it has seen.
 
 Fitting the latency model of a measured set takes ~1 s (a robust least-squares fit per
-phase × method, several starts each) and the acceptance model ~0.9 s (its cells are
-smoothed), against ~0.1 s for the simulation itself. The fit is a pure function of the trace set's data files (their sha256 in
-meta.json 'content_hash'), of its model / GPU meta, and of the code that fits, so the key is a
-hash of all three; any change of data or code misses the cache. Writes are atomic; a cache
-that cannot be read or written is skipped silently (it is only a speed-up).
+phase × method, several starts each) and the acceptance model ~2 s (the packaged 410K-row
+set; its cells are smoothed), against ~0.1 s for the simulation itself. The fit is a pure
+function of the trace set's data files (their sha256 in meta.json 'content_hash'), of its
+model / GPU meta, and of the code that fits, so the key is a hash of all three; any change
+of data or code misses the cache. Writes are atomic; a cache that cannot be read or written
+is skipped silently (it is only a speed-up).
 
 Where: $VEGAS_SIM_CACHE_DIR, else $XDG_CACHE_HOME/vegas-sim, else ~/.cache/vegas-sim.
 VEGAS_SIM_CACHE=0 turns it off.
