@@ -240,8 +240,9 @@ case $stage in
   esac
   ;;
 8)
-  case ${2:?8 vb or q8b} in
+  case ${2:?8 vb, va or q8b} in
   vb)
+    [ -f .model/smollm2.gguf.part.aa ] && cp .model/smollm2.gguf.part.aa /root/model/
     for f in heldout_qwen3_8b heldout_qwen3_8b_span; do
       timeout ${VALIDATE_TIMEOUT:-300} "${cli[@]}" validate --traces $D/qwen3-8b-h200 \
         --acceptance-traces $D/smollm2-135m-real --seed 0 --model qwen3-8b --weights random \
@@ -249,6 +250,15 @@ case $stage in
         --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
       echo "$f rc=$?"; tail -7 "$OUT/validate_h200_${f#heldout_}.log"
     done
+    ;;
+  va)  # carry .whl and part.ab (part.aa copied to /root/model by `8 vb`)
+    join_gguf || exit 2
+    export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+    timeout ${VALIDATE_TIMEOUT:-300} "${cli[@]}" validate --traces $D/smollm2-135m-h200 \
+      --acceptance-traces $D/smollm2-135m-real --seed 0 --model $GGUF --weights real \
+      --heldout benchmarks/validation/heldout_smollm2_span.csv --time-budget ${VALIDATE_BUDGET:-250} \
+      --out "$OUT/validate_h200_smollm2_span.csv" > "$OUT/validate_h200_smollm2_span.log" 2>&1
+    echo "smollm2 span rc=$?"; tail -7 "$OUT/validate_h200_smollm2_span.log"
     ;;
   q8b)
     timeout ${Q8B_TIMEOUT:-560} "${cli[@]}" calibrate --model qwen3-8b --weights random \
