@@ -134,6 +134,12 @@ def draft_kv_read(
     return selected + step
 
 
+# Methods whose draft builds its index once per iteration ('other': StreamingLLM index lists,
+# Quest page counts and Quest's page-metadata update after acceptance); the selected-keys
+# methods build theirs in 'select'.
+INDEX_PREP_METHODS = ("magicdec-stream", "magicdec-quest")
+
+
 def iteration_plan(
     method: str,
     gamma: int,
@@ -150,6 +156,8 @@ def iteration_plan(
             PhaseCall("sample", 1, 1, contexts + 1),
         ]
     plan: list[PhaseCall] = []
+    if method in INDEX_PREP_METHODS:
+        plan.append(PhaseCall("other", 1, 1, contexts))
     for step in range(1, gamma + 1):
         plan.append(PhaseCall(
             "draft_step", 1, 1, draft_kv_read(method, sparsity, contexts, max_len, step, min_tokens)

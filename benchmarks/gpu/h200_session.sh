@@ -27,6 +27,11 @@
 #            replay that pays for the acceptance decision, the 24 rows and the span file;
 #            `8 q8b` the Qwen3-8B latency set with this code (HOST_GAP_CHAIN; Q8B_FLAGS may
 #            add --verify-after-draft, which costs γ draft steps per timed verify iteration).
+#   stage 9  the sixth session's second pair of calls: `9 a` (carry .whl and part.aa) GPU tests
+#            of calibrate; `9 smol` (carry .whl and part.ab) the SmolLM2 latency set with the
+#            once-per-iteration draft work recorded as 'other'; `9 acc4` at once after it:
+#            SmolLM2 longdoc T 0.6 acceptance traced at γ 4 (64 iterations), one process per
+#            method, to be merged into the packaged acceptance set.
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -56,7 +61,7 @@
 # machine re-ran `7 smol` with SMOL_FLAGS=--verify-after-draft (377 s) and `7 va` (312 s).
 # About 29 of the 30 device-minutes.
 set -u
-stage=${1:?stage 0, 1, 2, 3, 4, 5, 7 or 8}
+stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8 or 9}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -267,6 +272,38 @@ case $stage in
       | tee "$OUT/q8b.log"
     finalize $TR/qwen3-8b-h200; rm -rf $TR/qwen3-8b-h200/parts
     tar czf "$OUT/qwen3-8b-h200.tgz" -C $TR qwen3-8b-h200
+    ;;
+  esac
+  ;;
+9)
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  case ${2:?9 a, smol or acc4} in
+  a)  # carry .whl and part.aa
+    cp .model/smollm2.gguf.part.aa /root/model/
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate 2>&1 \
+      | tail -6 | tee "$OUT/calibrate_gpu_tests.log"
+    ;;
+  smol)  # carry .whl and part.ab: the SmolLM2 latency set with 'other' recorded apart
+    join_gguf || exit 2
+    timeout ${SMOL_TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real \
+      --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
+      --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
+      --verify-after-draft --out $TR/smollm2-135m-h200 2>&1 | tail -6 \
+      | tee "$OUT/smol_latency.log"
+    finalize $TR/smollm2-135m-h200; rm -rf $TR/smollm2-135m-h200/parts
+    tar czf "$OUT/smollm2-135m-h200.tgz" -C $TR smollm2-135m-h200
+    ;;
+  acc4)  # right after `9 smol` (the joined GGUF): longdoc T 0.6 acceptance traced at γ 4
+    for m in magicdec-stream magicdec-quest specextend vegas vegas-all; do
+      timeout ${ACC_TIMEOUT:-240} "${cli[@]}" calibrate --model $GGUF --weights real \
+        --no-latency --gamma 4 --iterations 64 --min-tokens 32 --methods $m \
+        --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 --workload longdoc --temperature 0.6 \
+        --prompts 32 --out $TR/acc-g4-$m > $TR/acc-g4-$m.log 2>&1 &
+    done
+    wait
+    for s in $TR/acc-g4-*/; do [ -f $s/meta.json ] && finalize $s; rm -rf $s/parts; done
+    tail -n 3 $TR/acc-g4-*.log
+    tar czf "$OUT/acc_g4.tgz" -C $TR $(cd $TR && ls -d acc-g4-*)
     ;;
   esac
   ;;

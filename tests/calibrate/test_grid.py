@@ -126,19 +126,20 @@ def test_stats_ordered() -> None:
         stats([])
 
 
-def test_draft_samples_fold_once_per_iteration_work() -> None:
+def test_draft_samples_keep_once_per_iteration_work_apart() -> None:
     # two Quest iterations: other (index prep), 2 steps each with nested scoring, verify,
     # sample, then the metadata update (top-level quest_meta)
     one = [("other", 0.2), ("draft_step", 1.0), ("quest_meta", 0.1), ("draft_step", 2.0),
            ("quest_meta", 0.3), ("verify", 5.0), ("sample", 0.5), ("quest_meta", 0.4)]
     its = split_iterations(one + one, "other")
     assert len(its) == 2
-    steps, quest = draft_samples(its, 2)
-    assert steps == [[1.1, 1.1], [2.1, 2.1]]
-    assert quest == [[pytest.approx(0.3)] * 2, [pytest.approx(0.5)] * 2]
+    steps, quest, once = draft_samples(its, 2)
+    assert steps == [[1.0, 1.0], [2.0, 2.0]]
+    assert quest == [[0.1, 0.1], [0.3, 0.3]]
+    assert once == [pytest.approx(0.6)] * 2  # prep + update, once per iteration
     plain = [("other", 0.0), ("draft_step", 1.0), ("draft_step", 1.5)]
-    steps, quest = draft_samples(split_iterations(plain, "other"), 2)
-    assert steps == [[1.0], [1.5]] and quest == [[], []]
+    steps, quest, once = draft_samples(split_iterations(plain, "other"), 2)
+    assert steps == [[1.0], [1.5]] and quest == [[], []] and once == [0.0]
 
 
 # ---- hardware --------------------------------------------------------------------------------
@@ -216,7 +217,8 @@ def _assert_rows_cover_plans(lat: pd.DataFrame, plan: CalibrationPlan, max_len: 
     # decode / verify / select / sample: reps × HOST_GAP_CHAIN iterations; draft steps: reps
     chained = lat.phase.isin(["decode", "verify", "select", "sample"])
     assert (lat[chained]["n"] == plan.reps * grid.HOST_GAP_CHAIN).all()
-    assert (lat[~chained & (lat.phase != "quest_meta")]["n"] == plan.reps).all()  # quest: pooled
+    pooled = lat.phase.isin(["quest_meta", "other"])  # over sparsities (and quest steps)
+    assert (lat[~chained & ~pooled]["n"] == plan.reps).all()
     quantities = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
     assert not lat.duplicated(quantities).any()  # coinciding budgets are measured once
     have = {tuple(r) for r in lat[quantities].itertuples(index=False)}

@@ -89,14 +89,16 @@ def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
         "draft_step", "verify", "sample", "select"}
 
 
-def test_phase_means_charge_the_host_gap_to_sample_and_fold_other() -> None:
+def test_phase_means_charge_the_host_gap_to_sample_and_quest_updates_to_other() -> None:
     from vegas_sim.calibrate.validate import format_phases, parse_phases, phase_means
 
     summary = {"draft_step": [1.0, 1.0, 1.0, 1.0], "other": [0.2, 0.2], "verify": [3.0, 3.0],
-               "sample": [0.5, 0.5]}
-    per = phase_means(summary, iterations=2, wall_ms=2 * 6.0)  # 5.7 ms of phases per iteration
-    assert per == pytest.approx({"draft_step": 2.2, "verify": 3.0, "sample": 0.8})
+               "sample": [0.5, 0.5], "quest_meta": [0.1, 0.1]}
+    per = phase_means(summary, 2, 2 * 6.0, "magicdec-quest")  # 5.8 ms of phases per iteration
+    assert per == pytest.approx({"draft_step": 2.0, "other": 0.3, "verify": 3.0, "sample": 0.7})
     assert parse_phases(format_phases(per)) == pytest.approx(per)
+    vegas = phase_means(summary, 2, 2 * 6.0, "vegas")  # no index prep: the timer's own cost
+    assert vegas == pytest.approx({"draft_step": 2.3, "verify": 3.0, "sample": 0.7})
     assert phase_means({"decode": [3.0]}, 1, 2.0) == {"decode": 3.0, "sample": 0.0}
 
 
@@ -113,14 +115,14 @@ def test_prompts_are_natural_text_and_waves_rotate() -> None:
     assert p[0].tolist() == [4, 5, 4, 5, 4] and "repeated" in note
 
 
-def test_fixed_sequences_continue_across_calls() -> None:
+def test_fixed_sequences_start_every_call_at_the_first_iteration() -> None:
     from vegas_sim.sim.acceptance import FixedSequences
 
     fs = FixedSequences(3, [[0, 1, 2, 3, 5], [1]])
     a = fs.sample(np.random.default_rng(0), 3, 3)
-    b = fs.sample(np.random.default_rng(0), 3, 3)
+    b = fs.sample(np.random.default_rng(0), 3, 7)  # the engine's wider redraw
     assert a.tolist() == [[0, 1, 2], [1, 1, 1], [0, 1, 2]]
-    assert b.tolist() == [[3, 3, 0], [1, 1, 1], [3, 3, 0]]  # 5 capped at γ, then cyclic
+    assert b.tolist() == [[0, 1, 2, 3, 3, 0, 1], [1] * 7, [0, 1, 2, 3, 3, 0, 1]]  # 5 → γ, cyclic
     assert fs.mean_length == pytest.approx(1 + (0 + 1 + 2 + 3 + 3 + 1) / 6)
 
 
@@ -228,3 +230,17 @@ def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
     assert math.isnan(acceptance_se_pct([[[2, 2]]]))  # one request: no spread to measure
     assert math.isnan(acceptance_se_pct([]))  # vanilla records nothing
     assert acceptance_se_pct([[[2, 2], [2, 2]]]) == 0.0  # identical requests
+    # requests of one prompt are averaged first: prompts 0 (lengths 2, 3) and 1 (4, 3) → 2.5
+    # and 3.5, std 0.7071, SE 0.5 = 16.7 % of 3
+    assert acceptance_se_pct(waves, [[0, 1], [0, 1]]) == pytest.approx(100 * 0.5 / 3, rel=1e-4)
+    assert math.isnan(acceptance_se_pct(waves, [[0, 0], [0, 0]]))  # one prompt: no spread
+
+
+def test_prompt_index_cycles_through_the_long_prompts() -> None:
+    from vegas_sim.calibrate.validate import long_prompts, prompt_index
+
+    h = HeldOut("vegas", 4, 0.1, 3, 5, 8, waves=2)
+    long, note = long_prompts(h, [[1] * 4, [2] * 5, [3] * 9])
+    assert long == [[2] * 5, [3] * 9] and note == ""
+    assert prompt_index(h, len(long)) == [[0, 1, 0], [1, 0, 1]]
+    assert "repeated" in long_prompts(h, [[1] * 4])[1]

@@ -77,6 +77,18 @@ def raw(traces: pd.DataFrame) -> AcceptanceModel:
     return AcceptanceModel.from_traces(traces, "real", smooth=False)
 
 
+def request_se(values: np.ndarray) -> float:
+    """Standard error of the mean of a replay [R, W]: requests are the independent units
+    (each replays one traced run), so the SE is that of the R per-request means."""
+    per_request = values.mean(axis=1)  # [R]
+    return float(per_request.std(ddof=1) / math.sqrt(len(per_request)))
+
+
+def position_se(smp: np.ndarray, gamma: int) -> np.ndarray:
+    """[γ] SE of the replayed per-position rates P(accepted ≥ i)."""
+    return np.array([request_se((smp >= i).astype(float)) for i in range(1, gamma + 1)])
+
+
 def cell_rows(df: pd.DataFrame, gamma: int, s: float, c0: int, temp: float = 0.0) -> pd.DataFrame:
     """Rows of the runs that started at context c0 (all workloads)."""
     first = df[df["iteration"] == 0]
@@ -136,12 +148,18 @@ def test_truncation_is_exact(traces: pd.DataFrame, raw: AcceptanceModel,
     acc = np.minimum(rows["accepted"].to_numpy(), 3)
     direct = np.array([(acc >= i).mean() for i in (1, 2, 3)])
     np.testing.assert_allclose(d3.rates, direct, rtol=1e-12)  # greedy: prob = outcome
-    for m in (raw, model):  # smoothed or not: γ 3 is γ 4 truncated, draws included
+    for m in (raw, model):  # smoothed or not: γ 3's rates are γ 4's truncated
         d3, d4 = m.lookup("vegas", 3, 0.1, 8192), m.lookup("vegas", 4, 0.1, 8192)
         np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
-        s3 = d3.sample(np.random.default_rng(7), 50, 100)
-        s4 = d4.sample(np.random.default_rng(7), 50, 100)
-        assert np.array_equal(s3, np.minimum(s4, 3))
+    # draws: the same runs (same seed), γ 4's outcomes truncated, walked at γ 3's slower pace
+    d3, d4 = raw.lookup("vegas", 3, 0.1, 8192), raw.lookup("vegas", 4, 0.1, 8192)
+    stretch = d3.sources[0].stretch
+    assert d4.sources[0].stretch == 1.0 and stretch == pytest.approx(
+        (1 + rows["accepted"].mean()) / (1 + acc.mean()))
+    s3 = d3.sample(np.random.default_rng(7), 50, 100)
+    s4 = d4.sample(np.random.default_rng(7), 50, 100)
+    pace = np.floor(np.arange(100) / stretch).astype(int)  # [W] traced iteration of column k
+    assert np.array_equal(s3, np.minimum(s4[:, pace], 3))
 
 
 def test_rates_use_accept_prob_when_sampling(traces: pd.DataFrame,
@@ -171,8 +189,7 @@ def test_gamma_extension_monotone_and_bounded(model: AcceptanceModel) -> None:
     sample = d.sample(np.random.default_rng(1), 300, 200)
     assert sample.max() <= 14 and sample.min() >= 0
     assert (sample > 8).any()  # all-accepted iterations were extended
-    se = sample.std() / math.sqrt(300 * 200 / d.block_len)
-    assert abs(sample.mean() - (d.mean_length - 1)) < 4 * se + 0.02
+    assert abs(sample.mean() - (d.mean_length - 1)) < 4 * request_se(sample) + 0.02
 
 
 @pytest.mark.parametrize("rates,expect_flat", [
@@ -211,8 +228,7 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
     assert any("toward s = 1" in n for n in above.extrapolated)
     # replay of the mixture has the interpolated mean
     smp = mid.sample(np.random.default_rng(2), 400, 200)
-    se = smp.std() / math.sqrt(400 * 200 / mid.block_len)
-    assert abs(smp.mean() - (mid.mean_length - 1)) < 4 * se + 0.02
+    assert abs(smp.mean() - (mid.mean_length - 1)) < 4 * request_se(smp) + 0.02
 
 
 def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
@@ -264,12 +280,9 @@ def test_bootstrap_mean_matches_trace_mean(traces: pd.DataFrame, raw: Acceptance
     trace_mean = rows["accepted"].mean()
     n_req, n_it = 500, 400
     smp = d.sample(np.random.default_rng(3), n_req, n_it)
-    # blocks are the independent units: SE ≤ std / sqrt(number of blocks)
-    se = rows["accepted"].std() / math.sqrt(n_req * n_it / d.block_len)
-    assert abs(smp.mean() - trace_mean) < 4 * se
+    assert abs(smp.mean() - trace_mean) < 4 * request_se(smp)
     per_pos = np.array([(smp >= i).mean() for i in range(1, 9)])
-    se_indicator = 0.5 / math.sqrt(n_req * n_it / d.block_len)  # Bernoulli std ≤ 1/2
-    np.testing.assert_allclose(per_pos, d.rates, atol=4 * se_indicator)
+    np.testing.assert_allclose(per_pos, d.rates, atol=4 * position_se(smp, 8).max())
 
 
 def test_bootstrap_deterministic_per_seed(model: AcceptanceModel) -> None:
@@ -281,8 +294,9 @@ def test_bootstrap_deterministic_per_seed(model: AcceptanceModel) -> None:
     assert a.shape == (20, 50) and a.dtype == np.int64
 
 
-def test_blocks_are_consecutive_iterations_of_one_run() -> None:
-    """Runs whose accepted counts encode (run, iteration) show the block structure."""
+def test_each_request_replays_one_run_from_its_start() -> None:
+    """Runs whose accepted counts encode (run, iteration) show the replay's structure: a
+    request is one traced run from its first iteration on, circular past the run's end."""
     recs = []
     for req in range(3):
         for it in range(10 + 3 * req):
@@ -294,16 +308,41 @@ def test_blocks_are_consecutive_iterations_of_one_run() -> None:
                                      "accepted", "accept_prob", "model_weights"])
     d = AcceptanceModel.from_traces(df, "real").lookup("vegas", 3, 0.1, 4096)
     smp = d.sample(np.random.default_rng(5), 50, 24)
-    # every block of 8 is a circular window of one run: run 1 all 3s, runs 0/2 (lengths 10
-    # and 16) read ((p + k) mod L) mod 3 for some start p
-    windows = [[3] * 8] + [
-        [((p + k) % length) % 3 for k in range(8)] for length in (10, 16) for p in range(length)
-    ]
+    k = np.arange(24)
+    runs = [[3] * 24] + [list((k % length) % 3) for length in (10, 16)]
     seen = set()
-    for block in smp.reshape(-1, 8):
-        assert list(block) in windows, block
-        seen.add(tuple(block))
-    assert len(seen) > 10  # many different starts were drawn
+    for row in smp:
+        assert list(row) in runs, row
+        seen.add(tuple(row))
+    assert len(seen) == 3  # all three runs were drawn
+
+
+def test_replay_keeps_the_rise_along_a_generation() -> None:
+    """Acceptance that rises with the iteration index (later text is easier) still rises in
+    the replay, and a slower γ walks through the run at its own pace."""
+    recs = []
+    rng = np.random.default_rng(8)
+    for req in range(40):
+        ctx = 4096
+        for it in range(30):
+            p = 0.3 + 0.6 * it / 29  # [0.3, 0.9]: easier later
+            ok = rng.random(8) < p
+            acc = int(np.argmin(ok)) if not ok.all() else 8
+            recs.append(("vegas", 8, 0.1, 410, ctx, 0.0, "w", req, it, acc,
+                         ok.astype(np.float32), "real"))
+            ctx += acc + 1
+    df = pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
+                                     "temperature", "workload", "request", "iteration",
+                                     "accepted", "accept_prob", "model_weights"])
+    m = AcceptanceModel.from_traces(df, "real", smooth=False)
+    smp = m.lookup("vegas", 8, 0.1, 4096).sample(np.random.default_rng(1), 400, 30)
+    early, late = smp[:, :10].mean(), smp[:, 20:].mean()
+    assert late > early + 4 * (request_se(smp[:, :10]) + request_se(smp[:, 20:]))
+    d2 = m.lookup("vegas", 2, 0.1, 4096)
+    assert d2.sources[0].stretch > 1.2  # ~1.3 γ-2 iterations per traced γ-8 iteration
+    slow = d2.sample(np.random.default_rng(1), 400, 30)
+    # column k of the γ-2 replay is traced iteration k / stretch: earlier, less accepted
+    assert slow[:, 20:].mean() < np.minimum(smp[:, 20:], 2).mean()
 
 
 def test_request_id_reused_at_another_context_is_another_run() -> None:
@@ -521,9 +560,8 @@ def test_replay_follows_the_smoothed_rates(
     for gamma, s in ((6, 0.05), (4, 0.06), (9, 0.1)):  # a cell, a mixture, an extension
         d = smooth.lookup("vegas", gamma, s, 2048, temperature=0.6)
         smp = d.sample(np.random.default_rng(4), 400, 200)
-        se = 0.5 / math.sqrt(smp.size / d.block_len)
         per_pos = np.array([(smp >= i).mean() for i in range(1, gamma + 1)])
-        np.testing.assert_allclose(per_pos, d.rates, atol=4 * se)
+        np.testing.assert_allclose(per_pos, d.rates, atol=4 * position_se(smp, gamma).max())
 
 
 def test_match_rates_hits_the_target_and_keeps_a_matching_record() -> None:

@@ -100,6 +100,7 @@ from vegas_sim.calibrate.specdec import graphs_default, state_headroom
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
 from vegas_sim.methods import (
+    INDEX_PREP_METHODS,
     METHODS,
     MIN_TOKENS,
     QUEST_PAGE,
@@ -122,13 +123,12 @@ LogFn = Callable[[str], None]
 
 # Draft steps per timed repetition in the sparsity sweep. A drafting iteration also does work
 # once for all its steps (StreamingLLM index lists, Quest page counts, Quest's metadata update
-# after acceptance), which `draft_samples` spreads over the repetition's steps because
-# methods.iteration_plan has only per-step phases. With 1 step (runs 3–5) that whole
-# per-iteration cost landed on every step: the H200 probe (benchmarks/gpu/draft_step_probe.py,
-# results/h200/draft_step_probe_run5.log) timed a stream draft step at 10.11 ms in the grid vs
-# 9.58 ms inside γ = 7 iterations (= Vegas's 9.56), and validation over-predicted stream and
-# Quest iterations by 7–18 %. With 4 steps the spread share is within ±0.2 ms a step of the
-# loop's for γ 2–15.
+# after acceptance): since run 8 `draft_samples` records it as an 'other' row, charged once per
+# iteration. Before, methods.iteration_plan had only per-step phases and that work was spread
+# over the timed steps: with 1 step (runs 3–5) all of it landed on every step (the H200 probe,
+# benchmarks/gpu/draft_step_probe.py, results/h200/draft_step_probe_run5.log: a stream draft
+# step at 10.11 ms in the grid vs 9.58 ms inside γ = 7 iterations), with 4 steps (runs 6–7)
+# γ / 4 of it per iteration (Quest γ 12 at B 64: 84 ms of drafting predicted, 77 measured).
 DRAFT_GAMMA = 4
 MAX_N_QUERY = 16  # verify kernel limit (kernels/API.md)
 # Requests per acceptance generate() call (CalibrationPlan.acceptance_batch = None): on CUDA a
@@ -538,38 +538,41 @@ def split_iterations(samples: list[Sample], start: str) -> list[list[Sample]]:
 
 
 def draft_samples(iterations: list[list[Sample]], gamma: int
-                  ) -> tuple[list[list[float]], list[list[float]]]:
-    """Per draft step j: draft_step ms and quest_meta ms, one sample per iteration.
+                  ) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    """Per draft step j: draft_step ms and quest_meta ms, one sample per iteration; and per
+    iteration the work it does once for all its steps ('other').
 
-    Work an iteration does once for all its steps is spread evenly over the γ steps, because
-    methods.iteration_plan has only per-step phases: the draft's index preparation ('other':
-    StreamingLLM index lists, Quest page counts) goes to draft_step, and Quest's metadata update
-    after acceptance (a top-level quest_meta) to quest_meta. The scoring nested in step j (the
-    quest_meta sample right after draft_step j) belongs to step j.
+    'other' = the draft's index preparation (StreamingLLM index lists, Quest page counts) plus
+    Quest's metadata update after acceptance (a top-level quest_meta): methods.iteration_plan
+    charges it once per iteration. (Until run 8 it was spread evenly over the DRAFT_GAMMA
+    timed steps, so an iteration of γ steps was charged γ / DRAFT_GAMMA of it: 3× at γ 12.)
+    The scoring nested in step j (the quest_meta sample right after draft_step j) belongs to
+    step j.
     """
     steps: list[list[float]] = [[] for _ in range(gamma)]
     quest: list[list[float]] = [[] for _ in range(gamma)]
+    once: list[float] = []
     for it in iterations:
-        other = sum(ms for n, ms in it if n == "other")
         drafts: list[float] = []
         nested: list[float] = []
-        update = 0.0
+        other = 0.0
         prev = ""
         for name, ms in it:
             if name == "draft_step":
                 drafts.append(ms)
             elif name == "quest_meta" and prev == "draft_step":
                 nested.append(ms)
-            elif name == "quest_meta":
-                update += ms
+            elif name in ("quest_meta", "other"):
+                other += ms
             prev = name
         if len(drafts) != gamma:
             continue  # a truncated iteration (should not happen); do not misattribute it
+        once.append(other)
         for j in range(gamma):
-            steps[j].append(drafts[j] + other / gamma)
-            if nested or update:
-                quest[j].append((nested[j] if j < len(nested) else 0.0) + update / gamma)
-    return steps, quest
+            steps[j].append(drafts[j])
+            if nested:
+                quest[j].append(nested[j] if j < len(nested) else 0.0)
+    return steps, quest, once
 
 
 def phase_samples(iterations: list[list[Sample]], phase: str) -> list[float]:
@@ -717,6 +720,7 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     # quest_meta's quantity (pages scored at step j) does not depend on the sparsity: its
     # samples are pooled over sparsities, and over the steps that score as many pages.
     quest_pool: dict[int, list[float]] = {}
+    once: list[float] = []  # 'other' per iteration, pooled over sparsities likewise
     for s in ctx.plan.sparsity:
         # Sparsities whose budgets coincide here (the min_tokens floor at short contexts) give
         # the same kv_read: measure such a draft once.
@@ -733,7 +737,8 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
         else:
             body = functools.partial(_draft_and_rollback, dec, state)
         timed = _timed(ctx, timer, body, "other")
-        steps, quest = draft_samples(timed.iterations, gamma)
+        steps, quest, other = draft_samples(timed.iterations, gamma)
+        once += other
         if path == "magicdec-quest" and dec.graphs:
             steps, quest = split_quest_scoring(steps, quest, quest_scoring_ms(dec, state))
         for j in range(1, gamma + 1):
@@ -746,6 +751,8 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
                     rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
     for pages, samples in quest_pool.items():
         rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0, samples))
+    rows += [latency_row("other", m, B, C, 1, C, 0, once)
+             for m in methods_here if m in INDEX_PREP_METHODS]
     return rows
 
 

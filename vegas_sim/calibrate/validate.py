@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import MIN_TOKENS, QUEST_PAGE
+from vegas_sim.methods import INDEX_PREP_METHODS, MIN_TOKENS, QUEST_PAGE
 from vegas_sim.sim.heldout import (
     HeldOut,
     check_outside_grid,
@@ -91,16 +91,25 @@ def acceptance_length(waves: Sequence[Sequence[Sequence[int]]]) -> float:
     return 1.0 + float(np.mean(draws)) if draws else 1.0
 
 
-def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]]) -> float:
+def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]],
+                      prompts: Sequence[Sequence[int]] | None = None) -> float:
     """Sampling error of a run's acceptance length, % of it: the standard deviation of the
-    per-request acceptance lengths / √requests. Acceptance varies from prompt to prompt
-    (≈ 18 % per prompt for SmolLM2 on longdoc), so a run of few requests measures its own
-    prompts, not the workload the prediction describes: an acceptance error within ~2 of
-    these is noise. NaN with fewer than 2 requests (and for vanilla)."""
-    per_request = [1.0 + float(np.mean(req)) for wave in waves for req in wave if len(req)]
-    if len(per_request) < 2:
+    per-prompt acceptance lengths / √prompts. `prompts` [wave][request] names each request's
+    prompt (requests of one prompt are averaged first: at B 64 and C ≥ 4K the 32 longdoc
+    prompts give 8–16 distinct ones, so the requests are not independent); None = every
+    request its own. Acceptance varies from prompt to prompt (≈ 18 % per prompt for SmolLM2
+    on longdoc), so a run of few prompts measures those prompts, not the workload the
+    prediction describes: an acceptance error within ~2 of these is noise. NaN with fewer
+    than 2 prompts (and for vanilla)."""
+    by_prompt: dict[int, list[float]] = {}
+    for w, wave in enumerate(waves):
+        for r, req in enumerate(wave):
+            if len(req):
+                key = prompts[w][r] if prompts is not None else len(by_prompt)
+                by_prompt.setdefault(key, []).append(1.0 + float(np.mean(req)))
+    if len(by_prompt) < 2:
         return float("nan")
-    x = np.asarray(per_request)
+    x = np.asarray([np.mean(v) for v in by_prompt.values()])
     return float(100.0 * x.std(ddof=1) / math.sqrt(len(x)) / x.mean())
 
 
@@ -109,17 +118,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def phase_means(summary: dict[str, list[float]], iterations: int, wall_ms: float
-                ) -> dict[str, float]:
+def phase_means(summary: dict[str, list[float]], iterations: int, wall_ms: float,
+                method: str = "") -> dict[str, float]:
     """ms per iteration of each phase of a timed window (CUDA events: device time). The
     device's idle time (wall − Σ phases: host work, syncs) is charged to 'sample', as the
     calibration grid charges it (grid.with_host_gap), so both sides compare phase by phase.
     Quest's per-step page scoring runs inside the graphed draft step here, while the grid
-    times it apart (quest_meta): compare Quest's draft_step + quest_meta."""
+    times it apart (quest_meta): compare Quest's draft_step + quest_meta. The quest_meta timed
+    here is its metadata update after acceptance, once-per-iteration work that the grid
+    records under 'other' (with the draft's index preparation), so it is moved there."""
     n = max(iterations, 1)
     per = {name: float(sum(ms)) / n for name, ms in summary.items()}
-    if "other" in per:  # the draft's index preparation: the grid folds it into draft_step
-        per["draft_step"] = per.get("draft_step", 0.0) + per.pop("other")
+    if "quest_meta" in per:
+        per["other"] = per.get("other", 0.0) + per.pop("quest_meta")
+    if "other" in per and method not in INDEX_PREP_METHODS:  # no index to prepare: the
+        per["draft_step"] = per.get("draft_step", 0.0) + per.pop("other")  # timer's own cost
     gap = max(wall_ms / n - sum(per.values()), 0.0)
     per["sample"] = per.get("sample", 0.0) + gap
     return per
@@ -167,7 +180,8 @@ def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     for r in state.records[first_record:]:
         seqs[r.request].append(int(r.accepted))
     waves = [seqs] if any(seqs) else []  # vanilla records nothing
-    phases = (phase_means(decoder.timer.summary(), iterations, 1e3 * seconds)
+    phases = (phase_means(decoder.timer.summary(), iterations, 1e3 * seconds,
+                          decoder.config.method)
               if decoder.timer.enabled else {})
     return Measurement(tokens, seconds, iterations, acceptance_length(waves), waves, phases)
 
@@ -239,6 +253,23 @@ def _warm(decoder: Any, h: HeldOut, device: torch.device) -> None:
     del state
 
 
+def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
+                 ) -> tuple[list[list[int]], str]:
+    """The prompts h's requests take in turn, and a note ('' if natural): those at least
+    h.context long, or (when none is) every prompt, to be repeated up to the context."""
+    long = [list(p) for p in workload_prompts if len(p) >= h.context]
+    if long:
+        return long, ""
+    return [list(p) for p in workload_prompts if len(p) >= 2], (
+        f"no workload prompt has {h.context} tokens: prompts repeated to reach it "
+        "(acceptance not the traced workload's)")
+
+
+def prompt_index(h: HeldOut, n_prompts: int) -> list[list[int]]:
+    """[wave][request] index of the prompt each request takes: (w·B + b) mod n."""
+    return [[(w * h.batch + b) % n_prompts for b in range(h.batch)] for w in range(h.waves)]
+
+
 def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int = 0
                 ) -> tuple[list[torch.Tensor], str]:
     """B prompts of exactly h.context tokens for wave `wave`, and a note ('' if natural).
@@ -249,12 +280,7 @@ def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int
     degenerate, copyable text whose acceptance is not the traced workload's; it is done only
     when no prompt is long enough, and the note says so.
     """
-    long = [list(p) for p in workload_prompts if len(p) >= h.context]
-    note = ""
-    if not long:
-        long = [list(p) for p in workload_prompts if len(p) >= 2]
-        note = (f"no workload prompt has {h.context} tokens: prompts repeated to reach it "
-                "(acceptance not the traced workload's)")
+    long, note = long_prompts(h, workload_prompts)
     out = []
     for b in range(h.batch):
         ids = long[(wave * h.batch + b) % len(long)]
@@ -262,6 +288,7 @@ def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int
             ids = ids + ids
         out.append(torch.tensor(ids[: h.context], dtype=torch.long))
     return out, note
+
 
 def choose_heldout(
     heldout_file: Path | None, n_random: int | None, grid: dict[str, list[Any]], *,
@@ -526,6 +553,16 @@ def _pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b if b else float("nan")
 
 
+def _request_prompts(h: HeldOut, weights: str) -> list[list[int]] | None:
+    """[wave][request] prompt of each request of a real run (None for replay: every request
+    draws on its own)."""
+    if weights == "random":
+        return None
+    from vegas_sim.calibrate.workloads import load_workload
+
+    return prompt_index(h, len(long_prompts(h, load_workload(h.workload or "longdoc"))[0]))
+
+
 def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
                 replayed: float, replayed_iter_ms: float, notes: str,
                 wall_s: float, predicted_phase_ms: dict[str, float] | None = None
@@ -549,10 +586,11 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "error_replay_pct": _pct(replayed, m.throughput),
         "ci_low": float(pred["throughput_ci_low"]),
         "ci_high": float(pred["throughput_ci_high"]),
-        "predicted_acceptance_length": float(pred["acceptance_length"]),
+        "predicted_acceptance_length": float(pred["window_acceptance_length"]),
         "measured_acceptance_length": m.acceptance_length,
-        "acceptance_error_pct": _pct(float(pred["acceptance_length"]), m.acceptance_length),
-        "acceptance_se_pct": acceptance_se_pct(m.accepted),
+        "acceptance_error_pct": _pct(float(pred["window_acceptance_length"]),
+                                     m.acceptance_length),
+        "acceptance_se_pct": acceptance_se_pct(m.accepted, _request_prompts(h, weights)),
         "measured_iterations": m.iterations,
         "measured_seconds": m.seconds,
         "measured_tokens": m.tokens,

@@ -57,11 +57,17 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
 Rates r_i = P(accepted ≥ i) use the recorded acceptance probabilities where that is exact:
 P(accepted ≥ i) = E[1{accepted ≥ i−1} · accept_prob_i] (Rao-Blackwellised: the probability of
 accepting d_i given the first i−1 were accepted is recorded, the coin flip adds only noise).
-Replay (`AcceptanceDist.sample`) is a circular block bootstrap of the real runs (of their kept
-prefixes when `output_len` is given), each replayed iteration then thinned / extended position
-by position (`_match_rates`) so that the replay's per-position rates equal the smoothed,
-Rao-Blackwellised `rates` in expectation; an iteration whose record already has the target
-rates (greedy, unsmoothed) is replayed unchanged. The smoothed rates of a (group, output_len)
+Replay (`AcceptanceDist.sample`) is a bootstrap of whole real runs (of their kept prefixes
+when `output_len` is given): each replayed request walks through one traced run from its start,
+at the pace of its own γ, so that it keeps the run's rise of acceptance along the generation
+and its prompt's level. (Until run 8 the replay was a circular block bootstrap, blocks of 8
+iterations from random offsets: position-blind, it over-predicted the steady window of closed
+batches at large γ and B by up to 12 % in acceptance, because that window, which ends when
+the first request finishes, covers the early, less accepted iterations only.) Each replayed
+iteration is then thinned / extended position by position (`_match_rates`) so that the
+replay's per-position rates equal the smoothed, Rao-Blackwellised `rates` in expectation; an
+iteration whose record already has the target rates (greedy, unsmoothed) is replayed
+unchanged. The smoothed rates of a (group, output_len)
 are computed once per model and cached on it (plain dicts and arrays: picklable).
 """
 
@@ -77,7 +83,6 @@ from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import METHODS, check_gamma, check_sparsity
 
 ACCEPTANCE_WHERE = "acceptance.parquet"
-BLOCK_LEN = 8  # iterations per bootstrap block: keeps the short-range correlation of a request
 DECAY_FIT_POSITIONS = 4  # last traced positions the conditional-rate decay is fitted on
 MAX_EXACT_BUCKETS = 12  # more distinct start contexts than this → log2-wide buckets
 # Gaussian-kernel bandwidths of the local-linear smoother of cell rates, in natural-log units of
@@ -103,7 +108,7 @@ class _Cell:
 
     acc [N] accepted drafts (0..gamma); prob [N, gamma] acceptance probabilities;
     run_start [N] / run_len [N] the flat index of each position's run start and that run's
-    length (for circular blocks inside a run); gen [N] tokens the request had generated before
+    length; gen [N] tokens the request had generated before
     the iteration (context − the run's first context).
     """
 
@@ -164,18 +169,30 @@ class _Source:
     rates: np.ndarray  # [γ] this component's per-position rates
     base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
     # (None only for the all-accepted component, which replays nothing)
+    stretch: float = 1.0  # replayed iterations per traced iteration (see `draw_requests`)
 
-    def draw_blocks(self, rng: np.random.Generator, n_blocks: int, gamma: int,
-                    block_len: int) -> np.ndarray:
-        """[n_blocks, block_len] accepted drafts for this component."""
+    def draw_requests(self, rng: np.random.Generator, n_requests: int, n_iterations: int,
+                      gamma: int) -> np.ndarray:
+        """[n_requests, n_iterations] accepted drafts for this component: each request replays
+        one traced run from its start.
+
+        Iteration k of a request replays traced iteration ⌊k / stretch⌋ of its run (circular
+        past the run's end). stretch = traced acceptance length / this γ's, so a request walks
+        through the run at the pace its own tokens advance: a γ-2 replay of a γ-12 trace
+        spends ~3 iterations per traced one. This keeps what a request's position in its
+        generation does to acceptance (it rises as the text turns repetitive: on SmolLM2
+        longdoc at T 0.6, γ 12, from ~5.5 in the first iteration to ~8 by the tenth) and a
+        prompt's persistent level; a closed batch's steady window, which ends when its first
+        request finishes, covers the early iterations only.
+        """
         if self.cell is None:
-            return np.full((n_blocks, block_len), gamma, dtype=np.int64)
+            return np.full((n_requests, n_iterations), gamma, dtype=np.int64)
         cell = self.cell
-        start = rng.integers(0, len(cell.acc), n_blocks)  # [n_blocks] uniform over iterations
-        rs, rl = cell.run_start[start], cell.run_len[start]
-        # circular inside the run: every traced iteration is equally likely to be replayed
-        idx = rs[:, None] + (start - rs)[:, None] + np.arange(block_len)[None, :]
-        idx = rs[:, None] + (idx - rs[:, None]) % rl[:, None]  # [n_blocks, block_len]
+        starts = np.unique(cell.run_start)  # [runs]
+        run = starts[rng.integers(0, len(starts), n_requests)]  # [R] flat start of each run
+        length = cell.run_len[run]  # [R]
+        pos = np.floor(np.arange(n_iterations) / self.stretch).astype(np.int64)  # [W]
+        idx = run[:, None] + pos[None, :] % length[:, None]  # [R, W]
         vals = np.minimum(cell.acc[idx], gamma)
         assert self.base_cond is not None, "a traced component knows its outcomes' rates"
         # thins to the smoothed rates and extends past the traced γ (base rate 0 there)
@@ -198,7 +215,7 @@ def _match_rates(rng: np.random.Generator, vals: np.ndarray, base: np.ndarray,
     a recorded acceptance with probability min(1, t/b) and turns the recorded rejection into an
     acceptance with probability max(0, (t − b)/(1 − b)); once turned it continues with fresh
     draws at rate t. Each step then accepts with probability t exactly, and an iteration whose
-    record already matches (t = b) is replayed unchanged, so the block correlation is kept
+    record already matches (t = b) is replayed unchanged, so the run's correlation is kept
     wherever the target is close to the record. One uniform per position, drawn for positions
     1..γ in order: a smaller γ uses a prefix of the same draws (truncation stays exact).
     """
@@ -234,7 +251,6 @@ class AcceptanceDist:
     extrapolated: list[str] = field(default_factory=list)  # human-readable reasons; [] = inside
     sources: list[_Source] = field(default_factory=list, repr=False)
     weights: np.ndarray = field(default_factory=lambda: np.ones(0), repr=False)
-    block_len: int = BLOCK_LEN
 
     @property
     def mean_length(self) -> float:
@@ -246,30 +262,27 @@ class AcceptanceDist:
         return bool(self.extrapolated)
 
     def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
-        """[n_requests, n_iterations] accepted drafts (0..gamma), block-bootstrapped.
+        """[n_requests, n_iterations] accepted drafts (0..gamma); column k is a request's k-th
+        iteration.
 
-        Each request is a concatenation of blocks of `block_len` consecutive iterations of one
-        traced run (circular inside the run); with two mixture components (sparsity
-        interpolation) each block picks its component with the interpolation weight. Without
-        traced runs (a hand-built dist) iterations are drawn independently from `rates`.
-        Deterministic for the state of `rng`.
+        Each request replays one traced run from its start (`_Source.draw_requests`); with
+        two or more mixture components (sparsity / context interpolation) each request picks
+        its component with the interpolation weight. Without traced runs (a hand-built dist)
+        iterations are drawn independently from `rates`. Deterministic for the state of `rng`.
         """
         if self.gamma == 0 or n_requests == 0 or n_iterations == 0:
             return np.zeros((n_requests, n_iterations), dtype=np.int64)
         if not self.sources:
             u = rng.random((n_requests, n_iterations, 1))
             return np.asarray((u < self.rates[None, None, :]).sum(axis=2), dtype=np.int64)
-        bl = self.block_len
-        n_blocks = n_requests * math.ceil(n_iterations / bl)
         if len(self.sources) == 1:
-            blocks = self.sources[0].draw_blocks(rng, n_blocks, self.gamma, bl)
-        else:
-            pick = rng.choice(len(self.sources), size=n_blocks, p=self.weights)
-            blocks = np.empty((n_blocks, bl), dtype=np.int64)
-            for k, src in enumerate(self.sources):
-                sel = pick == k
-                blocks[sel] = src.draw_blocks(rng, int(sel.sum()), self.gamma, bl)
-        return blocks.reshape(n_requests, -1)[:, :n_iterations]
+            return self.sources[0].draw_requests(rng, n_requests, n_iterations, self.gamma)
+        pick = rng.choice(len(self.sources), size=n_requests, p=self.weights)  # [R]
+        out = np.empty((n_requests, n_iterations), dtype=np.int64)
+        for k, src in enumerate(self.sources):
+            sel = pick == k
+            out[sel] = src.draw_requests(rng, int(sel.sum()), n_iterations, self.gamma)
+        return out
 
 
 # ---- decay extrapolation ------------------------------------------------------------------
@@ -585,7 +598,7 @@ class AcceptanceModel:
         if gamma > gt:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
-        return _Source(cell, ext, rates, cell.outcome_cond(gamma)), notes
+        return _Source(cell, ext, rates, cell.outcome_cond(gamma), _stretch(cell, rates)), notes
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
@@ -638,6 +651,15 @@ def smoother_matrix(coords: np.ndarray, weights: np.ndarray,
     return out
 
 
+def _stretch(cell: _Cell, rates: np.ndarray) -> float:
+    """Replayed iterations per traced iteration: the traced acceptance length over the
+    replayed γ's (1 + Σ rates; exactly 1 when γ is the traced γ and nothing is thinned)."""
+    traced = 1.0 + float(cell.acc.mean())
+    replayed = 1.0 + float(np.minimum(cell.acc, len(rates)).mean()) if len(rates) <= cell.gamma \
+        else 1.0 + float(rates.sum())
+    return traced / replayed
+
+
 def _make_cell(rows: pd.DataFrame, gamma: int, sparsity: float, bucket: float) -> _Cell:
     """Flatten the runs of one cell (rows already in run order)."""
     acc = rows["accepted"].to_numpy(dtype=np.int64)
@@ -685,9 +707,9 @@ class FixedSequences:
 
     `validate` feeds the simulator the accept counts a real run produced (or replayed), so
     that prediction and measurement see the same acceptance and the difference isolates the
-    latency model and the batching. Row r of every `sample` call is request r's sequence,
-    continued from where the previous call stopped (the engine extends its plan in chunks)
-    and repeated cyclically past its end; requests beyond the given rows reuse them cyclically.
+    latency model and the batching. Row r of every `sample` call is request r's sequence
+    from its start, repeated cyclically past its end; requests beyond the given rows reuse
+    them cyclically.
     """
 
     def __init__(self, gamma: int, sequences: list[list[int]]) -> None:
@@ -697,7 +719,6 @@ class FixedSequences:
                                  fix="give every request at least one accepted count")
         self.gamma = gamma
         self._seqs = [np.minimum(np.asarray(s, dtype=np.int64), gamma) for s in sequences]
-        self._cursor = 0
 
     @property
     def mean_length(self) -> float:
@@ -705,11 +726,10 @@ class FixedSequences:
         return 1.0 + float(np.concatenate(self._seqs).mean())
 
     def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
-        """[n_requests, n_iterations] the next columns of each sequence (rng unused)."""
-        cols = self._cursor + np.arange(n_iterations)  # [W]
+        """[n_requests, n_iterations] the first columns of each sequence (rng unused)."""
+        cols = np.arange(n_iterations)  # [W]
         out = np.empty((n_requests, n_iterations), dtype=np.int64)
         for r in range(n_requests):
             seq = self._seqs[r % len(self._seqs)]
             out[r] = seq[cols % len(seq)]
-        self._cursor += n_iterations
         return out

@@ -290,8 +290,8 @@ def _draw_token_plan(
     """Per request: iterations needed [R], token increments [R, W] (None for vanilla), and the
     histogram [γ+1] of accepted drafts over the iterations that run (before truncation).
 
-    Draws W ≈ 1.3·max_out/E[len] columns first and extends (rarely) until every request's
-    cumulative tokens reach its output length. Vanilla (dist None): one token per iteration.
+    Draws W ≈ 1.3·max_out/E[len] columns first and redraws twice as wide (rarely) until every
+    request's cumulative tokens reach its output length. Vanilla (dist None): one token per iteration.
     """
     if dist is None:
         return np.array([int(out.sum())], np.int64), out.copy(), None
@@ -303,8 +303,9 @@ def _draw_token_plan(
         cum += np.arange(1, acc.shape[1] + 1)  # tokens after k+1 iterations (bonus included)
         if np.all(cum[:, -1] >= out):
             break
-        more = min(max_out, max(width // 2, 16))
-        acc = np.concatenate([acc, np.asarray(dist.sample(rng, n, more), np.int64)], axis=1)
+        # redrawn wider: a request's column k is its k-th iteration (its position matters)
+        width = min(max_out, 2 * width)
+        acc = np.asarray(dist.sample(rng, n, width), dtype=np.int64)
     n_iters = np.sum(cum < out[:, None], axis=1) + 1  # first k with cum >= out, 1-based
     ran = np.arange(acc.shape[1])[None, :] < n_iters[:, None]  # [R, W]
     hist = np.bincount(acc[ran], minlength=gamma + 1).astype(np.int64)

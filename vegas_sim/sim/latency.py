@@ -139,7 +139,10 @@ FOLD_WEIGHT_STREAMS = 4.0
 # as GPU work; the max form's batch-dependent floor explains such data instead.
 KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
 # Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
-METHOD_INDEPENDENT_PHASES = ("sample", "prefill", "other")
+METHOD_INDEPENDENT_PHASES = ("sample", "prefill")
+# Phases of methods.iteration_plan a trace set may lack: 'other' (once-per-iteration draft
+# work) has been recorded since run 8; older sets spread it over draft_step and quest_meta.
+OPTIONAL_PHASES = ("other",)
 ANY_METHOD = "any"
 _POOLED = "*"
 
@@ -765,6 +768,8 @@ class IterationCost:
             add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
             add("sample", "single", 1, 1, 0, 1.0, 1.0)
             return terms
+        if self._model.measures("other", m):
+            add("other", "single", 1, 1, 0, 1.0, 0.0)  # once per iteration, kv_read = C
         add("draft_step", "steps", g, 1, 0, 0.0, 0.0)  # step k reads sel + k
         if m == "magicdec-quest":
             add("quest_meta", "quest", g, 1, 0, 0.0, 0.0)  # step k scores (C + k)//16 + 1 pages
@@ -945,6 +950,14 @@ class LatencyModel:
             fix=f"calibrate method {method!r} (it records every phase of its iteration)",
         )
 
+    def measures(self, phase: str, method: str) -> bool:
+        """Whether the trace set measured `phase` for `method` (or a fit it may borrow)."""
+        try:
+            self._group(phase, method)
+        except TraceSetError:
+            return False
+        return True
+
     def phase_ms(
         self, phase: str, method: str, n_query: int, kv_read: np.ndarray, collect_rows: int = 0
     ) -> float:
@@ -977,6 +990,7 @@ class LatencyModel:
         return sum(
             p.repeats * self.phase_ms(p.phase, method, p.n_query, p.kv_read, p.collect_rows)
             for p in plan
+            if p.phase not in OPTIONAL_PHASES or self.measures(p.phase, method)
         )
 
     # -- diagnostics --

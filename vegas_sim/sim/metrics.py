@@ -36,6 +36,9 @@ class RunMetrics:
     generated_tokens: int
     acceptance_length: float
     rates: tuple[float, ...]  # r_1..r_γ (empty for vanilla)
+    # tokens per running request per iteration in the steady window: what a closed batch's
+    # window measures (it ends at the first finish, so it sees early iterations only)
+    window_acceptance_length: float
     tpot_ms_p50: float
     tpot_ms_p90: float
     tpot_ms_p99: float
@@ -78,6 +81,8 @@ def summarize(res: EngineResult) -> RunMetrics:
     span_ms = float(ends[g1] - res.iter_start_ms[g0])
     win_tokens = int(res.iter_tokens[g0: g1 + 1].sum())
     thr = win_tokens / (span_ms / 1000.0) if span_ms > 0 else math.nan
+    running = int(res.iter_batch[g0: g1 + 1].sum())
+    win_acc = win_tokens / running if running else math.nan
 
     hist = res.accepted_hist.astype(np.float64)  # [γ+1]
     draws = hist.sum()
@@ -98,7 +103,7 @@ def summarize(res: EngineResult) -> RunMetrics:
     return RunMetrics(
         throughput_tok_s=thr, window_ms=(float(res.iter_start_ms[g0]), float(ends[g1])),
         window_tokens=win_tokens, generated_tokens=int(res.iter_tokens.sum()),
-        acceptance_length=acc_len, rates=rates,
+        acceptance_length=acc_len, rates=rates, window_acceptance_length=win_acc,
         tpot_ms_p50=float(tp[0]), tpot_ms_p90=float(tp[1]), tpot_ms_p99=float(tp[2]),
         itl_ms_p50=itl[0], itl_ms_p90=itl[1], itl_ms_p99=itl[2],
         iter_ms=float(res.iter_ms.mean()), breakdown_ms=breakdown, iterations=res.iterations,

@@ -241,7 +241,7 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     return RunMetrics(
         throughput_tok_s=res.throughput_tok_s, window_ms=(math.nan, math.nan), window_tokens=0,
         generated_tokens=0, acceptance_length=res.acceptance_length,
-        rates=tuple(float(r) for r in rates), tpot_ms_p50=tpot, tpot_ms_p90=tpot,
+        rates=tuple(float(r) for r in rates), window_acceptance_length=res.acceptance_length, tpot_ms_p50=tpot, tpot_ms_p90=tpot,
         tpot_ms_p99=tpot, itl_ms_p50=res.iter_ms, itl_ms_p90=res.iter_ms,
         itl_ms_p99=res.iter_ms, iter_ms=res.iter_ms,
         breakdown_ms={k: v * scale for k, v in bd.items()}, iterations=0, sim_time_s=0.0,
@@ -275,6 +275,7 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
         "throughput_tok_s": m, "throughput_ci_low": lo, "throughput_ci_high": hi,
         "speedup_vs_vanilla": sp, "speedup_ci_low": sp_lo, "speedup_ci_high": sp_hi,
         "acceptance_length": float(np.mean([r.acceptance_length for r in runs])),
+        "window_acceptance_length": float(np.mean([r.window_acceptance_length for r in runs])),
         "rates": " ".join(f"{r:.4f}" for r in rates),
     }
     for name in ("tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90",
