@@ -22,6 +22,7 @@ from vegas_sim.calibrate.grid import (
     acceptance_points,
     default_plan,
     draft_samples,
+    split_quest_scoring,
     latency_points,
     quick_plan,
     run_calibration,
@@ -137,6 +138,14 @@ def test_draft_samples_keep_once_per_iteration_work_apart() -> None:
     assert steps == [[1.0, 1.0], [2.0, 2.0]]
     assert quest == [[0.1, 0.1], [0.3, 0.3]]
     assert once == [pytest.approx(0.6)] * 2  # prep + update, once per iteration
+    # graphed Quest: the scoring is inside the step graphs, only the update is timed apart;
+    # every step still gets a quest_meta sample (0 here) for split_quest_scoring to fill
+    graphed = [("other", 0.2), ("draft_step", 1.1), ("draft_step", 2.3), ("verify", 5.0),
+               ("quest_meta", 0.4)]
+    steps, quest, once = draft_samples(split_iterations(graphed, "other"), 2)
+    assert quest == [[0.0], [0.0]] and once == [pytest.approx(0.6)]
+    steps, quest = split_quest_scoring(steps, quest, 0.3)
+    assert steps == [[pytest.approx(0.8)], [pytest.approx(2.0)]] and quest == [[0.3], [0.3]]
     plain = [("other", 0.0), ("draft_step", 1.0), ("draft_step", 1.5)]
     steps, quest, once = draft_samples(split_iterations(plain, "other"), 2)
     assert steps == [[1.0], [1.5]] and quest == [[], []] and once == [0.0]
@@ -425,3 +434,21 @@ def test_sigterm_interrupts_like_ctrl_c() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(2)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.gpu
+def test_graphed_calibration_rows_cover_every_plan_phase_on_cuda(tmp_path: Path) -> None:
+    """With CUDA graphs Quest's per-step scoring is timed apart (quest_scoring_ms), not nested
+    in the steps: its quest_meta rows must exist all the same (run 8's first SmolLM2 set
+    lacked them), and so must the 'other' rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from tests.calibrate.conftest import tiny_spec
+    from vegas_sim.calibrate.runtime import Transformer
+
+    net = Transformer(tiny_spec("llama"), None, device="cuda", dtype=torch.bfloat16, seed=0)
+    plan = tiny_plan(device="cuda", batch=(2,), context=(64,), temperatures=(0.0,))
+    out = run_calibration(plan, tmp_path / "ts", model=(net, RANDOM_META))
+    session = json.loads((out / "run_log.json").read_text())["sessions"][-1]
+    assert session["step_overhead"]["cuda_graphs"]
+    _assert_rows_cover_plans(load_trace_set(out).latency, plan, net.spec.max_positions)

@@ -557,6 +557,9 @@ def draft_samples(iterations: list[list[Sample]], gamma: int
         nested: list[float] = []
         other = 0.0
         prev = ""
+        # Quest times its scoring nested in each step, or (graphed: no events inside a
+        # capture) not at all; its samples are then 0 here and split_quest_scoring adds it
+        quest_iteration = any(name == "quest_meta" for name, _ in it)
         for name, ms in it:
             if name == "draft_step":
                 drafts.append(ms)
@@ -570,7 +573,7 @@ def draft_samples(iterations: list[list[Sample]], gamma: int
         once.append(other)
         for j in range(gamma):
             steps[j].append(drafts[j])
-            if nested:
+            if quest_iteration:
                 quest[j].append(nested[j] if j < len(nested) else 0.0)
     return steps, quest, once
 
