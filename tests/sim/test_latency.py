@@ -246,7 +246,9 @@ def test_what_if_scales_memory_bound_terms_by_bandwidth_ratio(fitted: LatencyMod
     # the per-token GEMM FLOP term scales with the bf16 rate, every other GPU term with bandwidth
     flop_ratio = get_gpu("h200").bf16_tflops / target.bf16_tflops
     tok = row["tokens"] * 2 * MODEL.gemm_flops(1) * 1e3 / (GPU.bf16_tflops * 1e12)
-    t_src = fitted.phase_ms("draft_step", "vegas", 1, kv)
+    # the measured GPU's fit times its residual at this batch; a what-if has no residual
+    t_src = fitted.phase_ms("draft_step", "vegas", 1, kv) / fitted.batch_factor(
+        fitted._group("draft_step", "vegas"), 2)
     t_dst = wi.phase_ms("draft_step", "vegas", 1, kv)
     assert t_dst - c0 - tok * flop_ratio == pytest.approx((t_src - c0 - tok) * ratio, rel=1e-9)
     # compute-bound verify at large batch: H100-SXM and H200 have the same bf16 datasheet rate,
@@ -452,7 +454,9 @@ def test_host_bound_set_keeps_priors_and_extrapolates_along_kv_bytes() -> None:
     kv_ms = MODEL.kv_bytes_per_token() / (GPU.copy_bandwidth_gbs * 1e9) * 1e3 / PRIOR_ETA_KV
     t1, t2, t4 = decode(1 << 20), decode(2 << 20), decode(4 << 20)
     assert t1 > 2 * decode(131072)  # never flat
-    assert t2 - t1 == pytest.approx(4 * (1 << 20) * kv_ms, rel=1e-9)  # linear in KV bytes
+    f4 = lm.batch_factor(lm._group("decode", "vanilla"), 4)  # the fit's residual at B = 4
+    assert abs(math.log(f4)) < 0.05
+    assert t2 - t1 == pytest.approx(4 * (1 << 20) * kv_ms * f4, rel=1e-9)  # linear in KV bytes
     assert t4 - t2 == pytest.approx(2 * (t2 - t1), rel=1e-9)
 
 
@@ -496,11 +500,15 @@ def test_what_if_keeps_host_terms_and_scales_gpu_terms() -> None:
     row = lm.coefficients().set_index("phase").loc["decode"]
     host = row["host_ms"] + row["host_per_token_ms"]  # the floor at B·n_query = 1
     small, big = np.full(1, 1024), np.full(4, 1 << 20)
+    # the measured GPU's predictions carry the fit's residual at their batch, a what-if's not
+    grp = lm._group("decode", "vanilla")
+    f1, f4 = lm.batch_factor(grp, 1), lm.batch_factor(grp, 4)
+    assert wi.batch_factor(grp, 1) == 1.0
     assert wi.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
-    assert lm.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
+    assert lm.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host * f1, rel=1e-12)
     # GPU-bound and weight-bound: every GPU term is bandwidth-scaled
     assert wi.phase_ms("decode", "vanilla", 1, big) == pytest.approx(
-        lm.phase_ms("decode", "vanilla", 1, big) * ratio, rel=1e-9)
+        lm.phase_ms("decode", "vanilla", 1, big) / f4 * ratio, rel=1e-9)
 
 
 def test_without_host_overhead_replaces_host_terms() -> None:

@@ -500,6 +500,11 @@ class _Group:
     # whole point out (its rows share one measurement session). None: one row per point.
     point: np.ndarray | None = None
     tokens: np.ndarray | None = None  # [n_points] B·n_query of the measured rows
+    batch: np.ndarray | None = None  # [n_points] B of the measured rows
+    # the fit's residual by batch (see `with_batch_residual`): measured batches [K] and the
+    # median log(measured / fit) of the group's rows at each
+    res_batch: np.ndarray | None = None
+    res_log: np.ndarray | None = None
 
     def floor(self, tokens: int) -> float:
         """The host floor (ms) of one call with B·n_query = tokens."""
@@ -527,8 +532,25 @@ class _Group:
         return c
 
     def predict_points(self) -> np.ndarray:
-        """[n_points] ms the fit predicts for the measured rows."""
+        """[n_points] ms the fit predicts for the measured rows (before the batch residual)."""
         return np.asarray(self.serial + np.maximum(self.floors(), self.x @ self.gpu_coef))
+
+    def with_batch_residual(self) -> _Group:
+        """This group with its residual by batch recorded (`batch_factor` applies it)."""
+        if self.batch is None:
+            return self
+        point = np.arange(len(self.t)) if self.point is None else self.point
+        res_batch, res_log = _batch_residual(self.batch, np.log(self.t / self.predict_points()),
+                                             point)
+        return dataclasses.replace(self, res_batch=res_batch, res_log=res_log)
+
+    def batch_factor(self, batch: int) -> float:
+        """exp(the fit's log residual at this batch): the median over the measured rows of that
+        batch, linear in log B between measured batches, fading to 1 over the octave beyond
+        the measured range (outside it the fitted physics alone extrapolates)."""
+        if self.res_batch is None or self.res_log is None:
+            return 1.0
+        return math.exp(_residual_at(self.res_batch, self.res_log, batch))
 
     def host_bound(self) -> np.ndarray:
         """[n_points] bool: the host side (floor, or s in the sum form) exceeds the GPU work."""
@@ -558,12 +580,41 @@ class _Group:
             if self.mode == "sum":
                 c = _fit_nnls(self.x[~out][:, mask], self.t[~out],
                               _sum_lower_bounds(self.phase, mask), _sum_upper_bounds(mask))
-                pred = self.x[out][:, mask] @ c  # [n_out]
+                pred = self.x[:, mask] @ c  # [n] every row, by the fit without the point
             else:
                 p = _solve_max(self.x[~out][:, free], z[~out], self.t[~out], prior, p_full)
-                pred = np.maximum(z[out] @ p[:m], self.x[out][:, free] @ (prior * np.exp(p[m:])))
-            errs[out] = np.abs(pred - self.t[out]) / self.t[out]
+                pred = np.maximum(z @ p[:m], self.x[:, free] @ (prior * np.exp(p[m:])))
+            if self.batch is not None:  # times the batch residual of the other points' rows
+                rb, rl = _batch_residual(self.batch[~out], np.log(self.t[~out] / pred[~out]),
+                                         point[~out])
+                pred = pred * np.exp([_residual_at(rb, rl, int(b)) for b in self.batch])
+            errs[out] = np.abs(pred[out] - self.t[out]) / self.t[out]
         return errs
+
+
+def _batch_residual(batch: np.ndarray, log_res: np.ndarray, point: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(measured batches [K], log residual at each [K]): the median over that batch's
+    measured points (each point's rows first reduced to their median: rows of one point are
+    one measurement session), shrunk toward 0 by its standard error (soft threshold), so that
+    a noisy phase (sampling, selection: ±10–20 % a point) is not bent to its noise."""
+    per_point = pd.DataFrame({"point": point, "batch": batch, "r": log_res}).groupby(
+        "point", sort=False).agg(batch=("batch", "first"), r=("r", "median"))
+    by_batch = per_point.groupby("batch", sort=True)["r"].agg(["median", "std", "count"])
+    # standard error of a median: 1.2533 σ / √n; one point: nothing to gauge its noise by
+    se = np.where(by_batch["count"] > 1, 1.2533 * by_batch["std"].fillna(0.0)
+                  / np.sqrt(by_batch["count"]), np.inf)
+    med = by_batch["median"].to_numpy()
+    return by_batch.index.to_numpy(), np.sign(med) * np.maximum(np.abs(med) - se, 0.0)
+
+
+def _residual_at(res_batch: np.ndarray, res_log: np.ndarray, batch: int) -> float:
+    """The log residual at `batch` (see _Group.batch_factor)."""
+    x, xs = math.log2(batch), np.log2(res_batch)
+    if xs[0] <= x <= xs[-1]:
+        return float(np.interp(x, xs, res_log))
+    edge, beyond = (res_log[0], xs[0] - x) if x < xs[0] else (res_log[-1], x - xs[-1])
+    return float(edge) * max(0.0, 1.0 - beyond)
 
 
 def _kernel_index(phase: str) -> list[int]:
@@ -748,10 +799,9 @@ class IterationCost:
             (np.arange(QUEST_PAGE)[:, None] + np.arange(1, gamma + 1)[None, :]) // QUEST_PAGE
         ).astype(np.float64) if method == "magicdec-quest" else None
         self._terms = self._build_terms()
-        self._serial = sum(t.repeats * t.group.serial for t in self._terms)
         # per batch size, per term: (GPU ms independent of kv_read, host floor ms)
         self._base: dict[int, list[tuple[float, float]]] = {}
-        self._fast: dict[int, list[tuple[_Term | None, float, float, float]]] = {}
+        self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
         self._selects = method != "vanilla"
 
     def _build_terms(self) -> list[_Term]:
@@ -846,24 +896,27 @@ class IterationCost:
             fast = self._fast_terms(batch)
         csum = float(np.add.reduce(c))
         sel = self._selected_sum(c) if self._selects else 0.0
-        total = self._serial
-        for t, g0, h, per_c in fast:
+        total = 0.0
+        for t, g0, h, per_c, serial, f in fast:
             if t is None:  # a "single" term, inlined: this is the hot path
-                g = g0 + per_c * csum
-                total += max(g, h)
+                total += f * (serial + max(g0 + per_c * csum, h))
             else:
-                total += self._term_ms(t, g0, h, batch, csum, c, sel)
+                total += f * (serial + self._term_ms(t, g0, h, batch, csum, c, sel))
         return total
 
-    def _fast_terms(self, batch: int) -> list[tuple[_Term | None, float, float, float]]:
+    def _fast_terms(self, batch: int
+                    ) -> list[tuple[_Term | None, float, float, float, float, float]]:
         """Per term at this batch size: (None for a "single" term, else the term; its GPU ms
-        without the Σ C part (single) or its intercept (others); host floor; ms per unit ΣC)."""
-        out: list[tuple[_Term | None, float, float, float]] = []
+        without the Σ C part (single) or its intercept (others); host floor; ms per unit ΣC;
+        serial ms of its repeats; batch residual factor)."""
+        out: list[tuple[_Term | None, float, float, float, float, float]] = []
         for t, (b, h) in zip(self._terms, self._intercepts(batch)):
+            serial = t.repeats * t.group.serial
+            f = self._model.batch_factor(t.group, batch)
             if t.kind == "single":
-                out.append((None, b + t.slope * t.d * batch, h, t.slope * t.a))
+                out.append((None, b + t.slope * t.d * batch, h, t.slope * t.a, serial, f))
             else:
-                out.append((t, b, h, 0.0))
+                out.append((t, b, h, 0.0, serial, f))
         self._fast[batch] = out
         return out
 
@@ -877,7 +930,7 @@ class IterationCost:
         out: dict[str, float] = {}
         for t, (b, h) in zip(self._terms, base):
             ms = t.repeats * t.group.serial + self._term_ms(t, b, h, batch, csum, c, sel)
-            out[t.phase] = out.get(t.phase, 0.0) + ms
+            out[t.phase] = out.get(t.phase, 0.0) + ms * self._model.batch_factor(t.group, batch)
         return out
 
 
@@ -903,6 +956,8 @@ class LatencyModel:
             key: _with_host(grp, launch_ms) for key, grp in groups.items()}
         self._physics = _Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops)
         self._loo: pd.DataFrame | None = None
+        # the fit's residual by batch describes the measured GPU and host: not a what-if's
+        self._use_residual = what_if is None and launch_ms is None
 
     # -- construction --
     @classmethod
@@ -968,7 +1023,12 @@ class LatencyModel:
         kv = np.asarray(kv_read)
         x = self._physics.intercept_features(int(kv.shape[0]), n_query, collect_rows)
         x += self._physics.slope_features(phase, n_query, collect_rows) * float(kv.sum())
-        return grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
+        ms = grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
+        return ms * self.batch_factor(grp, int(kv.shape[0]))
+
+    def batch_factor(self, grp: _Group, batch: int) -> float:
+        """The group's residual factor at this batch (1 for a what-if GPU or launch cost)."""
+        return grp.batch_factor(batch) if self._use_residual else 1.0
 
     def iteration_cost(
         self, method: str, gamma: int, sparsity: float, min_tokens: int = MIN_TOKENS
@@ -1158,11 +1218,12 @@ def _fit_group(phys: _Physics, phase: str, method: str, rows: pd.DataFrame) -> _
                                    tokens=tokens)
     summed = dataclasses.replace(_sum_group(phase, method, x, t), point=point, tokens=tokens)
     maxed = _max_group(phase, method, x, t, roofline.coef, tokens)
-    if maxed.host == 0.0:  # no point sits on a host floor: the sum form nests the max form
-        return summed
-    if _median_log_error(summed) <= SUM_MODE_MARGIN * _median_log_error(maxed):
-        return summed
-    return dataclasses.replace(maxed, point=point)
+    if maxed.host == 0.0 or (  # no point on a host floor: the sum form nests the max form
+            _median_log_error(summed) <= SUM_MODE_MARGIN * _median_log_error(maxed)):
+        chosen = summed
+    else:
+        chosen = dataclasses.replace(maxed, point=point)
+    return dataclasses.replace(chosen, batch=batch).with_batch_residual()
 
 
 LatencyFn = Callable[[np.ndarray], float]
