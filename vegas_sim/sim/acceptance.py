@@ -217,7 +217,7 @@ def _match_rates(rng: np.random.Generator, vals: np.ndarray, base: np.ndarray,
     draws at rate t. Each step then accepts with probability t exactly, and an iteration whose
     record already matches (t = b) is replayed unchanged, so the run's correlation is kept
     wherever the target is close to the record. One uniform per position, drawn for positions
-    1..γ in order: a smaller γ uses a prefix of the same draws (truncation stays exact).
+    1..γ in order: a smaller γ uses a prefix of the same draws.
     """
     gamma = len(target)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -589,7 +589,7 @@ class AcceptanceModel:
             traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
             if output_len > traced:
                 notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
-                             "request (median): later output positions replay the traced ones")
+                             "request (median): past its run, a request replays it again")
         # pooled workloads: the iteration-weighted mean, as the pooled raw estimate would be
         n_it = np.array([len(c.acc) for c in cuts], dtype=float)
         cell_rates = np.stack([self._cell_rates(k, output_len) for k in members])  # [W, γ_t]

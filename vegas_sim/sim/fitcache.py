@@ -1,7 +1,7 @@
 """An on-disk cache of fitted models, so that `predict` does not refit a trace set it has seen.
 
 Fitting the latency model of a measured set takes ~1 s (a robust least-squares fit per
-phase × method, several starts each) and the acceptance model ~2 s (the packaged 410K-row
+phase × method, several starts each) and the acceptance model ~2.5 s (the packaged 492K-row
 set; its cells are smoothed), against ~0.1 s for the simulation itself. The fit is a pure
 function of the trace set's data files (their sha256 in meta.json 'content_hash'), of its
 model / GPU meta, and of the code that fits, so the key is a hash of all three; any change

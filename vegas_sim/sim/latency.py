@@ -60,14 +60,24 @@ the measured host floor: the data give only an upper bound), or BOUND (sum form:
 1 / ROOFLINE_SLACK lower bound, the data would have it faster). `host_bound_share()` is the
 fraction of measured points where h > g.
 
+Residual by batch. The form misses a shape that the measured sets share (vanilla decode on the
+H200, in-sample per batch: +2.6 % at B 1, −2.9 % at B 16, +2.3 % at B 64 for SmolLM2; ±2 % for
+Qwen3-8B; draft steps and verify alike). On the measured GPU a prediction is multiplied by the
+group's residual at its batch: exp of the median log(measured / fit) over that batch's measured
+points, shrunk toward 0 by its standard error (noisy phases keep ≈ none), linear in log B
+between measured batches, fading to none over the octave beyond the measured range (there the
+fitted physics alone extrapolates). What-if GPUs and `without_host_overhead` get none: the
+residual describes the measured GPU and host. Leave-one-out with it (decode 2.5 → 1.0 %, draft
+step 1.4 → 0.8 % on the SmolLM2 H200 set) computes the residual without the left-out point.
+
 Leave-one-out (`loo_errors`) leaves a whole measured (batch, context) point out (all its rows:
 the gammas and sparsities measured there share a session), refits and predicts its rows.
 
 Grouping: one fit per (phase, method) because the kernels differ by method (index construction,
 number of collected rows, Quest paging). A phase the trace set recorded under method "any"
-serves every method lacking its own rows; the method-independent phases (sample, prefill, other)
+serves every method lacking its own rows; the method-independent phases (sample, prefill)
 fall back further to a fit pooled over all methods. Anything else missing is a TraceSetError:
-calibrate that method.
+calibrate that method — except `other` (OPTIONAL_PHASES), which sets from before run 8 lack.
 
 `what_if` rescales the GPU terms by datasheet ratios and keeps h and s (CPU time);
 `without_host_overhead(launch_ms)` replaces them by a per-call launch cost (what a CUDA-graph
