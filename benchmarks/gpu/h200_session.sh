@@ -23,9 +23,10 @@
 #            (host gaps over HOST_GAP_CHAIN iterations; SMOL_FLAGS=--verify-after-draft on the
 #            second machine); `7 va`: validation regime (a), >= 32
 #            requests per configuration, with the phase wave; `7 vb`: regime (b) likewise.
-#   stage 8  next session's plan (not run yet): `8 vb` (carry .whl) regime (b) again with the
+#   stage 8  the sixth session's first calls: `8 vb` (carry .whl, part.aa) regime (b) again with the
 #            replay that pays for the acceptance decision, the 24 rows and the span file;
-#            `8 q8b` the Qwen3-8B latency set with this code (HOST_GAP_CHAIN; Q8B_FLAGS may
+#            `8 va` (carry .whl, part.ab) the SmolLM2 span rows; `8 q8b` (not run yet) the
+#            Qwen3-8B latency set with this code (HOST_GAP_CHAIN, 'other' rows; Q8B_FLAGS may
 #            add --verify-after-draft, which costs γ draft steps per timed verify iteration).
 #   stage 9  the sixth session's second pair of calls: `9 a` (carry .whl and part.aa) GPU tests
 #            of calibrate; `9 smol` (carry .whl and part.ab) the SmolLM2 latency set with the
@@ -60,6 +61,12 @@
 # 0.1-1.1 ms more per iteration in the decoding loop than the grid measured, so a second
 # machine re-ran `7 smol` with SMOL_FLAGS=--verify-after-draft (377 s) and `7 va` (312 s).
 # About 29 of the 30 device-minutes.
+# Run 8 (sixth session), two machines. First: `8 vb` (carry .whl and part.aa; 141 s), `8 va`
+# (carry .whl and part.ab; 35 s), then `9 a` (34 s), `9 smol` (333 s: its Quest quest_meta rows
+# were lost — fixed since), `9 acc4` (60 s; Quest's point ran out of memory beside the four
+# other processes and was redone alone with --retry-failed, 25 s). Second: `pytest -m gpu
+# tests/calibrate/test_grid.py` (part.aa copied; 20 s), `9 smol` again (345 s). 20 of the 30
+# device-minutes.
 set -u
 stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8 or 9}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

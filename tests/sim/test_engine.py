@@ -356,3 +356,18 @@ def test_arrival_joins_at_the_next_iteration_boundary(arrive_ms: float, admit_ms
     res = simulate(c, LinearCost(), FixedDist(3, 1))
     assert res.admit_ms[1] == pytest.approx(admit_ms)
     np.testing.assert_allclose(res.finish_ms, finish_ms)
+
+
+def test_window_acceptance_is_tokens_per_running_request_iteration() -> None:
+    """A closed batch whose requests accept 0 then 3 drafts per iteration: the window (until
+    the first request finishes) sees the early iterations only, the whole-run mean all."""
+    from vegas_sim.sim.acceptance import FixedSequences
+
+    # request 0: 1 + 4 + 4 = 9 tokens in 3 iterations; request 1: 1, 1, 1, 4, 4 (12 tokens)
+    seqs = FixedSequences(3, [[0, 3, 3, 3, 3], [0, 0, 0, 3, 3]])
+    res = simulate(cfg(batch=2, n=2, out=9), LinearCost(), seqs)
+    m = summarize(res)
+    assert steady_window(res) == (0, 2)  # request 0 finishes in iteration 3
+    assert m.window_tokens == 9 + 3 and m.window_acceptance_length == pytest.approx(12 / 6)
+    # over every iteration that ran (before truncation): (0 + 3 + 3) + (0 + 0 + 0 + 3 + 3)
+    assert m.acceptance_length == pytest.approx(1 + 12 / 8)

@@ -622,3 +622,46 @@ def test_packaged_iteration_cost_equals_plan_sum(packaged: LatencyModel) -> None
                 want = packaged.plan_ms(method, gamma, ctx, 0.07)
                 assert cost(ctx) == pytest.approx(want, rel=1e-9), method
                 assert sum(cost.breakdown(ctx).values()) == pytest.approx(want, rel=1e-9)
+
+
+def test_batch_residual_absorbs_a_shape_the_fit_misses() -> None:
+    """Decode rows bent by batch (+6 % at B 4, −6 % at B 16) beyond what the roofline form can
+    follow: predictions on the measured GPU carry the residual at the measured batches,
+    interpolate it between them in log B and fade it out an octave beyond the range."""
+    df = max_latency(np.random.default_rng(40), 0.002, (1, 4, 16, 64), (1024, 4096, 16384))
+    bend = {1: 1.0, 4: 1.06, 16: 0.94, 64: 1.0}
+    dec = df["phase"] == "decode"
+    for col in ("ms_median", "ms_p10", "ms_p90"):
+        df.loc[dec, col] *= df.loc[dec, "batch"].map(bend)
+    lm = LatencyModel.fit(df, MODEL, GPU)
+    grp = lm._group("decode", "vanilla")
+    raw = grp.predict_points() / grp.t  # the fit alone, per row
+    assert np.max(np.abs(np.log(raw))) > 0.03  # the form cannot follow the bend
+    for b in bend:  # the median row of each measured batch is hit (the residual is a median)
+        rows = df[dec & (df["batch"] == b)]
+        pred = np.array([lm.phase_ms("decode", "vanilla", 1, np.full(b, int(r.kv_read)))
+                         for r in rows.itertuples()])
+        assert np.median(pred / rows["ms_median"]) == pytest.approx(1.0, abs=0.01), b
+    f4, f16 = lm.batch_factor(grp, 4), lm.batch_factor(grp, 16)
+    assert lm.batch_factor(grp, 8) == pytest.approx(math.sqrt(f4 * f16), rel=1e-9)
+    f64 = lm.batch_factor(grp, 64)
+    assert lm.batch_factor(grp, 90) == pytest.approx(f64 ** (1 - math.log2(90 / 64)), rel=1e-9)
+    assert lm.batch_factor(grp, 128) == 1.0 == lm.what_if(get_gpu("h100-sxm")).batch_factor(
+        grp, 4)
+    # leave-one-out applies it too, learnt without the point: better than the fit alone
+    loo = lm.loo_errors().set_index("phase").loc["decode", "median_pct"]
+    assert loo < 100 * float(np.median(np.abs(raw - 1)))
+
+
+def test_sets_without_other_rows_keep_their_spread_draft_steps(fitted: LatencyModel) -> None:
+    """'other' (once-per-iteration index work) is optional: a set measured before run 8 has
+    no such rows, and its Quest / stream iterations are the plan without it."""
+    assert fitted.measures("other", "magicdec-quest") and not fitted.measures("other", "vegas")
+    old = LatencyModel.fit(synthetic_latency(np.random.default_rng(41)).query("phase != 'other'"),
+                           MODEL, GPU)
+    assert not old.measures("other", "magicdec-quest")
+    ctx = np.full(4, 8192)
+    cost = old.iteration_cost("magicdec-quest", 5, 0.1)
+    assert "other" not in cost.breakdown(ctx)
+    assert cost(ctx) == pytest.approx(old.plan_ms("magicdec-quest", 5, ctx, 0.1), rel=1e-9)
+    assert "other" in fitted.iteration_cost("magicdec-quest", 5, 0.1).breakdown(ctx)

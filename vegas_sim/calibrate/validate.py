@@ -265,9 +265,11 @@ def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
         "(acceptance not the traced workload's)")
 
 
-def prompt_index(h: HeldOut, n_prompts: int) -> list[list[int]]:
-    """[wave][request] index of the prompt each request takes: (w·B + b) mod n."""
-    return [[(w * h.batch + b) % n_prompts for b in range(h.batch)] for w in range(h.waves)]
+def prompt_index(h: HeldOut, n_prompts: int, waves: int | None = None) -> list[list[int]]:
+    """[wave][request] index of the prompt each request takes, (w·B + b) mod n: waves see
+    other prompts. `waves` defaults to h's."""
+    return [[(w * h.batch + b) % n_prompts for b in range(h.batch)]
+            for w in range(h.waves if waves is None else waves)]
 
 
 def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int = 0
@@ -282,8 +284,8 @@ def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int
     """
     long, note = long_prompts(h, workload_prompts)
     out = []
-    for b in range(h.batch):
-        ids = long[(wave * h.batch + b) % len(long)]
+    for k in prompt_index(h, len(long), wave + 1)[wave]:
+        ids = long[k]
         while len(ids) < h.context:
             ids = ids + ids
         out.append(torch.tensor(ids[: h.context], dtype=torch.long))
