@@ -33,6 +33,8 @@
 #            once-per-iteration draft work recorded as 'other'; `9 acc4` at once after it:
 #            SmolLM2 longdoc T 0.6 acceptance traced at γ 4 (64 iterations), one process per
 #            method, to be merged into the packaged acceptance set.
+#   stage 10 next session's plan: regime (a) validated on the machine that just measured the
+#            SmolLM2 latency set (`9 a`, `9 smol`, then `10 va` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -68,7 +70,7 @@
 # tests/calibrate/test_grid.py` (part.aa copied; 20 s), `9 smol` again (345 s). 20 of the 30
 # device-minutes.
 set -u
-stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8 or 9}
+stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8, 9 or 10}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -313,6 +315,20 @@ case $stage in
     tar czf "$OUT/acc_g4.tgz" -C $TR $(cd $TR && ls -d acc-g4-*)
     ;;
   esac
+  ;;
+10)
+  # next session's plan (not run yet): regime (a) on the machine that measures its latency
+  # set, as run 7 did — SmolLM2 at B <= 3 is host-bound and machines differ by up to ~4 %.
+  # `9 a` first (part.aa), then `9 smol` (part.ab, ~345 s), then at once `10 va` (~330 s):
+  # the 24 seeded rows and the 3 span rows against the set `9 smol` left in $TR.
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  for f in heldout_smollm2 heldout_smollm2_span; do
+    timeout ${VALIDATE_TIMEOUT:-420} "${cli[@]}" validate --traces $TR/smollm2-135m-h200 \
+      --acceptance-traces $D/smollm2-135m-real --seed 0 --model $GGUF --weights real \
+      --heldout benchmarks/validation/$f.csv --time-budget ${VALIDATE_BUDGET:-380} \
+      --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
+    echo "$f rc=$?"; tail -7 "$OUT/validate_h200_${f#heldout_}.log"
+  done
   ;;
 4)
   join_gguf || exit 2
