@@ -34,7 +34,7 @@
 #            SmolLM2 longdoc T 0.6 acceptance traced at γ 4 (64 iterations), one process per
 #            method, to be merged into the packaged acceptance set.
 #   stage 10 next session's plan: regime (a) validated on the machine that just measured the
-#            SmolLM2 latency set (`9 a`, `9 smol`, then `10 va` at once).
+#            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -319,7 +319,7 @@ case $stage in
 10)
   # next session's plan (not run yet): regime (a) on the machine that measures its latency
   # set, as run 7 did — SmolLM2 at B <= 3 is host-bound and machines differ by up to ~4 %.
-  # `9 a` first (part.aa), then `9 smol` (part.ab, ~345 s), then at once `10 va` (~330 s):
+  # `9 a` first (part.aa), then `9 smol` (part.ab, ~345 s), then at once `10` (~330 s):
   # the 24 seeded rows and the 3 span rows against the set `9 smol` left in $TR.
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
   for f in heldout_smollm2 heldout_smollm2_span; do
