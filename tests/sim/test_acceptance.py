@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,14 @@ import pytest
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.sim.acceptance import (AcceptanceDist, AcceptanceModel, _match_rates,
                                       extend_rates, smoother_matrix)
+from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA
 
 BASE = {0.05: 0.55, 0.1: 0.72, 0.2: 0.86}  # first-position acceptance by sparsity (monotone)
+
+
+def acceptance_frame(recs: Sequence[tuple[object, ...]]) -> pd.DataFrame:
+    """acceptance.parquet rows from tuples in the schema's column order."""
+    return pd.DataFrame(recs, columns=ACCEPTANCE_SCHEMA.names)
 
 
 def make_acceptance(
@@ -56,9 +63,7 @@ def make_acceptance(
                                     recs.append((m, g, s, int(math.ceil(s * ctx)), ctx, temp, wl,
                                                  req, it, acc, prob.astype(np.float32), "real"))
                                     ctx += acc + 1
-    return pd.DataFrame(recs, columns=[
-        "method", "gamma", "sparsity", "budget", "context", "temperature", "workload", "request",
-        "iteration", "accepted", "accept_prob", "model_weights"])
+    return acceptance_frame(recs)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +189,8 @@ def test_gamma_extension_monotone_and_bounded(model: AcceptanceModel) -> None:
     assert any("gamma 14 above traced max 8" in n for n in d.extrapolated)
     assert np.all(np.diff(d.rates) <= 1e-12) and np.all((d.rates >= 0) & (d.rates <= 1))
     np.testing.assert_allclose(d.rates[:8], model.lookup("vegas", 8, 0.1, 8192).rates)
-    ext = d.sources[0].cond_ext
+    _, ext = extend_rates(d.rates[:8], 14)  # the conditional rates of positions 9..14
+    np.testing.assert_allclose(d.rates[8:], d.rates[7] * np.cumprod(ext))
     assert np.all(np.diff(ext) <= 1e-12) and np.all((ext >= 0) & (ext <= 1))
     sample = d.sample(np.random.default_rng(1), 300, 200)
     assert sample.max() <= 14 and sample.min() >= 0
@@ -303,9 +309,7 @@ def test_each_request_replays_one_run_from_its_start() -> None:
             acc = (it % 3) if req != 1 else 3  # run 1 is all-accepted; others cycle 0,1,2
             recs.append(("vegas", 3, 0.1, 256, 4096 + 4 * it, 0.0, "w", req, it, acc,
                          (np.arange(3) < acc).astype(np.float32), "real"))  # greedy 0/1
-    df = pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
-                                     "temperature", "workload", "request", "iteration",
-                                     "accepted", "accept_prob", "model_weights"])
+    df = acceptance_frame(recs)
     d = AcceptanceModel.from_traces(df, "real").lookup("vegas", 3, 0.1, 4096)
     smp = d.sample(np.random.default_rng(5), 50, 24)
     k = np.arange(24)
@@ -331,9 +335,7 @@ def test_replay_keeps_the_rise_along_a_generation() -> None:
             recs.append(("vegas", 8, 0.1, 410, ctx, 0.0, "w", req, it, acc,
                          ok.astype(np.float32), "real"))
             ctx += acc + 1
-    df = pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
-                                     "temperature", "workload", "request", "iteration",
-                                     "accepted", "accept_prob", "model_weights"])
+    df = acceptance_frame(recs)
     m = AcceptanceModel.from_traces(df, "real", smooth=False)
     smp = m.lookup("vegas", 8, 0.1, 4096).sample(np.random.default_rng(1), 400, 30)
     early, late = smp[:, :10].mean(), smp[:, 20:].mean()
@@ -408,9 +410,7 @@ def rising_runs(n_requests: int = 6, n_iterations: int = 20) -> pd.DataFrame:
             prob = (np.arange(3) < acc).astype(np.float32)
             recs.append(("vegas", 3, 0.1, 410, ctx, 0.0, "w", req, it, acc, prob, "real"))
             ctx += acc + 1
-    return pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
-                                       "temperature", "workload", "request", "iteration",
-                                       "accepted", "accept_prob", "model_weights"])
+    return acceptance_frame(recs)
 
 
 def test_output_len_keeps_the_iterations_a_short_request_runs() -> None:
@@ -505,9 +505,7 @@ def noisy_smooth_traces(rng: np.random.Generator, gamma: int = 6, runs: int = 3,
                     recs.append(("vegas", gamma, s, int(math.ceil(s * ctx)), ctx, 0.6, "w", req,
                                  it, acc, prob, "real"))
                     ctx += acc + 1
-    return pd.DataFrame(recs, columns=["method", "gamma", "sparsity", "budget", "context",
-                                       "temperature", "workload", "request", "iteration",
-                                       "accepted", "accept_prob", "model_weights"])
+    return acceptance_frame(recs)
 
 
 def true_length(s: float, c: int, gamma: int) -> float:

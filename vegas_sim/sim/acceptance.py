@@ -36,8 +36,8 @@ length over all cells, γ 2–11; "current" = each cell alone):
 A lookup picks cells and turns them into an `AcceptanceDist`:
 
 - γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): truncation accepted' = min(accepted, γ);
-  the rates of γ are the first γ rates of γ_t and a replay of γ is a replay of γ_t truncated
-  (the same draws). Without smoothing these are exactly the cell's rates.
+  the rates of γ are the first γ rates of γ_t (without smoothing exactly the cell's), and a
+  replay of γ replays the γ_t runs truncated, walked at γ's slower pace (see Replay).
 - γ > max traced γ: every all-accepted iteration is extended position by position with
   conditional rates a_i = r_i / r_{i−1} extrapolated by a decay fitted to the last traced
   positions (log a_i linear in i, slope ≤ 0, clamped to [0, 1]). Marked extrapolated.
@@ -165,8 +165,7 @@ class _Source:
     """
 
     cell: _Cell | None  # None = draft equals target (s = 1): every draft accepted
-    cond_ext: np.ndarray  # [γ − γ_t] conditional rates for the extended positions (may be [])
-    rates: np.ndarray  # [γ] this component's per-position rates
+    rates: np.ndarray  # [γ] this component's per-position rates (extended past γ_t if γ is)
     base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
     # (None only for the all-accepted component, which replays nothing)
     stretch: float = 1.0  # replayed iterations per traced iteration (see `draw_requests`)
@@ -563,7 +562,7 @@ class AcceptanceModel:
             if w <= 0.0:
                 continue
             if s > 1.0:
-                sources.append(_Source(None, np.zeros(0), np.ones(gamma)))
+                sources.append(_Source(None, np.ones(gamma)))
             else:
                 src, src_notes = self._source(keys, s, gamma, output_len)
                 sources.append(src)
@@ -594,11 +593,11 @@ class AcceptanceModel:
         n_it = np.array([len(c.acc) for c in cuts], dtype=float)
         cell_rates = np.stack([self._cell_rates(k, output_len) for k in members])  # [W, γ_t]
         pooled = np.minimum.accumulate(n_it @ cell_rates / n_it.sum())
-        rates, ext = extend_rates(pooled, gamma)
+        rates, _ = extend_rates(pooled, gamma)
         if gamma > gt:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
-        return _Source(cell, ext, rates, cell.outcome_cond(gamma), _stretch(cell, rates)), notes
+        return _Source(cell, rates, cell.outcome_cond(gamma), _stretch(cell, rates)), notes
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""

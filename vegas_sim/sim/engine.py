@@ -291,7 +291,8 @@ def _draw_token_plan(
     histogram [γ+1] of accepted drafts over the iterations that run (before truncation).
 
     Draws W ≈ 1.3·max_out/E[len] columns first and redraws twice as wide (rarely) until every
-    request's cumulative tokens reach its output length. Vanilla (dist None): one token per iteration.
+    request's cumulative tokens reach its output length. Vanilla (dist None): one token per
+    iteration.
     """
     if dist is None:
         return np.array([int(out.sum())], np.int64), out.copy(), None

@@ -241,9 +241,9 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     return RunMetrics(
         throughput_tok_s=res.throughput_tok_s, window_ms=(math.nan, math.nan), window_tokens=0,
         generated_tokens=0, acceptance_length=res.acceptance_length,
-        rates=tuple(float(r) for r in rates), window_acceptance_length=res.acceptance_length, tpot_ms_p50=tpot, tpot_ms_p90=tpot,
-        tpot_ms_p99=tpot, itl_ms_p50=res.iter_ms, itl_ms_p90=res.iter_ms,
-        itl_ms_p99=res.iter_ms, iter_ms=res.iter_ms,
+        rates=tuple(float(r) for r in rates), window_acceptance_length=res.acceptance_length,
+        tpot_ms_p50=tpot, tpot_ms_p90=tpot, tpot_ms_p99=tpot,
+        itl_ms_p50=res.iter_ms, itl_ms_p90=res.iter_ms, itl_ms_p99=res.iter_ms, iter_ms=res.iter_ms,
         breakdown_ms={k: v * scale for k, v in bd.items()}, iterations=0, sim_time_s=0.0,
         wall_s=time.perf_counter() - t0,
     )
