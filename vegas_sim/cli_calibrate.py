@@ -43,6 +43,12 @@ from vegas_sim.cliutil import progress_task, user_errors
 @click.option("--prompts", type=int, default=None,
               help="Prompts per workload in acceptance runs (default 16; 4 with --quick). On "
                    "CUDA, up to 128 (prompt, sparsity) requests decode as one batch.")
+@click.option("--acceptance-cuts", type=click.Choice(["add", "none", "only"]), default="add",
+              show_default=True,
+              help="For workloads of text windows (longdoc): also trace every window cut to "
+                   "each shorter window length, so a context bucket holds every prompt that "
+                   "reaches it; 'only': the cuts alone, to extend an older set with `vegas-sim "
+                   "traces merge`.")
 @click.option("--latency/--no-latency", default=True, show_default=True,
               help="Measure the latency grid.")
 @click.option("--acceptance/--no-acceptance", default=True, show_default=True,
@@ -55,8 +61,8 @@ from vegas_sim.cliutil import progress_task, user_errors
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
-              min_tokens: int | None, prompts: int | None, latency: bool, acceptance: bool,
-              verify_after_draft: bool, retry_failed: bool, out: Path, **grid: Any) -> None:
+              min_tokens: int | None, prompts: int | None, acceptance_cuts: str,
+              latency: bool, acceptance: bool, verify_after_draft: bool, retry_failed: bool, out: Path, **grid: Any) -> None:
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
 
@@ -82,6 +88,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
         plan = grid_runner.plan_from_options(model, weights=weights, device=device, seed=seed,
                                              quick=quick, **grid)
         extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance,
+                                 "acceptance_cuts": acceptance_cuts,
                                  "verify_after_draft": verify_after_draft}
         if min_tokens is not None:
             extra["min_tokens"] = min_tokens

@@ -70,7 +70,7 @@
 # tests/calibrate/test_grid.py` (part.aa copied; 20 s), `9 smol` again (345 s). 20 of the 30
 # device-minutes.
 set -u
-stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8, 9 or 10}
+stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8, 9, 10 or 11}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -329,6 +329,48 @@ case $stage in
       --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
     echo "$f rc=$?"; tail -7 "$OUT/validate_h200_${f#heldout_}.log"
   done
+  ;;
+11)
+  # seventh session: longdoc T 0.6 acceptance of the cut windows (grid.cut_prompts: every
+  # 2K/4K/7K window cut to each shorter window length, 48 prompts), to be merged into the
+  # packaged acceptance set. `11 a` (carry .whl and part.aa) copies the first half and runs
+  # the calibrate GPU tests; `11 acc` (carry .whl and part.ab) at once after it: γ 12, 32
+  # iterations, seeds 1 and 2 (the natural windows have two replicates), then γ 4, 64
+  # iterations, seed 1 (one replicate); one process per method, OOM points redone alone.
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  case ${2:?11 a or acc} in
+  a)
+    cp .model/smollm2.gguf.part.aa /root/model/
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate 2>&1 \
+      | tail -6 | tee "$OUT/calibrate_gpu_tests.log"
+    ;;
+  acc)
+    join_gguf || exit 2
+    cut() {  # method gamma iterations seed
+      local out=$TR/cut-g$2-s$4-$1 args
+      args=(calibrate --model $GGUF --weights real --no-latency --gamma $2 --iterations $3
+            --min-tokens 32 --methods $1 --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2
+            --workload longdoc --temperature 0.6 --prompts 32 --acceptance-cuts only
+            --seed $4 --out $out)
+      OMP_NUM_THREADS=2 timeout ${ACC_TIMEOUT:-200} "${cli[@]}" "${args[@]}" > $out.log 2>&1
+      OMP_NUM_THREADS=2 timeout 100 "${cli[@]}" "${args[@]}" --retry-failed >> $out.log 2>&1
+    }
+    s0=$(date +%s)
+    for m in magicdec-stream magicdec-quest specextend vegas vegas-all; do
+      (cut $m 12 32 1; cut $m 12 32 2) &
+    done
+    wait
+    echo "γ 12 wall: $(( $(date +%s) - s0 )) s" | tee "$OUT/cut_wall.txt"
+    for m in magicdec-stream magicdec-quest specextend vegas vegas-all; do
+      cut $m 4 64 1 &
+    done
+    wait
+    echo "all wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/cut_wall.txt"
+    for s in $TR/cut-*/; do [ -f $s/meta.json ] && finalize $s; rm -rf $s/parts; done
+    tail -n 3 $TR/cut-*.log > "$OUT/cut_logs.txt"
+    tar czf "$OUT/acc_cut.tgz" -C $TR $(cd $TR && ls -d cut-*)
+    ;;
+  esac
   ;;
 4)
   join_gguf || exit 2

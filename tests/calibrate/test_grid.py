@@ -452,3 +452,48 @@ def test_graphed_calibration_rows_cover_every_plan_phase_on_cuda(tmp_path: Path)
     session = json.loads((out / "run_log.json").read_text())["sessions"][-1]
     assert session["step_overhead"]["cuda_graphs"]
     _assert_rows_cover_plans(load_trace_set(out).latency, plan, net.spec.max_positions)
+
+
+# ---------------------------------------------------------------- acceptance prompts and cuts
+def test_cut_prompts_cut_every_longer_prompt_to_each_shorter_length() -> None:
+    prompts = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14], [15, 16, 17, 18]]
+    cuts = grid.cut_prompts(prompts)
+    # length 2: the three longer prompts' first 2 ids; length 4: the 8-long prompt's first 4
+    assert cuts == [[3, 4], [7, 8], [15, 16], [7, 8, 9, 10]]
+
+
+def _plan(**kw: Any) -> CalibrationPlan:
+    return quick_plan("smollm2-135m", device="cpu", weights="real", gamma=(12,),
+                      iterations=32, **kw)
+
+
+def test_longdoc_acceptance_prompts_add_the_cuts_after_the_natural_windows() -> None:
+    spec = get_preset("smollm2-135m")
+    natural = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="none"),
+                                      spec, "longdoc", 12)
+    both = grid.acceptance_prompts(_plan(acceptance_prompts=32), spec, "longdoc", 12)
+    only = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="only"),
+                                   spec, "longdoc", 12)
+    levels = sorted({len(p) for p in natural})
+    assert len(natural) == 32 and len(levels) == 4  # 8 windows each of 1K, 2K, 4K, 7K
+    assert both[:32] == natural and both[32:] == only  # request ids of the natural kept
+    # a level of k-th rank gains every window of the longer levels: 24 + 16 + 8 cuts
+    assert len(only) == 48
+    for n in levels:
+        at_n = [p for p in both if len(p) == n]
+        assert len(at_n) == sum(len(p) >= n for p in natural)
+        assert all(p in [q[:n] for q in natural if len(q) >= n] for p in at_n)
+
+
+def test_free_form_workloads_are_not_cut() -> None:
+    spec = get_preset("smollm2-135m")
+    plan = _plan(acceptance_prompts=4)  # 4 chat prompts of 4 lengths: still not windows
+    assert len(grid.acceptance_prompts(plan, spec, "chat", 12)) == 4
+    with pytest.raises(UserInputError, match="nothing to cut"):
+        grid.acceptance_prompts(dataclasses.replace(plan, acceptance_cuts="only"), spec,
+                                "chat", 12)
+
+
+def test_unknown_acceptance_cuts_is_refused() -> None:
+    with pytest.raises(UserInputError, match="acceptance cuts"):
+        _plan(acceptance_cuts="all")

@@ -112,6 +112,7 @@ from vegas_sim.methods import (
     draft_kv_read,
 )
 from vegas_sim.models import ModelSpec
+from vegas_sim.sim.acceptance import MAX_EXACT_BUCKETS
 from vegas_sim.traces.io import acceptance_summary
 from vegas_sim.traces.schema import (ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, RUN_LOG_FILE,
                                      SCHEMA_VERSION)
@@ -177,6 +178,7 @@ class CalibrationPlan:
     reps: int = 5
     min_tokens: int = MIN_TOKENS
     acceptance_prompts: int = 16  # prompts per workload for acceptance runs
+    acceptance_cuts: str = "add"  # one of ACCEPTANCE_CUTS (acceptance_prompts)
     acceptance_batch: int | None = None  # requests per generate() call (requests_per_call)
     top_p: float = QWEN3_TOP_P  # for temperature > 0 (greedy ignores them)
     top_k: int = QWEN3_TOP_K
@@ -241,6 +243,9 @@ def validate_plan(plan: CalibrationPlan) -> None:
             raise UserInputError(f"{v} must be >= 1", where=name, fix="pass a positive integer")
     if plan.warmup < 0:
         raise UserInputError("warmup must be >= 0", where="warmup", fix="pass 0 or more")
+    if plan.acceptance_cuts not in ACCEPTANCE_CUTS:
+        raise UserInputError(f"unknown acceptance cuts {plan.acceptance_cuts!r}",
+                             where="--acceptance-cuts", fix=f"use one of {ACCEPTANCE_CUTS}")
 
 
 def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",
@@ -924,6 +929,12 @@ def _stable_seed(base: int, key: str) -> int:
     return (base * 1_000_003 + zlib.crc32(key.encode())) % (2**63 - 1)
 
 
+# A workload of at most this many distinct prompt lengths is windows of long texts, to be
+# cut (cut_prompts); the acceptance model keeps exact context buckets up to the same count.
+MAX_CUT_LEVELS = MAX_EXACT_BUCKETS
+ACCEPTANCE_CUTS = ("add", "none", "only")
+
+
 def acceptance_max_new(plan: CalibrationPlan, gamma: int) -> int:
     """Tokens each request may emit: enough that no request stops before `iterations`."""
     return plan.iterations * (gamma + 1)
@@ -931,7 +942,10 @@ def acceptance_max_new(plan: CalibrationPlan, gamma: int) -> int:
 
 def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
                        gamma: int) -> list[list[int]]:
-    """The first `acceptance_prompts` prompts of the workload that leave room for the output."""
+    """The prompts of the workload's acceptance runs (a run's `request` is its index here):
+    the first `acceptance_prompts` that leave room for the output, then their cuts
+    (`cut_prompts`), as `plan.acceptance_cuts` says: "add" both, "none" no cuts, "only"
+    the cuts alone (to extend an older set with `traces merge`)."""
     from vegas_sim.calibrate.workloads import load_workload
 
     room = spec.max_positions - acceptance_max_new(plan, gamma) - state_headroom(gamma)
@@ -940,7 +954,32 @@ def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
         raise UserInputError(
             f"workload {workload!r} has no prompt of 2..{room} tokens for {spec.name}",
             where="--workload", fix="lower --iterations or --gamma, or pick another workload")
-    return prompts[:plan.acceptance_prompts]
+    natural = prompts[:plan.acceptance_prompts]
+    windows = len({len(p) for p in prompts}) <= MAX_CUT_LEVELS
+    cuts = cut_prompts(natural) if windows and plan.acceptance_cuts != "none" else []
+    if plan.acceptance_cuts == "only":
+        if not cuts:
+            raise UserInputError(
+                f"workload {workload!r} has nothing to cut: its prompts are not windows of "
+                f"at most {MAX_CUT_LEVELS} lengths, or the ones taken have one length",
+                where="--acceptance-cuts", fix="use --acceptance-cuts add or none here")
+        return cuts
+    return natural + cuts
+
+
+def cut_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Every prompt cut to each shorter prompt length of the set, length by length. For
+    workloads of windows cut from long texts (at most MAX_CUT_LEVELS lengths, like longdoc's
+    1K/2K/4K/7K), not for free-form prompts.
+
+    Why: a workload at context C means every prompt at least C long, cut to C (what
+    `validate` runs and what a deployment's long requests look like), while the natural
+    prompts give each context bucket only the windows made at that length. With the cuts, a
+    bucket's runs come from every prompt that reaches it, so its acceptance is not that of
+    the few windows of one length (SmolLM2 longdoc at T 0.6: the 7K windows cut to 3.5K
+    accepted 6.2 tokens per iteration where the 4K windows accepted 7.0)."""
+    levels = sorted({len(p) for p in prompts})
+    return [list(p[:n]) for n in levels for p in prompts if len(p) > n]
 
 
 def acceptance_groups(points: Sequence[AcceptancePoint]) -> list[list[AcceptancePoint]]:
