@@ -1,8 +1,12 @@
-"""The tracked tree stays small: a device call carries it next to half of the SmolLM2 GGUF
-(49 MB: `split -n 2` of the 98 MB file) under a 64 MiB limit (benchmarks/gpu/h200_session.sh)."""
+"""The tracked tree stays small: a device call carries it next to a third of the SmolLM2 GGUF
+(33 MB: `split -n 3` of the 98 MB file) under a 64 MiB limit (benchmarks/gpu/h200_session.sh).
+
+Halves (49 MB each) were enough until run 9's 128-window acceptance set took the tree to
+~20 MB; thirds cost one more device call per session that loads the real weights."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,13 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 64 * 2**20
-GGUF_HALF = 49_181_216  # .model/smollm2.gguf.part.aa and .ab (equal halves)
+GGUF_BYTES = 98_362_432  # SmolLM2-135M-Instruct Q4_1
+GGUF_PART = math.ceil(GGUF_BYTES / 3)  # the largest part of `split -n 3`
+HEADROOM = 8 * 2**20  # results and docs still to come
 
 
-def test_tracked_tree_leaves_room_for_half_the_gguf() -> None:
+def test_tracked_tree_leaves_room_for_a_third_of_the_gguf() -> None:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
                            check=True).stdout.decode().split("\0")
     size = sum((ROOT / f).stat().st_size for f in files if f and (ROOT / f).is_file())
-    assert size + GGUF_HALF < LIMIT - 2 * 2**20, f"tracked files take {size / 1e6:.1f} MB"
+    assert size + GGUF_PART < LIMIT - HEADROOM, f"tracked files take {size / 1e6:.1f} MB"

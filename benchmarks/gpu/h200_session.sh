@@ -33,7 +33,13 @@
 #            once-per-iteration draft work recorded as 'other'; `9 acc4` at once after it:
 #            SmolLM2 longdoc T 0.6 acceptance traced at γ 4 (64 iterations), one process per
 #            method, to be merged into the packaged acceptance set.
-#   stage 10 next session's plan: regime (a) validated on the machine that just measured the
+#   stage 11 the seventh session's first machine (run 9): longdoc T 0.6 acceptance of the old
+#            32 windows cut to every shorter window length (--acceptance-cuts only) — an
+#            experiment, not packaged (benchmarks/results/cuts_run9/).
+#   stage 12 the seventh session's second machine: `12 a` kernel GPU tests + the b1 step
+#            (the single-launch combine, measured and dropped), `12 acc` the 128-window
+#            longdoc T 0.6 acceptance (packaged), `12 va` regime (a) on the 128 windows.
+#   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
@@ -41,9 +47,13 @@
 #            longdoc at T = 0.6 with 32 prompts (contexts to 7K, as the packaged greedy
 #            longdoc), one process per method; sparsities 2, 5, 10, 15 % of the short workloads
 #
-# The GGUF (98 MB) is over the 64 MiB a call may carry, hence the two halves, made with
+# The GGUF (98 MB) is over the 64 MiB a call may carry, hence the parts, made with
 # `split -n 2 .model/smollm2.gguf .model/smollm2.gguf.part.` (49 MB each since run 7; the
-# tracked tree, ~13 MB, travels with each).
+# tracked tree travels with each). Since run 9 the tracked tree is ~20 MB (the 128-window
+# acceptance set), so a half no longer fits beside it: split in three (`rm
+# .model/smollm2.gguf.part.*; split -n 3 ...`, 33 MB each), carry part.aa with a stage that
+# copies it, part.ab with `p` (copies it, at once), and part.ac with the stage that joins
+# (join_gguf takes whatever parts /root/model and .model hold).
 #
 # Run 5 (third session of 2026-11-29), as it happened: stages 0-3 back to back (165 + 310 +
 # 230 + 220 s), stage 1's processes cut at 300 s with 20-23 of 40 points each; a fresh machine
@@ -69,8 +79,13 @@
 # other processes and was redone alone with --retry-failed, 25 s). Second: `pytest -m gpu
 # tests/calibrate/test_grid.py` (part.aa copied; 20 s), `9 smol` again (345 s). 20 of the 30
 # device-minutes.
+# Run 9 (seventh session), two machines (the kernel files of the first were the committed
+# ones, copied over the working tree's). First: `11 a` (45 s), `11 acc` (245 s: γ 12 seeds 1
+# and 2, 158 s; γ 4, 70 s). Second (a start was refused in between): `12 a` (57 s),
+# `12 acc` (394 s: γ 12 167 s, γ 4 169 s; vegas-all γ 12 ran out of memory beside the four
+# others and was redone, 47 s), `12 va` (355 s). About 26 of the 30 device-minutes.
 set -u
-stage=${1:?stage 0, 1, 2, 3, 4, 5, 7, 8, 9, 10 or 11}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11 or 12}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -86,8 +101,9 @@ finalize() {  # a set cut by its timeout is still usable: merge the points it me
   python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$1')" 2>&1 | tail -2
 }
 
-join_gguf() {  # the halves (part.aa copied to /root/model by an earlier call) -> $GGUF, checked
-  cat /root/model/smollm2.gguf.part.aa .model/smollm2.gguf.part.ab > $GGUF
+join_gguf() {  # the parts (all but the last copied to /root/model by earlier calls) -> $GGUF
+  cp .model/smollm2.gguf.part.?? /root/model/ 2>/dev/null
+  cat /root/model/smollm2.gguf.part.?? > $GGUF
   # sha256sum's status, not tee's (a piped `| tee` hid a mismatch before)
   echo "$SHA  $GGUF" | sha256sum -c - > "$OUT/gguf.txt"
   local rc=$?
@@ -108,6 +124,9 @@ merge_acceptance() {  # the acceptance sets of parallel processes -> $TR/smollm2
 }
 
 case $stage in
+p)  # copy the carried GGUF part(s) for a later join_gguf
+  cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
+  ;;
 0)
   cp .model/smollm2.gguf.part.aa /root/model/
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv \
@@ -369,6 +388,61 @@ case $stage in
     for s in $TR/cut-*/; do [ -f $s/meta.json ] && finalize $s; rm -rf $s/parts; done
     tail -n 3 $TR/cut-*.log > "$OUT/cut_logs.txt"
     tar czf "$OUT/acc_cut.tgz" -C $TR $(cd $TR && ls -d cut-*)
+    ;;
+  esac
+  ;;
+12)
+  # seventh session, second machine: the longdoc workload now has 32 windows per length
+  # (128; the first 32 are the old set). `12 a` (carry .whl and part.aa): the kernel GPU
+  # tests and the fused-combine benchmark (the b1 step), part.aa copied; `12 acc` (carry .whl
+  # and part.ab) at once: join, longdoc T 0.6 acceptance of all 128 windows at γ 12 (32
+  # iterations) and γ 4 (64 iterations), one process per method; `12 va` at once: regime (a)
+  # (24 seeded + 3 span rows) against the packaged sets (re-predicted on the CPU after).
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  case ${2:?12 a, acc or va} in
+  a)
+    cp .model/smollm2.gguf.part.aa /root/model/
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+      | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+    timeout 200 python3 benchmarks/kernels.py --only b1 --out "$OUT/kernels_h200_fused.csv" \
+      2>&1 | tail -45 | tee "$OUT/kernels_fused.log"
+    ;;
+  acc)
+    join_gguf || exit 2
+    acc128() {  # method gamma iterations timeout [--retry-failed]
+      OMP_NUM_THREADS=2 timeout $4 "${cli[@]}" calibrate --model $GGUF --weights real \
+        --no-latency --gamma $2 --iterations $3 --min-tokens 32 --methods $1 \
+        --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 --workload longdoc --temperature 0.6 \
+        --prompts 128 --acceptance-cuts none --out $TR/w128-g$2-$1 ${5:-} >> $TR/w128-g$2-$1.log 2>&1
+    }
+    s0=$(date +%s)
+    for m in magicdec-stream magicdec-quest specextend vegas vegas-all; do
+      acc128 $m 12 32 ${T12:-240} & sleep 2
+    done
+    wait; echo "γ 12 wall: $(( $(date +%s) - s0 )) s" | tee "$OUT/w128_wall.txt"
+    for m in magicdec-stream magicdec-quest specextend vegas vegas-all; do
+      acc128 $m 4 64 ${T4:-200} & sleep 2
+    done
+    wait; echo "γ 4 wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/w128_wall.txt"
+    for s in $TR/w128-*/; do
+      grep -qs '"oom"' $s/progress.jsonl || continue
+      g=$(basename $s | cut -d- -f2); m=$(basename $s | cut -d- -f3-)
+      acc128 $m ${g#g} $([ ${g#g} = 12 ] && echo 32 || echo 64) 60 --retry-failed
+    done
+    echo "all wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/w128_wall.txt"
+    for s in $TR/w128-*/; do [ -f $s/meta.json ] && finalize $s; rm -rf $s/parts; done
+    tail -n 3 $TR/w128-*.log > "$OUT/w128_logs.txt"
+    tar czf "$OUT/acc_w128.tgz" -C $TR $(cd $TR && ls -d w128-*)
+    ;;
+  va)  # (file, timeout, time budget): the 24 seeded rows took 312-363 s in run 7
+    for spec in heldout_smollm2:400:340 heldout_smollm2_span:140:90; do
+      IFS=: read -r f tmo budget <<< "$spec"
+      timeout $tmo "${cli[@]}" validate --traces $D/smollm2-135m-h200 \
+        --acceptance-traces $D/smollm2-135m-real --seed 0 --model $GGUF --weights real \
+        --heldout benchmarks/validation/$f.csv --time-budget $budget \
+        --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
+      echo "$f rc=$?"; tail -7 "$OUT/validate_h200_${f#heldout_}.log"
+    done
     ;;
   esac
   ;;

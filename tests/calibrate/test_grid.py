@@ -471,7 +471,8 @@ def test_longdoc_acceptance_prompts_add_the_cuts_after_the_natural_windows() -> 
     spec = get_preset("smollm2-135m")
     natural = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="none"),
                                       spec, "longdoc", 12)
-    both = grid.acceptance_prompts(_plan(acceptance_prompts=32), spec, "longdoc", 12)
+    both = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="add"),
+                                   spec, "longdoc", 12)
     only = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="only"),
                                    spec, "longdoc", 12)
     levels = sorted({len(p) for p in natural})
@@ -487,7 +488,7 @@ def test_longdoc_acceptance_prompts_add_the_cuts_after_the_natural_windows() -> 
 
 def test_free_form_workloads_are_not_cut() -> None:
     spec = get_preset("smollm2-135m")
-    plan = _plan(acceptance_prompts=4)  # 4 chat prompts of 4 lengths: still not windows
+    plan = _plan(acceptance_prompts=4, acceptance_cuts="add")  # 4 chat prompts: not windows
     assert len(grid.acceptance_prompts(plan, spec, "chat", 12)) == 4
     with pytest.raises(UserInputError, match="nothing to cut"):
         grid.acceptance_prompts(dataclasses.replace(plan, acceptance_cuts="only"), spec,

@@ -23,13 +23,18 @@ def test_shipped_smollm2_workloads() -> None:
     vocab = get_preset("smollm2-135m").vocab
     for name in WL.WORKLOADS:
         prompts = WL.workload_prompts(name)
-        assert len(prompts) == 32
-        assert len({p.source for p in prompts}) == 32  # distinct sources
+        n = len(WL.LONGDOC_LENGTHS) * WL.LONGDOC_PER_LENGTH if name == "longdoc" else 32
+        assert len(prompts) == n
+        assert len({p.source for p in prompts}) == n  # distinct sources
         for p in prompts:
             assert p.tokens and max(p.tokens) < vocab and min(p.tokens) >= 0
     longdoc = WL.load_workload("longdoc")
     lengths = sorted({len(p) for p in longdoc})
     assert lengths == list(WL.LONGDOC_LENGTHS)
+    # the first 32 are the 8-per-length set the first trace sets index, by length
+    assert [len(p) for p in longdoc[:32]] == [n for n in WL.LONGDOC_LENGTHS for _ in range(8)]
+    assert all(sum(len(p) == n for p in longdoc) == WL.LONGDOC_PER_LENGTH
+               for n in WL.LONGDOC_LENGTHS)
     assert max(lengths) + 512 <= get_preset("smollm2-135m").max_positions  # room for output
     assert WL.load_workload("longdoc", max_len=2048) == [p for p in longdoc if len(p) <= 2048]
     sources = {p.source.split(":")[0] for p in WL.workload_prompts("reasoning")}

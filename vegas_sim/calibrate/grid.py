@@ -178,7 +178,7 @@ class CalibrationPlan:
     reps: int = 5
     min_tokens: int = MIN_TOKENS
     acceptance_prompts: int = 16  # prompts per workload for acceptance runs
-    acceptance_cuts: str = "add"  # one of ACCEPTANCE_CUTS (acceptance_prompts)
+    acceptance_cuts: str = "none"  # one of ACCEPTANCE_CUTS (acceptance_prompts)
     acceptance_batch: int | None = None  # requests per generate() call (requests_per_call)
     top_p: float = QWEN3_TOP_P  # for temperature > 0 (greedy ignores them)
     top_k: int = QWEN3_TOP_K
@@ -972,12 +972,14 @@ def cut_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     workloads of windows cut from long texts (at most MAX_CUT_LEVELS lengths, like longdoc's
     1K/2K/4K/7K), not for free-form prompts.
 
-    Why: a workload at context C means every prompt at least C long, cut to C (what
-    `validate` runs and what a deployment's long requests look like), while the natural
-    prompts give each context bucket only the windows made at that length. With the cuts, a
-    bucket's runs come from every prompt that reaches it, so its acceptance is not that of
-    the few windows of one length (SmolLM2 longdoc at T 0.6: the 7K windows cut to 3.5K
-    accepted 6.2 tokens per iteration where the 4K windows accepted 7.0)."""
+    Why one would: a workload at context C means every prompt at least C long, cut to C
+    (what `validate` runs), while the natural prompts give a context bucket only the windows
+    made at that length. Not the default, as measured: on SmolLM2 longdoc at T 0.6 (8
+    windows per length) the cuts moved regime (a)'s validation from 2.96 / 8.35 % (median /
+    max |error|) to 3.23 / 9.43 % — windows differ by more than contexts do, and cutting the
+    same 8 windows adds little that is new (benchmarks/results/cuts_run9/). The longdoc
+    workload has more windows per length instead (workloads.LONGDOC_PER_LENGTH).
+    """
     levels = sorted({len(p) for p in prompts})
     return [list(p[:n]) for n in levels for p in prompts if len(p) > n]
 
