@@ -467,7 +467,12 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
           f"collect {collect_extra:.3f}, gemm {gemm:.3f})", flush=True)
 
 
-C2Q_SHAPES = [(4, 131072, 8), (16, 32768, 8), (1, 32768, 8)]
+C2Q_SHAPES = [(4, 131072, 8), (16, 32768, 8), (1, 32768, 8), (4, 131072, 1), (4, 131072, 16)]
+# collect="none" lines beside the candidates: the M 64 tile alone, and deeper pipelines
+C2Q_NONE_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
+    ("none m64", {"min_m": 64}), ("none st4", {"num_stages": 4}),
+    ("none m64 st4", {"min_m": 64, "num_stages": 4}),
+]
 # (label, knobs) of each Collect-2-Query candidate; "rows" at the per-collection M default
 # (64 at NQ·G > 16) is the default.
 C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
@@ -477,6 +482,13 @@ C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("slice m16", {"c2q": "slice", "min_m": 16}),
     ("slice m64", {"c2q": "slice", "min_m": 64}),
     ("rows m16 n64", {"c2q": "rows", "min_m": 16, "block_n": 64}),
+    # run 9: deeper pipelines of the M 64 tile (st 4 won the first run-9 sweep: 2.9 / 4.5 /
+    # 10.0 % vs st 3's 6.4 / 12.3 / 15.5 %; w8, st2, n32, n128 lost by 20-70 points)
+    ("rows m64 st4", {"c2q": "rows", "min_m": 64, "num_stages": 4}),
+    ("rows m64 st5", {"c2q": "rows", "min_m": 64, "num_stages": 5}),
+    ("rows m64 st6", {"c2q": "rows", "min_m": 64, "num_stages": 6}),
+    ("dot m64 st4", {"c2q": "dot", "min_m": 64, "num_stages": 4}),
+    ("dot m64 st5", {"c2q": "dot", "min_m": 64, "num_stages": 5}),
 ]
 
 
@@ -496,7 +508,7 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
             base = bench(verify_call(caches, q, lens, "none", C))
             default = {"c2q": "dot" if va.C2Q_DOT_DEFAULT else "rows",
                        "min_m": va.default_min_m(NQ, G, "first_last")}
-            cands = [("none m64", "none", {"min_m": 64})] + [
+            cands = [(label, "none", kw) for label, kw in C2Q_NONE_CANDIDATES] + [
                 (label, "first_last", kw) for label, kw in C2Q_CANDIDATES]
             for label, collect, kw in cands:
                 if kw == default:

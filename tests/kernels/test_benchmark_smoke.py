@@ -84,7 +84,7 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
         assert kind in kinds, kind
     # one line per Collect-2-Query candidate and shape, the failing one recorded instead
     c2q = [r for r in rows if r["kind"] == "c2q"]
-    assert len(c2q) == 2 * (1 + len(bk.C2Q_CANDIDATES) - 1)
+    assert len(c2q) == 2 * (len(bk.C2Q_NONE_CANDIDATES) + len(bk.C2Q_CANDIDATES) - 1)
     assert any(r["config"] == "rows m64 (default)" for r in c2q)
     errors = [r for r in rows if r["kind"] == "error"]
     assert sum("slice m64" in r["note"] for r in errors) == 2

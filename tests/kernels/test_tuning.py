@@ -195,3 +195,12 @@ def test_verify_cache_over_2_31_elements(NQ: int, collect: str) -> None:
     assert rel_err(out[last], r_out) < 1e-2
     assert (lse[last] - r_lse).abs().max() < 1e-3
     check_scores(None if scores is None else scores[last], r_scores)
+
+
+def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(va) -> None:  # type: ignore[no-untyped-def]
+    # run 9: st 4 halved the first_last overhead of the M 64 tile (KERNELS_NOTES.md)
+    assert va.default_stages("first_last", 64, 64, 3) == va.STAGES_COLLECT == 4
+    assert va.default_stages("none", 64, 64, 3) == 3  # plain verify keeps its tuned stages
+    assert va.default_stages("all", 64, 64, 3) == 3
+    assert va.default_stages("first_last", 16, 128, 3) == 3  # NQ·G <= 16 keeps the M 16 tile
+    assert va.default_stages("first_last", 64, 128, 2) == 2  # a 128-key tile: no room for 4

@@ -405,6 +405,22 @@ _MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
 MIN_M_COLLECT = 64
 
 
+# Pipeline stages of the M 64 tile when it collects first_last (the default_min_m case). H200
+# run 9 (results/kernels_h200_c2q_run9{,b}.csv), overhead over collect=none at NQ 8 (NQ 16),
+# st 3 → st 4: B=1 C=32K 6.4–7.6 → 2.5–2.9 %, B=4 C=128K 12.3–16.6 → 4.5–7.2 % (12.1 → 2.0 %),
+# B=16 C=32K 15.5–21.2 → 10.0–14.5 %; st 5/6 and 8 warps were slower. K/V stages of 64 keys
+# are 32 KB each: 4 + the Q tile fit the 227 KB of shared memory.
+STAGES_COLLECT = 4
+
+
+def default_stages(collect: str, block_m: int, block_n: int, auto: int) -> int:
+    """Pipeline stages when the caller gives none: STAGES_COLLECT for first_last on the
+    M 64 x N 64 tile (what default_min_m picks at NQ·G > 16), else `auto` (choose_config)."""
+    if collect == "first_last" and block_m == MIN_M_COLLECT and block_n == 64:
+        return STAGES_COLLECT
+    return auto
+
+
 def default_min_m(n_q: int, group: int, collect: str) -> int:
     """M tile minimum when the caller gives none: VEGAS_SIM_VERIFY_MIN_M if set, else 64 for
     Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half, run 4), else
@@ -474,7 +490,8 @@ def verify_attention(
         splits = (auto.splits if block_n == auto.block_n
                   else choose_splits(B * Hkv, max_len, block_n, num_sms(q.device)))
     num_warps = auto.num_warps if num_warps is None else num_warps
-    num_stages = auto.num_stages if num_stages is None else num_stages
+    if num_stages is None:
+        num_stages = default_stages(collect, BLOCK_M, block_n, auto.num_stages)
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
     scores = (torch.empty(B, R, Hq, S_max, dtype=torch.bfloat16, device=q.device)
