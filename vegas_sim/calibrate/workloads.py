@@ -31,6 +31,7 @@ from vegas_sim.errors import UserInputError
 WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc")
 LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
 LONGDOC_PER_LENGTH = 32  # windows of each length (longdoc_prompts)
+MAX_WINDOW_DRAWS = 100  # redraws of a window whose start another window of its length took
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
 
 REASONING_PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -148,10 +149,13 @@ def longdoc_prompts(
 def _distinct_window(tok: Tokenizer, name: str, body: str, length: int,
                      rng: np.random.Generator, taken: set[str]) -> Prompt:
     """A window whose source id is not in `taken` (redrawn on a clash)."""
-    while True:
+    for _ in range(MAX_WINDOW_DRAWS):
         window = _book_window(tok, name, body, length, rng)
         if window.source not in taken:
             return window
+    raise UserInputError(f"book {name} has too few paragraph starts for another distinct "
+                         f"{length}-token window", where=name,
+                         fix="lower LONGDOC_PER_LENGTH or add a book")
 
 
 def _book_window(tok: Tokenizer, name: str, body: str, length: int, rng: np.random.Generator) -> Prompt:
