@@ -489,6 +489,9 @@ C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("rows m64 st6", {"c2q": "rows", "min_m": 64, "num_stages": 6}),
     ("dot m64 st4", {"c2q": "dot", "min_m": 64, "num_stages": 4}),
     ("dot m64 st5", {"c2q": "dot", "min_m": 64, "num_stages": 5}),
+    # not yet measured: the NQ 1 tile (M 16, 9 % over none) one stage deeper (n128 st4 would
+    # need 256 KB of shared memory)
+    ("rows m16 n64 st4", {"c2q": "rows", "min_m": 16, "block_n": 64, "num_stages": 4}),
 ]
 
 

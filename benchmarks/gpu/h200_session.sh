@@ -39,6 +39,8 @@
 #   stage 12 the seventh session's second machine: `12 a` kernel GPU tests + the b1 step
 #            (the single-launch combine, measured and dropped), `12 acc` the 128-window
 #            longdoc T 0.6 acceptance (packaged), `12 va` regime (a) on the 128 windows.
+#   stage 13 next session's kernel call: GPU kernel tests (run 9's 4-stage Collect-2-Query
+#            default has not passed them yet), then `benchmarks/kernels.py --quick`.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -85,7 +87,7 @@
 # `12 acc` (394 s: γ 12 167 s, γ 4 169 s; vegas-all γ 12 ran out of memory beside the four
 # others and was redone, 47 s), `12 va` (355 s). About 26 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11 or 12}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12 or 13}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -445,6 +447,15 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     done
     ;;
   esac
+  ;;
+13)
+  # next session's first call (no GGUF needed): the kernel GPU tests with run 9's new
+  # Collect-2-Query default (STAGES_COLLECT = 4: timed in run 9, not yet checked there for
+  # correctness), then the whole --quick benchmark for the PASS/FAIL table of issue #3.
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout ${KERNELS_TIMEOUT:-360} python3 benchmarks/kernels.py --quick \
+    --out "$OUT/kernels_h200.csv" 2>&1 | tail -80 | tee "$OUT/kernels.log"
   ;;
 4)
   join_gguf || exit 2
