@@ -244,3 +244,16 @@ def test_prompt_index_cycles_through_the_long_prompts() -> None:
     assert long == [[2] * 5, [3] * 9] and note == ""
     assert prompt_index(h, len(long)) == [[0, 1, 0], [1, 0, 1]]
     assert "repeated" in long_prompts(h, [[1] * 4])[1]
+
+
+def test_request_prompts_follow_the_workload_the_run_had() -> None:
+    from vegas_sim.calibrate.validate import _request_prompts
+
+    # longdoc at C 3.5K: the 4K and 7K windows. The first 32 (the workload before run 9)
+    # hold 16 of them, today's 128 hold 64, so 64 requests see each old window 4 times
+    h = HeldOut("vegas", 4, 0.1, 64, 3584, 128, workload="longdoc", waves=1)
+    old = _request_prompts(h, "real", 32)
+    new = _request_prompts(h, "real", 128)
+    assert old is not None and new is not None
+    assert len(set(old[0])) == 16 and len(set(new[0])) == 64
+    assert _request_prompts(h, "random", 32) is None  # replay: no prompts

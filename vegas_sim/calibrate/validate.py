@@ -555,24 +555,39 @@ def _pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b if b else float("nan")
 
 
-def _request_prompts(h: HeldOut, weights: str) -> list[list[int]] | None:
+def _request_prompts(h: HeldOut, weights: str, workload_prompts: int
+                     ) -> list[list[int]] | None:
     """[wave][request] prompt of each request of a real run (None for replay: every request
-    draws on its own)."""
+    draws on its own), when the workload had its first `workload_prompts` prompts."""
     if weights == "random":
         return None
     from vegas_sim.calibrate.workloads import load_workload
 
-    return prompt_index(h, len(long_prompts(h, load_workload(h.workload or "longdoc"))[0]))
+    workload = load_workload(h.workload or "longdoc")[:workload_prompts]
+    return prompt_index(h, len(long_prompts(h, workload)[0]))
+
+
+def _workload_size(h: HeldOut, weights: str) -> int | None:
+    """Prompts of h's workload today (None for replay): what a run measured now decodes."""
+    if weights == "random":
+        return None
+    from vegas_sim.calibrate.workloads import load_workload
+
+    return len(load_workload(h.workload or "longdoc"))
 
 
 def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
                 replayed: float, replayed_iter_ms: float, notes: str,
-                wall_s: float, predicted_phase_ms: dict[str, float] | None = None
-                ) -> dict[str, Any]:
+                wall_s: float, predicted_phase_ms: dict[str, float] | None = None,
+                workload_prompts: int | None = None) -> dict[str, Any]:
     """One result row. `predicted` is what the issue's targets are judged on: the simulator
     from the trace sets alone for real weights; for the replay regime the simulator fed the
     same replayed accept counts as the run (the acceptance there is an input drawn from the
-    acceptance model, like an arrival trace; the regime validates the performance model)."""
+    acceptance model, like an arrival trace; the regime validates the performance model).
+    `workload_prompts`: how many prompts the workload had when the run was measured (default
+    today's), which fixes the prompt each request decoded."""
+    if workload_prompts is None:
+        workload_prompts = _workload_size(h, weights)
     sim = float(pred["throughput_tok_s"])
     primary = sim if weights == "real" else replayed
     measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
@@ -592,7 +607,10 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "measured_acceptance_length": m.acceptance_length,
         "acceptance_error_pct": _pct(float(pred["window_acceptance_length"]),
                                      m.acceptance_length),
-        "acceptance_se_pct": acceptance_se_pct(m.accepted, _request_prompts(h, weights)),
+        "acceptance_se_pct": acceptance_se_pct(
+            m.accepted, None if workload_prompts is None
+            else _request_prompts(h, weights, workload_prompts)),
+        "workload_prompts": math.nan if workload_prompts is None else workload_prompts,
         "measured_iterations": m.iterations,
         "measured_seconds": m.seconds,
         "measured_tokens": m.tokens,
@@ -664,7 +682,8 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
         new = _result_row(h, pred, m, weights, rep, rep_iter,
                           "" if notes is None or pd.isna(notes) else str(notes),
                           float(row.get("wall_s", math.nan)),
-                          predicted_phases(h, models.latency, m, models.min_tokens))
+                          predicted_phases(h, models.latency, m, models.min_tokens),
+                          _recorded_workload_size(row))
         new["measured"] = float(row["measured"])  # as measured, not recomputed from the parts
         for pred_col, err_col in (("predicted", "error_pct"), ("predicted_sim", "error_sim_pct"),
                                   ("predicted_replay", "error_replay_pct")):
@@ -676,6 +695,12 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
     table = pd.DataFrame(rows)
     table.to_csv(out, index=False)
     return old, table
+
+
+def _recorded_workload_size(row: dict[str, Any]) -> int | None:
+    """The row's `workload_prompts`, or None (today's) for a table from before the column."""
+    n = row.get("workload_prompts")
+    return None if n is None or pd.isna(n) else int(n)
 
 
 def summarize(table: pd.DataFrame, column: str = "error_pct") -> str:
