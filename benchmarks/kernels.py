@@ -440,6 +440,19 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     topk_sorted_ms = bench(lambda: torch.topk(weights, K, dim=-1, sorted=True))
     del k, v, weights
     torch.cuda.empty_cache()
+    # Not what the runtime does (policies.CollectingVerifyAttention folds each layer's scores
+    # into weights right after its attention, keeping no raw scores): all 36 layers' scores in
+    # one launch, [36·B, R, Hq, S], to price batching against 36 launches of one layer.
+    scores36 = scores.repeat(LAYERS, 1, 1, 1)
+    w36_ms = bench(lambda: ops.score_weights(scores36, lse2.repeat(LAYERS, 1, 1), SCALE,
+                                             rank.repeat(LAYERS)))
+    w36_gbps = LAYERS * (scores.numel() * 2.0 + B * scores.shape[-1] * 4.0) / w36_ms / 1e6
+    out.append(row("select", batch=B, context=C, n_query=NQ, ms=w36_ms, gbps=w36_gbps,
+                   ratio_copy=w36_gbps / copy_bw, note="score_weights_36_layers_one_launch"))
+    print(f"score_weights of 36 layers in one launch: {w36_ms:.3f} ms ({w36_gbps / copy_bw:.2f} "
+          f"of copy) vs 36 launches {LAYERS * w_ms:.3f} ms", flush=True)
+    del scores36
+    torch.cuda.empty_cache()
     gemm = qwen3_8b_gemm_ms(B * NQ)
     verify_iter = LAYERS * coll + gemm
     select = LAYERS * w_ms + topk_ms
