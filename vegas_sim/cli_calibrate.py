@@ -48,7 +48,8 @@ from vegas_sim.cliutil import progress_task, user_errors
               help="For workloads of text windows (longdoc): also trace every window cut to "
                    "each shorter window length, so a context bucket holds every prompt that "
                    "reaches it; 'only': the cuts alone, to extend an older set with `vegas-sim "
-                   "traces merge`.")
+                   "traces merge`. Off by default: on SmolLM2 longdoc it made predictions "
+                   "worse (docs/RESULTS.md); more windows helped instead (--prompts).")
 @click.option("--latency/--no-latency", default=True, show_default=True,
               help="Measure the latency grid.")
 @click.option("--acceptance/--no-acceptance", default=True, show_default=True,
