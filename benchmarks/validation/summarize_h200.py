@@ -4,13 +4,22 @@ and re-predicted, and the combined re-predicted table that `vegas-sim report` pl
     python benchmarks/validation/summarize_h200.py   # writes validate_h200_summary.csv and
                                                      # validate_h200.csv, prints the summary
     vegas-sim report benchmarks/results/validate_h200.csv --out benchmarks/results/validate_h200.html
+    python benchmarks/validation/summarize_h200.py --seeds 5   # + validate_h200_seed_spread.csv
+
+`--seeds N` re-predicts every measured table with prediction seeds 0..N-1 (a few minutes on two
+cores): the simulator's own Monte-Carlo error, which moves the medians by a few tenths of a
+point.
 """
 
 from __future__ import annotations
 
+import argparse
+import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from vegas_sim.calibrate.validate import repredict
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 REGIMES = (("real-weights (SmolLM2 end to end)", "smollm2"),
@@ -26,7 +35,7 @@ SUFFIX = {"": "abs_error_pct", "iter_time_": "abs_pct", "acceptance_": "abs_pct"
 def median_max(frame: pd.DataFrame, column: str) -> tuple[float | str, float | str]:
     """(median, max) of |column|, rounded; blanks where the table has none."""
     err = frame[column].abs().dropna() if column in frame else pd.Series(dtype=float)
-    return (round(err.median(), 2), round(err.max(), 2)) if len(err) else ("", "")
+    return (round(float(err.median()), 2), round(float(err.max()), 2)) if len(err) else ("", "")
 
 
 def summary_rows() -> list[dict[str, object]]:
@@ -47,7 +56,39 @@ def summary_rows() -> list[dict[str, object]]:
     return rows
 
 
+TRACES = Path(__file__).resolve().parents[2] / "vegas_sim" / "traces" / "default"
+# (label, measured tables, latency set): the two (a) pairs and (b)
+SPREAD_TABLES = (
+    ("(a) run 9, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
+    ("(a) runs 7 + 8, 27 rows", ("run7_smollm2", "run8_smollm2_span"), "smollm2-135m-h200"),
+    ("(b) run 8, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
+)
+
+
+def seed_spread(seeds: int) -> pd.DataFrame:
+    """Median / max |error| of each table pair re-predicted with seeds 0..seeds-1."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, stems, latency in SPREAD_TABLES:
+            for seed in range(seeds):
+                frames = [repredict(RESULTS / f"validate_h200_{stem}.csv", traces=TRACES / latency,
+                                    acceptance_traces=TRACES / "smollm2-135m-real",
+                                    out=Path(tmp) / f"{stem}_{seed}.csv", seed=seed)[1]
+                          for stem in stems]
+                med, mx = median_max(pd.concat(frames, ignore_index=True), "error_pct")
+                rows.append({"tables": label, "seed": seed, "median_abs_error_pct": med,
+                             "max_abs_error_pct": mx})
+                print(f"{label}, seed {seed}: median {med} %, max {mx} %", flush=True)
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="also re-predict with this many seeds (validate_h200_seed_spread.csv)")
+    args = ap.parse_args()
+    if args.seeds:
+        seed_spread(args.seeds).to_csv(RESULTS / "validate_h200_seed_spread.csv", index=False)
     summary = pd.DataFrame(summary_rows())
     summary.to_csv(RESULTS / "validate_h200_summary.csv", index=False)
     combined = pd.concat([pd.read_csv(RESULTS / f"validate_h200_{stem}{part}.repredicted.csv")

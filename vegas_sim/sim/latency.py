@@ -813,6 +813,7 @@ class IterationCost:
         self._base: dict[int, list[tuple[float, float]]] = {}
         self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
         self._selects = method != "vanilla"
+        self._sel_buf = np.empty(0, dtype=np.float64)  # _selected_sum's scratch [>= B]
 
     def _build_terms(self) -> list[_Term]:
         g, m = self.gamma, self.method
@@ -858,9 +859,12 @@ class IterationCost:
         in-place ufuncs: this runs once per simulated iteration.
         """
         m = self.method
-        length = c + 1 if m in ("vegas", "vegas-all", "specextend") else c  # rankable length
-        x = np.multiply(length, self.sparsity)  # [B] float64
-        x -= 1e-9
+        if self._sel_buf.shape[0] < c.shape[0]:
+            self._sel_buf = np.empty(c.shape[0], dtype=np.float64)
+        x = self._sel_buf[: c.shape[0]]  # [B] float64, reused: no allocation per iteration
+        np.multiply(c, self.sparsity, out=x)
+        # rankable length c + 1 for the Vegas family (s·(c + 1) = s·c + s), else c
+        x += (self.sparsity if m in ("vegas", "vegas-all", "specextend") else 0.0) - 1e-9
         np.ceil(x, out=x)
         np.maximum(x, self.min_tokens, out=x)
         np.minimum(x, self._hi, out=x)
