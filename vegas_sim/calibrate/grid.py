@@ -1283,7 +1283,8 @@ def _skip_if_too_big(model: Any, plan: CalibrationPlan, point: LatencyPoint,
     """Why `point` cannot fit in free memory (the detail its 'skip' records), or None."""
     spec: ModelSpec = model.spec
     ctx = effective_context(plan, spec, point.context)
-    max_seq = ctx + 2 * max(plan.verify_n_query() + [DRAFT_GAMMA + 1]) + 2
+    # the largest state the point builds: verify at n_query q holds γ = q - 1 drafts
+    max_seq = ctx + state_headroom(max(max(plan.verify_n_query()) - 1, DRAFT_GAMMA))
     db = _dtype_bytes(model)
     if hardware.fits_in_memory(spec, point.batch, max_seq, device, include_weights=False,
                                dtype_bytes=db):
