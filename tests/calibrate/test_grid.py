@@ -22,11 +22,11 @@ from vegas_sim.calibrate.grid import (
     acceptance_points,
     default_plan,
     draft_samples,
-    split_quest_scoring,
     latency_points,
     quick_plan,
     run_calibration,
     split_iterations,
+    split_quest_scoring,
     stats,
     verify_configs,
 )
@@ -429,10 +429,9 @@ def test_sigterm_interrupts_like_ctrl_c() -> None:
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt):
-        with terminate_as_interrupt():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(2)
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
     assert signal.getsignal(signal.SIGTERM) is before
 
 

@@ -12,8 +12,14 @@ import torch
 from tests.calibrate.conftest import tiny_model
 from vegas_sim.calibrate.validate import measure_replayed
 from vegas_sim.errors import UserInputError
-from vegas_sim.sim.heldout import (HeldOut, check_outside_grid, is_grid_point, random_heldout,
-                                   read_heldout, write_heldout)
+from vegas_sim.sim.heldout import (
+    HeldOut,
+    check_outside_grid,
+    is_grid_point,
+    random_heldout,
+    read_heldout,
+    write_heldout,
+)
 
 GRID = {"batch": [1, 4, 16], "context": [1024, 4096], "gamma": [4, 8], "sparsity": [0.05, 0.1]}
 
@@ -153,9 +159,10 @@ def test_replayed_prediction_matches_hand_count(tmp_path: Path) -> None:
 
 
 def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
+    import pandas as pd
+
     from vegas_sim.calibrate.validate import compare, encode_accepted, repredict
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
-    import pandas as pd
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),

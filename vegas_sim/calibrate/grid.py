@@ -114,8 +114,7 @@ from vegas_sim.methods import (
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import MAX_EXACT_BUCKETS
 from vegas_sim.traces.io import acceptance_summary
-from vegas_sim.traces.schema import (ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, RUN_LOG_FILE,
-                                     SCHEMA_VERSION)
+from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, RUN_LOG_FILE, SCHEMA_VERSION
 
 log = logging.getLogger("vegas_sim.calibrate")
 

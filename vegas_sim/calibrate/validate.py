@@ -165,7 +165,7 @@ def phase_line(row: dict[str, Any]) -> str:
 def _window_run(decoder: Any, state: Any, device: torch.device) -> Measurement:
     """Run iterations until the first request finishes; tokens and time of that window (and,
     when the decoder's timer is enabled, its phases per iteration)."""
-    emitted = lambda: sum(len(e) for e in state.emitted)  # noqa: E731
+    emitted = lambda: sum(len(e) for e in state.emitted)
     start_tokens, iterations, first_record = emitted(), 0, len(state.records)
     decoder.timer.reset()
     _sync(device)
@@ -396,7 +396,8 @@ def predict_replayed(sc: Any, latency: Any, accepted: Sequence[Sequence[Sequence
     empty and `waves` identical runs are pooled (its prediction has no randomness)."""
     from vegas_sim.sim.acceptance import FixedSequences
     from vegas_sim.sim.engine import simulate
-    from vegas_sim.sim.metrics import steady_window, summarize as run_summary
+    from vegas_sim.sim.metrics import steady_window
+    from vegas_sim.sim.metrics import summarize as run_summary
     from vegas_sim.sim.predict import _capacity, engine_config
 
     cfg = engine_config(sc, _capacity(sc, latency))
@@ -467,7 +468,7 @@ def run_validation(
                              max_tokens=max_tokens, workloads=workloads)
     write_heldout(heldout, out.with_suffix(".heldout.csv"))
 
-    runtime_model, tokenizer, _ = load_model(model, weights=weights, device=device, seed=seed)
+    runtime_model, _tokenizer, _ = load_model(model, weights=weights, device=device, seed=seed)
     rows: list[dict[str, Any]] = []
     for i, h0 in enumerate(heldout):
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
@@ -733,7 +734,7 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> str:
     for regime in sorted(set(before["regime"]) | set(after["regime"])):
         b = before[before["regime"] == regime]["error_pct"].abs().dropna()
         a = after[after["regime"] == regime]["error_pct"].abs().dropna()
-        fmt = lambda e: (f"median {e.median():.1f} %, max {e.max():.1f} %"  # noqa: E731
+        fmt = lambda e: (f"median {e.median():.1f} %, max {e.max():.1f} %"
                          if len(e) else "no errors")
         lines.append(f"{regime}: before {fmt(b)} ({len(b)}) -> after {fmt(a)} ({len(a)})")
     return "\n".join(lines)

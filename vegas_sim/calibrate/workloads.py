@@ -112,8 +112,8 @@ def chat_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator) -
 def book_body(path: Path) -> str:
     """The text between '*** START OF ...' and '*** END OF ...', LF line endings, no BOM."""
     text = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n")
-    start = re.search(r"^\*\*\* START OF .*\*\*\*$", text, flags=re.M)
-    end = re.search(r"^\*\*\* END OF .*\*\*\*$", text, flags=re.M)
+    start = re.search(r"^\*\*\* START OF .*\*\*\*$", text, flags=re.MULTILINE)
+    end = re.search(r"^\*\*\* END OF .*\*\*\*$", text, flags=re.MULTILINE)
     if start is None or end is None:
         raise UserInputError("no *** START OF / *** END OF markers", where=str(path),
                              fix="use a Project Gutenberg text with its header and footer")

@@ -149,7 +149,7 @@ class _Cell:
         """[gamma] P(accepted ≥ i | accepted ≥ i − 1) of the recorded outcomes truncated to
         `gamma` (what a replay of this cell draws); 0 past the traced γ, 1 where none reach i."""
         acc = np.minimum(self.acc, gamma)
-        reach = np.array([(acc >= i).sum() for i in range(0, gamma + 1)], dtype=float)  # [γ+1]
+        reach = np.array([(acc >= i).sum() for i in range(gamma + 1)], dtype=float)  # [γ+1]
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(reach[:-1] > 0, reach[1:] / np.where(reach[:-1] > 0, reach[:-1], 1),
                             1.0)
@@ -640,7 +640,7 @@ class AcceptanceModel:
             "workloads": sorted({k[2] for k in keys}),
             "temperatures": sorted({k[1] for k in keys}),
             "per_method": per_method,
-            "n_runs": int(len(self._runs)),
+            "n_runs": len(self._runs),
             "n_iterations": int(sum(len(c.acc) for c in cells)),
         }
 
