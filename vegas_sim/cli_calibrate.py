@@ -63,7 +63,8 @@ from vegas_sim.cliutil import progress_task, user_errors
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
               min_tokens: int | None, prompts: int | None, acceptance_cuts: str,
-              latency: bool, acceptance: bool, verify_after_draft: bool, retry_failed: bool, out: Path, **grid: Any) -> None:
+              latency: bool, acceptance: bool, verify_after_draft: bool, retry_failed: bool,
+              out: Path, **grid: Any) -> None:
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
 

@@ -259,8 +259,8 @@ def test_request_prompts_follow_the_workload_the_run_had() -> None:
     # longdoc at C 3.5K: the 4K and 7K windows. The first 32 (the workload before run 9)
     # hold 16 of them, today's 128 hold 64, so 64 requests see each old window 4 times
     h = HeldOut("vegas", 4, 0.1, 64, 3584, 128, workload="longdoc", waves=1)
-    old = _request_prompts(h, "real", 32)
-    new = _request_prompts(h, "real", 128)
-    assert old is not None and new is not None
+    old, n_old = _request_prompts(h, "real", 32)
+    new, n_new = _request_prompts(h, "real", None)  # today's workload: all 128
+    assert old is not None and new is not None and (n_old, n_new) == (32, 128)
     assert len(set(old[0])) == 16 and len(set(new[0])) == 64
-    assert _request_prompts(h, "random", 32) is None  # replay: no prompts
+    assert _request_prompts(h, "random", 32) == (None, None)  # replay: no prompts

@@ -556,25 +556,18 @@ def _pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b if b else float("nan")
 
 
-def _request_prompts(h: HeldOut, weights: str, workload_prompts: int
-                     ) -> list[list[int]] | None:
-    """[wave][request] prompt of each request of a real run (None for replay: every request
-    draws on its own), when the workload had its first `workload_prompts` prompts."""
+def _request_prompts(h: HeldOut, weights: str, workload_prompts: int | None
+                     ) -> tuple[list[list[int]] | None, int | None]:
+    """([wave][request] prompt of each request of a real run, the workload's prompt count it
+    assumes): the run decoded the first `workload_prompts` prompts of h's workload (None:
+    all of today's). (None, None) for replay, where every request draws on its own."""
     if weights == "random":
-        return None
+        return None, None
     from vegas_sim.calibrate.workloads import load_workload
 
-    workload = load_workload(h.workload or "longdoc")[:workload_prompts]
-    return prompt_index(h, len(long_prompts(h, workload)[0]))
-
-
-def _workload_size(h: HeldOut, weights: str) -> int | None:
-    """Prompts of h's workload today (None for replay): what a run measured now decodes."""
-    if weights == "random":
-        return None
-    from vegas_sim.calibrate.workloads import load_workload
-
-    return len(load_workload(h.workload or "longdoc"))
+    workload = load_workload(h.workload or "longdoc")
+    n = len(workload) if workload_prompts is None else workload_prompts
+    return prompt_index(h, len(long_prompts(h, workload[:n])[0])), n
 
 
 def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
@@ -587,8 +580,7 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
     acceptance model, like an arrival trace; the regime validates the performance model).
     `workload_prompts`: how many prompts the workload had when the run was measured (default
     today's), which fixes the prompt each request decoded."""
-    if workload_prompts is None:
-        workload_prompts = _workload_size(h, weights)
+    prompts, workload_prompts = _request_prompts(h, weights, workload_prompts)
     sim = float(pred["throughput_tok_s"])
     primary = sim if weights == "real" else replayed
     measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
@@ -608,9 +600,7 @@ def _result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "measured_acceptance_length": m.acceptance_length,
         "acceptance_error_pct": _pct(float(pred["window_acceptance_length"]),
                                      m.acceptance_length),
-        "acceptance_se_pct": acceptance_se_pct(
-            m.accepted, None if workload_prompts is None
-            else _request_prompts(h, weights, workload_prompts)),
+        "acceptance_se_pct": acceptance_se_pct(m.accepted, prompts),
         "workload_prompts": math.nan if workload_prompts is None else workload_prompts,
         "measured_iterations": m.iterations,
         "measured_seconds": m.seconds,
