@@ -41,6 +41,10 @@
 #            longdoc T 0.6 acceptance (packaged), `12 va` regime (a) on the 128 windows.
 #   stage 13 next session's kernel call: GPU kernel tests (run 9's 4-stage Collect-2-Query
 #            default has not passed them yet), then `benchmarks/kernels.py --quick`.
+#   stage 14 the eighth session's first call (run 10): benchmarks/gpu/tune_kernels.py (launch
+#            sweeps: Collect-2-Query per shape, PDL combine, score_weights), kernel GPU tests.
+#   stage 15 run 11: kernel GPU tests, the TMA score-store candidates, score_weights blocks,
+#            the radix top-k probe.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -87,7 +91,7 @@
 # `12 acc` (394 s: γ 12 167 s, γ 4 169 s; vegas-all γ 12 ran out of memory beside the four
 # others and was redone, 47 s), `12 va` (355 s). About 26 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12 or 13}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14 or 15}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -456,6 +460,30 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     | tail -8 | tee "$OUT/kernel_gpu_tests.log"
   timeout ${KERNELS_TIMEOUT:-360} python3 benchmarks/kernels.py --quick \
     --out "$OUT/kernels_h200.csv" 2>&1 | tail -80 | tee "$OUT/kernels.log"
+  ;;
+14)
+  # the eighth session's first call (run 10): the launch-config sweeps behind the kernel
+  # defaults (Collect-2-Query per shape, the PDL combine at B = 1, score_weights blocks), then
+  # the kernel GPU tests (run 9's 4-stage Collect-2-Query default, the PDL combine).
+  timeout ${TUNE_TIMEOUT:-330} python3 benchmarks/gpu/tune_kernels.py --out "$OUT/tune_run10.csv" \
+    > "$OUT/tune_run10.log" 2>&1
+  echo "tune rc=$?"; grep -v "^    failed" "$OUT/tune_run10.log" | tail -60
+  timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  ;;
+15)
+  # run 11: GPU kernel tests first (the TMA score store is new), then the TMA Collect-2-Query
+  # candidates per shape and the score_weights blocks around run 10's winner, then the radix
+  # top-k probe when it exists.
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -12 | tee "$OUT/kernel_gpu_tests.log"
+  timeout ${TUNE_TIMEOUT:-300} python3 benchmarks/gpu/tune_kernels.py --parts weights,collect \
+    --tiles tma --out "$OUT/tune_run11.csv" > "$OUT/tune_run11.log" 2>&1
+  echo "tune rc=$?"; grep -v "^    failed" "$OUT/tune_run11.log" | tail -40
+  grep -c "^    failed" "$OUT/tune_run11.log"; grep -m3 "^    failed" "$OUT/tune_run11.log"
+  if [ -f benchmarks/gpu/topk_probe.py ]; then
+    timeout 90 python3 benchmarks/gpu/topk_probe.py 2>&1 | tail -20 | tee "$OUT/topk_probe.log"
+  fi
   ;;
 4)
   join_gguf || exit 2

@@ -220,6 +220,34 @@ def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("c2q", ["rows", "dot"])
+def test_verify_attention_gpu_graph_replays(c2q: str) -> None:
+    """Captured once, replayed on new queries (as calibrate replays verify steps): every
+    replay's scores and outputs are the reference's."""
+    from vegas_sim.kernels import verify_attention as tri
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    B, NQ, Hq, Hkv, D, C = 1, 8, 32, 8, 128, 32768
+    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
+    tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", c2q=c2q)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse, scores = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", c2q=c2q)
+    for _ in range(3):
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        r_out, r_lse, r_scores = reference.verify_attention(q, k, v, lens, D ** -0.5,
+                                                            "first_last")
+        assert rel_err(out, r_out) < 1e-2
+        assert (lse - r_lse).abs().max() < 1e-3
+        check_scores(scores, r_scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("B,C,sparsity", [(16, 32768, 0.05), (4, 131072, 0.07)])
 def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float, poison: None) -> None:
     gen = torch.Generator(device="cuda").manual_seed(B)

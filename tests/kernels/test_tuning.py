@@ -38,6 +38,11 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
 
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
     assert va.choose_config(16, 8, 16, 4, 32768, 132) == va.VerifyConfig(6, 64, 4, 3)
+    # Collect-2-Query has its own entry there (run 10: 2 splits beat 6 by 4 points)
+    for nq in (8, 16):
+        assert (va.choose_config(16, 8, nq, 4, 32768, 132, min_m=64, collect="first_last")
+                == va.VerifyConfig(2, 64, 4, 4))
+    assert va.choose_config(16, 8, 16, 4, 32768, 132, collect="all").splits == 6
     # M tile >= 64 (wgmma on Hopper): every NQ <= 16 at G = 4 is one kernel
     assert (va.choose_config(4, 8, 1, 4, 131072, 132, min_m=64)
             == va.choose_config(4, 8, 16, 4, 131072, 132, min_m=64))
@@ -108,10 +113,10 @@ def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, vari
 def test_weights_blocks_avoid_masks(use_triton: None) -> None:
     from vegas_sim.kernels import selection
 
-    assert selection.weights_blocks(131072 + 128, 64) == (1024, 4)  # last block masked
-    assert selection.weights_blocks(131072, 64) == (1024, 4)
-    assert selection.weights_blocks(300, 64) == (512, 8)
-    assert selection.weights_blocks(100, 2) == (128, 2)
+    assert selection.weights_blocks(131072 + 128, 64) == (2048, 16, 8)  # last block masked
+    assert selection.weights_blocks(131072, 64) == (2048, 16, 8)
+    assert selection.weights_blocks(300, 64) == (512, 64, 8)
+    assert selection.weights_blocks(100, 2) == (128, 2, 4)
 
 
 @pytest.mark.parametrize("S,block_s", [(256, 128), (384, 128), (384, 256), (300, 1024)])

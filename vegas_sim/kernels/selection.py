@@ -64,15 +64,17 @@ def _score_weights_kernel(
         tl.store(OUT + b.to(tl.int64) * S_MAX + offs, w, mask=offs < S_MAX)
 
 
-def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int]:
-    """(BLOCK_S, BLOCK_R): 1024-key rows (2 KB contiguous per (row, head) line: 256-byte pieces
-    262 KB apart, run 3's BLOCK_S 128 at S_max = 128K + 128, read at ~1.3 TB/s), the last block
-    masked against S_max (an argument Triton specialises as a multiple of 16, so the mask keeps
-    16-byte loads; only masks on *loaded* values, like rank_len, stop vectorisation). BLOCK_R so
-    that a tile is ~4096 elements (32 per thread at 4 warps)."""
-    block_s = min(1024, max(128, _next_pow2(s_max)))
-    block_r = min(max(1, 4096 // block_s), max(1, _next_pow2(n_lines)))
-    return block_s, block_r
+def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_R, warps): 2048-key rows (4 KB contiguous per (row, head) line), 16
+    lines per step, 8 warps — a [16, 2048] bf16 tile (64 KB in flight per step). H200 runs 10
+    and 11 (results/tune_h200_run1{0,1}.csv), B 4, C 128K, 64 lines: 0.77 of copy, vs 0.54
+    for run 5's [4, 1024] at 4 warps; 8192-element tiles and 4 warps were 0.19-0.56, [16, 4096]
+    at 16 warps 0.79. The last block is masked against S_max (an argument Triton specialises as
+    a multiple of 16, so the mask keeps 16-byte loads; only masks on *loaded* values, like
+    rank_len, stop vectorisation). Short rows (tests) get a tile of <= 32768 elements."""
+    block_s = min(2048, max(128, _next_pow2(s_max)))
+    block_r = min(max(1, 32768 // block_s), max(1, _next_pow2(n_lines)))
+    return block_s, block_r, 8 if block_s * block_r >= 16384 else 4
 
 
 def score_weights(
@@ -84,7 +86,7 @@ def score_weights(
     *,
     block_s: int | None = None,
     block_r: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> Tensor:
     """Triton launcher; same contract as `reference.score_weights` (API.md)."""
@@ -96,9 +98,10 @@ def score_weights(
     one_row = rows is not None
     row_t = rows.to(device=scores.device, dtype=torch.int64).contiguous() if rows is not None else rank
     count = Hq if one_row else R * Hq
-    auto_s, auto_r = weights_blocks(S_max, count)
+    auto_s, auto_r, auto_w = weights_blocks(S_max, count)
     block_s = auto_s if block_s is None else block_s
     block_r = auto_r if block_r is None else block_r
+    num_warps = auto_w if num_warps is None else num_warps
     _score_weights_kernel[(B, triton.cdiv(S_max, block_s))](
         scores, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max, 1.0 / count,
         ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r,

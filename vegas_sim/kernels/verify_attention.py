@@ -314,6 +314,14 @@ TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
     (132, 128, 64, 15): VerifyConfig(6, 64, 4, 3),  # B=16 C=32K NQ=16: 0.96
 }
 
+# Collect-2-Query (first_last) launches measured best on the H200, same keys (run 10,
+# results/tune_h200_run10.csv, overhead over collect=none): B=16 C=32K on the M 64 tile, 2
+# splits instead of TUNED's 6 (from collect=none) — NQ 8 +11.6 % vs +15.2 %, NQ 16 +7.2 % vs
+# +11.3 %; 1 and 3 splits were 1-3 points worse. 4 stages as STAGES_COLLECT.
+TUNED_COLLECT: dict[tuple[int, int, int, int], VerifyConfig] = {
+    (132, 128, 64, 15): VerifyConfig(2, 64, 4, 4),
+}
+
 # Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
 # 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
 # ≈ 1 µs, the combine launch ≈ 3 µs. Rough; they only break near-ties between split counts.
@@ -372,10 +380,13 @@ MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
 
 
 def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
-                  n_sms: int, min_m: int = MIN_M_DEFAULT) -> VerifyConfig:
-    """Launch config for one verify call: the `TUNED` entry for this shape, else heuristics."""
+                  n_sms: int, min_m: int = MIN_M_DEFAULT, collect: str = "none") -> VerifyConfig:
+    """Launch config for one verify call: the `TUNED_COLLECT` (first_last) or `TUNED` entry
+    for this shape, else heuristics."""
     block_m = max(min_m, 16, _next_pow2(n_q * group))
     key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
+    if collect == "first_last" and key in TUNED_COLLECT:
+        return TUNED_COLLECT[key]
     if key in TUNED:
         return TUNED[key]
     block_n, warps, stages = tile_config(block_m)
@@ -484,7 +495,8 @@ def verify_attention(
         c2q = "rows"  # G >= 16 at small NQ: 2·G rows exceed the M tile; rows stores them
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
-    auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device), min_m=min_m)
+    auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device), min_m=min_m,
+                         collect=collect)
     block_n = auto.block_n if block_n is None else block_n
     if splits is None:
         splits = (auto.splits if block_n == auto.block_n
