@@ -45,6 +45,8 @@
 #            sweeps: Collect-2-Query per shape, PDL combine, score_weights), kernel GPU tests.
 #   stage 15 run 11: kernel GPU tests, the TMA score-store candidates, score_weights blocks,
 #            the radix top-k probe.
+#   stage 16 run 12: kernel GPU tests, kernels.py --quick (verify, select, sparse).
+#   stage 17 run 13: kernels.py --quick --only verify,select --rounds 3.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -90,8 +92,15 @@
 # and 2, 158 s; γ 4, 70 s). Second (a start was refused in between): `12 a` (57 s),
 # `12 acc` (394 s: γ 12 167 s, γ 4 169 s; vegas-all γ 12 ran out of memory beside the four
 # others and was redone, 47 s), `12 va` (355 s). About 26 of the 30 device-minutes.
+# Runs 10-15 (eighth session), kernels only, one machine most of the time (carry .whl):
+# `14` (run 10, 167 s), `15` (run 11: the TMA store crashed the process, 69 s), `16` (run 12,
+# 68 s), benchmarks/gpu/select_probe.py (run 12b, 7 s), `17` (run 13, 29 s); then, on the warm
+# machine, `kernels.py --quick --only verify,select,sparse --rounds 3` (run 14, 29 s),
+# tune_kernels.py with SHAPES = B 16 C 128K (run 14b, 13 s) and the same kernels.py call with
+# its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
+# runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14 or 15}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 or 17}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -484,6 +493,22 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   if [ -f benchmarks/gpu/topk_probe.py ]; then
     timeout 90 python3 benchmarks/gpu/topk_probe.py 2>&1 | tail -20 | tee "$OUT/topk_probe.log"
   fi
+  ;;
+16)
+  # run 12, the eighth session's last call: kernel GPU tests (radix top-k now in
+  # topk_select), then the --quick benchmark's verify grid, selection and sparse draft with the
+  # new defaults (score_weights blocks, B=16 Collect-2-Query splits, radix top-k).
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout ${KERNELS_TIMEOUT:-300} python3 benchmarks/kernels.py --quick --only verify,select,sparse \
+    --step-budget-s 240 --out "$OUT/kernels_h200.csv" 2>&1 | tail -70 | tee "$OUT/kernels.log"
+  ;;
+17)
+  # run 13: the --quick verify grid and selection step again, each verify call timed in 3
+  # interleaved rounds (fastest kept): run 12's single timings of one C2Q call varied by 13 %.
+  timeout ${KERNELS_TIMEOUT:-300} python3 benchmarks/kernels.py --quick --only verify,select \
+    --rounds 3 --step-budget-s 240 --out "$OUT/kernels_h200.csv" 2>&1 | tail -45 \
+    | tee "$OUT/kernels.log"
   ;;
 4)
   join_gguf || exit 2

@@ -317,9 +317,12 @@ TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
 # Collect-2-Query (first_last) launches measured best on the H200, same keys (run 10,
 # results/tune_h200_run10.csv, overhead over collect=none): B=16 C=32K on the M 64 tile, 2
 # splits instead of TUNED's 6 (from collect=none) — NQ 8 +11.6 % vs +15.2 %, NQ 16 +7.2 % vs
-# +11.3 %; 1 and 3 splits were 1-3 points worse. 4 stages as STAGES_COLLECT.
+# +11.3 %; 1 and 3 splits were 1-3 points worse. B=16 C=128K (run 14, tune_h200_run14.csv):
+# 2 splits instead of the wave model's 1, NQ 8 +8.0 % vs +15.4 %, NQ 16 +9.2 % vs +8.6 %.
+# 4 stages as STAGES_COLLECT.
 TUNED_COLLECT: dict[tuple[int, int, int, int], VerifyConfig] = {
     (132, 128, 64, 15): VerifyConfig(2, 64, 4, 4),
+    (132, 128, 64, 17): VerifyConfig(2, 64, 4, 4),
 }
 
 # Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of

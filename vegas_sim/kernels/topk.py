@@ -1,0 +1,331 @@
+"""Top-k by sampled bracket + radix select on the fp32 bit pattern: `radix_topk` replaces
+`torch.topk(weights, k, dim=-1, sorted=False)` for selection, with no host synchronisation.
+
+Weights are >= 0, so their int32 bit patterns order like the values. Three launches, all
+capturable in a CUDA graph (H200, triton 3.6, [144, 131200] fp32, k = 9175: 0.13 ms in all
+against torch.topk's 0.40 ms; sample ~25 µs, compaction ~71 µs, refinement ~35 µs):
+
+  1. `_sample_kernel`, one program per row: a stratified sample of SAMPLE patterns (one at a
+     jittered position in each of SAMPLE equal strata) and its order statistics a few
+     standard deviations either side of the k-th largest's expected rank: t_lo <= t_hi. With
+     high probability the row has < k patterns above t_hi and >= k at or above t_lo. (A row
+     of S <= SAMPLE is sampled whole: t_lo = t_hi = the k-th value.)
+  2. `_compact_kernel`, `split` programs per row: the only full read of the rows. Patterns
+     > t_hi go to the output (slots reserved per block by an atomic on a row counter), those
+     in [t_lo, t_hi] to a scratch list (pattern << 32 | position), ~4 % of a row at the
+     production shape.
+  3. `_refine_kernel`, one program per row: checks the bracket with the two counts (a row
+     whose bracket missed — ~1e-6 per row by the normal tail, or adversarial data — takes its
+     whole row as the list: still correct, ~0.75 ms slower), then radix-selects the k - n_won
+     largest of the list: each pass histograms (tl.histogram, 64 buckets) the patterns in the
+     current range [lo, hi] (the k-th largest is in it), bucket 0 holding exactly lo and the
+     others 2^sh patterns each, and keeps the bucket where the count at or above first
+     reaches the k_rem still wanted, until the range is one pattern or all of it is wanted.
+     Then the list's patterns > hi and the first k_rem in [lo, hi] are written.
+
+Measured on the H200 along the way (why it is built so):
+- a classic radix select over the full rows (a 64-bucket tl.histogram pass per digit, split
+  over programs, histograms combined by atomics) took 57 µs per pass: tl.histogram is
+  instruction-bound (ballots and popcounts per element), ~3x a plain read (~20 µs). Two
+  passes plus a compaction came to 0.25-0.33 ms; the sample finds a bracket from 3 % of it.
+- tl.sort of the 4096-pattern sample took ~140 µs a row program; the bitwise binary search
+  (_sample_kernel) ~25 µs. A 2048 sample is faster to take but leaves ~7700 candidates a row
+  (4096: ~5400, 8192: ~3800); 4096 was the best total.
+- the compaction's per-block atomic with the default acq_rel semantics fences each block
+  behind the previous block's scattered stores (0.12-0.17 ms); relaxed, ~71 µs. One atomic
+  per program (counting first, then re-reading from L2) was slower (79-90 µs).
+- one row per program for the full-row pass leaves 12 of the 132 SMs with two of the 144
+  rows: it is split over ~16 programs per SM in all (`split`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from vegas_sim.kernels.verify_attention import _next_pow2
+
+LOG2_BINS = 6  # 64 buckets a radix pass: tl.histogram's cost grows with the bucket count
+SAMPLE = 4096  # sampled patterns per row (a power of 2: tl.arange)
+SAMPLE_SIGMAS = 5.0  # bracket half-width in binomial standard deviations of the sample rank
+# Launch settings measured at [144, 131200] on the H200 (total ms): full-row pass block/warps
+# 1024/4 0.155, 2048/4 0.162, 4096/4 0.164, 2048/8 0.178; refinement block/warps 2048/8 0.130,
+# 1024/8 0.130, 4096/8 0.134, 4096/16 0.139, 8192/8 0.155, 16384/8 0.228; log2_bins 6 0.139,
+# 7 0.139, 8 0.146; SAMPLE_WARPS 4 0.168, 8 0.155, 16 0.158.
+BLOCK_DEFAULT = 1024  # elements per step of the full-row pass
+WARPS_DEFAULT = 4
+SAMPLE_WARPS = 8
+REFINE_BLOCK = 2048  # elements per step of the refinement (its list: ~5400 a row)
+REFINE_WARPS = 8
+PROGRAMS_PER_SM = 16  # target programs per SM of the full-row pass (split 8: 0.165 ms)
+MAX_PATTERN = tl.constexpr(0x7FFFFFFF)  # the largest int32: +inf and NaN patterns included
+
+
+@triton.jit
+def _sample_kernel(BITS, STATE, COUNTS, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: tl.constexpr):
+    """Program row: STATE[row] = (t_lo, t_hi), t_hi the r_hi-th largest sampled pattern
+    (MAX_PATTERN when r_hi = 0: nothing is surely in), t_lo the r_lo-th; COUNTS[row] = 0.
+    Sample i is at i·S/NS plus a jitter inside its stratum (spread, and no aliasing with
+    periodic rows). Both order statistics by one bitwise binary search (the r-th largest is
+    the largest T with count(x >= T) >= r): 31 packed count reductions over the sample in
+    registers; tl.sort of 4096 took ~140 µs on the H200."""
+    row = tl.program_id(0)
+    i = tl.arange(0, NS)
+    if WHOLE:  # S <= NS: the whole row, padded with -1 (below every pattern)
+        bits = tl.load(BITS + row.to(tl.int64) * S + i, mask=i < S, other=-1)
+    else:
+        jitter = (((i * 40503) & 0xFFFF).to(tl.int64) * (S // NS)) >> 16
+        pos = (i.to(tl.int64) * S) // NS + jitter  # [NS] inside [i·S/NS, (i+1)·S/NS)
+        bits = tl.load(BITS + row.to(tl.int64) * S + pos)
+    t_hi = row * 0
+    t_lo = row * 0
+    for b in tl.static_range(30, -1, -1):
+        c_hi = t_hi | (1 << b)
+        c_lo = t_lo | (1 << b)
+        both = tl.sum((bits >= c_hi).to(tl.int32) + ((bits >= c_lo).to(tl.int32) << 16), 0)
+        t_hi = tl.where((both & 0xFFFF) >= r_hi, c_hi, t_hi)
+        t_lo = tl.where((both >> 16) >= r_lo, c_lo, t_lo)
+    tl.store(STATE + row * 2, t_lo)
+    tl.store(STATE + row * 2 + 1, tl.where(r_hi == 0, MAX_PATTERN, t_hi))
+    tl.store(COUNTS + row, t_lo.to(tl.int64) * 0)
+
+
+@triton.jit
+def _split_counts(win, cand):
+    """Exclusive in-block positions and totals of two predicates [BLOCK] with one scan: the
+    counts share an int32 (winners in the low 16 bits; BLOCK <= 16384 keeps both exact)."""
+    packed = win.to(tl.int32) | (cand.to(tl.int32) << 16)
+    incl = tl.cumsum(packed, 0)
+    tot = tl.sum(packed, 0)
+    w_pos = (incl & 0xFFFF) - win.to(tl.int32)
+    c_pos = (incl >> 16) - cand.to(tl.int32)
+    return w_pos, c_pos, tot & 0xFFFF, tot >> 16
+
+
+@triton.jit
+def _compact_kernel(
+    BITS, STATE, COUNTS, OUT, SCRATCH, S, k, n_blocks, blocks_per_prog, BLOCK: tl.constexpr,
+):
+    """Program (row, part) over blocks [part·bpp, (part + 1)·bpp): patterns > t_hi → OUT[row]
+    (slots >= k dropped: the bracket missed), patterns in [t_lo, t_hi] → SCRATCH[row] as
+    pattern << 32 | position. COUNTS[row] counts both (winners in the low 32 bits): one
+    atomic per block reserves the block's slots, so blocks land in any order. The atomic is
+    relaxed: the default acq_rel fences each block behind the previous block's scattered
+    stores (measured on the H200: 107-165 µs with it, ~71 µs without)."""
+    row = tl.program_id(0)
+    t_lo = tl.load(STATE + row * 2)
+    t_hi = tl.load(STATE + row * 2 + 1)
+    base = BITS + row.to(tl.int64) * S
+    out = OUT + row.to(tl.int64) * k
+    scr = SCRATCH + row.to(tl.int64) * S
+    b0 = tl.program_id(1) * blocks_per_prog
+    for blk in range(b0, tl.minimum(b0 + blocks_per_prog, n_blocks)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        bits = tl.load(base + offs, mask=offs < S, other=-1)
+        win = bits > t_hi
+        cand = (bits >= t_lo) & (bits <= t_hi)
+        w_pos, c_pos, n_win, n_cand = _split_counts(win, cand)
+        old = tl.atomic_add(COUNTS + row, n_win.to(tl.int64) | (n_cand.to(tl.int64) << 32),
+                            sem="relaxed")
+        w_pos += (old & 0xFFFFFFFF).to(tl.int32)
+        c_pos += (old >> 32).to(tl.int32)
+        tl.store(out + w_pos, offs, mask=win & (w_pos < k))
+        tl.store(scr + c_pos, (bits.to(tl.int64) << 32) | offs.to(tl.int64), mask=cand)
+
+
+@triton.jit
+def _shift(lo, hi, NB: tl.constexpr):
+    """A pass buckets (bits - lo - 1) >> sh + 1 for bits in (lo, hi]: the smallest sh with
+    (hi - lo - 1) >> sh <= NB - 2 (a static loop: no clz in long-stable triton.language)."""
+    span = hi - lo - 1
+    sh = span * 0
+    for j in tl.static_range(31):
+        sh += ((span >> j) > NB - 2).to(tl.int32)
+    return sh
+
+
+@triton.jit
+def _digit(bits, lo, hi, sh):
+    """Bucket of each pattern [BLOCK]: 0 for lo itself (a tie class found in one pass, e.g.
+    the 0.0 past rank_len), 1 + (bits - lo - 1) >> sh for (lo, hi], 0 for patterns outside
+    the range (bucket 0 is only ever over-counted, which cannot move the choice: _pick)."""
+    return tl.where((bits > lo) & (bits <= hi), ((bits - lo - 1) >> sh) + 1, 0)
+
+
+@triton.jit
+def _pick(hist, k_rem, NB: tl.constexpr):
+    """hist [NB] → (d, gt, cnt): d the highest bucket with >= k_rem patterns at or above it,
+    gt the count above d, cnt the count in d. Bucket 0 may also hold patterns outside the
+    range (and padding): counts at or above d > 0 are exact, and d = 0 is chosen iff the exact
+    count above 0 is < k_rem, so only cnt can be too large, and only when d = 0."""
+    idx = tl.arange(0, NB)
+    ge = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # [NB] patterns in buckets >= idx
+    d = tl.max(tl.where(ge >= k_rem, idx, 0), 0)
+    gt = tl.sum(tl.where(idx > d, hist, 0), 0)
+    cnt = tl.sum(tl.where(idx == d, hist, 0), 0)
+    return d, gt, cnt
+
+
+@triton.jit
+def _advance(lo, hi, k_rem, done, hist, sh, NB: tl.constexpr):
+    """One pass's choice: the range shrinks to the chosen bucket, k_rem drops by the count
+    above it. done: the range is one pattern, or all of it is wanted (cnt == k_rem; a cnt
+    over-counted in bucket 0 is moot: that bucket is one pattern). A done state stays."""
+    d, gt, cnt = _pick(hist, k_rem, NB)
+    lo_n = tl.where(d == 0, lo, lo + 1 + ((d - 1) << sh))
+    width = tl.minimum(hi - lo_n, ((sh * 0 + 1) << sh) - 1)  # hi - lo_n: no int32 overflow
+    hi_n = tl.where(d == 0, lo, lo_n + width)
+    k_n = k_rem - gt
+    lo = tl.where(done, lo, lo_n)
+    hi = tl.where(done, hi, hi_n)
+    k_rem = tl.where(done, k_rem, k_n)
+    done = done | (lo == hi) | (cnt == k_n)
+    return lo, hi, k_rem, done
+
+
+@triton.jit
+def _list_item(SCR, ROW, offs, n_scr, n_row):
+    """Patterns and positions [BLOCK] of the list: SCRATCH's packed entries below n_scr, else
+    the row itself below n_row (one of the two is 0), -1 patterns past the end."""
+    v = tl.load(SCR + offs, mask=offs < n_scr, other=-1)
+    r = tl.load(ROW + offs, mask=offs < n_row, other=-1)
+    bits = tl.where(offs < n_scr, (v >> 32).to(tl.int32), r)
+    pos = tl.where(offs < n_scr, (v & 0xFFFFFFFF).to(tl.int32), offs)
+    return bits, pos
+
+
+@triton.jit
+def _refine_kernel(
+    BITS, STATE, COUNTS, OUT, SCRATCH, S, k,
+    PASSES: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program row: radix-selects the k_rem = k - n_won largest of the row's list (its n
+    candidates in SCRATCH, or the whole row if the bracket missed), in at most PASSES passes
+    (they always finish), then writes the list's patterns > hi after the n_won winners and the
+    first k_rem patterns in [lo, hi] to OUT[row, k - k_rem:]."""
+    row = tl.program_id(0)
+    t_lo = tl.load(STATE + row * 2)
+    t_hi = tl.load(STATE + row * 2 + 1)
+    counts = tl.load(COUNTS + row)
+    n_won = (counts & 0xFFFFFFFF).to(tl.int32)
+    n_cand = (counts >> 32).to(tl.int32)
+    valid = (n_won <= k) & (k <= n_won + n_cand)
+    scr = SCRATCH + row.to(tl.int64) * S
+    src = BITS + row.to(tl.int64) * S
+    n = tl.where(valid, n_cand, S)  # a missed bracket: the whole row, from the top
+    n_scr = tl.where(valid, n, 0)
+    n_row = n - n_scr
+    lo = tl.where(valid, t_lo, 0)
+    hi = tl.where(valid, t_hi, MAX_PATTERN)
+    w_next = tl.where(valid, n_won, 0)
+    k_rem = k - w_next
+    done = (lo == hi) | (k_rem == 0) | (k_rem == n)
+    for _p in tl.static_range(PASSES):
+        sh = _shift(lo, hi, NB)
+        hist = tl.zeros([NB], dtype=tl.int32)
+        for start in range(0, tl.where(done, 0, n), BLOCK):
+            bits, _pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
+            hist += tl.histogram(_digit(bits, lo, hi, sh), NB)
+        lo, hi, k_rem, done = _advance(lo, hi, k_rem, done, hist, sh, NB)
+    # one bracketed pattern: every candidate ties, any k_rem of them will do
+    n_list = tl.where(valid & (t_lo == t_hi), tl.minimum(n, k_rem), n)
+    out = OUT + row.to(tl.int64) * k
+    t_next = k_rem * 0
+    for start in range(0, n_list, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        bits, pos = _list_item(scr, src, offs, tl.minimum(n_scr, n_list),
+                               tl.minimum(n_row, n_list))
+        win = bits > hi
+        tie = (bits >= lo) & (bits <= hi)
+        w_pos, t_pos, n_win, n_tie = _split_counts(win, tie)
+        t_pos += t_next
+        tl.store(out + w_next + w_pos, pos, mask=win)
+        tl.store(out + (k - k_rem) + t_pos, pos, mask=tie & (t_pos < k_rem))
+        w_next += n_win
+        t_next += n_tie
+
+
+def _passes(log2_bins: int) -> int:
+    """Radix passes that always finish, from the widest range [0, 2^31 - 1] (as _shift)."""
+    nb, span, passes = 1 << log2_bins, MAX_PATTERN.value, 0
+    while span > 0:
+        sh = next(j for j in range(32) if (span - 1) >> j <= nb - 2)
+        span, passes = min(span - 1, (1 << sh) - 1), passes + 1
+    return passes
+
+
+def _ranks(k: int, S: int, ns: int) -> tuple[int, int]:
+    """Sample ranks (1 = largest) bracketing the k-th largest of S: SAMPLE_SIGMAS binomial
+    standard deviations of the sample count above it, plus 2. Exact when the sample is S."""
+    if S <= ns:
+        return k, k
+    k_s = k * ns / S
+    m = SAMPLE_SIGMAS * math.sqrt(max(k_s * (1 - k / S), 1.0)) + 2
+    return min(max(math.floor(k_s - m), 0), ns), min(max(math.ceil(k_s + m), 1), ns)
+
+
+def _split(rows: int, n_blocks: int, device: torch.device) -> int:
+    """Programs per row for the full-row pass: ~PROGRAMS_PER_SM per SM over all rows, so that
+    144 rows on 132 SMs do not leave a second wave of whole rows."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count \
+        if device.type == "cuda" else 4
+    return max(1, min(n_blocks, triton.cdiv(PROGRAMS_PER_SM * sms, rows)))
+
+
+def radix_topk(
+    weights: Tensor,
+    k: int,
+    *,
+    block: int | None = None,
+    num_warps: int | None = None,
+    split: int | None = None,
+    sample: int = SAMPLE,
+    refine_block: int | None = None,
+    log2_bins: int = LOG2_BINS,
+) -> Tensor:
+    """weights [..., S] fp32 contiguous, every value >= 0 (non-negative floats order like their
+    int32 bit patterns), k a host int with 0 <= k <= S. Returns int32 indices [..., k]: for every
+    row, a set of k positions whose values are the k largest of the row (ties at the k-th value
+    broken arbitrarily), in no particular order. No host synchronisation (capturable in a CUDA
+    graph).
+
+    Tuning (the defaults are for [144, 131200] on the H200): block, num_warps, split: the
+    full-row pass's elements per step (a power of 2, <= 16384), warps and programs per row;
+    sample: sampled patterns per row (a power of 2, <= 16384); refine_block: the refinement's
+    elements per step (<= 16384); log2_bins: bits per radix pass (5..8)."""
+    assert weights.dtype == torch.float32 and weights.is_contiguous()
+    *lead, S = weights.shape
+    assert 0 <= k <= S, (k, S)
+    dev = weights.device
+    rows = math.prod(lead)
+    if k == 0 or rows == 0:
+        return torch.empty(*lead, k, dtype=torch.int32, device=dev)
+    if k == S:  # every position
+        return torch.arange(S, dtype=torch.int32, device=dev).expand(*lead, S).contiguous()
+    block = min(BLOCK_DEFAULT, max(128, _next_pow2(S))) if block is None else block
+    refine_block = min(REFINE_BLOCK, max(128, _next_pow2(S))) if refine_block is None \
+        else refine_block
+    for b in (block, refine_block, sample):  # _split_counts' and the sampler's 16-bit halves
+        assert b <= 16384 and b == _next_pow2(b), b
+    assert 5 <= log2_bins <= 8, log2_bins
+    warps = WARPS_DEFAULT if num_warps is None else num_warps
+    n_blocks = triton.cdiv(S, block)
+    per_prog = triton.cdiv(n_blocks, split or _split(rows, n_blocks, dev))
+    bits = weights.view(torch.int32).reshape(rows, S)  # the patterns, no copy
+    state = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # t_lo, t_hi
+    counts = torch.empty(rows, dtype=torch.int64, device=dev)  # n_won | n_cand << 32
+    out = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    scratch = torch.empty(rows, S, dtype=torch.int64, device=dev)  # pattern << 32 | position
+    r_hi, r_lo = _ranks(k, S, sample)
+    _sample_kernel[(rows,)](bits, state, counts, S, r_hi, r_lo, NS=sample, WHOLE=S <= sample,
+                            num_warps=SAMPLE_WARPS)
+    _compact_kernel[(rows, triton.cdiv(n_blocks, per_prog))](
+        bits, state, counts, out, scratch, S, k, n_blocks, per_prog, BLOCK=block,
+        num_warps=warps)
+    _refine_kernel[(rows,)](bits, state, counts, out, scratch, S, k, PASSES=_passes(log2_bins),
+                            NB=1 << log2_bins, BLOCK=refine_block, num_warps=REFINE_WARPS)
+    return out.reshape(*lead, k)
