@@ -526,6 +526,14 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
           f"(weights {LAYERS * w_ms:.3f}, topk {topk_used:.3f} [torch.topk {topk_ms:.3f}, "
           f"sorted {topk_sorted_ms:.3f}], "
           f"collect {collect_extra:.3f}, gemm {gemm:.3f})", flush=True)
+    if radix_ms is not None and topk_used != radix_ms:
+        alt = (select - topk_used + radix_ms + collect_extra) / verify_iter
+        out.append(row("select", batch=B, context=C, n_query=NQ,
+                       ms=select - topk_used + radix_ms + collect_extra, overhead_pct=100 * alt,
+                       note="selection share with radix_topk (not topk_select's default: "
+                            "selection.RADIX_TOPK)"))
+        print(f"  with radix_topk instead (selection.RADIX_TOPK off): {100 * alt:.1f} %",
+              flush=True)
 
 
 C2Q_SHAPES = [(4, 131072, 8), (16, 32768, 8), (1, 32768, 8), (4, 131072, 1), (4, 131072, 16)]
@@ -712,7 +720,8 @@ def summary(rows: list[dict[str, Any]]) -> None:
     sparse = [r for r in rows if r["kind"] == "sparse" and "=" in str(r["note"])
               and r["ms"] != ""]
     sparse_ratio = [float(str(r["note"]).rsplit("=", 1)[1]) for r in sparse]
-    share = [r["overhead_pct"] for r in rows if r["kind"] == "select" and r["overhead_pct"] != ""]
+    share = [r["overhead_pct"] for r in rows if r["kind"] == "select" and r["overhead_pct"] != ""
+             and "radix_topk" not in str(r["note"])]  # the share of the default path
     v_min = min((r["ratio_copy"] for r in plain), default=None)
     c_max = max((r["overhead_pct"] for r in c2q), default=None)
     c_spread = None

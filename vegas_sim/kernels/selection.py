@@ -2,9 +2,9 @@
 
 - `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
   averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
-- `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` on a GPU
-  when all budgets are equal, else torch.topk; measured in benchmarks/kernels.py against the
-  verify iteration.
+- `topk_select`: one torch.topk over [L, B, S] (batched over layers, unsorted when all
+  budgets are equal; `topk.radix_topk` behind RADIX_TOPK); measured in benchmarks/kernels.py
+  against the verify iteration.
 - `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
 - `quest_select`: Triton page scoring, `torch.topk` over pages, vectorised index expansion.
 """
@@ -113,17 +113,22 @@ def score_weights(
     return out
 
 
-# Equal budgets on a GPU take `topk.radix_topk` (sampled bracket + radix select, 3 launches):
-# 0.130 ms vs torch.topk(sorted=False) 0.399 ms at [36, 4, 131200], k 9175 (H200, run 11).
-RADIX_TOPK = True
+# `topk.radix_topk` (sampled bracket + radix select, 3 launches) for equal budgets on a GPU:
+# 0.131 ms vs torch.topk(sorted=False) 0.409 ms at [36, 4, 131200], k 9175 (H200, run 15), the
+# same values on every row. Off: its blocks reserve output slots by atomics, so the order of
+# the indices (and which of several values tied at the k-th are taken) changes from run to
+# run, and the sparse draft kernel sums the selected keys in index order — drafts would stop
+# being reproducible, which calibration and the eager-vs-graphed GPU tests rely on. Turning
+# it on needs a deterministic order (e.g. sorting the indices) measured on the GPU first.
+RADIX_TOPK = False
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     """[L, B, S] → [L, B, max(budget)] int32, batched over layers and requests.
 
     One host sync (K = max budget, as the reference). When every request has the same
-    budget the top-K need not be sorted: on a GPU `radix_topk` (RADIX_TOPK), else
-    torch.topk(sorted=False), which skips a segmented sort of K entries per row; otherwise
+    budget the top-K need not be sorted: torch.topk(sorted=False), which skips a segmented
+    sort of K entries per row (or `radix_topk` on a GPU when RADIX_TOPK is set); otherwise
     the reference's sorted top-K keeps the first budget[b] per row.
     """
     B = weights.shape[1]
