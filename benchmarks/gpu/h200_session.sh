@@ -47,6 +47,7 @@
 #            the radix top-k probe.
 #   stage 16 run 12: kernel GPU tests, kernels.py --quick (verify, select, sparse).
 #   stage 17 run 13: kernels.py --quick --only verify,select --rounds 3.
+#   stage 18 (next session, not run yet): the radix top-k's tie rule and index sort on the GPU.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -100,7 +101,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 or 17}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17 or 18}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -509,6 +510,18 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout ${KERNELS_TIMEOUT:-300} python3 benchmarks/kernels.py --quick --only verify,select \
     --rounds 3 --step-budget-s 240 --out "$OUT/kernels_h200.csv" 2>&1 | tail -45 \
     | tee "$OUT/kernels.log"
+  ;;
+18)
+  # next session (not run yet): the radix top-k with its tie rule and topk_select's index
+  # sort. GPU kernel tests (test_topk.py's repeatability test), the calibrate GPU tests with
+  # VEGAS_SIM_RADIX_TOPK=1 (eager vs graphed drafts must still agree), then the selection
+  # step with it on. If all pass, set selection.RADIX_TOPK's default to on.
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  VEGAS_SIM_RADIX_TOPK=1 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/calibrate 2>&1 | tail -8 | tee "$OUT/calibrate_gpu_tests_radix.log"
+  VEGAS_SIM_RADIX_TOPK=1 timeout 150 python3 benchmarks/kernels.py --quick --only select \
+    --rounds 3 --out "$OUT/kernels_select_radix.csv" 2>&1 | tail -12 | tee "$OUT/select.log"
   ;;
 4)
   join_gguf || exit 2

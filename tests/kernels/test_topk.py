@@ -99,6 +99,28 @@ def test_all_equal(value: float, device: str, use_triton: None, poison: None) ->
     run(torch.full((2, 300), value), 77, device, block=128, sample=32)
 
 
+@pytest.mark.parametrize(("sample", "split"), [(32, 1), (32, 4), (4096, 2)])
+def test_ties_take_the_smallest_positions(sample: int, split: int, device: str,
+                                          use_triton: None, poison: None) -> None:
+    """Of the values tied at the k-th, the smallest positions: the selected *set* does not
+    depend on the order in which blocks reserve slots. (The interpreter runs programs one
+    after another, so this order is fixed here; test_gpu_repeatable is the GPU check.)"""
+    from vegas_sim.kernels.topk import radix_topk
+
+    gen = torch.Generator().manual_seed(9)
+    w = torch.zeros(3, 900)
+    for row, n_big in enumerate((10, 0, 299)):
+        perm = torch.randperm(900, generator=gen)
+        w[row, perm[:n_big]] = 5.0
+        w[row, perm[n_big:n_big + 400]] = 1.0  # 400 copies of the k-th value (k = 300)
+    got = radix_topk(w.to(device), 300, block=128, sample=sample, split=split).cpu().long()
+    for row in range(3):
+        big = (w[row] == 5.0).nonzero().flatten()
+        ones = (w[row] == 1.0).nonzero().flatten()  # ascending positions
+        want = torch.cat([big, ones[:300 - big.numel()]])
+        assert torch.equal(got[row].sort().values, want.sort().values), row
+
+
 def test_edges(device: str, use_triton: None) -> None:
     from vegas_sim.kernels.topk import radix_topk
 
@@ -119,3 +141,20 @@ def test_production_shape(device: str, use_triton: None) -> None:
     w = torch.softmax(torch.randn(36, 4, 131200, generator=gen) * 3, -1).clamp_min(WEIGHT_FLOOR)
     rank = torch.tensor([131200, 130000, 100000, 9000])  # the last: zeros fill its top k
     run(w * (torch.arange(131200) < rank[:, None]), 9175, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_repeatable(use_triton: None) -> None:
+    """Ten calls on rows with thousands of copies of the k-th value: the same set every time
+    (sorted indices equal), although blocks reserve their slots by atomics."""
+    from vegas_sim.kernels.topk import radix_topk
+
+    gen = torch.Generator().manual_seed(10)
+    w = torch.softmax(torch.randn(8, 131200, generator=gen) * 3, -1)
+    w[:, ::3] = w.topk(9175, -1).values[:, -1:]  # ~43700 copies of each row's k-th value
+    w = w.cuda()
+    first = radix_topk(w, 9175).sort(-1).values
+    for _ in range(10):
+        assert torch.equal(radix_topk(w, 9175).sort(-1).values, first)
+    run(w.cpu(), 9175, "cuda")

@@ -21,7 +21,11 @@ against torch.topk's 0.40 ms; sample ~25 µs, compaction ~71 µs, refinement ~35
      current range [lo, hi] (the k-th largest is in it), bucket 0 holding exactly lo and the
      others 2^sh patterns each, and keeps the bucket where the count at or above first
      reaches the k_rem still wanted, until the range is one pattern or all of it is wanted.
-     Then the list's patterns > hi and the first k_rem in [lo, hi] are written.
+     Then the list's patterns > hi are written, and k_rem of those in [lo, hi]: all of them,
+     or, when more than k_rem copies of one pattern remain, the k_rem smallest positions,
+     found by the same radix passes over key = S−1−position (added after the H200 runs:
+     the list's order comes from atomics, so "the first k_rem in list order" was not a
+     repeatable set). The indices' *order* still follows the atomics.
 
 Measured on the H200 along the way (why it is built so):
 - a classic radix select over the full rows (a 64-bucket tl.histogram pass per digit, split
@@ -205,8 +209,8 @@ def _refine_kernel(
 ):
     """Program row: radix-selects the k_rem = k - n_won largest of the row's list (its n
     candidates in SCRATCH, or the whole row if the bracket missed), in at most PASSES passes
-    (they always finish), then writes the list's patterns > hi after the n_won winners and the
-    first k_rem patterns in [lo, hi] to OUT[row, k - k_rem:]."""
+    (they always finish), then writes the list's patterns > hi after the n_won winners and
+    k_rem patterns in [lo, hi] — the smallest positions among ties — to OUT[row, k - k_rem:]."""
     row = tl.program_id(0)
     t_lo = tl.load(STATE + row * 2)
     t_hi = tl.load(STATE + row * 2 + 1)
@@ -231,16 +235,30 @@ def _refine_kernel(
             bits, _pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
             hist += tl.histogram(_digit(bits, lo, hi, sh), NB)
         lo, hi, k_rem, done = _advance(lo, hi, k_rem, done, hist, sh, NB)
-    # one bracketed pattern: every candidate ties, any k_rem of them will do
-    n_list = tl.where(valid & (t_lo == t_hi), tl.minimum(n, k_rem), n)
+    # The k_rem to take from the tie class [lo, hi]: all of it unless the range is one pattern
+    # with more than k_rem copies; then the smallest positions, by the same radix select over
+    # key = S-1-pos (unique), so the set does not depend on the list's atomic order.
+    lo2, hi2 = lo * 0 - 1, lo * 0 + (S - 1)  # keys in (lo2, hi2]; non-ties are -1 (bucket 0)
+    k2 = k_rem
+    done2 = (lo != hi) | (k_rem == 0)
+    for q in tl.static_range(PASSES):
+        sh2 = _shift(lo2, hi2, NB)
+        hist2 = tl.zeros([NB], dtype=tl.int32)
+        for start in range(0, tl.where(done2, 0, n), BLOCK):
+            bits, pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
+            key = tl.where(bits == lo, S - 1 - pos, -1)
+            hist2 += tl.histogram(_digit(key, lo2, hi2, sh2), NB)
+        if q == 0:  # exactly k_rem ties: take them all (lo2 stays -1)
+            n_tie = tl.sum(tl.where(tl.arange(0, NB) > 0, hist2, 0), 0)
+            done2 = done2 | (n_tie == k2)
+        lo2, hi2, k2, done2 = _advance(lo2, hi2, k2, done2, hist2, sh2, NB)
     out = OUT + row.to(tl.int64) * k
     t_next = k_rem * 0
-    for start in range(0, n_list, BLOCK):
+    for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        bits, pos = _list_item(scr, src, offs, tl.minimum(n_scr, n_list),
-                               tl.minimum(n_row, n_list))
+        bits, pos = _list_item(scr, src, offs, n_scr, n_row)
         win = bits > hi
-        tie = (bits >= lo) & (bits <= hi)
+        tie = (bits >= lo) & (bits <= hi) & (S - 1 - pos >= lo2)
         w_pos, t_pos, n_win, n_tie = _split_counts(win, tie)
         t_pos += t_next
         tl.store(out + w_next + w_pos, pos, mask=win)
@@ -289,9 +307,9 @@ def radix_topk(
 ) -> Tensor:
     """weights [..., S] fp32 contiguous, every value >= 0 (non-negative floats order like their
     int32 bit patterns), k a host int with 0 <= k <= S. Returns int32 indices [..., k]: for every
-    row, a set of k positions whose values are the k largest of the row (ties at the k-th value
-    broken arbitrarily), in no particular order. No host synchronisation (capturable in a CUDA
-    graph).
+    row, a set of k positions whose values are the k largest of the row (of the values tied at
+    the k-th, the smallest positions), in no particular order. No host synchronisation
+    (capturable in a CUDA graph).
 
     Tuning (the defaults are for [144, 131200] on the H200): block, num_warps, split: the
     full-row pass's elements per step (a power of 2, <= 16384), warps and programs per row;
