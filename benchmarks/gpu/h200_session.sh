@@ -484,7 +484,8 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
 15)
   # run 11: GPU kernel tests first (the TMA score store is new), then the TMA Collect-2-Query
   # candidates per shape and the score_weights blocks around run 10's winner, then the radix
-  # top-k probe when it exists.
+  # top-k probe when it exists. A record: the TMA store and tune_kernels.py's "tma" tile set
+  # were removed after this run (results/h200/tma_store_run11.patch).
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
     | tail -12 | tee "$OUT/kernel_gpu_tests.log"
   timeout ${TUNE_TIMEOUT:-300} python3 benchmarks/gpu/tune_kernels.py --parts weights,collect \

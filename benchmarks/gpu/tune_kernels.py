@@ -59,9 +59,8 @@ TILE_SETS = {
               ("rows", 16, 128, 2)],
              [("rows", 64, 64, 4), ("rows", 64, 64, 3), ("rows", 64, 64, 2),
               ("dot", 64, 64, 3), ("dot", 64, 64, 4)]),
-    # run 11: the TMA store (c2q="tma") beside the current default
-    "tma": ([("tma", 16, 128, 3), ("tma", 16, 64, 4), ("tma", 16, 128, 2)],
-            [("tma", 64, 64, 4), ("tma", 64, 64, 3), ("tma", 64, 64, 5), ("tma", 64, 64, 2)]),
+    # run 11 timed a "tma" set — the same tiles with c2q="tma", the TMA store of
+    # results/h200/tma_store_run11.patch (dropped: an illegal instruction on the H200)
 }
 
 
@@ -81,7 +80,7 @@ def auto_splits(B: int, C: int, NQ: int, min_m: int, block_n: int, n_sms: int) -
 
 
 def collect_candidates(B: int, C: int, NQ: int, n_sms: int,
-                       tile_set: str = "tma") -> list[dict[str, Any]]:
+                       tile_set: str = "rows") -> list[dict[str, Any]]:
     """Every tile of `tile_set` at its auto split count and twice it (two programs per SM
     where shared memory allows); 4-stage M 64 tiles also at half, and at 1-2 splits for
     B >= 16."""
@@ -245,8 +244,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--parts", default="collect,b1,weights")
     p.add_argument("--collect-budget-s", type=float, default=240.0)
-    p.add_argument("--tiles", default="tma", choices=sorted(TILE_SETS),
-                   help="Collect-2-Query candidate set (rows: run 10's, tma: run 11's)")
+    p.add_argument("--tiles", default="rows", choices=sorted(TILE_SETS),
+                   help="Collect-2-Query candidate set (rows: run 10's)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("tune_kernels.py needs a CUDA GPU", file=sys.stderr)
