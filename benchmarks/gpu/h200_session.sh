@@ -47,7 +47,7 @@
 #            the radix top-k probe.
 #   stage 16 run 12: kernel GPU tests, kernels.py --quick (verify, select, sparse).
 #   stage 17 run 13: kernels.py --quick --only verify,select --rounds 3.
-#   stage 18 (next session, not run yet): the radix top-k's tie rule and index sort on the GPU.
+#   stage 18 the radix top-k's tie rule and index sort on the GPU (run 16 ran a short form).
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -513,8 +513,10 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     | tee "$OUT/kernels.log"
   ;;
 18)
-  # next session (not run yet): the radix top-k with its tie rule and topk_select's index
-  # sort. GPU kernel tests (test_topk.py's repeatability test), the calibrate GPU tests with
+  # run 16 ran a shortened form on the session's last device-minutes (test_topk.py only, the
+  # calibrate GPU tests and the selection step, all with VEGAS_SIM_RADIX_TOPK=1; 114 s): all
+  # passed, RADIX_TOPK is on since. Kept as the full check: the radix top-k with its tie rule
+  # and topk_select's index sort. GPU kernel tests (test_topk.py's repeatability test), the calibrate GPU tests with
   # VEGAS_SIM_RADIX_TOPK=1 (eager vs graphed drafts must still agree), then the selection
   # step with it on. If all pass, set selection.RADIX_TOPK's default to on.
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \

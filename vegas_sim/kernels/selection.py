@@ -2,9 +2,9 @@
 
 - `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
   averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
-- `topk_select`: one torch.topk over [L, B, S] (batched over layers, unsorted when all
-  budgets are equal; `topk.radix_topk` behind RADIX_TOPK); measured in benchmarks/kernels.py
-  against the verify iteration.
+- `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` + an
+  index sort on a GPU when all budgets are equal (RADIX_TOPK), else torch.topk; measured in
+  benchmarks/kernels.py against the verify iteration.
 - `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
 - `quest_select`: Triton page scoring, `torch.topk` over pages, vectorised index expansion.
 """
@@ -115,25 +115,24 @@ def score_weights(
     return out
 
 
-# `topk.radix_topk` (sampled bracket + radix select, 3 launches) for equal budgets on a GPU:
-# 0.131 ms vs torch.topk(sorted=False) 0.409 ms at [36, 4, 131200], k 9175 (H200, run 15), the
-# same values on every row. Its blocks reserve output slots by atomics, so its index *order*
-# changes from run to run, and the sparse draft kernel sums the selected keys in index order:
-# topk_select sorts its indices, so drafts stay reproducible (calibration and the
-# eager-vs-graphed GPU tests rely on that). The run-15 version also took ties at the k-th
-# value in that order; they now go by position (test_topk.py). Off until the GPU has run
-# test_topk.py's repeatability test and timed the sort; VEGAS_SIM_RADIX_TOPK=1 turns it on
-# (for that run, and for the calibrate GPU tests with it).
-RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "0") == "1"
+# `topk.radix_topk` (sampled bracket + radix select, 3 launches) for equal budgets on a GPU,
+# then an index sort: its blocks reserve output slots by atomics, so its index *order* varies
+# from run to run, and the sparse draft kernel sums the selected keys in index order — sorted,
+# drafts stay reproducible (calibration and the eager-vs-graphed GPU tests rely on it); ties
+# at the k-th value go by position. H200 run 16, [36, 4, 131200], k 9175: radix 0.142 ms,
+# + sort 0.291 ms, torch.topk(sorted=False) 0.407 ms; test_topk.py's GPU tests and the
+# calibrate GPU tests with it on passed. VEGAS_SIM_RADIX_TOPK=0 goes back to torch.topk.
+RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     """[L, B, S] → [L, B, max(budget)] int32, batched over layers and requests.
 
     One host sync (K = max budget, as the reference). When every request has the same
-    budget the top-K need not be sorted: torch.topk(sorted=False), which skips a segmented
-    sort of K entries per row (or `radix_topk` on a GPU when RADIX_TOPK is set); otherwise
-    the reference's sorted top-K keeps the first budget[b] per row.
+    budget the top-K need not be sorted by value: on a GPU `radix_topk` with its indices
+    sorted by position (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
+    sort of K entries per row; otherwise the reference's sorted top-K keeps the first
+    budget[b] per row.
     """
     B = weights.shape[1]
     if B == 0:
