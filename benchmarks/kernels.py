@@ -238,13 +238,9 @@ def launch_label(B: int, NQ: int, C: int, collect: str, **kw: Any) -> str:
     """The launch config verify_attention picks for this call (M tile, splits, tiles)."""
     from vegas_sim.kernels import verify_attention as va
 
-    G = HQ // HKV
-    min_m = kw.get("min_m", va.default_min_m(NQ, G, collect))
-    block_m = max(min_m, 16, 1 << (NQ * G - 1).bit_length())
-    cfg = va.choose_config(B, HKV, NQ, G, C, va.num_sms(torch.device(DEV)), min_m=min_m,
-                           collect=collect)
-    stages = va.default_stages(collect, block_m, cfg.block_n, cfg.num_stages)
-    return f"m{block_m} {va.VerifyConfig(cfg.splits, cfg.block_n, cfg.num_warps, stages).label()}"
+    block_m, cfg = va.launch_config(B, HKV, NQ, HQ // HKV, C, va.num_sms(torch.device(DEV)),
+                                    collect, min_m=kw.get("min_m"))
+    return f"m{block_m} {cfg.label()}"
 
 
 def verify_call(caches: list[tuple[torch.Tensor, torch.Tensor]], q: torch.Tensor,

@@ -70,13 +70,13 @@ def label(kw: dict[str, Any]) -> str:
 
 
 def auto_splits(B: int, C: int, NQ: int, min_m: int, block_n: int, n_sms: int) -> int:
-    """The split count the launcher picks for this tile (TUNED entry, else the wave model)."""
+    """The split count the launcher picks for this tile when collecting first_last (table
+    entry, else the wave model). Run 10 generated its candidates from collect=none's count,
+    before TUNED_COLLECT existed."""
     from vegas_sim.kernels import verify_attention as va
 
-    cfg = va.choose_config(B, HKV, NQ, G, C, n_sms, min_m=min_m)
-    if cfg.block_n == block_n:
-        return cfg.splits
-    return va.choose_splits(B * HKV, C, block_n, n_sms)
+    return va.launch_config(B, HKV, NQ, G, C, n_sms, "first_last", min_m=min_m,
+                            block_n=block_n)[1].splits
 
 
 def collect_candidates(B: int, C: int, NQ: int, n_sms: int,
@@ -104,13 +104,10 @@ def default_kw(B: int, C: int, NQ: int, n_sms: int) -> dict[str, Any]:
     """What verify_attention(collect="first_last") picks with no knobs, in candidate form."""
     from vegas_sim.kernels import verify_attention as va
 
-    min_m = va.default_min_m(NQ, G, "first_last")
-    block_m = max(min_m, 16, 1 << (NQ * G - 1).bit_length())
-    cfg = va.choose_config(B, HKV, NQ, G, C, n_sms, min_m=min_m, collect="first_last")
-    return {"c2q": "dot" if va.C2Q_DOT_DEFAULT else "rows", "min_m": min_m,
-            "block_n": cfg.block_n, "splits": cfg.splits,
-            "num_stages": va.default_stages("first_last", block_m, cfg.block_n,
-                                            cfg.num_stages)}
+    _, cfg = va.launch_config(B, HKV, NQ, G, C, n_sms, "first_last")
+    return {"c2q": "dot" if va.C2Q_DOT_DEFAULT else "rows",
+            "min_m": va.default_min_m(NQ, G, "first_last"), "block_n": cfg.block_n,
+            "splits": cfg.splits, "num_stages": cfg.num_stages}
 
 
 def timed(fn: Any) -> float:

@@ -209,3 +209,19 @@ def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(va) -> No
     assert va.default_stages("all", 64, 64, 3) == 3
     assert va.default_stages("first_last", 16, 128, 3) == 3  # NQ·G <= 16 keeps the M 16 tile
     assert va.default_stages("first_last", 64, 128, 2) == 2  # a 128-key tile: no room for 4
+
+
+def test_launch_config_resolves_the_launchers_defaults(va) -> None:  # type: ignore[no-untyped-def]
+    """What verify_attention runs and what the benchmarks label rows with: the M tile by
+    collection, the Collect-2-Query table entry, the stages of the *final* key tile."""
+    assert va.launch_config(16, 8, 8, 4, 32768, 132, "first_last") == (
+        64, va.VerifyConfig(2, 64, 4, 4))  # TUNED_COLLECT
+    assert va.launch_config(16, 8, 8, 4, 32768, 132) == (
+        32, va.choose_config(16, 8, 8, 4, 32768, 132))
+    # a caller's 128-key tile on M 64 keeps 3 stages (4 are out of shared memory) and gets
+    # the wave model's split count for that tile
+    block_m, cfg = va.launch_config(4, 8, 8, 4, 131072, 132, "first_last", block_n=128)
+    assert (block_m, cfg.block_n, cfg.num_stages) == (64, 128, 3)
+    assert cfg.splits == va.choose_splits(32, 131072, 128, 132)
+    assert va.launch_config(4, 8, 8, 4, 131072, 132, "first_last", splits=7,
+                            num_warps=8)[1] == va.VerifyConfig(7, 64, 8, 4)

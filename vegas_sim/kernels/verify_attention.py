@@ -435,6 +435,27 @@ def default_stages(collect: str, block_m: int, block_n: int, auto: int) -> int:
     return auto
 
 
+def launch_config(batch: int, hkv: int, n_q: int, group: int, max_len: int, n_sms: int,
+                  collect: str = "none", *, min_m: int | None = None, splits: int | None = None,
+                  block_n: int | None = None, num_warps: int | None = None,
+                  num_stages: int | None = None) -> tuple[int, VerifyConfig]:
+    """(BLOCK_M, config) of one verify call: the caller's knobs where given (None = default),
+    else the M tile minimum of `default_min_m`, `choose_config`'s table entry or heuristics, a
+    split count refitted to a BLOCK_N the caller chose, and `default_stages` of the final tile.
+    What the launcher runs, and what the benchmarks label their rows with."""
+    min_m = default_min_m(n_q, group, collect) if min_m is None else min_m
+    block_m = max(min_m, 16, _next_pow2(n_q * group))
+    auto = choose_config(batch, hkv, n_q, group, max_len, n_sms, min_m=min_m, collect=collect)
+    block_n = auto.block_n if block_n is None else block_n
+    if splits is None:
+        splits = (auto.splits if block_n == auto.block_n
+                  else choose_splits(batch * hkv, max_len, block_n, n_sms))
+    num_warps = auto.num_warps if num_warps is None else num_warps
+    if num_stages is None:
+        num_stages = default_stages(collect, block_m, block_n, auto.num_stages)
+    return block_m, VerifyConfig(splits, block_n, num_warps, num_stages)
+
+
 def default_min_m(n_q: int, group: int, collect: str) -> int:
     """M tile minimum when the caller gives none: VEGAS_SIM_VERIFY_MIN_M if set, else 64 for
     Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half, run 4), else
@@ -466,7 +487,7 @@ def verify_attention(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
-    Keyword-only knobs (None = `choose_config` / module defaults) exist for the benchmark;
+    Keyword-only knobs (None = `launch_config`'s defaults) exist for the benchmark;
     `max_len` (a host-side bound on cache_lens, default S_max) sizes the split count without
     a device sync. `c2q` names the Collect-2-Query store ("rows", "dot", "slice"; overrides
     `c2q_dot`); `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
@@ -490,47 +511,39 @@ def verify_attention(
     if c2q not in C2Q_CODE:
         raise UserInputError(f"unknown Collect-2-Query store {c2q!r}",
                              where="verify_attention(c2q)", fix=f"use one of {sorted(C2Q_CODE)}")
-    min_m = default_min_m(NQ, G, collect) if min_m is None else min_m
-    BLOCK_M = max(min_m, 16, _next_pow2(NQ * G))
+    if max_len is None:
+        max_len = S_max  # no .item() sync; splits only affect speed, never the result
+    BLOCK_M, cfg = launch_config(B, Hkv, NQ, G, max_len, num_sms(q.device), collect,
+                                 min_m=min_m, splits=splits, block_n=block_n,
+                                 num_warps=num_warps, num_stages=num_stages)
     BLOCK_D = max(16, _next_pow2(D))
     BLOCK_C = max(16, _next_pow2(2 * G))
     if c2q == "slice" and BLOCK_C > BLOCK_M:
         c2q = "rows"  # G >= 16 at small NQ: 2·G rows exceed the M tile; rows stores them
-    if max_len is None:
-        max_len = S_max  # no .item() sync; splits only affect speed, never the result
-    auto = choose_config(B, Hkv, NQ, G, max_len, num_sms(q.device), min_m=min_m,
-                         collect=collect)
-    block_n = auto.block_n if block_n is None else block_n
-    if splits is None:
-        splits = (auto.splits if block_n == auto.block_n
-                  else choose_splits(B * Hkv, max_len, block_n, num_sms(q.device)))
-    num_warps = auto.num_warps if num_warps is None else num_warps
-    if num_stages is None:
-        num_stages = default_stages(collect, BLOCK_M, block_n, auto.num_stages)
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
     scores = (torch.empty(B, R, Hq, S_max, dtype=torch.bfloat16, device=q.device)
               if R else None)
-    single = splits == 1
-    n_part = 1 if single else B * Hkv * splits * BLOCK_M
+    single = cfg.splits == 1
+    n_part = 1 if single else B * Hkv * cfg.splits * BLOCK_M
     o_part = torch.empty(n_part, BLOCK_D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(n_part, dtype=torch.float32, device=q.device)
     lens = cache_lens.to(device=q.device, dtype=torch.int32).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _verify_attention_kernel[(B * Hkv, splits)](
+    _verify_attention_kernel[(B * Hkv, cfg.splits)](
         q, k_cache, v_cache, lens, out, lse, o_part, lse_part,
         scores if scores is not None else lse,  # dummy pointer when nothing is collected
-        scale * LOG2E, S_max, Hq, Hkv, NQ, splits, max(R, 1),
+        scale * LOG2E, S_max, Hq, Hkv, NQ, cfg.splits, max(R, 1),
         k_cache.stride(0), k_cache.stride(1),
-        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
+        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
         COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
-        EVEN_S=S_max % block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
+        EVEN_S=S_max % cfg.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
         # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
         # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
         # GPU run shows where the int32 path overflows, such caches take int64 offsets.
         OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not single:
-        combine(out, lse, o_part, lse_part, NQ, Hkv, splits, BLOCK_M)
+        combine(out, lse, o_part, lse_part, NQ, Hkv, cfg.splits, BLOCK_M)
     return out, lse, scores
