@@ -135,14 +135,15 @@ def longdoc_prompts(
     bodies = {b: book_body(data / "gutenberg" / b) for b in BOOKS}
     first = max(1, n // len(lengths))
     out: list[Prompt] = []
+    taken: set[str] = set()  # source ids so far
     k = 0
     for count in (first, max(0, per_length - first)):
         for length in lengths:
             for _ in range(count):
                 name = BOOKS[k % len(BOOKS)]
                 k += 1
-                out.append(_distinct_window(tok, name, bodies[name], length, rng,
-                                            {p.source for p in out}))
+                out.append(_distinct_window(tok, name, bodies[name], length, rng, taken))
+                taken.add(out[-1].source)
     return out
 
 
