@@ -48,6 +48,9 @@
 #   stage 16 run 12: kernel GPU tests, kernels.py --quick (verify, select, sparse).
 #   stage 17 run 13: kernels.py --quick --only verify,select --rounds 3.
 #   stage 18 the radix top-k's tie rule and index sort on the GPU (run 16 ran a short form).
+#   stage 19 the ninth session's first call (run 17): kernel and calibrate GPU tests (the
+#            launch_config refactor, the sorted radix top-k, the "tdot" store), the
+#            Collect-2-Query candidates (benchmarks/gpu/c2q_probe.py), the selection step.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -101,7 +104,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17 or 18}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18 or 19}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -525,6 +528,16 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     tests/calibrate 2>&1 | tail -8 | tee "$OUT/calibrate_gpu_tests_radix.log"
   VEGAS_SIM_RADIX_TOPK=1 timeout 150 python3 benchmarks/kernels.py --quick --only select \
     --rounds 3 --out "$OUT/kernels_select_radix.csv" 2>&1 | tail -12 | tee "$OUT/select.log"
+  ;;
+19)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout 180 python3 benchmarks/gpu/c2q_probe.py --out "$OUT/c2q_probe.csv" 2>&1 \
+    | tail -90 | tee "$OUT/c2q_probe.log"
+  timeout 90 python3 benchmarks/kernels.py --quick --only select --rounds 3 \
+    --out "$OUT/kernels_select.csv" 2>&1 | tail -12 | tee "$OUT/select.log"
+  timeout 160 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate 2>&1 \
+    | tail -8 | tee "$OUT/calibrate_gpu_tests.log"
   ;;
 4)
   join_gguf || exit 2

@@ -2,8 +2,8 @@
 
 - `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
   averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
-- `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` + an
-  index sort on a GPU when all budgets are equal (RADIX_TOPK), else torch.topk; measured in
+- `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` on a GPU
+  when all budgets are equal (RADIX_TOPK), else torch.topk; measured in
   benchmarks/kernels.py against the verify iteration.
 - `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
 - `quest_select`: Triton page scoring, `torch.topk` over pages, vectorised index expansion.
@@ -115,13 +115,13 @@ def score_weights(
     return out
 
 
-# `topk.radix_topk` (sampled bracket + radix select, 3 launches) for equal budgets on a GPU,
-# then an index sort: its blocks reserve output slots by atomics, so its index *order* varies
-# from run to run, and the sparse draft kernel sums the selected keys in index order — sorted,
-# drafts stay reproducible (calibration and the eager-vs-graphed GPU tests rely on it); ties
-# at the k-th value go by position. H200 run 16, [36, 4, 131200], k 9175: radix 0.142 ms,
-# + sort 0.291 ms, torch.topk(sorted=False) 0.407 ms; test_topk.py's GPU tests and the
-# calibrate GPU tests with it on passed. VEGAS_SIM_RADIX_TOPK=0 goes back to torch.topk.
+# `topk.radix_topk` (sampled bracket + radix select, 4 launches) for equal budgets on a GPU.
+# Its indices come out sorted by position, the same on every run: the sparse draft kernel sums
+# the selected keys in index order, so drafts stay reproducible (calibration and the
+# eager-vs-graphed GPU tests rely on it); ties at the k-th value go by position. H200 run 16,
+# [36, 4, 131200], k 9175, the previous (atomic-order) version: radix 0.142 ms, + an index
+# sort 0.291 ms, torch.topk(sorted=False) 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
+# torch.topk.
 RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"
 
 
@@ -129,8 +129,8 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     """[L, B, S] → [L, B, max(budget)] int32, batched over layers and requests.
 
     One host sync (K = max budget, as the reference). When every request has the same
-    budget the top-K need not be sorted by value: on a GPU `radix_topk` with its indices
-    sorted by position (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
+    budget the top-K need not be sorted by value: on a GPU `radix_topk`, its indices sorted
+    by position (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
     sort of K entries per row; otherwise the reference's sorted top-K keeps the first
     budget[b] per row.
     """
@@ -141,7 +141,7 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     if lo != hi or hi == 0:
         return reference.topk_select(weights, budget)
     if RADIX_TOPK and weights.is_cuda and weights.dtype == torch.float32:
-        return radix_topk(weights.contiguous(), hi).sort(dim=-1).values  # a fixed order
+        return radix_topk(weights.contiguous(), hi)  # sorted by position
     return torch.topk(weights, hi, dim=-1, sorted=False).indices.to(torch.int32)
 
 

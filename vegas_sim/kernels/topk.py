@@ -1,18 +1,20 @@
 """Top-k by sampled bracket + radix select on the fp32 bit pattern: `radix_topk` replaces
-`torch.topk(weights, k, dim=-1, sorted=False)` for selection, with no host synchronisation.
+`torch.topk(weights, k, dim=-1, sorted=False)` for selection, with no host synchronisation, and
+returns each row's indices in ascending position order (the same on every run).
 
-Weights are >= 0, so their int32 bit patterns order like the values. Three launches, all
-capturable in a CUDA graph (H200, triton 3.6, [144, 131200] fp32, k = 9175: 0.13 ms in all
-against torch.topk's 0.40 ms; sample ~25 µs, compaction ~71 µs, refinement ~35 µs):
+Weights are >= 0, so their int32 bit patterns order like the values. Four launches, all
+capturable in a CUDA graph (H200 run 16, triton 3.6, [144, 131200] fp32, k = 9175, with the
+atomic-order output of that version: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs,
+compaction ~71 µs, refinement ~35 µs):
 
   1. `_sample_kernel`, one program per row: a stratified sample of SAMPLE patterns (one at a
      jittered position in each of SAMPLE equal strata) and its order statistics a few
      standard deviations either side of the k-th largest's expected rank: t_lo <= t_hi. With
      high probability the row has < k patterns above t_hi and >= k at or above t_lo. (A row
      of S <= SAMPLE is sampled whole: t_lo = t_hi = the k-th value.)
-  2. `_compact_kernel`, `split` programs per row: the only full read of the rows. Patterns
-     > t_hi go to the output (slots reserved per block by an atomic on a row counter), those
-     in [t_lo, t_hi] to a scratch list (pattern << 32 | position), ~4 % of a row at the
+  2. `_compact_kernel`, `split` programs (parts) per row: a full read of the rows. Patterns
+     > t_hi are counted per part; those in [t_lo, t_hi] go to a scratch list (pattern << 32 |
+     position, slots reserved per block by an atomic: any order), ~4 % of a row at the
      production shape.
   3. `_refine_kernel`, one program per row: checks the bracket with the two counts (a row
      whose bracket missed — ~1e-6 per row by the normal tail, or adversarial data — takes its
@@ -21,11 +23,16 @@ against torch.topk's 0.40 ms; sample ~25 µs, compaction ~71 µs, refinement ~35
      current range [lo, hi] (the k-th largest is in it), bucket 0 holding exactly lo and the
      others 2^sh patterns each, and keeps the bucket where the count at or above first
      reaches the k_rem still wanted, until the range is one pattern or all of it is wanted.
-     Then the list's patterns > hi are written, and k_rem of those in [lo, hi]: all of them,
-     or, when more than k_rem copies of one pattern remain, the k_rem smallest positions,
-     found by the same radix passes over key = S−1−position (added after the H200 runs:
-     the list's order comes from atomics, so "the first k_rem in list order" was not a
-     repeatable set). The indices' *order* still follows the atomics.
+     When more than k_rem copies of one pattern remain, the k_rem smallest positions are
+     taken, found by the same radix passes over key = S−1−position. Histograms do not depend
+     on the list's order. The result is a rule (`_selected`: > hi, or in [lo, hi] with
+     key >= lo2); one more pass over the list counts the selected per part, and the
+     exclusive sums of (part's count > t_hi + its selected candidates) are each part's first
+     output slot.
+  4. `_write_kernel`, (row, part) programs: a second full read; each part writes the
+     positions the rule selects, in order, from its first slot: sorted output without atomics
+     or a sort. (Run 16's version wrote winners and the list's picks through atomics, so the
+     order varied from run to run, and `topk_select` sorted the indices: 0.29 ms in all.)
 
 Measured on the H200 along the way (why it is built so):
 - a classic radix select over the full rows (a 64-bucket tl.histogram pass per digit, split
@@ -95,50 +102,38 @@ def _sample_kernel(BITS, STATE, COUNTS, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: 
         t_lo = tl.where((both >> 16) >= r_lo, c_lo, t_lo)
     tl.store(STATE + row * 2, t_lo)
     tl.store(STATE + row * 2 + 1, tl.where(r_hi == 0, MAX_PATTERN, t_hi))
-    tl.store(COUNTS + row, t_lo.to(tl.int64) * 0)
-
-
-@triton.jit
-def _split_counts(win, cand):
-    """Exclusive in-block positions and totals of two predicates [BLOCK] with one scan: the
-    counts share an int32 (winners in the low 16 bits; BLOCK <= 16384 keeps both exact)."""
-    packed = win.to(tl.int32) | (cand.to(tl.int32) << 16)
-    incl = tl.cumsum(packed, 0)
-    tot = tl.sum(packed, 0)
-    w_pos = (incl & 0xFFFF) - win.to(tl.int32)
-    c_pos = (incl >> 16) - cand.to(tl.int32)
-    return w_pos, c_pos, tot & 0xFFFF, tot >> 16
+    tl.store(COUNTS + row, t_lo * 0)
 
 
 @triton.jit
 def _compact_kernel(
-    BITS, STATE, COUNTS, OUT, SCRATCH, S, k, n_blocks, blocks_per_prog, BLOCK: tl.constexpr,
+    BITS, STATE, COUNTS, WINS, SCRATCH, S, n_blocks, blocks_per_prog,
+    BLOCK: tl.constexpr, PARTS: tl.constexpr,
 ):
-    """Program (row, part) over blocks [part·bpp, (part + 1)·bpp): patterns > t_hi → OUT[row]
-    (slots >= k dropped: the bracket missed), patterns in [t_lo, t_hi] → SCRATCH[row] as
-    pattern << 32 | position. COUNTS[row] counts both (winners in the low 32 bits): one
-    atomic per block reserves the block's slots, so blocks land in any order. The atomic is
-    relaxed: the default acq_rel fences each block behind the previous block's scattered
-    stores (measured on the H200: 107-165 µs with it, ~71 µs without)."""
+    """Program (row, part) over blocks [part·bpp, (part + 1)·bpp): counts the patterns > t_hi
+    (WINS[row, part], no atomics) and appends those in [t_lo, t_hi] to SCRATCH[row] as
+    pattern << 32 | position, slots reserved per block by a relaxed atomic on COUNTS[row]:
+    the list's order is arbitrary, and nothing later depends on it (the refinement builds
+    histograms; `_write_kernel` writes the result in position order). Relaxed: the default
+    acq_rel fences each block behind the previous block's scattered stores (measured on the
+    H200: 107-165 µs with it, ~71 µs without)."""
     row = tl.program_id(0)
+    part = tl.program_id(1)
     t_lo = tl.load(STATE + row * 2)
     t_hi = tl.load(STATE + row * 2 + 1)
     base = BITS + row.to(tl.int64) * S
-    out = OUT + row.to(tl.int64) * k
     scr = SCRATCH + row.to(tl.int64) * S
-    b0 = tl.program_id(1) * blocks_per_prog
+    b0 = part * blocks_per_prog
+    n_win = t_lo * 0
     for blk in range(b0, tl.minimum(b0 + blocks_per_prog, n_blocks)):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         bits = tl.load(base + offs, mask=offs < S, other=-1)
-        win = bits > t_hi
         cand = (bits >= t_lo) & (bits <= t_hi)
-        w_pos, c_pos, n_win, n_cand = _split_counts(win, cand)
-        old = tl.atomic_add(COUNTS + row, n_win.to(tl.int64) | (n_cand.to(tl.int64) << 32),
-                            sem="relaxed")
-        w_pos += (old & 0xFFFFFFFF).to(tl.int32)
-        c_pos += (old >> 32).to(tl.int32)
-        tl.store(out + w_pos, offs, mask=win & (w_pos < k))
-        tl.store(scr + c_pos, (bits.to(tl.int64) << 32) | offs.to(tl.int64), mask=cand)
+        n_win += tl.sum((bits > t_hi).to(tl.int32), 0)
+        c_pos = tl.cumsum(cand.to(tl.int32), 0) - cand.to(tl.int32)
+        old = tl.atomic_add(COUNTS + row, tl.sum(cand.to(tl.int32), 0), sem="relaxed")
+        tl.store(scr + old + c_pos, (bits.to(tl.int64) << 32) | offs.to(tl.int64), mask=cand)
+    tl.store(WINS + row * PARTS + part, n_win)
 
 
 @triton.jit
@@ -203,20 +198,30 @@ def _list_item(SCR, ROW, offs, n_scr, n_row):
 
 
 @triton.jit
+def _selected(bits, pos, S, lo, hi, lo2):
+    """The rule the refinement leaves behind: patterns > hi, and those in [lo, hi] whose key
+    S-1-pos is >= lo2 (lo2 = -1: all of them)."""
+    return (bits > hi) | ((bits >= lo) & (bits <= hi) & (S - 1 - pos >= lo2))
+
+
+@triton.jit
 def _refine_kernel(
-    BITS, STATE, COUNTS, OUT, SCRATCH, S, k,
-    PASSES: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+    BITS, STATE, COUNTS, WINS, RULE, OFFS, SCRATCH, S, k, n_parts, part_len,
+    PASSES: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
 ):
     """Program row: radix-selects the k_rem = k - n_won largest of the row's list (its n
     candidates in SCRATCH, or the whole row if the bracket missed), in at most PASSES passes
-    (they always finish), then writes the list's patterns > hi after the n_won winners and
-    k_rem patterns in [lo, hi] — the smallest positions among ties — to OUT[row, k - k_rem:]."""
+    (they always finish) — the smallest positions among ties at the k-th — and leaves the
+    rule in RULE[row] = (lo, hi, lo2) (`_selected`) and each part's first output slot in
+    OFFS[row, part]: the compaction's count of patterns > t_hi in the part plus the list's
+    selected patterns in it (one more pass over the list), exclusive-summed over parts."""
     row = tl.program_id(0)
     t_lo = tl.load(STATE + row * 2)
     t_hi = tl.load(STATE + row * 2 + 1)
-    counts = tl.load(COUNTS + row)
-    n_won = (counts & 0xFFFFFFFF).to(tl.int32)
-    n_cand = (counts >> 32).to(tl.int32)
+    parts = tl.arange(0, PARTS)
+    wins = tl.load(WINS + row * PARTS + parts, mask=parts < n_parts, other=0)
+    n_won = tl.sum(wins, 0)
+    n_cand = tl.load(COUNTS + row)
     valid = (n_won <= k) & (k <= n_won + n_cand)
     scr = SCRATCH + row.to(tl.int64) * S
     src = BITS + row.to(tl.int64) * S
@@ -225,8 +230,7 @@ def _refine_kernel(
     n_row = n - n_scr
     lo = tl.where(valid, t_lo, 0)
     hi = tl.where(valid, t_hi, MAX_PATTERN)
-    w_next = tl.where(valid, n_won, 0)
-    k_rem = k - w_next
+    k_rem = k - tl.where(valid, n_won, 0)
     done = (lo == hi) | (k_rem == 0) | (k_rem == n)
     for _p in tl.static_range(PASSES):
         sh = _shift(lo, hi, NB)
@@ -252,19 +256,42 @@ def _refine_kernel(
             n_tie = tl.sum(tl.where(tl.arange(0, NB) > 0, hist2, 0), 0)
             done2 = done2 | (n_tie == k2)
         lo2, hi2, k2, done2 = _advance(lo2, hi2, k2, done2, hist2, sh2, NB)
-    out = OUT + row.to(tl.int64) * k
-    t_next = k_rem * 0
+    tl.store(RULE + row * 3, lo)
+    tl.store(RULE + row * 3 + 1, hi)
+    tl.store(RULE + row * 3 + 2, lo2)
+    per_part = tl.where(valid, wins, 0)
     for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        bits, pos = _list_item(scr, src, offs, n_scr, n_row)
-        win = bits > hi
-        tie = (bits >= lo) & (bits <= hi) & (S - 1 - pos >= lo2)
-        w_pos, t_pos, n_win, n_tie = _split_counts(win, tie)
-        t_pos += t_next
-        tl.store(out + w_next + w_pos, pos, mask=win)
-        tl.store(out + (k - k_rem) + t_pos, pos, mask=tie & (t_pos < k_rem))
-        w_next += n_win
-        t_next += n_tie
+        bits, pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
+        sel = _selected(bits, pos, S, lo, hi, lo2)
+        hit = (pos // part_len)[:, None] == parts[None, :]  # [BLOCK, PARTS]
+        per_part += tl.sum((hit & sel[:, None]).to(tl.int32), 0)
+    tl.store(OFFS + row * PARTS + parts, tl.cumsum(per_part, 0) - per_part)
+
+
+@triton.jit
+def _write_kernel(
+    BITS, RULE, OFFS, OUT, S, k, n_blocks, blocks_per_prog, BLOCK: tl.constexpr,
+    PARTS: tl.constexpr,
+):
+    """Program (row, part): writes the positions `_selected` picks in its blocks, in
+    position order, from OFFS[row, part] on — so every row's k indices come out sorted, the
+    same on every run, with no atomics."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    lo = tl.load(RULE + row * 3)
+    hi = tl.load(RULE + row * 3 + 1)
+    lo2 = tl.load(RULE + row * 3 + 2)
+    slot = tl.load(OFFS + row * PARTS + part)
+    base = BITS + row.to(tl.int64) * S
+    out = OUT + row.to(tl.int64) * k
+    b0 = part * blocks_per_prog
+    for blk in range(b0, tl.minimum(b0 + blocks_per_prog, n_blocks)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        bits = tl.load(base + offs, mask=offs < S, other=-1)
+        sel = _selected(bits, offs, S, lo, hi, lo2)
+        at = slot + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(out + at, offs, mask=sel & (at < k))
+        slot += tl.sum(sel.to(tl.int32), 0)
 
 
 def _passes(log2_bins: int) -> int:
@@ -307,9 +334,9 @@ def radix_topk(
 ) -> Tensor:
     """weights [..., S] fp32 contiguous, every value >= 0 (non-negative floats order like their
     int32 bit patterns), k a host int with 0 <= k <= S. Returns int32 indices [..., k]: for every
-    row, a set of k positions whose values are the k largest of the row (of the values tied at
-    the k-th, the smallest positions), in no particular order. No host synchronisation
-    (capturable in a CUDA graph).
+    row, the k positions whose values are the k largest of the row (of the values tied at the
+    k-th, the smallest positions), in ascending order. No host synchronisation (capturable in
+    a CUDA graph).
 
     Tuning (the defaults are for [144, 131200] on the H200): block, num_warps, split: the
     full-row pass's elements per step (a power of 2, <= 16384), warps and programs per row;
@@ -327,23 +354,30 @@ def radix_topk(
     block = min(BLOCK_DEFAULT, max(128, _next_pow2(S))) if block is None else block
     refine_block = min(REFINE_BLOCK, max(128, _next_pow2(S))) if refine_block is None \
         else refine_block
-    for b in (block, refine_block, sample):  # _split_counts' and the sampler's 16-bit halves
+    for b in (block, refine_block, sample):  # the sampler's counts are 16-bit halves
         assert b <= 16384 and b == _next_pow2(b), b
     assert 5 <= log2_bins <= 8, log2_bins
     warps = WARPS_DEFAULT if num_warps is None else num_warps
     n_blocks = triton.cdiv(S, block)
     per_prog = triton.cdiv(n_blocks, split or _split(rows, n_blocks, dev))
+    n_parts = triton.cdiv(n_blocks, per_prog)
+    parts = max(2, _next_pow2(n_parts))
     bits = weights.view(torch.int32).reshape(rows, S)  # the patterns, no copy
     state = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # t_lo, t_hi
-    counts = torch.empty(rows, dtype=torch.int64, device=dev)  # n_won | n_cand << 32
+    counts = torch.empty(rows, dtype=torch.int32, device=dev)  # candidates in the list
+    wins = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # > t_hi, per part
+    rule = torch.empty(rows, 3, dtype=torch.int32, device=dev)  # lo, hi, lo2
+    offs = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # first slot per part
     out = torch.empty(rows, k, dtype=torch.int32, device=dev)
     scratch = torch.empty(rows, S, dtype=torch.int64, device=dev)  # pattern << 32 | position
     r_hi, r_lo = _ranks(k, S, sample)
     _sample_kernel[(rows,)](bits, state, counts, S, r_hi, r_lo, NS=sample, WHOLE=S <= sample,
                             num_warps=SAMPLE_WARPS)
-    _compact_kernel[(rows, triton.cdiv(n_blocks, per_prog))](
-        bits, state, counts, out, scratch, S, k, n_blocks, per_prog, BLOCK=block,
-        num_warps=warps)
-    _refine_kernel[(rows,)](bits, state, counts, out, scratch, S, k, PASSES=_passes(log2_bins),
-                            NB=1 << log2_bins, BLOCK=refine_block, num_warps=REFINE_WARPS)
+    _compact_kernel[(rows, n_parts)](bits, state, counts, wins, scratch, S, n_blocks, per_prog,
+                                     BLOCK=block, PARTS=parts, num_warps=warps)
+    _refine_kernel[(rows,)](bits, state, counts, wins, rule, offs, scratch, S, k, n_parts,
+                            per_prog * block, PASSES=_passes(log2_bins), NB=1 << log2_bins,
+                            BLOCK=refine_block, PARTS=parts, num_warps=REFINE_WARPS)
+    _write_kernel[(rows, n_parts)](bits, rule, offs, out, S, k, n_blocks, per_prog,
+                                   BLOCK=block, PARTS=parts, num_warps=warps)
     return out.reshape(*lead, k)

@@ -1,0 +1,83 @@
+"""Collect-2-Query store candidates of the tenth session, against collect="none", timed as
+the kernel grid times them (`kernels.min_of_rounds`: interleaved CUDA-graph rounds, the
+fastest kept; caches rotated past the L2).
+
+    python benchmarks/gpu/c2q_probe.py [--rounds 3] [--out FILE.csv]
+
+Candidates (verify_attention knobs): the default ("rows": the collected rows of the main score
+tile), "tdot" (the collected rows' scores as a transposed [BLOCK_N, 16] dot K · qcᵀ: on Hopper
+a wgmma reading K from shared memory, so only a [BLOCK_N, 16] tile is converted for the
+store, and the main tile can stay the collect=none M tile), and cache hints: score stores
+streaming (".cs"), K/V loads evict-first. One CSV row per (shape, candidate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import HKV, HQ, kv_bytes, min_of_rounds, verify_call, verify_inputs
+
+SHAPES = [(1, 32768, 1), (1, 32768, 8), (4, 32768, 8), (4, 131072, 1), (4, 131072, 8),
+          (16, 32768, 8), (16, 32768, 16), (16, 131072, 8)]
+CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
+    ("none", "none", {}),
+    ("none evict", "none", {"kv_evict": "evict_first"}),
+    ("rows (default)", "first_last", {}),
+    ("rows cs", "first_last", {"score_cache": ".cs"}),
+    ("rows evict", "first_last", {"kv_evict": "evict_first"}),
+    ("rows cs evict", "first_last", {"score_cache": ".cs", "kv_evict": "evict_first"}),
+    ("tdot m16", "first_last", {"c2q": "tdot", "min_m": 16}),
+    ("tdot m16 cs", "first_last", {"c2q": "tdot", "min_m": 16, "score_cache": ".cs"}),
+    ("tdot m16 n64 st4", "first_last", {"c2q": "tdot", "min_m": 16, "block_n": 64,
+                                        "num_stages": 4}),
+    ("tdot m64", "first_last", {"c2q": "tdot", "min_m": 64}),
+]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("c2q_probe.csv"))
+    args = p.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows: list[dict[str, Any]] = []
+    for B, C, NQ in SHAPES:
+        caches, lens, q = verify_inputs(gen, B, C, NQ)
+        calls = {}
+        for label, collect, kw in CANDIDATES:
+            try:
+                call = verify_call(caches, q, lens, collect, C, **kw)
+                call()
+                torch.cuda.synchronize()
+                calls[label] = call
+            except Exception as e:  # noqa: BLE001 - a candidate may not compile
+                print(f"B={B} C={C} NQ={NQ} {label}: FAILED {type(e).__name__}: {e}"[:300],
+                      flush=True)
+        best = min_of_rounds(calls, args.rounds)
+        base = best["none"]
+        for label, ms in best.items():
+            ratio = kv_bytes(B, C) / ms / 1e6
+            ovh = 100 * (ms / base - 1)
+            rows.append({"batch": B, "context": C, "n_query": NQ, "candidate": label,
+                         "ms": f"{ms:.5f}", "gbps": f"{ratio:.0f}", "overhead_pct": f"{ovh:.2f}"})
+            print(f"B={B:2d} C={C:6d} NQ={NQ:2d} {label:18s} {ms:.4f} ms {ratio:6.0f} GB/s "
+                  f"{ovh:+6.1f} % over none", flush=True)
+        del caches, calls
+        torch.cuda.empty_cache()
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"HQ {HQ} HKV {HKV}; wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
