@@ -45,13 +45,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("c2q_probe.csv"))
+    p.add_argument("--shapes", default="", help="B:C:NQ,... (default: SHAPES)")
+    p.add_argument("--candidates", default="", help="labels, comma-separated (default: all)")
     args = p.parse_args()
+    shapes = ([tuple(int(x) for x in t.split(":")) for t in args.shapes.split(",")]
+              if args.shapes else SHAPES)
+    wanted = set(args.candidates.split(",")) | {"none"} if args.candidates else None
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows: list[dict[str, Any]] = []
-    for B, C, NQ in SHAPES:
+    for B, C, NQ in shapes:
         caches, lens, q = verify_inputs(gen, B, C, NQ)
         calls = {}
         for label, collect, kw in CANDIDATES:
+            if wanted is not None and label not in wanted:
+                continue
             try:
                 call = verify_call(caches, q, lens, collect, C, **kw)
                 call()

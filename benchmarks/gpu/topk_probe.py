@@ -17,8 +17,25 @@ import torch
 L, B, S, K = 36, 4, 131200, 9175
 SETTINGS = [  # (block, num_warps, split) of the full-row pass; None: the launcher's default
     (None, None, None), (2048, 4, None), (4096, 4, None), (1024, 4, 8), (1024, 8, None),
-    (2048, 8, None),
+    (2048, 8, None), (512, 4, None), (1024, 2, None), (4096, 8, None),
 ]
+
+
+def kernel_times(fn: Callable[[], object], reps: int = 20) -> None:
+    """Per-kernel mean µs of `fn` (torch.profiler, eager launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and ev.count:
+            total = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            print(f"  {ev.key[:40]:40s} {total / ev.count:8.1f} us x {ev.count // reps}",
+                  flush=True)
 
 
 def bench(fn: Callable[[], object]) -> float:
@@ -54,6 +71,7 @@ def main() -> None:
     ref_ms = bench(lambda: torch.topk(w, K, dim=-1, sorted=False))
     print(f"{torch.cuda.get_device_name()}: weights {list(w.shape)} k {K}; "
           f"torch.topk(sorted=False) {ref_ms:.4f} ms")
+    kernel_times(lambda: radix_topk(w, K))
     for block, warps, split in SETTINGS:
         kw = {"block": block, "num_warps": warps, "split": split}
         check(radix_topk(w, K, **kw), w)

@@ -222,7 +222,9 @@ def memory_needed(spec: ModelSpec, batch: int, max_seq: int, *, include_weights:
     one layer's collected scores of 16 rows [B, 16, Hq, S] bf16, selection weights
     [L, B, S] fp32, the selected index lists [L, B, S] int32 in the worst case, and MLP
     activations of 16 rows. SpecExtend keeps one weight vector per collected row
-    ([L, B, 16, S] fp32) until acceptance picks one: `per_row_weights` counts that.
+    ([L, B, 16, S] fp32) until acceptance picks one: `per_row_weights` counts that. Vegas
+    keeps every layer's Collect-2-Query scores ([L, B, 2, Hq, S] bf16) for one fold after the
+    last layer (policies.CollectingVerifyAttention): counted too.
     The runtime frees per-layer transients, so one layer of those is counted.
     """
     db = spec.dtype_bytes if dtype_bytes is None else dtype_bytes
@@ -234,8 +236,9 @@ def memory_needed(spec: ModelSpec, batch: int, max_seq: int, *, include_weights:
     scores = rows * spec.n_heads * max_seq * 2
     rows_kept = QUERY_ROWS_MAX if per_row_weights else 1
     select = spec.n_layers * batch * max_seq * (4 * rows_kept + 4)
+    c2q_all_layers = spec.n_layers * batch * 2 * spec.n_heads * max_seq * 2
     activ = rows * (3 * spec.ffn + 4 * spec.hidden) * max(db, 4)
-    return int(weights + kv + quest_meta + logits + scores + select + activ)
+    return int(weights + kv + quest_meta + logits + scores + select + c2q_all_layers + activ)
 
 
 def fits_in_memory(spec: ModelSpec, batch: int, max_seq: int, device: str | torch.device, *,

@@ -17,9 +17,10 @@ Iteration semantics (one iteration = γ sparse draft steps + one full-attention 
   a accepted drafts) and t0' is the correction/bonus token. a + 1 tokens are emitted (capped at
   max_new_tokens).
 - Selection, for the *next* iteration's drafts:
-  * vegas / vegas-all: the verify pass collects the raw scores of rows first+last / all; per
-    layer, right after attention, they become per-position weights (ops.score_weights,
-    rank_len = C + 1: positions [0, C], the context plus t0), then one ops.topk_select over all
+  * vegas / vegas-all: the verify pass collects the raw scores of rows first+last / all; they
+    become per-position weights (ops.score_weights, rank_len = C + 1: positions [0, C], the
+    context plus t0) — vegas: every layer's scores in one launch after the last layer;
+    vegas-all: per layer, right after attention — then one ops.topk_select over all
     layers with budget = methods.budget(s, C + 1, max_len, min_tokens). The drafts attend the
     selected keys plus every position > C of the selecting iteration (tail_start = C + 1):
     accepted drafts, the new t0 and each new draft.
@@ -260,7 +261,7 @@ class SpecDecoder:
         gamma = max(c.gamma, 1)
         verify = CollectingVerifyAttention(
             s.n_layers, batch, max_seq, self.device, c.collect,
-            per_row=c.method == "specextend", max_rows=gamma + 1)
+            per_row=c.method == "specextend", max_rows=gamma + 1, n_heads=s.n_heads)
         return BatchState(
             cache=cache,
             context=torch.zeros(batch, dtype=torch.int32, device=self.device),

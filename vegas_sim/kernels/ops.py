@@ -69,6 +69,7 @@ def verify_attention(
     cache_lens: Tensor,
     scale: float,
     collect: str = "none",
+    scores_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Causal attention of NQ (1..16) new rows per request; optional score write-out.
 
@@ -76,7 +77,9 @@ def verify_attention(
     cache_lens [B] int32 (including them). Row i attends keys [0, cache_lens − NQ + i].
     Returns out [B, NQ, Hq, D], lse [B, NQ, Hq] fp32 (natural log of Σ exp(scale·q·k)),
     scores [B, R, Hq, S_max] bf16 raw q·k (-inf where masked) or None; R = 2 (rows 0 and
-    NQ−1; 1 if NQ == 1) for collect="first_last", NQ for "all".
+    NQ−1; 1 if NQ == 1) for collect="first_last", NQ for "all". `scores_out` (contiguous,
+    that shape and dtype) receives the scores instead of a new tensor, e.g. one layer's slice
+    of a buffer that holds every layer's.
     """
     op = "verify_attention"
     _check(q.dim() == 4, op, "q", f"q must be [B, NQ, Hq, D], got {tuple(q.shape)}",
@@ -86,10 +89,21 @@ def verify_attention(
     _check(collect in COLLECT_MODES, op, "collect", f"unknown collect mode {collect!r}",
            f"use one of {', '.join(COLLECT_MODES)}")
     _check_kv(op, q.shape[2], q.shape[3], k_cache, v_cache)
-    impl: Any = reference
+    if scores_out is not None:
+        B, NQ, Hq, _ = q.shape
+        want = (B, len(collect_row_ids(NQ, collect)), Hq, k_cache.shape[1])
+        _check(want[1] > 0 and tuple(scores_out.shape) == want and scores_out.is_contiguous()
+               and str(scores_out.dtype) == "torch.bfloat16", op, "scores_out",
+               f"scores_out must be a contiguous bf16 {want}, got {tuple(scores_out.shape)} "
+               f"{scores_out.dtype}", "allocate it for this call's collect mode and shapes")
     if backend(q) == "triton":
-        impl = _triton_module("verify_attention")
-    return impl.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect)  # type: ignore[no-any-return]
+        mod = _triton_module("verify_attention")
+        return mod.verify_attention(  # type: ignore[no-any-return]
+            q, k_cache, v_cache, cache_lens, scale, collect, scores_out=scores_out)
+    out, lse, scores = reference.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect)
+    if scores_out is not None and scores is not None:
+        scores = scores_out.copy_(scores)
+    return out, lse, scores
 
 
 def sparse_draft_attention(
@@ -127,21 +141,31 @@ def score_weights(
     scale: float,
     rank_len: Tensor,
     rows: Tensor | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """Mean over heads (and collected rows) of exp(scale·s − lse): [B, S_max] fp32.
 
     scores [B, R, Hq, S_max] bf16 and lse [B, R, Hq] from verify_attention; rank_len [B]:
     positions >= rank_len get 0 (inside: >= reference.WEIGHT_FLOOR, so top-k never prefers the
-    outside); rows [B]: one row per request (SpecExtend) instead of the mean over R.
+    outside); rows [B]: one row per request (SpecExtend) instead of the mean over R; `out`
+    (contiguous fp32 [B, S_max]) receives the weights instead of a new tensor.
     """
     op = "score_weights"
     _check(scores.dim() == 4 and lse.shape == scores.shape[:3], op, "scores, lse",
            f"scores {tuple(scores.shape)} / lse {tuple(lse.shape)} do not match",
            "pass the scores and lse of the same verify_attention call")
-    impl: Any = reference
+    if out is not None:
+        want = (scores.shape[0], scores.shape[3])
+        _check(tuple(out.shape) == want and out.is_contiguous()
+               and str(out.dtype) == "torch.float32", op, "out",
+               f"out must be a contiguous fp32 {want}, got {tuple(out.shape)} {out.dtype}",
+               "allocate [B, S_max] fp32")
     if backend(scores) == "triton":
-        impl = _triton_module("selection")
-    return impl.score_weights(scores, lse, scale, rank_len, rows)  # type: ignore[no-any-return]
+        mod = _triton_module("selection")
+        return mod.score_weights(scores, lse, scale, rank_len, rows,  # type: ignore[no-any-return]
+                                 out=out)
+    w = reference.score_weights(scores, lse, scale, rank_len, rows)
+    return w if out is None else out.copy_(w)
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:

@@ -92,13 +92,16 @@ def score_weights(
     block_r: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
-    """Triton launcher; same contract as `reference.score_weights` (API.md)."""
+    """Triton launcher; same contract as `reference.score_weights` (API.md); `out` a
+    contiguous fp32 [B, S_max] that receives the weights."""
     B, R, Hq, S_max = scores.shape
     assert scores.is_contiguous()
     lse = lse.float().contiguous()
     rank = rank_len.to(device=scores.device, dtype=torch.int32).contiguous()
-    out = torch.empty(B, S_max, dtype=torch.float32, device=scores.device)
+    if out is None:
+        out = torch.empty(B, S_max, dtype=torch.float32, device=scores.device)
     one_row = rows is not None
     row_t = rows.to(device=scores.device, dtype=torch.int64).contiguous() if rows is not None else rank
     count = Hq if one_row else R * Hq

@@ -504,6 +504,7 @@ def verify_attention(
     offs64: bool | None = None,
     score_cache: str = "",
     kv_evict: str = "",
+    scores_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
@@ -514,7 +515,8 @@ def verify_attention(
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
     `score_cache` the score stores' PTX cache modifier (e.g. ".cs", streaming) and `kv_evict`
-    the K/V loads' eviction policy (e.g. "evict_first") — benchmark candidates, default none.
+    the K/V loads' eviction policy (e.g. "evict_first") — benchmark candidates, default none;
+    `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it).
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -544,8 +546,8 @@ def verify_attention(
         c2q = "rows"  # G >= 16 at small NQ: 2·G rows exceed the M tile; rows stores them
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
-    scores = (torch.empty(B, R, Hq, S_max, dtype=torch.bfloat16, device=q.device)
-              if R else None)
+    scores = scores_out if scores_out is not None and R else (
+        torch.empty(B, R, Hq, S_max, dtype=torch.bfloat16, device=q.device) if R else None)
     single = cfg.splits == 1
     n_part = 1 if single else B * Hkv * cfg.splits * BLOCK_M
     o_part = torch.empty(n_part, BLOCK_D, dtype=torch.float32, device=q.device)
