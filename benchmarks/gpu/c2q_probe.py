@@ -4,11 +4,8 @@ fastest kept; caches rotated past the L2).
 
     python benchmarks/gpu/c2q_probe.py [--rounds 3] [--out FILE.csv]
 
-Candidates (verify_attention knobs): the default ("rows": the collected rows of the main score
-tile), "tdot" (the collected rows' scores as a transposed [BLOCK_N, 16] dot K · qcᵀ: on Hopper
-a wgmma reading K from shared memory, so only a [BLOCK_N, 16] tile is converted for the
-store, and the main tile can stay the collect=none M tile), and cache hints: score stores
-streaming (".cs"), K/V loads evict-first. One CSV row per (shape, candidate).
+Candidates (verify_attention knobs, see CANDIDATES): the default ("rows": the collected rows
+of the main score tile) and the separate dot. One CSV row per (shape, candidate).
 """
 
 from __future__ import annotations
@@ -28,17 +25,14 @@ SHAPES = [(1, 32768, 1), (1, 32768, 8), (4, 32768, 8), (4, 131072, 1), (4, 13107
           (16, 32768, 8), (16, 32768, 16), (16, 131072, 8)]
 CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
     ("none", "none", {}),
-    ("none evict", "none", {"kv_evict": "evict_first"}),
     ("rows (default)", "first_last", {}),
-    ("rows cs", "first_last", {"score_cache": ".cs"}),
-    ("rows evict", "first_last", {"kv_evict": "evict_first"}),
-    ("rows cs evict", "first_last", {"score_cache": ".cs", "kv_evict": "evict_first"}),
-    ("tdot m16", "first_last", {"c2q": "tdot", "min_m": 16}),
-    ("tdot m16 cs", "first_last", {"c2q": "tdot", "min_m": 16, "score_cache": ".cs"}),
-    ("tdot m16 n64 st4", "first_last", {"c2q": "tdot", "min_m": 16, "block_n": 64,
-                                        "num_stages": 4}),
-    ("tdot m64", "first_last", {"c2q": "tdot", "min_m": 64}),
+    ("dot m64", "first_last", {"c2q": "dot", "min_m": 64}),
 ]
+# Runs 17 and 18 (results/c2q_probe_h200_run17.csv, c2q_probe_cs_h200_run18.csv) also had
+# "tdot" (min_m 16 / 64, n64 st4), score stores with cache_modifier ".cs" and K/V loads with
+# eviction_policy "evict_first": the launcher knobs for them are in
+# results/h200/c2q_tdot_hints_run17.patch (apply it to measure them again). tdot lost at every
+# shape (+7 to +45 %); the hints changed nothing beyond the noise (run 18, 5 rounds).
 
 
 def main() -> int:

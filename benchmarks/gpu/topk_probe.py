@@ -72,6 +72,11 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: weights {list(w.shape)} k {K}; "
           f"torch.topk(sorted=False) {ref_ms:.4f} ms")
     kernel_times(lambda: radix_topk(w, K))
+    for refine_block in (256, 1024, 2048):
+        kw = {"refine_block": refine_block}
+        check(radix_topk(w, K, **kw), w)
+        ms = bench(lambda kw=kw: radix_topk(w, K, **kw))
+        print(f"refine_block {refine_block:5d}  {ms:.4f} ms", flush=True)
     for block, warps, split in SETTINGS:
         kw = {"block": block, "num_warps": warps, "split": split}
         check(radix_topk(w, K, **kw), w)

@@ -196,10 +196,6 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
     (4, 8, 32768, "first_last", {"c2q": "slice", "min_m": 16}),
     (16, 8, 32768, "first_last", {"c2q": "slice", "min_m": 64}),
     (1, 1, 32768, "first_last", {"c2q": "slice"}), (2, 16, 8192, "first_last", {"c2q": "dot"}),
-    # the transposed collect dot on the none path's M tile and on M 64, at NQ 1 and 8
-    (4, 8, 32768, "first_last", {"c2q": "tdot", "min_m": 16}),
-    (4, 8, 32768, "first_last", {"c2q": "tdot", "min_m": 64}),
-    (2, 1, 32768, "first_last", {"c2q": "tdot"}),
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
                                           knobs: dict, poison: None) -> None:

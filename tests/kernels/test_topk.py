@@ -1,5 +1,6 @@
 """radix_topk against torch.topk, compared through the values picked (torch may break ties at
-the k-th value either way); radix_topk's indices must also come out in ascending position order.
+the k-th value either way), never through index order (radix_topk's order is fixed, not sorted:
+test_gpu_repeatable checks it on the GPU, where programs race).
 
 Small rows with small blocks and samples, so that the split over programs, the candidate
 list, the fallback of a missed bracket and every radix exit (one pattern left, whole range
@@ -16,14 +17,13 @@ WEIGHT_FLOOR = float(torch.finfo(torch.float32).tiny)  # as reference.WEIGHT_FLO
 
 
 def check(idx: torch.Tensor, weights: torch.Tensor, k: int) -> None:
-    """Per row: k positions, strictly ascending and in range, whose values are the row's k
-    largest."""
+    """Per row: k unique in-range positions whose values are the row's k largest."""
     S = weights.shape[-1]
     assert idx.shape == (*weights.shape[:-1], k) and idx.dtype == torch.int32
     w = weights.reshape(-1, S).cpu()
     sel = idx.reshape(-1, k).long().cpu()
     for row in range(w.shape[0]):
-        assert bool((sel[row][1:] > sel[row][:-1]).all()), row  # ascending, so unique
+        assert sel[row].unique().numel() == k
         assert bool((sel[row] >= 0).all()) and bool((sel[row] < S).all())
         got = w[row, sel[row]].sort().values
         best = w[row].topk(k).values.sort().values
@@ -119,7 +119,7 @@ def test_ties_take_the_smallest_positions(sample: int, split: int, device: str,
         big = (w[row] == 5.0).nonzero().flatten()
         ones = (w[row] == 1.0).nonzero().flatten()  # ascending positions
         want = torch.cat([big, ones[:300 - big.numel()]])
-        assert torch.equal(got[row], want.sort().values), row
+        assert torch.equal(got[row].sort().values, want.sort().values), row
 
 
 def test_edges(device: str, use_triton: None) -> None:
@@ -147,8 +147,8 @@ def test_production_shape(device: str, use_triton: None) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_repeatable(use_triton: None) -> None:
-    """Ten calls on rows with thousands of copies of the k-th value: the same indices every
-    time, although the compaction's candidate list is built in atomic order."""
+    """Ten calls on rows with thousands of copies of the k-th value: the same indices in the
+    same order every time, although ~16 programs a row compact it in any order."""
     from vegas_sim.kernels.topk import radix_topk
 
     gen = torch.Generator().manual_seed(10)

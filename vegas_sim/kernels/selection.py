@@ -118,12 +118,12 @@ def score_weights(
     return out
 
 
-# `topk.radix_topk` (sampled bracket + radix select, 4 launches) for equal budgets on a GPU.
-# Its indices come out sorted by position, the same on every run: the sparse draft kernel sums
-# the selected keys in index order, so drafts stay reproducible (calibration and the
-# eager-vs-graphed GPU tests rely on it); ties at the k-th value go by position. H200 run 16,
-# [36, 4, 131200], k 9175, the previous (atomic-order) version: radix 0.142 ms, + an index
-# sort 0.291 ms, torch.topk(sorted=False) 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
+# `topk.radix_topk` (sampled bracket + radix select, 3 launches, no atomics) for equal budgets
+# on a GPU. Its index order is the same on every run: the sparse draft kernel sums the selected
+# keys in index order, so drafts stay reproducible (calibration and the eager-vs-graphed GPU
+# tests rely on it); ties at the k-th value go by position. H200, [36, 4, 131200], k 9175:
+# run 16's atomic-order version 0.142 ms (+ an index sort: 0.291 ms), run 17's sorted
+# version 0.212 ms, torch.topk(sorted=False) 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
 # torch.topk.
 RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"
 
@@ -132,8 +132,8 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     """[L, B, S] → [L, B, max(budget)] int32, batched over layers and requests.
 
     One host sync (K = max budget, as the reference). When every request has the same
-    budget the top-K need not be sorted by value: on a GPU `radix_topk`, its indices sorted
-    by position (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
+    budget the top-K need not be sorted by value: on a GPU `radix_topk`, its index order
+    fixed (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
     sort of K entries per row; otherwise the reference's sorted top-K keeps the first
     budget[b] per row.
     """
@@ -144,7 +144,7 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     if lo != hi or hi == 0:
         return reference.topk_select(weights, budget)
     if RADIX_TOPK and weights.is_cuda and weights.dtype == torch.float32:
-        return radix_topk(weights.contiguous(), hi)  # sorted by position
+        return radix_topk(weights.contiguous(), hi)  # a fixed order
     return torch.topk(weights, hi, dim=-1, sorted=False).indices.to(torch.int32)
 
 

@@ -1,38 +1,38 @@
 """Top-k by sampled bracket + radix select on the fp32 bit pattern: `radix_topk` replaces
-`torch.topk(weights, k, dim=-1, sorted=False)` for selection, with no host synchronisation, and
-returns each row's indices in ascending position order (the same on every run).
+`torch.topk(weights, k, dim=-1, sorted=False)` for selection, with no host synchronisation and
+no atomics: each row's indices come out in the same order on every run.
 
-Weights are >= 0, so their int32 bit patterns order like the values. Four launches, all
-capturable in a CUDA graph (H200 run 16, triton 3.6, [144, 131200] fp32, k = 9175, with the
-atomic-order output of that version: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs,
-compaction ~71 µs, refinement ~35 µs):
+Weights are >= 0, so their int32 bit patterns order like the values. Three launches, all
+capturable in a CUDA graph (H200, triton 3.6, [144, 131200] fp32, k = 9175; run 16's atomic
+version: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µs, refinement
+~35 µs):
 
   1. `_sample_kernel`, one program per row: a stratified sample of SAMPLE patterns (one at a
      jittered position in each of SAMPLE equal strata) and its order statistics a few
      standard deviations either side of the k-th largest's expected rank: t_lo <= t_hi. With
      high probability the row has < k patterns above t_hi and >= k at or above t_lo. (A row
      of S <= SAMPLE is sampled whole: t_lo = t_hi = the k-th value.)
-  2. `_compact_kernel`, `split` programs (parts) per row: a full read of the rows. Patterns
-     > t_hi are counted per part; those in [t_lo, t_hi] go to a scratch list (pattern << 32 |
-     position, slots reserved per block by an atomic: any order), ~4 % of a row at the
-     production shape.
+  2. `_compact_kernel`, `split` programs (parts) per row: the only full read of the rows.
+     Each part writes, into its own region of two scratch lists, the positions of patterns
+     > t_hi (winners) and the patterns in [t_lo, t_hi] (candidates, pattern << 32 |
+     position, ~4 % of a row at the production shape), both in position order, and counts
+     them.
   3. `_refine_kernel`, one program per row: checks the bracket with the two counts (a row
      whose bracket missed — ~1e-6 per row by the normal tail, or adversarial data — takes its
      whole row as the list: still correct, ~0.75 ms slower), then radix-selects the k - n_won
-     largest of the list: each pass histograms (tl.histogram, 64 buckets) the patterns in the
-     current range [lo, hi] (the k-th largest is in it), bucket 0 holding exactly lo and the
-     others 2^sh patterns each, and keeps the bucket where the count at or above first
-     reaches the k_rem still wanted, until the range is one pattern or all of it is wanted.
-     When more than k_rem copies of one pattern remain, the k_rem smallest positions are
-     taken, found by the same radix passes over key = S−1−position. Histograms do not depend
-     on the list's order. The result is a rule (`_selected`: > hi, or in [lo, hi] with
-     key >= lo2); one more pass over the list counts the selected per part, and the
-     exclusive sums of (part's count > t_hi + its selected candidates) are each part's first
-     output slot.
-  4. `_write_kernel`, (row, part) programs: a second full read; each part writes the
-     positions the rule selects, in order, from its first slot: sorted output without atomics
-     or a sort. (Run 16's version wrote winners and the list's picks through atomics, so the
-     order varied from run to run, and `topk_select` sorted the indices: 0.29 ms in all.)
+     largest of the candidates, part by part: each pass histograms (tl.histogram, 64
+     buckets) the patterns in the current range [lo, hi] (the k-th largest is in it), bucket
+     0 holding exactly lo and the others 2^sh patterns each, and keeps the bucket where the
+     count at or above first reaches the k_rem still wanted, until the range is one pattern
+     or all of it is wanted. When more than k_rem copies of one pattern remain, the k_rem
+     smallest positions are taken, found by the same radix passes over key = S−1−position.
+     Then it writes the winners part by part, and the candidates it selected in list
+     order: every row's output is [winners ascending][selected candidates ascending].
+
+Run 16's version reserved list slots by atomics, so its index order varied from run to run
+and `topk_select` sorted the indices (0.29 ms in all); run 17's fully sorted version (a
+count per part, then a second full-row pass that wrote the selected positions in order)
+took 0.21 ms, half of it in that extra pass and its per-part counting.
 
 Measured on the H200 along the way (why it is built so):
 - a classic radix select over the full rows (a 64-bucket tl.histogram pass per digit, split
@@ -70,16 +70,16 @@ SAMPLE_SIGMAS = 5.0  # bracket half-width in binomial standard deviations of the
 BLOCK_DEFAULT = 1024  # elements per step of the full-row pass
 WARPS_DEFAULT = 4
 SAMPLE_WARPS = 8
-REFINE_BLOCK = 2048  # elements per step of the refinement (its list: ~5400 a row)
-REFINE_WARPS = 8
+REFINE_BLOCK = 512  # elements per step of the refinement (a part's list: ~360 at 15 parts)
+REFINE_WARPS = 4
 PROGRAMS_PER_SM = 16  # target programs per SM of the full-row pass (split 8: 0.165 ms)
 MAX_PATTERN = tl.constexpr(0x7FFFFFFF)  # the largest int32: +inf and NaN patterns included
 
 
 @triton.jit
-def _sample_kernel(BITS, STATE, COUNTS, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: tl.constexpr):
+def _sample_kernel(BITS, STATE, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: tl.constexpr):
     """Program row: STATE[row] = (t_lo, t_hi), t_hi the r_hi-th largest sampled pattern
-    (MAX_PATTERN when r_hi = 0: nothing is surely in), t_lo the r_lo-th; COUNTS[row] = 0.
+    (MAX_PATTERN when r_hi = 0: nothing is surely in), t_lo the r_lo-th.
     Sample i is at i·S/NS plus a jitter inside its stratum (spread, and no aliasing with
     periodic rows). Both order statistics by one bitwise binary search (the r-th largest is
     the largest T with count(x >= T) >= r): 31 packed count reductions over the sample in
@@ -102,38 +102,52 @@ def _sample_kernel(BITS, STATE, COUNTS, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: 
         t_lo = tl.where((both >> 16) >= r_lo, c_lo, t_lo)
     tl.store(STATE + row * 2, t_lo)
     tl.store(STATE + row * 2 + 1, tl.where(r_hi == 0, MAX_PATTERN, t_hi))
-    tl.store(COUNTS + row, t_lo * 0)
+
+
+@triton.jit
+def _split_counts(win, cand):
+    """Exclusive in-block positions and totals of two predicates [BLOCK] with one scan: the
+    counts share an int32 (winners in the low 16 bits; BLOCK <= 16384 keeps both exact)."""
+    packed = win.to(tl.int32) | (cand.to(tl.int32) << 16)
+    incl = tl.cumsum(packed, 0)
+    tot = tl.sum(packed, 0)
+    w_pos = (incl & 0xFFFF) - win.to(tl.int32)
+    c_pos = (incl >> 16) - cand.to(tl.int32)
+    return w_pos, c_pos, tot & 0xFFFF, tot >> 16
 
 
 @triton.jit
 def _compact_kernel(
-    BITS, STATE, COUNTS, WINS, SCRATCH, S, n_blocks, blocks_per_prog,
+    BITS, STATE, WINS, CANDS, WIN_POS, SCRATCH, S, n_blocks, blocks_per_prog,
     BLOCK: tl.constexpr, PARTS: tl.constexpr,
 ):
-    """Program (row, part) over blocks [part·bpp, (part + 1)·bpp): counts the patterns > t_hi
-    (WINS[row, part], no atomics) and appends those in [t_lo, t_hi] to SCRATCH[row] as
-    pattern << 32 | position, slots reserved per block by a relaxed atomic on COUNTS[row]:
-    the list's order is arbitrary, and nothing later depends on it (the refinement builds
-    histograms; `_write_kernel` writes the result in position order). Relaxed: the default
-    acq_rel fences each block behind the previous block's scattered stores (measured on the
-    H200: 107-165 µs with it, ~71 µs without)."""
+    """Program (row, part) over blocks [part·bpp, (part + 1)·bpp) — the part's region of the
+    row, and of the row's two scratch lists: positions of patterns > t_hi → WIN_POS, patterns
+    in [t_lo, t_hi] → SCRATCH as pattern << 32 | position, both in position order from the
+    region's start; the counts → WINS / CANDS[row, part]. No atomics: every list is the same
+    on every run (run 16's version reserved slots by atomics, so its output order varied)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     t_lo = tl.load(STATE + row * 2)
     t_hi = tl.load(STATE + row * 2 + 1)
     base = BITS + row.to(tl.int64) * S
-    scr = SCRATCH + row.to(tl.int64) * S
     b0 = part * blocks_per_prog
+    region = row.to(tl.int64) * S + b0 * BLOCK
     n_win = t_lo * 0
+    n_cand = t_lo * 0
     for blk in range(b0, tl.minimum(b0 + blocks_per_prog, n_blocks)):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         bits = tl.load(base + offs, mask=offs < S, other=-1)
+        win = bits > t_hi
         cand = (bits >= t_lo) & (bits <= t_hi)
-        n_win += tl.sum((bits > t_hi).to(tl.int32), 0)
-        c_pos = tl.cumsum(cand.to(tl.int32), 0) - cand.to(tl.int32)
-        old = tl.atomic_add(COUNTS + row, tl.sum(cand.to(tl.int32), 0), sem="relaxed")
-        tl.store(scr + old + c_pos, (bits.to(tl.int64) << 32) | offs.to(tl.int64), mask=cand)
+        w_pos, c_pos, tw, tc = _split_counts(win, cand)
+        tl.store(WIN_POS + region + n_win + w_pos, offs, mask=win)
+        tl.store(SCRATCH + region + n_cand + c_pos,
+                 (bits.to(tl.int64) << 32) | offs.to(tl.int64), mask=cand)
+        n_win += tw
+        n_cand += tc
     tl.store(WINS + row * PARTS + part, n_win)
+    tl.store(CANDS + row * PARTS + part, n_cand)
 
 
 @triton.jit
@@ -187,111 +201,115 @@ def _advance(lo, hi, k_rem, done, hist, sh, NB: tl.constexpr):
 
 
 @triton.jit
-def _list_item(SCR, ROW, offs, n_scr, n_row):
-    """Patterns and positions [BLOCK] of the list: SCRATCH's packed entries below n_scr, else
-    the row itself below n_row (one of the two is 0), -1 patterns past the end."""
-    v = tl.load(SCR + offs, mask=offs < n_scr, other=-1)
-    r = tl.load(ROW + offs, mask=offs < n_row, other=-1)
-    bits = tl.where(offs < n_scr, (v >> 32).to(tl.int32), r)
-    pos = tl.where(offs < n_scr, (v & 0xFFFFFFFF).to(tl.int32), offs)
+def _segment(CANDS, row, p, valid, S, part_len, PARTS: tl.constexpr):
+    """(start, length) of segment p of the row's list: the candidates of part p in SCRATCH,
+    or, for a row whose bracket missed, one segment that is the whole row."""
+    n = tl.load(CANDS + row * PARTS + p)
+    return tl.where(valid, p * part_len, 0), tl.where(valid, n, S)
+
+
+@triton.jit
+def _list_item(SCR, ROW, offs, n, valid):
+    """Patterns and positions [BLOCK] at `offs` of a segment of length n: SCRATCH's packed
+    entries (valid) or the row itself; -1 patterns past n."""
+    v = tl.load(SCR + offs, mask=offs < tl.where(valid, n, 0), other=-1)
+    r = tl.load(ROW + offs, mask=offs < tl.where(valid, 0, n), other=-1)
+    bits = tl.where(valid, (v >> 32).to(tl.int32), r)
+    pos = tl.where(valid, (v & 0xFFFFFFFF).to(tl.int32), offs)
     return bits, pos
 
 
 @triton.jit
-def _selected(bits, pos, S, lo, hi, lo2):
-    """The rule the refinement leaves behind: patterns > hi, and those in [lo, hi] whose key
-    S-1-pos is >= lo2 (lo2 = -1: all of them)."""
-    return (bits > hi) | ((bits >= lo) & (bits <= hi) & (S - 1 - pos >= lo2))
+def _histogram(SCR, ROW, CANDS, row, valid, n_seg, S, part_len, lo, hi, sh, lo2, hi2, sh2,
+               TIES: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr,
+               PARTS: tl.constexpr):
+    """One radix pass's histogram over the list, segment by segment: of the patterns'
+    digits in (lo, hi] (TIES False), or of key = S-1-pos over the patterns equal to lo,
+    digits in (lo2, hi2] (TIES True)."""
+    hist = tl.zeros([NB], dtype=tl.int32)
+    for p in range(n_seg):
+        start, n = _segment(CANDS, row, p, valid, S, part_len, PARTS)
+        for j in range(0, n, BLOCK):
+            offs = j + tl.arange(0, BLOCK)
+            bits, pos = _list_item(SCR + start, ROW, offs, n, valid)
+            if TIES:
+                key = tl.where(bits == lo, S - 1 - pos, -1)
+                hist += tl.histogram(_digit(key, lo2, hi2, sh2), NB)
+            else:
+                hist += tl.histogram(_digit(bits, lo, hi, sh), NB)
+    return hist
 
 
 @triton.jit
 def _refine_kernel(
-    BITS, STATE, COUNTS, WINS, RULE, OFFS, SCRATCH, S, k, n_parts, part_len,
+    BITS, STATE, WINS, CANDS, WIN_POS, OUT, SCRATCH, S, k, n_parts, part_len,
     PASSES: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
 ):
-    """Program row: radix-selects the k_rem = k - n_won largest of the row's list (its n
-    candidates in SCRATCH, or the whole row if the bracket missed), in at most PASSES passes
-    (they always finish) — the smallest positions among ties at the k-th — and leaves the
-    rule in RULE[row] = (lo, hi, lo2) (`_selected`) and each part's first output slot in
-    OFFS[row, part]: the compaction's count of patterns > t_hi in the part plus the list's
-    selected patterns in it (one more pass over the list), exclusive-summed over parts."""
+    """Program row: radix-selects the k_rem = k - n_won largest of the row's list (its
+    candidates, part by part, or the whole row if the bracket missed), in at most PASSES
+    passes (they always finish), then writes OUT[row]: the winners (> t_hi) of each part in
+    turn, then the list's patterns > hi and the k_rem patterns in [lo, hi] — the smallest
+    positions among ties at the k-th — in list order. Every step reads lists in a fixed
+    order, so OUT is the same on every run."""
     row = tl.program_id(0)
     t_lo = tl.load(STATE + row * 2)
     t_hi = tl.load(STATE + row * 2 + 1)
     parts = tl.arange(0, PARTS)
-    wins = tl.load(WINS + row * PARTS + parts, mask=parts < n_parts, other=0)
-    n_won = tl.sum(wins, 0)
-    n_cand = tl.load(COUNTS + row)
+    n_won = tl.sum(tl.load(WINS + row * PARTS + parts, mask=parts < n_parts, other=0), 0)
+    n_cand = tl.sum(tl.load(CANDS + row * PARTS + parts, mask=parts < n_parts, other=0), 0)
     valid = (n_won <= k) & (k <= n_won + n_cand)
     scr = SCRATCH + row.to(tl.int64) * S
     src = BITS + row.to(tl.int64) * S
+    n_seg = tl.where(valid, n_parts, 1)
     n = tl.where(valid, n_cand, S)  # a missed bracket: the whole row, from the top
-    n_scr = tl.where(valid, n, 0)
-    n_row = n - n_scr
     lo = tl.where(valid, t_lo, 0)
     hi = tl.where(valid, t_hi, MAX_PATTERN)
-    k_rem = k - tl.where(valid, n_won, 0)
+    w_next = tl.where(valid, n_won, 0)
+    k_rem = k - w_next
     done = (lo == hi) | (k_rem == 0) | (k_rem == n)
     for _p in tl.static_range(PASSES):
         sh = _shift(lo, hi, NB)
-        hist = tl.zeros([NB], dtype=tl.int32)
-        for start in range(0, tl.where(done, 0, n), BLOCK):
-            bits, _pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
-            hist += tl.histogram(_digit(bits, lo, hi, sh), NB)
+        hist = _histogram(scr, src, CANDS, row, valid, tl.where(done, 0, n_seg), S, part_len,
+                          lo, hi, sh, lo, hi, sh, False, NB, BLOCK, PARTS)
         lo, hi, k_rem, done = _advance(lo, hi, k_rem, done, hist, sh, NB)
     # The k_rem to take from the tie class [lo, hi]: all of it unless the range is one pattern
     # with more than k_rem copies; then the smallest positions, by the same radix select over
-    # key = S-1-pos (unique), so the set does not depend on the list's atomic order.
+    # key = S-1-pos (unique).
     lo2, hi2 = lo * 0 - 1, lo * 0 + (S - 1)  # keys in (lo2, hi2]; non-ties are -1 (bucket 0)
     k2 = k_rem
     done2 = (lo != hi) | (k_rem == 0)
     for q in tl.static_range(PASSES):
         sh2 = _shift(lo2, hi2, NB)
-        hist2 = tl.zeros([NB], dtype=tl.int32)
-        for start in range(0, tl.where(done2, 0, n), BLOCK):
-            bits, pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
-            key = tl.where(bits == lo, S - 1 - pos, -1)
-            hist2 += tl.histogram(_digit(key, lo2, hi2, sh2), NB)
+        hist2 = _histogram(scr, src, CANDS, row, valid, tl.where(done2, 0, n_seg), S,
+                           part_len, lo, hi, sh2, lo2, hi2, sh2, True, NB, BLOCK, PARTS)
         if q == 0:  # exactly k_rem ties: take them all (lo2 stays -1)
             n_tie = tl.sum(tl.where(tl.arange(0, NB) > 0, hist2, 0), 0)
             done2 = done2 | (n_tie == k2)
         lo2, hi2, k2, done2 = _advance(lo2, hi2, k2, done2, hist2, sh2, NB)
-    tl.store(RULE + row * 3, lo)
-    tl.store(RULE + row * 3 + 1, hi)
-    tl.store(RULE + row * 3 + 2, lo2)
-    per_part = tl.where(valid, wins, 0)
-    for start in range(0, n, BLOCK):
-        bits, pos = _list_item(scr, src, start + tl.arange(0, BLOCK), n_scr, n_row)
-        sel = _selected(bits, pos, S, lo, hi, lo2)
-        hit = (pos // part_len)[:, None] == parts[None, :]  # [BLOCK, PARTS]
-        per_part += tl.sum((hit & sel[:, None]).to(tl.int32), 0)
-    tl.store(OFFS + row * PARTS + parts, tl.cumsum(per_part, 0) - per_part)
-
-
-@triton.jit
-def _write_kernel(
-    BITS, RULE, OFFS, OUT, S, k, n_blocks, blocks_per_prog, BLOCK: tl.constexpr,
-    PARTS: tl.constexpr,
-):
-    """Program (row, part): writes the positions `_selected` picks in its blocks, in
-    position order, from OFFS[row, part] on — so every row's k indices come out sorted, the
-    same on every run, with no atomics."""
-    row = tl.program_id(0)
-    part = tl.program_id(1)
-    lo = tl.load(RULE + row * 3)
-    hi = tl.load(RULE + row * 3 + 1)
-    lo2 = tl.load(RULE + row * 3 + 2)
-    slot = tl.load(OFFS + row * PARTS + part)
-    base = BITS + row.to(tl.int64) * S
     out = OUT + row.to(tl.int64) * k
-    b0 = part * blocks_per_prog
-    for blk in range(b0, tl.minimum(b0 + blocks_per_prog, n_blocks)):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        bits = tl.load(base + offs, mask=offs < S, other=-1)
-        sel = _selected(bits, offs, S, lo, hi, lo2)
-        at = slot + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(out + at, offs, mask=sel & (at < k))
-        slot += tl.sum(sel.to(tl.int32), 0)
+    # the compaction's winners, part by part (none when the bracket missed)
+    w_at = w_next * 0
+    for p in range(tl.where(valid, n_parts, 0)):
+        cnt = tl.load(WINS + row * PARTS + p)
+        wsrc = WIN_POS + row.to(tl.int64) * S + p * part_len
+        for j in range(0, cnt, BLOCK):
+            offs = j + tl.arange(0, BLOCK)
+            tl.store(out + w_at + offs, tl.load(wsrc + offs, mask=offs < cnt), mask=offs < cnt)
+        w_at += cnt
+    t_next = k_rem * 0
+    for p in range(n_seg):
+        start, n_p = _segment(CANDS, row, p, valid, S, part_len, PARTS)
+        for j in range(0, n_p, BLOCK):
+            offs = j + tl.arange(0, BLOCK)
+            bits, pos = _list_item(scr + start, src, offs, n_p, valid)
+            win = bits > hi
+            tie = (bits >= lo) & (bits <= hi) & (S - 1 - pos >= lo2)
+            w_pos, t_pos, n_w, n_t = _split_counts(win, tie)
+            t_pos += t_next
+            tl.store(out + w_next + w_pos, pos, mask=win)
+            tl.store(out + (k - k_rem) + t_pos, pos, mask=tie & (t_pos < k_rem))
+            w_next += n_w
+            t_next += n_t
 
 
 def _passes(log2_bins: int) -> int:
@@ -335,8 +353,9 @@ def radix_topk(
     """weights [..., S] fp32 contiguous, every value >= 0 (non-negative floats order like their
     int32 bit patterns), k a host int with 0 <= k <= S. Returns int32 indices [..., k]: for every
     row, the k positions whose values are the k largest of the row (of the values tied at the
-    k-th, the smallest positions), in ascending order. No host synchronisation (capturable in
-    a CUDA graph).
+    k-th, the smallest positions), in an order that is the same on every run (ascending
+    within the two halves: the positions above the sample bracket, then the others). No host
+    synchronisation (capturable in a CUDA graph).
 
     Tuning (the defaults are for [144, 131200] on the H200): block, num_warps, split: the
     full-row pass's elements per step (a power of 2, <= 16384), warps and programs per row;
@@ -364,20 +383,17 @@ def radix_topk(
     parts = max(2, _next_pow2(n_parts))
     bits = weights.view(torch.int32).reshape(rows, S)  # the patterns, no copy
     state = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # t_lo, t_hi
-    counts = torch.empty(rows, dtype=torch.int32, device=dev)  # candidates in the list
     wins = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # > t_hi, per part
-    rule = torch.empty(rows, 3, dtype=torch.int32, device=dev)  # lo, hi, lo2
-    offs = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # first slot per part
-    out = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    cands = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # in [t_lo, t_hi]
+    win_pos = torch.empty(rows, S, dtype=torch.int32, device=dev)  # per-part regions
     scratch = torch.empty(rows, S, dtype=torch.int64, device=dev)  # pattern << 32 | position
+    out = torch.empty(rows, k, dtype=torch.int32, device=dev)
     r_hi, r_lo = _ranks(k, S, sample)
-    _sample_kernel[(rows,)](bits, state, counts, S, r_hi, r_lo, NS=sample, WHOLE=S <= sample,
+    _sample_kernel[(rows,)](bits, state, S, r_hi, r_lo, NS=sample, WHOLE=S <= sample,
                             num_warps=SAMPLE_WARPS)
-    _compact_kernel[(rows, n_parts)](bits, state, counts, wins, scratch, S, n_blocks, per_prog,
-                                     BLOCK=block, PARTS=parts, num_warps=warps)
-    _refine_kernel[(rows,)](bits, state, counts, wins, rule, offs, scratch, S, k, n_parts,
+    _compact_kernel[(rows, n_parts)](bits, state, wins, cands, win_pos, scratch, S, n_blocks,
+                                     per_prog, BLOCK=block, PARTS=parts, num_warps=warps)
+    _refine_kernel[(rows,)](bits, state, wins, cands, win_pos, out, scratch, S, k, n_parts,
                             per_prog * block, PASSES=_passes(log2_bins), NB=1 << log2_bins,
                             BLOCK=refine_block, PARTS=parts, num_warps=REFINE_WARPS)
-    _write_kernel[(rows, n_parts)](bits, rule, offs, out, S, k, n_blocks, per_prog,
-                                   BLOCK=block, PARTS=parts, num_warps=warps)
     return out.reshape(*lead, k)

@@ -93,8 +93,7 @@ def _verify_attention_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
     C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, SC_CACHE: tl.constexpr = "",
-    KV_EVICT: tl.constexpr = "",
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -140,11 +139,10 @@ def _verify_attention_kernel(
     limit_c = L - NQ + nq_c
     c_row = (r_c * HQ + offs_c % G) * S_MAX  # [BLOCK_C] int32, relative to sc_base
     qc = tl.zeros([BLOCK_C, BLOCK_D], dtype=q.dtype)
-    if COLLECT == 1 and (C2Q == 1 or C2Q == 3):
+    if COLLECT == 1 and C2Q == 1:
         qc_off = ((b * NQ + nq_c) * HQ + head_c).to(tl.int64) * D
         qc = tl.load(Q + qc_off[:, None] + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
                      other=0.0).to(q.dtype)
-    qct = tl.trans(qc)  # [BLOCK_D, BLOCK_C]: the "tdot" store's B operand
 
     # this split's key range [lo, hi): whole BLOCK_N tiles aligned to multiples of BLOCK_N
     chunk = tl.cdiv(tl.cdiv(L, SPLITS), BLOCK_N) * BLOCK_N
@@ -163,10 +161,8 @@ def _verify_attention_kernel(
             kv_off = n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :]
         else:
             kv_off = n[:, None] * stride_ks + offs_d[None, :]  # [BLOCK_N, BLOCK_D] int32
-        k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0,
-                    eviction_policy=KV_EVICT)
-        v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0,
-                    eviction_policy=KV_EVICT)
+        k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -174,18 +170,7 @@ def _verify_attention_kernel(
         s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
         # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
         s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
-        if COLLECT == 1 and C2Q == 3:
-            # transposed: keys are the M side ([BLOCK_N, BLOCK_C], a wgmma with K straight
-            # from shared memory on Hopper), so only this small tile reaches a store layout
-            sct = tl.dot(k, qct, input_precision=INPUT_PRECISION)  # [BLOCK_N, BLOCK_C]
-            sct = tl.where(n[:, None] <= limit_c[None, :], sct, float("-inf"))
-            if EVEN_S:
-                tl.store(sc_base + c_row[None, :] + n[:, None], sct.to(tl.bfloat16),
-                         cache_modifier=SC_CACHE, mask=c_ok[None, :])
-            else:
-                tl.store(sc_base + c_row[None, :] + n[:, None], sct.to(tl.bfloat16),
-                         cache_modifier=SC_CACHE, mask=c_ok[None, :] & (n < S_MAX)[:, None])
-        elif COLLECT == 1 and C2Q != 0:
+        if COLLECT == 1 and C2Q != 0:
             if C2Q == 1:
                 sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
                 sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
@@ -193,17 +178,17 @@ def _verify_attention_kernel(
                 sc = _leading_rows(s, BLOCK_M, BLOCK_C, BLOCK_N)
             if EVEN_S:
                 tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
-                         cache_modifier=SC_CACHE, mask=c_ok[:, None])
+                         mask=c_ok[:, None])
             else:
                 tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
-                         cache_modifier=SC_CACHE, mask=c_ok[:, None] & (n < S_MAX)[None, :])
+                         mask=c_ok[:, None] & (n < S_MAX)[None, :])
         elif COLLECT != 0:
             if EVEN_S:
                 tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                         cache_modifier=SC_CACHE, mask=m_ok[:, None])
+                         mask=m_ok[:, None])
             else:
                 tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                         cache_modifier=SC_CACHE, mask=m_ok[:, None] & (n < S_MAX)[None, :])
+                         mask=m_ok[:, None] & (n < S_MAX)[None, :])
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s * qk_scale2 - m_safe[:, None])
@@ -422,11 +407,10 @@ def _next_pow2(x: int) -> int:
 C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
 # The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
 # tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
-# tile cut out by reshape/permute/split and stored densely (`_leading_rows`), "tdot" = the
-# collected rows' scores as a separate transposed [BLOCK_N, BLOCK_C] dot (K · qcᵀ: the keys
-# are the M side, so on Hopper it is a wgmma reading K from shared memory, whatever the main
-# tile's M) whose small tile alone is converted for the store.
-C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2, "tdot": 3}
+# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Runs 17-18
+# also measured a transposed collect dot and cache hints on the score stores / K/V loads
+# (results/h200/c2q_tdot_hints_run17.patch): no gain, dropped.
+C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
 _MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
 # M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
 # H200 run 4 (results/h200/verify_defaults_run4.log), first_last overhead over none at M 16,
@@ -502,8 +486,6 @@ def verify_attention(
     min_m: int | None = None,
     c2q: str | None = None,
     offs64: bool | None = None,
-    score_cache: str = "",
-    kv_evict: str = "",
     scores_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
@@ -514,8 +496,6 @@ def verify_attention(
     `c2q_dot`); `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
-    `score_cache` the score stores' PTX cache modifier (e.g. ".cs", streaming) and `kv_evict`
-    the K/V loads' eviction policy (e.g. "evict_first") — benchmark candidates, default none;
     `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it).
     """
     B, NQ, Hq, D = q.shape
@@ -566,7 +546,6 @@ def verify_attention(
         # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
         # GPU run shows where the int32 path overflows, such caches take int64 offsets.
         OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
-        SC_CACHE=score_cache, KV_EVICT=kv_evict,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not single:
