@@ -56,6 +56,8 @@
 #            C 128K with 5 rounds, benchmarks/gpu/topk_probe.py.
 #   stage 21 run 19: kernel GPU tests, calibrate GPU tests (the atomic-free radix top-k),
 #            benchmarks/gpu/topk_probe.py, kernels.py --quick (results/kernels_h200.csv).
+#   stage 22 run 20: the inline-PTX score store (verify_attention score_store="asm"/"asm2"):
+#            its GPU tests, then c2q_probe.py.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -109,7 +111,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 or 21}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21 or 22}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -563,6 +565,13 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout 60 python3 benchmarks/gpu/topk_probe.py 2>&1 | tail -25 | tee "$OUT/topk_probe.log"
   timeout 200 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
     --step-budget-s 180 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  ;;
+22)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention.py \
+    -k real_shapes 2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout 200 python3 benchmarks/gpu/c2q_probe.py --out "$OUT/c2q_probe.csv" \
+    --candidates "rows (default),rows asm,rows asm2,rows asm2 m16" 2>&1 | tail -45 \
+    | tee "$OUT/c2q_probe.log"
   ;;
 4)
   join_gguf || exit 2
