@@ -30,6 +30,8 @@ CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
     ("rows asm", "first_last", {"score_store": "asm"}),
     ("rows asm2", "first_last", {"score_store": "asm2"}),
     ("rows asm2 m16", "first_last", {"score_store": "asm2", "min_m": 16}),
+    # diagnostic (wrong scores): the default's stores into one 16 KB window, never to DRAM
+    ("rows sink", "first_last", {"score_sink": True}),
 ]
 # Runs 17 and 18 (results/c2q_probe_h200_run17.csv, c2q_probe_cs_h200_run18.csv) also had
 # "tdot" (min_m 16 / 64, n64 st4), score stores with cache_modifier ".cs" and K/V loads with

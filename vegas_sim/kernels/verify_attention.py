@@ -130,6 +130,7 @@ def _verify_attention_kernel(
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
     C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, STORE: tl.constexpr = 0,
+    SINK: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -219,7 +220,10 @@ def _verify_attention_kernel(
                 tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
                          mask=c_ok[:, None] & (n < S_MAX)[None, :])
         elif COLLECT != 0:
-            if EVEN_S:
+            if SINK:  # diagnostic: the same stores into one 16 KB window (L2-resident)
+                _store_scores(sc_base + ((m_row[:, None] + n[None, :]) & 8191),
+                              s.to(tl.bfloat16), m_ok[:, None] & (n >= 0)[None, :], STORE)
+            elif EVEN_S:
                 _store_scores(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
                               m_ok[:, None] & (n >= 0)[None, :], STORE)
             else:
@@ -525,6 +529,7 @@ def verify_attention(
     offs64: bool | None = None,
     scores_out: Tensor | None = None,
     score_store: str = "tl",
+    score_sink: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
@@ -536,7 +541,9 @@ def verify_attention(
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
     `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it);
     `score_store` how the row path stores them: "tl" (tl.store), "asm" / "asm2" (inline PTX
-    straight from the MMA registers, `_store_scores`; GPU only, "tl" under the interpreter).
+    straight from the MMA registers, `_store_scores`; GPU only, "tl" under the interpreter);
+    `score_sink` (a diagnostic for the benchmark, wrong scores) writes the row path's scores
+    into one 16 KB window, so they stay in the L2 and never reach DRAM.
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -586,7 +593,7 @@ def verify_attention(
         # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
         # GPU run shows where the int32 path overflows, such caches take int64 offsets.
         OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
-        STORE=0 if interpreted(q) else SCORE_STORE_CODE[score_store],
+        STORE=0 if interpreted(q) else SCORE_STORE_CODE[score_store], SINK=score_sink,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not single:
