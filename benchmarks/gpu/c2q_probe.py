@@ -27,17 +27,19 @@ CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
     ("none", "none", {}),
     ("rows (default)", "first_last", {}),
     ("dot m64", "first_last", {"c2q": "dot", "min_m": 64}),
-    ("rows asm", "first_last", {"score_store": "asm"}),
-    ("rows asm2", "first_last", {"score_store": "asm2"}),
-    ("rows asm2 m16", "first_last", {"score_store": "asm2", "min_m": 16}),
-    # diagnostic (wrong scores): the default's stores into one 16 KB window, never to DRAM
-    ("rows sink", "first_last", {"score_sink": True}),
 ]
-# Runs 17 and 18 (results/c2q_probe_h200_run17.csv, c2q_probe_cs_h200_run18.csv) also had
-# "tdot" (min_m 16 / 64, n64 st4), score stores with cache_modifier ".cs" and K/V loads with
-# eviction_policy "evict_first": the launcher knobs for them are in
-# results/h200/c2q_tdot_hints_run17.patch (apply it to measure them again). tdot lost at every
-# shape (+7 to +45 %); the hints changed nothing beyond the noise (run 18, 5 rounds).
+# Dropped candidates, with the launcher knobs that ran them kept as patches under
+# results/h200/ (apply one to measure again):
+# - runs 17-18 (c2q_probe_h200_run17.csv, c2q_probe_cs_h200_run18.csv; patch
+#   c2q_tdot_hints_run17.patch): "tdot" (min_m 16 / 64, n64 st4) lost at every shape (+7 to
+#   +45 %); score stores with cache_modifier ".cs" and K/V loads with eviction_policy
+#   "evict_first" changed nothing beyond the noise (run 18, 5 rounds).
+# - run 20 (c2q_probe_asm_h200_run20.csv, c2q_probe_sink_h200_run20c.csv; patch
+#   c2q_asm_store_sink_run20.patch): score_store "asm" (one st.global.b16 per element from the
+#   MMA registers) matched the default within 0.6 points except at C 128K NQ 8 (B 4: +14.4
+#   vs +9.2 %, B 16: +6.7 vs +4.4 %); "asm2" (pairs) lost 0.3-17 points; "rows sink" (the stores into small windows
+#   that stay in the L2) cut NQ 1 from +8.9 to +6.2 % (B 4 C 128K) but was 10-15 points
+#   *slower* at NQ 8 / 16, so it does not isolate the DRAM cost of the writes.
 
 
 def main() -> int:

@@ -57,7 +57,9 @@
 #   stage 21 run 19: kernel GPU tests, calibrate GPU tests (the atomic-free radix top-k),
 #            benchmarks/gpu/topk_probe.py, kernels.py --quick (results/kernels_h200.csv).
 #   stage 22 run 20: the inline-PTX score store (verify_attention score_store="asm"/"asm2"):
-#            its GPU tests, then c2q_probe.py.
+#            its GPU tests, then c2q_probe.py (its knobs are now a patch: see c2q_probe.py).
+#            Runs 20b/20c: c2q_probe.py --candidates "rows (default),rows sink", the sink's
+#            first (one window) and second (windows per program/split/row) forms.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs

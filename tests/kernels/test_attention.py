@@ -196,14 +196,6 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
     (4, 8, 32768, "first_last", {"c2q": "slice", "min_m": 16}),
     (16, 8, 32768, "first_last", {"c2q": "slice", "min_m": 64}),
     (1, 1, 32768, "first_last", {"c2q": "slice"}), (2, 16, 8192, "first_last", {"c2q": "dot"}),
-    # scores stored by inline PTX from the MMA registers: M 16 (NQ 1), M 64 (NQ 8, 16), "all"
-    (2, 1, 32768, "first_last", {"score_store": "asm"}),
-    (4, 8, 32768, "first_last", {"score_store": "asm"}),
-    (2, 1, 32768, "first_last", {"score_store": "asm2"}),
-    (4, 8, 32768, "first_last", {"score_store": "asm2"}),
-    (1, 16, 32768, "first_last", {"score_store": "asm2", "splits": 7}),
-    (3, 5, 8192 + 32, "first_last", {"score_store": "asm2"}),  # S_max % 64 != 0
-    (2, 12, 8192, "all", {"score_store": "asm2"}),
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
                                           knobs: dict, poison: None) -> None:

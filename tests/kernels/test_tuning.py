@@ -85,12 +85,12 @@ VARIANTS = [{"c2q_dot": True, "min_m": 16}, {"c2q_dot": False, "min_m": 16},
             {"c2q_dot": False, "min_m": 64}, {"c2q": "slice", "min_m": 16},
             {"c2q": "slice", "min_m": 32}, {"c2q": "slice", "min_m": 64},
             {"c2q": "slice", "min_m": 128},
-            {"c2q": "dot", "min_m": 64}, {"score_store": "asm2"}, {}]
+            {"c2q": "dot", "min_m": 64}, {}]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["dot", "rows", "rows-m64", "slice",
                                                    "slice-m32", "slice-m64", "slice-m128", "dot-m64",
-                                                   "asm2-interpreted-as-tl", "default"])
+                                                   "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", FAST_CASES)
 def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, variant: dict,  # type: ignore[no-untyped-def]

@@ -85,42 +85,6 @@ def _leading_rows(s, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def _store_scores(ptrs, vals, mask, STORE: tl.constexpr):
-    """Store bf16 `vals` [BLOCK_M, BLOCK_N] where `mask`. STORE 0: tl.store, which Triton lowers
-    through a shared-memory layout conversion of the whole MMA tile (a barrier per tile).
-    STORE 1 / 2: inline PTX stores straight from the registers the values are in (an
-    elementwise op keeps its operands' layout): 1 = one st.global.b16 per element; 2 = pairs
-    of elements, one st.global.b32 when the pair is adjacent, 4-byte aligned and both stored,
-    else two st.global.b16 (so any pairing Triton makes is still correct). GPU only (the
-    interpreter has no PTX): callers pass 0 there."""
-    if STORE == 0:
-        tl.store(ptrs, vals, mask=mask)
-    else:
-        addr = ptrs.to(tl.int64)
-        bits = vals.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        ok = mask.to(tl.int32)
-        if STORE == 1:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $3, 0; cvt.u16.u32 h, $2; "
-                "@p st.global.b16 [$1], h; mov.b32 $0, 0; }",
-                "=r,l,r,r", [addr, bits, ok], dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p0, p1, pj, pa, q0, q1; .reg .b64 nx, al; .reg .b32 w; "
-                ".reg .b16 h0, h1; "
-                "setp.ne.b32 p0, $6, 0; setp.ne.b32 p1, $7, 0; "
-                "add.s64 nx, $2, 2; setp.eq.b64 pj, nx, $3; "
-                "and.b64 al, $2, 3; setp.eq.b64 pa, al, 0; "
-                "and.pred pj, pj, pa; and.pred pj, pj, p0; and.pred pj, pj, p1; "
-                "cvt.u16.u32 h0, $4; cvt.u16.u32 h1, $5; mov.b32 w, {h0, h1}; "
-                "@pj st.global.b32 [$2], w; "
-                "and.pred q0, p0, !pj; and.pred q1, p1, !pj; "
-                "@q0 st.global.b16 [$2], h0; @q1 st.global.b16 [$3], h1; "
-                "mov.b32 $0, 0; mov.b32 $1, 0; }",
-                "=r,=r,l,l,r,r,r,r", [addr, bits, ok], dtype=tl.int32, is_pure=False, pack=2)
-
-
-@triton.jit
 def _verify_attention_kernel(
     Q, K, V, LENS, OUT, LSE, O_PART, LSE_PART, SCORES,
     qk_scale2,  # scale * log2(e): softmax in base 2
@@ -129,8 +93,7 @@ def _verify_attention_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
     C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, STORE: tl.constexpr = 0,
-    SINK: tl.constexpr = False,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -220,15 +183,12 @@ def _verify_attention_kernel(
                 tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
                          mask=c_ok[:, None] & (n < S_MAX)[None, :])
         elif COLLECT != 0:
-            if SINK:  # diagnostic: the same stores into one 16 KB window (L2-resident)
-                _store_scores(sc_base + ((m_row[:, None] + n[None, :]) & 8191),
-                              s.to(tl.bfloat16), m_ok[:, None] & (n >= 0)[None, :], STORE)
-            elif EVEN_S:
-                _store_scores(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                              m_ok[:, None] & (n >= 0)[None, :], STORE)
+            if EVEN_S:
+                tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
+                         mask=m_ok[:, None])
             else:
-                _store_scores(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                              m_ok[:, None] & (n < S_MAX)[None, :], STORE)
+                tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
+                         mask=m_ok[:, None] & (n < S_MAX)[None, :])
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s * qk_scale2 - m_safe[:, None])
@@ -447,11 +407,12 @@ def _next_pow2(x: int) -> int:
 C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
 # The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
 # tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
-# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Runs 17-18
-# also measured a transposed collect dot and cache hints on the score stores / K/V loads
-# (results/h200/c2q_tdot_hints_run17.patch): no gain, dropped.
+# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Runs 17-20
+# also measured, and dropped for no gain: a transposed collect dot and cache hints on the
+# score stores / K/V loads (results/h200/c2q_tdot_hints_run17.patch), and the row path's
+# stores as inline PTX straight from the MMA registers, which removes the shared-memory
+# layout conversion and its barrier but not the overhead (c2q_asm_store_sink_run20.patch).
 C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
-SCORE_STORE_CODE = {"tl": 0, "asm": 1, "asm2": 2}
 _MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
 # M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
 # H200 run 4 (results/h200/verify_defaults_run4.log), first_last overhead over none at M 16,
@@ -528,8 +489,6 @@ def verify_attention(
     c2q: str | None = None,
     offs64: bool | None = None,
     scores_out: Tensor | None = None,
-    score_store: str = "tl",
-    score_sink: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
@@ -539,11 +498,7 @@ def verify_attention(
     `c2q_dot`); `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
-    `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it);
-    `score_store` how the row path stores them: "tl" (tl.store), "asm" / "asm2" (inline PTX
-    straight from the MMA registers, `_store_scores`; GPU only, "tl" under the interpreter);
-    `score_sink` (a diagnostic for the benchmark, wrong scores) writes the row path's scores
-    into one 16 KB window, so they stay in the L2 and never reach DRAM.
+    `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it).
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -593,7 +548,6 @@ def verify_attention(
         # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
         # GPU run shows where the int32 path overflows, such caches take int64 offsets.
         OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
-        STORE=0 if interpreted(q) else SCORE_STORE_CODE[score_store], SINK=score_sink,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not single:
