@@ -8,8 +8,8 @@
 - `CollectingVerifyAttention`: the verify pass (full causal attention, ops.verify_attention)
   that also turns the collected raw scores into per-position weights (ops.score_weights): for
   Vegas (first_last) every layer's raw scores in one buffer, folded in one launch after the
-  last layer; for SpecExtend (all rows, per-row weights) right after each layer's attention,
-  so its up-to-16-row scores are never kept for all layers.
+  last layer; for vegas-all and SpecExtend (all rows) right after each layer's attention,
+  so their up-to-16-row scores are never kept for all layers.
 
 All attention and selection math goes through kernels.ops (Triton on CUDA, reference on CPU).
 Buffers are allocated once with a fixed capacity and updated in place, so a captured CUDA graph
