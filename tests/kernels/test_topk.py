@@ -24,6 +24,9 @@ def check(idx: torch.Tensor, weights: torch.Tensor, k: int) -> None:
     sel = idx.reshape(-1, k).long().cpu()
     for row in range(w.shape[0]):
         assert sel[row].unique().numel() == k
+        # a fixed order: at most three ascending runs (winners, candidates above the k-th
+        # value, candidates tied at it)
+        assert int((sel[row][1:] < sel[row][:-1]).sum()) <= 2, row
         assert bool((sel[row] >= 0).all()) and bool((sel[row] < S).all())
         got = w[row, sel[row]].sort().values
         best = w[row].topk(k).values.sort().values

@@ -27,7 +27,8 @@ version: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µ
      or all of it is wanted. When more than k_rem copies of one pattern remain, the k_rem
      smallest positions are taken, found by the same radix passes over key = S−1−position.
      Then it writes the winners part by part, and the candidates it selected in list
-     order: every row's output is [winners ascending][selected candidates ascending].
+     order: every row's output is three ascending runs — the winners, the candidates above
+     the k-th value, the candidates tied at it (a missed bracket: the last two only).
 
 Run 16's version reserved list slots by atomics, so its index order varied from run to run
 and `topk_select` sorted the indices (0.29 ms in all); run 17's fully sorted version (a
@@ -353,8 +354,8 @@ def radix_topk(
     """weights [..., S] fp32 contiguous, every value >= 0 (non-negative floats order like their
     int32 bit patterns), k a host int with 0 <= k <= S. Returns int32 indices [..., k]: for every
     row, the k positions whose values are the k largest of the row (of the values tied at the
-    k-th, the smallest positions), in an order that is the same on every run (ascending
-    within the two halves: the positions above the sample bracket, then the others). No host
+    k-th, the smallest positions), in an order that is the same on every run: at most three
+    ascending runs (above the sample bracket; above the k-th value; tied at it). No host
     synchronisation (capturable in a CUDA graph).
 
     Tuning (the defaults are for [144, 131200] on the H200): block, num_warps, split: the
