@@ -60,6 +60,11 @@
 #            its GPU tests, then c2q_probe.py (its knobs are now a patch: see c2q_probe.py).
 #            Runs 20b/20c: c2q_probe.py --candidates "rows (default),rows sink", the sink's
 #            first (one window) and second (windows per program/split/row) forms.
+#   short calls of the ninth session, commands inline (logs under results/h200/): run 19b
+#            `kernels.py --quick --only select --rounds 3` three times (select_reps_run19b.log);
+#            run 19c and run 21 small launch probes written inline against kernels.py's
+#            verify_inputs / verify_call / min_of_rounds (b1_probe_run19c.log,
+#            b16_probe_run21.log), run 21 also `pytest -m gpu tests/kernels/test_topk.py`.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
