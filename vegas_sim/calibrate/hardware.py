@@ -224,7 +224,8 @@ def memory_needed(spec: ModelSpec, batch: int, max_seq: int, *, include_weights:
     activations of 16 rows. SpecExtend keeps one weight vector per collected row
     ([L, B, 16, S] fp32) until acceptance picks one: `per_row_weights` counts that. Vegas
     keeps every layer's Collect-2-Query scores ([L, B, 2, Hq, S] bf16) for one fold after the
-    last layer (policies.CollectingVerifyAttention): counted too.
+    last layer (policies.CollectingVerifyAttention), and its radix top-k a scratch of 12
+    bytes per (layer, request, slot) (kernels.topk): counted too.
     The runtime frees per-layer transients, so one layer of those is counted.
     """
     db = spec.dtype_bytes if dtype_bytes is None else dtype_bytes
@@ -237,8 +238,10 @@ def memory_needed(spec: ModelSpec, batch: int, max_seq: int, *, include_weights:
     rows_kept = QUERY_ROWS_MAX if per_row_weights else 1
     select = spec.n_layers * batch * max_seq * (4 * rows_kept + 4)
     c2q_all_layers = spec.n_layers * batch * 2 * spec.n_heads * max_seq * 2
+    topk_scratch = spec.n_layers * batch * max_seq * (8 + 4)  # int64 list + int32 winners
     activ = rows * (3 * spec.ffn + 4 * spec.hidden) * max(db, 4)
-    return int(weights + kv + quest_meta + logits + scores + select + c2q_all_layers + activ)
+    return int(weights + kv + quest_meta + logits + scores + select + c2q_all_layers
+               + topk_scratch + activ)
 
 
 def fits_in_memory(spec: ModelSpec, batch: int, max_seq: int, device: str | torch.device, *,
