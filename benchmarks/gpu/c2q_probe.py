@@ -1,4 +1,4 @@
-"""Collect-2-Query store candidates of the tenth session, against collect="none", timed as
+"""Collect-2-Query store candidates of the ninth session, against collect="none", timed as
 the kernel grid times them (`kernels.min_of_rounds`: interleaved CUDA-graph rounds, the
 fastest kept; caches rotated past the L2).
 

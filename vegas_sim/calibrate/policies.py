@@ -163,7 +163,7 @@ class CollectingVerifyAttention:
         score_weights over [L·B, R, Hq, S] → weights [L, B, S] (viewed as [L·B, S])."""
         B, NQ, Hq, _ = q.shape
         S, L = k_cache.shape[1], self.n_layers
-        R = 2 if NQ > 1 else 1  # first_last: rows 0 and NQ-1
+        R = len(ops.collect_row_ids(NQ, self.collect))  # first_last: rows 0 and NQ-1
         scores = self.all_scores[: L * B * R * Hq * S].view(L, B, R, Hq, S)
         lse_all = self.all_lse[: L * B * R * Hq].view(L, B, R, Hq)
         out, lse, _ = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale, self.collect,
