@@ -11,19 +11,15 @@ of the main score tile) and the separate dot. One CSV row per (shape, candidate)
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
-from typing import Any
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import HKV, HQ, kv_bytes, min_of_rounds, verify_call, verify_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_common import Candidate, add_arguments, parse_shapes, run_probe
 
 SHAPES = [(1, 32768, 1), (1, 32768, 8), (4, 32768, 8), (4, 131072, 1), (4, 131072, 8),
           (16, 32768, 8), (16, 32768, 16), (16, 131072, 8)]
-CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
+CANDIDATES: list[Candidate] = [
     ("none", "none", {}),
     ("rows (default)", "first_last", {}),
     ("dot m64", "first_last", {"c2q": "dot", "min_m": 64}),
@@ -44,47 +40,9 @@ CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("c2q_probe.csv"))
-    p.add_argument("--shapes", default="", help="B:C:NQ,... (default: SHAPES)")
-    p.add_argument("--candidates", default="", help="labels, comma-separated (default: all)")
+    add_arguments(p, "c2q_probe.csv")
     args = p.parse_args()
-    shapes = ([tuple(int(x) for x in t.split(":")) for t in args.shapes.split(",")]
-              if args.shapes else SHAPES)
-    wanted = set(args.candidates.split(",")) | {"none"} if args.candidates else None
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    rows: list[dict[str, Any]] = []
-    for B, C, NQ in shapes:
-        caches, lens, q = verify_inputs(gen, B, C, NQ)
-        calls = {}
-        for label, collect, kw in CANDIDATES:
-            if wanted is not None and label not in wanted:
-                continue
-            try:
-                call = verify_call(caches, q, lens, collect, C, **kw)
-                call()
-                torch.cuda.synchronize()
-                calls[label] = call
-            except Exception as e:  # noqa: BLE001 - a candidate may not compile
-                print(f"B={B} C={C} NQ={NQ} {label}: FAILED {type(e).__name__}: {e}"[:300],
-                      flush=True)
-        best = min_of_rounds(calls, args.rounds)
-        base = best["none"]
-        for label, ms in best.items():
-            ratio = kv_bytes(B, C) / ms / 1e6
-            ovh = 100 * (ms / base - 1)
-            rows.append({"batch": B, "context": C, "n_query": NQ, "candidate": label,
-                         "ms": f"{ms:.5f}", "gbps": f"{ratio:.0f}", "overhead_pct": f"{ovh:.2f}"})
-            print(f"B={B:2d} C={C:6d} NQ={NQ:2d} {label:18s} {ms:.4f} ms {ratio:6.0f} GB/s "
-                  f"{ovh:+6.1f} % over none", flush=True)
-        del caches, calls
-        torch.cuda.empty_cache()
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"HQ {HQ} HKV {HKV}; wrote {args.out}", flush=True)
-    return 0
+    return run_probe(args, parse_shapes(args.shapes, SHAPES), lambda B, NQ: CANDIDATES)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import bench, verify_call, verify_inputs  # noqa: E402
+from kernels import bench, verify_call, verify_inputs
 
 SHAPES = [(1, 8192, 1), (1, 32768, 8), (4, 32768, 1), (4, 32768, 8), (4, 131072, 8),
           (16, 32768, 16), (64, 8192, 4), (1, 131072, 16)]

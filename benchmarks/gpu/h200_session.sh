@@ -65,6 +65,20 @@
 #            run 19c and run 21 small launch probes written inline against kernels.py's
 #            verify_inputs / verify_call / min_of_rounds (b1_probe_run19c.log,
 #            b16_probe_run21.log), run 21 also `pytest -m gpu tests/kernels/test_topk.py`.
+#   stage 23 the tenth session's first call (run 22): verify attention's GPU tests (TMA K/V
+#            loads among them), then benchmarks/gpu/tma_probe.py (TMA, combine, partials).
+#            Run 22b (inline): ncu --set full of benchmarks/gpu/ncu_verify.py at B 16, C 32K,
+#            NQ 16, and its SASS source page (results/h200/ncu_*_run22b*).
+#   stage 24 run 23: tma_probe.py's launches with two or three programs per SM, and ncu's
+#            source page of the four variants at B 4, C 128K, NQ 1.
+#   stage 25 run 24: tma_probe.py, the 32-key TMA launch's neighbours at all 18 quick shapes.
+#   stage 26 run 25: kernel and calibrate GPU tests with wide_config and TMA as defaults,
+#            kernels.py --quick (results/kernels_h200.csv).
+#   stage 27 run 26: tma_probe.py --set run26 (Collect-2-Query stores and grids on the wide
+#            launch) at five long shapes.
+#   stage 28 run 27: the blocked-store diagnostic (results/h200/blocked_diag_run27.patch).
+#   stage 29 run 28: kernel GPU tests of the final code (the score stores as one helper) and
+#            a smoke run of both probes on their shared loop (probe_common.py).
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -118,7 +132,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21 or 22}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28 or 29}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -579,6 +593,51 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout 200 python3 benchmarks/gpu/c2q_probe.py --out "$OUT/c2q_probe.csv" \
     --candidates "rows (default),rows asm,rows asm2,rows asm2 m16" 2>&1 | tail -45 \
     | tee "$OUT/c2q_probe.log"
+  ;;
+23)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention.py \
+    2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout 400 python3 benchmarks/gpu/tma_probe.py --out "$OUT/tma_probe.csv" 2>&1 | tail -90 \
+    | tee "$OUT/tma_probe.log"
+  ;;
+24)
+  timeout 420 python3 benchmarks/gpu/tma_probe.py --out "$OUT/tma_probe.csv" 2>&1 | tail -140 \
+    > "$OUT/tma_probe.log"
+  timeout 120 ncu --profile-from-start off --section SourceCounters --section WarpStateStats \
+    --section Occupancy -k regex:_verify_attention_kernel -o "$OUT/nq1" \
+    python3 benchmarks/gpu/ncu_verify.py --shape 4:131072:1 > "$OUT/ncu_nq1.log" 2>&1
+  ncu -i "$OUT/nq1.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/nq1_sass.csv.gz"
+  ncu -i "$OUT/nq1.ncu-rep" > "$OUT/nq1_details.txt"
+  ;;
+25)
+  timeout 540 python3 benchmarks/gpu/tma_probe.py --set run24 --out "$OUT/tma_probe.csv" \
+    2>&1 | tail -160 > "$OUT/tma_probe.log"
+  ;;
+27)
+  timeout 300 python3 benchmarks/gpu/tma_probe.py --set run26 --out "$OUT/tma_probe.csv" \
+    --shapes 4:131072:8,16:131072:8,16:32768:16,4:131072:16,16:32768:8 2>&1 | tail -60 \
+    | tee "$OUT/tma_probe.log"
+  ;;
+26)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate 2>&1 \
+    | tail -8 | tee "$OUT/calibrate_gpu_tests.log"
+  timeout 220 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
+    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  ;;
+28)
+  timeout 200 python3 benchmarks/gpu/tma_probe.py --set run27 --out "$OUT/tma_probe.csv" \
+    --shapes 4:131072:8,16:131072:8,4:131072:16,4:131072:1,1:32768:8 2>&1 | tail -30 \
+    | tee "$OUT/tma_probe.log"
+  ;;
+29)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
+    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  timeout 100 python3 benchmarks/gpu/tma_probe.py --set run26 --rounds 1 --out "$OUT/smoke.csv" \
+    --shapes 1:32768:8 --candidates c2q,"c2q slice" 2>&1 | tail -5 | tee "$OUT/probe_smoke.log"
+  timeout 100 python3 benchmarks/gpu/c2q_probe.py --rounds 1 --out "$OUT/smoke2.csv" \
+    --shapes 1:32768:8 2>&1 | tail -5 | tee -a "$OUT/probe_smoke.log"
   ;;
 4)
   join_gguf || exit 2

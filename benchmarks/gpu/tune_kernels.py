@@ -72,7 +72,8 @@ def label(kw: dict[str, Any]) -> str:
 def auto_splits(B: int, C: int, NQ: int, min_m: int, block_n: int, n_sms: int) -> int:
     """The split count the launcher picks for this tile when collecting first_last (table
     entry, else the wave model). Run 10 generated its candidates from collect=none's count,
-    before TUNED_COLLECT existed."""
+    before the B 16 Collect-2-Query table entries existed (TUNED_COLLECT, replaced since run 25
+    by verify_attention.wide_config)."""
     from vegas_sim.kernels import verify_attention as va
 
     return va.launch_config(B, HKV, NQ, G, C, n_sms, "first_last", min_m=min_m,

@@ -79,6 +79,41 @@ def test_verify_attention_matches_reference(
     check_scores(scores, r_scores)
 
 
+TMA_SHAPES = {  # device: B, NQ, Hq, Hkv, D, S_max, lens, BLOCK_N
+    "cpu": (2, 4, 8, 2, 32, 80, [70, 37], 16),
+    "cuda": (3, 8, 32, 8, 128, 4224, [4096, 1000, 2071], 64),
+}
+
+
+@pytest.mark.parametrize("collect", ["none", "first_last", "all"])
+def test_verify_attention_tma_never_reads_unwritten_slots(
+    collect: str, device: str, use_triton: None, poison: None
+) -> None:
+    """K/V tiles by TMA: the slots past cache_lens hold NaN (never written, as in a fresh
+    cache), and the tile holding the last key goes by masked loads, so out, lse and scores
+    are the reference's (a NaN V row in a TMA tile would poison acc through p = 0)."""
+    from vegas_sim.kernels import verify_attention as tri
+
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    B, NQ, Hq, Hkv, D, S, lens, block_n = TMA_SHAPES[device]
+    gen = torch.Generator().manual_seed(5)
+    dtype = torch.bfloat16
+    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    r_out, r_lse, r_scores = reference.verify_attention(q, k, v, cl, D ** -0.5, collect)
+    for b, L in enumerate(lens):
+        k[b, L:] = float("nan")
+        v[b, L:] = float("nan")
+    for splits in (1, 3):
+        out, lse, scores = tri.verify_attention(q, k, v, cl, D ** -0.5, collect, tma=True,
+                                                splits=splits, block_n=block_n)
+        assert rel_err(out, r_out) < OUT_TOL[dtype]
+        assert (lse - r_lse).abs().max() < 1e-3
+        check_scores(scores, r_scores)
+
+
 def test_ops_dispatch_uses_triton(device: str, use_triton: None) -> None:
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(1, 2, 4, 16, generator=gen).to(device)
@@ -196,6 +231,8 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
     (4, 8, 32768, "first_last", {"c2q": "slice", "min_m": 16}),
     (16, 8, 32768, "first_last", {"c2q": "slice", "min_m": 64}),
     (1, 1, 32768, "first_last", {"c2q": "slice"}), (2, 16, 8192, "first_last", {"c2q": "dot"}),
+    # long calls: wide_config (M 64, 32-key TMA tiles, two programs per SM) and TMA at M 32
+    (16, 8, 32768, "first_last", {}), (4, 16, 131072, "none", {}), (4, 8, 131072, "none", {}),
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
                                           knobs: dict, poison: None) -> None:
@@ -220,8 +257,8 @@ def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("c2q", ["rows", "dot"])
-def test_verify_attention_gpu_graph_replays(c2q: str) -> None:
+@pytest.mark.parametrize("c2q,tma", [("rows", False), ("dot", False), ("rows", True)])
+def test_verify_attention_gpu_graph_replays(c2q: str, tma: bool) -> None:
     """Captured once, replayed on new queries (as calibrate replays verify steps): every
     replay's scores and outputs are the reference's."""
     from vegas_sim.kernels import verify_attention as tri
@@ -232,10 +269,11 @@ def test_verify_attention_gpu_graph_replays(c2q: str) -> None:
     k = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-    tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", c2q=c2q)  # compile
+    tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", c2q=c2q, tma=tma)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, lse, scores = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", c2q=c2q)
+        out, lse, scores = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
+                                                c2q=c2q, tma=tma)
     for _ in range(3):
         q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
         graph.replay()

@@ -37,26 +37,37 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
 
 
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
-    assert va.choose_config(16, 8, 16, 4, 32768, 132) == va.VerifyConfig(6, 64, 4, 3)
-    # Collect-2-Query has its own entry there (run 10: 2 splits beat 6 by 4 points)
-    for nq in (8, 16):
-        assert (va.choose_config(16, 8, nq, 4, 32768, 132, min_m=64, collect="first_last")
-                == va.VerifyConfig(2, 64, 4, 4))
-    assert va.choose_config(16, 8, 16, 4, 32768, 132, collect="all").splits == 6
+    wide = va.VerifyConfig(2, 32, 4, 4, tma=True)  # B=16: 128 heads x 2 splits on 132 SMs
+    assert va.choose_config(16, 8, 16, 4, 32768, 132) == wide
+    for nq in (8, 16):  # Collect-2-Query's M 64 tile takes it from NQ·G > 16
+        assert va.choose_config(16, 8, nq, 4, 32768, 132, min_m=64, collect="first_last") == wide
+    assert va.choose_config(4, 8, 16, 4, 131072, 132) == va.VerifyConfig(8, 32, 4, 4, True)
+    # collect "all" was not measured on the wide launch; short calls keep the old one
+    assert not va.choose_config(16, 8, 16, 4, 32768, 132, collect="all").tma
+    assert va.choose_config(4, 8, 16, 4, 32768, 132, collect="first_last").block_n == 64
     # M tile >= 64 (wgmma on Hopper): every NQ <= 16 at G = 4 is one kernel
     assert (va.choose_config(4, 8, 1, 4, 131072, 132, min_m=64)
             == va.choose_config(4, 8, 16, 4, 131072, 132, min_m=64))
     for min_m in (16, 64):
         for nq in range(1, 17):
             for group in (1, 2, 4, 8):
-                cfg = va.choose_config(2, 32 // group, nq, group, 65536, 132, min_m=min_m)
-                block_m = max(min_m, 16, 1 << (nq * group - 1).bit_length())
-                # 128-key tiles with 4 stages at M >= 64 are out of shared memory on the H200
-                assert not (block_m >= 64 and cfg.block_n == 128 and cfg.num_stages >= 4)
-                assert cfg.block_n == (128 if block_m <= 32 else 64 if block_m <= 64 else 32)
-                assert 1 <= cfg.splits <= va.MAX_SPLITS
-    # the run-1 table entry for M 32 still applies when asked for M 16 tiles
-    assert va.choose_config(4, 8, 8, 4, 131072, 132, min_m=16) == va.VerifyConfig(4, 128, 4, 3)
+                for max_len in (8192, 65536):
+                    cfg = va.choose_config(2, 32 // group, nq, group, max_len, 132, min_m=min_m)
+                    block_m = max(min_m, 16, 1 << (nq * group - 1).bit_length())
+                    keys = 2 * 32 // group * max_len
+                    # 128-key tiles with 4 stages at M >= 64 are out of shared memory
+                    assert not (block_m >= 64 and cfg.block_n == 128 and cfg.num_stages >= 4)
+                    wide = block_m == 64 and keys >= va.WIDE_KEYS
+                    assert cfg.block_n == (32 if wide else 128 if block_m <= 32
+                                           else 64 if block_m <= 64 else 32)
+                    assert cfg.tma == (wide or (block_m >= 32 and keys >= va.TMA_KEYS))
+                    assert 1 <= cfg.splits <= va.MAX_SPLITS
+    # the run-1 table entry for M 32 still applies when asked for M 16 tiles, now with TMA
+    assert (va.choose_config(4, 8, 8, 4, 131072, 132, min_m=16)
+            == va.VerifyConfig(4, 128, 4, 3, tma=True))
+    # ... and only collect=none takes TMA on the old launch (first_last at M 32 lost, run 23)
+    assert not va.choose_config(4, 8, 8, 4, 131072, 132, min_m=16, collect="first_last").tma
+    assert not va.choose_config(4, 8, 1, 4, 131072, 132).tma  # M 16: no gain (run 24)
 
 
 def test_int32_offset_guard(va) -> None:  # type: ignore[no-untyped-def]
@@ -213,15 +224,17 @@ def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(va) -> No
 
 def test_launch_config_resolves_the_launchers_defaults(va) -> None:  # type: ignore[no-untyped-def]
     """What verify_attention runs and what the benchmarks label rows with: the M tile by
-    collection, the Collect-2-Query table entry, the stages of the *final* key tile."""
+    collection, the wide launch of long calls, the stages of the *final* key tile, TMA."""
     assert va.launch_config(16, 8, 8, 4, 32768, 132, "first_last") == (
-        64, va.VerifyConfig(2, 64, 4, 4))  # TUNED_COLLECT
+        64, va.wide_config(128, 132))
     assert va.launch_config(16, 8, 8, 4, 32768, 132) == (
         32, va.choose_config(16, 8, 8, 4, 32768, 132))
     # a caller's 128-key tile on M 64 keeps 3 stages (4 are out of shared memory) and gets
     # the wave model's split count for that tile
-    block_m, cfg = va.launch_config(4, 8, 8, 4, 131072, 132, "first_last", block_n=128)
+    block_m, cfg = va.launch_config(4, 8, 8, 4, 32768, 132, "first_last", block_n=128)
     assert (block_m, cfg.block_n, cfg.num_stages) == (64, 128, 3)
-    assert cfg.splits == va.choose_splits(32, 131072, 128, 132)
-    assert va.launch_config(4, 8, 8, 4, 131072, 132, "first_last", splits=7,
+    assert cfg.splits == va.choose_splits(32, 32768, 128, 132)
+    assert va.launch_config(4, 8, 8, 4, 32768, 132, "first_last", splits=7,
                             num_warps=8)[1] == va.VerifyConfig(7, 64, 8, 4)
+    assert va.launch_config(4, 8, 8, 4, 32768, 132, tma=True)[1].tma
+    assert not va.launch_config(16, 8, 8, 4, 32768, 132, "first_last", tma=False)[1].tma

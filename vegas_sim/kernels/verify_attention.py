@@ -27,9 +27,14 @@ collected rows, -inf where masked, for every position in [0, S_max).
   Allocate S_max as a multiple of 128 for the fast path.
 - Hot-loop addresses are an int64 base pointer per program plus int32 tile offsets (the
   launcher refuses caches whose offsets would overflow int32).
+- K/V loads: per-thread async copies, or TMA (`VerifyConfig.tma`: host tensor descriptors
+  over the [B, S_max, Hkv·D] view) for the whole tiles of a split; the tile that holds the
+  last key (slots past cache_lens may hold anything, NaN included, and 0·NaN would poison
+  the P·V product) always goes by masked pointer loads.
 
-Launch config (`choose_config`): a table of configurations measured best on the H200
-(`TUNED`), else tile sizes by M and a split count from a wave model (`choose_splits`): the
+Launch config (`choose_config`): `wide_config` for long calls on the M 64 tile (32-key
+tiles, two programs per SM, TMA); else a table of configurations measured best on the H200
+(`TUNED`), or tile sizes by M and a split count from a wave model (`choose_splits`): the
 time of a launch is ~ ceil(programs / SMs) × keys per program, so 5 splits at B=4 (160
 programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave) — the 0.65 vs
 0.99 of copy that run 2 vs the run-1 sweep measured.
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -85,15 +90,61 @@ def _leading_rows(s, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _store_scores(sc_base, row_off, row_ok, n, vals, S_MAX, EVEN_S: tl.constexpr):
+    """vals [rows, BLOCK_N] (bf16) to score rows row_off (element offsets from sc_base) at
+    keys n; the key mask only where S_max is not a multiple of BLOCK_N (EVEN_S false)."""
+    if EVEN_S:
+        tl.store(sc_base + row_off[:, None] + n[None, :], vals, mask=row_ok[:, None])
+    else:
+        tl.store(sc_base + row_off[:, None] + n[None, :], vals,
+                 mask=row_ok[:, None] & (n < S_MAX)[None, :])
+
+
+@triton.jit
+def _attend_tile(q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok,
+                 c_row, c_ok, qk_scale2, S_MAX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
+                 C2Q: tl.constexpr, EVEN_S: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """One K/V tile (keys start..start+BLOCK_N) of the online softmax, plus the score store
+    of the collected rows: returns the new (m_i, l_i, acc)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    kt = tl.trans(k)
+    s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
+    # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
+    s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
+    if COLLECT == 1 and C2Q != 0:
+        if C2Q == 1:
+            sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
+            sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
+        else:  # packed rows 0..BLOCK_C-1 of s (the collected rows come first)
+            sc = _leading_rows(s, BLOCK_M, BLOCK_C, BLOCK_N)
+        _store_scores(sc_base, c_row, c_ok, n, sc.to(tl.bfloat16), S_MAX, EVEN_S)
+    elif COLLECT != 0:
+        _store_scores(sc_base, m_row, m_ok, n, s.to(tl.bfloat16), S_MAX, EVEN_S)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s * qk_scale2 - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _verify_attention_kernel(
-    Q, K, V, LENS, OUT, LSE, O_PART, LSE_PART, SCORES,
+    Q, K, V, K_DESC, V_DESC, LENS, OUT, LSE, O_PART, LSE_PART, SCORES,
     qk_scale2,  # scale * log2(e): softmax in base 2
     S_MAX, HQ, HKV, NQ, SPLITS, R,
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
     C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -154,7 +205,19 @@ def _verify_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
+    if TMA:  # whole tiles by TMA; the tile holding L-1 (keys past L unwritten) by pointers
+        hi_tma = lo + (hi - lo) // BLOCK_N * BLOCK_N
+        for start in range(lo, hi_tma, BLOCK_N):
+            k = tl.reshape(K_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
+            v = tl.reshape(V_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
+            m_i, l_i, acc = _attend_tile(
+                q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok,
+                c_row, c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q, EVEN_S,
+                INPUT_PRECISION, UPCAST)
+        lo_ptr = hi_tma
+    else:
+        lo_ptr = lo
+    for start in range(lo_ptr, hi, BLOCK_N):
         n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
         n_ok = n < hi
         if OFFS64:  # the whole cache spans >= 2^31 elements (see the launcher)
@@ -163,39 +226,10 @@ def _verify_attention_kernel(
             kv_off = n[:, None] * stride_ks + offs_d[None, :]  # [BLOCK_N, BLOCK_D] int32
         k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        kt = tl.trans(k)
-        s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
-        s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
-        if COLLECT == 1 and C2Q != 0:
-            if C2Q == 1:
-                sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
-                sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
-            else:  # packed rows 0..BLOCK_C-1 of s (the collected rows come first)
-                sc = _leading_rows(s, BLOCK_M, BLOCK_C, BLOCK_N)
-            if EVEN_S:
-                tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
-                         mask=c_ok[:, None])
-            else:
-                tl.store(sc_base + c_row[:, None] + n[None, :], sc.to(tl.bfloat16),
-                         mask=c_ok[:, None] & (n < S_MAX)[None, :])
-        elif COLLECT != 0:
-            if EVEN_S:
-                tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                         mask=m_ok[:, None])
-            else:
-                tl.store(sc_base + m_row[:, None] + n[None, :], s.to(tl.bfloat16),
-                         mask=m_ok[:, None] & (n < S_MAX)[None, :])
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s * qk_scale2 - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(
+            q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok, c_row,
+            c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q, EVEN_S,
+            INPUT_PRECISION, UPCAST)
 
     if COLLECT != 0:
         # -inf for keys [round_up(L, BLOCK_N), S_MAX): each split fills its share, store-only
@@ -207,18 +241,10 @@ def _verify_attention_kernel(
             n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
             if COLLECT == 1 and C2Q != 0:
                 neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.bfloat16)
-                if EVEN_S:
-                    tl.store(sc_base + c_row[:, None] + n[None, :], neg_c, mask=c_ok[:, None])
-                else:
-                    tl.store(sc_base + c_row[:, None] + n[None, :], neg_c,
-                             mask=c_ok[:, None] & (n < S_MAX)[None, :])
+                _store_scores(sc_base, c_row, c_ok, n, neg_c, S_MAX, EVEN_S)
             else:
                 neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.bfloat16)
-                if EVEN_S:
-                    tl.store(sc_base + m_row[:, None] + n[None, :], neg_m, mask=m_ok[:, None])
-                else:
-                    tl.store(sc_base + m_row[:, None] + n[None, :], neg_m,
-                             mask=m_ok[:, None] & (n < S_MAX)[None, :])
+                _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
 
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
@@ -255,8 +281,9 @@ def _combine_kernel(
     top = tl.max(lse_s, 0)
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     w = tl.exp2(lse_s - top_safe)  # 0 for empty splits (lse -inf)
-    o_s = tl.load(O_PART + part[:, None] * BLOCK_D + offs_d[None, :],
-                  mask=(s_ok & (w > 0.0))[:, None], other=0.0)
+    # every split stored its rows (0 where empty), so this load need not wait for lse_s
+    o_s = tl.load(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None],
+                  other=0.0)
     l_sum = tl.sum(w, 0)
     acc = tl.sum(w[:, None] * o_s, 0)  # [BLOCK_D]
     l_safe = tl.where(l_sum > 0.0, l_sum, 1.0)
@@ -295,35 +322,47 @@ def num_sms(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Launch configuration of `_verify_attention_kernel`."""
+    """Launch configuration of `_verify_attention_kernel`; `tma`: K/V tiles by TMA (where the
+    device and the cache allow it, see `tma_usable`)."""
 
     splits: int
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False
 
     def label(self) -> str:
-        return f"s{self.splits} n{self.block_n} w{self.num_warps} st{self.num_stages}"
+        return (f"s{self.splits} n{self.block_n} w{self.num_warps} st{self.num_stages}"
+                + (" tma" if self.tma else ""))
 
 
 # Measured best on the H200 (benchmarks/results/kernels_h200_run1.csv, kind=tune), keyed by
 # (SMs, B·Hkv, BLOCK_M, floor(log2(max_len))). `benchmarks/kernels.py --tune` prints entries
 # in this format; paste the ones that beat the heuristic here.
+# Run 1's B=16 C=32K NQ=16 entry (s6 n64 st3, 0.96) and run 10/14's Collect-2-Query entries
+# for B=16 (s2 n64 st4) are superseded by `wide_config` (runs 23-24).
 TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
     (132, 32, 32, 17): VerifyConfig(4, 128, 4, 3),  # B=4 C=128K NQ=8: 0.98 of copy (st4: 0.99)
-    (132, 128, 64, 15): VerifyConfig(6, 64, 4, 3),  # B=16 C=32K NQ=16: 0.96
 }
 
-# Collect-2-Query (first_last) launches measured best on the H200, same keys (run 10,
-# results/tune_h200_run10.csv, overhead over collect=none): B=16 C=32K on the M 64 tile, 2
-# splits instead of TUNED's 6 (from collect=none) — NQ 8 +11.6 % vs +15.2 %, NQ 16 +7.2 % vs
-# +11.3 %; 1 and 3 splits were 1-3 points worse. B=16 C=128K (run 14, tune_h200_run14.csv):
-# 2 splits instead of the wave model's 1, NQ 8 +8.0 % vs +15.4 %, NQ 16 +9.2 % vs +8.6 %.
-# 4 stages as STAGES_COLLECT.
-TUNED_COLLECT: dict[tuple[int, int, int, int], VerifyConfig] = {
-    (132, 128, 64, 15): VerifyConfig(2, 64, 4, 4),
-    (132, 128, 64, 17): VerifyConfig(2, 64, 4, 4),
-}
+# Long launches (H200 runs 22-24, results/tma_probe_h200_run2{2,3,4}.csv; keys = B·Hkv·max_len
+# KV rows): from TMA_KEYS, K/V go by TMA for collect=none at M >= 32 (run 24 against the
+# pointer loads: NQ 8 -1.9 to -6.1 %, NQ 16 -2.2 to -6.8 %; at M 16 and below TMA_KEYS it was
+# +0.2 to +1.5 %). From WIDE_KEYS, the M 64 tile (NQ·G > 32, or Collect-2-Query at NQ·G > 16)
+# takes `wide_config`. ncu (run 22b, B=16 C=32K NQ=16) showed why the old Collect-2-Query
+# launch lost: 152 KB of shared memory, one 4-warp program per SM, issue-bound (35 % of warp
+# samples "selected", 3.5 TB/s), where collect=none ran two programs per SM.
+TMA_KEYS = 2**20
+WIDE_KEYS = 2**22
+
+
+def wide_config(n_heads: int, n_sms: int) -> VerifyConfig:
+    """The M 64 launch for long calls: 32-key tiles at 4 stages (85 KB of shared memory, two
+    programs per SM), K/V by TMA, splits for two programs on every SM. Run 24 against the
+    previous defaults: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K), -7.7 %
+    (B=16 C=128K); first_last NQ 8 -0.7 to -2.1 %, NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it
+    lost (first_last B=4 C=32K NQ 16 +3 %, B=1 C=128K +4 %)."""
+    return VerifyConfig(max(1, round(2 * n_sms / n_heads)), 32, 4, 4, tma=True)
 
 # Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
 # 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
@@ -384,17 +423,23 @@ MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
 
 def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
                   n_sms: int, min_m: int = MIN_M_DEFAULT, collect: str = "none") -> VerifyConfig:
-    """Launch config for one verify call: the `TUNED_COLLECT` (first_last) or `TUNED` entry
-    for this shape, else heuristics."""
+    """Launch config for one verify call: `wide_config` for long calls on the M 64 tile (not
+    collect "all", which was not measured), else the `TUNED` entry for this shape or
+    heuristics, with TMA for long collect=none calls at M >= 32 (TMA_KEYS)."""
     block_m = max(min_m, 16, _next_pow2(n_q * group))
+    keys = batch * hkv * max(1, max_len)
+    if block_m == 64 and collect != "all" and keys >= WIDE_KEYS:
+        return wide_config(batch * hkv, n_sms)
     key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
-    if collect == "first_last" and key in TUNED_COLLECT:
-        return TUNED_COLLECT[key]
     if key in TUNED:
-        return TUNED[key]
-    block_n, warps, stages = tile_config(block_m)
-    return VerifyConfig(choose_splits(batch * hkv, max_len, block_n, n_sms), block_n, warps,
-                        stages)
+        cfg = TUNED[key]
+    else:
+        block_n, warps, stages = tile_config(block_m)
+        cfg = VerifyConfig(choose_splits(batch * hkv, max_len, block_n, n_sms), block_n,
+                           warps, stages)
+    if collect == "none" and block_m >= 32 and keys >= TMA_KEYS:
+        cfg = replace(cfg, tma=True)
+    return cfg
 
 
 def _next_pow2(x: int) -> int:
@@ -442,7 +487,8 @@ def default_stages(collect: str, block_m: int, block_n: int, auto: int) -> int:
 def launch_config(batch: int, hkv: int, n_q: int, group: int, max_len: int, n_sms: int,
                   collect: str = "none", *, min_m: int | None = None, splits: int | None = None,
                   block_n: int | None = None, num_warps: int | None = None,
-                  num_stages: int | None = None) -> tuple[int, VerifyConfig]:
+                  num_stages: int | None = None, tma: bool | None = None
+                  ) -> tuple[int, VerifyConfig]:
     """(BLOCK_M, config) of one verify call: the caller's knobs where given (None = default),
     else the M tile minimum of `default_min_m`, `choose_config`'s table entry or heuristics, a
     split count refitted to a BLOCK_N the caller chose, and `default_stages` of the final tile.
@@ -457,7 +503,41 @@ def launch_config(batch: int, hkv: int, n_q: int, group: int, max_len: int, n_sm
     num_warps = auto.num_warps if num_warps is None else num_warps
     if num_stages is None:
         num_stages = default_stages(collect, block_m, block_n, auto.num_stages)
-    return block_m, VerifyConfig(splits, block_n, num_warps, num_stages)
+    if tma is None:
+        tma = auto.tma if TMA_ENV is None else TMA_ENV == "1"
+    return block_m, VerifyConfig(splits, block_n, num_warps, num_stages, tma)
+
+
+# K/V tiles by TMA (host tensor descriptors) instead of per-thread async copies: by the
+# launch config (TMA_KEYS, wide_config); VEGAS_SIM_VERIFY_TMA=0 / 1 turns it off / on for
+# every call (where `tma_usable`).
+TMA_ENV = os.environ.get("VEGAS_SIM_VERIFY_TMA")
+
+
+def tma_usable(k_cache: Tensor, v_cache: Tensor, block_d: int) -> bool:
+    """Whether K/V can be read by TMA: a Hopper-or-later GPU (or the interpreter), triton's
+    TensorDescriptor, D a power of two, and 16-byte aligned bases and strides."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    if k_cache.shape[3] != block_d:
+        return False
+    if k_cache.device.type == "cuda" and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
+        return False
+    size = k_cache.element_size()
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) * size % 16 == 0
+               and t.stride(1) * size % 16 == 0 for t in (k_cache, v_cache))
+
+
+def kv_descriptor(cache: Tensor, block_n: int) -> object:
+    """[B, S_max, Hkv·D] view of a [B, S_max, Hkv, D] cache, read in [1, BLOCK_N, D] boxes
+    (TMA fills rows past S_max with zeros)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    B, S, Hkv, D = cache.shape
+    return TensorDescriptor(cache, [B, S, Hkv * D], [cache.stride(0), cache.stride(1), 1],
+                            [1, block_n, D])
 
 
 def default_min_m(n_q: int, group: int, collect: str) -> int:
@@ -489,6 +569,7 @@ def verify_attention(
     c2q: str | None = None,
     offs64: bool | None = None,
     scores_out: Tensor | None = None,
+    tma: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
@@ -521,7 +602,7 @@ def verify_attention(
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
     BLOCK_M, cfg = launch_config(B, Hkv, NQ, G, max_len, num_sms(q.device), collect,
                                  min_m=min_m, splits=splits, block_n=block_n,
-                                 num_warps=num_warps, num_stages=num_stages)
+                                 num_warps=num_warps, num_stages=num_stages, tma=tma)
     BLOCK_D = max(16, _next_pow2(D))
     BLOCK_C = max(16, _next_pow2(2 * G))
     if c2q == "slice" and BLOCK_C > BLOCK_M:
@@ -536,14 +617,22 @@ def verify_attention(
     lse_part = torch.empty(n_part, dtype=torch.float32, device=q.device)
     lens = cache_lens.to(device=q.device, dtype=torch.int32).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    use_tma = cfg.tma and tma_usable(k_cache, v_cache, BLOCK_D)
+    if tma and not use_tma:
+        raise UserInputError("TMA K/V loads need Hopper, triton's TensorDescriptor and "
+                             "16-byte aligned caches with a power-of-two head dim",
+                             where="verify_attention(tma)", fix="pass tma=None or False")
+    k_desc, v_desc = ((kv_descriptor(k_cache, cfg.block_n), kv_descriptor(v_cache, cfg.block_n))
+                      if use_tma else (k_cache, v_cache))
     _verify_attention_kernel[(B * Hkv, cfg.splits)](
-        q, k_cache, v_cache, lens, out, lse, o_part, lse_part,
+        q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
         scores if scores is not None else lse,  # dummy pointer when nothing is collected
         scale * LOG2E, S_max, Hq, Hkv, NQ, cfg.splits, max(R, 1),
         k_cache.stride(0), k_cache.stride(1),
         G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
         COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
         EVEN_S=S_max % cfg.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
+        TMA=use_tma,
         # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
         # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
         # GPU run shows where the int32 path overflows, such caches take int64 offsets.
