@@ -81,7 +81,18 @@ def candidates_run27(B: int, NQ: int) -> list[Candidate]:
             ("c2q rows-ptr blocked DIAG", "first_last", {"diag_blocked": True, "tma": False})]
 
 
-SETS = {"run24": candidates, "run26": candidates_run26, "run27": candidates_run27}
+def candidates_run29(B: int, NQ: int) -> list[Candidate]:
+    """Run 29: the collected rows as one [1, R, G, BLOCK_N] TMA store per tile (c2q="tma";
+    ncu of run 28 counted 24 % more instructions for the pointer store at B 4 C 128K NQ 16,
+    same launch). The knob is in results/h200/tma_score_store_run29.patch (apply it to run
+    this set): within 0.6 points on the wide launch, +5 to +50 points elsewhere
+    (tma_probe_store_h200_run29.csv), so it was dropped."""
+    return [("none", "none", {}), ("c2q", "first_last", {}),
+            ("c2q tma-store", "first_last", {"c2q": "tma"})]
+
+
+SETS = {"run24": candidates, "run26": candidates_run26, "run27": candidates_run27,
+        "run29": candidates_run29}
 
 
 def main() -> int:
