@@ -147,6 +147,13 @@ D=vegas_sim/traces/default
 mkdir -p $TR /root/model
 [ -e /root/nographs ] && export VEGAS_SIM_CUDA_GRAPHS=0
 
+gpu_tests() {  # gpu_tests PATH LOG [pytest args...]: the -m gpu tests of PATH, tail into $OUT/LOG
+  local path=$1 log=$2
+  shift 2
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu "$path" "$@" 2>&1 | tail -8 \
+    | tee "$OUT/$log"
+}
+
 finalize() {  # a set cut by its timeout is still usable: merge the points it measured
   python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$1')" 2>&1 | tail -2
 }
@@ -598,8 +605,7 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     | tee "$OUT/c2q_probe.log"
   ;;
 23)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention.py \
-    2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  gpu_tests tests/kernels/test_attention.py kernel_gpu_tests.log
   timeout 400 python3 benchmarks/gpu/tma_probe.py --out "$OUT/tma_probe.csv" 2>&1 | tail -90 \
     | tee "$OUT/tma_probe.log"
   ;;
@@ -622,10 +628,8 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     | tee "$OUT/tma_probe.log"
   ;;
 26)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
-    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/calibrate 2>&1 \
-    | tail -8 | tee "$OUT/calibrate_gpu_tests.log"
+  gpu_tests tests/kernels kernel_gpu_tests.log
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
   timeout 220 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
     --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
   ;;
@@ -635,16 +639,14 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     | tee "$OUT/tma_probe.log"
   ;;
 29)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 \
-    | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  gpu_tests tests/kernels kernel_gpu_tests.log
   timeout 100 python3 benchmarks/gpu/tma_probe.py --set run26 --rounds 1 --out "$OUT/smoke.csv" \
     --shapes 1:32768:8 --candidates c2q,"c2q slice" 2>&1 | tail -5 | tee "$OUT/probe_smoke.log"
   timeout 100 python3 benchmarks/gpu/c2q_probe.py --rounds 1 --out "$OUT/smoke2.csv" \
     --shapes 1:32768:8 2>&1 | tail -5 | tee -a "$OUT/probe_smoke.log"
   ;;
 30)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_attention.py \
-    -k "tma" 2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.log"
+  gpu_tests tests/kernels/test_attention.py kernel_gpu_tests.log -k tma
   timeout 200 python3 benchmarks/gpu/tma_probe.py --set run29 --out "$OUT/tma_probe.csv" \
     --shapes 4:131072:8,4:131072:16,16:131072:8,16:32768:16,4:131072:1,1:32768:8,4:32768:8,1:131072:8 \
     2>&1 | tail -30 | tee "$OUT/tma_probe.log"
