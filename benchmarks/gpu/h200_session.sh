@@ -622,16 +622,16 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout 540 python3 benchmarks/gpu/tma_probe.py --set run24 --out "$OUT/tma_probe.csv" \
     2>&1 | tail -160 > "$OUT/tma_probe.log"
   ;;
-27)
-  timeout 300 python3 benchmarks/gpu/tma_probe.py --set run26 --out "$OUT/tma_probe.csv" \
-    --shapes 4:131072:8,16:131072:8,16:32768:16,4:131072:16,16:32768:8 2>&1 | tail -60 \
-    | tee "$OUT/tma_probe.log"
-  ;;
 26)
   gpu_tests tests/kernels kernel_gpu_tests.log
   gpu_tests tests/calibrate calibrate_gpu_tests.log
   timeout 220 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
     --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  ;;
+27)
+  timeout 300 python3 benchmarks/gpu/tma_probe.py --set run26 --out "$OUT/tma_probe.csv" \
+    --shapes 4:131072:8,16:131072:8,16:32768:16,4:131072:16,16:32768:8 2>&1 | tail -60 \
+    | tee "$OUT/tma_probe.log"
   ;;
 28)
   timeout 200 python3 benchmarks/gpu/tma_probe.py --set run27 --out "$OUT/tma_probe.csv" \
