@@ -82,6 +82,7 @@
 #   Run 28 (inline): ncu --set full of ncu_verify.py at B 4, C 128K, NQ 16 (results/h200/
 #            ncu_*_run28*): the same wide launch with and without the score store.
 #   stage 30 run 29: the TMA score store (c2q="tma"): its GPU tests, then tma_probe.py --set run29.
+#   stage 31 run 30: the no-store diagnostic (results/h200/no_store_diag_run30.patch).
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -135,7 +136,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29 or 30}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30 or 31}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -650,6 +651,11 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout 200 python3 benchmarks/gpu/tma_probe.py --set run29 --out "$OUT/tma_probe.csv" \
     --shapes 4:131072:8,4:131072:16,16:131072:8,16:32768:16,4:131072:1,1:32768:8,4:32768:8,1:131072:8 \
     2>&1 | tail -30 | tee "$OUT/tma_probe.log"
+  ;;
+31)
+  timeout 200 python3 benchmarks/gpu/tma_probe.py --set run30 --out "$OUT/tma_probe.csv" \
+    --shapes 4:131072:16,16:32768:16,4:131072:8,4:131072:1 2>&1 | tail -30 \
+    | tee "$OUT/tma_probe.log"
   ;;
 4)
   join_gguf || exit 2

@@ -91,7 +91,17 @@ def candidates_run29(B: int, NQ: int) -> list[Candidate]:
             ("c2q tma-store", "first_last", {"c2q": "tma"})]
 
 
-SETS = {"run24": candidates, "run26": candidates_run26, "run27": candidates_run27,
+def candidates_run30(B: int, NQ: int) -> list[Candidate]:
+    """Run 30, a diagnostic: the Collect-2-Query kernel with R = 0 passed at run time, so every
+    score store is masked off (same instructions, no score bytes written; wrong scores). The
+    `diag_no_store` knob is in results/h200/no_store_diag_run30.patch (apply it to run this
+    set). The overhead fell from +8.9 to +13.5 % to +0.0 to +2.0 %
+    (tma_probe_nostore_h200_run30.csv): the cost is the score bytes reaching memory."""
+    return [("none", "none", {}), ("c2q", "first_last", {}),
+            ("c2q no-store DIAG", "first_last", {"diag_no_store": True})]
+
+
+SETS = {"run30": candidates_run30, "run24": candidates, "run26": candidates_run26, "run27": candidates_run27,
         "run29": candidates_run29}
 
 
