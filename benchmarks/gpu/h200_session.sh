@@ -79,8 +79,8 @@
 #   stage 28 run 27: the blocked-store diagnostic (results/h200/blocked_diag_run27.patch).
 #   stage 29 run 28: kernel GPU tests of the final code (the score stores as one helper) and
 #            a smoke run of both probes on their shared loop (probe_common.py).
-#   Run 28 (inline): ncu --set full of ncu_verify.py at B 4, C 128K, NQ 16 (results/h200/
-#            ncu_*_run28*): the same wide launch with and without the score store.
+#   Run 28b (inline): ncu --set full of ncu_verify.py at B 4, C 128K, NQ 16 (results/h200/
+#            ncu_*_run28b*): the same wide launch with and without the score store.
 #   stage 30 run 29: the TMA score store (c2q="tma"): its GPU tests, then tma_probe.py --set run29.
 #   stage 31 run 30: the no-store diagnostic (results/h200/no_store_diag_run30.patch).
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the

@@ -83,7 +83,7 @@ def candidates_run27(B: int, NQ: int) -> list[Candidate]:
 
 def candidates_run29(B: int, NQ: int) -> list[Candidate]:
     """Run 29: the collected rows as one [1, R, G, BLOCK_N] TMA store per tile (c2q="tma";
-    ncu of run 28 counted 24 % more instructions for the pointer store at B 4 C 128K NQ 16,
+    ncu of run 28b counted 24 % more instructions for the pointer store at B 4 C 128K NQ 16,
     same launch). The knob is in results/h200/tma_score_store_run29.patch (apply it to run
     this set): within 0.6 points on the wide launch, +5 to +50 points elsewhere
     (tma_probe_store_h200_run29.csv), so it was dropped."""
