@@ -198,7 +198,7 @@ def verify_shape(args: argparse.Namespace, copy_bw: float, out: list[dict[str, A
         base = None
         collects = ("none", "first_last") if args.quick else ("none", "first_last", "all")
         best = min_of_rounds({c: verify_call(caches, q, lens, c, C) for c in collects},
-                             getattr(args, "rounds", 1))
+                             args.rounds)
         for collect in collects:
             cfg = launch_label(B, NQ, C, collect)
             ms = best[collect]
@@ -448,7 +448,7 @@ def bench_radix_topk(weights: torch.Tensor, K: int, out: list[dict[str, Any]]) -
 
 def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
     """Vegas selection at B=4, C=128K (NQ 8, Collect-2-Query) vs one verify iteration."""
-    from vegas_sim.kernels import ops, reference
+    from vegas_sim.kernels import ops
     from vegas_sim.kernels import verify_attention as va
 
     B, C, NQ = SELECT_SHAPE
@@ -457,7 +457,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     lens = torch.full((B,), C, dtype=torch.int32, device=DEV)
     q = torch.randn(B, NQ, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
     t = min_of_rounds({c: partial(va.verify_attention, q, k, v, lens, SCALE, c, max_len=C)
-                       for c in ("none", "first_last")}, getattr(args, "rounds", 1))
+                       for c in ("none", "first_last")}, args.rounds)
     plain, coll = t["none"], t["first_last"]
     _, lse, scores = va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C)
     assert scores is not None
@@ -497,8 +497,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     # the top-k that topk_select runs for equal budgets on the GPU (selection.RADIX_TOPK)
     from vegas_sim.kernels import selection
 
-    topk_used = (radix_ms if getattr(selection, "RADIX_TOPK", False) and radix_ms is not None
-                 else topk_ms)
+    topk_used = radix_ms if selection.RADIX_TOPK and radix_ms is not None else topk_ms
     select = w36_ms + topk_used
     collect_extra = LAYERS * (coll - plain)
     for name, ms in [("verify_attention_plain_x36", LAYERS * plain),

@@ -20,13 +20,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probe_common import HKV, Candidate, add_arguments, parse_shapes, run_probe
 
+from vegas_sim.kernels.verify_attention import splits_per_sm
+
 SHAPES = [(B, C, NQ) for C in (32768, 131072) for B in (1, 4, 16) for NQ in (1, 8, 16)]
-N_SMS = 132
+N_SMS = 132  # the H200 of runs 22-30
 
 
 def per_sm_splits(B: int, per_sm: int) -> int:
     """Splits that give ~per_sm programs on every SM (B·HKV programs per split)."""
-    return max(1, round(per_sm * N_SMS / (B * HKV)))
+    return splits_per_sm(B * HKV, N_SMS, per_sm)
 
 
 def candidates(B: int, NQ: int) -> list[Candidate]:

@@ -123,7 +123,8 @@ def score_weights(
 # keys in index order, so drafts stay reproducible (calibration and the eager-vs-graphed GPU
 # tests rely on it); ties at the k-th value go by position. H200, [36, 4, 131200], k 9175:
 # run 16's atomic-order version 0.142 ms (+ an index sort: 0.291 ms), run 17's sorted
-# version 0.212 ms, torch.topk(sorted=False) 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
+# version 0.212 ms, this three-run order 0.167 ms (runs 19 and 25), torch.topk(sorted=False)
+# 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
 # torch.topk.
 RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"
 

@@ -365,7 +365,12 @@ def wide_config(n_heads: int, n_sms: int) -> VerifyConfig:
     (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K was -1.4 in run
     23), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it lost (first_last B=4 C=32K NQ 16 +3 %,
     B=1 C=128K +4 %)."""
-    return VerifyConfig(max(1, round(2 * n_sms / n_heads)), 32, 4, 4, tma=True)
+    return VerifyConfig(splits_per_sm(n_heads, n_sms, 2), 32, 4, 4, tma=True)
+
+
+def splits_per_sm(n_heads: int, n_sms: int, per_sm: int) -> int:
+    """Splits that put ~per_sm programs on every SM (n_heads = B·Hkv programs per split)."""
+    return max(1, round(per_sm * n_sms / n_heads))
 
 # Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
 # 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
