@@ -83,6 +83,24 @@
 #            ncu_*_run28b*): the same wide launch with and without the score store.
 #   stage 30 run 29: the TMA score store (c2q="tma"): its GPU tests, then tma_probe.py --set run29.
 #   stage 31 run 30: the no-store diagnostic (results/h200/no_store_diag_run30.patch).
+#   The eleventh session: stage 32 (run 31, 82 s), 34 (run 32, 56 s), 35 (run 33, 217 s) and
+#   at once on the same machine `Q8B_TIMEOUT=545 ... 33` (run 34, cut at 545 s: 23 of 49
+#   points), 36 (run 35, 190 s), 37 (run 36, 151 s). About 25 of the 30 device-minutes.
+#   stage 32 the eleventh session's kernel call (run 31, carry .whl): kernels.py --quick with
+#            the selection share priced against DESIGN.md's iteration (γ draft steps + verify).
+#   stage 34 run 32 (carry .whl): benchmarks/gpu/sparse_probe.py, sparse draft launches at the
+#            mid-size selections that miss the target read as DESIGN writes it.
+#   stage 35 run 33 (carry .whl): kernel and calibrate GPU tests with the sparse launch rule
+#            (sparse_attention.launch_shape), then kernels.py --quick (results/kernels_h200.csv).
+#   stage 36 run 35 (carry .whl): the Qwen3-8B calibration at B 1, 2 and C 1K-8K on an empty
+#            Triton cache with radix_topk's PARTS fixed (topk.MAX_PARTS), and which kernels it
+#            compiled when (benchmarks/gpu/compile_timeline.py).
+#   stage 37 run 36 (carry .whl): radix_topk's GPU tests and the selection step of kernels.py
+#            with its budget integers unspecialised, then stage 36's calibration again.
+#   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
+#            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
+#            in a next call (carry .resume: the returned tgz unpacked to
+#            .resume/qwen3-8b-h200). Then `8 vb` against it, once it is packaged.
 #   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
 #            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
@@ -136,7 +154,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30 or 31}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36 or 37}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -656,6 +674,49 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout 200 python3 benchmarks/gpu/tma_probe.py --set run30 --out "$OUT/tma_probe.csv" \
     --shapes 4:131072:16,16:32768:16,4:131072:8,4:131072:1 2>&1 | tail -30 \
     | tee "$OUT/tma_probe.log"
+  ;;
+32)
+  timeout 230 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
+    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  ;;
+34)
+  timeout 400 python3 benchmarks/gpu/sparse_probe.py --out "$OUT/sparse_probe.csv" 2>&1 \
+    | tail -200 | tee "$OUT/sparse_probe.log"
+  ;;
+35)
+  gpu_tests tests/kernels kernel_gpu_tests.log
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
+  timeout 230 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
+    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  ;;
+37)
+  gpu_tests tests/kernels/test_topk.py topk_gpu_tests.log
+  timeout 120 python3 benchmarks/kernels.py --quick --only select --rounds 3 \
+    --out "$OUT/kernels_select.csv" 2>&1 | grep -A3 "radix_topk\|Vegas selection" \
+    | tee "$OUT/kernels_select.log"
+  bash "$0" 36
+  ;;
+36)
+  export TRITON_CACHE_DIR=/tmp/triton-cache-run35
+  rm -rf $TRITON_CACHE_DIR $TR/q8b-small
+  s0=$(date +%s)
+  timeout 400 "${cli[@]}" calibrate --model qwen3-8b --weights random --methods all \
+    --batch 1,2 --context 1K..8K:x2 --n-query 1 --gamma 1,3,7,15 --sparsity 0.01,0.05,0.2 \
+    --out $TR/q8b-small > "$OUT/q8b_small.log" 2>&1
+  echo "rc=$? wall $(( $(date +%s) - s0 )) s" | tee -a "$OUT/q8b_small.log"
+  tail -4 "$OUT/q8b_small.log"
+  python3 benchmarks/gpu/compile_timeline.py $TRITON_CACHE_DIR $TR/q8b-small \
+    > "$OUT/compile_timeline.txt" 2>&1
+  grep "POINT\|compiled kernels" "$OUT/compile_timeline.txt"
+  python3 -c "import json; print(json.dumps(json.load(open('$TR/q8b-small/run_log.json'))['sessions'][-1]['points']))" \
+    > "$OUT/points.json" 2>&1
+  ;;
+33)
+  [ -d .resume/qwen3-8b-h200 ] && cp -r .resume/qwen3-8b-h200 $TR/
+  timeout ${Q8B_TIMEOUT:-540} "${cli[@]}" calibrate --model qwen3-8b --weights random \
+    --methods all --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
+    --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -6 | tee "$OUT/q8b.log"
+  tar czf "$OUT/qwen3-8b-h200.tgz" -C $TR qwen3-8b-h200
   ;;
 4)
   join_gguf || exit 2

@@ -119,3 +119,32 @@ def test_probe_runs_last_and_records_the_int32_crash(bk: ModuleType, tmp_path: P
     assert "int64 tile offsets" in rows[1]["note"]
     assert "probe int32 tile offsets FAILED" in rows[2]["note"] and "illegal" in rows[2]["note"]
     assert "CUDA context lost in step probe" in rows[3]["note"]
+
+
+def test_selection_share_is_of_the_whole_iteration(bk: ModuleType, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """DESIGN.md's iteration is γ draft steps + the verify pass: the target's share divides by
+    that, and the verify-pass share is reported beside it."""
+    out = tmp_path / "k.csv"
+    assert bk.main(["--quick", "--out", str(out), "--only", "select"]) == 0
+    rows = [r for r in csv.DictReader(out.open()) if r["kind"] == "select"]
+
+    def ms(prefix: str) -> float:
+        return float(next(r["ms"] for r in rows if r["note"].startswith(prefix)))
+
+    verify_pass = ms("verify_attention_c2q_x36") + ms("gemm_measured")
+    draft_step = ms("draft_step")
+    assert draft_step == pytest.approx(ms("draft_gemm_measured")
+                                       + ms("sparse_draft_attention_x36"))
+    gamma = bk.SELECT_SHAPE[2] - 1
+    share = next(r for r in rows if r["note"].startswith(bk.SHARE_OF_ITERATION))
+    share_verify = next(r for r in rows if r["note"].startswith(bk.SHARE_OF_VERIFY))
+    sel = float(share["ms"])
+    assert float(share["overhead_pct"]) == pytest.approx(
+        100 * sel / (verify_pass + gamma * draft_step), rel=1e-4)
+    assert float(share_verify["overhead_pct"]) == pytest.approx(100 * sel / verify_pass,
+                                                                rel=1e-4)
+    table = next(line for line in capsys.readouterr().out.splitlines()
+                 if line.startswith("| Vegas selection share of an iteration"))
+    assert f"{float(share['overhead_pct']):.1f} %" in table
+    assert f"verify pass alone: {float(share_verify['overhead_pct']):.1f} %" in table

@@ -162,3 +162,29 @@ def test_gpu_repeatable(use_triton: None) -> None:
     for _ in range(10):
         assert torch.equal(radix_topk(w, 9175), first)
     run(w.cpu(), 9175, "cuda")
+
+
+def test_constexprs_do_not_follow_the_row_shape(monkeypatch: pytest.MonkeyPatch,
+                                                use_triton: None) -> None:
+    """One compiled kernel set serves every row length >= BLOCK_DEFAULT and every row count:
+    a calibration calls the top-k at each context and batch of its grid, and a constexpr that
+    follows the shape (PARTS did) recompiles at each one (H200 run 34: 40-68 s a point)."""
+    from vegas_sim.kernels import topk
+
+    seen: set[tuple[tuple[str, object], ...]] = set()
+
+    class Recording:
+        def __init__(self, kernel: object) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: object):  # type: ignore[no-untyped-def]
+            def launch(*args: object, **kw: object) -> object:
+                seen.add(tuple(sorted((k, v) for k, v in kw.items() if k.isupper())))
+                return self.kernel[grid](*args, **kw)  # type: ignore[index]
+            return launch
+
+    for name in ("_compact_kernel", "_refine_kernel"):
+        monkeypatch.setattr(topk, name, Recording(getattr(topk, name)))
+    for rows, S in [(1, 1100), (3, 2300), (2, 5000), (40, 1024)]:
+        run(rand(rows, S, seed=S), 37, "cpu")
+    assert len(seen) == 2, seen  # one constexpr set per kernel

@@ -36,6 +36,28 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
     assert va.choose_splits(8, 100, 128, 132) == 1  # shorter than one tile
 
 
+@pytest.mark.parametrize("B,keys", [(1, 6586), (1, 360), (4, 1343), (16, 360), (4, 8192),
+                                    (1, 33), (2, 16384)])
+def test_sparse_small_selections_use_every_split(B: int, keys: int, use_triton: None) -> None:
+    """Up to SMALL_SELECTION keys: 32-key tiles, ~4 programs per SM, and no split left empty
+    by the kernel's whole-tile chunks (cdiv(cdiv(keys, splits), BLOCK_N) tiles each)."""
+    from vegas_sim.kernels import sparse_attention as sa
+
+    splits, block_n = sa.launch_shape(B, 8, keys, 132)
+    assert block_n == sa.SMALL_BLOCK_N
+    chunk = math.ceil(math.ceil(keys / splits) / block_n) * block_n
+    assert math.ceil(keys / chunk) == splits  # every split gets keys
+    tiles = math.ceil(keys / block_n)
+    assert splits == min(tiles, splits) and B * 8 * splits <= 5 * 132
+
+
+def test_sparse_large_selections_keep_the_64_key_launch(use_triton: None) -> None:
+    from vegas_sim.kernels import sparse_attention as sa
+
+    keys = sa.SMALL_SELECTION // 16 + 1  # B 16 just past the switch
+    assert sa.launch_shape(16, 8, keys, 132) == (sa.choose_splits(16, 8, keys, 132, 64), 64)
+
+
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
     wide = va.VerifyConfig(2, 32, 4, 4, tma=True)  # B=16: 128 heads x 2 splits on 132 SMs
     assert va.choose_config(16, 8, 16, 4, 32768, 132) == wide

@@ -62,7 +62,9 @@ sparsities × 4 workloads × 2 temperatures, 16-32 prompts × 32 iterations each
 minutes as 8 parallel processes, each method's
 sparsities batched (run 5 ran one point at a time: ≈ 13 s a point per process, 17 minutes).
 `quick_plan` (9 points) took 49 s on the H200 (run 6, benchmarks/results/h200/
-calibrate_quick_run6.log).
+calibrate_quick_run6.log). Not re-timed since: the code of 2026-11-30 (radix top-k, more
+verify launches) was measured on 8 points only (B 1, 2 × C 1K-8K: 108 s on an empty Triton
+cache, run 36; a compile per context of the top-k, 188 s, was fixed for it, docs/RESULTS.md).
 Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
 scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
 from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the

@@ -95,6 +95,29 @@ def choose_splits(batch: int, hkv: int, max_keys: int, n_sms: int, block_n: int,
     return int(min(want, max(1, max_keys // (min_tiles * block_n))))
 
 
+# Small and mid-size selections (B · keys per request up to SMALL_SELECTION) take 32-key tiles
+# and ~4 programs per SM, with the split count fitted to whole tiles so that every split gets
+# keys (`choose_splits` rounds each split up to whole tiles and can leave a fifth of them
+# empty). H200 run 32 (benchmarks/results/sparse_probe_h200_run32.csv), against the 64-key
+# default: B 1 C 32K s 0.01 6.68 -> 5.36 µs, B 1 C 32K s 0.2 15.94 -> 14.88, B 4 C 128K s 0.01
+# 13.86 -> 13.08, B 16 C 32K s 0.01 12.58 -> 12.06, B 4 C 32K s 0.2 36.55 -> 35.40; B 4 C 32K
+# s 0.05 14.73 -> 15.04 (worse); above it (B 16 C 128K s 0.05) 108.7 -> 112.9, so the 64-key
+# launch stays there.
+SMALL_SELECTION = 2**15
+SMALL_BLOCK_N = 32
+SMALL_PER_SM = 4
+
+
+def launch_shape(batch: int, hkv: int, max_keys: int, n_sms: int,
+                 min_tiles: int = MIN_TILES_DEFAULT) -> tuple[int, int]:
+    """(splits, BLOCK_N) of one call: see SMALL_SELECTION."""
+    if batch * max_keys <= SMALL_SELECTION:
+        tiles = math.ceil(max_keys / SMALL_BLOCK_N)
+        want = max(1, round(SMALL_PER_SM * n_sms / max(1, batch * hkv)))
+        return math.ceil(tiles / math.ceil(tiles / want)), SMALL_BLOCK_N
+    return choose_splits(batch, hkv, max_keys, n_sms, 64, min_tiles), 64
+
+
 def sparse_draft_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -106,12 +129,14 @@ def sparse_draft_attention(
     scale: float,
     *,
     splits: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
     min_tiles: int = MIN_TILES_DEFAULT,
 ) -> Tensor:
-    """Triton launcher; same contract as `reference.sparse_draft_attention` (API.md)."""
+    """Triton launcher; same contract as `reference.sparse_draft_attention` (API.md).
+    `splits` / `block_n` None: `launch_shape`'s (a split count for a given block_n comes
+    from `choose_splits`)."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -125,10 +150,13 @@ def sparse_draft_attention(
     lens = cache_lens.to(device=q.device, dtype=torch.int32).contiguous()
     BLOCK_M = max(16, _next_pow2(G))
     BLOCK_D = max(16, _next_pow2(D))
-    if splits is None:
-        # keys per request without a host sync: K + a typical tail (the split count only
-        # affects speed; the kernel sizes each split from the true count)
-        max_keys = int(indices.shape[1]) + 32
+    # keys per request without a host sync: K + a typical tail (the launch shape only affects
+    # speed; the kernel sizes each split from the true count)
+    max_keys = int(indices.shape[1]) + 32
+    if block_n is None:
+        auto_splits, block_n = launch_shape(B, Hkv, max_keys, num_sms(q.device), min_tiles)
+        splits = auto_splits if splits is None else splits
+    elif splits is None:
         splits = choose_splits(B, Hkv, max_keys, num_sms(q.device), block_n, min_tiles)
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device)

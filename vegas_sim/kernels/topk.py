@@ -74,10 +74,20 @@ SAMPLE_WARPS = 8
 REFINE_BLOCK = 512  # elements per step of the refinement (a part's list: ~360 at 15 parts)
 REFINE_WARPS = 4
 PROGRAMS_PER_SM = 16  # target programs per SM of the full-row pass (split 8: 0.165 ms)
+# Parts (programs) per row of the full-row pass, at most; also the kernels' PARTS constexpr,
+# fixed so that one compiled kernel serves every row length and row count. When PARTS was
+# next_pow2(parts of this call), every new context of a calibration at B = 1 compiled the
+# kernels again: the Qwen3-8B grid's first point at each context took 40-68 s instead of
+# ~8 (H200 run 34, results/h200/calibrate_q8b_progress_run34.jsonl; run 6: 5-14 s).
+MAX_PARTS = 64
 MAX_PATTERN = tl.constexpr(0x7FFFFFFF)  # the largest int32: +inf and NaN patterns included
 
 
-@triton.jit
+# The budget-dependent integers are not specialised (Triton compiles a kernel again for each
+# new pattern of "== 1" / "divisible by 16" among its integer arguments): a calibration meets
+# a new budget at every context, and _refine_kernel takes ~20 s to compile on the H200 (run
+# 35: 4 compiles of it in 8 points, 80 of the run's 188 s).
+@triton.jit(do_not_specialize=["r_hi", "r_lo"])
 def _sample_kernel(BITS, STATE, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: tl.constexpr):
     """Program row: STATE[row] = (t_lo, t_hi), t_hi the r_hi-th largest sampled pattern
     (MAX_PATTERN when r_hi = 0: nothing is surely in), t_lo the r_lo-th.
@@ -241,7 +251,7 @@ def _histogram(SCR, ROW, CANDS, row, valid, n_seg, S, part_len, lo, hi, sh, lo2,
     return hist
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "k", "n_parts", "part_len"])
 def _refine_kernel(
     BITS, STATE, WINS, CANDS, WIN_POS, OUT, SCRATCH, S, k, n_parts, part_len,
     PASSES: tl.constexpr, NB: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
@@ -359,7 +369,8 @@ def radix_topk(
     synchronisation (capturable in a CUDA graph).
 
     Tuning (the defaults are for [144, 131200] on the H200): block, num_warps, split: the
-    full-row pass's elements per step (a power of 2, <= 16384), warps and programs per row;
+    full-row pass's elements per step (a power of 2, <= 16384), warps and programs per row
+    (at most MAX_PARTS);
     sample: sampled patterns per row (a power of 2, <= 16384); refine_block: the refinement's
     elements per step (<= 16384); log2_bins: bits per radix pass (5..8)."""
     assert weights.dtype == torch.float32 and weights.is_contiguous()
@@ -379,9 +390,9 @@ def radix_topk(
     assert 5 <= log2_bins <= 8, log2_bins
     warps = WARPS_DEFAULT if num_warps is None else num_warps
     n_blocks = triton.cdiv(S, block)
-    per_prog = triton.cdiv(n_blocks, split or _split(rows, n_blocks, dev))
-    n_parts = triton.cdiv(n_blocks, per_prog)
-    parts = max(2, _next_pow2(n_parts))
+    per_prog = triton.cdiv(n_blocks, min(split or _split(rows, n_blocks, dev), MAX_PARTS))
+    n_parts = triton.cdiv(n_blocks, per_prog)  # <= MAX_PARTS
+    parts = MAX_PARTS
     bits = weights.view(torch.int32).reshape(rows, S)  # the patterns, no copy
     state = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # t_lo, t_hi
     wins = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # > t_hi, per part
