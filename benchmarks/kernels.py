@@ -356,17 +356,23 @@ def sparse_ratio(ms: float, launch: float, nbytes: float, copy_bw: float) -> flo
     return (ms - launch) / (nbytes / copy_bw / 1e6)
 
 
-def bench_sparse(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
-                 big: bool = False) -> None:
-    """Sparse draft attention at C >= 32K; `big` as in bench_verify. Failures are recorded."""
+def sparse_launch_ms(gen: torch.Generator, **knobs: Any) -> float:
+    """The sparse target's "launch": the same op on 2 keys (one selected, one tail)."""
     from vegas_sim.kernels import sparse_attention as sa
 
-    gen = torch.Generator(device=DEV).manual_seed(2)
     q1 = torch.randn(1, HQ, D, device=DEV, dtype=torch.bfloat16)
     k1, v1 = make_cache(gen, 1, 64)
     one = torch.ones(1, dtype=torch.int32, device=DEV)
     idx1 = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
-    launch = bench(lambda: sa.sparse_draft_attention(q1, k1, v1, idx1, one, one, one + 1, SCALE))
+    return bench(lambda: sa.sparse_draft_attention(q1, k1, v1, idx1, one, one, one + 1, SCALE,
+                                                   **knobs))
+
+
+def bench_sparse(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                 big: bool = False) -> None:
+    """Sparse draft attention at C >= 32K; `big` as in bench_verify. Failures are recorded."""
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    launch = sparse_launch_ms(gen)
     out.append(row("sparse", batch=1, context=2, ms=launch,
                    note="launch: the same op on 2 keys, CUDA-graph replayed"))
     for C in [c for c in args.contexts if c >= LONG_C]:
@@ -1042,13 +1048,8 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
 
     verify_shapes(SWEEP_VERIFY[:3])
     # sparse draft: launch term and small selections, split rule (min tiles per split)
-    q1 = torch.randn(1, HQ, D, device=DEV, dtype=torch.bfloat16)
-    k1, v1 = make_cache(gen, 1, 64)
-    one = torch.ones(1, dtype=torch.int32, device=DEV)
-    idx1 = torch.zeros(1, 1, dtype=torch.int32, device=DEV)
     for mt in (4, 1):
-        ms = bench(lambda: sa.sparse_draft_attention(q1, k1, v1, idx1, one, one, one + 1,
-                                                     SCALE, min_tiles=mt))
+        ms = sparse_launch_ms(gen, min_tiles=mt)
         record("sparse", f"launch-2keys mt{mt}", ms, kv_bytes(1, 2), batch=1, context=2)
     for B, C, s in [(1, 131072, 0.01), (1, 131072, 0.05), (4, 32768, 0.05), (1, 32768, 0.2),
                     (16, 131072, 0.05)]:

@@ -173,6 +173,11 @@ gpu_tests() {  # gpu_tests PATH LOG [pytest args...]: the -m gpu tests of PATH, 
     | tee "$OUT/$log"
 }
 
+kernel_table() {  # kernel_table LIMIT_S: the committed kernel table's command (runs 19-33)
+  timeout $1 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
+    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+}
+
 finalize() {  # a set cut by its timeout is still usable: merge the points it measured
   python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$1')" 2>&1 | tail -2
 }
@@ -641,11 +646,10 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   timeout 540 python3 benchmarks/gpu/tma_probe.py --set run24 --out "$OUT/tma_probe.csv" \
     2>&1 | tail -160 > "$OUT/tma_probe.log"
   ;;
-26)
+26|35)  # 35: the same with a 230 s limit for the table
   gpu_tests tests/kernels kernel_gpu_tests.log
   gpu_tests tests/calibrate calibrate_gpu_tests.log
-  timeout 220 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
-    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  kernel_table $([ $stage = 26 ] && echo 220 || echo 230)
   ;;
 27)
   timeout 300 python3 benchmarks/gpu/tma_probe.py --set run26 --out "$OUT/tma_probe.csv" \
@@ -676,18 +680,11 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     | tee "$OUT/tma_probe.log"
   ;;
 32)
-  timeout 230 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
-    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
+  kernel_table 230
   ;;
 34)
   timeout 400 python3 benchmarks/gpu/sparse_probe.py --out "$OUT/sparse_probe.csv" 2>&1 \
     | tail -200 | tee "$OUT/sparse_probe.log"
-  ;;
-35)
-  gpu_tests tests/kernels kernel_gpu_tests.log
-  gpu_tests tests/calibrate calibrate_gpu_tests.log
-  timeout 230 python3 benchmarks/kernels.py --quick --only verify,select,sparse --rounds 3 \
-    --step-budget-s 200 --out "$OUT/kernels_h200.csv" 2>&1 | tail -60 | tee "$OUT/kernels.log"
   ;;
 37)
   gpu_tests tests/kernels/test_topk.py topk_gpu_tests.log

@@ -74,9 +74,14 @@ def run_probe(args: argparse.Namespace, shapes: list[Shape], candidates: Candida
                   f"{pct:+6.1f} % vs none", flush=True)
         del caches, calls
         torch.cuda.empty_cache()
-    with open(args.out, "w", newline="") as f:
+    write_rows(args.out, rows)
+    print(f"HQ {HQ} HKV {HKV}; wrote {args.out}", flush=True)
+    return 0
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A probe's CSV: one row per dict, the first row's keys as the header."""
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"HQ {HQ} HKV {HKV}; wrote {args.out}", flush=True)
-    return 0

@@ -9,7 +9,6 @@ replays, fastest of interleaved rounds, index sets and caches rotated past the L
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import sys
 from functools import partial
@@ -18,20 +17,22 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import (
     HQ,
     SCALE,
     D,
-    bench,
     copy_bandwidth,
     kv_bytes,
     make_cache,
     min_of_rounds,
     n_copies,
     rotating,
+    sparse_launch_ms,
     sparse_ratio,
 )
+from probe_common import write_rows
 
 from vegas_sim.kernels import sparse_attention as sa
 
@@ -104,19 +105,12 @@ def main() -> int:
         (int(b), int(c), float(s)) for b, c, s in (t.split(":") for t in args.shapes.split(","))]
     copy_bw = copy_bandwidth()
     gen = torch.Generator(device="cuda").manual_seed(2)
-    q1 = torch.randn(1, HQ, D, device="cuda", dtype=torch.bfloat16)
-    k1, v1 = make_cache(gen, 1, 64)
-    one = torch.ones(1, dtype=torch.int32, device="cuda")
-    idx1 = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
-    launch = bench(lambda: sa.sparse_draft_attention(q1, k1, v1, idx1, one, one, one + 1, SCALE))
+    launch = sparse_launch_ms(gen)
     print(f"copy {copy_bw:.0f} GB/s, launch (2 keys) {launch * 1e3:.2f} us", flush=True)
     rows = []
     for B, C, s in shapes:
         rows += probe_shape(gen, B, C, s, args.rounds, copy_bw, launch)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(args.out, rows)
     print(f"wrote {args.out}", flush=True)
     return 0
 
