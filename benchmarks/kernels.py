@@ -94,7 +94,7 @@ def copy_bandwidth(gib: float = 4.0) -> float:
         y.copy_(x)
     # run 4 read 2772 GB/s from the graph timer right after start vs 4256 eager (run 3):
     # keep the larger of the two, so ratios are never inflated by a low denominator
-    ms = min(bench(lambda: y.copy_(x)), bench(lambda: y.copy_(x), graph=False))
+    ms = min(bench(partial(y.copy_, x)), bench(partial(y.copy_, x), graph=False))
     del x, y
     return 2 * n * 2 / ms / 1e6
 
@@ -517,9 +517,9 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     K = int(budget[0])
     # topk_select reads max(budget) on the host (one sync, not capturable); its GPU work is
     # this one torch.topk, timed under a graph. The eager op is in the CSV too.
-    topk_ms = bench(lambda: torch.topk(weights, K, dim=-1, sorted=False))
-    topk_eager_ms = bench(lambda: ops.topk_select(weights, budget), graph=False)
-    topk_sorted_ms = bench(lambda: torch.topk(weights, K, dim=-1, sorted=True))
+    topk_ms = bench(partial(torch.topk, weights, K, dim=-1, sorted=False))
+    topk_eager_ms = bench(partial(ops.topk_select, weights, budget), graph=False)
+    topk_sorted_ms = bench(partial(torch.topk, weights, K, dim=-1, sorted=True))
     radix_ms = bench_radix_topk(weights, K, out)
     sparse_ms = draft_attention_ms(gen, k, v, K, NQ - 1)
     del k, v, weights
@@ -528,8 +528,8 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     # scores and folds them after the last layer): all 36 layers' scores in one launch,
     # [36·B, R, Hq, S]; 36 launches of one layer (w_ms, above) beside it.
     scores36 = scores.repeat(LAYERS, 1, 1, 1)
-    w36_ms = bench(lambda: ops.score_weights(scores36, lse2.repeat(LAYERS, 1, 1), SCALE,
-                                             rank.repeat(LAYERS)))
+    w36_ms = bench(partial(ops.score_weights, scores36, lse2.repeat(LAYERS, 1, 1), SCALE,
+                           rank.repeat(LAYERS)))
     w36_gbps = LAYERS * (scores.numel() * 2.0 + B * scores.shape[-1] * 4.0) / w36_ms / 1e6
     out.append(row("select", batch=B, context=C, n_query=NQ, ms=w36_ms, gbps=w36_gbps,
                    ratio_copy=w36_gbps / copy_bw, note="score_weights_36_layers_one_launch"))
@@ -763,8 +763,8 @@ def summary(rows: list[dict[str, Any]]) -> None:
         print("\nverify attention, C >= 32K (ratio to copy: min over B, C; overhead % max):")
         for nq in sorted({r["n_query"] for r in ver}):
             sel = [r for r in ver if r["n_query"] == nq]
-            parts = [f"  NQ={nq:2d}: copy ratio min "
-                     f"{min(r['ratio_copy'] for r in sel if r['collect'] == 'none'):.2f}"]
+            low = min(r["ratio_copy"] for r in sel if r["collect"] == "none")
+            parts = [f"  NQ={nq:2d}: copy ratio min {low:.2f}"]
             for mode in ("first_last", "all"):
                 o = [r["overhead_pct"] for r in sel if r["collect"] == mode]
                 if o:
@@ -1022,7 +1022,7 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
     weights = torch.rand(LAYERS, B, S, generator=gen, device=DEV)
     K = math.ceil(0.07 * 131065)
     for srt in (False, True):
-        ms = bench(lambda: torch.topk(weights, K, dim=-1, sorted=srt))
+        ms = bench(partial(torch.topk, weights, K, dim=-1, sorted=srt))
         record("topk", f"sorted={srt}", ms, weights.numel() * 4.0, batch=B, context=131072)
     del scores, weights
     torch.cuda.empty_cache()

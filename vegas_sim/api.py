@@ -62,7 +62,7 @@ def load_models(
     graph_launch_ms: replace the measured per-step host overhead by this launch cost (what a
     CUDA-graph engine would see); the GPU work keeps its fitted/roofline terms.
     """
-    import vegas_sim.traces.catalog as catalog
+    from vegas_sim.traces import catalog
 
     latency_set, acceptance_set, notes = catalog.resolve(model, traces)
     latency = fit_latency(latency_set)
@@ -70,15 +70,15 @@ def load_models(
         latency = latency.what_if(get_gpu(gpu))
         notes = [*notes, f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
     if graph_launch_ms is None and latency.host_bound_share() > 0.5:
-        notes = [*notes, f"{latency.host_bound_share():.0%} of the measured latency points are "
-                         "host-bound (the host's work per step exceeds the GPU's: an eager "
-                         "runtime, or a small model): predictions are for that runtime; "
-                         "--graph-launch-ms 0.5 replaces the host floor by a fixed launch cost "
-                         "(what-if, not measured)"]
+        notes = [*notes, (f"{latency.host_bound_share():.0%} of the measured latency points are "
+                          "host-bound (the host's work per step exceeds the GPU's: an eager "
+                          "runtime, or a small model): predictions are for that runtime; "
+                          "--graph-launch-ms 0.5 replaces the host floor by a fixed launch cost "
+                          "(what-if, not measured)")]
     if graph_launch_ms is not None:
         latency = latency.without_host_overhead(graph_launch_ms)
-        notes = [*notes, f"host overhead replaced by {graph_launch_ms} ms per step "
-                         "(CUDA-graph what-if) — NOT measured"]
+        notes = [*notes, (f"host overhead replaced by {graph_launch_ms} ms per step "
+                          "(CUDA-graph what-if) — NOT measured")]
     return latency, fit_acceptance(acceptance_set), tuple(notes)
 
 

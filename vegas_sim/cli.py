@@ -243,7 +243,7 @@ def traces_list() -> None:
 
         vegas-sim traces list
     """
-    import vegas_sim.traces.catalog as catalog
+    from vegas_sim.traces import catalog
 
     sets = catalog.packaged_sets()
     if not sets:

@@ -27,11 +27,12 @@ def smollm2() -> tuple[Transformer, Any, dict[str, Any]]:
 
 def tiny_spec(arch: str = "llama", **kw: Any) -> ModelSpec:
     """A 2-layer model of `arch` with GQA (4 query heads over 2 KV heads), head_dim 16."""
-    base: dict[str, Any] = dict(
-        name=f"tiny-{arch}", architecture=arch, n_layers=2, hidden=64, n_heads=4, n_kv_heads=2,
-        head_dim=16, ffn=96, vocab=101, max_positions=256, rope_theta=10000.0, rms_eps=1e-6,
-        tie_embeddings=arch != "qwen2", qk_norm=arch == "qwen3", qkv_bias=arch == "qwen2",
-    )
+    base: dict[str, Any] = {
+        "name": f"tiny-{arch}", "architecture": arch, "n_layers": 2, "hidden": 64,
+        "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "ffn": 96, "vocab": 101,
+        "max_positions": 256, "rope_theta": 10000.0, "rms_eps": 1e-6,
+        "tie_embeddings": arch != "qwen2", "qk_norm": arch == "qwen3", "qkv_bias": arch == "qwen2",
+    }
     base.update(kw)
     return ModelSpec(**base)
 

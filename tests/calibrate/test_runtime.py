@@ -12,8 +12,15 @@ import torch
 
 from tests.calibrate.conftest import tiny_model, tiny_spec
 from vegas_sim.calibrate.runtime import (
-    DenseAttention, GraphedForward, KVCache, Layer, Transformer, equal_runs, load_model,
-    masked_attention, rope_inv_freq,
+    DenseAttention,
+    GraphedForward,
+    KVCache,
+    Layer,
+    Transformer,
+    equal_runs,
+    load_model,
+    masked_attention,
+    rope_inv_freq,
 )
 from vegas_sim.errors import UserInputError
 from vegas_sim.models import get_preset

@@ -55,9 +55,9 @@ def test_top_k_and_top_p_filter() -> None:
     assert torch.allclose(hot, torch.tensor([16, 9, 4, 1]) / 30.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1)])
+@pytest.mark.parametrize("kw", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -1}])
 def test_bad_sampling_args_raise(kw: dict[str, float]) -> None:
-    args = dict(temperature=1.0, top_p=1.0, top_k=0) | kw
+    args = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} | kw
     with pytest.raises(UserInputError):
         probs_from_logits(torch.zeros(4), args["temperature"], args["top_p"], int(args["top_k"]))
 

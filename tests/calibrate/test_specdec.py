@@ -286,9 +286,9 @@ def test_synthetic_state_phases_keep_context_fixed(method: str) -> None:
 
 
 def test_config_validation() -> None:
-    for kw in (dict(method="nope", gamma=2), dict(method="vegas", gamma=0),
-               dict(method="vegas", gamma=16), dict(method="vegas", gamma=2, sparsity=0.0),
-               dict(method="vegas", gamma=2, temperature=-1.0)):
+    for kw in ({"method": "nope", "gamma": 2}, {"method": "vegas", "gamma": 0},
+               {"method": "vegas", "gamma": 16}, {"method": "vegas", "gamma": 2, "sparsity": 0.0},
+               {"method": "vegas", "gamma": 2, "temperature": -1.0}):
         with pytest.raises(UserInputError):
             SpecConfig(**kw)  # type: ignore[arg-type]
     model = tiny_model("llama")
@@ -314,9 +314,8 @@ def test_timer_nested_phases_are_excluded_and_merged() -> None:
     assert ms["quest_meta"] >= 28  # three nested intervals summed into one sample
     timer.reset()
     assert timer.summary() == {}
-    with pytest.raises(UserInputError):
-        with timer.phase("bogus"):
-            pass
+    with pytest.raises(UserInputError), timer.phase("bogus"):
+        pass
 
 
 # ------------------------------------------------------------------ CUDA graphs (GPU only)

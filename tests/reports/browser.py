@@ -55,9 +55,12 @@ class _Pipe:
             os.dup2(to_chrome_r, 3)
             os.dup2(from_chrome_w, 4)
 
+        # preexec_fn (not thread-safe) runs before any test thread starts a browser: the
+        # DevTools pipe must sit on fds 3 and 4 of the child
         self.proc = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={user_data_dir}"], pass_fds=(3, 4),
-            preexec_fn=wire, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            preexec_fn=wire,  # noqa: PLW1509
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buf = b""

@@ -33,16 +33,16 @@ def fake_sweep(rng: np.random.Generator) -> pd.DataFrame:
         verify = 1.0 + context / 32768
         it = draft + verify + 0.1 if method != "vanilla" else verify
         thr = batch * acc / it * 1000 * rng.uniform(0.98, 1.02)
-        rows.append(dict(
-            method=method, gamma=gamma, sparsity=s, batch=batch, context=context,
-            output_len=256, engine="analytic", throughput_tok_s=thr,
-            throughput_ci_low=thr * 0.97, throughput_ci_high=thr * 1.03,
-            acceptance_length=acc, rates=rates, iter_ms=it,
-            ms_draft_step=draft if method != "vanilla" else 0.0,
-            ms_verify=verify if method != "vanilla" else 0.0,
-            ms_decode=verify if method == "vanilla" else 0.0, ms_sample=0.1,
-            extrapolated=False, gpu="NVIDIA H200 (measured)",
-        ))
+        rows.append({
+            "method": method, "gamma": gamma, "sparsity": s, "batch": batch, "context": context,
+            "output_len": 256, "engine": "analytic", "throughput_tok_s": thr,
+            "throughput_ci_low": thr * 0.97, "throughput_ci_high": thr * 1.03,
+            "acceptance_length": acc, "rates": rates, "iter_ms": it,
+            "ms_draft_step": draft if method != "vanilla" else 0.0,
+            "ms_verify": verify if method != "vanilla" else 0.0,
+            "ms_decode": verify if method == "vanilla" else 0.0, "ms_sample": 0.1,
+            "extrapolated": False, "gpu": "NVIDIA H200 (measured)",
+        })
     df = pd.DataFrame(rows)
     keys = ["batch", "context"]
     van = df[df["method"] == "vanilla"].set_index(keys)["throughput_tok_s"]
@@ -55,11 +55,12 @@ def fake_sweep(rng: np.random.Generator) -> pd.DataFrame:
 def fake_validate(rng: np.random.Generator) -> pd.DataFrame:
     meas = rng.uniform(100, 1000, size=8)
     pred = meas * (1 + rng.normal(0, 0.03, size=8))
-    return pd.DataFrame(dict(
-        method="vegas", gamma=6, sparsity=0.05, batch=[1, 2, 4, 8] * 2, context=32768,
-        predicted=pred, measured=meas, error_pct=100 * (pred - meas) / meas,
-        ci_low=pred * 0.98, ci_high=pred * 1.02, extrapolated=[False, True] * 4,
-        regime=["real"] * 4 + ["random+replay"] * 4))
+    return pd.DataFrame({
+        "method": "vegas", "gamma": 6, "sparsity": 0.05, "batch": [1, 2, 4, 8] * 2,
+        "context": 32768,
+        "predicted": pred, "measured": meas, "error_pct": 100 * (pred - meas) / meas,
+        "ci_low": pred * 0.98, "ci_high": pred * 1.02, "extrapolated": [False, True] * 4,
+        "regime": ["real"] * 4 + ["random+replay"] * 4})
 
 
 def test_csv_round_trip_spreads_rates(tmp_path: Path) -> None:

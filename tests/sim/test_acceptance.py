@@ -13,8 +13,13 @@ import pandas as pd
 import pytest
 
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.sim.acceptance import (AcceptanceDist, AcceptanceModel, _match_rates,
-                                      extend_rates, smoother_matrix)
+from vegas_sim.sim.acceptance import (
+    AcceptanceDist,
+    AcceptanceModel,
+    _match_rates,
+    extend_rates,
+    smoother_matrix,
+)
 from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA
 
 BASE = {0.05: 0.55, 0.1: 0.72, 0.2: 0.86}  # first-position acceptance by sparsity (monotone)
@@ -60,7 +65,7 @@ def make_acceptance(
                                         prob = np.clip(p + rng.normal(0, 0.1, g), 0, 1)
                                         ok = rng.random(g) < prob
                                     acc = int(np.argmin(ok)) if not ok.all() else g
-                                    recs.append((m, g, s, int(math.ceil(s * ctx)), ctx, temp, wl,
+                                    recs.append((m, g, s, math.ceil(s * ctx), ctx, temp, wl,
                                                  req, it, acc, prob.astype(np.float32), "real"))
                                     ctx += acc + 1
     return acceptance_frame(recs)
@@ -240,7 +245,7 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
 def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
     # Between traced buckets the rates are interpolated linearly in log-context.
     buckets = sorted(model.coverage()["context_buckets"])  # type: ignore[call-overload]
-    lo_b, hi_b = [b for b in buckets if b < 2000][-1], [b for b in buckets if b > 2000][0]
+    lo_b, hi_b = [b for b in buckets if b < 2000][-1], next(b for b in buckets if b > 2000)
     inside = model.lookup("vegas", 4, 0.1, 2000)
     assert inside.extrapolated == []
     w = (math.log(2000) - math.log(lo_b)) / (math.log(hi_b) - math.log(lo_b))
@@ -502,7 +507,7 @@ def noisy_smooth_traces(rng: np.random.Generator, gamma: int = 6, runs: int = 3,
                     prob = np.full(gamma, p, dtype=np.float32)
                     ok = rng.random(gamma) < p
                     acc = int(np.argmin(ok)) if not ok.all() else gamma
-                    recs.append(("vegas", gamma, s, int(math.ceil(s * ctx)), ctx, 0.6, "w", req,
+                    recs.append(("vegas", gamma, s, math.ceil(s * ctx), ctx, 0.6, "w", req,
                                  it, acc, prob, "real"))
                     ctx += acc + 1
     return acceptance_frame(recs)

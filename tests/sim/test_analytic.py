@@ -9,7 +9,9 @@ import pytest
 
 from tests.sim.test_engine import LinearCost, RatesDist, geometric_rates
 from vegas_sim.sim.analytic import (
-    analytic_throughput, expected_iterations, length_pmf,
+    analytic_throughput,
+    expected_iterations,
+    length_pmf,
 )
 from vegas_sim.sim.engine import EngineConfig, Lengths, simulate
 from vegas_sim.sim.metrics import summarize

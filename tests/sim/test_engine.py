@@ -11,7 +11,11 @@ from hypothesis import strategies as st
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.sim.engine import (
-    Arrivals, EngineConfig, EngineResult, Lengths, simulate,
+    Arrivals,
+    EngineConfig,
+    EngineResult,
+    Lengths,
+    simulate,
 )
 from vegas_sim.sim.metrics import mean_ci, steady_window, summarize, weighted_percentiles
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import vegas_sim.sim.fitcache as fitcache
 from vegas_sim import api
+from vegas_sim.sim import fitcache
 from vegas_sim.traces.io import load_trace_set
 
 META = {"content_hash": {"latency.parquet": "abc"}, "model": {"name": "m"}, "gpu": {"name": "g"}}

@@ -15,7 +15,12 @@ from vegas_sim.models import get_preset
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import (
-    Scenario, kv_capacity, predict, predict_one, prefill_fn, roofline_prefill_ms,
+    Scenario,
+    kv_capacity,
+    predict,
+    predict_one,
+    prefill_fn,
+    roofline_prefill_ms,
 )
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 

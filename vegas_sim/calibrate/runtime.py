@@ -20,9 +20,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +67,7 @@ def masked_attention(
     call, i.e. per layer, which made eager prefill of long prompts host-bound on the H200.
     q [B, NQ, Hq, D] -> [B, NQ, Hq, D].
     """
-    B, NQ, Hq, D = q.shape
+    _B, NQ, Hq, _D = q.shape
     s_max = k_cache.shape[1]
     bound = int(cache_lens.max().item()) if max_len is None else max_len
     kv_len = min(bound, s_max)

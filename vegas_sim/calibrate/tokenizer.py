@@ -139,7 +139,7 @@ class Tokenizer:
 
 def _default_system(template: str) -> str | None:
     """The default system message a ChatML jinja template inserts, if any (SmolLM2's)."""
-    m = re.search(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", template, flags=re.S)
+    m = re.search(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", template, flags=re.DOTALL)
     if m is None or "{{" in m.group(1) or "message" in m.group(1):
         return None
     return m.group(1)

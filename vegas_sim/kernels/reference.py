@@ -45,7 +45,7 @@ def verify_attention(
     Returns out [B, NQ, Hq, D] (q's dtype), lse [B, NQ, Hq] fp32 and scores
     [B, R, Hq, S_max] bf16 (raw q·k, -inf where masked) or None.
     """
-    B, NQ, Hq, D = q.shape
+    B, NQ, Hq, _D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
     group = Hq // Hkv
     rows = collect_row_ids(NQ, collect)
@@ -88,7 +88,7 @@ def sparse_draft_attention(
 
     q [B, Hq, D]; caches [B, S_max, Hkv, D]; indices [B, K]. Returns [B, Hq, D] in q's dtype.
     """
-    B, Hq, D = q.shape
+    B, Hq, _D = q.shape
     group = Hq // k_cache.shape[2]
     out = torch.empty_like(q)
     n_list, t_list, c_list = n_idx.tolist(), tail_start.tolist(), cache_lens.tolist()
@@ -122,7 +122,7 @@ def score_weights(
     request (SpecExtend) instead of the mean over all R rows. Zero at positions >= rank_len;
     inside, at least WEIGHT_FLOOR.
     """
-    B, R, Hq, S_max = scores.shape
+    B, _R, Hq, S_max = scores.shape
     if rows is not None:
         pick = rows.long().view(B, 1, 1, 1).expand(B, 1, Hq, S_max)
         scores = torch.gather(scores, 1, pick)  # [B, 1, Hq, S_max]
@@ -138,7 +138,7 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
 
     weights [L, B, S_max] fp32; budget [B] (already capped at rank_len). K = max(budget).
     """
-    L, B, S_max = weights.shape
+    L, B, _S_max = weights.shape
     K = int(budget.max().item()) if budget.numel() else 0
     if K == 0:
         return torch.empty(L, B, 0, dtype=torch.int32, device=weights.device)

@@ -204,11 +204,11 @@ def _quest_score_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     ok = (pages < P)[:, None] & (offs_d < D)[None, :]
     acc = tl.zeros([BLOCK_P], tl.float32)
-    for kvh in range(0, HKV):
+    for kvh in range(HKV):
         m_off = ((b * P + pages) * HKV + kvh).to(tl.int64)[:, None] * D + offs_d[None, :]
         hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
         lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
-        for g in range(0, G):
+        for g in range(G):
             qv = tl.load(Q + (b * HQ + kvh * G + g) * D + offs_d, mask=offs_d < D,
                          other=0.0).to(tl.float32)
             acc += tl.sum(tl.maximum(qv[None, :] * hi, qv[None, :] * lo), 1)

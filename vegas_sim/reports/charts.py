@@ -28,8 +28,9 @@ CELL_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c not in ("method", "gamma", "
 PHASE_ORDER = ("decode", "draft_step", "quest_meta", "verify", "collect", "select", "sample",
                "prefill", "other")
 MAX_HEATMAPS = 4
-LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=60, b=60),
-              font=dict(family="Helvetica, Arial, sans-serif", size=13))
+LAYOUT = {"template": "plotly_white", "height": 420,
+          "margin": {"l": 60, "r": 20, "t": 60, "b": 60},
+          "font": {"family": "Helvetica, Arial, sans-serif", "size": 13}}
 
 
 @dataclass
@@ -123,14 +124,15 @@ def heatmaps(df: pd.DataFrame) -> list[Chart]:
         fig = go.Figure(go.Heatmap(
             z=pivot.to_numpy(), x=[f"{s:g}" for s in pivot.columns],
             y=[str(int(v)) for v in pivot.index], colorscale="Viridis",
-            colorbar=dict(title="tok/s"),
+            colorbar={"title": "tok/s"},
             text=np.vectorize(lambda v: "" if np.isnan(v) else f"{v:.0f}")(pivot.to_numpy()),
             texttemplate="%{text}",
             hovertemplate="γ=%{y}<br>s=%{x}<br>%{z:.1f} tok/s<extra></extra>",
         ))
         fig.add_trace(go.Scatter(
             x=[f"{best['sparsity']:g}"], y=[str(int(best["gamma"]))], mode="markers",
-            marker=dict(symbol="star", size=16, color="red", line=dict(color="white", width=1)),
+            marker={"symbol": "star", "size": 16, "color": "red",
+                    "line": {"color": "white", "width": 1}},
             name="best", hovertemplate="best: γ=%{y}, s=%{x}<extra></extra>", showlegend=False,
         ))
         fig.update_layout(**LAYOUT, title=f"{key[0]} — {label}",
@@ -164,9 +166,9 @@ def method_comparison(df: pd.DataFrame) -> Chart:
         g = best[best["method"] == m]
         err = None
         if {"speedup_ci_low", "speedup_ci_high"} <= set(g.columns):
-            err = dict(type="data", symmetric=False,
-                       array=(g["speedup_ci_high"] - g["speedup_vs_vanilla"]).clip(lower=0),
-                       arrayminus=(g["speedup_vs_vanilla"] - g["speedup_ci_low"]).clip(lower=0))
+            err = {"type": "data", "symmetric": False,
+                   "array": (g["speedup_ci_high"] - g["speedup_vs_vanilla"]).clip(lower=0),
+                   "arrayminus": (g["speedup_vs_vanilla"] - g["speedup_ci_low"]).clip(lower=0)}
         fig.add_trace(go.Bar(
             x=g["cell"], y=g["speedup_vs_vanilla"], name=m, error_y=err,
             customdata=np.stack([g["gamma"], g["sparsity"], g["throughput_tok_s"]], axis=1),
@@ -325,20 +327,20 @@ def parity(df: pd.DataFrame) -> Chart:
     lo = float(min(d["predicted"].min(), d["measured"].min())) * 0.9
     hi = float(max(d["predicted"].max(), d["measured"].max())) * 1.1
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="perfect",
-                             line=dict(color="gray", dash="dot"), hoverinfo="skip"))
+                             line={"color": "gray", "dash": "dot"}, hoverinfo="skip"))
     config = [c for c in ("method", "gamma", "sparsity", "batch", "context") if c in d.columns]
     for regime, g in d.groupby("regime", sort=True):
         err = None
         if {"ci_low", "ci_high"} <= set(g.columns) and not g["ci_low"].isna().all():
-            err = dict(type="data", symmetric=False,
-                       array=(g["ci_high"] - g["predicted"]).clip(lower=0),
-                       arrayminus=(g["predicted"] - g["ci_low"]).clip(lower=0))
+            err = {"type": "data", "symmetric": False,
+                   "array": (g["ci_high"] - g["predicted"]).clip(lower=0),
+                   "arrayminus": (g["predicted"] - g["ci_low"]).clip(lower=0)}
         text = [", ".join(f"{c}={r[c]}" for c in config) for _, r in g.iterrows()]
         symbols = (["circle-open" if is_extrapolated(x) else "circle" for x in g["extrapolated"]]
                    if "extrapolated" in g.columns else "circle")
         fig.add_trace(go.Scatter(
             x=g["measured"], y=g["predicted"], mode="markers", name=str(regime), error_y=err,
-            text=text, customdata=g["error_pct"], marker=dict(size=9, symbol=symbols),
+            text=text, customdata=g["error_pct"], marker={"size": 9, "symbol": symbols},
             hovertemplate="%{text}<br>measured %{x:.1f}<br>predicted %{y:.1f}"
                           "<br>error %{customdata:+.2f}%<extra>" + str(regime) + "</extra>"))
     fig.update_layout(**LAYOUT, title=title, xaxis_title="measured throughput (tok/s)",
@@ -368,8 +370,8 @@ def tune_speedups(df: pd.DataFrame) -> Chart:
             continue
         err = None
         if {lo, hi} <= set(d.columns):
-            err = dict(type="data", symmetric=False, array=(d[hi] - d[col]).clip(lower=0),
-                       arrayminus=(d[col] - d[lo]).clip(lower=0))
+            err = {"type": "data", "symmetric": False, "array": (d[hi] - d[col]).clip(lower=0),
+                   "arrayminus": (d[col] - d[lo]).clip(lower=0)}
         fig.add_trace(go.Bar(x=labels, y=d[col], name=name, error_y=err,
                              hovertemplate="%{x}<br>%{y:.2f}×<extra>" + name + "</extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
@@ -392,7 +394,7 @@ def tune_gamma_map(df: pd.DataFrame) -> Chart:
     fig = go.Figure(go.Heatmap(
         z=pivot.to_numpy(), x=[fmt_tokens(c) for c in pivot.columns],
         y=[str(b) for b in pivot.index], colorscale="Blues", text=text, texttemplate="%{text}",
-        colorbar=dict(title="γ"), hovertemplate="B=%{y}, C=%{x}<br>%{text}<extra></extra>"))
+        colorbar={"title": "γ"}, hovertemplate="B=%{y}, C=%{x}<br>%{text}<extra></extra>"))
     fig.update_layout(**LAYOUT, title=title, xaxis_title="context", yaxis_title="batch")
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")

@@ -111,7 +111,7 @@ def read_table(path: str | Path, option: str = "RESULTS") -> pd.DataFrame:
                              fix="pass the file written by `vegas-sim sweep --out` (or tune/validate)")
     try:
         df = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
-    except Exception as e:  # pandas/pyarrow raise many types for a corrupt file
+    except Exception as e:  # noqa: BLE001 - pandas/pyarrow raise many types for a corrupt file
         raise UserInputError(f"cannot read {str(path)!r}: {e}", where=option,
                              fix="pass an intact CSV or Parquet result table") from None
     return spread_rates(df)

@@ -63,7 +63,7 @@ def cached(key: str | None, build: Callable[[], T]) -> T:
     try:
         with open(path, "rb") as f:
             return pickle.load(f)  # type: ignore[no-any-return]
-    except Exception:  # noqa: BLE001 - missing, stale or unreadable: fit again
+    except Exception:  # noqa: BLE001, S110 - missing, stale or unreadable: fit again
         pass
     value = build()
     try:
@@ -72,6 +72,6 @@ def cached(key: str | None, build: Callable[[], T]) -> T:
         with os.fdopen(fd, "wb") as f:
             pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
-    except Exception:  # noqa: BLE001 - a read-only home or full disk only loses the speed-up
+    except Exception:  # noqa: BLE001, S110 - a read-only home or full disk loses the speed-up
         pass
     return value

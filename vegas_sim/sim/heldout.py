@@ -150,8 +150,9 @@ def random_heldout(
     out: list[HeldOut] = []
     while len(out) < n:
         method = methods[len(out) % len(methods)]
-        batch = int(round(np.exp(rng.uniform(*np.log(batches)))))
-        context = int(round(np.exp(rng.uniform(*np.log(contexts)))))
+        # int(): round() of a NumPy float is a float before NumPy 2
+        batch = int(round(np.exp(rng.uniform(*np.log(batches)))))  # noqa: RUF046
+        context = int(round(np.exp(rng.uniform(*np.log(contexts)))))  # noqa: RUF046
         if max_tokens is not None and batch * (context + output_len + 16) > max_tokens:
             continue
         h = HeldOut(

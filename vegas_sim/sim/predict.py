@@ -33,8 +33,7 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.methods import PHASES, check_gamma, check_method, check_sparsity
-from vegas_sim.methods import MIN_TOKENS
+from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations

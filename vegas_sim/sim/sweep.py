@@ -212,7 +212,7 @@ class SweepRunner:
         if scheduler is not None:
             self._client, self._owns_client = _dask_client(scheduler)
 
-    def __enter__(self) -> SweepRunner:
+    def __enter__(self) -> SweepRunner:  # noqa: PYI034 - not subclassed
         return self
 
     def __exit__(self, *exc: object) -> None:

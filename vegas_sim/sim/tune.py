@@ -113,7 +113,7 @@ def refine_grid(coarse: Sequence[float], center: float, step: float) -> list[flo
     i = pts.index(center) if center in pts else int(np.searchsorted(pts, center))
     lo = pts[i - 1] if i > 0 else max(pts[0] / 2.0, step)
     hi = pts[i + 1] if i + 1 < len(pts) else min(pts[-1] * 1.5, 1.0)
-    n = int(math.floor((hi - lo) / step + 1e-9))
+    n = math.floor((hi - lo) / step + 1e-9)
     grid = {round(lo + k * step, _ROUND) for k in range(n + 1)}
     grid |= {round(lo, _ROUND), round(hi, _ROUND), round(center, _ROUND)}
     return sorted(v for v in grid if 0.0 < v <= 1.0)

@@ -29,8 +29,7 @@ from typing import Any
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError
-from vegas_sim.traces.io import (TraceSet, TraceSetWriter, acceptance_summary,
-                                 load_trace_set)
+from vegas_sim.traces.io import TraceSet, TraceSetWriter, acceptance_summary, load_trace_set
 from vegas_sim.traces.schema import ACCEPTANCE_POINT_KEYS, RUN_LOG_FILE
 
 LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
