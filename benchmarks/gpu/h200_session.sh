@@ -85,7 +85,8 @@
 #   stage 31 run 30: the no-store diagnostic (results/h200/no_store_diag_run30.patch).
 #   The eleventh session: stage 32 (run 31, 82 s), 34 (run 32, 56 s), 35 (run 33, 217 s) and
 #   at once on the same machine `Q8B_TIMEOUT=545 ... 33` (run 34, cut at 545 s: 23 of 49
-#   points), 36 (run 35, 190 s), 37 (run 36, 151 s). About 25 of the 30 device-minutes.
+#   points), 36 (run 35, 190 s), 37 (run 36, 151 s), 38 (run 37, 17 s). About 26 of the
+#   30 device-minutes.
 #   stage 32 the eleventh session's kernel call (run 31, carry .whl): kernels.py --quick with
 #            the selection share priced against DESIGN.md's iteration (γ draft steps + verify).
 #   stage 34 run 32 (carry .whl): benchmarks/gpu/sparse_probe.py, sparse draft launches at the
@@ -97,6 +98,8 @@
 #            compiled when (benchmarks/gpu/compile_timeline.py).
 #   stage 37 run 36 (carry .whl): radix_topk's GPU tests and the selection step of kernels.py
 #            with its budget integers unspecialised, then stage 36's calibration again.
+#   stage 38 run 37 (carry .whl): benchmarks/gpu/step_profile.py, where a Qwen3-8B decode
+#            step's time goes in the runtime (graphed replay vs the kernels of an eager step).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -154,7 +157,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36 or 37}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37 or 38}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -692,6 +695,10 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     --out "$OUT/kernels_select.csv" 2>&1 | grep -A3 "radix_topk\|Vegas selection" \
     | tee "$OUT/kernels_select.log"
   bash "$0" 36
+  ;;
+38)
+  timeout 200 python3 benchmarks/gpu/step_profile.py 2>&1 | grep -v "^USDT\|Warning" \
+    | tee "$OUT/step_profile.log"
   ;;
 36)
   export TRITON_CACHE_DIR=/tmp/triton-cache-run35
