@@ -356,6 +356,12 @@ def sparse_ratio(ms: float, launch: float, nbytes: float, copy_bw: float) -> flo
     return (ms - launch) / (nbytes / copy_bw / 1e6)
 
 
+def random_selection(gen: torch.Generator, B: int, n: int, K: int) -> torch.Tensor:
+    """int32 [B, K]: K distinct random slots of [0, n) per request, unsorted."""
+    return torch.stack([torch.randperm(n, generator=gen, device=DEV)[:K]
+                        for _ in range(B)]).int()
+
+
 def sparse_launch_ms(gen: torch.Generator, **knobs: Any) -> float:
     """The sparse target's "launch": the same op on 2 keys (one selected, one tail)."""
     from vegas_sim.kernels import sparse_attention as sa
@@ -401,8 +407,7 @@ def sparse_shape(args: argparse.Namespace, copy_bw: float, out: list[dict[str, A
         lens = tail + 4
         calls = []
         for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
-            idx = torch.stack([torch.randperm(C, generator=gen, device=DEV)[:K]
-                               for _ in range(B)]).int()
+            idx = random_selection(gen, B, C, K)
             kk, vv = caches[i % len(caches)]
             calls.append(partial(sa.sparse_draft_attention, q, kk, vv, idx, n, tail,
                                  lens, SCALE))
@@ -461,24 +466,23 @@ def bench_radix_topk(weights: torch.Tensor, K: int, out: list[dict[str, Any]]) -
     return ms if same else None
 
 
-def draft_attention_ms(gen: torch.Generator, k: torch.Tensor, v: torch.Tensor, budget: int,
-                       gamma: int) -> float:
+def draft_attention_ms(gen: torch.Generator, k: torch.Tensor, v: torch.Tensor, context: int,
+                       budget: int, gamma: int) -> float:
     """One layer's sparse draft attention in a draft phase of `gamma` steps over the caches
-    k, v [B, S, HKV, D]: `budget` selected slots of the verified context per request plus the
+    k, v [B, S, HKV, D] holding `context` tokens: `budget` selected slots of the verified context per request plus the
     forced tail at the phase's middle step. The calls rotate over index sets of different
     random slots, so one call's slots have left the L2 when its set comes back."""
     from vegas_sim.kernels import sparse_attention as sa
 
-    B, S = k.shape[0], k.shape[1] - 128  # make_cache allocates C + 128 slots
-    verified = S - gamma - 1  # the context the last verify accepted (the selection ranked it)
+    B = k.shape[0]
+    verified = context - gamma - 1  # what the last verify accepted (the selection ranked it)
     q = torch.randn(B, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
     n = torch.full((B,), budget, dtype=torch.int32, device=DEV)
     tail = torch.full((B,), verified, dtype=torch.int32, device=DEV)
     lens = tail + (gamma + 1) // 2
     calls = []
     for _ in range(n_copies(kv_bytes(B, budget))):
-        idx = torch.stack([torch.randperm(verified, generator=gen, device=DEV)[:budget]
-                           for _ in range(B)]).int()
+        idx = random_selection(gen, B, verified, budget)
         calls.append(partial(sa.sparse_draft_attention, q, k, v, idx, n, tail, lens, SCALE))
     return bench(rotating(calls))
 
@@ -521,7 +525,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     topk_eager_ms = bench(partial(ops.topk_select, weights, budget), graph=False)
     topk_sorted_ms = bench(partial(torch.topk, weights, K, dim=-1, sorted=True))
     radix_ms = bench_radix_topk(weights, K, out)
-    sparse_ms = draft_attention_ms(gen, k, v, K, NQ - 1)
+    sparse_ms = draft_attention_ms(gen, k, v, C, K, NQ - 1)
     del k, v, weights
     torch.cuda.empty_cache()
     # What the runtime does for Vegas (policies.CollectingVerifyAttention keeps every layer's
@@ -1061,8 +1065,7 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
         n = torch.full((B,), K, dtype=torch.int32, device=DEV)
         tail = torch.full((B,), C, dtype=torch.int32, device=DEV)
         lens = tail + 4
-        idxs = [torch.stack([torch.randperm(C, generator=gen, device=DEV)[:K]
-                             for _ in range(B)]).int() for _ in range(4)]
+        idxs = [random_selection(gen, B, C, K) for _ in range(4)]
         for mt, bn in ((4, 64), (1, 64), (1, 32), (2, 64)):
             ms = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, ix, n, tail,
                                          lens, SCALE, min_tiles=mt, block_n=bn)

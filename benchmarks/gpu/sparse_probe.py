@@ -28,6 +28,7 @@ from kernels import (
     make_cache,
     min_of_rounds,
     n_copies,
+    random_selection,
     rotating,
     sparse_launch_ms,
     sparse_ratio,
@@ -68,9 +69,7 @@ def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, cop
     lens = tail + TAIL
     sets = []
     for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
-        idx = torch.stack([torch.randperm(C, generator=gen, device="cuda")[:K]
-                           for _ in range(B)]).int()
-        sets.append((caches[i % len(caches)], idx))
+        sets.append((caches[i % len(caches)], random_selection(gen, B, C, K)))
     calls = {}
     for label, kw in candidates(B, K + TAIL):
         fns = [partial(sa.sparse_draft_attention, q, k, v, idx, n, tail, lens, SCALE, **kw)
