@@ -2,7 +2,9 @@
 vanilla decode step (Qwen3-8B random weights, B 4, C 32K by default) beside the kernels one
 eager step launches (torch.profiler): their count, their summed time, and the largest by name.
 The difference between the replay time and the summed kernel time is what the GPU spends
-between kernels. Eleventh session, run 37.
+between kernels. Eleventh session, run 37 (torch glue); twelfth session: both glues in one run,
+the fused Triton glue (kernels/layer_ops.py, the runtime's default on CUDA) and the torch code
+it replaced (kernels/reference.py), and their ratio.
 
     python benchmarks/gpu/step_profile.py [--model qwen3-8b] [--batch 4] [--context 32768]
 """
@@ -16,6 +18,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from vegas_sim.calibrate.runtime import GraphedForward, KVCache, Transformer, load_model
+from vegas_sim.kernels import ops, reference
+
+GLUE_OPS = ("add_rms_norm", "silu_mul", "qkv_rope_append")
+FUSED = {name: getattr(ops, name) for name in GLUE_OPS}  # ops' dispatchers, saved at import
+
+
+def use_glue(glue: str) -> None:
+    """Route the runtime's glue ops ("fused" or "torch") by rebinding them in `ops`."""
+    for name in GLUE_OPS:
+        setattr(ops, name, getattr(reference, name) if glue == "torch" else FUSED[name])
 
 
 def graphed_step_ms(model: Transformer, cache: KVCache, batch: int, reps: int = 20) -> float:
@@ -71,10 +83,17 @@ def main() -> int:
     cache = model.new_cache(args.batch, args.context + 64)
     lens = torch.full((args.batch,), args.context, dtype=torch.int32, device="cuda")
     cache.fill_random(lens, torch.Generator(device="cuda").manual_seed(0))
-    ms = graphed_step_ms(model, cache, args.batch)
-    print(f"{args.model} B {args.batch} C {args.context}: graphed decode step {ms:.3f} ms",
-          flush=True)
-    kernel_table(model, cache, args.batch, args.top)
+    ms = {}
+    for glue in ("torch", "fused"):
+        use_glue(glue)
+        ms[glue] = graphed_step_ms(model, cache, args.batch)
+        print(f"{args.model} B {args.batch} C {args.context}, {glue} glue: graphed decode step "
+              f"{ms[glue]:.3f} ms", flush=True)
+    print(f"fused / torch glue: {ms['fused'] / ms['torch']:.3f}", flush=True)
+    for glue in ("torch", "fused"):
+        use_glue(glue)
+        print(f"{glue} glue:", flush=True)
+        kernel_table(model, cache, args.batch, args.top)
     return 0
 
 

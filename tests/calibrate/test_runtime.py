@@ -105,6 +105,23 @@ def test_matches_reference_forward_full_and_incremental(arch: str, kw: dict[str,
     torch.testing.assert_close(incremental_logits(model, tokens), ref, **FP32_TOL)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_glue_kernels_match_reference_forward(arch: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime with its glue ops on Triton (CPU interpreter), prefill and decode."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter test; test_fused_glue_matches_torch_glue_on_cuda runs here")
+    monkeypatch.setenv("VEGAS_SIM_KERNELS", "triton")
+    model = tiny_model(arch)
+    tokens = torch.randint(0, model.spec.vocab, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    ref = reference_forward(model, tokens)
+    cache = model.new_cache(1, 16)
+    full = model.forward(torch.tensor([tokens[:9]]), cache)[0]
+    torch.testing.assert_close(full, ref[:9], **FP32_TOL)
+    torch.testing.assert_close(incremental_logits(model, tokens[9:], cache), ref[9:], **FP32_TOL)
+
+
 def test_llama31_rope_scaling_matches_meta_formula() -> None:
     """Meta's reference `apply_scaling` loop (llama3 repo) vs our vectorised version."""
     spec = get_preset("llama-3.1-8b")
@@ -290,6 +307,27 @@ def test_smollm2_matches_transformers_reference(smollm2: Any) -> None:
     ours = model.forward(torch.tensor([tokens]), model.new_cache(1, len(tokens)))[0]
     torch.testing.assert_close(ours, ref, atol=2e-3, rtol=2e-3)
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.gpu
+def test_fused_glue_matches_torch_glue_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 Qwen3-shaped model: the Triton glue (default on CUDA) against the torch glue
+    (VEGAS_SIM_KERNELS=reference): logits within bf16 noise, the same greedy tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = Transformer(tiny_spec("qwen3", n_layers=4), None, device="cuda", dtype=torch.bfloat16,
+                        seed=0)
+    tokens = torch.randint(0, model.spec.vocab, (3, 20), generator=torch.Generator().manual_seed(1))
+
+    def logits() -> torch.Tensor:
+        cache = model.new_cache(3, 32)
+        return model.forward(tokens.cuda(), cache)
+
+    fused = logits()
+    monkeypatch.setenv("VEGAS_SIM_KERNELS", "reference")
+    torch_glue = logits()
+    torch.testing.assert_close(fused, torch_glue, atol=5e-2, rtol=5e-2)
+    assert (fused.argmax(-1) == torch_glue.argmax(-1)).float().mean() > 0.95
 
 
 # ---- CUDA graphs (GPU only) --------------------------------------------------------------

@@ -36,16 +36,19 @@ QUERY_ROWS_MAX = 16  # verify passes are at most 16 query rows (kernels/API.md)
 
 
 def software_versions() -> dict[str, str]:
-    """Versions that change measured numbers: python, torch, triton, CUDA, driver, vegas_sim."""
+    """Versions that change measured numbers: python, torch, triton, CUDA, vegas_sim and its
+    runtime revision."""
     import numpy as np
 
     import vegas_sim
+    from vegas_sim.calibrate.runtime import RUNTIME_REVISION
 
     out = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
         "vegas_sim": vegas_sim.__version__,
+        "runtime": RUNTIME_REVISION,
         "platform": platform.platform(),
     }
     try:

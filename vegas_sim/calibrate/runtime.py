@@ -12,7 +12,10 @@ gpt-fast style: one module per layer, plain tensors, shapes in comments. What is
   in-place updates, so a step can be captured in a CUDA graph (`GraphedForward`).
 
 Weights use our own names (fused `wqkv` and `w13` to halve the GEMM launches of a decode step);
-weights.py maps GGUF and Hugging Face names onto them.
+weights.py maps GGUF and Hugging Face names onto them. The glue between the GEMMs is three ops
+(kernels.ops): add + RMSNorm, q/k-norm + RoPE + K/V append, SiLU·mul: one Triton launch each on
+CUDA, the torch code they replace (kernels.reference) on CPU. A layer's output is added to the
+residual stream inside the next layer's first norm.
 """
 
 from __future__ import annotations
@@ -30,11 +33,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.kernels import ops
 from vegas_sim.models import PRESETS, ModelSpec, get_preset
 
 if TYPE_CHECKING:
     from vegas_sim.calibrate.tokenizer import Tokenizer
 
+# Recorded in every trace set's software versions: what a step runs besides the kernels.
+# "1" (no key in sets before the twelfth session): the glue between GEMMs was ~58 torch ops per
+# layer; "2": three fused ops (kernels/layer_ops.py on CUDA).
+RUNTIME_REVISION = "2"
 VERIFY_MAX_NQ = 16  # verify_attention's limit on query rows (kernels/API.md)
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -83,16 +91,6 @@ def masked_attention(
     return out.transpose(1, 2)
 
 
-def _ops_verify_attention() -> Callable[..., Any] | None:
-    """kernels.ops.verify_attention, or None while the kernels package lacks it."""
-    try:
-        from vegas_sim.kernels import ops
-    except ImportError:
-        return None
-    fn = getattr(ops, "verify_attention", None)
-    return fn if callable(fn) else None
-
-
 class DenseAttention:
     """Full causal attention, no score collection: the verify kernel (kernels.ops) for
     NQ <= 16 rows on CUDA, torch SDPA for prefill chunks and on CPU.
@@ -105,16 +103,15 @@ class DenseAttention:
     def __init__(self, use_kernel: bool | None = None, max_len: int | None = None) -> None:
         self.use_kernel = use_kernel
         self.max_len = max_len  # host-side bound on cache_lens (incl. new rows): no sync
-        self._verify = _ops_verify_attention()
 
     def attend(
         self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
         scale: float,
     ) -> Tensor:
         kernel = q.is_cuda if self.use_kernel is None else self.use_kernel
-        if kernel and q.shape[1] <= VERIFY_MAX_NQ and self._verify is not None:
-            out, _lse, _scores = self._verify(q, k_cache, v_cache, cache_lens, scale, "none")
-            return out  # type: ignore[no-any-return]
+        if kernel and q.shape[1] <= VERIFY_MAX_NQ:
+            out, _lse, _scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale)
+            return out
         return masked_attention(q, k_cache, v_cache, cache_lens, scale, self.max_len)
 
 
@@ -169,13 +166,6 @@ class KVCache:
 # ---- building blocks ---------------------------------------------------------------------
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm in fp32, result in x's dtype (as HF Llama/Qwen do). x [..., H], weight [H]."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
 def rope_inv_freq(spec: ModelSpec) -> Tensor:
     """[D/2] fp32 inverse frequencies, with Llama-3.1 scaling when spec.rope_scaling is set."""
     d = spec.head_dim
@@ -201,15 +191,6 @@ def rope_table(spec: ModelSpec, n_pos: int, device: torch.device) -> tuple[Tenso
     return angles.cos().float().to(device), angles.sin().float().to(device)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Half-split ("NeoX", HF rotate_half) RoPE. x [B, NQ, H, D]; cos/sin [B, NQ, D/2] fp32."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    c, s = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-
-
 def _param(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype), requires_grad=False)
 
@@ -232,24 +213,18 @@ class Layer(torch.nn.Module):
         self.w13 = _param((2 * spec.ffn, spec.hidden), device, dtype)  # rows: gate | up
         self.w2 = _param((spec.hidden, spec.ffn), device, dtype)
 
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x [B, NQ, H] -> q [B, NQ, Hq, D], k, v [B, NQ, Hkv, D] (normed and rotated)."""
+    def attention_input(self, h: Tensor, cos_table: Tensor, sin_table: Tensor,
+                        k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor) -> Tensor:
+        """h [B, NQ, H] (normed) -> q [B, NQ, Hq, D], normed (Qwen3) and rotated; the new k, v
+        are written into this layer's caches at positions cache_lens[b] + i (one fused op)."""
         s = self.spec
-        B, NQ, _ = x.shape
-        qkv = F.linear(x, self.wqkv, self.bqkv)
-        q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        q, k, v = qkv.split([q_dim, kv_dim, kv_dim], dim=-1)
-        q = q.view(B, NQ, s.n_heads, s.head_dim)
-        k = k.view(B, NQ, s.n_kv_heads, s.head_dim)
-        v = v.view(B, NQ, s.n_kv_heads, s.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head RMSNorm
-            q = rms_norm(q, self.q_norm, s.rms_eps)
-            k = rms_norm(k, self.k_norm, s.rms_eps)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return ops.qkv_rope_append(
+            F.linear(h, self.wqkv, self.bqkv), s.n_heads, self.q_norm, self.k_norm, s.rms_eps,
+            cos_table, sin_table, cache_lens, k_cache, v_cache)
 
-    def mlp(self, x: Tensor) -> Tensor:
-        gate, up = F.linear(x, self.w13).chunk(2, dim=-1)  # [B, NQ, F] each
-        return F.linear(F.silu(gate) * up, self.w2)
+    def mlp(self, h: Tensor) -> Tensor:
+        """SwiGLU of the normed h [B, NQ, H] -> [B, NQ, H]."""
+        return F.linear(ops.silu_mul(F.linear(h, self.w13)), self.w2)
 
 
 class Transformer(torch.nn.Module):
@@ -352,40 +327,42 @@ class Transformer(torch.nn.Module):
         No host syncs on CUDA (capturable); on CPU it checks the cache has room."""
         policy = policy if policy is not None else DenseAttention()
         tokens = tokens.to(self.device)  # no-op when already there (graph buffers are)
-        B, NQ = tokens.shape
+        NQ = tokens.shape[1]
         self._ensure_rope(cache.max_seq)
         if tokens.device.type == "cpu" and int(cache.lens.max()) + NQ > cache.max_seq:
             raise UserInputError(
                 f"KV cache full: {int(cache.lens.max())} + {NQ} tokens > max_seq {cache.max_seq}",
                 fix="create the cache with a larger max_seq",
             )
-        pos = cache.lens.long()[:, None] + torch.arange(NQ, device=tokens.device)  # [B, NQ]
         new_lens = cache.lens + NQ  # [B] int32, includes the new tokens
-        cos, sin = self._rope_cos[pos], self._rope_sin[pos]  # [B, NQ, D/2]
-        rows = torch.arange(B, device=tokens.device)[:, None]  # [B, 1] for the K/V scatter
-        x = F.embedding(tokens, self.embed)  # [B, NQ, H]
+        x = F.embedding(tokens, self.embed)  # [B, NQ, H] residual stream
+        delta: Tensor | None = None  # the last block's output, not yet added to x
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, Layer)
-            x = self._block(i, layer, x, cos, sin, rows, pos, cache, new_lens, policy)
+            x, delta = self._block(i, layer, x, delta, cache, new_lens, policy)
         if last_only:
-            x = x[:, -1:]
-        x = rms_norm(x, self.norm, self.spec.rms_eps)
+            x, delta = x[:, -1:], (delta[:, -1:] if delta is not None else None)
+        h, _ = ops.add_rms_norm(x, delta, self.norm, self.spec.rms_eps)
         head = self.embed if self.lm_head is None else self.lm_head
-        logits = F.linear(x, head).float()  # [B, NQ or 1, V]
+        logits = F.linear(h, head).float()  # [B, NQ or 1, V]
         cache.lens.copy_(new_lens)
         return logits
 
     def _block(
-        self, i: int, layer: Layer, x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor,
-        pos: Tensor, cache: KVCache, new_lens: Tensor, policy: AttentionPolicy,
-    ) -> Tensor:
+        self, i: int, layer: Layer, x: Tensor, delta: Tensor | None, cache: KVCache,
+        new_lens: Tensor, policy: AttentionPolicy,
+    ) -> tuple[Tensor, Tensor]:
+        """One layer on the residual stream x [B, NQ, H] plus the previous layer's pending
+        output `delta` (added inside the first norm). Returns (stream, this layer's output)."""
         B, NQ, _ = x.shape
-        q, k, v = layer.qkv(rms_norm(x, layer.attn_norm, self.spec.rms_eps), cos, sin)
-        cache.k[i][rows, pos] = k  # [B, NQ, Hkv, D] into [B, S_max, Hkv, D] at (b, pos[b, j])
-        cache.v[i][rows, pos] = v
+        eps = self.spec.rms_eps
+        h, x = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
+        q = layer.attention_input(h, self._rope_cos, self._rope_sin, cache.k[i], cache.v[i],
+                                  cache.lens)
         attn = policy.attend(i, q, cache.k[i], cache.v[i], new_lens, self.scale)  # [B, NQ, Hq, D]
-        x = x + F.linear(attn.reshape(B, NQ, -1), layer.wo)
-        return x + layer.mlp(rms_norm(x, layer.mlp_norm, self.spec.rms_eps))
+        h, x = ops.add_rms_norm(x, F.linear(attn.reshape(B, NQ, -1), layer.wo), layer.mlp_norm,
+                                eps)
+        return x, layer.mlp(h)
 
     @torch.no_grad()
     def prefill(

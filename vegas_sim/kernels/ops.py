@@ -211,3 +211,56 @@ def quest_select(
         impl = _triton_module("selection")
     return impl.quest_select(q, kmin, kmax, context, n_pages,  # type: ignore[no-any-return]
                              max_pages)
+
+
+# ---- the runtime's per-layer glue (layer_ops.py) -------------------------------------------
+
+
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float
+                 ) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(x + delta) · weight, x + delta) for x, delta [..., H], weight [H]; no add
+    when delta is None (the sum returned is then x)."""
+    _check(weight.shape == x.shape[-1:], "add_rms_norm", "weight",
+           f"weight {tuple(weight.shape)} does not match rows of {x.shape[-1]}",
+           "pass the norm weight of this hidden size")
+    _check(delta is None or delta.shape == x.shape, "add_rms_norm", "delta",
+           f"delta {None if delta is None else tuple(delta.shape)} != x {tuple(x.shape)}",
+           "add a residual of x's shape")
+    impl: Any = _triton_module("layer_ops") if backend(x) == "triton" else reference
+    return impl.add_rms_norm(x, delta, weight, eps)  # type: ignore[no-any-return]
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) · up of gate_up [..., 2F] (gate | up) -> [..., F]."""
+    _check(gate_up.shape[-1] % 2 == 0, "silu_mul", "gate_up",
+           f"last dim {gate_up.shape[-1]} is odd", "pass gate and up concatenated")
+    impl: Any = _triton_module("layer_ops") if backend(gate_up) == "triton" else reference
+    return impl.silu_mul(gate_up)  # type: ignore[no-any-return]
+
+
+def qkv_rope_append(
+    qkv: Tensor, n_heads: int, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
+    cos_table: Tensor, sin_table: Tensor, cache_lens: Tensor, k_cache: Tensor, v_cache: Tensor,
+) -> Tensor:
+    """q [B, NQ, Hq, D] from the fused projection qkv [B, NQ, (Hq + 2·Hkv)·D] (q | k | v):
+    q and k per-head RMSNormed when q_norm/k_norm are given (Qwen3), both rotated (half-split
+    RoPE at positions cache_lens[b] + i from cos/sin_table [positions, D/2] fp32), and k, v
+    written into one layer's k_cache/v_cache [B, S_max, Hkv, D] at those positions.
+    cache_lens [B] int32 counts the tokens *before* these."""
+    op = "qkv_rope_append"
+    _check_kv(op, n_heads, k_cache.shape[3], k_cache, v_cache)
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    _check(qkv.dim() == 3 and qkv.shape[2] == (n_heads + 2 * Hkv) * D, op, "qkv",
+           f"qkv {tuple(qkv.shape)} is not [B, NQ, (Hq + 2·Hkv)·D] = [B, NQ, "
+           f"{(n_heads + 2 * Hkv) * D}]", "pass the output of the fused q|k|v projection")
+    _check(cos_table.shape == sin_table.shape and cos_table.shape[-1] == D // 2, op,
+           "cos_table", f"rope tables {tuple(cos_table.shape)} are not [positions, {D // 2}]",
+           "build them with runtime.rope_table")
+    # Triton's aranges are powers of two; other head sizes keep the torch path
+    fusable = D >= 2 and (D & (D - 1)) == 0 and k_cache.stride(3) == 1 \
+        and k_cache.stride(2) == D and v_cache.stride() == k_cache.stride()
+    impl: Any = reference
+    if backend(qkv) == "triton" and fusable:
+        impl = _triton_module("layer_ops")
+    return impl.qkv_rope_append(  # type: ignore[no-any-return]
+        qkv, n_heads, q_norm, k_norm, eps, cos_table, sin_table, cache_lens, k_cache, v_cache)

@@ -237,3 +237,60 @@ def quest_select(
         out[b, : tok.numel()] = tok.to(torch.int32)
         n_out[b] = tok.numel()
     return out, n_out
+
+
+# ---- the model's per-layer glue (runtime ops; the torch code the runtime always ran) ------
+
+
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float
+                 ) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(x + delta) · weight, x + delta); no add when delta is None.
+
+    x, delta [..., H] in the model dtype; the sum is rounded to it, the norm runs in fp32 and
+    is rounded before the weight multiplies (as HF Llama / Qwen do). Returns (normed, sum).
+    """
+    if delta is not None:
+        x = x + delta
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype), x
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """SwiGLU's middle: [..., 2F] (gate | up) -> silu(gate) · up [..., F]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Half-split ("NeoX", HF rotate_half) RoPE in fp32. x [B, NQ, H, D]; cos/sin [B, NQ, D/2]."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+def qkv_rope_append(
+    qkv: Tensor, n_heads: int, q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
+    cos_table: Tensor, sin_table: Tensor, cache_lens: Tensor, k_cache: Tensor, v_cache: Tensor,
+) -> Tensor:
+    """Split the fused projection, per-head RMSNorm q and k (Qwen3), rotate them, and append
+    k, v to the cache at positions cache_lens[b] + i. Returns q [B, NQ, Hq, D].
+
+    qkv [B, NQ, (Hq + 2·Hkv)·D] (q | k | v); cos/sin_table [positions, D/2] fp32; caches
+    [B, S_max, Hkv, D] of one layer; cache_lens [B] int32 *before* the append.
+    """
+    B, NQ, _ = qkv.shape
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    q, k, v = qkv.split([n_heads * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.view(B, NQ, n_heads, D), k.view(B, NQ, Hkv, D), v.view(B, NQ, Hkv, D)
+    if q_norm is not None and k_norm is not None:
+        q = add_rms_norm(q, None, q_norm, eps)[0]
+        k = add_rms_norm(k, None, k_norm, eps)[0]
+    pos = cache_lens.long()[:, None] + torch.arange(NQ, device=qkv.device)  # [B, NQ]
+    cos, sin = cos_table[pos], sin_table[pos]  # [B, NQ, D/2]
+    rows = torch.arange(B, device=qkv.device)[:, None]  # [B, 1]
+    k_cache[rows, pos] = apply_rope(k, cos, sin)  # [B, NQ, Hkv, D] at (b, pos[b, i])
+    v_cache[rows, pos] = v
+    return apply_rope(q, cos, sin)
