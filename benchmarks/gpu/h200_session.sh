@@ -100,6 +100,14 @@
 #            with its budget integers unspecialised, then stage 36's calibration again.
 #   stage 38 run 37 (carry .whl): benchmarks/gpu/step_profile.py, where a Qwen3-8B decode
 #            step's time goes in the runtime (graphed replay vs the kernels of an eager step).
+#   stage 39 the twelfth session's first call (run 38, carry .whl): the fused runtime glue
+#            (kernels/layer_ops.py): kernel and calibrate GPU tests, then stage 38, which now
+#            times the graphed step with the torch glue and the fused glue in one run.
+#   stage 40 run 41 (carry .whl): vegas γ 3 verify/select/sample rows at B 24, 32 × C 3K, 4K
+#            (validation row 10's corner) timed without and with --verify-after-draft.
+#   run 40 / run 42: `8 vb` with the new Qwen3-8B set, before / after the replay fix.
+#   stage 41 run 43 (carry .whl): calibrate GPU tests after the replay fix; `calibrate --quick`
+#            timed with the fused glue.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -157,7 +165,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37 or 38}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40 or 41}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -695,6 +703,28 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     --out "$OUT/kernels_select.csv" 2>&1 | grep -A3 "radix_topk\|Vegas selection" \
     | tee "$OUT/kernels_select.log"
   bash "$0" 36
+  ;;
+41)
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
+  s0=$(date +%s)
+  timeout 150 "${cli[@]}" calibrate --quick --model qwen3-8b --weights random \
+    --out /tmp/quick-q8b 2>&1 | tail -3 | tee "$OUT/quick.log"
+  echo "calibrate --quick wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/quick.log"
+  ;;
+40)
+  for f in "" --verify-after-draft; do
+    name=vad${f:+1}
+    timeout 200 "${cli[@]}" calibrate --model qwen3-8b --weights random --methods vegas \
+      --batch 24,32 --context 3K,4K --gamma 3 --sparsity 0.05 $f --out $TR/$name \
+      > "$OUT/$name.log" 2>&1
+    echo "$name rc=$?"; tail -3 "$OUT/$name.log"
+    tar czf "$OUT/$name.tgz" -C $TR $name
+  done
+  ;;
+39)
+  gpu_tests tests/kernels kernel_gpu_tests.log
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
+  bash "$0" 38
   ;;
 38)
   timeout 200 python3 benchmarks/gpu/step_profile.py 2>&1 | grep -v "^USDT\|Warning" \

@@ -61,7 +61,7 @@ TRACES = Path(__file__).resolve().parents[2] / "vegas_sim" / "traces" / "default
 SPREAD_TABLES = (
     ("(a) run 9, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
     ("(a) runs 7 + 8, 27 rows", ("run7_smollm2", "run8_smollm2_span"), "smollm2-135m-h200"),
-    ("(b) run 8, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
+    ("(b) run 42, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
 )
 
 

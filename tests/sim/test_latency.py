@@ -553,9 +553,9 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
     assert "logits=FITTED" in coef.loc[("sample", "vegas"), "source"]
     loo = packaged.loo_errors()
     print("\npackaged qwen3-8b-h200 LOO:\n" + loo.to_string())
-    # (calibrated before 'other' was recorded apart: run 6)
+    # 'other': the once-per-iteration draft work, recorded apart since run 8 (the set: run 39)
     assert set(loo["phase"]) == {"decode", "draft_step", "verify", "select", "quest_meta",
-                                 "sample"}
+                                 "sample", "other"}
     med = loo.set_index("phase")["median_pct"]
     # the forward passes meet the ≤ 3 % target (they were 3.8-5.6 % before the per-token GEMM,
     # batch-1 GEMV and per-collected-row features); select / sample are host-jitter bound
@@ -566,15 +566,21 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
 
 
 def test_packaged_per_token_and_batch1_terms(packaged: LatencyModel) -> None:
-    """Graphed decode: batch 1 (a GEMV) is cheaper than the batched GEMM path, and the forward
-    pass grows with batch even while the GEMM is weight-bound (per-token work)."""
+    """Graphed decode at C 1K: the forward pass grows with batch even while the GEMM is
+    weight-bound (per-token work), beyond the grid too, and the fit follows the measured
+    batch curve, whose slope is not constant (run 39, fused glue: +0.01 ms per added request
+    from B 8 to 16, +0.045 from 16 to 64; the torch glue's run 6 was ~linear)."""
+    from vegas_sim.traces.io import load_trace_set
+
     def decode(batch: int) -> float:
         return packaged.phase_ms("decode", "vanilla", 1, np.full(batch, 1025))
-    t = [decode(b) for b in (1, 2, 4, 8, 16, 32, 64)]
+    batches = (1, 2, 4, 8, 16, 32, 64)
+    t = [decode(b) for b in batches]
     assert all(b > a for a, b in itertools.pairwise(t)), t
-    assert t[1] - t[0] > 0.2  # measured 8.26 → 8.82 ms
-    per_token = [(decode(2 * b) - decode(b)) / b for b in (8, 16, 32)]  # ms per added request
-    assert max(per_token) < 1.5 * min(per_token), per_token  # ~linear in tokens
+    rows = load_trace_set(PACKAGED).latency
+    rows = rows[(rows["phase"] == "decode") & (rows["context"] == 1024)].set_index("batch")
+    for b, predicted in zip(batches, t):
+        assert predicted == pytest.approx(rows.loc[b, "ms_median"], rel=0.03), (b, predicted)
     # beyond the grid the forward pass keeps growing with tokens (never flat)
     assert decode(512) > decode(256) > decode(128)
 
