@@ -108,6 +108,8 @@
 #   run 40 / run 42: `8 vb` with the new Qwen3-8B set, before / after the replay fix.
 #   stage 41 run 43 (carry .whl): calibrate GPU tests after the replay fix; `calibrate --quick`
 #            timed with the fused glue.
+#   stage 42 run 44 (after `p` with part.aa, then `p` with part.ab; carry .whl and part.ac):
+#            join the GGUF; greedy losslessness on the real SmolLM2 in fp32 on the GPU.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -165,7 +167,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40 or 41}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41 or 42}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -703,6 +705,11 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     --out "$OUT/kernels_select.csv" 2>&1 | grep -A3 "radix_topk\|Vegas selection" \
     | tee "$OUT/kernels_select.log"
   bash "$0" 36
+  ;;
+42)
+  join_gguf || exit 2
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  gpu_tests tests/calibrate/test_specdec.py lossless_gpu_tests.log -k lossless
   ;;
 41)
   gpu_tests tests/calibrate calibrate_gpu_tests.log

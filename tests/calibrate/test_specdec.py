@@ -93,6 +93,41 @@ def test_greedy_lossless_on_smollm2(smollm2: Any, smol_prompts: list[torch.Tenso
     _check_records(res, gamma, smol_prompts, greedy=True)
 
 
+@pytest.fixture(scope="module")
+def smollm2_cuda(smollm2: Any) -> Transformer:
+    """SmolLM2's real weights in fp32 on the GPU: our Triton kernels (verify with score
+    collection, sparse drafts, selection, the fused glue) under CUDA graphs, at a precision
+    where vanilla and verification agree except at exact ties, as on the CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from vegas_sim.calibrate.runtime import load_model
+
+    return load_model("smollm2-135m", weights="real", device="cuda", dtype=torch.float32)[0]
+
+
+@pytest.fixture(scope="module")
+def vanilla_cuda_tokens(smollm2_cuda: Transformer, smol_prompts: list[torch.Tensor]
+                        ) -> list[list[int]]:
+    return SpecDecoder(smollm2_cuda, SpecConfig("vanilla", 1)).generate(smol_prompts,
+                                                                         MAX_NEW).tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,gamma", LOSSLESS_CASES)
+def test_greedy_lossless_on_smollm2_cuda(smollm2_cuda: Transformer,
+                                         smol_prompts: list[torch.Tensor],
+                                         vanilla_cuda_tokens: list[list[int]], method: str,
+                                         gamma: int) -> None:
+    """test_greedy_lossless_on_smollm2 on the GPU path: every method emits vanilla's greedy
+    tokens, both decoded with the Triton kernels."""
+    cfg = SpecConfig(method, gamma, sparsity=0.02, min_tokens=16)
+    res = SpecDecoder(smollm2_cuda, cfg).generate(smol_prompts, MAX_NEW)
+    assert res.tokens == vanilla_cuda_tokens
+    accepted = [r.accepted for r in res.records]
+    assert any(a > 0 for a in accepted) and any(a < gamma for a in accepted)
+    _check_records(res, gamma, smol_prompts, greedy=True)
+
+
 # ------------------------------------------------------ sampled outputs follow the target
 def _exact_next(model: Transformer, seqs: list[list[int]], cfg: SpecConfig) -> torch.Tensor:
     """Target probabilities [N, V] of the token after each full sequence (dense prefill)."""
