@@ -128,3 +128,16 @@ def test_shipped_defaults_are_valid_and_measured() -> None:
     for path in catalog.packaged_sets():
         ts = io.load_trace_set(path)
         assert not ts.synthetic, f"{path} is synthetic: never ship synthetic sets"
+
+
+def test_packaged_sets_say_which_runtime_measured_them() -> None:
+    """A latency set from an older runtime revision is named in the notes (its latencies are
+    that runtime's); the re-measured Qwen3-8B set is this code's."""
+    from vegas_sim.traces.schema import RUNTIME_REVISION
+
+    q8b, _acc, notes = catalog.resolve("qwen3-8b", None)
+    assert q8b.runtime_revision == RUNTIME_REVISION
+    assert not any("runtime revision" in n for n in notes)
+    smol, _acc, notes = catalog.resolve("smollm2-135m", None)
+    assert smol.name == "smollm2-135m-h200" and smol.runtime_revision == "1"
+    assert any(f"runtime revision 1, this code's is {RUNTIME_REVISION}" in n for n in notes)

@@ -41,7 +41,7 @@ def software_versions() -> dict[str, str]:
     import numpy as np
 
     import vegas_sim
-    from vegas_sim.calibrate.runtime import RUNTIME_REVISION
+    from vegas_sim.traces.schema import RUNTIME_REVISION
 
     out = {
         "python": platform.python_version(),

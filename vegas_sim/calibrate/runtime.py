@@ -39,10 +39,6 @@ from vegas_sim.models import PRESETS, ModelSpec, get_preset
 if TYPE_CHECKING:
     from vegas_sim.calibrate.tokenizer import Tokenizer
 
-# Recorded in every trace set's software versions: what a step runs besides the kernels.
-# "1" (no key in sets before the twelfth session): the glue between GEMMs was ~58 torch ops per
-# layer; "2": three fused ops (kernels/layer_ops.py on CUDA).
-RUNTIME_REVISION = "2"
 VERIFY_MAX_NQ = 16  # verify_attention's limit on query rows (kernels/API.md)
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

@@ -18,7 +18,7 @@ from typing import Any
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
-from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE
+from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE, RUNTIME_REVISION
 
 DEFAULT_DIR = Path(__file__).parent / "default"
 
@@ -151,6 +151,11 @@ def resolve(
             model = models[0] if len(models) == 1 else ""
         latency = _pick_latency(model or "", packaged)
     notes = [f"latency: {describe(latency)}"]
+    if not latency.synthetic and latency.runtime_revision != RUNTIME_REVISION:
+        notes.append(
+            f"{latency.name} was measured on runtime revision {latency.runtime_revision}, this "
+            f"code's is {RUNTIME_REVISION} (traces/schema.py): the latencies are that runtime's; "
+            "re-calibrate to predict this one")
 
     if acceptance is not None:
         acc = load_trace_set(acceptance)

@@ -111,6 +111,11 @@ class TraceSet:
         return bool(self.meta.get("synthetic", False))
 
     @property
+    def runtime_revision(self) -> str:
+        """The calibration runtime's revision (schema.RUNTIME_REVISION); "1" when unrecorded."""
+        return str(self.meta.get("software", {}).get("runtime", "1"))
+
+    @property
     def has_real_acceptance(self) -> bool:
         """Real weights and at least one acceptance row: usable by the acceptance model."""
         return self.weights_kind == "real" and len(self.acceptance) > 0

@@ -56,7 +56,7 @@ META_KEYS = {
     "schema_version": "int, == SCHEMA_VERSION",
     "model": "ModelSpec.to_dict() plus 'weights': {'kind': 'real'|'random', 'id': str, 'sha256': str}",
     "gpu": "{'name', 'sm_count', 'memory_gb', 'copy_bandwidth_gbs', 'bf16_tflops'} measured in the run",
-    "software": "{'python', 'torch', 'triton', 'vegas_sim', ...}",
+    "software": "{'python', 'torch', 'triton', 'vegas_sim', 'runtime', ...}",
     "date": "ISO 8601",
     "grid": "the calibration grid: {'methods', 'gamma', 'sparsity', 'batch', 'context', ...}",
     "workload": "list of workload names",
@@ -65,6 +65,11 @@ META_KEYS = {
 }
 
 WEIGHT_KINDS = ("real", "random")
+
+# software.runtime: what a calibrated step ran besides the kernels. "1" (sets without the key,
+# made before the twelfth session): the glue between the GEMMs as ~58 torch ops per layer; "2":
+# three fused Triton ops (kernels/layer_ops.py), a 0.685x Qwen3-8B decode step at B 4, C 32K.
+RUNTIME_REVISION = "2"
 
 # meta.json: optional keys that the writer / generator add.
 OPTIONAL_META_KEYS = {
