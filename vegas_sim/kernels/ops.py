@@ -16,6 +16,7 @@ import os
 from types import ModuleType
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from vegas_sim.errors import UserInputError
@@ -93,7 +94,7 @@ def verify_attention(
         B, NQ, Hq, _ = q.shape
         want = (B, len(collect_row_ids(NQ, collect)), Hq, k_cache.shape[1])
         _check(want[1] > 0 and tuple(scores_out.shape) == want and scores_out.is_contiguous()
-               and str(scores_out.dtype) == "torch.bfloat16", op, "scores_out",
+               and scores_out.dtype == torch.bfloat16, op, "scores_out",
                f"scores_out must be a contiguous bf16 {want}, got {tuple(scores_out.shape)} "
                f"{scores_out.dtype}", "allocate it for this call's collect mode and shapes")
     if backend(q) == "triton":
@@ -157,7 +158,7 @@ def score_weights(
     if out is not None:
         want = (scores.shape[0], scores.shape[3])
         _check(tuple(out.shape) == want and out.is_contiguous()
-               and str(out.dtype) == "torch.float32", op, "out",
+               and out.dtype == torch.float32, op, "out",
                f"out must be a contiguous fp32 {want}, got {tuple(out.shape)} {out.dtype}",
                "allocate [B, S_max] fp32")
     if backend(scores) == "triton":

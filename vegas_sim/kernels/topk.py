@@ -392,11 +392,11 @@ def radix_topk(
     n_blocks = triton.cdiv(S, block)
     per_prog = triton.cdiv(n_blocks, min(split or _split(rows, n_blocks, dev), MAX_PARTS))
     n_parts = triton.cdiv(n_blocks, per_prog)  # <= MAX_PARTS
-    parts = MAX_PARTS
     bits = weights.view(torch.int32).reshape(rows, S)  # the patterns, no copy
     state = torch.empty(rows, 2, dtype=torch.int32, device=dev)  # t_lo, t_hi
-    wins = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # > t_hi, per part
-    cands = torch.empty(rows, parts, dtype=torch.int32, device=dev)  # in [t_lo, t_hi]
+    # per part (fixed MAX_PARTS columns, so one compile serves every row shape)
+    wins = torch.empty(rows, MAX_PARTS, dtype=torch.int32, device=dev)  # > t_hi
+    cands = torch.empty(rows, MAX_PARTS, dtype=torch.int32, device=dev)  # in [t_lo, t_hi]
     win_pos = torch.empty(rows, S, dtype=torch.int32, device=dev)  # per-part regions
     scratch = torch.empty(rows, S, dtype=torch.int64, device=dev)  # pattern << 32 | position
     out = torch.empty(rows, k, dtype=torch.int32, device=dev)
@@ -404,8 +404,8 @@ def radix_topk(
     _sample_kernel[(rows,)](bits, state, S, r_hi, r_lo, NS=sample, WHOLE=S <= sample,
                             num_warps=SAMPLE_WARPS)
     _compact_kernel[(rows, n_parts)](bits, state, wins, cands, win_pos, scratch, S, n_blocks,
-                                     per_prog, BLOCK=block, PARTS=parts, num_warps=warps)
+                                     per_prog, BLOCK=block, PARTS=MAX_PARTS, num_warps=warps)
     _refine_kernel[(rows,)](bits, state, wins, cands, win_pos, out, scratch, S, k, n_parts,
                             per_prog * block, PASSES=_passes(log2_bins), NB=1 << log2_bins,
-                            BLOCK=refine_block, PARTS=parts, num_warps=REFINE_WARPS)
+                            BLOCK=refine_block, PARTS=MAX_PARTS, num_warps=REFINE_WARPS)
     return out.reshape(*lead, k)
