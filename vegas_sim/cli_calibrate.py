@@ -43,7 +43,7 @@ from vegas_sim.cliutil import progress_task, user_errors
 @click.option("--prompts", type=int, default=None,
               help="Prompts per workload in acceptance runs (default 16; 4 with --quick). On "
                    "CUDA, up to 128 (prompt, sparsity) requests decode as one batch.")
-@click.option("--acceptance-cuts", type=click.Choice(["add", "none", "only"]), default="none",
+@click.option("--acceptance-cuts", type=click.Choice(gridspec.ACCEPTANCE_CUTS), default="none",
               show_default=True,
               help="For workloads of text windows (longdoc): also trace every window cut to "
                    "each shorter window length, so a context bucket holds every prompt that "

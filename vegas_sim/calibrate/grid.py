@@ -97,6 +97,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.calibrate import hardware
+from vegas_sim.calibrate.gridspec import ACCEPTANCE_CUTS
 from vegas_sim.calibrate.sampling import sampling_args
 from vegas_sim.calibrate.specdec import graphs_default, state_headroom
 from vegas_sim.errors import UserInputError
@@ -933,7 +934,6 @@ def _stable_seed(base: int, key: str) -> int:
 # A workload of at most this many distinct prompt lengths is windows of long texts, to be
 # cut (cut_prompts); the acceptance model keeps exact context buckets up to the same count.
 MAX_CUT_LEVELS = MAX_EXACT_BUCKETS
-ACCEPTANCE_CUTS = ("add", "none", "only")
 
 
 def acceptance_max_new(plan: CalibrationPlan, gamma: int) -> int:

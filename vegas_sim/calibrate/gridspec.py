@@ -41,6 +41,10 @@ _INT_RE = re.compile(r"^([+-]?\d+)([kKmM]?)$")
 _MAX_ITEMS = 100_000  # a typo such as 1..1M:1 must not build a million-point grid silently
 _FLOAT_DECIMALS = 10
 
+# calibrate --acceptance-cuts (grid.acceptance_prompts): here, where the CLI can read it
+# without importing torch
+ACCEPTANCE_CUTS = ("add", "none", "only")
+
 INT_GRID_HELP = "e.g. '1,2,4', '2..12', '2..12:2', '1K..128K:x2', '1K,32K,128K'"
 FLOAT_GRID_HELP = "e.g. '0.07', '0.01,0.03,0.07', '0.01..0.2:0.01', '1%,5%,7%'"
 
