@@ -36,6 +36,7 @@ from kernels import (
 from probe_common import write_rows
 
 from vegas_sim.kernels import sparse_attention as sa
+from vegas_sim.kernels.verify_attention import splits_per_sm
 
 SHAPES = [(1, 32768, 0.2), (1, 131072, 0.05), (4, 32768, 0.05), (4, 131072, 0.01),
           (16, 32768, 0.01), (1, 32768, 0.01), (4, 32768, 0.2), (16, 131072, 0.05)]
@@ -49,9 +50,8 @@ def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     for n in (32, 64, 128):
         for st in (2, 3, 4):
             for per_sm in (2, 4):
-                tiles = math.ceil(keys / n)
-                want = max(1, round(per_sm * 132 / (B * 8)))
-                splits = math.ceil(tiles / math.ceil(tiles / want))  # whole tiles, all used
+                want = splits_per_sm(B * 8, 132, per_sm)
+                splits = sa.whole_tile_splits(math.ceil(keys / n), want)
                 out.append((f"n{n} st{st} {per_sm}/SM s{splits}",
                             {"block_n": n, "num_stages": st, "splits": splits}))
     out.append(("n64 st3 w8", {"num_warps": 8}))

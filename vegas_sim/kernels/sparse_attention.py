@@ -17,7 +17,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2, combine, interpreted, num_sms
+from vegas_sim.kernels.verify_attention import (
+    LOG2E,
+    _next_pow2,
+    combine,
+    interpreted,
+    num_sms,
+    splits_per_sm,
+)
 
 
 @triton.jit
@@ -108,13 +115,17 @@ SMALL_BLOCK_N = 32
 SMALL_PER_SM = 4
 
 
+def whole_tile_splits(tiles: int, want: int) -> int:
+    """At most `want` splits of `tiles` tiles, each whole tiles and none empty."""
+    return math.ceil(tiles / math.ceil(tiles / want))
+
+
 def launch_shape(batch: int, hkv: int, max_keys: int, n_sms: int,
                  min_tiles: int = MIN_TILES_DEFAULT) -> tuple[int, int]:
     """(splits, BLOCK_N) of one call: see SMALL_SELECTION."""
     if batch * max_keys <= SMALL_SELECTION:
-        tiles = math.ceil(max_keys / SMALL_BLOCK_N)
-        want = max(1, round(SMALL_PER_SM * n_sms / max(1, batch * hkv)))
-        return math.ceil(tiles / math.ceil(tiles / want)), SMALL_BLOCK_N
+        want = splits_per_sm(max(1, batch * hkv), n_sms, SMALL_PER_SM)
+        return whole_tile_splits(math.ceil(max_keys / SMALL_BLOCK_N), want), SMALL_BLOCK_N
     return choose_splits(batch, hkv, max_keys, n_sms, 64, min_tiles), 64
 
 
