@@ -3,7 +3,14 @@ target, ms <= 1.3 x (selected bytes / copy) + launch, was missed in run 31 (20-2
 (ms - launch) / (bytes / copy) 1.3-1.6). Timed as the kernel grid times them (CUDA-graph
 replays, fastest of interleaved rounds, index sets and caches rotated past the L2).
 
-    python benchmarks/gpu/sparse_probe.py [--rounds 3] [--out FILE.csv] [--shapes B:C:S,...]
+`--set launch` (run 32): tiles, stages, warps and split counts. `--set store` (run 46): the
+default at two more split counts, and the split kernel alone without its combine (a
+diagnostic: wrong output; it shows what the combine costs), also at 2 keys. Run 46 also timed
+the partials' store of the whole 16-row M tile against the G real rows that the kernel now
+stores (a `store_pad` knob, since removed: results/h200/sparse_store_pad_run46.patch).
+
+    python benchmarks/gpu/sparse_probe.py [--set launch|store] [--rounds 3] [--out FILE.csv]
+        [--shapes B:C:S,...]
 """
 
 from __future__ import annotations
@@ -43,6 +50,32 @@ SHAPES = [(1, 32768, 0.2), (1, 131072, 0.05), (4, 32768, 0.05), (4, 131072, 0.01
 TAIL = 4
 
 
+def split_kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
+                      n: torch.Tensor, tail: torch.Tensor, lens: torch.Tensor) -> None:
+    """The launcher's split kernel at its default launch, without the combine (diagnostic)."""
+    B, Hq, Dh = q.shape
+    Hkv = k.shape[2]
+    splits, block_n = sa.launch_shape(B, Hkv, int(idx.shape[1]) + 32, 132)
+    n_part = B * Hkv * splits * 16
+    o_part = torch.empty(n_part, Dh, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(n_part, dtype=torch.float32, device=q.device)
+    sa._sparse_attention_kernel[(B * Hkv, splits)](
+        q, k, v, idx, n, tail, lens, o_part, lse_part, SCALE * 1.4426950408889634, Hq, Hkv,
+        splits, idx.stride(0), k.stride(0), k.stride(1), G=Hq // Hkv, D=Dh, BLOCK_M=16,
+        BLOCK_N=block_n, BLOCK_D=Dh, INPUT_PRECISION="tf32", UPCAST=False)
+
+
+def store_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
+    """(label, knobs; "split only" is the diagnostic): see the module docstring."""
+    out: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    for per_sm in (2, 8):
+        want = splits_per_sm(B * 8, 132, per_sm)
+        splits = sa.whole_tile_splits(math.ceil(keys / 32), want)
+        out.append((f"n32 st3 {per_sm}/SM s{splits}", {"block_n": 32, "splits": splits}))
+    out.append(("split only", {"split_only": True}))
+    return out
+
+
 def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, sparse_draft_attention knobs): the default, then tiles, stages, warps, and split
     counts for 2 or 4 programs per SM over whole tiles."""
@@ -60,7 +93,7 @@ def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, copy_bw: float,
-                launch: float) -> list[dict[str, Any]]:
+                launch: float, which: str) -> list[dict[str, Any]]:
     K = math.ceil(s * C)
     caches = [make_cache(gen, B, C) for _ in range(n_copies(kv_bytes(B, C)))]
     q = torch.randn(B, HQ, D, generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -71,9 +104,13 @@ def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, cop
     for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
         sets.append((caches[i % len(caches)], random_selection(gen, B, C, K)))
     calls = {}
-    for label, kw in candidates(B, K + TAIL):
-        fns = [partial(sa.sparse_draft_attention, q, k, v, idx, n, tail, lens, SCALE, **kw)
-               for (k, v), idx in sets]
+    for label, kw in (candidates if which == "launch" else store_candidates)(B, K + TAIL):
+        if kw.pop("split_only", False):
+            fns = [partial(split_kernel_only, q, k, v, idx, n, tail, lens)
+                   for (k, v), idx in sets]
+        else:
+            fns = [partial(sa.sparse_draft_attention, q, k, v, idx, n, tail, lens, SCALE, **kw)
+                   for (k, v), idx in sets]
         try:
             fns[0]()
             torch.cuda.synchronize()
@@ -94,11 +131,27 @@ def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, cop
     return rows
 
 
+def launch_diagnostic(gen: torch.Generator) -> list[dict[str, Any]]:
+    """The 2-key op's split kernel alone."""
+    q1 = torch.randn(1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k1, v1 = make_cache(gen, 1, 64)
+    one = torch.ones(1, dtype=torch.int32, device="cuda")
+    idx1 = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    calls = {"2 keys split only": partial(split_kernel_only, q1, k1, v1, idx1, one, one, one + 1)}
+    rows = []
+    for label, ms in min_of_rounds({k: rotating([f]) for k, f in calls.items()}, 3).items():
+        print(f"{label:22s} {ms * 1e3:7.2f} us", flush=True)
+        rows.append({"batch": 1, "context": 2, "sparsity": "", "candidate": label,
+                     "ms": f"{ms:.5f}", "launch_ms": "", "target_ratio": ""})
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("sparse_probe.csv"))
     p.add_argument("--shapes", default="", help="B:C:S,... (default: SHAPES)")
+    p.add_argument("--set", dest="which", choices=("launch", "store"), default="store")
     args = p.parse_args()
     shapes = SHAPES if not args.shapes else [
         (int(b), int(c), float(s)) for b, c, s in (t.split(":") for t in args.shapes.split(","))]
@@ -107,8 +160,10 @@ def main() -> int:
     launch = sparse_launch_ms(gen)
     print(f"copy {copy_bw:.0f} GB/s, launch (2 keys) {launch * 1e3:.2f} us", flush=True)
     rows = []
+    if args.which == "store":
+        rows += launch_diagnostic(gen)
     for B, C, s in shapes:
-        rows += probe_shape(gen, B, C, s, args.rounds, copy_bw, launch)
+        rows += probe_shape(gen, B, C, s, args.rounds, copy_bw, launch, args.which)
     write_rows(args.out, rows)
     print(f"wrote {args.out}", flush=True)
     return 0

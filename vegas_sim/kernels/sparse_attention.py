@@ -84,9 +84,13 @@ def _sparse_attention_kernel(
 
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
+    # Only the G real rows: the combine never reads the M tile's padding, which at G 4 was 3/4
+    # of the partials' bytes. H200 run 46 (benchmarks/results/sparse_probe_store_h200_run46.csv):
+    # 0.7-3.5 % faster at its 8 shapes (B 1 C 32K s 0.2: 14.84 -> 14.57 µs).
     part = (pid_bh * SPLITS + split).to(tl.int64) * BLOCK_M + offs_m
-    tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None])
-    tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")))
+    tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None],
+             mask=row_ok[:, None])
+    tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
 
 
 # A split may be a single tile: small selections (s = 1 %: ~1.3K keys at 128K) then spread over
