@@ -130,14 +130,28 @@ def test_shipped_defaults_are_valid_and_measured() -> None:
         assert not ts.synthetic, f"{path} is synthetic: never ship synthetic sets"
 
 
-def test_packaged_sets_say_which_runtime_measured_them() -> None:
-    """A latency set from an older runtime revision is named in the notes (its latencies are
-    that runtime's); the re-measured Qwen3-8B set is this code's."""
+def test_packaged_latency_sets_are_this_runtimes() -> None:
+    """Both packaged latency sets were measured on this code's runtime (no revision note)."""
     from vegas_sim.traces.schema import RUNTIME_REVISION
 
-    q8b, _acc, notes = catalog.resolve("qwen3-8b", None)
-    assert q8b.runtime_revision == RUNTIME_REVISION
-    assert not any("runtime revision" in n for n in notes)
-    smol, _acc, notes = catalog.resolve("smollm2-135m", None)
-    assert smol.name == "smollm2-135m-h200" and smol.runtime_revision == "1"
+    for model in ("qwen3-8b", "smollm2-135m"):
+        latency, _acc, notes = catalog.resolve(model, None)
+        assert latency.runtime_revision == RUNTIME_REVISION, latency.name
+        assert not any("runtime revision" in n for n in notes)
+
+
+def test_an_older_runtime_revision_is_named_in_the_notes(tmp_path: Path) -> None:
+    """A measured set whose meta has no software.runtime is revision 1, and predict says so."""
+    import json
+
+    from vegas_sim.traces.schema import RUNTIME_REVISION
+
+    packaged = next(p for p in catalog.packaged_sets() if p.name == "smollm2-135m-h200")
+    old = tmp_path / packaged.name
+    shutil.copytree(packaged, old)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["software"]["runtime"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    latency, _acc, notes = catalog.resolve(None, old)
+    assert latency.runtime_revision == "1"
     assert any(f"runtime revision 1, this code's is {RUNTIME_REVISION}" in n for n in notes)
