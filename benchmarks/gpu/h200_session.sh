@@ -110,12 +110,22 @@
 #            timed with the fused glue.
 #   stage 42 run 44 (after `p` with part.aa, then `p` with part.ab; carry .whl and part.ac):
 #            join the GGUF; greedy losslessness on the real SmolLM2 in fp32 on the GPU.
+#   stage 43 the thirteenth session's first call (run 46, carry .whl and part.aa, copied to
+#            /root/model): the sparse kernel's GPU tests with the partials of the G real rows
+#            only, then benchmarks/gpu/sparse_probe.py --set store. Then `p` with part.ab, then
+#            `9 smol` with part.ac (the SmolLM2 latency set on runtime revision 2), then at once
+#            `10` (regime (a) against it).
+#   stage 44 run 49 (carry .whl): the kernel GPU tests, then the committed kernel table
+#            (kernels.py --quick --only verify,select,sparse --rounds 3) with the sparse kernel
+#            that stores the G real rows of its partials.
+#   stage 45 run 50 (carry .whl and part.aa): the calibrate GPU tests with that sparse kernel;
+#            then `p` (part.ab) and `42` (part.ac, run 51): greedy losslessness on SmolLM2 again.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
 #            .resume/qwen3-8b-h200). Then `8 vb` against it, once it is packaged.
-#   stage 10 (not run; regime (a) on the machine that measures the latency set): regime (a) validated on the machine that just measured the
-#            SmolLM2 latency set (`9 a`, `9 smol`, then `10` at once).
+#   stage 10 regime (a) validated on the machine that just measured the SmolLM2 latency set
+#            (run 48 of the thirteenth session: `43`, `p`, `9 smol`, then `10` at once).
 #   stage 4  (a fresh machine: first a call that carries part.aa and runs
 #            `mkdir -p /root/model && cp .model/smollm2.gguf.part.aa /root/model/`), carry .whl
 #            and part.ab: what stage 1's 300 s left out —
@@ -167,7 +177,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41 or 42}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44 or 45}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -430,15 +440,18 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   esac
   ;;
 10)
-  # next session's plan (not run yet): regime (a) on the machine that measures its latency
-  # set, as run 7 did — SmolLM2 at B <= 3 is host-bound and machines differ by up to ~4 %.
-  # `9 a` first (part.aa), then `9 smol` (part.ab, ~345 s), then at once `10` (~330 s):
-  # the 24 seeded rows and the 3 span rows against the set `9 smol` left in $TR.
+  # regime (a) on the machine that measures its latency set, as run 7 did — SmolLM2 at B <= 3
+  # is host-bound and machines differ by up to ~4 %. Run 48: `43` (part.aa), `p` (part.ab),
+  # `9 smol` (part.ac, 248 s), then at once `10` (234 s): the 24 seeded rows and the 3 span
+  # rows against the set `9 smol` left in $TR.
+  # (file, timeout, time budget) as `12 va`: the 24 seeded rows took 312-363 s in run 7.
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
-  for f in heldout_smollm2 heldout_smollm2_span; do
-    timeout ${VALIDATE_TIMEOUT:-420} "${cli[@]}" validate --traces $TR/smollm2-135m-h200 \
+  [ -f $TR/smollm2-135m-h200/meta.json ] || { echo "no latency set in $TR"; exit 2; }
+  for spec in heldout_smollm2:400:340 heldout_smollm2_span:140:90; do
+    IFS=: read -r f tmo budget <<< "$spec"
+    timeout $tmo "${cli[@]}" validate --traces $TR/smollm2-135m-h200 \
       --acceptance-traces $D/smollm2-135m-real --seed 0 --model $GGUF --weights real \
-      --heldout benchmarks/validation/$f.csv --time-budget ${VALIDATE_BUDGET:-380} \
+      --heldout benchmarks/validation/$f.csv --time-budget $budget \
       --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
     echo "$f rc=$?"; tail -7 "$OUT/validate_h200_${f#heldout_}.log"
   done
@@ -705,6 +718,20 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
     --out "$OUT/kernels_select.csv" 2>&1 | grep -A3 "radix_topk\|Vegas selection" \
     | tee "$OUT/kernels_select.log"
   bash "$0" 36
+  ;;
+44)
+  gpu_tests tests/kernels kernel_gpu_tests.log
+  kernel_table 330
+  ;;
+45)  # carry .whl and part.aa: the calibrate GPU tests; then `p` (part.ab), `42` (part.ac)
+  cp .model/smollm2.gguf.part.aa /root/model/
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
+  ;;
+43)
+  cp .model/smollm2.gguf.part.aa /root/model/
+  gpu_tests tests/kernels/test_attention.py sparse_gpu_tests.log -k sparse
+  timeout 240 python3 benchmarks/gpu/sparse_probe.py --set store \
+    --out "$OUT/sparse_probe_store.csv" 2>&1 | tee "$OUT/sparse_probe_store.log" | tail -60
   ;;
 42)
   join_gguf || exit 2
