@@ -120,6 +120,13 @@
 #            that stores the G real rows of its partials.
 #   stage 45 run 50 (carry .whl and part.aa): the calibrate GPU tests with that sparse kernel;
 #            then `p` (part.ab) and `42` (part.ac, run 51): greedy losslessness on SmolLM2 again.
+#   stage 46 run 52 (after `p` with part.aa and `p` with part.ab; carry .whl and part.ac):
+#            regime (a) on a second, fresh draw of 24 held-out rows (make_heldout.py --seed
+#            20261130 --regime smollm2), against the packaged sets.
+#   run 53 (after `p` with part.aa and `p` with part.ab; carry .whl and part.ac):
+#            `SMOL_TIMEOUT=420 9 smol` with grid.UNTIMED_WALLS = True (the walls of the host
+#            gaps from untimed chains; off in the committed code): the set in
+#            benchmarks/results/untimed_walls_run53/, not packaged.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -177,7 +184,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44 or 45}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45 or 46}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -722,6 +729,16 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
 44)
   gpu_tests tests/kernels kernel_gpu_tests.log
   kernel_table 330
+  ;;
+46)  # after `p` (part.aa) and `p` (part.ab); carry .whl and part.ac: regime (a) on a fresh draw
+  join_gguf || exit 2
+  export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+  f=heldout_smollm2_seed20261130
+  timeout 420 "${cli[@]}" validate --traces $D/smollm2-135m-h200 \
+    --acceptance-traces $D/smollm2-135m-real --seed 0 --model $GGUF --weights real \
+    --heldout benchmarks/validation/$f.csv --time-budget 360 \
+    --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
+  echo "$f rc=$?"; tail -8 "$OUT/validate_h200_${f#heldout_}.log"
   ;;
 45)  # carry .whl and part.aa: the calibrate GPU tests; then `p` (part.ab), `42` (part.ac)
   cp .model/smollm2.gguf.part.aa /root/model/

@@ -2,6 +2,8 @@
 
     /work/venv/bin/python benchmarks/validation/make_heldout.py          # writes both CSVs
     /work/venv/bin/python benchmarks/validation/make_heldout.py --check  # prints, writes nothing
+    /work/venv/bin/python benchmarks/validation/make_heldout.py --seed 20261130 --regime smollm2
+        # a fresh draw beside them: heldout_smollm2_seed20261130.csv
 
 Two regimes, SEED recorded here and in README.md:
 - heldout_smollm2.csv — SmolLM2-135M real weights end to end (8K positions): longdoc prompts
@@ -121,9 +123,14 @@ def estimate_s(h: HeldOut, regime: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="print only, write nothing")
+    ap.add_argument("--seed", type=int, default=SEED,
+                    help=f"another draw, written as heldout_REGIME_seedN.csv (default {SEED})")
+    ap.add_argument("--regime", choices=("smollm2", "qwen3_8b"), action="append",
+                    help="only this regime (repeatable; default both)")
     args = ap.parse_args()
-    for regime in ("smollm2", "qwen3_8b"):
-        rng = np.random.default_rng([SEED, 0 if regime == "smollm2" else 1])
+    suffix = "" if args.seed == SEED else f"_seed{args.seed}"
+    for regime in args.regime or ("smollm2", "qwen3_8b"):
+        rng = np.random.default_rng([args.seed, 0 if regime == "smollm2" else 1])
         hs = draw(regime, rng)
         total = sum(estimate_s(h, regime) for h in hs)
         print(f"{regime}: {len(hs)} configurations, estimated {total:.0f} s on an H200")
@@ -132,7 +139,7 @@ def main() -> None:
                      if regime == "qwen3_8b" else "")
             print(f"  {h.label:<45} waves {h.waves}  ~{estimate_s(h, regime):4.1f} s{extra}")
         if not args.check:
-            write_heldout(hs, HERE / f"heldout_{regime}.csv")
+            write_heldout(hs, HERE / f"heldout_{regime}{suffix}.csv")
 
 
 if __name__ == "__main__":

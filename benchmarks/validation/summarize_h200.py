@@ -28,6 +28,8 @@ TABLES = (("as run", ".csv"), ("re-predicted", ".repredicted.csv"))
 # (summary column prefix, result column): throughput error, then its two factors
 COLUMNS = (("", "error_pct"), ("iter_time_", "iter_time_error_pct"),
            ("acceptance_", "acceptance_error_pct"))
+# a second draw of held-out rows, measured once (run 52): regime stem -> (label, table stem)
+FRESH = {"smollm2": ("fresh 24 (seed 20261130)", "smollm2_seed20261130")}
 # the throughput columns say "error" in their names, the factors' do not
 SUFFIX = {"": "abs_error_pct", "iter_time_": "abs_pct", "acceptance_": "abs_pct"}
 
@@ -44,8 +46,12 @@ def summary_rows() -> list[dict[str, object]]:
         for table, suffix in TABLES:
             seeded = pd.read_csv(RESULTS / f"validate_h200_{stem}{suffix}")
             span = pd.read_csv(RESULTS / f"validate_h200_{stem}_span{suffix}")
-            for label, frame in (("seeded 24", seeded), ("span", span),
-                                 ("all", pd.concat([seeded, span], ignore_index=True))):
+            frames = [("seeded 24", seeded), ("span", span),
+                      ("all", pd.concat([seeded, span], ignore_index=True))]
+            if stem in FRESH:
+                label, fresh = FRESH[stem]
+                frames.append((label, pd.read_csv(RESULTS / f"validate_h200_{fresh}{suffix}")))
+            for label, frame in frames:
                 row: dict[str, object] = {"regime": regime, "table": table, "rows": label,
                                           "n": len(frame)}
                 for prefix, column in COLUMNS:
@@ -91,8 +97,10 @@ def main() -> None:
         seed_spread(args.seeds).to_csv(RESULTS / "validate_h200_seed_spread.csv", index=False)
     summary = pd.DataFrame(summary_rows())
     summary.to_csv(RESULTS / "validate_h200_summary.csv", index=False)
-    combined = pd.concat([pd.read_csv(RESULTS / f"validate_h200_{stem}{part}.repredicted.csv")
-                          for _, stem in REGIMES for part in ("", "_span")], ignore_index=True)
+    stems = [f"{stem}{part}" for _, stem in REGIMES for part in ("", "_span")]
+    stems += [fresh for _, fresh in FRESH.values()]
+    combined = pd.concat([pd.read_csv(RESULTS / f"validate_h200_{stem}.repredicted.csv")
+                          for stem in stems], ignore_index=True)
     combined.to_csv(RESULTS / "validate_h200.csv", index=False)
     print(summary.to_string(index=False))
 

@@ -25,7 +25,8 @@
 
    Host gaps (device idle while the host works: launches, bookkeeping after a sync) are
    charged to ``sample``; vanilla and verify repetitions chain `HOST_GAP_CHAIN` iterations so
-   that a repetition's first launch and last sync are shared, as in the running loop.
+   that a repetition's first launch and last sync are shared, as in the running loop
+   (`UNTIMED_WALLS`: their walls from a second, untimed run of each chain; off by default).
 
    Every configuration runs `warmup` untimed, then `reps` timed repetitions through the
    SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); each row
@@ -659,24 +660,48 @@ class Timed:
         return gaps
 
 
+# Off by default: where a chained repetition's wall (for its host gap) comes from. True: a
+# second run of the chain with the phase timer off, since the timer's CUDA events and
+# bookkeeping are host work the decoding loop does not do. SmolLM2, thirteenth session: the
+# B = 1 validation rows were predicted up to 10 % slow in iteration time with the timed walls
+# (runs 47-48, 52), and their timed phase waves ran 0.05-0.31 ms longer than the untimed loop
+# in 7 of 8; a set measured with untimed walls (run 53, benchmarks/results/
+# untimed_walls_run53/) brought them to -3..+3 %, but predicted B >= 24 2 % fast, and with
+# acceptance over-predicted by ~0.5 % the throughput max over 51 rows rose from 9.3 to 11.4 %.
+# Not the default until that is understood; the set's meta says which walls it used.
+UNTIMED_WALLS = False
+
+
 def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str,
            chain: int = 1) -> Timed:
     """warmup + reps repetitions of `chain` back-to-back calls of body; the timed ones split
-    into iterations at phase `start`, each repetition also timed on the wall clock (device
-    synchronised before and after)."""
+    into iterations at phase `start`. Each repetition's wall clock (device synchronised before
+    and after) is taken from the same chain run again untimed when chain > 1 and
+    UNTIMED_WALLS (the timed run's own otherwise)."""
     device = ctx.model.device
     for _ in range(ctx.plan.warmup):
         body()
     timer.reset()
     walls = []
     for _ in range(ctx.plan.reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(chain):
-            body()
-        _sync(device)
-        walls.append((time.perf_counter() - t0) * 1e3)
+        walls.append(_chain_wall_ms(device, body, chain))
+        if chain > 1 and UNTIMED_WALLS:
+            timer.enabled = False
+            try:
+                walls[-1] = _chain_wall_ms(device, body, chain)
+            finally:
+                timer.enabled = True
     return Timed(split_iterations(timer.samples(), start), walls, chain)
+
+
+def _chain_wall_ms(device: torch.device, body: Callable[[], None], chain: int) -> float:
+    """Wall time of `chain` back-to-back calls of body, from an idle device to an idle one."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(chain):
+        body()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def with_host_gap(samples: list[float], gaps: list[float]) -> list[float]:
@@ -1069,6 +1094,8 @@ def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, A
         "draft_paths": {k: list(v) for k, v in DRAFT_PATHS.items()},
         # Draft, verify and decode steps replayed as CUDA graphs (specdec.SpecDecoder).
         "cuda_graphs": graphs_default(torch.device(plan.device)),
+        # Host gaps from walls of untimed chains (sets without the key: of the timed chains).
+        "host_gap_walls": "untimed" if UNTIMED_WALLS else "timed",
         "acceptance": (
             f"real weights: gamma {max(plan.gamma)}, {plan.iterations} iterations per request"
             if real and plan.acceptance else
