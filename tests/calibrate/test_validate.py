@@ -225,6 +225,11 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
         if regime == "qwen3_8b":
             assert all(mod.kv_gb(h.batch, h.context, h.output_len) <= mod.MAX_KV_GB for h in hs)
             assert max(h.context for h in hs) > 100_000 and min(h.batch for h in hs) == 1
+    # the second SmolLM2 draw (run 52) is its seed's too, and as far off the grids
+    fresh = read_heldout(root / "heldout_smollm2_seed20261130.csv")
+    check_outside_grid(fresh, mod.GRIDS["smollm2"])
+    assert fresh == mod.draw("smollm2", np.random.default_rng([20261130, 0]))
+    assert fresh != read_heldout(root / "heldout_smollm2.csv")
 
 
 def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
