@@ -127,6 +127,9 @@
 #            `SMOL_TIMEOUT=420 9 smol` with grid.UNTIMED_WALLS = True (the walls of the host
 #            gaps from untimed chains; off in the committed code): the set in
 #            benchmarks/results/untimed_walls_run53/, not packaged.
+#   stage 47 (not run: the thirteenth session's device time ran out; next session's first
+#            call, carry .whl): sparse_probe.py --set heads (several KV heads per program) at
+#            six shapes, each candidate's output checked against the default's.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -184,7 +187,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45 or 46}
+stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46 or 47}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -729,6 +732,11 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
 44)
   gpu_tests tests/kernels kernel_gpu_tests.log
   kernel_table 330
+  ;;
+47)  # not run yet (carry .whl): sparse_probe.py --set heads at the mid-size selections
+  timeout ${PROBE_TIMEOUT:-110} python3 benchmarks/gpu/sparse_probe.py --set heads --rounds 3 \
+    --shapes 1:32768:0.2,4:131072:0.01,1:131072:0.05,4:32768:0.05,1:32768:0.01,16:131072:0.05 \
+    --out "$OUT/sparse_probe_heads.csv" 2>&1 | tee "$OUT/sparse_probe_heads.log" | tail -45
   ;;
 46)  # after `p` (part.aa) and `p` (part.ab); carry .whl and part.ac: regime (a) on a fresh draw
   join_gguf || exit 2

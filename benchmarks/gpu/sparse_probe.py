@@ -8,6 +8,9 @@ default at two more split counts, and the split kernel alone without its combine
 diagnostic: wrong output; it shows what the combine costs), also at 2 keys. Run 46 also timed
 the partials' store of the whole 16-row M tile against the G real rows that the kernel now
 stores (a `store_pad` knob, since removed: results/h200/sparse_store_pad_run46.patch).
+`--set heads`: several KV heads per program (`heads_per_program`, DESIGN's token-major gather:
+one index load and one contiguous run of HPP·D elements per selected token for HPP heads),
+each candidate's output checked against the default's before it is timed.
 
     python benchmarks/gpu/sparse_probe.py [--set launch|store] [--rounds 3] [--out FILE.csv]
         [--shapes B:C:S,...]
@@ -76,6 +79,22 @@ def store_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+# (heads per program, BLOCK_N, warps, programs per SM): register and shared-memory budgets of
+# `_sparse_attention_heads_kernel` at D 128 (ptxas: 102-158 registers, 43-98 KB at 3 stages)
+HEADS_LAUNCHES = [(2, 32, 4, 4), (4, 16, 4, 3), (4, 32, 8, 2), (8, 16, 8, 1)]
+
+
+def heads_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    for hpp, n, warps, per_sm in HEADS_LAUNCHES:
+        want = splits_per_sm(B * 8 // hpp, 132, per_sm)
+        splits = sa.whole_tile_splits(math.ceil(keys / n), want)
+        out.append((f"hpp{hpp} n{n} w{warps} {per_sm}/SM s{splits}",
+                    {"heads_per_program": hpp, "block_n": n, "num_warps": warps,
+                     "splits": splits}))
+    return out
+
+
 def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, sparse_draft_attention knobs): the default, then tiles, stages, warps, and split
     counts for 2 or 4 programs per SM over whole tiles."""
@@ -104,7 +123,9 @@ def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, cop
     for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
         sets.append((caches[i % len(caches)], random_selection(gen, B, C, K)))
     calls = {}
-    for label, kw in (candidates if which == "launch" else store_candidates)(B, K + TAIL):
+    pick = {"launch": candidates, "store": store_candidates, "heads": heads_candidates}[which]
+    want = sa.sparse_draft_attention(q, *sets[0][0], sets[0][1], n, tail, lens, SCALE)
+    for label, kw in pick(B, K + TAIL):
         if kw.pop("split_only", False):
             fns = [partial(split_kernel_only, q, k, v, idx, n, tail, lens)
                    for (k, v), idx in sets]
@@ -112,8 +133,13 @@ def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, cop
             fns = [partial(sa.sparse_draft_attention, q, k, v, idx, n, tail, lens, SCALE, **kw)
                    for (k, v), idx in sets]
         try:
-            fns[0]()
+            got = fns[0]()
             torch.cuda.synchronize()
+            if got is not None:
+                err = float((got.float() - want.float()).norm() / want.float().norm())
+                if not err < 2e-2:
+                    print(f"B={B} C={C} s={s} {label}: WRONG, rel err {err:.3g}", flush=True)
+                    continue
             calls[label] = rotating(fns)
         except Exception as e:  # noqa: BLE001 - a launch may not compile
             print(f"B={B} C={C} s={s} {label}: FAILED {type(e).__name__}: {e}"[:300], flush=True)
@@ -151,7 +177,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("sparse_probe.csv"))
     p.add_argument("--shapes", default="", help="B:C:S,... (default: SHAPES)")
-    p.add_argument("--set", dest="which", choices=("launch", "store"), default="store")
+    p.add_argument("--set", dest="which", choices=("launch", "store", "heads"), default="heads")
     args = p.parse_args()
     shapes = SHAPES if not args.shapes else [
         (int(b), int(c), float(s)) for b, c, s in (t.split(":") for t in args.shapes.split(","))]

@@ -93,6 +93,80 @@ def _sparse_attention_kernel(
     tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
 
 
+@triton.jit
+def _sparse_attention_heads_kernel(
+    Q, K, V, IDX, N_IDX, TAIL, LENS, O_PART, LSE_PART,
+    qk_scale2, HQ, HKV, SPLITS, stride_ib, stride_kb, stride_ks,
+    G: tl.constexpr, D: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """`_sparse_attention_kernel` for HPP consecutive KV heads per program: one index load
+    serves HPP heads, and a selected token's keys of those heads (HPP·D contiguous elements,
+    DESIGN's token-major gather) move as one run. Batched dots over the head axis; the
+    partials land where the one-head kernel puts them, so the same combine merges them."""
+    pid = tl.program_id(0)  # request × head group
+    split = tl.program_id(1)
+    groups = HKV // HPP
+    b = pid // groups
+    kvh0 = (pid % groups) * HPP
+    n_sel = tl.load(N_IDX + b)
+    tail = tl.load(TAIL + b)
+    total = n_sel + tl.maximum(tl.load(LENS + b) - tail, 0)
+
+    offs_h = tl.arange(0, HPP)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < G
+    # q [B, HQ, D] -> [HPP, BLOCK_M, D]: head kvh0 + h's G query heads, padded to BLOCK_M
+    q_row = (b * HQ + (kvh0 + offs_h)[:, None] * G + offs_m[None, :]).to(tl.int64)
+    q = tl.load(Q + q_row[:, :, None] * D + offs_d[None, None, :],
+                mask=row_ok[None, :, None], other=0.0)
+    if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16
+        q = q.to(tl.float32)
+
+    chunk = tl.cdiv(tl.cdiv(total, SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, total)
+    # [HPP, 1, D] offsets of the group's heads inside a token's row
+    head_off = (kvh0 + offs_h)[:, None, None] * D + offs_d[None, None, :]
+    kv_base = b.to(tl.int64) * stride_kb
+
+    m_i = tl.full([HPP, BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([HPP, BLOCK_M], tl.float32)
+    acc = tl.zeros([HPP, BLOCK_M, D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        j = start + offs_n
+        j_ok = j < hi
+        sel = tl.load(IDX + b.to(tl.int64) * stride_ib + j, mask=j_ok & (j < n_sel), other=0)
+        pos = tl.where(j < n_sel, sel, tail + (j - n_sel))
+        kv_off = kv_base + pos.to(tl.int64)[None, :, None] * stride_ks + head_off  # [HPP, N, D]
+        k = tl.load(K + kv_off, mask=j_ok[None, :, None], other=0.0)
+        v = tl.load(V + kv_off, mask=j_ok[None, :, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.permute(k, (0, 2, 1)), input_precision=INPUT_PRECISION) * qk_scale2
+        s = tl.where(j_ok[None, None, :], s, float("-inf"))  # [HPP, BLOCK_M, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(s, 2))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, :, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 2)
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    # the one-head kernel's partial rows: ((b·HKV + kvh) · SPLITS + split) · BLOCK_M + m
+    part = (((b * HKV + kvh0 + offs_h)[:, None] * SPLITS + split) * BLOCK_M
+            + offs_m[None, :]).to(tl.int64)  # [HPP, BLOCK_M]
+    keep = row_ok[None, :] & (offs_h[:, None] >= 0)
+    tl.store(O_PART + part[:, :, None] * D + offs_d[None, None, :], acc / l_safe[:, :, None],
+             mask=keep[:, :, None])
+    tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=keep)
+
+
 # A split may be a single tile: small selections (s = 1 %: ~1.3K keys at 128K) then spread over
 # ~2 waves instead of 4-tile chains of dependent index loads + gathers, so the op's latency
 # stays near the 2-key "launch" time that the target allows for.
@@ -148,10 +222,13 @@ def sparse_draft_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     min_tiles: int = MIN_TILES_DEFAULT,
+    heads_per_program: int = 1,
 ) -> Tensor:
     """Triton launcher; same contract as `reference.sparse_draft_attention` (API.md).
     `splits` / `block_n` None: `launch_shape`'s (a split count for a given block_n comes
-    from `choose_splits`)."""
+    from `choose_splits`). heads_per_program > 1 (a power of two dividing Hkv, with D a power
+    of two): `_sparse_attention_heads_kernel`, that many KV heads per program (`splits` is
+    then per head group)."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -168,17 +245,31 @@ def sparse_draft_attention(
     # keys per request without a host sync: K + a typical tail (the launch shape only affects
     # speed; the kernel sizes each split from the true count)
     max_keys = int(indices.shape[1]) + 32
+    groups = Hkv // heads_per_program  # programs per request and split
     if block_n is None:
-        auto_splits, block_n = launch_shape(B, Hkv, max_keys, num_sms(q.device), min_tiles)
+        auto_splits, block_n = launch_shape(B, groups, max_keys, num_sms(q.device), min_tiles)
         splits = auto_splits if splits is None else splits
     elif splits is None:
-        splits = choose_splits(B, Hkv, max_keys, num_sms(q.device), block_n, min_tiles)
+        splits = choose_splits(B, groups, max_keys, num_sms(q.device), block_n, min_tiles)
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device)
     n_part = B * Hkv * splits * BLOCK_M
     o_part = torch.empty(n_part, BLOCK_D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(n_part, dtype=torch.float32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if heads_per_program > 1:
+        hpp = heads_per_program
+        assert Hkv % hpp == 0 and hpp & (hpp - 1) == 0 and BLOCK_D == D
+        _sparse_attention_heads_kernel[(B * groups, splits)](
+            q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
+            scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0),
+            k_cache.stride(1), G=G, D=D, HPP=hpp, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+            INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
+            num_stages=num_stages,
+        )
+        combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits,
+                BLOCK_M)
+        return out
     _sparse_attention_kernel[(B * Hkv, splits)](
         q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
         scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0), k_cache.stride(1),
