@@ -161,7 +161,7 @@ def _sparse_attention_heads_kernel(
     # the one-head kernel's partial rows: ((b·HKV + kvh) · SPLITS + split) · BLOCK_M + m
     part = (((b * HKV + kvh0 + offs_h)[:, None] * SPLITS + split) * BLOCK_M
             + offs_m[None, :]).to(tl.int64)  # [HPP, BLOCK_M]
-    keep = row_ok[None, :] & (offs_h[:, None] >= 0)
+    keep = row_ok[None, :] & (offs_h[:, None] >= 0)  # the G real rows, broadcast over heads
     tl.store(O_PART + part[:, :, None] * D + offs_d[None, None, :], acc / l_safe[:, :, None],
              mask=keep[:, :, None])
     tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=keep)
@@ -267,15 +267,13 @@ def sparse_draft_attention(
             INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
             num_stages=num_stages,
         )
-        combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits,
-                BLOCK_M)
-        return out
-    _sparse_attention_kernel[(B * Hkv, splits)](
-        q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
-        scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0), k_cache.stride(1),
-        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
-        INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
-        num_stages=num_stages,
-    )
+    else:
+        _sparse_attention_kernel[(B * Hkv, splits)](
+            q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
+            scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0),
+            k_cache.stride(1), G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
+            INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
+            num_stages=num_stages,
+        )
     combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits, BLOCK_M)
     return out
