@@ -28,6 +28,27 @@ from vegas_sim.kernels.verify_attention import (
 
 
 @triton.jit
+def _split_span(N_IDX, TAIL, LENS, b, split, SPLITS, BLOCK_N: tl.constexpr):
+    """Request b's selected count, tail start, and split `split`'s virtual positions [lo, hi)
+    (whole BLOCK_N tiles of n_idx selected + the tail)."""
+    n_sel = tl.load(N_IDX + b)
+    tail = tl.load(TAIL + b)
+    total = n_sel + tl.maximum(tl.load(LENS + b) - tail, 0)
+    chunk = tl.cdiv(tl.cdiv(total, SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    return n_sel, tail, lo, tl.minimum(lo + chunk, total)
+
+
+@triton.jit
+def _tile_positions(IDX, idx_row, j, hi, n_sel, tail):
+    """(j < hi, cache positions) of virtual positions j: indices[b, j] below n_sel, then the
+    tail; idx_row is request b's offset into IDX."""
+    j_ok = j < hi
+    sel = tl.load(IDX + idx_row + j, mask=j_ok & (j < n_sel), other=0)
+    return j_ok, tl.where(j < n_sel, sel, tail + (j - n_sel))
+
+
+@triton.jit
 def _sparse_attention_kernel(
     Q, K, V, IDX, N_IDX, TAIL, LENS, O_PART, LSE_PART,
     qk_scale2, HQ, HKV, SPLITS, stride_ib, stride_kb, stride_ks,
@@ -38,9 +59,7 @@ def _sparse_attention_kernel(
     split = tl.program_id(1)
     b = pid_bh // HKV
     kvh = pid_bh % HKV
-    n_sel = tl.load(N_IDX + b)
-    tail = tl.load(TAIL + b)
-    total = n_sel + tl.maximum(tl.load(LENS + b) - tail, 0)
+    n_sel, tail, lo, hi = _split_span(N_IDX, TAIL, LENS, b, split, SPLITS, BLOCK_N)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -53,19 +72,14 @@ def _sparse_attention_kernel(
     if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16
         q = q.to(tl.float32)
 
-    chunk = tl.cdiv(tl.cdiv(total, SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, total)
     kv_base = b.to(tl.int64) * stride_kb + kvh * D
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        j = start + offs_n
-        j_ok = j < hi
-        sel = tl.load(IDX + b.to(tl.int64) * stride_ib + j, mask=j_ok & (j < n_sel), other=0)
-        pos = tl.where(j < n_sel, sel, tail + (j - n_sel))
+        j_ok, pos = _tile_positions(IDX, b.to(tl.int64) * stride_ib, start + offs_n, hi, n_sel,
+                                    tail)
         kv_off = kv_base + pos.to(tl.int64)[:, None] * stride_ks + offs_d[None, :]
         k = tl.load(K + kv_off, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(V + kv_off, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
@@ -109,9 +123,7 @@ def _sparse_attention_heads_kernel(
     groups = HKV // HPP
     b = pid // groups
     kvh0 = (pid % groups) * HPP
-    n_sel = tl.load(N_IDX + b)
-    tail = tl.load(TAIL + b)
-    total = n_sel + tl.maximum(tl.load(LENS + b) - tail, 0)
+    n_sel, tail, lo, hi = _split_span(N_IDX, TAIL, LENS, b, split, SPLITS, BLOCK_N)
 
     offs_h = tl.arange(0, HPP)
     offs_m = tl.arange(0, BLOCK_M)
@@ -125,9 +137,6 @@ def _sparse_attention_heads_kernel(
     if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16
         q = q.to(tl.float32)
 
-    chunk = tl.cdiv(tl.cdiv(total, SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, total)
     # [HPP, 1, D] offsets of the group's heads inside a token's row
     head_off = (kvh0 + offs_h)[:, None, None] * D + offs_d[None, None, :]
     kv_base = b.to(tl.int64) * stride_kb
@@ -136,10 +145,8 @@ def _sparse_attention_heads_kernel(
     l_i = tl.zeros([HPP, BLOCK_M], tl.float32)
     acc = tl.zeros([HPP, BLOCK_M, D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        j = start + offs_n
-        j_ok = j < hi
-        sel = tl.load(IDX + b.to(tl.int64) * stride_ib + j, mask=j_ok & (j < n_sel), other=0)
-        pos = tl.where(j < n_sel, sel, tail + (j - n_sel))
+        j_ok, pos = _tile_positions(IDX, b.to(tl.int64) * stride_ib, start + offs_n, hi, n_sel,
+                                    tail)
         kv_off = kv_base + pos.to(tl.int64)[None, :, None] * stride_ks + head_off  # [HPP, N, D]
         k = tl.load(K + kv_off, mask=j_ok[None, :, None], other=0.0)
         v = tl.load(V + kv_off, mask=j_ok[None, :, None], other=0.0)
@@ -260,20 +267,14 @@ def sparse_draft_attention(
     if heads_per_program > 1:
         hpp = heads_per_program
         assert Hkv % hpp == 0 and hpp & (hpp - 1) == 0 and BLOCK_D == D
-        _sparse_attention_heads_kernel[(B * groups, splits)](
-            q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
-            scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0),
-            k_cache.stride(1), G=G, D=D, HPP=hpp, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
-            INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
-            num_stages=num_stages,
-        )
+        kernel, programs, shape = _sparse_attention_heads_kernel, B * groups, {"HPP": hpp}
     else:
-        _sparse_attention_kernel[(B * Hkv, splits)](
-            q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
-            scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0),
-            k_cache.stride(1), G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D,
-            INPUT_PRECISION=precision, UPCAST=interpreted(q), num_warps=num_warps,
-            num_stages=num_stages,
-        )
+        kernel, programs, shape = _sparse_attention_kernel, B * Hkv, {"BLOCK_D": BLOCK_D}
+    kernel[(programs, splits)](
+        q, k_cache, v_cache, indices, n_idx, tail, lens, o_part, lse_part,
+        scale * LOG2E, Hq, Hkv, splits, indices.stride(0), k_cache.stride(0), k_cache.stride(1),
+        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, INPUT_PRECISION=precision,
+        UPCAST=interpreted(q), num_warps=num_warps, num_stages=num_stages, **shape,
+    )
     combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits, BLOCK_M)
     return out
