@@ -68,12 +68,17 @@ def split_kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
         BLOCK_N=block_n, BLOCK_D=Dh, INPUT_PRECISION="tf32", UPCAST=False)
 
 
+def whole_splits(programs: int, keys: int, block_n: int, per_sm: int) -> int:
+    """Splits for ~per_sm programs per SM of the H200 (132 SMs) over `programs` (request,
+    head group) pairs, fitted to whole block_n tiles (sparse_attention.launch_shape's rule)."""
+    return sa.whole_tile_splits(math.ceil(keys / block_n), splits_per_sm(programs, 132, per_sm))
+
+
 def store_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, knobs; "split only" is the diagnostic): see the module docstring."""
     out: list[tuple[str, dict[str, Any]]] = [("default", {})]
     for per_sm in (2, 8):
-        want = splits_per_sm(B * 8, 132, per_sm)
-        splits = sa.whole_tile_splits(math.ceil(keys / 32), want)
+        splits = whole_splits(B * 8, keys, 32, per_sm)
         out.append((f"n32 st3 {per_sm}/SM s{splits}", {"block_n": 32, "splits": splits}))
     out.append(("split only", {"split_only": True}))
     return out
@@ -87,8 +92,7 @@ HEADS_LAUNCHES = [(2, 32, 4, 4), (4, 16, 4, 3), (4, 32, 8, 2), (8, 16, 8, 1)]
 def heads_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [("default", {})]
     for hpp, n, warps, per_sm in HEADS_LAUNCHES:
-        want = splits_per_sm(B * 8 // hpp, 132, per_sm)
-        splits = sa.whole_tile_splits(math.ceil(keys / n), want)
+        splits = whole_splits(B * 8 // hpp, keys, n, per_sm)
         out.append((f"hpp{hpp} n{n} w{warps} {per_sm}/SM s{splits}",
                     {"heads_per_program": hpp, "block_n": n, "num_warps": warps,
                      "splits": splits}))
@@ -102,8 +106,7 @@ def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     for n in (32, 64, 128):
         for st in (2, 3, 4):
             for per_sm in (2, 4):
-                want = splits_per_sm(B * 8, 132, per_sm)
-                splits = sa.whole_tile_splits(math.ceil(keys / n), want)
+                splits = whole_splits(B * 8, keys, n, per_sm)
                 out.append((f"n{n} st{st} {per_sm}/SM s{splits}",
                             {"block_n": n, "num_stages": st, "splits": splits}))
     out.append(("n64 st3 w8", {"num_warps": 8}))
