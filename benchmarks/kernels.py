@@ -1051,10 +1051,9 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
             torch.cuda.empty_cache()
 
     verify_shapes(SWEEP_VERIFY[:3])
-    # sparse draft: launch term and small selections, split rule (min tiles per split)
-    for mt in (4, 1):
-        ms = sparse_launch_ms(gen, min_tiles=mt)
-        record("sparse", f"launch-2keys mt{mt}", ms, kv_bytes(1, 2), batch=1, context=2)
+    # sparse draft: the launch term and the default launch against 32/64-key tiles at 4 warps
+    ms = sparse_launch_ms(gen)
+    record("sparse", "launch-2keys", ms, kv_bytes(1, 2), batch=1, context=2)
     for B, C, s in [(1, 131072, 0.01), (1, 131072, 0.05), (4, 32768, 0.05), (1, 32768, 0.2),
                     (16, 131072, 0.05)]:
         if not left():
@@ -1066,12 +1065,12 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
         tail = torch.full((B,), C, dtype=torch.int32, device=DEV)
         lens = tail + 4
         idxs = [random_selection(gen, B, C, K) for _ in range(4)]
-        for mt, bn in ((4, 64), (1, 64), (1, 32), (2, 64)):
+        for label, kw in (("default", {}), ("n32 w4", {"block_n": 32, "num_warps": 4}),
+                          ("n64 w4", {"block_n": 64, "num_warps": 4})):
             ms = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, ix, n, tail,
-                                         lens, SCALE, min_tiles=mt, block_n=bn)
+                                         lens, SCALE, **kw)
                                  for (kk, vv), ix in zip(caches * 4, idxs)]))
-            record("sparse", f"mt{mt} n{bn}", ms, kv_bytes(B, K + 4), batch=B, context=C,
-                   sparsity=s)
+            record("sparse", label, ms, kv_bytes(B, K + 4), batch=B, context=C, sparsity=s)
         del caches
         torch.cuda.empty_cache()
     verify_shapes(SWEEP_VERIFY[3:])

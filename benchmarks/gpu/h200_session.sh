@@ -127,9 +127,19 @@
 #            `SMOL_TIMEOUT=420 9 smol` with grid.UNTIMED_WALLS = True (the walls of the host
 #            gaps from untimed chains; off in the committed code): the set in
 #            benchmarks/results/untimed_walls_run53/, not packaged.
-#   stage 47 (not run: the thirteenth session's device time ran out; next session's first
-#            call, carry .whl): sparse_probe.py --set heads (several KV heads per program) at
-#            six shapes, each candidate's output checked against the default's.
+#   stage 47 run 54, the fourteenth session's first call (carry .whl): sparse_probe.py --set
+#            heads (several KV heads per program) at six shapes: slower everywhere; removed.
+#   stage 48 run 55 (carry .whl): the sparse GPU tests without it, sparse_probe.py --set
+#            pattern (random / sorted / contiguous slots) and benchmarks/gpu/read_roof.py.
+#   stage 49 run 56 (carry .whl): sparse_probe.py --set deep (16-key tiles, 4-6 stages).
+#   stage 50 run 57 (carry .whl): sparse_probe.py --set warps (1-2 warps, 6-16 per SM).
+#   stage 51 run 58 (carry .whl): sparse_probe.py --set w1 (1 warp: stages, programs per SM).
+#   stage 52 run 59 (carry .whl and part.aa): kernel and calibrate GPU tests and the kernel table
+#            with the one-warp sparse launch; then `p` (part.ab) and `42` (part.ac) at once.
+#   stage 53 run 61 (carry .whl): benchmarks/gpu/warps_probe.py, verify attention at 1-2 warps.
+#   stage 54 run 62 (carry .whl): benchmarks/gpu/sparse_launch_ab.py, grid draft steps with the
+#            one-warp sparse launch against run 33's rule.
+#   stage 55 run 63 (carry .whl): kernels.py --quick --only sparse, twice (the margin's spread).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -733,7 +743,52 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   gpu_tests tests/kernels kernel_gpu_tests.log
   kernel_table 330
   ;;
-47)  # not run yet (carry .whl): sparse_probe.py --set heads at the mid-size selections
+55)  # carry .whl: the sparse rows of the kernel table twice more (the thin 1.29 of run 59)
+  for rep in 1 2; do
+    timeout 150 python3 benchmarks/kernels.py --quick --only sparse --rounds 3 \
+      --out "$OUT/kernels_sparse_rep$rep.csv" 2>&1 | tail -12 | tee "$OUT/kernels_sparse_rep$rep.log"
+  done
+  ;;
+54)  # run 62 (carry .whl): the packaged Qwen3-8B draft steps' distance from the one-warp sparse launch
+  timeout 300 python3 benchmarks/gpu/sparse_launch_ab.py 2>&1 | tee "$OUT/sparse_launch_ab.log" \
+    | grep -v Warning | tail -30
+  ;;
+53)  # run 61 (carry .whl): benchmarks/gpu/warps_probe.py (verify at 1-2 warps and more splits)
+  timeout 420 python3 benchmarks/gpu/warps_probe.py --rounds 3 --out "$OUT/warps_probe.csv" \
+    > "$OUT/warps_probe.log" 2>&1
+  grep -v "^$" "$OUT/warps_probe.log" | cut -c1-400 | tail -30
+  ;;
+52)  # run 59, 60 (carry .whl and part.aa): kernel and calibrate GPU tests, the kernel table (new sparse launch)
+  cp .model/smollm2.gguf.part.aa /root/model/
+  gpu_tests tests/kernels kernel_gpu_tests.log
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
+  kernel_table 330
+  ;;
+51)  # run 58 (carry .whl): sparse_probe.py --set w1 at nine shapes
+  timeout 300 python3 benchmarks/gpu/sparse_probe.py --set w1 --rounds 3 \
+    --shapes 1:32768:0.2,4:131072:0.01,1:131072:0.05,4:32768:0.05,1:32768:0.01,16:32768:0.01,4:32768:0.2,16:131072:0.05,16:131072:0.2 \
+    --out "$OUT/sparse_probe_w1.csv" > "$OUT/sparse_probe_w1.log" 2>&1
+  grep -E "copy|FAIL|WRONG" "$OUT/sparse_probe_w1.log"
+  ;;
+50)  # run 57 (carry .whl): sparse_probe.py --set warps at ten shapes (all of the small-selection path's)
+  timeout 300 python3 benchmarks/gpu/sparse_probe.py --set warps --rounds 3 \
+    --shapes 1:32768:0.2,4:131072:0.01,1:131072:0.05,4:32768:0.05,1:32768:0.01,1:131072:0.2,4:131072:0.05,16:32768:0.01,4:32768:0.2,16:131072:0.05 \
+    --out "$OUT/sparse_probe_warps.csv" 2>&1 | tee "$OUT/sparse_probe_warps.log" | tail -20
+  ;;
+49)  # run 56 (carry .whl): sparse_probe.py --set deep (16-key tiles, 4-6 stages)
+  timeout 200 python3 benchmarks/gpu/sparse_probe.py --set deep --rounds 3 \
+    --shapes 1:32768:0.2,4:131072:0.01,1:131072:0.05,4:32768:0.05,1:32768:0.01,16:131072:0.05 \
+    --out "$OUT/sparse_probe_deep.csv" 2>&1 | tee "$OUT/sparse_probe_deep.log" | tail -70
+  ;;
+48)  # run 55 (carry .whl): sparse GPU tests (heads kernel removed), slot patterns, the read roof
+  gpu_tests tests/kernels/test_attention.py sparse_gpu_tests.log -k sparse
+  timeout 120 python3 benchmarks/gpu/sparse_probe.py --set pattern --rounds 3 \
+    --shapes 1:32768:0.2,4:131072:0.01,1:131072:0.05,4:32768:0.05,1:32768:0.01,16:131072:0.05 \
+    --out "$OUT/sparse_probe_pattern.csv" 2>&1 | tee "$OUT/sparse_probe_pattern.log" | tail -25
+  timeout 120 python3 benchmarks/gpu/read_roof.py --out "$OUT/read_roof.csv" 2>&1 \
+    | tee "$OUT/read_roof.log" | tail -12
+  ;;
+47)  # run 54 (carry .whl): sparse_probe.py --set heads at the mid-size selections
   timeout ${PROBE_TIMEOUT:-110} python3 benchmarks/gpu/sparse_probe.py --set heads --rounds 3 \
     --shapes 1:32768:0.2,4:131072:0.01,1:131072:0.05,4:32768:0.05,1:32768:0.01,16:131072:0.05 \
     --out "$OUT/sparse_probe_heads.csv" 2>&1 | tee "$OUT/sparse_probe_heads.log" | tail -45

@@ -8,11 +8,18 @@ default at two more split counts, and the split kernel alone without its combine
 diagnostic: wrong output; it shows what the combine costs), also at 2 keys. Run 46 also timed
 the partials' store of the whole 16-row M tile against the G real rows that the kernel now
 stores (a `store_pad` knob, since removed: results/h200/sparse_store_pad_run46.patch).
-`--set heads`: several KV heads per program (`heads_per_program`, DESIGN's token-major gather:
-one index load and one contiguous run of HPP·D elements per selected token for HPP heads),
-each candidate's output checked against the default's before it is timed.
+`--set heads` (run 54) timed several KV heads per program (`heads_per_program`, one index load
+and one contiguous run of HPP·D elements per selected token for HPP heads): slower at all 6
+shapes, so the kernel was removed (its source: commit 7bf2d86). `--set pattern`: the default
+launch over unsorted random slots (the benchmark's), the same slots sorted, and contiguous runs
+of the same length: how much of the mid-size excess is DRAM locality (run 55: ~1 %). `--set
+deep`: 16-key tiles and 4-6 pipeline stages, beyond run 32's sweep (run 56: 16-key tiles at 2
+warps and 8 programs per SM best at every mid-size selection). `--set warps`: its neighbours
+(run 57: 1 warp and 8 programs per SM best at 9 of 10 shapes). `--set w1`: that launch's
+neighbours.
 
-    python benchmarks/gpu/sparse_probe.py [--set launch|store] [--rounds 3] [--out FILE.csv]
+    python benchmarks/gpu/sparse_probe.py [--set launch|store|pattern|deep|warps|w1] [--rounds 3]
+        [--out F.csv]
         [--shapes B:C:S,...]
 """
 
@@ -65,7 +72,8 @@ def split_kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
     sa._sparse_attention_kernel[(B * Hkv, splits)](
         q, k, v, idx, n, tail, lens, o_part, lse_part, SCALE * 1.4426950408889634, Hq, Hkv,
         splits, idx.stride(0), k.stride(0), k.stride(1), G=Hq // Hkv, D=Dh, BLOCK_M=16,
-        BLOCK_N=block_n, BLOCK_D=Dh, INPUT_PRECISION="tf32", UPCAST=False)
+        BLOCK_N=block_n, BLOCK_D=Dh, INPUT_PRECISION="tf32", UPCAST=False,
+        num_warps=sa.NUM_WARPS)
 
 
 def whole_splits(programs: int, keys: int, block_n: int, per_sm: int) -> int:
@@ -84,19 +92,22 @@ def store_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-# (heads per program, BLOCK_N, warps, programs per SM): register and shared-memory budgets of
-# `_sparse_attention_heads_kernel` at D 128 (ptxas: 102-158 registers, 43-98 KB at 3 stages)
-HEADS_LAUNCHES = [(2, 32, 4, 4), (4, 16, 4, 3), (4, 32, 8, 2), (8, 16, 8, 1)]
+PATTERNS = ("random", "sorted", "contiguous")
 
 
-def heads_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
-    out: list[tuple[str, dict[str, Any]]] = [("default", {})]
-    for hpp, n, warps, per_sm in HEADS_LAUNCHES:
-        splits = whole_splits(B * 8 // hpp, keys, n, per_sm)
-        out.append((f"hpp{hpp} n{n} w{warps} {per_sm}/SM s{splits}",
-                    {"heads_per_program": hpp, "block_n": n, "num_warps": warps,
-                     "splits": splits}))
-    return out
+def pattern_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
+    """The default launch over the benchmark's unsorted random slots, the same slots sorted
+    (the runtime's top-k writes ascending runs), and one contiguous run per request."""
+    return [("default" if p == "random" else p, {"pattern": p}) for p in PATTERNS]
+
+
+def selection(gen: torch.Generator, B: int, C: int, K: int, pattern: str) -> torch.Tensor:
+    """int32 [B, K] slots of [0, C) laid out as `pattern` (PATTERNS)."""
+    if pattern == "contiguous":
+        start = torch.randint(0, C - K + 1, (B, 1), generator=gen, device="cuda")
+        return (start + torch.arange(K, device="cuda")).int()
+    idx = random_selection(gen, B, C, K)
+    return idx.sort(dim=1).values if pattern == "sorted" else idx
 
 
 def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
@@ -114,6 +125,37 @@ def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+Launch = tuple[int, int, int, int]  # BLOCK_N, stages, warps, programs per SM
+
+# `--set deep`: shorter tiles and deeper pipelines than run 32 tried (it stopped at 32-key tiles
+# and 4 stages): more of a 3-4 tile split's gathers in flight before its first tile's math
+DEEP_LAUNCHES: list[Launch] = [(16, 3, 4, 4), (16, 4, 4, 4), (16, 5, 4, 4), (16, 6, 4, 4),
+                               (16, 4, 2, 8), (16, 6, 2, 8), (32, 5, 4, 4), (32, 6, 4, 4),
+                               (32, 4, 2, 4), (32, 4, 2, 8)]
+# `--set warps`: run 56's best, 16-key tiles at 2 warps and 8 programs per SM, and its
+# neighbours: fewer warps and more programs per SM
+WARPS_LAUNCHES: list[Launch] = [(16, 4, 2, 8), (16, 3, 2, 8), (16, 2, 2, 8), (16, 3, 2, 6),
+                                (16, 3, 2, 12), (16, 4, 2, 12), (16, 3, 2, 16), (16, 3, 1, 8),
+                                (16, 3, 1, 16), (16, 4, 1, 16), (32, 3, 2, 8), (32, 2, 2, 8)]
+# `--set w1`: run 57's best, 16-key tiles at 1 warp and 8 programs per SM (1.28-1.31 at the
+# mid-size selections), and its neighbours: stages against programs resident per SM (a 16-key
+# stage of K and V is 8 KB of shared memory; 228 KB per SM)
+W1_LAUNCHES: list[Launch] = [(16, 3, 1, 8), (16, 3, 1, 6), (16, 3, 1, 9), (16, 2, 1, 8),
+                             (16, 2, 1, 12), (16, 2, 1, 14), (16, 4, 1, 7), (16, 4, 1, 8),
+                             (32, 2, 1, 6), (32, 3, 1, 4)]
+
+
+def launch_candidates(launches: list[Launch], B: int, keys: int
+                      ) -> list[tuple[str, dict[str, Any]]]:
+    """The default, then each (BLOCK_N, stages, warps, programs per SM) over whole tiles."""
+    out: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    for n, st, warps, per_sm in launches:
+        splits = whole_splits(B * 8, keys, n, per_sm)
+        out.append((f"n{n} st{st} w{warps} {per_sm}/SM s{splits}",
+                    {"block_n": n, "num_stages": st, "num_warps": warps, "splits": splits}))
+    return out
+
+
 def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, copy_bw: float,
                 launch: float, which: str) -> list[dict[str, Any]]:
     K = math.ceil(s * C)
@@ -126,19 +168,27 @@ def probe_shape(gen: torch.Generator, B: int, C: int, s: float, rounds: int, cop
     for i in range(max(len(caches), n_copies(kv_bytes(B, K)))):
         sets.append((caches[i % len(caches)], random_selection(gen, B, C, K)))
     calls = {}
-    pick = {"launch": candidates, "store": store_candidates, "heads": heads_candidates}[which]
+    pick = {"launch": candidates, "store": store_candidates, "pattern": pattern_candidates,
+            "deep": partial(launch_candidates, DEEP_LAUNCHES),
+            "warps": partial(launch_candidates, WARPS_LAUNCHES),
+            "w1": partial(launch_candidates, W1_LAUNCHES)}[which]
     want = sa.sparse_draft_attention(q, *sets[0][0], sets[0][1], n, tail, lens, SCALE)
     for label, kw in pick(B, K + TAIL):
+        pattern = kw.pop("pattern", "random")
+        own = sets if pattern == "random" else [
+            (kv, selection(gen, B, C, K, pattern)) for kv, _ in sets]
         if kw.pop("split_only", False):
             fns = [partial(split_kernel_only, q, k, v, idx, n, tail, lens)
-                   for (k, v), idx in sets]
+                   for (k, v), idx in own]
         else:
             fns = [partial(sa.sparse_draft_attention, q, k, v, idx, n, tail, lens, SCALE, **kw)
-                   for (k, v), idx in sets]
+                   for (k, v), idx in own]
         try:
             got = fns[0]()
             torch.cuda.synchronize()
-            if got is not None:
+            if got is not None and pattern != "random":  # other slots: another output
+                assert not torch.isnan(got.float()).any()
+            elif got is not None:
                 err = float((got.float() - want.float()).norm() / want.float().norm())
                 if not err < 2e-2:
                     print(f"B={B} C={C} s={s} {label}: WRONG, rel err {err:.3g}", flush=True)
@@ -180,7 +230,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("sparse_probe.csv"))
     p.add_argument("--shapes", default="", help="B:C:S,... (default: SHAPES)")
-    p.add_argument("--set", dest="which", choices=("launch", "store", "heads"), default="heads")
+    p.add_argument("--set", dest="which", choices=("launch", "store", "pattern", "deep", "warps", "w1"),
+                   default="pattern")
     args = p.parse_args()
     shapes = SHAPES if not args.shapes else [
         (int(b), int(c), float(s)) for b, c, s in (t.split(":") for t in args.shapes.split(","))]

@@ -205,33 +205,6 @@ def test_sparse_draft_attention_matches_reference(
     assert rel_err(out, ref) < OUT_TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hpp", [2, 4])
-def test_sparse_heads_per_program_matches_reference(
-    hpp: int, dtype: torch.dtype, device: str, use_triton: None, poison: None
-) -> None:
-    """Several KV heads per program (one index load for all of them) gives the reference's
-    output, also with ragged requests, an empty selection and split counts that leave splits
-    without keys."""
-    from vegas_sim.kernels import sparse_attention as tri
-
-    B, Hq, Hkv, D, S = 3, 16, 4, 32, 200
-    gen = torch.Generator().manual_seed(hpp)
-    q = torch.randn(B, Hq, D, generator=gen).to(device=device, dtype=dtype)
-    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
-    cl = torch.tensor([200, 150, 30], dtype=torch.int32)
-    tail = cl - torch.tensor([3, 5, 30], dtype=torch.int32)
-    n = [100, 40, 0]
-    idx = random_indices(gen, tail.tolist(), n, 100)
-    args = [t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl)]
-    ref = reference.sparse_draft_attention(q, k, v, *args, D ** -0.5)
-    for splits, block_n in ((None, None), (7, 16)):
-        out = tri.sparse_draft_attention(q, k, v, *args, D ** -0.5, splits=splits,
-                                         block_n=block_n, heads_per_program=hpp)
-        assert not torch.isnan(out.float()).any()
-        assert rel_err(out, ref) < OUT_TOL[dtype]
-
-
 def test_sparse_equals_dense_when_everything_selected() -> None:
     """Selecting [0, tail_start) + tail == the last verify row: ties the two references."""
     gen = torch.Generator().manual_seed(3)

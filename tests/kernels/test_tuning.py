@@ -37,24 +37,25 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
 
 
 @pytest.mark.parametrize("B,keys", [(1, 6586), (1, 360), (4, 1343), (16, 360), (4, 8192),
-                                    (1, 33), (2, 16384)])
-def test_sparse_small_selections_use_every_split(B: int, keys: int, use_triton: None) -> None:
-    """Up to SMALL_SELECTION keys: 32-key tiles, ~4 programs per SM, and no split left empty
-    by the kernel's whole-tile chunks (cdiv(cdiv(keys, splits), BLOCK_N) tiles each)."""
+                                    (1, 33), (2, 16384), (7, 9000), (16, 26246), (64, 40000)])
+def test_sparse_launch_fills_one_wave_and_every_split(B: int, keys: int, use_triton: None) -> None:
+    """16-key tiles, at most PER_SM programs per SM (more is a second wave), and no split left
+    empty by the kernel's whole-tile chunks (cdiv(cdiv(keys, splits), BLOCK_N) tiles each)."""
     from vegas_sim.kernels import sparse_attention as sa
 
     splits, block_n = sa.launch_shape(B, 8, keys, 132)
-    assert block_n == sa.SMALL_BLOCK_N
+    assert block_n == sa.BLOCK_N == 16
     chunk = math.ceil(math.ceil(keys / splits) / block_n) * block_n
     assert math.ceil(keys / chunk) == splits  # every split gets keys
-    assert splits <= math.ceil(keys / block_n) and B * 8 * splits <= 5 * 132
+    assert splits == 1 or B * 8 * splits <= sa.PER_SM * 132
+    assert splits <= math.ceil(keys / block_n)
 
 
-def test_sparse_large_selections_keep_the_64_key_launch(use_triton: None) -> None:
+def test_sparse_launch_keeps_a_given_tile(use_triton: None) -> None:
     from vegas_sim.kernels import sparse_attention as sa
 
-    keys = sa.SMALL_SELECTION // 16 + 1  # B 16 just past the switch
-    assert sa.launch_shape(16, 8, keys, 132) == (sa.choose_splits(16, 8, keys, 132, 64), 64)
+    splits, block_n = sa.launch_shape(1, 8, 6586, 132, block_n=64)
+    assert block_n == 64 and splits == math.ceil(103 / math.ceil(103 / 132))
 
 
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]

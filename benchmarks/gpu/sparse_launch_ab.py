@@ -1,0 +1,82 @@
+"""Fourteenth session: how far the packaged qwen3-8b-h200 draft steps (measured with run 33's
+sparse launch rule) are from the runtime with the one-warp launch of run 59. Times the grid's
+own Vegas draft-step rows (`grid.measure_drafts`, sparsities 1 / 5 / 20 %) on Qwen3-8B random
+weights at a few (B, C), alternating the two rules (new, old, new, old) in one process, and
+prints ms per kv_read. Run on a GPU:
+
+    python benchmarks/gpu/sparse_launch_ab.py
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import torch
+
+from vegas_sim.calibrate import grid
+from vegas_sim.calibrate.runtime import load_model
+from vegas_sim.kernels import sparse_attention as sa
+
+POINTS = [(4, 32768), (4, 131040), (16, 32768), (1, 131040)]
+
+
+def run33_launch(batch: int, hkv: int, max_keys: int, n_sms: int,
+                 block_n: int = 0) -> tuple[int, int]:
+    """Run 33's rule: up to 2^15 keys in all, 32-key tiles at ~4 programs per SM over whole
+    tiles; above, 64-key tiles at ~2 waves (both at 4 warps, see `old_rule`)."""
+    if batch * max_keys <= 2**15:
+        want = max(1, round(4 * n_sms / max(1, batch * hkv)))
+        return sa.whole_tile_splits(math.ceil(max_keys / 32), want), 32
+    want = max(1, math.ceil(2 * n_sms / max(1, batch * hkv)))
+    return int(min(want, max(1, max_keys // 64))), 64
+
+
+@contextmanager
+def old_rule() -> Iterator[None]:
+    shape, call = sa.launch_shape, sa.sparse_draft_attention
+    sa.launch_shape = run33_launch  # type: ignore[assignment]
+    sa.sparse_draft_attention = partial(call, num_warps=4)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sa.launch_shape, sa.sparse_draft_attention = shape, call  # type: ignore[assignment]
+
+
+def draft_rows(ctx: grid.PointContext) -> dict[int, float]:
+    rows: list[dict[str, Any]] = grid.measure_drafts(ctx, "vegas", ["vegas"])
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        if r["phase"] == "draft_step":
+            out.setdefault(int(r["kv_read"]), []).append(float(r["ms_median"]))
+    return {k: min(v) for k, v in out.items()}
+
+
+def main() -> None:
+    net, _, _ = load_model("qwen3-8b", weights="random", device="cuda")
+    plan = grid.default_plan("qwen3-8b", weights="random", sparsity=(0.01, 0.05, 0.2),
+                             gamma=(1, 3, 7, 15), reps=3, device="cuda")
+    with torch.no_grad():
+        for B, C in POINTS:
+            ctx = grid.PointContext(net, plan, B, C, seed=1)
+            runs: dict[str, list[dict[int, float]]] = {"new": [], "old": []}
+            for rule in ("new", "old", "new", "old"):
+                if rule == "old":
+                    with old_rule():
+                        runs[rule].append(draft_rows(ctx))
+                else:
+                    runs[rule].append(draft_rows(ctx))
+            for kv in sorted(runs["new"][0]):
+                new = min(r[kv] for r in runs["new"])
+                old = min(r[kv] for r in runs["old"])
+                print(f"B={B:2d} C={C:6d} kv_read {kv:6d}: new {new:.3f} ms, run 33's rule "
+                      f"{old:.3f} ms, new/old {new / old:.4f}", flush=True)
+            del ctx
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
