@@ -87,7 +87,8 @@ def store_candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [("default", {})]
     for per_sm in (2, 8):
         splits = whole_splits(B * 8, keys, 32, per_sm)
-        out.append((f"n32 st3 {per_sm}/SM s{splits}", {"block_n": 32, "splits": splits}))
+        out.append((f"n32 st3 {per_sm}/SM s{splits}",
+                    {"block_n": 32, "splits": splits, "num_warps": 4}))
     out.append(("split only", {"split_only": True}))
     return out
 
@@ -112,15 +113,16 @@ def selection(gen: torch.Generator, B: int, C: int, K: int, pattern: str) -> tor
 
 def candidates(B: int, keys: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, sparse_draft_attention knobs): the default, then tiles, stages, warps, and split
-    counts for 2 or 4 programs per SM over whole tiles."""
+    counts for 2 or 4 programs per SM over whole tiles (4 warps unless labelled, as run 32 ran
+    them when that was the launcher's default)."""
     out: list[tuple[str, dict[str, Any]]] = [("default", {})]
     for n in (32, 64, 128):
         for st in (2, 3, 4):
             for per_sm in (2, 4):
                 splits = whole_splits(B * 8, keys, n, per_sm)
                 out.append((f"n{n} st{st} {per_sm}/SM s{splits}",
-                            {"block_n": n, "num_stages": st, "splits": splits}))
-    out.append(("n64 st3 w8", {"num_warps": 8}))
+                            {"block_n": n, "num_stages": st, "splits": splits, "num_warps": 4}))
+    out.append(("n64 st3 w8", {"block_n": 64, "num_warps": 8}))
     out.append(("n32 st3 w2", {"block_n": 32, "num_warps": 2}))
     return out
 
