@@ -140,6 +140,10 @@
 #   stage 54 run 62 (carry .whl): benchmarks/gpu/sparse_launch_ab.py, grid draft steps with the
 #            one-warp sparse launch against run 33's rule.
 #   stage 55 run 63 (carry .whl): kernels.py --quick --only sparse, twice (the margin's spread).
+#   stage 56 run 64 (carry .whl): sparse_launch_ab.py --model smollm2-135m.
+#   stage 57 run 65 (carry .whl): the same with TILE_ELEMENTS (32-key tiles at D 64), 3 rules.
+#   stage 58 run 66 (carry .whl and part.aa): the sparse GPU tests at both head shapes; then
+#            `p` (part.ab) and `42` (part.ac, run 67): greedy lossless on the real SmolLM2.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -743,7 +747,19 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   gpu_tests tests/kernels kernel_gpu_tests.log
   kernel_table 330
   ;;
-55)  # carry .whl: the sparse rows of the kernel table twice more (the thin 1.29 of run 59)
+58)  # carry .whl and part.aa: the sparse GPU tests (SmolLM2's D 64 too); then `p` (part.ab), `42`
+  cp .model/smollm2.gguf.part.aa /root/model/
+  gpu_tests tests/kernels/test_attention.py sparse_gpu_tests.log -k sparse
+  ;;
+57)  # run 65 (carry .whl): sparse_launch_ab.py for SmolLM2 again, with the head-dim-scaled tiles
+  timeout 240 python3 benchmarks/gpu/sparse_launch_ab.py --model smollm2-135m 2>&1 \
+    | tee "$OUT/sparse_launch_ab_smollm2.log" | grep -v Warning | tail -40
+  ;;
+56)  # run 64 (carry .whl): sparse_launch_ab.py for the SmolLM2 set's shape (random weights)
+  timeout 240 python3 benchmarks/gpu/sparse_launch_ab.py --model smollm2-135m 2>&1 \
+    | tee "$OUT/sparse_launch_ab_smollm2.log" | grep -v Warning | tail -40
+  ;;
+55)  # run 63 (carry .whl): the sparse rows of the kernel table twice more (the thin 1.29 of run 59)
   for rep in 1 2; do
     timeout 150 python3 benchmarks/kernels.py --quick --only sparse --rounds 3 \
       --out "$OUT/kernels_sparse_rep$rep.csv" 2>&1 | tail -12 | tee "$OUT/kernels_sparse_rep$rep.log"

@@ -286,10 +286,14 @@ def test_verify_attention_gpu_graph_replays(c2q: str, tma: bool) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("B,C,sparsity", [(16, 32768, 0.05), (4, 131072, 0.07)])
-def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float, poison: None) -> None:
+@pytest.mark.parametrize("B,C,sparsity,heads", [
+    (16, 32768, 0.05, (32, 8, 128)), (4, 131072, 0.07, (32, 8, 128)),  # Qwen3-8B: 16-key tiles
+    (64, 4096, 0.05, (9, 3, 64)), (1, 7168, 0.2, (9, 3, 64)),  # SmolLM2: 32-key tiles
+])
+def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float,
+                                          heads: tuple[int, int, int], poison: None) -> None:
     gen = torch.Generator(device="cuda").manual_seed(B)
-    Hq, Hkv, D = 32, 8, 128
+    Hq, Hkv, D = heads
     q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)

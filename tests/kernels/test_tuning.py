@@ -38,24 +38,30 @@ def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-de
 
 @pytest.mark.parametrize("B,keys", [(1, 6586), (1, 360), (4, 1343), (16, 360), (4, 8192),
                                     (1, 33), (2, 16384), (7, 9000), (16, 26246), (64, 40000)])
-def test_sparse_launch_fills_one_wave_and_every_split(B: int, keys: int, use_triton: None) -> None:
-    """16-key tiles, at most PER_SM programs per SM (more is a second wave), and no split left
-    empty by the kernel's whole-tile chunks (cdiv(cdiv(keys, splits), BLOCK_N) tiles each)."""
+@pytest.mark.parametrize("block_d,hkv", [(128, 8), (64, 3)])
+def test_sparse_launch_fills_one_wave_and_every_split(B: int, keys: int, block_d: int, hkv: int,
+                                                      use_triton: None) -> None:
+    """Tiles of TILE_ELEMENTS (16 keys at D 128, 32 at D 64), at most PER_SM programs per SM
+    (more is a second wave), and no split left empty by the kernel's whole-tile chunks
+    (cdiv(cdiv(keys, splits), BLOCK_N) tiles each)."""
     from vegas_sim.kernels import sparse_attention as sa
 
-    splits, block_n = sa.launch_shape(B, 8, keys, 132)
-    assert block_n == sa.BLOCK_N == 16
+    splits, block_n = sa.launch_shape(B, hkv, keys, 132, block_d=block_d)
+    assert block_n * block_d == sa.TILE_ELEMENTS
     chunk = math.ceil(math.ceil(keys / splits) / block_n) * block_n
     assert math.ceil(keys / chunk) == splits  # every split gets keys
-    assert splits == 1 or B * 8 * splits <= sa.PER_SM * 132
+    assert splits == 1 or B * hkv * splits <= sa.PER_SM * 132
     assert splits <= math.ceil(keys / block_n)
 
 
-def test_sparse_launch_keeps_a_given_tile(use_triton: None) -> None:
+def test_sparse_tiles_keep_their_bytes_and_a_larger_tile_fewer_programs(use_triton: None) -> None:
     from vegas_sim.kernels import sparse_attention as sa
 
-    splits, block_n = sa.launch_shape(1, 8, 6586, 132, block_n=64)
-    assert block_n == 64 and splits == math.ceil(103 / math.ceil(103 / 132))
+    assert [sa.tile_keys(d) for d in (16, 32, 64, 128, 256)] == [128, 64, 32, 16, 16]
+    # a 64-key tile at D 128 holds 4 tiles' shared memory: 2 programs per SM, not 8, so
+    # at most 2 · 132 / 8 = 33 splits of its 103 tiles: 26 splits of 4 tiles
+    assert sa.launch_shape(1, 8, 6586, 132, block_n=64) == (26, 64)
+    assert sa.launch_shape(1, 8, 6586, 132) == (103, 16)  # 412 tiles, <= 132 splits: 103 of 4
 
 
 def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]

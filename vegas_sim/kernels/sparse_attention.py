@@ -100,21 +100,30 @@ def _sparse_attention_kernel(
     tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
 
 
-# One launch rule for every selection: 16-key tiles, one warp per program, ~8 programs per SM,
-# the split count fitted to whole tiles so that no split is left without keys. The ~400 short
-# 4-warp programs of run 33's rule ramped the DRAM up slowly at the mid-size selections (20-27 MB;
-# a plain read of those bytes does (ms - launch) / (bytes / copy) = 1.08-1.13, run 55's
-# read_roof). H200 runs 56-58 (benchmarks/results/sparse_probe_{deep,warps,w1}_h200_run5*.csv),
-# against run 33's rule (32-key tiles at 4 warps, 4 per SM, up to 2^15 keys in all; 64-key tiles
-# above): B 1 C 32K s 0.2 14.61 -> 13.50 µs, B 4 C 128K s 0.01 12.80 -> 11.77, B 1 C 128K s 0.05
-# 14.47 -> 13.32, B 4 C 32K s 0.05 14.61 -> 13.26, B 4 C 32K s 0.2 34.43 -> 33.75, B 16 C 128K
-# s 0.2 403.1 -> 399.7; B 1 C 32K s 0.01 5.21 -> 5.32 (a 1.3 MB selection). Eight programs
-# are what an H200 SM holds at once (three 8 KB stages of K and V each, 228 KB of shared
-# memory); run 58's nine per SM left a second wave and were 1.3-1.9x slower, so the split
-# count rounds down.
-BLOCK_N = 16
+# One launch rule for every selection: tiles of TILE_ELEMENTS keys × dims (16 keys at D 128),
+# one warp per program, ~8 programs per SM, the split count fitted to whole tiles so that no
+# split is left without keys. The ~400 short 4-warp programs of run 33's rule ramped the DRAM up
+# slowly at the mid-size selections (20-27 MB; a plain read of those bytes does (ms - launch) /
+# (bytes / copy) = 1.08-1.13, run 55's read_roof). H200 runs 56-58, Qwen3-8B heads (D 128,
+# benchmarks/results/sparse_probe_{deep,warps,w1}_h200_run5*.csv), against run 33's rule (32-key
+# tiles at 4 warps, 4 per SM, up to 2^15 keys in all; 64-key tiles above): B 1 C 32K s 0.2
+# 14.61 -> 13.50 µs, B 4 C 128K s 0.01 12.80 -> 11.77, B 1 C 128K s 0.05 14.47 -> 13.32, B 4
+# C 32K s 0.05 14.61 -> 13.26, B 4 C 32K s 0.2 34.43 -> 33.75, B 16 C 128K s 0.2 403.1 -> 399.7;
+# B 1 C 32K s 0.01 5.21 -> 5.32 (a 1.3 MB selection). Eight programs are what an H200 SM holds
+# at once (three stages of 4 KB of K and 4 KB of V, 228 KB of shared memory); run 58's nine per
+# SM left a second wave and were 1.3-1.9x slower, so the split count rounds down. SmolLM2's
+# D 64 heads take 32-key tiles, the same bytes a tile. Its grid's draft steps (run 65,
+# benchmarks/results/h200/sparse_launch_ab_smollm2_run65.log), against 16-key tiles / run 33's
+# rule: B 64 C 4K 1-4 % / 1-2 % faster, B 32 C 7K s 0.2 4 % / 5 % faster, B 16 C 4K within
+# 1 % / 0-2 % faster; B 1 C 4K (a few hundred keys) 1-3 % / 1-3 % slower.
+TILE_ELEMENTS = 2048
 NUM_WARPS = 1
 PER_SM = 8
+
+
+def tile_keys(block_d: int) -> int:
+    """BLOCK_N of TILE_ELEMENTS / BLOCK_D keys, a power of two and at least tl.dot's 16."""
+    return max(16, 1 << max(0, (TILE_ELEMENTS // block_d).bit_length() - 1))
 
 
 def whole_tile_splits(tiles: int, want: int) -> int:
@@ -122,10 +131,13 @@ def whole_tile_splits(tiles: int, want: int) -> int:
     return math.ceil(tiles / math.ceil(tiles / want))
 
 
-def launch_shape(batch: int, hkv: int, max_keys: int, n_sms: int,
-                 block_n: int = BLOCK_N) -> tuple[int, int]:
-    """(splits, BLOCK_N) of one call: see BLOCK_N."""
-    want = max(1, PER_SM * n_sms // max(1, batch * hkv))
+def launch_shape(batch: int, hkv: int, max_keys: int, n_sms: int, *, block_d: int = 128,
+                 block_n: int | None = None) -> tuple[int, int]:
+    """(splits, BLOCK_N) of one call: see TILE_ELEMENTS. A caller's larger tile gets fewer
+    programs per SM, in proportion to its shared memory."""
+    block_n = tile_keys(block_d) if block_n is None else block_n
+    per_sm = max(1, PER_SM * TILE_ELEMENTS // (block_n * block_d))
+    want = max(1, per_sm * n_sms // max(1, batch * hkv))
     return whole_tile_splits(math.ceil(max_keys / block_n), want), block_n
 
 
@@ -162,8 +174,8 @@ def sparse_draft_attention(
     # keys per request without a host sync: K + a typical tail (the launch shape only affects
     # speed; the kernel sizes each split from the true count)
     max_keys = int(indices.shape[1]) + 32
-    auto_splits, block_n = launch_shape(B, Hkv, max_keys, num_sms(q.device),
-                                        BLOCK_N if block_n is None else block_n)
+    auto_splits, block_n = launch_shape(B, Hkv, max_keys, num_sms(q.device), block_d=BLOCK_D,
+                                        block_n=block_n)
     splits = auto_splits if splits is None else splits
     out = torch.empty_like(q)
     lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device)
