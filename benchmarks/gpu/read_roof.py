@@ -6,7 +6,9 @@ can do here, not against the 4 GiB copy alone:
   bytes (20-27 MB), with this kernel's own launch (the same read of 2 KB);
 - verify at B 1, C 32K (134 MB of KV): the ratio bytes / ms / copy.
 A read kernel does no math and writes one float per program, so it is a floor for any kernel
-that must read those bytes, not a kernel we would ship.
+that must read those bytes, not a kernel we would ship. Run 55 (results/read_roof_h200_run55.csv):
+1.08-1.13 at the sparse sizes; at 134 MB only 0.63 of copy, slower than verify attention itself
+(its loop of 16 tiles a program is not pipelined), so it is no roof for verify.
 
     python benchmarks/gpu/read_roof.py [--rounds 3] [--out FILE.csv] [--mb 1.3,20,27,134]
 """

@@ -100,7 +100,7 @@ def _sparse_attention_kernel(
     tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
 
 
-# One launch rule for every selection: tiles of TILE_ELEMENTS keys × dims (16 keys at D 128),
+# One launch rule for every selection: tiles of TILE_ELEMENTS (keys × dims; 16 keys at D 128),
 # one warp per program, ~8 programs per SM, the split count fitted to whole tiles so that no
 # split is left without keys. The ~400 short 4-warp programs of run 33's rule ramped the DRAM up
 # slowly at the mid-size selections (20-27 MB; a plain read of those bytes does (ms - launch) /
