@@ -54,6 +54,18 @@ def timed_calls(B: int, C: int, NQ: int, caches: Any, lens: torch.Tensor, q: tor
     return calls
 
 
+def time_shape(gen: torch.Generator, shape: Shape, candidates: list[Candidate],
+               wanted: set[str] | None, rounds: int) -> dict[str, float]:
+    """Fastest ms of each candidate that runs at one (B, C, NQ), on fresh inputs freed after."""
+    B, C, NQ = shape
+    caches, lens, q = verify_inputs(gen, B, C, NQ)
+    calls = timed_calls(B, C, NQ, caches, lens, q, candidates, wanted)
+    best = min_of_rounds(calls, rounds)
+    del caches, calls
+    torch.cuda.empty_cache()
+    return best
+
+
 def run_probe(args: argparse.Namespace, shapes: list[Shape], candidates: Candidates,
               pct_column: str = "overhead_pct") -> int:
     """Time every shape's candidates against the one labelled "none"; write args.out."""
@@ -61,9 +73,7 @@ def run_probe(args: argparse.Namespace, shapes: list[Shape], candidates: Candida
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows: list[dict[str, Any]] = []
     for B, C, NQ in shapes:
-        caches, lens, q = verify_inputs(gen, B, C, NQ)
-        calls = timed_calls(B, C, NQ, caches, lens, q, candidates(B, NQ), wanted)
-        best = min_of_rounds(calls, args.rounds)
+        best = time_shape(gen, (B, C, NQ), candidates(B, NQ), wanted, args.rounds)
         base = best["none"]
         for label, ms in best.items():
             gbps = kv_bytes(B, C) / ms / 1e6
@@ -72,8 +82,6 @@ def run_probe(args: argparse.Namespace, shapes: list[Shape], candidates: Candida
                          "ms": f"{ms:.5f}", "gbps": f"{gbps:.0f}", pct_column: f"{pct:.2f}"})
             print(f"B={B:2d} C={C:6d} NQ={NQ:2d} {label:18s} {ms:.4f} ms {gbps:6.0f} GB/s "
                   f"{pct:+6.1f} % vs none", flush=True)
-        del caches, calls
-        torch.cuda.empty_cache()
     write_rows(args.out, rows)
     print(f"HQ {HQ} HKV {HKV}; wrote {args.out}", flush=True)
     return 0

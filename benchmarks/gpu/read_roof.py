@@ -51,11 +51,15 @@ def _read_kernel(X, OUT, N, TILES, BLOCK: tl.constexpr):
     tl.store(OUT + tl.program_id(0), tl.sum(acc, 0))
 
 
+def programs(n: int, block: int, per_sm: int) -> int:
+    """Programs of one read of n elements: per_sm per SM, or fewer when n is short."""
+    return max(1, min(per_sm * SMS, math.ceil(n / block)))
+
+
 def read(x: torch.Tensor, out: torch.Tensor, block: int, warps: int, per_sm: int) -> None:
     n = x.numel()
-    programs = max(1, min(per_sm * SMS, math.ceil(n / block)))
-    tiles = math.ceil(n / (programs * block))
-    _read_kernel[(programs,)](x, out, n, tiles, BLOCK=block, num_warps=warps)
+    grid = programs(n, block, per_sm)
+    _read_kernel[(grid,)](x, out, n, math.ceil(n / (grid * block)), BLOCK=block, num_warps=warps)
 
 
 def read_ms(nbytes: float, rounds: int) -> tuple[float, str]:
@@ -63,13 +67,13 @@ def read_ms(nbytes: float, rounds: int) -> tuple[float, str]:
     n = max(1, int(nbytes) // 2)
     bufs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(n_copies(nbytes))]
     out = torch.empty(8 * SMS, device="cuda", dtype=torch.float32)
-    want = sum(float(b.float().sum()) for b in bufs[:1])
+    want = float(bufs[0].float().sum())
     calls = {}
     for block, warps, per_sm in LAUNCHES:
         fns = [partial(read, b, out, block, warps, per_sm) for b in bufs]
         fns[0]()
         torch.cuda.synchronize()
-        got = float(out[:max(1, min(per_sm * SMS, math.ceil(n / block)))].sum())
+        got = float(out[:programs(n, block, per_sm)].sum())
         if not math.isclose(got, want, rel_tol=1e-3, abs_tol=1e-2 * math.sqrt(n)):
             print(f"{nbytes / 1e6:.1f} MB n{block} w{warps} {per_sm}/SM: WRONG sum", flush=True)
             continue

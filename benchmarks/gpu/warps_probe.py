@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import HKV, HQ, kv_bytes, min_of_rounds, verify_inputs
-from probe_common import Candidate, add_arguments, parse_shapes, timed_calls, write_rows
+from kernels import HKV, HQ, kv_bytes
+from probe_common import Candidate, add_arguments, parse_shapes, time_shape, write_rows
 
 from vegas_sim.kernels import verify_attention as va
 
@@ -53,9 +53,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows: list[dict[str, Any]] = []
     for B, C, NQ in parse_shapes(args.shapes, SHAPES):
-        caches, lens, q = verify_inputs(gen, B, C, NQ)
-        calls = timed_calls(B, C, NQ, caches, lens, q, candidates(B, C, NQ), None)
-        best = min_of_rounds(calls, args.rounds)
+        best = time_shape(gen, (B, C, NQ), candidates(B, C, NQ), None, args.rounds)
         base, nbytes = best["none"], kv_bytes(B, C)
         for label, ms in sorted(best.items(), key=lambda kv: kv[1]):
             pct = 100 * (ms / base - 1)
@@ -68,8 +66,6 @@ def main() -> int:
               + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in top[:3])
               + f"; c2q default {best['c2q'] / base * 100 - 100:+.1f} %, best c2q "
               f"{c2q[0][0]} {c2q[0][1] / base * 100 - 100:+.1f} %", flush=True)
-        del caches, calls
-        torch.cuda.empty_cache()
     write_rows(args.out, rows)
     print(f"wrote {args.out}", flush=True)
     return 0
