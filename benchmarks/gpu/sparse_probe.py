@@ -78,7 +78,8 @@ def split_kernel_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: to
 
 def whole_splits(programs: int, keys: int, block_n: int, per_sm: int) -> int:
     """Splits for ~per_sm programs per SM of the H200 (132 SMs) over `programs` (request,
-    head group) pairs, fitted to whole block_n tiles (sparse_attention.launch_shape's rule)."""
+    head group) pairs, fitted to whole block_n tiles. The split count per head is rounded to
+    nearest, as in runs 32-58; sparse_attention.launch_shape now rounds it down (one wave)."""
     return sa.whole_tile_splits(math.ceil(keys / block_n), splits_per_sm(programs, 132, per_sm))
 
 
