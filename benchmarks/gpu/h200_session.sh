@@ -144,6 +144,15 @@
 #   stage 57 run 65 (carry .whl): the same with TILE_ELEMENTS (32-key tiles at D 64), 3 rules.
 #   stage 58 run 66 (carry .whl and part.aa): the sparse GPU tests at both head shapes; then
 #            `p` (part.ab) and `42` (part.ac, run 67): greedy lossless on the real SmolLM2.
+#   stage 59 the fifteenth session's first call (run 68; carry .whl and part.aa, copied to
+#            /root/model): the whole kernel and calibrate GPU suites on the final sparse launch.
+#   stage 60 run 69 (carry .whl and part.ab, copied): the Qwen3-8B latency set re-measured
+#            with the one-warp sparse launch (as `5 q8b`).
+#   stage 61 run 70 (carry .whl and part.ac): join the GGUF, greedy lossless on the GPU (`42`),
+#            then `8 vb` against the set stage 60 left in $TR (Q8B_SET). Then, at once on the
+#            same machine: `9 smol` (run 71, SMOL_TIMEOUT=330: the SmolLM2 latency set), `10`
+#            (run 72: regime (a) against it) and run 73, stage 46's validate command with
+#            --traces $TR/smollm2-135m-h200 and --time-budget 280 (the fresh draw against it).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -201,7 +210,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46 or 47}
+stage=${1:?stage p, 0-5, 7-61 (see above)}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -252,6 +261,20 @@ merge_acceptance() {  # the acceptance sets of parallel processes -> $TR/smollm2
 }
 
 case $stage in
+59)  # run 68 (carry .whl and part.aa): both GPU suites on the final sparse launch
+  cp .model/smollm2.gguf.part.aa /root/model/
+  gpu_tests tests/kernels kernel_gpu_tests.log
+  gpu_tests tests/calibrate calibrate_gpu_tests.log
+  ;;
+60)  # run 69 (carry .whl and part.ab): the Qwen3-8B latency set on this runtime
+  cp .model/smollm2.gguf.part.ab /root/model/
+  Q8B_TIMEOUT=${Q8B_TIMEOUT:-530} bash "$0" 5 q8b
+  ;;
+61)  # run 70 (carry .whl and part.ac): greedy lossless, then regime (b) against stage 60's set
+  bash "$0" 42 || exit 2
+  [ -f $TR/qwen3-8b-h200/meta.json ] || { echo "no Qwen3-8B set in $TR"; exit 2; }
+  Q8B_SET=$TR/qwen3-8b-h200 bash "$0" 8 vb
+  ;;
 p)  # copy the carried GGUF part(s) for a later join_gguf
   cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
   ;;
@@ -405,7 +428,7 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   vb)
     [ -f .model/smollm2.gguf.part.aa ] && cp .model/smollm2.gguf.part.aa /root/model/
     for f in heldout_qwen3_8b heldout_qwen3_8b_span; do
-      timeout ${VALIDATE_TIMEOUT:-300} "${cli[@]}" validate --traces $D/qwen3-8b-h200 \
+      timeout ${VALIDATE_TIMEOUT:-300} "${cli[@]}" validate --traces ${Q8B_SET:-$D/qwen3-8b-h200} \
         --acceptance-traces $D/smollm2-135m-real --seed 0 --model qwen3-8b --weights random \
         --heldout benchmarks/validation/$f.csv --time-budget ${VALIDATE_BUDGET:-250} \
         --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1

@@ -28,7 +28,7 @@ TABLES = (("as run", ".csv"), ("re-predicted", ".repredicted.csv"))
 # (summary column prefix, result column): throughput error, then its two factors
 COLUMNS = (("", "error_pct"), ("iter_time_", "iter_time_error_pct"),
            ("acceptance_", "acceptance_error_pct"))
-# a second draw of held-out rows, measured once (run 52): regime stem -> (label, table stem)
+# a second draw of held-out rows (run 73; run 52 on the old sets): stem -> (label, table stem)
 FRESH = {"smollm2": ("fresh 24 (seed 20261130)", "smollm2_seed20261130")}
 # the throughput columns say "error" in their names, the factors' do not
 SUFFIX = {"": "abs_error_pct", "iter_time_": "abs_pct", "acceptance_": "abs_pct"}
@@ -66,8 +66,8 @@ TRACES = Path(__file__).resolve().parents[2] / "vegas_sim" / "traces" / "default
 # (label, measured tables, latency set): each regime's tables measured on the runtime revision
 # of its packaged latency set (runs 7-9's (a) tables are revision 1, the set revision 2)
 SPREAD_TABLES = (
-    ("(a) run 48, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
-    ("(b) run 42, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
+    ("(a) run 72, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
+    ("(b) run 70, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
 )
 
 

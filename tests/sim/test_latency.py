@@ -553,7 +553,7 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
     assert "logits=FITTED" in coef.loc[("sample", "vegas"), "source"]
     loo = packaged.loo_errors()
     print("\npackaged qwen3-8b-h200 LOO:\n" + loo.to_string())
-    # 'other': the once-per-iteration draft work, recorded apart since run 8 (the set: run 39)
+    # 'other': the once-per-iteration draft work, recorded apart since run 8 (the set: run 69)
     assert set(loo["phase"]) == {"decode", "draft_step", "verify", "select", "quest_meta",
                                  "sample", "other"}
     med = loo.set_index("phase")["median_pct"]
@@ -568,8 +568,9 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
 def test_packaged_per_token_and_batch1_terms(packaged: LatencyModel) -> None:
     """Graphed decode at C 1K: the forward pass grows with batch even while the GEMM is
     weight-bound (per-token work), beyond the grid too, and the fit follows the measured
-    batch curve, whose slope is not constant (run 39, fused glue: +0.01 ms per added request
-    from B 8 to 16, +0.045 from 16 to 64; the torch glue's run 6 was ~linear)."""
+    batch curve, whose slope is not constant (run 69, fused glue: +0.007 ms per added request
+    from B 8 to 16, +0.045 from 16 to 64; run 39: +0.01 / +0.045; the torch glue's run 6 was
+    ~linear)."""
     from vegas_sim.traces.io import load_trace_set
 
     def decode(batch: int) -> float:
