@@ -1,14 +1,15 @@
 """Summary of the H200 validation tables: median / max |error| per regime and row set, as run
 and re-predicted, and the combined re-predicted table that `vegas-sim report` plots.
 
-    python benchmarks/validation/summarize_h200.py   # writes validate_h200_summary.csv and
-                                                     # validate_h200.csv, prints the summary
+    python benchmarks/validation/summarize_h200.py   # writes validate_h200_summary.csv,
+                                                     # validate_h200.csv and validate_h200_repeat.csv
     vegas-sim report benchmarks/results/validate_h200.csv --out benchmarks/results/validate_h200.html
     python benchmarks/validation/summarize_h200.py --seeds 5   # + validate_h200_seed_spread.csv
 
 `--seeds N` re-predicts every measured table with prediction seeds 0..N-1 (a few minutes on two
 cores): the simulator's own Monte-Carlo error, which moves the medians by a few tenths of a
-point.
+point. `validate_h200_repeat.csv` compares each table with the earlier run of the same rows
+(`REPEATS`): how far the measurement itself moved between two machines.
 """
 
 from __future__ import annotations
@@ -88,6 +89,40 @@ def seed_spread(seeds: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# current table stem -> (label, the earlier run of the same held-out rows)
+REPEATS = {
+    "smollm2": ("(a) run 72 vs run 48", "run48_smollm2"),
+    "smollm2_span": ("(a) run 72 vs run 48", "run48_smollm2_span"),
+    "smollm2_seed20261130": ("(a) fresh draw, run 73 vs run 52", "run52_smollm2_seed20261130"),
+    "qwen3_8b": ("(b) run 70 vs run 42", "run42_qwen3_8b"),
+    "qwen3_8b_span": ("(b) run 70 vs run 42", "run42_qwen3_8b_span"),
+}
+KEYS = ["method", "gamma", "sparsity", "batch", "context"]
+REPEAT_COLUMNS = (("throughput", "measured"), ("iteration time", "measured_iter_ms"),
+                  ("acceptance length", "measured_acceptance_length"),
+                  ("prediction", "predicted"))
+
+
+def repeat_rows() -> pd.DataFrame:
+    """|later / earlier - 1| of the measured (and predicted) columns of the rows both runs
+    hold, median and max per comparison: the run-to-run spread of the measurement."""
+    pairs: dict[str, list[pd.DataFrame]] = {}
+    for stem, (label, earlier) in REPEATS.items():
+        later = pd.read_csv(RESULTS / f"validate_h200_{stem}.csv")
+        both = later.merge(pd.read_csv(RESULTS / f"validate_h200_{earlier}.csv"), on=KEYS,
+                           suffixes=("", "_earlier"))
+        pairs.setdefault(label, []).append(both)
+    rows = []
+    for label, frames in pairs.items():
+        both = pd.concat(frames, ignore_index=True)
+        for name, column in REPEAT_COLUMNS:
+            change = (both[column] / both[f"{column}_earlier"] - 1.0).abs() * 100.0
+            rows.append({"comparison": label, "quantity": name, "n": len(both),
+                         "median_abs_change_pct": round(float(change.median()), 2),
+                         "max_abs_change_pct": round(float(change.max()), 2)})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=0,
@@ -95,6 +130,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.seeds:
         seed_spread(args.seeds).to_csv(RESULTS / "validate_h200_seed_spread.csv", index=False)
+    repeat = repeat_rows()
+    repeat.to_csv(RESULTS / "validate_h200_repeat.csv", index=False)
     summary = pd.DataFrame(summary_rows())
     summary.to_csv(RESULTS / "validate_h200_summary.csv", index=False)
     stems = [f"{stem}{part}" for _, stem in REGIMES for part in ("", "_span")]
@@ -103,6 +140,7 @@ def main() -> None:
                           for stem in stems], ignore_index=True)
     combined.to_csv(RESULTS / "validate_h200.csv", index=False)
     print(summary.to_string(index=False))
+    print(repeat.to_string(index=False))
 
 
 if __name__ == "__main__":
