@@ -4,6 +4,7 @@ Qwen3-8B attention shapes (Hq 32, Hkv 8, D 128, bf16). Every ratio is against th
 bandwidth measured in the same run (a large device-to-device copy, read + write bytes).
 
     python benchmarks/kernels.py --out benchmarks/results/kernels_h200.csv [--quick] [--tune]
+    python benchmarks/kernels.py --summary benchmarks/results/kernels_h200.csv   # CPU: reprint
 
 --quick (B 1,4,16; C 32K,128K; NQ 1,8,16; collect none/first_last; no SDPA past NQ 1 at
 B 16) takes ~2 GPU-minutes with compilation. Steps, in order: Collect-2-Query candidates
@@ -781,6 +782,9 @@ def summary(rows: list[dict[str, Any]]) -> None:
                     print(f"  B={b:2d} C={c:6d}: copy ratio "
                           + " ".join(f"{r['ratio_copy']:.2f}" for r in sel)
                           + f"  ({sel[0]['config']})")
+        copy = [r["gbps"] for r in rows if r["kind"] == "copy" and r["gbps"] != ""]
+        if copy:
+            fixed_cost_fit(plain, float(copy[0]))
     sparse = [r for r in rows if r["kind"] == "sparse"
               and str(r["note"]).startswith(SPARSE_RATIO) and r["ms"] != ""]
     sparse_ratio = [float(str(r["note"]).rsplit("=", 1)[1]) for r in sparse]
@@ -825,6 +829,31 @@ def summary(rows: list[dict[str, Any]]) -> None:
           f"{_verdict(not errors)} |", flush=True)
     for r in errors:
         print(f"  error: B={r['batch']} C={r['context']} NQ={r['n_query']}: {r['note']}")
+
+
+def fixed_cost_fit(plain: list[dict[str, Any]], copy_bw: float) -> None:
+    """Per NQ, t = F + bytes / BW through the B=1 collect=none rows at the shortest and the
+    longest context (one launch shape, splits for B=1): the streaming rate and the fixed cost
+    (launch, ramp, tail, split partials, combine), and the F that 0.85 of copy would allow at
+    B=1, C=B1_CONTEXT. A fit of two rows, not a measurement of its own."""
+    b1 = [r for r in plain if r["batch"] == 1]
+    contexts = sorted({r["context"] for r in b1})
+    if len(contexts) < 2 or copy_bw <= 0:
+        return
+    lo, hi = contexts[0], contexts[-1]
+    print(f"\nverify, B=1: t = F + bytes / BW through C={lo} and C={hi} (collect none); "
+          f"0.85 of copy at C={B1_CONTEXT} allows F up to:")
+    for nq in sorted({r["n_query"] for r in b1}):
+        ms = {r["context"]: r["ms"] for r in b1 if r["n_query"] == nq}
+        if lo not in ms or hi not in ms or ms[hi] <= ms[lo]:
+            continue
+        us_lo, us_hi = ms[lo] * 1e3, ms[hi] * 1e3
+        bw = (kv_bytes(1, hi) - kv_bytes(1, lo)) / (us_hi - us_lo) / 1e3  # GB/s (bytes/µs → GB/s)
+        fixed = us_lo - kv_bytes(1, lo) / bw / 1e3
+        target_us = kv_bytes(1, B1_CONTEXT) / (0.85 * copy_bw) / 1e3
+        allowed = target_us - kv_bytes(1, B1_CONTEXT) / bw / 1e3
+        print(f"  NQ={nq:2d}: BW {bw:6.0f} GB/s ({bw / copy_bw:.2f} of copy), F {fixed:5.1f} us; "
+              f"allowed {allowed:4.1f} us")
 
 
 def candidate_summary(rows: list[dict[str, Any]]) -> None:
@@ -878,7 +907,12 @@ def main(argv: list[str] | None = None) -> int:
                         "the fastest is kept")
     p.add_argument("--only", default="c2q,b1,verify,sparse,select,probe",
                    help="comma list of c2q,b1,verify,sparse,select,probe")
+    p.add_argument("--summary", type=Path, metavar="CSV",
+                   help="print the summary and target table of a saved run's CSV (no GPU)")
     args = p.parse_args(argv)
+    if args.summary is not None:
+        summary(read_csv(args.summary))
+        return 0
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -938,6 +972,19 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(args.out, rows)
         summary(rows)
     return 0
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """A CSV that write_csv wrote, with its numbers as numbers again ("" stays "")."""
+    def value(text: str) -> Any:
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+    with path.open(newline="") as fh:
+        return [{k: value(v) for k, v in r.items()} for r in csv.DictReader(fh)]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

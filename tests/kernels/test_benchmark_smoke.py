@@ -148,3 +148,32 @@ def test_selection_share_is_of_the_whole_iteration(bk: ModuleType, tmp_path: Pat
                  if line.startswith("| Vegas selection share of an iteration"))
     assert f"{float(share['overhead_pct']):.1f} %" in table
     assert f"verify pass alone: {float(share_verify['overhead_pct']):.1f} %" in table
+
+
+def test_fixed_cost_fit_recovers_the_line_it_was_given(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """Rows made as t = 9 µs + bytes / 4.5 TB/s give back BW 4500 GB/s and F 9.0 µs, and the
+    F that 0.85 of a 4000 GB/s copy allows at B=1, C=32K."""
+    bk = load_benchmark()
+    rows = [bk.row("verify", batch=1, context=c, n_query=8, collect="none",
+                   ms=(9.0 + bk.kv_bytes(1, c) / 4500.0 / 1e3) / 1e3) for c in (32768, 131072)]
+    bk.fixed_cost_fit(rows, 4000.0)
+    out = capsys.readouterr().out
+    allowed = bk.kv_bytes(1, 32768) / 1e3 * (1 / (0.85 * 4000.0) - 1 / 4500.0)
+    assert "NQ= 8: BW   4500 GB/s (1.12 of copy), F   9.0 us" in out, out
+    assert f"allowed {allowed:4.1f} us" in out, out
+
+
+def test_summary_of_the_committed_table_needs_no_gpu(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    """--summary reprints a saved run's summary on the CPU: the committed H200 table's targets
+    and the B=1 fit, read back with its numbers as numbers."""
+    bk = load_benchmark()
+    csv_path = ROOT / "benchmarks/results/kernels_h200.csv"
+    rows = bk.read_csv(csv_path)
+    assert isinstance(rows[1]["ms"], float) and isinstance(rows[1]["batch"], int)
+    assert bk.main(["--summary", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| target | measured | goal | verdict |" in out
+    assert "verify, B=1: t = F + bytes / BW" in out
+    assert out.count(" GB/s (") == 3  # NQ 1, 8, 16
