@@ -833,9 +833,10 @@ def summary(rows: list[dict[str, Any]]) -> None:
 
 def fixed_cost_fit(plain: list[dict[str, Any]], copy_bw: float) -> None:
     """Per NQ, t = F + bytes / BW through the B=1 collect=none rows at the shortest and the
-    longest context (one launch shape, splits for B=1): the streaming rate and the fixed cost
-    (launch, ramp, tail, split partials, combine), and the F that 0.85 of copy would allow at
-    B=1, C=B1_CONTEXT. A fit of two rows, not a measurement of its own."""
+    longest context (the same tiles and split count; at M >= 32 the longer call also loads by
+    TMA): the streaming rate and the fixed cost (launch, ramp, tail, split partials, combine),
+    and the F that 0.85 of copy would allow at B=1, C=B1_CONTEXT. A fit of two rows, not a
+    measurement of its own."""
     b1 = [r for r in plain if r["batch"] == 1]
     contexts = sorted({r["context"] for r in b1})
     if len(contexts) < 2 or copy_bw <= 0:
@@ -848,7 +849,7 @@ def fixed_cost_fit(plain: list[dict[str, Any]], copy_bw: float) -> None:
         if lo not in ms or hi not in ms or ms[hi] <= ms[lo]:
             continue
         us_lo, us_hi = ms[lo] * 1e3, ms[hi] * 1e3
-        bw = (kv_bytes(1, hi) - kv_bytes(1, lo)) / (us_hi - us_lo) / 1e3  # GB/s (bytes/µs → GB/s)
+        bw = (kv_bytes(1, hi) - kv_bytes(1, lo)) / (us_hi - us_lo) / 1e3  # bytes/µs -> GB/s
         fixed = us_lo - kv_bytes(1, lo) / bw / 1e3
         target_us = kv_bytes(1, B1_CONTEXT) / (0.85 * copy_bw) / 1e3
         allowed = target_us - kv_bytes(1, B1_CONTEXT) / bw / 1e3
@@ -911,6 +912,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the summary and target table of a saved run's CSV (no GPU)")
     args = p.parse_args(argv)
     if args.summary is not None:
+        if not args.summary.is_file():
+            print(f"--summary: no such CSV: {args.summary}", file=sys.stderr)
+            return 2
         summary(read_csv(args.summary))
         return 0
     if not torch.cuda.is_available():
