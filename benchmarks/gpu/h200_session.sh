@@ -153,6 +153,9 @@
 #            same machine: `9 smol` (run 71, SMOL_TIMEOUT=330: the SmolLM2 latency set), `10`
 #            (run 72: regime (a) against it) and run 73, stage 46's validate command with
 #            --traces $TR/smollm2-135m-h200 and --time-budget 280 (the fresh draw against it).
+#   stage 62 the sixteenth session's first call (run 74; carry .whl): where the B 1 verify
+#            call's time goes, by benchmarks/gpu/b1_breakdown.py (split kernel and combine
+#            timed apart) and ncu (both kernels' durations; the split kernel in full at NQ 1, 8).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -210,7 +213,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0-5, 7-61 (see above)}
+stage=${1:?stage p, 0-5, 7-62 (see above)}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -274,6 +277,20 @@ case $stage in
   bash "$0" 42 || exit 2
   [ -f $TR/qwen3-8b-h200/meta.json ] || { echo "no Qwen3-8B set in $TR"; exit 2; }
   Q8B_SET=$TR/qwen3-8b-h200 bash "$0" 8 vb
+  ;;
+62)  # run 74 (carry .whl): where the B 1 verify call's time goes (split kernel, combine)
+  timeout 240 python3 benchmarks/gpu/b1_breakdown.py --rounds 5 \
+    --out "$OUT/b1_breakdown_h200_run74.csv" 2>&1 | tee "$OUT/b1_breakdown_run74.log"
+  for nq in 1 8 16; do  # both kernels' durations, caches flushed, clocks left alone
+    timeout 90 ncu --profile-from-start off --clock-control none --metrics \
+      gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_active.avg \
+      python3 benchmarks/gpu/ncu_verify.py --shape 1:32768:$nq > "$OUT/ncu_b1_nq${nq}_run74.txt" 2>&1
+  done
+  for nq in 1 8; do  # the split kernel (collect none, pointer loads) in full
+    timeout 150 ncu --profile-from-start off --clock-control none --set full \
+      -k regex:_verify_attention_kernel -c 1 python3 benchmarks/gpu/ncu_verify.py \
+      --shape 1:32768:$nq > "$OUT/ncu_full_b1_nq${nq}_run74.txt" 2>&1
+  done
   ;;
 p)  # copy the carried GGUF part(s) for a later join_gguf
   cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
