@@ -156,6 +156,7 @@
 #   stage 62 the sixteenth session's first call (run 74; carry .whl): where the B 1 verify
 #            call's time goes, by benchmarks/gpu/b1_breakdown.py (split kernel and combine
 #            timed apart) and ncu (both kernels' durations; the split kernel in full at NQ 1, 8).
+#   stage 63 run 75 (carry .whl): the same probe with its launch variants (b1_breakdown.VARIANTS).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -213,7 +214,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0-5, 7-62 (see above)}
+stage=${1:?stage p, 0-5, 7-63 (see above)}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -291,6 +292,10 @@ case $stage in
       -k regex:_verify_attention_kernel -c 1 python3 benchmarks/gpu/ncu_verify.py \
       --shape 1:32768:$nq > "$OUT/ncu_full_b1_nq${nq}_run74.txt" 2>&1
   done
+  ;;
+63)  # run 75 (carry .whl): the B 1 breakdown with launch variants (TMA at C 32K, stages, M 64)
+  timeout 400 python3 benchmarks/gpu/b1_breakdown.py --rounds 5 \
+    --out "$OUT/b1_breakdown_h200_run75.csv" 2>&1 | tee "$OUT/b1_breakdown_run75.log"
   ;;
 p)  # copy the carried GGUF part(s) for a later join_gguf
   cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
