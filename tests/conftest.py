@@ -25,3 +25,12 @@ if "VEGAS_SIM_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["VEGAS_SIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="vegas-sim-test-cache-")
+
+# `VEGAS_SIM_TEST_SHARED_MEM=101376 pytest -m gpu tests/kernels tests/calibrate` runs the GPU
+# tests as on a GPU with that much shared memory per block (101376 B: an L4 / L40S): Triton
+# refuses the larger launches, and the launchers must fall back (vegas_sim/kernels/fit.py).
+if os.environ.get("VEGAS_SIM_TEST_SHARED_MEM") and _has_cuda():
+    import triton.compiler.compiler as _triton_compiler
+
+    _SHARED_LIMIT = int(os.environ["VEGAS_SIM_TEST_SHARED_MEM"])
+    _triton_compiler.max_shared_mem = lambda device: _SHARED_LIMIT  # type: ignore[assignment]

@@ -42,6 +42,7 @@ programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave) —
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, replace
@@ -52,6 +53,7 @@ import triton.language as tl
 from torch import Tensor
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.kernels.fit import launch_fitted
 from vegas_sim.kernels.reference import collect_row_ids
 
 LOG2E = 1.4426950408889634
@@ -454,6 +456,20 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=256)
+def smaller_configs(cfg: VerifyConfig) -> tuple[VerifyConfig, ...]:
+    """cfg, then the same tile with fewer pipeline stages (down to 2), then half the keys per
+    tile (down to 16) from cfg's stages down: the launches to try, largest shared-memory
+    footprint first, on a GPU that cannot load cfg (`fit.launch_fitted`)."""
+    out: list[VerifyConfig] = []
+    block_n = cfg.block_n
+    while block_n >= 16:
+        out += [replace(cfg, block_n=block_n, num_stages=st)
+                for st in range(cfg.num_stages, min(cfg.num_stages, 2) - 1, -1)]
+        block_n //= 2
+    return tuple(out)
+
+
 # Collect-2-Query implementation: False (default) = store the first R·G rows of the main
 # score tile (the packing puts the collected rows first), True = a separate
 # [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see KERNELS_NOTES.md.
@@ -630,23 +646,29 @@ def verify_attention(
         raise UserInputError("TMA K/V loads need Hopper, triton's TensorDescriptor and "
                              "16-byte aligned caches with a power-of-two head dim",
                              where="verify_attention(tma)", fix="pass tma=None or False")
-    k_desc, v_desc = ((kv_descriptor(k_cache, cfg.block_n), kv_descriptor(v_cache, cfg.block_n))
-                      if use_tma else (k_cache, v_cache))
-    _verify_attention_kernel[(B * Hkv, cfg.splits)](
-        q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
-        scores if scores is not None else lse,  # dummy pointer when nothing is collected
-        scale * LOG2E, S_max, Hq, Hkv, NQ, cfg.splits, max(R, 1),
-        k_cache.stride(0), k_cache.stride(1),
-        G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
-        COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
-        EVEN_S=S_max % cfg.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
-        TMA=use_tma,
-        # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
-        # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until a
-        # GPU run shows where the int32 path overflows, such caches take int64 offsets.
-        OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+
+    def launch(c: VerifyConfig) -> None:
+        k_desc, v_desc = ((kv_descriptor(k_cache, c.block_n), kv_descriptor(v_cache, c.block_n))
+                          if use_tma else (k_cache, v_cache))
+        _verify_attention_kernel[(B * Hkv, c.splits)](
+            q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
+            scores if scores is not None else lse,  # dummy pointer when nothing is collected
+            scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1),
+            k_cache.stride(0), k_cache.stride(1),
+            G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=c.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
+            COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
+            EVEN_S=S_max % c.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
+            TMA=use_tma,
+            # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
+            # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until
+            # a GPU run shows where the int32 path overflows, such caches take int64 offsets.
+            OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
+            num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+
+    fit_key = ("verify", q.device, q.dtype, D, G, BLOCK_M, BLOCK_C, collect, c2q, single,
+               use_tma, cfg)
+    launch_fitted(fit_key, smaller_configs(cfg), launch, "verify attention")
     if not single:
         combine(out, lse, o_part, lse_part, NQ, Hkv, cfg.splits, BLOCK_M)
     return out, lse, scores
