@@ -38,3 +38,22 @@ def test_help_has_example(path: tuple[str, ...]) -> None:
 @pytest.mark.parametrize("path", [p for p in ALL if p], ids=" ".join)
 def test_command_names_are_kebab_case(path: tuple[str, ...]) -> None:
     assert all(part == part.lower() and "_" not in part for part in path)
+
+
+def example_lines(help_text: str) -> list[str]:
+    """The non-empty lines of a --help's examples section (after "Example", before "Options")."""
+    section = help_text.split("Example", 1)[1].split("\nOptions:", 1)[0]
+    return [line for line in section.splitlines()[1:] if line.strip()]
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: " ".join(p) or "vegas-sim")
+def test_help_examples_are_not_rewrapped(path: tuple[str, ...]) -> None:
+    """Each example line starts a command or continues one that ended in a backslash, at a
+    terminal width narrower than the examples: click must not rewrap them (`\\b` blocks)."""
+    result = CliRunner().invoke(cli, [*path, "--help"], terminal_width=60)
+    previous = ""
+    for line in example_lines(result.output):
+        assert line.strip().startswith("vegas-sim ") or previous.endswith("\\"), (
+            f"`vegas-sim {' '.join(path)} --help`: {line.strip()!r} is a fragment of a "
+            f"rewrapped example")
+        previous = line.rstrip()

@@ -41,6 +41,7 @@ def cli() -> None:
 
     Example:
 
+    \b
         vegas-sim predict --gamma 7 --sparsity 0.07 --batch 4 --context 32K
     """
 
@@ -107,12 +108,16 @@ def predict(fmt: str, out: Path | None, **kwargs: Any) -> None:
 
     Examples:
 
+    \b
         vegas-sim predict --gamma 7
 
+    \b
         vegas-sim predict -m vegas -m magicdec-stream -m specextend --batch 16 --context 128K
 
+    \b
         vegas-sim predict --gamma 6 --gpu h100-sxm --format json --out pred.json
 
+    \b
         vegas-sim predict --gamma 7 --context 128K --graph-launch-ms 0.5
     """
     from vegas_sim import api
@@ -148,6 +153,7 @@ def traces() -> None:
 
     Example:
 
+    \b
         vegas-sim traces show vegas_sim/traces/default/qwen3-8b-h200
     """
 
@@ -161,6 +167,7 @@ def traces_check(directory: Path) -> None:
 
     Example:
 
+    \b
         vegas-sim traces check ./my-traces
     """
     from vegas_sim.traces import io
@@ -179,6 +186,7 @@ def traces_show(directory: Path) -> None:
 
     Example:
 
+    \b
         vegas-sim traces show ./my-traces
     """
     from vegas_sim.traces import io
@@ -223,8 +231,10 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
 
     Examples:
 
+    \b
         vegas-sim traces merge ./smollm2-all ./acc-chat ./acc-code ./acc-longdoc
 
+    \b
         vegas-sim traces merge --replicates ./smollm2-acc ./acc-run1 ./acc-run2
     """
     from vegas_sim.traces.io import format_summary, summarize
@@ -241,6 +251,7 @@ def traces_list() -> None:
 
     Example:
 
+    \b
         vegas-sim traces list
     """
     from vegas_sim.traces import catalog

@@ -75,10 +75,13 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 
     Examples:
 
+    \b
         vegas-sim calibrate --model qwen3-8b --quick --out traces/qwen3-8b-quick
 
+    \b
         vegas-sim calibrate --model qwen3-8b --batch 1..128:x2 --context 1K..128K:x2 --out traces/q8b
 
+    \b
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
             --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
     """
@@ -154,11 +157,14 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
 
     Examples:
 
+    \b
         vegas-sim validate --traces traces/smol --model smollm2.gguf --random 20 --out val.csv
 
+    \b
         vegas-sim validate --traces traces/q8b --model qwen3-8b --weights random \\
             --acceptance-traces traces/smol --random 20 --out val-q8b.csv
 
+    \b
         vegas-sim validate --repredict val-q8b.csv --traces traces/q8b \\
             --acceptance-traces traces/smol --out val-q8b-new.csv
     """

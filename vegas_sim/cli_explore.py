@@ -90,8 +90,9 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 
     Example:
 
-        vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16
-        --context 32K,128K -m vegas -m magicdec-stream --out sweep.csv
+    \b
+        vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16 \\
+            --context 32K,128K -m vegas -m magicdec-stream --out sweep.csv
     """
     from vegas_sim.sim.sweep import SweepGrid
     from vegas_sim.sim.sweep import sweep as run_sweep
@@ -140,6 +141,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
 
     Example:
 
+    \b
         vegas-sim tune --batch 1,4,16 --context 32K,128K --out best_gamma.json
     """
     from vegas_sim.calibrate.gridspec import parse_int_grid
@@ -189,6 +191,7 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
 
     Example:
 
+    \b
         vegas-sim report sweep.csv --out sweep.html
     """
     from vegas_sim.reports.html import write_report
