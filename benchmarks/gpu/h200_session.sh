@@ -159,6 +159,8 @@
 #   stage 63 run 75 (carry .whl): the same probe with its launch variants (b1_breakdown.VARIANTS).
 #   stage 64 run 76 (carry .whl): the kernel GPU tests, then the kernel and calibrate GPU
 #            suites with Triton's shared-memory limit at an L40S's 99 KB (tests/conftest.py).
+#   stage 65 run 77 (carry .whl): benchmarks/gpu/sample_probe.py (the sample phase's GPU and
+#            host time; top-p over the top-k survivors as a candidate).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -216,7 +218,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0-5, 7-64 (see above)}
+stage=${1:?stage p, 0-5, 7-65 (see above)}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -304,6 +306,10 @@ case $stage in
   gpu_tests tests/kernels kernel_gpu_tests_run76.log
   VEGAS_SIM_TEST_SHARED_MEM=101376 timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu \
     -rf tests/kernels tests/calibrate 2>&1 | tail -40 | tee "$OUT/gpu_tests_99kb_run76.log"
+  ;;
+65)  # run 77 (carry .whl): what the `sample` phase is made of (benchmarks/gpu/sample_probe.py)
+  timeout 300 python3 benchmarks/gpu/sample_probe.py --out "$OUT/sample_probe_h200_run77.csv" \
+    2>&1 | tee "$OUT/sample_probe_run77.log"
   ;;
 p)  # copy the carried GGUF part(s) for a later join_gguf
   cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
