@@ -575,6 +575,27 @@ def default_min_m(n_q: int, group: int, collect: str) -> int:
     return 16
 
 
+def _check_int32_offsets(request_elements: int, score_elements: int, score_shape: str) -> None:
+    """The kernel's per-request cache and score offsets are int32."""
+    if max(request_elements, score_elements) >= 2**31:
+        raise UserInputError(
+            f"one request's KV cache ({request_elements} elements) or score rows "
+            f"({score_shape}) exceed 2^31 elements: the kernel's int32 offsets overflow",
+            where="verify_attention(k_cache, collect)",
+            fix="allocate a smaller S_max per request (or collect fewer rows)")
+
+
+def _store_name(c2q: str | None, c2q_dot: bool | None) -> str:
+    """The Collect-2-Query store: `c2q` by name, else "dot" / "rows" by `c2q_dot`, else the
+    default (C2Q_DOT_DEFAULT)."""
+    if c2q is None:
+        c2q = "dot" if (C2Q_DOT_DEFAULT if c2q_dot is None else c2q_dot) else "rows"
+    if c2q not in C2Q_CODE:
+        raise UserInputError(f"unknown Collect-2-Query store {c2q!r}",
+                             where="verify_attention(c2q)", fix=f"use one of {sorted(C2Q_CODE)}")
+    return c2q
+
+
 def verify_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -611,17 +632,8 @@ def verify_attention(
     assert k_cache.stride(3) == 1 and k_cache.stride(2) == D and k_cache.stride() == v_cache.stride()
     q = q.contiguous()
     R = len(collect_row_ids(NQ, collect))
-    if max(k_cache.stride(0), R * Hq * S_max) >= 2**31:
-        raise UserInputError(
-            f"one request's KV cache ({k_cache.stride(0)} elements) or score rows "
-            f"({R}x{Hq}x{S_max}) exceed 2^31 elements: the kernel's int32 offsets overflow",
-            where="verify_attention(k_cache, collect)",
-            fix="allocate a smaller S_max per request (or collect fewer rows)")
-    if c2q is None:
-        c2q = "dot" if (C2Q_DOT_DEFAULT if c2q_dot is None else c2q_dot) else "rows"
-    if c2q not in C2Q_CODE:
-        raise UserInputError(f"unknown Collect-2-Query store {c2q!r}",
-                             where="verify_attention(c2q)", fix=f"use one of {sorted(C2Q_CODE)}")
+    _check_int32_offsets(k_cache.stride(0), R * Hq * S_max, f"{R}x{Hq}x{S_max}")
+    c2q = _store_name(c2q, c2q_dot)
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
     BLOCK_M, cfg = launch_config(B, Hkv, NQ, G, max_len, num_sms(q.device), collect,
