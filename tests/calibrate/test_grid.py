@@ -316,6 +316,14 @@ def test_cpu_device_check() -> None:
         run_calibration(tiny_plan(device="cuda"), "/nonexistent/never-written")
 
 
+def test_pre_ampere_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.raises(UserInputError, match=r"Tesla T4 \(compute capability 7.5\) has no bf16"):
+        run_calibration(tiny_plan(device="cuda"), "/nonexistent/never-written")
+
+
 # ---- the CI calibration: real SmolLM2 on CPU -------------------------------------------------
 def test_tiny_real_calibration_smollm2(tmp_path: Path, smollm2: Any) -> None:
     model, _tok, meta = smollm2

@@ -95,6 +95,24 @@ def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
         "draft_step", "verify", "sample", "select"}
 
 
+def test_run_validation_refuses_a_device_it_cannot_use(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same --device checks as calibrate, before any model is loaded."""
+    from vegas_sim.calibrate import runtime
+    from vegas_sim.calibrate.validate import run_validation
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    make_synthetic_trace_set(tmp_path / "t", model="smollm2-135m", gammas=(2,),
+                             contexts=(64, 256), batches=(1,))
+    write_heldout([HeldOut("vegas", 2, 0.5, 1, 80, output_len=8)], tmp_path / "h.csv")
+    monkeypatch.setattr(runtime, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(UserInputError, match="unknown device 'gpu0'"):
+        run_validation(traces=tmp_path / "t", acceptance_traces=None,
+                       heldout_file=tmp_path / "h.csv", n_random=None, model="smollm2-135m",
+                       weights="random", max_batch=1, contexts=(64, 256), output_len=8,
+                       device="gpu0", seed=0, out=tmp_path / "v.csv", replications=1)
+
+
 def test_phase_means_charge_the_host_gap_to_sample_and_quest_updates_to_other() -> None:
     from vegas_sim.calibrate.validate import format_phases, parse_phases, phase_means
 

@@ -1170,7 +1170,11 @@ def write_run_log(out: Path, session: Session, device: str,
 
 
 # ============================================================================ the runner
-def _check_device(device: str) -> torch.device:
+MIN_CAPABILITY = (8, 0)  # bf16 tensor cores (Ampere): the kernels' tl.dot on bf16 tiles
+
+
+def check_device(device: str) -> torch.device:
+    """The --device a GPU command runs on, or a UserInputError saying why it cannot."""
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -1182,6 +1186,12 @@ def _check_device(device: str) -> torch.device:
     if dev.type not in ("cuda", "cpu"):
         raise UserInputError(f"unsupported device {device!r}", where="--device",
                              fix="use cuda or cpu")
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < MIN_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(dev)
+        raise UserInputError(
+            f"{torch.cuda.get_device_name(dev)} (compute capability {major}.{minor}) has no bf16 "
+            "tensor cores, which the Triton kernels need", where="--device",
+            fix="run on an Ampere or later GPU (A100, L4, L40S, H100, H200, ...)")
     return dev
 
 
@@ -1210,7 +1220,7 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     from vegas_sim.traces.io import TraceSetWriter
 
     say = log_fn if log_fn is not None else log.info
-    device = _check_device(plan.device)
+    device = check_device(plan.device)
     out = Path(out_dir)
     if plan.weights == "real" and plan.acceptance and not plan.workloads:
         say("note: no --workload given, so no acceptance rows will be measured")

@@ -445,6 +445,7 @@ def run_validation(
     `time_budget_s`: no new configuration starts after this many seconds (the ones done are
     written; the rest are logged as skipped), so a bounded GPU call still ends with a table.
     """
+    from vegas_sim.calibrate.grid import check_device
     from vegas_sim.calibrate.runtime import load_model
     from vegas_sim.sim.predict import predict
 
@@ -458,7 +459,7 @@ def run_validation(
     traced = [str(w) for w in acceptance.coverage()["workloads"]]
     workloads: list[str | None] = (
         [None] if weights == "random" else list(traced) or ["longdoc"])
-    torch_device = torch.device(device)
+    torch_device = check_device(device)
     mem = (torch.cuda.get_device_properties(torch_device).total_memory
            if torch_device.type == "cuda" else 16 << 30)
     spec = latency.model
