@@ -1186,10 +1186,11 @@ def check_device(device: str) -> torch.device:
     if dev.type not in ("cuda", "cpu"):
         raise UserInputError(f"unsupported device {device!r}", where="--device",
                              fix="use cuda or cpu")
-    if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < MIN_CAPABILITY:
-        major, minor = torch.cuda.get_device_capability(dev)
+    capability = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    if capability is not None and capability < MIN_CAPABILITY:
         raise UserInputError(
-            f"{torch.cuda.get_device_name(dev)} (compute capability {major}.{minor}) has no bf16 "
+            f"{torch.cuda.get_device_name(dev)} (compute capability "
+            f"{capability[0]}.{capability[1]}) has no bf16 "
             "tensor cores, which the Triton kernels need", where="--device",
             fix="run on an Ampere or later GPU (A100, L4, L40S, H100, H200, ...)")
     return dev
