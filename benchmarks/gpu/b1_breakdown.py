@@ -122,6 +122,29 @@ def variant_calls(caches: Any, q: torch.Tensor, lens: torch.Tensor, C: int
     return calls
 
 
+def report(B: int, C: int, NQ: int, best: dict[str, float], copy_gbps: float
+           ) -> list[dict[str, Any]]:
+    """Print one shape's parts and variants; its CSV rows."""
+    block_m, cfg = va.launch_config(B, HKV, NQ, HQ // HKV, C, va.num_sms(torch.device(DEV)))
+    nbytes = kv_bytes(B, C)
+
+    def of_copy(ms: float) -> float:
+        return nbytes / ms / 1e6 / copy_gbps
+
+    stream_gbps = nbytes / (best["split"] - best["split 2 keys"]) / 1e6
+    target_us = nbytes / (0.85 * copy_gbps) / 1e3
+    print(f"B={B} C={C:6d} NQ={NQ:2d} m{block_m} {cfg.label():18s} target {target_us:.1f}us  "
+          + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in best.items() if k not in VARIANT_PARTS)
+          + f"  op-split {(best['op'] - best['split']) * 1e3:.1f}"
+          f"  split stream {stream_gbps:.0f} GB/s", flush=True)
+    print("    " + "  ".join(f"{k} {v * 1e3:.1f}us ({of_copy(v):.3f})"
+                             for k, v in best.items() if k == "op" or k in VARIANT_PARTS),
+          flush=True)
+    return [{"batch": B, "context": C, "n_query": NQ, "launch": f"m{block_m} {cfg.label()}",
+             "part": part, "us": f"{ms * 1e3:.2f}", "ratio_copy": f"{of_copy(ms):.4f}"}
+            for part, ms in best.items()]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -132,21 +155,7 @@ def main() -> int:
     copy_gbps = copy_bandwidth()
     rows = []
     for B, C, NQ in parse_shapes(args.shapes, SHAPES):
-        best = shape_parts(gen, B, C, NQ, args.rounds)
-        block_m, cfg = va.launch_config(B, HKV, NQ, HQ // HKV, C, va.num_sms(torch.device(DEV)))
-        stream_gbps = kv_bytes(B, C) / (best["split"] - best["split 2 keys"]) / 1e6
-        target_us = kv_bytes(B, C) / (0.85 * copy_gbps) / 1e3
-        print(f"B={B} C={C:6d} NQ={NQ:2d} m{block_m} {cfg.label():18s} target {target_us:.1f}us  "
-              + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in best.items() if k not in VARIANT_PARTS)
-              + f"  op-split {(best['op'] - best['split']) * 1e3:.1f}"
-              f"  split stream {stream_gbps:.0f} GB/s", flush=True)
-        print("    " + "  ".join(f"{k} {v * 1e3:.1f}us ({kv_bytes(B, C) / v / 1e6 / copy_gbps:.3f})"
-                                 for k, v in best.items() if k == "op" or k in VARIANT_PARTS), flush=True)
-        for part, ms in best.items():
-            rows.append({"batch": B, "context": C, "n_query": NQ,
-                         "launch": f"m{block_m} {cfg.label()}", "part": part,
-                         "us": f"{ms * 1e3:.2f}",
-                         "ratio_copy": f"{kv_bytes(B, C) / ms / 1e6 / copy_gbps:.4f}"})
+        rows += report(B, C, NQ, shape_parts(gen, B, C, NQ, args.rounds), copy_gbps)
     print(f"copy {copy_gbps:.0f} GB/s", flush=True)
     write_rows(args.out, rows)
     print(f"wrote {args.out}", flush=True)
