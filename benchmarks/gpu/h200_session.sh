@@ -161,6 +161,10 @@
 #            suites with Triton's shared-memory limit at an L40S's 99 KB (tests/conftest.py).
 #   stage 65 run 77 (carry .whl): benchmarks/gpu/sample_probe.py (the sample phase's GPU and
 #            host time; top-p over the top-k survivors as a candidate).
+#   stages 66-68, then 10: the seventeenth session's re-measure of both latency sets on runtime
+#            revision 3 (the sampler): `66` (run 78, part.aa) the Qwen3-8B set; `67` (run 79,
+#            part.ab) the sample probe, calibrate GPU suite, regime (b); `68` (run 80, part.ac)
+#            greedy lossless and the SmolLM2 set; `10` (run 81) regime (a) against it.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -218,7 +222,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0-5, 7-65 (see above)}
+stage=${1:?stage p, 0-5, 7-69 (see above)}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -310,6 +314,26 @@ case $stage in
 65)  # run 77 (carry .whl): what the `sample` phase is made of (benchmarks/gpu/sample_probe.py)
   timeout 300 python3 benchmarks/gpu/sample_probe.py --out "$OUT/sample_probe_h200_run77.csv" \
     2>&1 | tee "$OUT/sample_probe_run77.log"
+  ;;
+66)  # run 78 (carry .whl and part.aa): runtime revision 3 (top-p over the top-k survivors):
+    # its sampling GPU test, then the Qwen3-8B latency set
+  cp .model/smollm2.gguf.part.aa /root/model/
+  gpu_tests tests/calibrate/test_sampling.py sampling_gpu_tests_run78.log
+  Q8B_TIMEOUT=${Q8B_TIMEOUT:-530} bash "$0" 5 q8b
+  ;;
+67)  # run 79 (carry .whl and part.ab): the sample phase on revision 3, the calibrate GPU suite,
+    # regime (b) against stage 66's set
+  cp .model/smollm2.gguf.part.ab /root/model/
+  timeout 120 python3 benchmarks/gpu/sample_probe.py --out "$OUT/sample_probe_h200_run79.csv" \
+    2>&1 | tee "$OUT/sample_probe_run79.log"
+  gpu_tests tests/calibrate calibrate_gpu_tests_run79.log
+  [ -f $TR/qwen3-8b-h200/meta.json ] || { echo "no Qwen3-8B set in $TR"; exit 2; }
+  Q8B_SET=$TR/qwen3-8b-h200 bash "$0" 8 vb
+  ;;
+68)  # run 80 (carry .whl and part.ac): greedy lossless on the real model, the SmolLM2 latency
+    # set; then at once stage 10 (regime (a) against it)
+  bash "$0" 42 || exit 2
+  bash "$0" 9 smol
   ;;
 p)  # copy the carried GGUF part(s) for a later join_gguf
   cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model

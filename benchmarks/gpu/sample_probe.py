@@ -7,9 +7,10 @@ top-k 20 (the packaged Qwen3-8B set's sampling), each op is timed three ways:
 - `eager`: wall time of one eager call followed by a synchronize (what the decode loop pays,
   less its Python bookkeeping), median of 50;
 - `graph`: one CUDA-graph replay (the GPU's own time), `kernels.bench`;
-- both for `probs_from_logits` as the runtime has it (top-p sorts the whole vocabulary) and for
-  `topk_first`, the same distribution computed over the top-k survivors only (a candidate;
-  printed with its largest difference from the runtime's probabilities).
+- both for `probs_from_logits` as the runtime has it (revision 3: top-p over the top-k
+  survivors) and for `full_sort`, the same distribution as revision 2 computed it (top-p by a
+  sort of the whole vocabulary), printed with their largest difference.
+Run 77 measured revision 2's runtime (its `probs_from_logits` is this file's `full_sort`).
 Prints a table and writes one CSV row per (rows, op, way).
 """
 
@@ -36,16 +37,13 @@ T, TOP_P, TOP_K = 0.6, 0.95, 20
 SHAPES = [(4, 1), (4, 8), (16, 8), (64, 13)]  # (B, rows per request): vanilla, γ 7, γ 12
 
 
-def topk_first(logits: torch.Tensor, temperature: float, top_p: float, top_k: int
-               ) -> torch.Tensor:
-    """probs_from_logits for top_k > 0, with the top-p cut made over the k survivors only.
-    (Ties at the k-th logit keep only k tokens here; the runtime keeps them all.)"""
-    vals, idx = torch.topk(logits.float() / temperature, top_k, dim=-1)  # sorted, descending
-    p = torch.softmax(vals, dim=-1)
-    before = torch.cumsum(p, dim=-1) - p
-    vals = vals.masked_fill(before >= top_p, float("-inf"))
-    out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-    return out.scatter_(-1, idx, torch.softmax(vals, dim=-1))
+def full_sort(logits: torch.Tensor, temperature: float, top_p: float, top_k: int
+              ) -> torch.Tensor:
+    """The same distribution as runtime revision 2 computed it: mask below the k-th logit
+    (ties kept), then top-p by a sort of the whole vocabulary."""
+    x = logits.float() / temperature
+    kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+    return probs_from_logits(x.masked_fill(x < kth, float("-inf")), 1.0, top_p, top_k=0)
 
 
 def eager_ms(fn: Callable[[], Any], reps: int = 50) -> float:
@@ -75,10 +73,10 @@ def runtime_call(logits: torch.Tensor, gen: torch.Generator) -> Callable[[], Any
 def probe_shape(gen: torch.Generator, B: int, n: int, vocab: int) -> list[dict[str, Any]]:
     logits = 3 * torch.randn(B, n, vocab, generator=gen, device="cuda")
     ops: dict[str, Callable[[], Any]] = {
+        "full_sort": partial(full_sort, logits, T, TOP_P, TOP_K),
         "probs_from_logits": partial(probs_from_logits, logits, T, TOP_P, TOP_K),
-        "topk_first": partial(topk_first, logits, T, TOP_P, TOP_K),
     }
-    diff = (ops["probs_from_logits"]() - ops["topk_first"]()).abs().max().item()
+    diff = (ops["probs_from_logits"]() - ops["full_sort"]()).abs().max().item()
     rows, line = [], [f"B={B:2d} rows={n:2d}"]
     for name, fn in ops.items():
         for way, ms in (("eager", eager_ms(fn)), ("graph", bench(fn))):

@@ -55,6 +55,77 @@ def test_top_k_and_top_p_filter() -> None:
     assert torch.allclose(hot, torch.tensor([16, 9, 4, 1]) / 30.0, atol=1e-6)
 
 
+def _full_sort_probs(logits: torch.Tensor, temperature: float, top_p: float,
+                     top_k: int) -> torch.Tensor:
+    """The definition the slow way (the runtime before revision 3): mask below the k-th logit
+    (ties kept), then top-p by a sort of the whole vocabulary."""
+    x = logits.float() / temperature
+    kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+    return probs_from_logits(x.masked_fill(x < kth, float("-inf")), 1.0, top_p, top_k=0)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 1.0])
+@pytest.mark.parametrize("top_k", [1, 5, 20])
+def test_top_k_path_equals_full_sort_without_ties(top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(top_k)
+    logits = 3 * torch.randn(3, 4, 1000, generator=gen)  # [B, rows, V], ties improbable
+    fast = probs_from_logits(logits, 0.6, top_p, top_k)
+    assert torch.allclose(fast, _full_sort_probs(logits, 0.6, top_p, top_k), atol=1e-6)
+    assert ((fast > 0).sum(-1) <= top_k).all()
+
+
+def _mass_per_logit_value(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """The probability each row puts on each distinct logit value (tied tokens pooled)."""
+    vocab = logits.shape[-1]
+    rows = torch.arange(logits.numel() // vocab, device=logits.device).repeat_interleave(vocab)
+    pairs = torch.stack([rows.double(), logits.flatten().double()], dim=1)  # [N·V, 2]
+    _, inverse = torch.unique(pairs, dim=0, return_inverse=True)
+    mass = torch.zeros(int(inverse.max()) + 1, dtype=torch.float64, device=logits.device)
+    return mass.index_add_(0, inverse, probs.flatten().double())
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99, 1.0])
+def test_top_k_keeps_the_whole_tie_group_at_the_kth_logit(top_p: float) -> None:
+    """Logits on a coarse grid tie often at the k-th value (bf16 logits do too). The result
+    must be the full sort's up to which tied tokens carry the mass, and the kept tokens of the
+    k-th value's tie group must be its lowest token ids."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.round(2 * torch.randn(64, 300, generator=gen)) / 2  # steps of 0.5
+    top_k = 12
+    fast = probs_from_logits(logits, 1.0, top_p, top_k)
+    ref = _full_sort_probs(logits, 1.0, top_p, top_k)
+    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+    assert ((logits >= kth).sum(-1) > top_k).any(), "no tie group crosses the k-th: weak test"
+    assert torch.allclose(fast.sort(-1).values, ref.sort(-1).values, atol=1e-6)
+    assert torch.allclose(_mass_per_logit_value(logits, fast),
+                          _mass_per_logit_value(logits, ref), atol=1e-6)
+    assert torch.allclose(fast.sum(-1), torch.ones(64))
+    tied = logits == kth
+    kept = tied & (fast > 0)
+    assert torch.equal(kept, tied & (torch.cumsum(tied, dim=-1) <= kept.sum(-1, keepdim=True)))
+
+
+def test_top_k_path_with_masked_vocabulary() -> None:
+    """Fewer finite logits than k (a masked vocabulary): the -inf tokens get no mass."""
+    logits = torch.full((2, 50), float("-inf"))
+    logits[:, :3] = torch.tensor([1.0, 0.5, 0.0])
+    for top_p in (0.7, 1.0):
+        fast = probs_from_logits(logits, 1.0, top_p, 20)
+        assert torch.isfinite(fast).all() and (fast[:, 3:] == 0).all()
+        assert torch.allclose(fast.sum(-1), torch.ones(2))
+
+
+@pytest.mark.gpu
+def test_top_k_path_equals_full_sort_on_the_gpu_at_qwen3_vocabulary() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    logits = (4 * torch.randn(8, 13, 151936, generator=gen, device="cuda")).bfloat16()
+    fast = probs_from_logits(logits, 0.6, 0.95, 20)
+    ref = _full_sort_probs(logits, 0.6, 0.95, 20)
+    assert torch.allclose(fast.sort(-1).values, ref.sort(-1).values, atol=1e-6)
+    assert torch.allclose(_mass_per_logit_value(logits, fast),
+                          _mass_per_logit_value(logits, ref), atol=1e-6)
+
+
 @pytest.mark.parametrize("kw", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -1}])
 def test_bad_sampling_args_raise(kw: dict[str, float]) -> None:
     args = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} | kw
