@@ -164,7 +164,9 @@
 #   stages 66-68, then 10: the seventeenth session's re-measure of both latency sets on runtime
 #            revision 3 (the sampler): `66` (run 78, part.aa) the Qwen3-8B set; `67` (run 79,
 #            part.ab) the sample probe, calibrate GPU suite, regime (b); `68` (run 80, part.ac)
-#            greedy lossless and the SmolLM2 set; `10` (run 81) regime (a) against it.
+#            greedy lossless and the SmolLM2 set; `10` (run 81) regime (a) against it. Run 82 (a
+#            fresh machine): `p` (part.aa), `p` (part.ab), `46` (part.ac; VALIDATE_TIMEOUT=300
+#            VALIDATE_BUDGET=240) the fresh draw against the packaged (run 80) set.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -896,9 +898,9 @@ p)  # copy the carried GGUF part(s) for a later join_gguf
   join_gguf || exit 2
   export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
   f=heldout_smollm2_seed20261130
-  timeout 420 "${cli[@]}" validate --traces $D/smollm2-135m-h200 \
+  timeout ${VALIDATE_TIMEOUT:-420} "${cli[@]}" validate --traces $D/smollm2-135m-h200 \
     --acceptance-traces $D/smollm2-135m-real --seed 0 --model $GGUF --weights real \
-    --heldout benchmarks/validation/$f.csv --time-budget 360 \
+    --heldout benchmarks/validation/$f.csv --time-budget ${VALIDATE_BUDGET:-360} \
     --out "$OUT/validate_h200_${f#heldout_}.csv" > "$OUT/validate_h200_${f#heldout_}.log" 2>&1
   echo "$f rc=$?"; tail -8 "$OUT/validate_h200_${f#heldout_}.log"
   ;;
