@@ -29,7 +29,7 @@ TABLES = (("as run", ".csv"), ("re-predicted", ".repredicted.csv"))
 # (summary column prefix, result column): throughput error, then its two factors
 COLUMNS = (("", "error_pct"), ("iter_time_", "iter_time_error_pct"),
            ("acceptance_", "acceptance_error_pct"))
-# a second draw of held-out rows (run 73; run 52 on the old sets): stem -> (label, table stem)
+# a second draw of held-out rows (run 82; runs 52 and 73 on older runtimes): stem -> (label, table stem)
 FRESH = {"smollm2": ("fresh 24 (seed 20261130)", "smollm2_seed20261130")}
 # the throughput columns say "error" in their names, the factors' do not
 SUFFIX = {"": "abs_error_pct", "iter_time_": "abs_pct", "acceptance_": "abs_pct"}
@@ -65,10 +65,10 @@ def summary_rows() -> list[dict[str, object]]:
 
 TRACES = Path(__file__).resolve().parents[2] / "vegas_sim" / "traces" / "default"
 # (label, measured tables, latency set): each regime's tables measured on the runtime revision
-# of its packaged latency set (runs 7-9's (a) tables are revision 1, the set revision 2)
+# of its packaged latency set (runs 79 and 81: revision 3)
 SPREAD_TABLES = (
-    ("(a) run 72, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
-    ("(b) run 70, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
+    ("(a) run 81, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
+    ("(b) run 79, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
 )
 
 
@@ -89,14 +89,23 @@ def seed_spread(seeds: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# current table stem -> (label, the earlier run of the same held-out rows)
-REPEATS = {
-    "smollm2": ("(a) run 72 vs run 48", "run48_smollm2"),
-    "smollm2_span": ("(a) run 72 vs run 48", "run48_smollm2_span"),
-    "smollm2_seed20261130": ("(a) fresh draw, run 73 vs run 52", "run52_smollm2_seed20261130"),
-    "qwen3_8b": ("(b) run 70 vs run 42", "run42_qwen3_8b"),
-    "qwen3_8b_span": ("(b) run 70 vs run 42", "run42_qwen3_8b_span"),
-}
+# (label, later table stem, earlier table stem): the same held-out rows measured twice. The
+# first three pairs ran on one runtime (but for the sparse launch, 0.5-1 % of a draft step): the
+# measurement's own run-to-run spread. The last three straddle runtime revision 3's sampler.
+REPEATS = (
+    ("(a) run 72 vs run 48", "run72_smollm2", "run48_smollm2"),
+    ("(a) run 72 vs run 48", "run72_smollm2_span", "run48_smollm2_span"),
+    ("(a) fresh draw, run 73 vs run 52", "run73_smollm2_seed20261130",
+     "run52_smollm2_seed20261130"),
+    ("(b) run 70 vs run 42", "run70_qwen3_8b", "run42_qwen3_8b"),
+    ("(b) run 70 vs run 42", "run70_qwen3_8b_span", "run42_qwen3_8b_span"),
+    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2", "run72_smollm2"),
+    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2_span", "run72_smollm2_span"),
+    ("(a) fresh draw, run 82 vs run 73 (revision 3 vs 2)", "smollm2_seed20261130",
+     "run73_smollm2_seed20261130"),
+    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b", "run70_qwen3_8b"),
+    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b_span", "run70_qwen3_8b_span"),
+)
 KEYS = ["method", "gamma", "sparsity", "batch", "context"]
 REPEAT_COLUMNS = (("throughput", "measured"), ("iteration time", "measured_iter_ms"),
                   ("acceptance length", "measured_acceptance_length"),
@@ -107,7 +116,7 @@ def repeat_rows() -> pd.DataFrame:
     """|later / earlier - 1| of the measured (and predicted) columns of the rows both runs
     hold, median and max per comparison: the run-to-run spread of the measurement."""
     pairs: dict[str, list[pd.DataFrame]] = {}
-    for stem, (label, earlier) in REPEATS.items():
+    for label, stem, earlier in REPEATS:
         later = pd.read_csv(RESULTS / f"validate_h200_{stem}.csv")
         both = later.merge(pd.read_csv(RESULTS / f"validate_h200_{earlier}.csv"), on=KEYS,
                            suffixes=("", "_earlier"))
