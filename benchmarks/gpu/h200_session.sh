@@ -165,8 +165,10 @@
 #            revision 3 (the sampler): `66` (run 78, part.aa) the Qwen3-8B set; `67` (run 79,
 #            part.ab) the sample probe, calibrate GPU suite, regime (b); `68` (run 80, part.ac)
 #            greedy lossless and the SmolLM2 set; `10` (run 81) regime (a) against it. Run 82 (a
-#            fresh machine): `p` (part.aa), `p` (part.ab), `46` (part.ac; VALIDATE_TIMEOUT=300
-#            VALIDATE_BUDGET=240) the fresh draw against the packaged (run 80) set.
+#            fresh machine): `p` (part.aa), `p` (part.ab), `46` (part.ac; VALIDATE_TIMEOUT=330
+#            VALIDATE_BUDGET=250, as run) the fresh draw against the packaged (run 80) set.
+#            As it happened: `66` 503 s, `67` 172 s, `68` 270 s, `10` 211 s, back to back on one
+#            machine; `p`, `p`, `46` (236 s) on a second. 25 of the 30 device-minutes.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to

@@ -57,9 +57,9 @@ memory anyway is marked ``oom`` after freeing the allocator's cache, and the run
 
 Expected time (one H200, CUDA-graph decode loop): Qwen3-8B random weights, γ 1,3,7,15 ×
 sparsity 0.01,0.05,0.2, the 64 (B, C) points of B 1..128 × C 1K..128K (49 fit, 15 skipped):
-8.2 GPU-minutes (run 69, 2026-11-30, runtime revision 2 with the one-warp sparse launch; run
-39: 7.8; run 6: 7.6); SmolLM2 real weights: 28 latency points with `verify_after_draft` in 3.4
-minutes (run 71; run 47: 3.4; run 7: 6.0), and the whole
+8.1 GPU-minutes (run 78, 2026-11-30, runtime revision 3; run 69: 8.2; run 39: 7.8; run 6:
+7.6); SmolLM2 real weights: 28 latency points with `verify_after_draft` in 3.2 minutes (run 80;
+run 71: 3.4; run 7: 6.0), and the whole
 acceptance grid (5 methods × 8 sparsities × 4 workloads × 2 temperatures, 16-32 prompts × 32
 iterations each) in 2.6 minutes as 8 parallel processes, each method's sparsities batched
 (run 5 ran one point at a time: ≈ 13 s a point per process, 17 minutes).
