@@ -169,6 +169,7 @@
 #            VALIDATE_BUDGET=250, as run) the fresh draw against the packaged (run 80) set.
 #            As it happened: `66` 503 s, `67` 172 s, `68` 270 s, `10` 211 s, back to back on one
 #            machine; `p`, `p`, `46` (236 s) on a second. 25 of the 30 device-minutes.
+#   stage 69 run 83 (carry .whl): benchmarks/gpu/tie_rank_probe.py (the sampler's tie ranking).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -338,6 +339,10 @@ case $stage in
     # set; then at once stage 10 (regime (a) against it)
   bash "$0" 42 || exit 2
   bash "$0" 9 smol
+  ;;
+69)  # run 83 (carry .whl): where revision 3's sampler spends its time beyond torch.topk
+  timeout 120 python3 benchmarks/gpu/tie_rank_probe.py --out "$OUT/tie_rank_probe_h200_run83.csv" \
+    2>&1 | tee "$OUT/tie_rank_probe_run83.log"
   ;;
 p)  # copy the carried GGUF part(s) for a later join_gguf
   cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
