@@ -74,7 +74,7 @@ def _mask_top_p(x: Tensor, top_p: float) -> Tensor:
 
 def _top_k_top_p_probs(x: Tensor, top_k: int, top_p: float) -> Tensor:
     """Top-k then top-p, computed over the k largest logits instead of a full-vocabulary sort
-    (1/6 to 1/8 of the GPU time at V 152K: benchmarks/gpu/sample_probe.py).
+    (1/1.5 to 1/3 of the sort's GPU time at V 152K: benchmarks/gpu/sample_probe.py, run 79).
 
     The survivors of top-k, sorted, are the tokens strictly above the k-th logit (all among
     topk's k) followed by the whole tie group at the k-th logit, which may extend past the k
