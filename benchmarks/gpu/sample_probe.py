@@ -8,9 +8,10 @@ top-k 20 (the packaged Qwen3-8B set's sampling), each op is timed three ways:
   less its Python bookkeeping), median of 50;
 - `graph`: one CUDA-graph replay (the GPU's own time), `kernels.bench`;
 - both for `probs_from_logits` as the runtime has it (revision 3: top-p over the top-k
-  survivors) and for `full_sort`, the same distribution as revision 2 computed it (top-p by a
-  sort of the whole vocabulary), printed with their largest difference.
-Run 77 measured revision 2's runtime (its `probs_from_logits` is this file's `full_sort`).
+  survivors) and for `full_sort` (`sampling.probs_by_full_sort`), the same distribution as
+  revision 2 computed it (top-p by a sort of the whole vocabulary), printed with their largest
+  difference.
+Run 77 measured revision 2's runtime (its `probs_from_logits` is `full_sort` here).
 Prints a table and writes one CSV row per (rows, op, way).
 """
 
@@ -31,19 +32,15 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from kernels import bench
 from probe_common import write_rows
 
-from vegas_sim.calibrate.sampling import draw, probs_from_logits, rejection_accept
+from vegas_sim.calibrate.sampling import (
+    draw,
+    probs_by_full_sort,
+    probs_from_logits,
+    rejection_accept,
+)
 
 T, TOP_P, TOP_K = 0.6, 0.95, 20
 SHAPES = [(4, 1), (4, 8), (16, 8), (64, 13)]  # (B, rows per request): vanilla, γ 7, γ 12
-
-
-def full_sort(logits: torch.Tensor, temperature: float, top_p: float, top_k: int
-              ) -> torch.Tensor:
-    """The same distribution as runtime revision 2 computed it: mask below the k-th logit
-    (ties kept), then top-p by a sort of the whole vocabulary."""
-    x = logits.float() / temperature
-    kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-    return probs_from_logits(x.masked_fill(x < kth, float("-inf")), 1.0, top_p, top_k=0)
 
 
 def eager_ms(fn: Callable[[], Any], reps: int = 50) -> float:
@@ -73,7 +70,7 @@ def runtime_call(logits: torch.Tensor, gen: torch.Generator) -> Callable[[], Any
 def probe_shape(gen: torch.Generator, B: int, n: int, vocab: int) -> list[dict[str, Any]]:
     logits = 3 * torch.randn(B, n, vocab, generator=gen, device="cuda")
     ops: dict[str, Callable[[], Any]] = {
-        "full_sort": partial(full_sort, logits, T, TOP_P, TOP_K),
+        "full_sort": partial(probs_by_full_sort, logits, T, TOP_P, TOP_K),
         "probs_from_logits": partial(probs_from_logits, logits, T, TOP_P, TOP_K),
     }
     diff = (ops["probs_from_logits"]() - ops["full_sort"]()).abs().max().item()

@@ -10,6 +10,7 @@ from scipy import stats
 from vegas_sim.calibrate.sampling import (
     draw,
     greedy_accept,
+    probs_by_full_sort,
     probs_from_logits,
     rejection_accept,
     sample,
@@ -55,22 +56,13 @@ def test_top_k_and_top_p_filter() -> None:
     assert torch.allclose(hot, torch.tensor([16, 9, 4, 1]) / 30.0, atol=1e-6)
 
 
-def _full_sort_probs(logits: torch.Tensor, temperature: float, top_p: float,
-                     top_k: int) -> torch.Tensor:
-    """The definition the slow way (the runtime before revision 3): mask below the k-th logit
-    (ties kept), then top-p by a sort of the whole vocabulary."""
-    x = logits.float() / temperature
-    kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-    return probs_from_logits(x.masked_fill(x < kth, float("-inf")), 1.0, top_p, top_k=0)
-
-
 @pytest.mark.parametrize("top_p", [0.5, 0.95, 1.0])
 @pytest.mark.parametrize("top_k", [1, 5, 20])
 def test_top_k_path_equals_full_sort_without_ties(top_k: int, top_p: float) -> None:
     gen = torch.Generator().manual_seed(top_k)
     logits = 3 * torch.randn(3, 4, 1000, generator=gen)  # [B, rows, V], ties improbable
     fast = probs_from_logits(logits, 0.6, top_p, top_k)
-    assert torch.allclose(fast, _full_sort_probs(logits, 0.6, top_p, top_k), atol=1e-6)
+    assert torch.allclose(fast, probs_by_full_sort(logits, 0.6, top_p, top_k), atol=1e-6)
     assert ((fast > 0).sum(-1) <= top_k).all()
 
 
@@ -93,7 +85,7 @@ def test_top_k_keeps_the_whole_tie_group_at_the_kth_logit(top_p: float) -> None:
     logits = torch.round(2 * torch.randn(64, 300, generator=gen)) / 2  # steps of 0.5
     top_k = 12
     fast = probs_from_logits(logits, 1.0, top_p, top_k)
-    ref = _full_sort_probs(logits, 1.0, top_p, top_k)
+    ref = probs_by_full_sort(logits, 1.0, top_p, top_k)
     kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
     assert ((logits >= kth).sum(-1) > top_k).any(), "no tie group crosses the k-th: weak test"
     assert torch.allclose(fast.sort(-1).values, ref.sort(-1).values, atol=1e-6)
@@ -120,7 +112,7 @@ def test_top_k_path_equals_full_sort_on_the_gpu_at_qwen3_vocabulary() -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)
     logits = (4 * torch.randn(8, 13, 151936, generator=gen, device="cuda")).bfloat16()
     fast = probs_from_logits(logits, 0.6, 0.95, 20)
-    ref = _full_sort_probs(logits, 0.6, 0.95, 20)
+    ref = probs_by_full_sort(logits, 0.6, 0.95, 20)
     assert torch.allclose(fast.sort(-1).values, ref.sort(-1).values, atol=1e-6)
     assert torch.allclose(_mass_per_logit_value(logits, fast),
                           _mass_per_logit_value(logits, ref), atol=1e-6)

@@ -2,6 +2,7 @@
 
 - `probs_from_logits`: temperature, then top-k, then top-p (HF / vLLM order), renormalised;
   with top-k on, top-p works on the k survivors rather than a sort of the whole vocabulary.
+  `probs_by_full_sort` is the same distribution computed by a full sort: the reference.
   This processed distribution *is* the target (and draft) distribution: spec decoding is
   lossless with respect to it.
 - `sample`: greedy argmax when temperature == 0, else a draw from `probs_from_logits`.
@@ -91,10 +92,11 @@ def _top_k_top_p_probs(x: Tensor, top_k: int, top_p: float) -> Tensor:
     w_tie = torch.exp(kth - vals[..., :1])  # [..., 1]
     n_keep = n_tied.float()  # [..., 1]: how many of the tie group top-p keeps
     if top_p < 1.0:
-        total = w.sum(-1, keepdim=True) + n_tied * w_tie
+        w_above = w.sum(-1, keepdim=True)  # [..., 1]
+        total = w_above + n_tied * w_tie
         before = (torch.cumsum(w, dim=-1) - w) / total  # mass strictly before each token
         # The j-th tied token (0-based) has mass_above + j·p_tie before it: kept while < top_p.
-        mass_above = w.sum(-1, keepdim=True) / total
+        mass_above = w_above / total
         fits = torch.ceil((top_p - mass_above) / (w_tie / total)).nan_to_num(0.0)  # 0/0: none
         n_keep = torch.minimum(fits.clamp(min=0.0), n_keep)
         w = w.masked_fill(before >= top_p, 0.0)
@@ -102,6 +104,16 @@ def _top_k_top_p_probs(x: Tensor, top_k: int, top_p: float) -> Tensor:
     norm = w.sum(-1, keepdim=True) + n_keep * w_tie  # [..., 1]
     probs = torch.where(kept_tied, w_tie / norm, 0.0)  # [..., V]
     return probs.scatter_(-1, idx, torch.where(above, w / norm, probs.gather(-1, idx)))
+
+
+def probs_by_full_sort(logits: Tensor, temperature: float, top_p: float,
+                       top_k: int) -> Tensor:
+    """probs_from_logits's distribution computed the slow way, as runtime revision 2 did: mask
+    below the k-th logit (ties kept), then top-p by a sort of the whole vocabulary. The
+    reference that tests and benchmarks/gpu/sample_probe.py hold the fast path to."""
+    x = logits.float() / temperature
+    kth = torch.topk(x, top_k, dim=-1).values[..., -1:]  # [..., 1]
+    return probs_from_logits(x.masked_fill(x < kth, float("-inf")), 1.0, top_p, top_k=0)
 
 
 def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
