@@ -112,13 +112,13 @@ def predict(fmt: str, out: Path | None, **kwargs: Any) -> None:
         vegas-sim predict --gamma 7
 
     \b
-        vegas-sim predict -m vegas -m magicdec-stream -m specextend --batch 16 --context 128K
+        vegas-sim predict -m vegas -m magicdec-stream -m specextend --batch 4 --context 120K
 
     \b
         vegas-sim predict --gamma 6 --gpu h100-sxm --format json --out pred.json
 
     \b
-        vegas-sim predict --gamma 7 --context 128K --graph-launch-ms 0.5
+        vegas-sim predict --gamma 7 --context 120K --graph-launch-ms 0.5
     """
     from vegas_sim import api
 

@@ -92,7 +92,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 
     \b
         vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16 \\
-            --context 32K,128K -m vegas -m magicdec-stream --out sweep.csv
+            --context 32K,120K -m vegas -m magicdec-stream --out sweep.csv
     """
     from vegas_sim.sim.sweep import SweepGrid
     from vegas_sim.sim.sweep import sweep as run_sweep
@@ -105,7 +105,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
             table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
                               replications=replications, workers=workers, scheduler=scheduler,
                               progress=lambda d, t: update(f"sweep ({engine})", d, t), out=out)
-    for note in notes:
+    for note in [*table.attrs.get("skipped", []), *notes]:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out} ({len(table)} rows)", err=True)
 
@@ -142,7 +142,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     Example:
 
     \b
-        vegas-sim tune --batch 1,4,16 --context 32K,128K --out best_gamma.json
+        vegas-sim tune --batch 1,4,16 --context 32K,120K --out best_gamma.json
     """
     from vegas_sim.calibrate.gridspec import parse_int_grid
     from vegas_sim.sim.tune import TuneConfig
@@ -168,7 +168,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                      f"[{r['speedup_vs_baseline_ci_low']:.2f}, "
                      f"{r['speedup_vs_baseline_ci_high']:.2f}]")
         click.echo(line)
-    for note in notes:
+    for note in result.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out}", err=True)
 

@@ -21,3 +21,9 @@ class UserInputError(ValueError):
 
 class TraceSetError(UserInputError):
     """A trace set is missing, malformed, corrupt or used for what it cannot answer."""
+
+
+class DoesNotFitError(UserInputError):
+    """A configuration the model or the GPU cannot hold: a prompt plus output longer than the
+    model's positions, or a batch whose KV cache does not fit next to the weights. One
+    configuration fails with it; a grid (sweep, tune) skips such points and says which."""

@@ -133,9 +133,14 @@ def test_poisson_low_load_throughput_is_the_offered_load(models: Models) -> None
 
 
 def test_max_positions(models: Models) -> None:
-    with pytest.raises(UserInputError, match=r"max positions \(131072\)") as err:
+    with pytest.raises(UserInputError, match=r"131073 tokens exceeds qwen3-8b's 131072") as err:
         predict([sc(context=131072, output_len=1)], *models)
     assert err.value.where == "--context/--output-len"
+    assert err.value.fix is not None and "--context 131071 or less" in err.value.fix
+    with pytest.raises(UserInputError) as err:  # a 128K prompt leaves 127K at output 1024
+        predict([sc(context=128 * 1024, output_len=1024)], *models)
+    assert err.value.fix is not None and "(127K)" in err.value.fix
+    predict([sc(context=127 * 1024, output_len=1024)], *models, replications=1)
 
 
 def test_batch_that_does_not_fit_names_the_max_batch(models: Models) -> None:

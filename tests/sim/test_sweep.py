@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from vegas_sim import api
-from vegas_sim.errors import UserInputError
+from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.reports.csv import read_table
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
@@ -125,9 +125,23 @@ def test_progress_and_output_files(models: Models, tmp_path: Path) -> None:
         sweep(GRID, *models, workers=1, out=tmp_path / "s.txt")
 
 
+def test_configurations_that_do_not_fit_are_skipped_and_named(models: Models) -> None:
+    """A grid's corners that the model (positions) or the GPU (KV memory) cannot hold are left
+    out and named, one note per cell; the rest of the grid still runs."""
+    grid = SweepGrid(methods=("vegas",), gamma=(4,), sparsity=(0.07,), batch=(1, 64),
+                     context=(4096, 65536, 131072), output_len=(128,))
+    table = sweep(grid, *models, workers=1)
+    assert set(zip(table["batch"], table["context"])) == {(1, 4096), (64, 4096), (1, 65536)}
+    notes = table.attrs["skipped"]
+    assert len(notes) == 3
+    assert sum("exceeds qwen3-8b's 131072 positions" in n for n in notes) == 2
+    assert next(n for n in notes if "batch 64, context 65536" in n).endswith("GPU holds")
+    assert "(2 configurations)" in notes[0]  # vanilla and vegas of the cell
+
+
 def test_bad_scenario_and_engine_are_user_errors(models: Models) -> None:
     too_long = [Scenario("vegas", 4, 0.07, batch=1, context=10**7, output_len=64)]
-    with pytest.raises(UserInputError, match="max positions"):
+    with pytest.raises(DoesNotFitError, match="exceeds qwen3-8b's 131072 positions"):
         sweep(too_long, *models, workers=2)
     with pytest.raises(UserInputError, match="--engine"):
         sweep(GRID, *models, engine="fast", workers=1)

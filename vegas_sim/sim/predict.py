@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vegas_sim.errors import TraceSetError, UserInputError
+from vegas_sim.errors import DoesNotFitError, TraceSetError, UserInputError
 from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
@@ -102,12 +102,55 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
                              fix=f"use one of: {', '.join(PREFILL_MODES)}")
     Arrivals.parse(sc.arrival).validate(sc.n_requests)
     if sc.context + sc.output_len > model.max_positions:
-        raise UserInputError(
-            f"context + output exceeds the model's max positions ({model.max_positions})",
-            where="--context/--output-len",
-            fix=f"keep context + output <= {model.max_positions} for {model.name}")
+        _raise_too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
         _check_memory(sc, model, gpu_memory_gb)
+
+
+def split_fitting(scenarios: Sequence[Scenario], latency: LatencyModel,
+                  ) -> tuple[list[Scenario], list[tuple[Scenario, DoesNotFitError]]]:
+    """The scenarios that fit the model and the GPU, and those that do not with the reason.
+    Every other bad input still raises; so does a grid in which nothing fits."""
+    mem = _gpu_memory(latency)
+    fit: list[Scenario] = []
+    skipped: list[tuple[Scenario, DoesNotFitError]] = []
+    for sc in scenarios:
+        try:
+            validate_scenario(sc, latency.model, mem)
+        except DoesNotFitError as e:
+            skipped.append((sc, e))
+        else:
+            fit.append(sc)
+    if skipped and not fit:
+        raise skipped[0][1]
+    return fit, skipped
+
+
+def skipped_notes(skipped: Sequence[tuple[Scenario, DoesNotFitError]]) -> list[str]:
+    """One line per (batch, context, output length) cell that was skipped, with the reason."""
+    cells: dict[tuple[int, int, int], tuple[int, DoesNotFitError]] = {}
+    for sc, err in skipped:
+        key = (sc.batch, sc.context, sc.output_len)
+        n, first = cells.get(key, (0, err))
+        cells[key] = (n + 1, first)
+    return [f"skipped batch {b}, context {c}, output {o}"
+            + (f" ({n} configurations)" if n > 1 else "") + f": {err.problem}"
+            for (b, c, o), (n, err) in cells.items()]
+
+
+def _raise_too_long(sc: Scenario, model: ModelSpec) -> None:
+    # A "128K" model holds 131072 positions for prompt and output together, so a 128K prompt
+    # leaves no room to generate: name the largest prompt that does fit.
+    room = model.max_positions - sc.output_len
+    if room < 1:
+        fix = f"use an --output-len below {model.max_positions}"
+    else:
+        fix = f"use --context {room}" + (f" ({room // 1024}K)" if room % 1024 == 0 else "")
+        fix += f" or less at --output-len {sc.output_len}, or a shorter --output-len"
+    raise DoesNotFitError(
+        f"context {sc.context} + output {sc.output_len} = {sc.context + sc.output_len} tokens "
+        f"exceeds {model.name}'s {model.max_positions} positions",
+        where="--context/--output-len", fix=fix)
 
 
 def _slack(sc: Scenario) -> int:
@@ -125,14 +168,14 @@ def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float) -> None:
     cap = kv_capacity(model, gpu_memory_gb)
     max_batch = cap // per_request
     if max_batch < 1:
-        raise UserInputError(
+        raise DoesNotFitError(
             f"one request of {sc.context} + {sc.output_len} tokens needs "
             f"{per_request * model.kv_bytes_per_token() / 1e9:.1f} GB of KV cache, but only "
             f"{max(cap, 0) * model.kv_bytes_per_token() / 1e9:.1f} GB is left next to the "
             f"weights on a {gpu_memory_gb:g} GB GPU",
             where="--context", fix="shorten --context/--output-len or use a larger GPU (--gpu)")
     if sc.batch > max_batch:
-        raise UserInputError(
+        raise DoesNotFitError(
             f"batch {sc.batch} at context {sc.context} + output {sc.output_len} needs KV for "
             f"{sc.batch * per_request} tokens plus the weights: more than the "
             f"{gpu_memory_gb:g} GB GPU holds",

@@ -357,11 +357,19 @@ def sweep(
     workers: local processes (default all cores; 1 runs here). scheduler: Dask address /
     Client / cluster (then `workers` is ignored). progress(done, total) is called as chunks
     finish. out: also write the table there (.csv or .parquet).
+
+    Configurations the model or the GPU cannot hold (context + output past the model's
+    positions, a batch whose KV cache does not fit) are left out, one line per cell in
+    ``table.attrs["skipped"]``; a grid in which nothing fits raises.
     """
+    from vegas_sim.sim.predict import skipped_notes, split_fitting
+
     scenarios = grid.scenarios() if isinstance(grid, SweepGrid) else list(grid)
+    scenarios, skipped = split_fitting(scenarios, latency)
     with SweepRunner(latency, acceptance, workers=workers, scheduler=scheduler) as runner:
         table = runner.run(scenarios, engine=engine, seed=seed, replications=replications,
                            progress=progress, chunk_size=chunk_size)
+    table.attrs["skipped"] = skipped_notes(skipped)
     if out is not None:
         write_results(table, out)
     return table

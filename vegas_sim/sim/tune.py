@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from vegas_sim.errors import UserInputError
+from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
 from vegas_sim.reports.csv import is_extrapolated
 from vegas_sim.sim.sweep import SweepRunner
@@ -298,6 +298,7 @@ def tune(
     if not cells:
         raise UserInputError("no (batch, context) cell to tune", where="--batch/--context",
                              fix="give at least one batch size and one context length")
+    cells, skipped = _fitting_cells(cfg, cells, latency)
     with SweepRunner(latency, acceptance, workers=workers, scheduler=scheduler) as runner:
         steps = _Steps(runner, cfg, seed, progress)
         base = _vanilla_and_baselines(steps, cells)
@@ -319,7 +320,24 @@ def tune(
     table = pd.DataFrame([_cell_row(c, stable[c], final[c]) for c in cells])
     steps_df = pd.concat(steps.rows, ignore_index=True)
     gpu = str(steps_df["gpu"].iloc[0]) if "gpu" in steps_df.columns else ""
-    return TuneResult(cells=table, steps=steps_df, config=cfg, model=model, gpu=gpu)
+    return TuneResult(cells=table, steps=steps_df, config=cfg, model=model, gpu=gpu,
+                      notes=skipped)
+
+
+def _fitting_cells(cfg: TuneConfig, cells: list[Cell], latency: LatencyModel,
+                   ) -> tuple[list[Cell], list[str]]:
+    """The cells whose every searched configuration fits the model and the GPU (the largest γ
+    reserves the most KV slots), and a note for each cell left out."""
+    from vegas_sim.sim.predict import skipped_notes, split_fitting
+
+    top = max(cfg.probe_gamma, *cfg.gamma, *cfg.baseline_gamma)
+    probes = [_scenario(cfg, m, g, 1.0, c) for c in cells
+              for m, g in (("vanilla", 1), (cfg.method, top))]
+    _, skipped = split_fitting(probes, latency)
+    first: dict[Cell, tuple[Scenario, DoesNotFitError]] = {}
+    for sc, err in skipped:
+        first.setdefault((sc.batch, sc.context), (sc, err))
+    return [c for c in cells if c not in first], skipped_notes(list(first.values()))
 
 
 def _final_rows(steps: _Steps, cells: list[Cell], chosen: dict[Cell, pd.Series],
