@@ -55,3 +55,15 @@ def test_user_errors_become_click_errors(traces: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(report, [str(tmp_path / "missing.csv"), "--out",
                                       str(tmp_path / "r.html")])
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_sweep_to_an_unwritable_out_is_a_user_error(traces: Path) -> None:
+    # /proc passes the up-front directory checks (it exists; root may write to it) but takes
+    # no new file: write_table itself must turn the OSError into a user error.
+    res = CliRunner().invoke(sweep, ["--gamma", "2", "--sparsity", "0.03", "--batch", "1",
+                                     "--context", "4K", "-m", "vegas", "--output-len", "64",
+                                     "--traces", str(traces), "--workers", "1",
+                                     "--out", "/proc/s.csv"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "--out: cannot write '/proc/s.csv'" in res.output

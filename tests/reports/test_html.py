@@ -123,9 +123,10 @@ def test_error_table_median_max_per_regime() -> None:
 
 def test_report_writes_csvs_beside(tmp_path: Path) -> None:
     out = write_report(fake_validate(np.random.default_rng(5)), tmp_path / "v.html")
-    names = sorted(p.name for p in out.csvs)
-    assert names[0] == "v.csv" and all(p.parent == tmp_path for p in out.csvs)
-    errors = pd.read_csv(next(p for p in out.csvs if p.name != "v.csv"))
+    names = [p.name for p in out.csvs]
+    assert names == ["v.report.csv", "v.report-errors.csv"]
+    assert all(p.parent == tmp_path for p in out.csvs)
+    errors = pd.read_csv(tmp_path / "v.report-errors.csv")
     assert set(errors["regime"]) == {"real", "random+replay", "all"}
 
 

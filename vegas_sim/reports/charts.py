@@ -42,6 +42,9 @@ class Chart:
     note: str = ""
     caption: str = ""
     table: pd.DataFrame | None = field(default=None)  # a static table shown under the chart
+    # Short name of `table`'s CSV beside the report (<stem>.report-<slug>.csv); titles are too
+    # long for file names. Empty: derived from the title.
+    slug: str = ""
 
 
 def _skip(title: str, why: str) -> Chart:
@@ -180,7 +183,7 @@ def method_comparison(df: pd.DataFrame) -> Chart:
                       xaxis_title="")
     table = best[["cell", "method", "gamma", "sparsity", "throughput_tok_s",
                   "speedup_vs_vanilla"]].rename(columns={"cell": "cell"})
-    return Chart(title, fig, caption="error bars: 95% CI", table=table)
+    return Chart(title, fig, caption="error bars: 95% CI", table=table, slug="speedup")
 
 
 def reference_cell(df: pd.DataFrame) -> pd.DataFrame:
@@ -218,7 +221,7 @@ def phase_breakdown(df: pd.DataFrame) -> Chart:
     if "iter_ms" in best.columns:
         cols.append("iter_ms")
     return Chart(title, fig, caption=f"each method at its best (γ, s) in {label}",
-                 table=best[cols])
+                 table=best[cols], slug="phases")
 
 
 def acceptance_rates(df: pd.DataFrame) -> Chart:
@@ -349,7 +352,7 @@ def parity(df: pd.DataFrame) -> Chart:
     fig.update_yaxes(range=[lo, hi], scaleanchor="x", scaleratio=1)
     return Chart(title, fig, caption="open markers: extrapolated (outside the calibrated grid); "
                                      "error bars: predicted 95% CI",
-                 table=error_table(d))
+                 table=error_table(d), slug="errors")
 
 
 # ---- tune ------------------------------------------------------------------------------------

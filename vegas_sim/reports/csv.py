@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,24 +83,93 @@ def _flat(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _umask() -> int:
+    """The process umask. Linux shows it in /proc; elsewhere the only way to read it is to set
+    it and put it back, which briefly leaves other threads' new files unmasked."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _umask_mode() -> int:
+    """0o666 less the umask: the mode `open(path, "w")` would give a new file."""
+    return 0o666 & ~_umask()
+
+
+def _os_why(e: OSError) -> str:
+    """A short reason for an OSError; a file where a directory should be reads clearer so."""
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        return "a part of the path is a file, not a directory"
+    return e.strerror or str(e)
+
+
+def _cannot_write(path: Path, e: OSError, option: str) -> UserInputError:
+    return UserInputError(f"cannot write {str(path)!r}: {_os_why(e)}", where=option,
+                          fix="choose a path in a writable directory (one that exists or "
+                              "can be created)")
+
+
+def make_parent(path: Path, option: str = "--out") -> None:
+    """Create `path`'s directory, or say why it cannot be (a file in the way, no permission)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cannot_write(path, e, option) from None
+
+
+def check_writable(path: Path, option: str = "--out") -> None:
+    """Fail now, before any work or any other output, if `path` cannot be written: its
+    directory cannot be made, or takes no new file (read-only, or a pseudo-filesystem such as
+    /proc that passes permission checks but refuses files)."""
+    make_parent(path, option)
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise _cannot_write(path, e, option) from None
+
+
+def write_atomic(path: str | Path, write: Callable[[str], object],
+                 option: str = "--out") -> Path:
+    """Write `path` through `write(tmp_name)` and a rename, so a reader never sees half a file
+    and a failed write leaves the old one intact. The file gets the mode a plain `open` would
+    (mkstemp makes it 0600); an unwritable path is a UserInputError naming `option`."""
+    path = Path(path)
+    make_parent(path, option)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        write(tmp)
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise _cannot_write(path, e, option) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def write_table(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Path:
     """Write `df` flat to CSV or Parquet (by suffix), atomically (temp file + rename)."""
     path = Path(path)
     fmt = table_format(path, option)
-    path.parent.mkdir(parents=True, exist_ok=True)
     flat = _flat(df)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+
+    def write(tmp: str) -> None:
         if fmt == "csv":
             flat.to_csv(tmp, index=False)
         else:
             flat.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+
+    return write_atomic(path, write, option)
 
 
 def read_table(path: str | Path, option: str = "RESULTS") -> pd.DataFrame:

@@ -6,15 +6,20 @@
 
 The page inlines the plotly.js bundle (no CDN, opens from disk), draws every chart the data
 supports, and lists the charts it skipped and why instead of drawing a broken one.
+
+The CSVs beside `sweep.html` are `sweep.report.csv` (the whole table, flat) and
+`sweep.report-<slug>.csv` (each static table). The `.report` infix keeps them apart from the
+result files users name themselves (`sweep.csv`), and the page records their names, so a rerun
+may replace them but a report never overwrites a file it did not write, nor its input.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import html as _html
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -27,12 +32,29 @@ from markupsafe import Markup
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.reports import charts as ch
-from vegas_sim.reports.csv import read_table, spread_rates, write_table
+from vegas_sim.reports.csv import (
+    check_writable,
+    read_table,
+    spread_rates,
+    write_atomic,
+    write_table,
+)
 from vegas_sim.reports.templates import REPORT_TEMPLATE
 
 KINDS = ("sweep", "tune", "validate")
+# The columns each kind's charts are built from: a table without them is not that kind.
+REQUIRED_COLUMNS = {
+    "sweep": ("method", "gamma", "sparsity", "batch", "context", "throughput_tok_s"),
+    "tune": ("batch", "context", "gamma", "speedup_vs_vanilla"),
+    "validate": ("predicted", "measured"),
+}
+WRITERS = {"sweep": "`vegas-sim sweep --out` (CSV or Parquet)",
+           "tune": "`vegas-sim tune --out` (JSON)", "validate": "`vegas-sim validate --out`"}
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
                "toImageButtonOptions": {"format": "svg"}}
+# <meta> of the page listing the CSVs it wrote: a rerun may replace exactly those.
+COMPANIONS_META = "vegas-sim-companions"
+SLUG_CHARS = 24
 
 
 @dataclass
@@ -84,6 +106,61 @@ def detect_kind(df: pd.DataFrame) -> str:
     return "sweep"
 
 
+def _missing_columns(kind: str, df: pd.DataFrame) -> list[str]:
+    return [c for c in REQUIRED_COLUMNS[kind] if c not in df.columns]
+
+
+def _not_a_result(df: pd.DataFrame) -> UserInputError:
+    """No --kind and the columns fit no kind: say what each kind would need."""
+    lacks = "; ".join(f"a {k} needs {', '.join(_missing_columns(k, df))}" for k in KINDS)
+    return UserInputError(
+        f"the table is not a sweep, tune or validate result (its columns: "
+        f"{', '.join(map(str, df.columns[:8]))}{', ...' if len(df.columns) > 8 else ''}); "
+        f"missing columns: {lacks}",
+        where="RESULTS",
+        fix="pass the file written by `vegas-sim sweep --out`, `vegas-sim tune --out` or "
+            "`vegas-sim validate --out`")
+
+
+def _fix(kind: str, forced: bool) -> str:
+    fix = f"pass the file written by {WRITERS[kind]}"
+    return fix + ", or leave out --kind to detect the kind from the columns" if forced else fix
+
+
+def _check_tune_shape(df: pd.DataFrame, forced: bool) -> None:
+    """A tune result has one row per (batch, context); a sweep has all the tune columns too,
+    but one row per method × γ × sparsity there, which would draw nonsense tune charts."""
+    dup = df[df.duplicated(["batch", "context"], keep=False)]
+    if dup.empty:
+        return
+    first = dup.iloc[0]
+    n = int(((df["batch"] == first["batch"]) & (df["context"] == first["context"])).sum())
+    raise UserInputError(
+        f"a tune report needs one row per (batch, context); the table has {n} rows for "
+        f"batch {first['batch']}, context {first['context']} (a sweep has one per method, γ "
+        "and sparsity)", where="RESULTS", fix=_fix("tune", forced))
+
+
+def _check_kind(kind: str | None, hint: str | None, df: pd.DataFrame) -> str:
+    """The report kind: `kind` (--kind), else `hint` (a tune JSON), else from the columns;
+    refused when the table lacks what that kind's charts need."""
+    if kind is not None and kind not in KINDS:
+        raise UserInputError(f"unknown report kind {kind!r}", where="--kind",
+                             fix=f"use one of: {', '.join(KINDS)}")
+    chosen = kind or hint or detect_kind(df)
+    missing = _missing_columns(chosen, df)
+    if missing and kind is None and hint is None:
+        raise _not_a_result(df)
+    if missing:
+        raise UserInputError(
+            f"a {chosen} report needs the columns {', '.join(REQUIRED_COLUMNS[chosen])}; "
+            f"the table lacks {', '.join(missing)}", where="RESULTS",
+            fix=_fix(chosen, kind is not None))
+    if chosen == "tune":
+        _check_tune_shape(df, kind is not None)
+    return chosen
+
+
 def _charts_for(kind: str, df: pd.DataFrame) -> list[ch.Chart]:
     if kind == "validate":
         return [ch.parity(df)]
@@ -92,8 +169,16 @@ def _charts_for(kind: str, df: pd.DataFrame) -> list[ch.Chart]:
     return ch.sweep_charts(df)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:40] or "table"
+def _slug(text: str, limit: int = SLUG_CHARS) -> str:
+    """Whole words of `text` joined by '-', as many as fit in `limit` characters (at least
+    one): a file name a user can read, never cut mid-word."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    kept: list[str] = []
+    for word in words:
+        if kept and len("-".join([*kept, word])) > limit:
+            break
+        kept.append(word)
+    return "-".join(kept) or "table"
 
 
 def _table_html(df: pd.DataFrame) -> Markup:
@@ -101,16 +186,91 @@ def _table_html(df: pd.DataFrame) -> Markup:
                              float_format=lambda v: f"{v:.4g}"))
 
 
-def _check_kind(kind: str | None, df: pd.DataFrame) -> str:
-    if kind is None:
-        return detect_kind(df)
-    if kind not in KINDS:
-        raise UserInputError(f"unknown report kind {kind!r}", where="--kind",
-                             fix=f"use one of: {', '.join(KINDS)}")
-    if kind == "validate" and not {"predicted", "measured"} <= set(df.columns):
-        raise UserInputError("a validate report needs the columns 'predicted' and 'measured'",
-                             where="RESULTS", fix="pass the table written by `vegas-sim validate`")
-    return kind
+def _check_out(out: Path) -> Path:
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise UserInputError(f"{str(out)!r} is not an .html file", where="--out",
+                             fix="name the report *.html")
+    if out.is_dir():
+        raise UserInputError(f"{str(out)!r} is a directory", where="--out",
+                             fix=f"name a file inside it, e.g. {out / 'report.html'}")
+    check_writable(out, "--out")  # before any output: no CSVs left beside a failed report
+    return out
+
+
+def _companions(out: Path, df: pd.DataFrame,
+                charts: list[ch.Chart]) -> list[tuple[Path, pd.DataFrame]]:
+    """(path, table) of each CSV beside the report: the whole table, then the charts' tables."""
+    planned = [(out.with_name(f"{out.stem}.report.csv"), df)]
+    used: set[str] = set()
+    for chart in charts:
+        if chart.table is None or chart.table.empty:
+            continue
+        slug = base = chart.slug or _slug(chart.title)
+        n = 1
+        while slug in used:  # two charts with one slug must not share a file
+            n += 1
+            slug = f"{base}-{n}"
+        used.add(slug)
+        planned.append((out.with_name(f"{out.stem}.report-{slug}.csv"), chart.table))
+    return planned
+
+
+def _previous_companions(out: Path) -> set[str]:
+    """Names of the CSVs that the report now at `out` wrote (its <meta>); none if no report."""
+    try:
+        with out.open("rb") as f:
+            head = f.read(16_384).decode("utf-8", "replace")  # the <meta> precedes plotly.js
+    except OSError:
+        return set()
+    found = re.search(rf'<meta name="{COMPANIONS_META}" content="([^"]*)"', head)
+    if found is None:
+        return set()
+    try:
+        names = json.loads(_html.unescape(found.group(1)))
+    except json.JSONDecodeError:
+        return set()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_overwrites(out: Path, paths: list[Path], source: Path | None) -> None:
+    """Refuse to write a CSV onto the input, or onto any file the previous report at `out`
+    did not write: those are the user's (a `sweep.report.csv` they made, say)."""
+    ours = _previous_companions(out)
+    for path in paths:
+        if source is not None and _same_file(path, source):
+            raise UserInputError(
+                f"the report would write its CSV {str(path)!r} over its input", where="--out",
+                fix="choose another --out name (the CSVs are named after it)")
+        if os.path.lexists(path) and path.name not in ours:
+            raise UserInputError(
+                f"{str(path)!r} exists and was not written by the report {str(out)!r}; "
+                "writing the report would overwrite it", where="--out",
+                fix="move that file away, or choose another --out name (the CSVs are named "
+                    "after it)")
+
+
+def _render(i: int, chart: ch.Chart, result: ReportOutput) -> dict[str, object]:
+    """The template's entry for one chart; records it in `result` as drawn or skipped."""
+    entry: dict[str, object] = {"title": chart.title, "caption": chart.caption,
+                                "note": chart.note}
+    if chart.fig is not None:
+        entry["div"] = Markup(pio.to_html(
+            chart.fig, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
+            div_id=f"chart-{i}", default_height="420px"))
+        result.charts.append(chart.title)
+    else:
+        # The note reads "skipped: why" on the page; the list is already of skipped charts.
+        result.skipped.append(f"{chart.title}: {chart.note.removeprefix('skipped: ')}")
+    if chart.table is not None and not chart.table.empty:
+        entry["table"] = _table_html(chart.table)
+    return entry
 
 
 def write_report(
@@ -125,45 +285,29 @@ def write_report(
 
     `results` is a sweep / tune / validate table (DataFrame or CSV/Parquet path) or a tune JSON;
     `kind` is detected from the columns when None. Beside `out_html` (same stem) go
-    `<stem>.csv` (the results, flat) and `<stem>_<chart>.csv` for each static table.
+    `<stem>.report.csv` (the results, flat) and `<stem>.report-<slug>.csv` for each static
+    table. Existing files of those names are replaced only if this report wrote them before.
     """
     df, hint, file_notes = load_results(results)
     if df.empty:
         raise UserInputError("the results table is empty", where="RESULTS",
                              fix="run a sweep/tune/validate that produces rows")
-    kind = _check_kind(kind or hint, df)
-    out = Path(out_html)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise UserInputError(f"{str(out)!r} is not an .html file", where="--out",
-                             fix="name the report *.html")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    kind = _check_kind(kind, hint, df)
+    out = _check_out(Path(out_html))
+    source = None if isinstance(results, pd.DataFrame) else Path(results)
+    charts = _charts_for(kind, df)
+    planned = _companions(out, df, charts)
+    _check_overwrites(out, [path for path, _ in planned], source)
     result = ReportOutput(html=out)
-    result.csvs.append(write_table(df, out.with_suffix(".csv")))
-    rendered = []
-    for i, chart in enumerate(_charts_for(kind, df)):
-        entry: dict[str, object] = {"title": chart.title, "caption": chart.caption,
-                                    "note": chart.note}
-        if chart.fig is not None:
-            entry["div"] = Markup(pio.to_html(
-                chart.fig, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
-                div_id=f"chart-{i}", default_height="420px"))
-            result.charts.append(chart.title)
-        else:
-            result.skipped.append(f"{chart.title}: {chart.note}")
-        if chart.table is not None and not chart.table.empty:
-            entry["table"] = _table_html(chart.table)
-            result.csvs.append(write_table(
-                chart.table, out.with_name(f"{out.stem}_{_slug(chart.title)}.csv")))
-        rendered.append(entry)
-    html = jinja2.Environment(autoescape=True).from_string(REPORT_TEMPLATE).render(
+    result.csvs = [write_table(table, path) for path, table in planned]
+    rendered = [_render(i, chart, result) for i, chart in enumerate(charts)]
+    page = jinja2.Environment(autoescape=True).from_string(REPORT_TEMPLATE).render(
         title=title or f"vegas-sim {kind} report", kind=kind, n_rows=len(df),
         generated=_dt.datetime.now().isoformat(timespec="seconds"), version=_version(),
-        source=str(results) if not isinstance(results, pd.DataFrame) else "",
+        source=str(results) if source is not None else "",
         notes=[*file_notes, *notes], csvs=[p.name for p in result.csvs], charts=rendered,
+        companions_meta=COMPANIONS_META, companions=json.dumps([p.name for p in result.csvs]),
         plotly_js=Markup(plotly.offline.get_plotlyjs()),
     )
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(html)
-    os.replace(tmp, out)
+    write_atomic(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return result

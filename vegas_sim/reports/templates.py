@@ -3,6 +3,8 @@
 Self-contained: the plotly.js bundle is inlined in <head> once, no external fonts, styles or
 scripts, so the file works offline from file://. Print CSS keeps each chart on one page, hides
 plotly's toolbar, and the static tables carry the numbers when printed in black and white.
+A <meta> before the bundle lists the CSVs the report wrote beside it, so that a rerun knows
+which files it may replace.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ REPORT_TEMPLATE = r"""<!DOCTYPE html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="vegas-sim {{ version }}">
+<meta name="{{ companions_meta }}" content="{{ companions }}">
 <title>{{ title }}</title>
 <style>
   body { font-family: Helvetica, Arial, sans-serif; margin: 2rem auto; max-width: 1100px;
