@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,39 @@ def test_hash_mismatch_after_tampering(small_set: Path) -> None:
                   rehash=False)
     msg = _load_error(small_set)
     assert LATENCY_FILE in msg and "content hash mismatch" in msg and "'content_hash'" in msg
+
+
+def _tamper(path: Path) -> None:
+    df = _frame(path, LATENCY_FILE)
+    df.loc[0, "n"] = 21
+    rewrite_table(path, LATENCY_FILE, pa.Table.from_pandas(df, preserve_index=False),
+                  rehash=False)
+
+
+def test_hash_mismatch_fix_is_a_command_that_works(small_set: Path) -> None:
+    """The fix is a shell command for this very set (no DIR to fill in, no Python to write),
+    and running it as written repairs the set from its parts."""
+    _tamper(small_set)
+    fix = _load_error(small_set).split("fix:", 1)[1]
+    assert "finalize_trace_set(DIR)" not in fix
+    command = fix.split("`")[1]  # the first back-quoted part
+    assert "finalize_trace_set" in command and str(small_set) in command
+    subprocess.run(command, shell=True, check=True)
+    assert io.load_trace_set(small_set).latency["n"].iloc[0] != 21
+
+
+def test_hash_mismatch_without_parts_does_not_offer_a_rebuild(small_set: Path) -> None:
+    shutil.rmtree(small_set / "parts")  # as a packaged set: consolidated files only
+    _tamper(small_set)
+    msg = _load_error(small_set)
+    assert "content hash mismatch" in msg and "finalize" not in msg and "restore" in msg
+
+
+def test_unfinished_set_fix_names_the_set(small_set: Path) -> None:
+    shutil.copy(next((small_set / "parts").glob("latency-*.parquet")),
+                small_set / "parts" / "latency-999999.parquet")
+    fix = _load_error(small_set).split("fix:", 1)[1]
+    assert f"--out {small_set}" in fix and "'DIR'" not in fix
 
 
 # ------------------------------------------------------------------------------ latency rows

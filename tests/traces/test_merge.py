@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,16 @@ def _latency(batch: int) -> pd.DataFrame:
 
 def _make_set(path: Path, workload: str, temperature: float, accepted: int,
               batch: int | None = None, model: str = "smollm2-135m",
-              gpu_name: str | None = None, minutes: float = 1.0) -> Path:
+              gpu_name: str | None = None, minutes: float = 1.0,
+              acceptance: bool = True) -> Path:
     grid: dict[str, Any] = {"workloads": [workload], "temperatures": [temperature],
                             "batch": [batch] if batch else []}
     meta = synthetic_meta(get_preset(model), grid=grid, workloads=[workload])
     if gpu_name is not None:
         meta["gpu"] = {**meta["gpu"], "name": gpu_name}
     w = io.TraceSetWriter(path, meta, durable=False)
-    w.append_acceptance(_acceptance(workload, temperature, accepted))
+    if acceptance:
+        w.append_acceptance(_acceptance(workload, temperature, accepted))
     if batch is not None:
         w.append_latency(_latency(batch))
     w.finalize()
@@ -125,6 +128,53 @@ def test_merge_cli_refuses_a_non_empty_output(tmp_path: Path) -> None:
     again = runner.invoke(cli, ["traces", "merge", str(tmp_path / "m"), str(a), str(b)])
     assert again.exit_code == 1
     assert "not empty" in again.output
+
+
+def test_merge_refuses_one_set_named_twice(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    (tmp_path / "link").symlink_to(a)
+    (tmp_path / "x").mkdir()
+    for twice in ([a, a], [a, tmp_path / "x" / ".." / "a"], [a, tmp_path / "link"]):
+        with pytest.raises(TraceSetError, match="are the same trace set") as info:
+            merge_trace_sets(tmp_path / "m", twice, replicates=True)
+        assert str(twice[0]) in str(info.value) and str(twice[1]) in str(info.value)
+    assert not (tmp_path / "m").exists()
+
+
+def test_merge_refuses_a_copy_as_a_replicate(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    for replicates in (True, False):
+        with pytest.raises(TraceSetError, match="identical acceptance.parquet") as info:
+            merge_trace_sets(tmp_path / "m", [a, copy], replicates=replicates)
+        assert str(a) in str(info.value) and str(copy) in str(info.value)
+    result = CliRunner().invoke(cli, ["traces", "merge", "--replicates", str(tmp_path / "m"),
+                                      str(a), str(copy)])
+    assert result.exit_code == 1 and "copies of one measurement" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_latency_only_sets_share_an_empty_acceptance_file_and_still_merge(
+        tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1, batch=1, acceptance=False)
+    b = _make_set(tmp_path / "b", "chat", 0.0, accepted=1, batch=2, acceptance=False)
+    assert (a / "acceptance.parquet").read_bytes() == (b / "acceptance.parquet").read_bytes()
+    assert sorted(merge_trace_sets(tmp_path / "m", [a, b]).latency["batch"]) == [1, 2]
+
+
+def test_merge_into_a_file_is_a_clean_error(tmp_path: Path) -> None:
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    b = _make_set(tmp_path / "b", "code", 0.0, accepted=1)
+    file = tmp_path / "out.txt"
+    file.write_text("")
+    with pytest.raises(TraceSetError, match="is a file, not a directory"):
+        merge_trace_sets(file, [a, b])
+    with pytest.raises(TraceSetError, match=f"{file} is a file"):
+        merge_trace_sets(file / "m", [a, b])
+    result = CliRunner().invoke(cli, ["traces", "merge", str(file), str(a), str(b)])
+    assert result.exit_code == 1 and "is a file, not a directory" in result.output
+    assert "Traceback" not in result.output and file.read_text() == ""
 
 
 def test_gpu_minutes_count_overlapping_sessions_once() -> None:

@@ -1,7 +1,8 @@
 """Packaged trace sets and the choice of which sets answer a prediction.
 
 Packaged sets live in `vegas_sim/traces/default/<name>/` (made by `vegas-sim calibrate`; never
-synthetic). A prediction needs two sets:
+synthetic); `<name>` alone names one wherever a trace-set directory is expected
+(`io.trace_set_dir`). A prediction needs two sets:
 
 - a **latency** set for the model being predicted (any weights: random weights time the same);
 - an **acceptance** set with *real* weights (a random-weight model's acceptance is meaningless).
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.traces import io
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE, RUNTIME_REVISION
 
-DEFAULT_DIR = Path(__file__).parent / "default"
+DEFAULT_DIR = io.PACKAGED_DIR
 
 _HOW_TO_MAKE = (
     "make one on a GPU with `vegas-sim calibrate --model MODEL --out DIR` and pass "
@@ -29,11 +31,9 @@ _HOW_TO_MAKE = (
 
 
 def packaged_sets(default_dir: Path | None = None) -> list[Path]:
-    """Directories of the packaged trace sets (those holding a meta.json), sorted by name."""
-    root = DEFAULT_DIR if default_dir is None else default_dir
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).is_file())
+    """Directories of the packaged trace sets (those holding a meta.json), sorted by name;
+    each directory's name also names the set where a trace-set directory is expected."""
+    return io.packaged_sets(default_dir)
 
 
 def describe(ts: TraceSet) -> str:
@@ -130,10 +130,12 @@ def resolve(
 ) -> tuple[TraceSet, TraceSet, list[str]]:
     """(latency set, real-weight acceptance set, notes) for predicting `model`.
 
-    traces: a trace-set directory for latency (and acceptance, if it has real acceptance;
-    otherwise a packaged real set is used and the notes say so). None: the packaged set for
-    `model`. model None: the model of `traces` (or of the only packaged model).
-    acceptance: an explicit acceptance set; it must have real weights (TraceSetError if not).
+    traces: a trace-set directory (or a packaged set's name) for latency (and acceptance, if
+    it has real acceptance; otherwise a packaged real set is used and the notes say so).
+    None: the packaged set for `model`. model None: the model of `traces` (or of the only
+    packaged model).
+    acceptance: an explicit acceptance set (directory or packaged name); it must have real
+    weights (TraceSetError if not).
     default_dir: where packaged sets live (tests point it elsewhere).
 
     Raises UserInputError when nothing is packaged and no `traces` is given, or when the latency
@@ -142,7 +144,7 @@ def resolve(
     """
     packaged = _packaged_entries(default_dir)
     if traces is not None:
-        latency = load_trace_set(traces)
+        latency = load_trace_set(traces, packaged_dir=default_dir)
         if model is not None and latency.model_name != model:
             raise _model_mismatch(model, latency, packaged)
     else:
@@ -158,7 +160,7 @@ def resolve(
             "re-calibrate to predict this one")
 
     if acceptance is not None:
-        acc = load_trace_set(acceptance)
+        acc = load_trace_set(acceptance, packaged_dir=default_dir)
         require_real_acceptance(acc)
         notes.append(f"acceptance: {describe(acc)}")
     elif latency.has_real_acceptance:

@@ -24,6 +24,8 @@ finalized in memory: a half-written calibration should not be mistaken for a fin
 message says to finish by re-running `vegas-sim calibrate ... --out DIR` (which resumes) or to
 call `finalize_trace_set(DIR)`.
 A directory without `parts/` (e.g. a packaged set) is read from the consolidated files alone.
+Where a directory is expected, the bare name of a packaged set (`vegas_sim/traces/default/
+<name>/`, e.g. `qwen3-8b-h200`) also works when no path of that name exists (`trace_set_dir`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import hashlib
 import json
 import os
 import re
+import shlex
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,17 +67,39 @@ from vegas_sim.traces.schema import (
 
 PARTS_DIR = "parts"
 PROGRESS_FILE = "progress.jsonl"
+# Packaged sets (made by `vegas-sim calibrate`); each may be named by its directory's name.
+PACKAGED_DIR = Path(__file__).parent / "default"
 LATENCY_METHODS: tuple[str, ...] = (*METHODS, "any")  # "any": a method-independent phase
 _TABLE_OF_FILE = {LATENCY_FILE: "latency", ACCEPTANCE_FILE: "acceptance"}
 _FILE_OF_TABLE = {v: k for k, v in _TABLE_OF_FILE.items()}
 _GPU_NUMBERS = ("sm_count", "memory_gb", "copy_bandwidth_gbs", "bf16_tflops")
 _FIX_RECALIBRATE = "re-run `vegas-sim calibrate` to regenerate the trace set"
-_UNFINALIZED_FIX = (
-    "finish the calibration by re-running the same `vegas-sim calibrate ... --out DIR` (it "
-    "resumes where it stopped), or consolidate what is "
-    "there with `python -c \"from vegas_sim.traces.io import finalize_trace_set; "
-    "finalize_trace_set('DIR')\"`"
-)
+
+
+def finalize_command(path: Path) -> str:
+    """A shell command that runs `finalize_trace_set(path)`: there is no CLI command for it.
+
+    It names this very interpreter, not `python`, since a CLI user's `python` (e.g. with
+    vegas-sim installed by pipx) may not import vegas_sim."""
+    code = ("from vegas_sim.traces.io import finalize_trace_set; "
+            f"finalize_trace_set({json.dumps(str(path))})")
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+
+
+def _unfinalized_fix(path: Path) -> str:
+    return (f"finish the calibration by re-running the same `vegas-sim calibrate ... --out "
+            f"{path}` (it resumes where it stopped), or consolidate what is there with "
+            f"`{finalize_command(path)}`")
+
+
+def _hash_mismatch_fix(path: Path) -> str:
+    """Restore, rebuild from the parts (only when they are there), or re-calibrate."""
+    if not _part_files(path, "latency") and not _part_files(path, "acceptance"):
+        return (f"the file changed after it was written: restore it (e.g. from the copy it "
+                f"came from), or {_FIX_RECALIBRATE}")
+    return ("the file changed after it was written: restore it, or rebuild it from "
+            f"{PARTS_DIR}/ (discarding the change) with `{finalize_command(path)}`, or "
+            f"{_FIX_RECALIBRATE}")
 
 
 @dataclass
@@ -481,19 +507,68 @@ def unfinalized_parts(path: str | Path) -> list[str]:
     return out
 
 
-def _load(path: str | Path, passed: list[str]) -> TraceSet:
-    """Validation in order; each step that succeeds appends a line to `passed`."""
-    root = Path(path)
+# ============================================================================ locating
+def packaged_sets(packaged_dir: Path | None = None) -> list[Path]:
+    """Directories of the packaged trace sets (those holding a meta.json), sorted by name."""
+    root = PACKAGED_DIR if packaged_dir is None else packaged_dir
     if not root.is_dir():
-        raise TraceSetError("trace-set directory does not exist", where=str(root),
-                            fix="pass a directory made by `vegas-sim calibrate`, or see "
-                                "`vegas-sim traces list` for the packaged ones")
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).is_file())
+
+
+def _is_bare_name(path: Path) -> bool:
+    """'qwen3-8b-h200', not 'traces/x', '/x', '.' or '..' ('./x' is 'x' to pathlib and click,
+    but a path that exists is never looked up)."""
+    return len(path.parts) == 1 and path.name not in ("", ".", "..") and not path.is_absolute()
+
+
+def trace_set_dir(path: str | Path, packaged_dir: Path | None = None) -> Path:
+    """The directory `path` names: itself when it exists (paths always win), else, for a bare
+    name, the packaged set of that name if there is one, else `path` unchanged (the loader
+    then says what is wrong). `packaged_dir`: where packaged sets live (tests move it)."""
+    given = Path(path)
+    if given.exists() or given.is_symlink() or not _is_bare_name(given):
+        return given
+    packaged = {p.name: p for p in packaged_sets(packaged_dir)}
+    return packaged.get(given.name, given)
+
+
+def _not_a_set_dir(root: Path, packaged_dir: Path | None) -> TraceSetError:
+    """Why `root` (not a directory) cannot be a trace set, and what to pass instead."""
+    names = ", ".join(p.name for p in packaged_sets(packaged_dir)) or "none"
+    if root.is_file():
+        inside = root.name == META_FILE or root.name in DATA_FILES
+        return TraceSetError(
+            "is a file, not a trace-set directory", where=str(root),
+            fix=f"pass the directory that holds it, {root.parent}" if inside else
+                f"pass the directory that holds {META_FILE}, {LATENCY_FILE} and "
+                f"{ACCEPTANCE_FILE} (made by `vegas-sim calibrate`), or the name of a "
+                f"packaged set ({names})")
+    if root.exists():
+        return TraceSetError("is not a directory (a trace set is a directory)",
+                             where=str(root), fix="pass a trace-set directory")
+    if _is_bare_name(root):
+        return TraceSetError(
+            "no such directory, and no packaged trace set has this name", where=str(root),
+            fix=f"name a packaged set ({names}; `vegas-sim traces list`), or pass a "
+                "directory made by `vegas-sim calibrate`")
+    return TraceSetError("trace-set directory does not exist", where=str(root),
+                         fix="pass a directory made by `vegas-sim calibrate`, or the name of a "
+                             f"packaged set ({names}; `vegas-sim traces list`)")
+
+
+def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None) -> TraceSet:
+    """Validation in order; each step that succeeds appends a line to `passed`."""
+    root = trace_set_dir(path, packaged_dir)
+    if not root.is_dir():
+        raise _not_a_set_dir(root, packaged_dir)
     meta = _read_meta(root, require_hash=False)
     pending = unfinalized_parts(root)
     if pending:
         raise TraceSetError(
             f"unfinished trace set: {len(pending)} part file(s) in {PARTS_DIR}/ are newer than "
-            f"the last finalize (e.g. {pending[0]})", where=str(root), fix=_UNFINALIZED_FIX)
+            f"the last finalize (e.g. {pending[0]})", where=str(root),
+            fix=_unfinalized_fix(root))
     validate_meta(meta, root / META_FILE)
     passed.append(f"{META_FILE}: keys present, schema_version {SCHEMA_VERSION}, model and gpu "
                   f"well-formed")
@@ -511,22 +586,24 @@ def _load(path: str | Path, passed: list[str]) -> TraceSet:
             raise TraceSetError(
                 f"content hash mismatch: sha256 is {actual[:12]}…, meta.json records "
                 f"{recorded[:12]}…", where=f"{root / name} (meta.json key 'content_hash')",
-                fix="the file changed after it was written: restore it, or rebuild it from "
-                    f"{PARTS_DIR}/ with finalize_trace_set(DIR), or {_FIX_RECALIBRATE}")
+                fix=_hash_mismatch_fix(root))
     passed.append("content hash matches meta.json for " + ", ".join(DATA_FILES))
     return TraceSet(root, meta, frames[LATENCY_FILE], frames[ACCEPTANCE_FILE])
 
 
-def load_trace_set(path: str | Path) -> TraceSet:
+def load_trace_set(path: str | Path, *, packaged_dir: Path | None = None) -> TraceSet:
     """Read and fully validate a trace set; raises TraceSetError naming file, column and fix.
 
-    Refuses a set with parts newer than its last finalize (see the module docstring).
+    `path`: a trace-set directory, or the bare name of a packaged set when no such path
+    exists (`trace_set_dir`). Refuses a set with parts newer than its last finalize (see the
+    module docstring).
     """
-    return _load(path, [])
+    return _load(path, [], packaged_dir)
 
 
 def check(path: str | Path) -> list[str]:
-    """The checks a trace set passes (for `vegas-sim traces check`); raises on the first failure."""
+    """The checks a trace set passes (for `vegas-sim traces check`); raises on the first failure.
+    `path` as for `load_trace_set`."""
     passed: list[str] = []
     _load(path, passed)
     return passed

@@ -15,6 +15,10 @@ they stay distinct (source k's request ids follow source k-1's), as if the point
 run with more prompts — the sampling error of a point's acceptance falls as 1/√requests
 (two independent SmolLM2 sets differ by 5.4 % per point). `grid.acceptance_replicates`
 records how many sources were pooled. Latency rows must still be disjoint.
+
+Either way one set named twice (the same directory, however spelled) or two copies of one
+measurement (a data file with rows whose content hash equals another source's) is refused:
+pooled, the copy would pass for an independent replicate and understate the sampling error.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ import pandas as pd
 
 from vegas_sim.errors import TraceSetError
 from vegas_sim.traces.io import TraceSet, TraceSetWriter, acceptance_summary, load_trace_set
-from vegas_sim.traces.schema import ACCEPTANCE_POINT_KEYS, RUN_LOG_FILE
+from vegas_sim.traces.schema import (
+    ACCEPTANCE_FILE,
+    ACCEPTANCE_POINT_KEYS,
+    LATENCY_FILE,
+    RUN_LOG_FILE,
+)
 
 LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
 ACCEPTANCE_KEY = list(ACCEPTANCE_POINT_KEYS)
@@ -40,15 +49,14 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
                      replicates: bool = False) -> TraceSet:
     """Write the union of `sources` (finalized trace-set directories) to the new directory
     `out` and return it, finalized; `replicates`: pool acceptance points measured in several
-    sources (see the module docstring)."""
+    sources (see the module docstring). A source may be a packaged set's name."""
     out = Path(out)
     if len(sources) < 2:
         raise TraceSetError("merge needs at least two trace sets", where="SOURCES",
                             fix="name two or more trace-set directories")
-    if out.exists() and any(out.iterdir()):
-        raise TraceSetError("the output directory exists and is not empty", where=str(out),
-                            fix="name a new directory for the merged set")
+    _check_output(out)
     sets = [load_trace_set(s) for s in sources]
+    _check_distinct(sources, sets)
     _check_same_model_and_gpu(sets)
     _check_disjoint(sets, "latency", LATENCY_KEY)
     if not replicates:
@@ -70,6 +78,47 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
     merged = writer.finalize()
     _write_run_log(out, sets, merged)
     return merged
+
+
+def _check_output(out: Path) -> None:
+    """`out` must be a new or empty directory that can be created (before the slow loads)."""
+    fix = "name a new directory for the merged set"
+    if out.exists() and not out.is_dir():
+        raise TraceSetError("the output exists and is a file, not a directory",
+                            where=str(out), fix=fix)
+    if out.is_dir() and any(out.iterdir()):
+        raise TraceSetError("the output directory exists and is not empty", where=str(out),
+                            fix=fix)
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise TraceSetError(f"cannot create the output directory: {blocker} is a file",
+                            where=str(out), fix=fix)
+
+
+def _check_distinct(sources: Sequence[str | Path], sets: list[TraceSet]) -> None:
+    """Refuse a set named twice or two copies of one measurement (see the module docstring).
+    Data files are compared by the content hash of meta.json (verified by the load); an
+    empty file is skipped, since every latency-only set has the same empty acceptance file."""
+    by_dir: dict[Path, str] = {}
+    by_hash: dict[tuple[str, str], str] = {}
+    for given, ts in zip(sources, sets):
+        real = ts.path.resolve()
+        if real in by_dir:
+            raise TraceSetError(
+                f"{by_dir[real]} and {given} are the same trace set ({real})",
+                where="SOURCES", fix="name each trace set once")
+        by_dir[real] = str(given)
+        for file, rows in ((LATENCY_FILE, ts.latency), (ACCEPTANCE_FILE, ts.acceptance)):
+            if rows.empty:
+                continue
+            key = (file, str(ts.meta["content_hash"][file]))
+            if key in by_hash:
+                raise TraceSetError(
+                    f"{by_hash[key]} and {given} hold identical {file} (sha256 "
+                    f"{key[1][:12]}…): copies of one measurement, not independent ones",
+                    where="SOURCES", fix="drop the copy from the merge; replicates must come "
+                    "from separate calibrations")
+            by_hash[key] = str(given)
 
 
 def _check_same_model_and_gpu(sets: list[TraceSet]) -> None:
