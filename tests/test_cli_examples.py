@@ -77,10 +77,8 @@ def run_order(examples: list[str]) -> list[str]:
 
 @pytest.fixture()
 def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory where the examples' paths exist: the package's own directory
-    (`vegas_sim/traces/default/...`) and `./my-traces`, a packaged set."""
+    """A working directory where the examples' paths exist: `./my-traces`, a packaged set."""
     package = Path(vegas_sim.__file__).parent
-    (tmp_path / "vegas_sim").symlink_to(package)
     (tmp_path / "my-traces").symlink_to(package / "traces" / "default" / "qwen3-8b-h200")
     monkeypatch.chdir(tmp_path)
     return tmp_path

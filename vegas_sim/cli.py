@@ -6,13 +6,14 @@ Every command's docstring is its --help text and carries an example.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from vegas_sim.cliutil import user_errors
+from vegas_sim.cliutil import check_out, user_errors
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
 
@@ -23,10 +24,24 @@ def parse_size(value: str, option: str) -> int:
     """One token count: '32K' → 32768, '128k' → 131072, '4096' → 4096."""
     from vegas_sim.calibrate.gridspec import parse_int_grid
 
-    values = parse_int_grid(value, option)
+    return _one(parse_int_grid(value, option), value, option, "a single size such as 32K")
+
+
+def parse_sparsity(value: str) -> float:
+    """One sparsity ratio, as sweep takes them: '0.07' or '7%'."""
+    from vegas_sim.calibrate.gridspec import parse_sparsity_grid
+
+    return _one(parse_sparsity_grid(value, "--sparsity"), value, "--sparsity",
+                "a single ratio such as 0.07 or 7%")
+
+
+T = TypeVar("T")
+
+
+def _one(values: list[T], text: str, option: str, example: str) -> T:
     if len(values) != 1:
-        raise UserInputError(f"{value!r} is a grid; one value is expected", where=option,
-                             fix="pass a single size such as 32K (use `sweep` for grids)")
+        raise UserInputError(f"{text!r} is a grid; one value is expected", where=option,
+                             fix=f"pass {example} (use `sweep` for grids)")
     return values[0]
 
 
@@ -51,8 +66,9 @@ def _predict_options(f: F) -> F:
     options = [
         click.option("--gamma", "-g", type=int, default=7, show_default=True,
                      help="Draft tokens per iteration (γ)."),
-        click.option("--sparsity", "-s", type=float, default=DEFAULT_SPARSITY, show_default=True,
-                     help="Fraction of the context the draft attends to, in (0, 1]."),
+        click.option("--sparsity", "-s", default=str(DEFAULT_SPARSITY), show_default=True,
+                     help="Fraction of the context the draft attends to, in (0, 1]: 0.07 or "
+                          "7%."),
         click.option("--batch", "-b", type=int, default=4, show_default=True,
                      help="Maximum batch size of the decode instance."),
         click.option("--context", "-c", default="32K", show_default=True,
@@ -65,7 +81,8 @@ def _predict_options(f: F) -> F:
         click.option("--model", default="qwen3-8b", show_default=True,
                      help="Model whose latency to use (a preset calibrated in the trace set)."),
         click.option("--traces", type=click.Path(path_type=Path), default=None,
-                     help="Trace set directory (default: the packaged measured sets)."),
+                     help="Trace set: a directory, or a packaged set's name (`vegas-sim "
+                          "traces list`) [default: the packaged measured sets]."),
         click.option("--gpu", default=None,
                      help="Hardware what-if: rescale to this GPU's datasheet "
                           "(a100, h100-sxm, h100-nvl, h200, b200). Not measured."),
@@ -81,8 +98,10 @@ def _predict_options(f: F) -> F:
                      help="Acceptance workload (reasoning, code, chat, longdoc); default all."),
         click.option("--temperature", type=float, default=0.0, show_default=True,
                      help="Sampling temperature whose acceptance to replay (0 = greedy)."),
-        click.option("--prefill", type=click.Choice(["disaggregated", "colocated"]),
-                     default="disaggregated", show_default=True),
+        click.option("--prefill", type=click.Choice(["disaggregated", "co-located"]),
+                     default="disaggregated", show_default=True,
+                     help="Where admitted requests are prefilled: on other GPUs, or on this "
+                          "instance between decode iterations (co-located)."),
         click.option("--engine", type=click.Choice(["sim", "analytic"]), default="sim",
                      show_default=True, help="SimPy engine or closed form."),
         click.option("--seed", type=int, default=0, show_default=True),
@@ -96,11 +115,13 @@ def _predict_options(f: F) -> F:
 
 @cli.command()
 @_predict_options
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]),
+              default="table", show_default=True,
+              help="Output format; with --out, the file's suffix decides.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Write the result here (format from --format, or the file suffix).")
-def predict(fmt: str, out: Path | None, **kwargs: Any) -> None:
+              help="Write the rows to this file: *.csv, *.json or *.parquet.")
+@click.pass_context
+def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> None:
     """Predict throughput and latency of one configuration, with 95% confidence intervals.
 
     Replays the trace set in the SimPy model of batched draft→verify iterations: latency of
@@ -123,27 +144,63 @@ def predict(fmt: str, out: Path | None, **kwargs: Any) -> None:
     from vegas_sim import api
 
     with user_errors():
+        explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
+        fmt = _out_format(fmt, explicit, out)
         context = parse_size(kwargs.pop("context"), "--context")
-        table, notes = api.predict_methods(context=context, **kwargs)
-    _emit_table(table, notes, fmt, out)
+        sparsity = parse_sparsity(kwargs.pop("sparsity"))
+        table, notes = api.predict_methods(context=context, sparsity=sparsity, **kwargs)
+        # --out alone writes the file and still shows the table; an explicit --format does not
+        show = out is not None and not explicit or out is None and fmt == "table"
+        _emit_table(table, notes, fmt, out, show=show)
 
 
-def _emit_table(table: Any, notes: list[str], fmt: str, out: Path | None) -> None:
-    from vegas_sim.reports import terminal
+OUT_FORMATS = {".csv": "csv", ".json": "json", ".parquet": "parquet"}
 
-    if out is not None and fmt == "table":
-        fmt = {".csv": "csv", ".json": "json"}.get(out.suffix.lower(), "csv")
-    if fmt == "table":
-        terminal.print_prediction(table, notes)
-        return
-    text = (table.to_csv(index=False) if fmt == "csv"
-            else json.dumps({"notes": notes, "rows": json.loads(
-                table.to_json(orient="records"))}, indent=2))
+
+def _out_format(fmt: str, explicit: bool, out: Path | None) -> str:
+    """The format to write: --out's suffix decides; an explicit --format must agree with it."""
     if out is None:
-        click.echo(text, nl=False)
-    else:
-        out.write_text(text)
+        if fmt == "parquet":
+            raise UserInputError("parquet is binary and needs a file", where="--format",
+                                 fix="add --out FILE.parquet")
+        return fmt
+    check_out(out, tuple(OUT_FORMATS))
+    by_suffix = OUT_FORMATS[out.suffix.lower()]
+    if explicit and fmt != by_suffix:
+        raise UserInputError(f"--format {fmt} disagrees with the file name {str(out)!r}",
+                             where="--format/--out",
+                             fix=f"drop --format, or name the file *.{fmt}" if fmt != "table"
+                             else "drop --format table to write the file")
+    return by_suffix
+
+
+def _emit_table(table: Any, notes: list[str], fmt: str, out: Path | None,
+                show: bool) -> None:
+    """Write the rows to `out` in `fmt` (when given), and print them: as the table when
+    `show`, else as `fmt` on stdout when there is no file."""
+    from vegas_sim.reports import terminal
+    from vegas_sim.reports.csv import write_atomic, write_table
+
+    if out is not None:
+        if fmt == "json":
+            text = _json_rows(table, notes)
+            write_atomic(out, lambda tmp: Path(tmp).write_text(text))
+        else:
+            write_table(table, out)
         click.echo(f"wrote {out} ({len(table)} rows)", err=True)
+    if show:
+        terminal.print_prediction(table, notes)
+    elif out is None:
+        click.echo(table.to_csv(index=False) if fmt == "csv" else _json_rows(table, notes),
+                   nl=False)
+        if fmt == "csv":  # JSON carries its notes; CSV has no place for them
+            for note in notes:
+                click.echo(f"note: {note}", err=True)
+
+
+def _json_rows(table: Any, notes: list[str]) -> str:
+    return json.dumps({"notes": notes, "rows": json.loads(table.to_json(orient="records"))},
+                      indent=2)
 
 
 # ----------------------------------------------------------------------------------- traces
@@ -151,10 +208,13 @@ def _emit_table(table: Any, notes: list[str], fmt: str, out: Path | None) -> Non
 def traces() -> None:
     """Inspect and check trace sets.
 
+    A trace set is named by its directory, or a packaged one by its name alone (see
+    `vegas-sim traces list`), here and in --traces of the other commands.
+
     Example:
 
     \b
-        vegas-sim traces show vegas_sim/traces/default/qwen3-8b-h200
+        vegas-sim traces show qwen3-8b-h200
     """
 
 
@@ -163,7 +223,8 @@ def traces() -> None:
 def traces_check(directory: Path) -> None:
     """Validate a trace set: schema version, columns, types, ranges and content hash.
 
-    Exits non-zero with a message naming the file, the column and the fix.
+    DIRECTORY is a trace-set directory or the name of a packaged set. Exits non-zero with a
+    message naming the file, the column and the fix.
 
     Example:
 
@@ -183,6 +244,8 @@ def traces_check(directory: Path) -> None:
 @click.argument("directory", type=click.Path(path_type=Path))
 def traces_show(directory: Path) -> None:
     """Show what a trace set covers: model, GPU, grid, methods, γ/sparsity/context ranges.
+
+    DIRECTORY is a trace-set directory or the name of a packaged set.
 
     Example:
 
@@ -226,8 +289,10 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
     sets differ in model, weights or GPU, or when two of them measured the same latency row
     or acceptance point (it would count twice) — unless --replicates: then an acceptance
     point measured in several sets keeps all their requests (renumbered), which lowers its
-    sampling error. Grid lists and workloads are unioned; the run log keeps every source's
-    sessions, counting GPU time that overlapped (parallel processes on one GPU) once.
+    sampling error. A set named twice, or two copies of one measurement (identical data),
+    is refused: a copy is no independent replicate. Grid lists and workloads are unioned;
+    the run log keeps every source's sessions, counting GPU time that overlapped (parallel
+    processes on one GPU) once.
 
     Examples:
 
@@ -247,7 +312,10 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
 
 @traces.command("list")
 def traces_list() -> None:
-    """List the trace sets packaged with vegas-sim.
+    """List the trace sets packaged with vegas-sim: name and directory.
+
+    The name alone names the set wherever a trace-set directory is expected (traces show,
+    traces check, --traces), unless a path of that name exists.
 
     Example:
 
@@ -259,8 +327,9 @@ def traces_list() -> None:
     sets = catalog.packaged_sets()
     if not sets:
         click.echo("no trace set is packaged with this build")
+    width = max((len(path.name) for path in sets), default=0)
     for path in sets:
-        click.echo(str(path))
+        click.echo(f"{path.name:<{width}}  {path}")
 
 
 def _register_commands() -> None:
@@ -276,7 +345,19 @@ _register_commands()
 
 
 def main() -> None:
-    cli(prog_name="vegas-sim")
+    """The console script: click's own handling, except that Ctrl-C exits 130 (the shell's
+    code for SIGINT) and says what was kept."""
+    try:
+        code = cli.main(prog_name="vegas-sim", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("interrupted: predict, sweep, tune and report write their files only when "
+                   "they finish; calibrate and validate keep what they finished (calibrate "
+                   "resumes with the same --out)", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

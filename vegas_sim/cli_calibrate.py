@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from vegas_sim.calibrate import gridspec
-from vegas_sim.cliutil import progress_task, user_errors
+from vegas_sim.cliutil import check_out, progress_task, user_errors
 
 
 @click.command()
@@ -171,12 +171,14 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
     from vegas_sim.calibrate import validate as validation
 
     with user_errors():
+        check_out(out, (".csv",))
         if repredict is not None:
             if heldout is not None or n_random is not None or model is not None:
                 raise click.UsageError("--repredict runs nothing: drop --heldout/--random/--model")
             before, after = validation.repredict(
                 repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
-                seed=seed, replications=replications)
+                seed=seed, replications=replications,
+                log=lambda line: click.echo(line, err=True))
             click.echo(validation.compare(before, after))
             click.echo(validation.summarize(after))
             click.echo(f"wrote {out}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from vegas_sim.cliutil import user_errors
+from vegas_sim.cliutil import check_out, user_errors
 from vegas_sim.methods import METHODS
 
 
@@ -29,8 +29,11 @@ def _bar() -> Iterator[Any]:
         TimeRemainingColumn,
     )
 
+    console = Console(stderr=True)
+    # off when stderr is not a terminal: a log file gets no bar leftovers
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+                  TimeRemainingColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as bar:
         tasks: dict[str, Any] = {}
 
         def update(label: str, done: int, total: int) -> None:
@@ -51,7 +54,8 @@ def _models(model: str, traces: Path | None) -> tuple[Any, Any, list[str]]:
 _model_opt = click.option("--model", default="qwen3-8b", show_default=True,
                           help="Model whose latency to use (a preset calibrated in the trace set).")
 _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=None,
-                           help="Trace set directory (default: the packaged measured sets).")
+                           help="Trace set: a directory, or a packaged set's name (`vegas-sim "
+                                "traces list`) [default: the packaged measured sets].")
 
 
 @click.command()
@@ -98,6 +102,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
     from vegas_sim.sim.sweep import sweep as run_sweep
 
     with user_errors():
+        check_out(out, (".csv", ".parquet"))
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
         latency, acceptance, notes = _models(model, traces)
@@ -149,6 +154,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     from vegas_sim.sim.tune import tune as run_tune
 
     with user_errors():
+        check_out(out, (".json",))
         cells = [(b, c) for b in parse_int_grid(batch, "--batch")
                  for c in parse_int_grid(context, "--context")]
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
@@ -161,28 +167,37 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         result.write_json(out)
     for _, r in result.cells.iterrows():
         line = (f"B={r['batch']:>4} C={r['context']:>7}: γ={r['gamma']}, s={r['sparsity']:g} "
-                f"{r['throughput_tok_s']:.0f} tok/s, {r['speedup_vs_vanilla']:.2f}× vanilla "
-                f"[{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}]")
+                f"{r['throughput_tok_s']:.0f} tok/s, {r['speedup_vs_vanilla']:.2f}× vanilla"
+                + _ci(r['speedup_ci_low'], r['speedup_ci_high']))
         if "speedup_vs_baseline" in r.index:
-            line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} "
-                     f"[{r['speedup_vs_baseline_ci_low']:.2f}, "
-                     f"{r['speedup_vs_baseline_ci_high']:.2f}]")
+            line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} γ="
+                     f"{r['baseline_gamma']}" + _ci(r['speedup_vs_baseline_ci_low'],
+                                                    r['speedup_vs_baseline_ci_high']))
         click.echo(line)
+    if final_engine == "analytic":
+        click.echo("(analytic engine: no confidence intervals; --final-engine sim gives 95% "
+                   "CIs)", err=True)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out}", err=True)
 
 
+def _ci(low: float, high: float) -> str:
+    return f" [{low:.2f}, {high:.2f}]" if low < high else ""
+
+
 @click.command()
 @click.argument("results", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="Report file (*.html); the CSVs are written beside it.")
+              help="Report file (*.html); the CSVs go beside it as <stem>.report*.csv.")
 @click.option("--kind", type=click.Choice(["sweep", "tune", "validate"]), default=None,
               help="Report kind [default: detected from the columns].")
 @click.option("--title", default=None, help="Title of the page.")
 def report(results: Path, out: Path, kind: str | None, title: str | None) -> None:
     """Write one self-contained HTML report (opens offline, from disk) from a sweep, tune or
-    validate result, plus its CSVs beside it.
+    validate result, plus its CSVs beside it: <stem>.report.csv (the whole table, flat) and
+    <stem>.report-<table>.csv (each table under a chart). A rerun replaces them; a file the
+    report did not write (or its input) is never overwritten.
 
     Charts: throughput heatmap over γ × sparsity, speedup over vanilla per method, iteration
     time by phase, per-position acceptance, throughput vs batch and vs context; for validate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
@@ -19,6 +20,22 @@ def user_errors() -> Iterator[None]:
         yield
     except UserInputError as e:
         raise click.ClickException(e.message()) from None
+
+
+def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
+    """Check an output path before any work is done, so that a long run is not lost to a typo:
+    not a directory, a known suffix, and a directory that exists or can be made and takes a
+    new file. Returns the path."""
+    from vegas_sim.reports.csv import check_writable
+
+    if path.is_dir():
+        raise UserInputError(f"{str(path)!r} is a directory", where=option,
+                             fix=f"name a file inside it, e.g. {path / ('result' + suffixes[0])}")
+    if path.suffix.lower() not in suffixes:
+        raise UserInputError(f"cannot tell what to write to {str(path)!r} from its suffix",
+                             where=option, fix=f"name the file *{', *'.join(suffixes)}")
+    check_writable(path, option)
+    return path
 
 
 @contextmanager
@@ -40,6 +57,7 @@ def progress_task(description: str) -> Iterator[ProgressFn]:
         MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         console=Console(stderr=True), transient=True,
     )
+    bar.disable = not bar.console.is_terminal  # a log file gets no bar leftovers
     with bar:
         task = bar.add_task("", total=None)
 

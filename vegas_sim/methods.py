@@ -48,14 +48,15 @@ def check_method(method: str) -> str:
 
 def check_gamma(gamma: int) -> int:
     if gamma < 1:
-        raise UserInputError(f"gamma must be >= 1, got {gamma}", fix="draft at least one token")
+        raise UserInputError(f"gamma must be >= 1, got {gamma}", where="--gamma",
+                             fix="draft at least one token")
     return gamma
 
 
 def check_sparsity(sparsity: float) -> float:
     if not (0.0 < sparsity <= 1.0):
         raise UserInputError(
-            f"sparsity must be in (0, 1], got {sparsity}",
+            f"sparsity must be in (0, 1], got {sparsity}", where="--sparsity",
             fix="pass the fraction of the context the draft attends to, e.g. 0.07",
         )
     return sparsity

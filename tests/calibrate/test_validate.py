@@ -287,3 +287,37 @@ def test_request_prompts_follow_the_workload_the_run_had() -> None:
     assert old is not None and new is not None and (n_old, n_new) == (32, 128)
     assert len(set(old[0])) == 16 and len(set(new[0])) == 64
     assert _request_prompts(h, "random", 32) == (None, None)  # replay: no prompts
+
+
+def test_acceptance_falls_back_to_the_packaged_real_set(tmp_path: Path) -> None:
+    """As --help says and predict does: a random-weights latency set with no
+    --acceptance-traces gets the packaged real-weights acceptance, and a note says so."""
+    from vegas_sim.calibrate.validate import load_models
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4), contexts=(64, 256),
+                             batches=(1, 2), weights_kind="random")
+    models = load_models(traces, None)
+    assert any("acceptance: smollm2-135m-real" in n for n in models.notes)
+    assert models.acceptance.coverage()["workloads"]
+
+
+def test_repredict_names_the_row_a_wrong_latency_set_cannot_hold(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from vegas_sim.calibrate.validate import repredict
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4), contexts=(64, 256),
+                             batches=(1, 2))
+    pd.DataFrame([{"method": "vegas", "gamma": 3, "sparsity": 0.1, "batch": 2,
+                   "context": 100_000, "output_len": 64, "workload": None,
+                   "temperature": 0.0, "waves": 1, "regime": "real-weights",
+                   "predicted": 1.0, "measured": 500.0}]).to_csv(tmp_path / "old.csv",
+                                                                   index=False)
+    with pytest.raises(UserInputError, match=r"row 1 \(vegas, batch 2, context 100000\)") as e:
+        repredict(tmp_path / "old.csv", traces=traces, acceptance_traces=None,
+                  out=tmp_path / "new.csv")
+    assert e.value.fix is not None and "measured against" in e.value.fix

@@ -321,19 +321,17 @@ class _Models:
     sampling: tuple[float, int]  # (top_p, top_k) the calibration sampled with
     latency_meta: dict[str, Any]
     traced_temperatures: tuple[float, ...] = ()  # of the acceptance set
+    notes: tuple[str, ...] = ()  # which sets were used
 
 
 def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
-    """Latency model of `traces`, acceptance model of `acceptance_traces` (default: traces)."""
+    """Latency model of `traces`; acceptance model of `acceptance_traces`, by default of
+    `traces` when it has real-weights acceptance, else of the packaged real-weights set (as
+    `predict` does; `notes` say which)."""
     from vegas_sim import api
-    from vegas_sim.traces.io import load_trace_set
+    from vegas_sim.traces import catalog
 
-    latency_set = load_trace_set(traces)
-    acc_set = load_trace_set(acceptance_traces) if acceptance_traces else latency_set
-    if acc_set.weights_kind != "real":
-        raise UserInputError("the acceptance trace set has random weights",
-                             where=str(acc_set.path),
-                             fix="pass --acceptance-traces with a real-weights trace set")
+    latency_set, acc_set, notes = catalog.resolve(None, traces, acceptance=acceptance_traces)
     grid = latency_set.meta.get("grid", {})
     return _Models(
         latency=api.fit_latency(latency_set),
@@ -343,7 +341,8 @@ def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
         sampling=(float(grid.get("top_p", 1.0)), int(grid.get("top_k", 0))),
         grid=grid_of(latency_set.meta), latency_meta=latency_set.meta,
         traced_temperatures=tuple(sorted(float(t) for t in acc_set.acceptance["temperature"]
-                                         .unique())))
+                                         .unique())),
+        notes=tuple(notes))
 
 
 def resolve_temperature(h: HeldOut, models: _Models) -> tuple[HeldOut, str]:
@@ -451,6 +450,9 @@ def run_validation(
 
     t_start = time.perf_counter()
     models = load_models(traces, acceptance_traces)
+    if log is not None:
+        for note in models.notes:
+            log(f"note: {note}")
     latency, acceptance = models.latency, models.acceptance
     spec_max = int(latency.model.max_positions)
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
@@ -639,7 +641,8 @@ def read_results(path: Path) -> pd.DataFrame:
 
 
 def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, out: Path,
-              seed: int = 0, replications: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+              seed: int = 0, replications: int = 5,
+              log: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Re-predict every row of an earlier result table with the *current* simulator.
 
     The measured columns (throughput, iterations, accept counts, time) are kept; every
@@ -652,16 +655,26 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
 
     old = read_results(results)
     models = load_models(traces, acceptance_traces)
+    if log is not None:
+        for note in models.notes:
+            log(f"note: {note}")
     rows = []
-    for rec in old.to_dict(orient="records"):
+    for i, rec in enumerate(old.to_dict(orient="records")):
         row = {str(k): v for k, v in rec.items()}
         weights = "real" if str(row["regime"]).startswith("real") else "random"
         h = heldout_from_record(row)
         if h.temperature is None:  # an unresolved row (should not happen): resolve now
             h = resolve_temperature(h, models)[0]
         sc = _scenario(h, weights, models.min_tokens)
-        pred = predict([sc], models.latency, models.acceptance, seed=seed,
-                       replications=prediction_replications(h, replications)).iloc[0]
+        try:
+            pred = predict([sc], models.latency, models.acceptance, seed=seed,
+                           replications=prediction_replications(h, replications)).iloc[0]
+        except UserInputError as e:  # its option names are predict's, not this command's
+            raise UserInputError(
+                f"row {i + 1} ({h.method}, batch {h.batch}, context {h.context}) cannot be "
+                f"predicted with {models.latency.model.name}'s latency set: {e.problem}",
+                where=str(results),
+                fix="pass as --traces the latency set these rows were measured against") from None
         accepted = decode_accepted(row.get("measured_accepted"))
         rep, rep_iter = (predict_replayed(sc, models.latency, accepted, h.waves, seed)
                          if accepted or h.method == "vanilla" else (math.nan, math.nan))

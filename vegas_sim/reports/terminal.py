@@ -25,8 +25,11 @@ def _phases_present(df: pd.DataFrame) -> list[str]:
 
 def prediction_table(df: pd.DataFrame) -> Table:
     first = df.iloc[0]
+    with_ci = (df["throughput_ci_low"] < df["throughput_ci_high"]).any()
     table = Table(title=f"batch {first['batch']}, context {first['context']}, output "
-                        f"{first['output_len']} — 95% CI in brackets")
+                        f"{first['output_len']} — "
+                        + ("95% CI in brackets" if with_ci else "no CI (one replication or "
+                           "the analytic engine)"))
     for name in ("method", "γ", "s", "tok/s", "speedup", "acc len", "TPOT ms", "extrap."):
         table.add_column(name, no_wrap=True)
     for _, row in df.iterrows():
@@ -71,7 +74,8 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     console.print(breakdown_table(df))
     reasons = sorted({r for text in df.get("extrapolated", pd.Series(dtype=str)).fillna("")
                       for r in str(text).split(";") if r})
+    # notes are sentences: one line each, never cut at the table's width
     for reason in reasons:
-        console.print(f"[yellow]extrapolated:[/yellow] {reason}")
+        console.print(f"[yellow]extrapolated:[/yellow] {reason}", soft_wrap=True)
     for note in notes:
-        console.print(f"[dim]note:[/dim] {note}")
+        console.print(f"[dim]note:[/dim] {note}", soft_wrap=True)

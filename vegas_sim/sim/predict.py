@@ -94,6 +94,9 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if sc.output_len < 1:
         raise UserInputError(f"output length must be >= 1, got {sc.output_len}",
                              where="--output-len", fix="pass --output-len 1 or more")
+    if not sc.temperature >= 0:  # also NaN
+        raise UserInputError(f"temperature must be >= 0, got {sc.temperature}",
+                             where="--temperature", fix="use 0 (greedy) or e.g. 0.6")
     if sc.requests is not None and sc.requests < 1:
         raise UserInputError(f"requests must be >= 1, got {sc.requests}", where="--requests",
                              fix="pass --requests 1 or more, or leave it out")

@@ -204,7 +204,10 @@ class SweepRunner:
                  workers: int | None = None, scheduler: Any = None) -> None:
         self.latency = latency
         self.acceptance = acceptance
-        self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+        if workers is not None and workers < 1:
+            raise UserInputError(f"workers must be >= 1, got {workers}", where="--workers",
+                                 fix="pass --workers 1 or more, or leave it out for all cores")
+        self.workers = workers if workers is not None else (os.cpu_count() or 1)
         self._pool: ProcessPoolExecutor | None = None
         self._client: Any = None
         self._owns_client = False
@@ -318,7 +321,7 @@ def _dask_client(scheduler: Any) -> tuple[Any, bool]:
     if isinstance(scheduler, str) or hasattr(scheduler, "scheduler_address"):
         try:
             return Client(scheduler, timeout="10s"), True
-        except OSError as e:
+        except (OSError, ValueError, TypeError) as e:  # unreachable, or not an address
             raise UserInputError(f"cannot reach the Dask scheduler {scheduler!r}: {e}",
                                  where="--scheduler",
                                  fix="start one with `dask scheduler` and pass its tcp:// "

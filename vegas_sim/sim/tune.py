@@ -66,7 +66,7 @@ class TuneConfig:
     gamma: tuple[int, ...] = tuple(range(1, 13))
     refine_step: float = 0.005
     baselines: tuple[str, ...] = ("magicdec-stream", "magicdec-quest", "specextend")
-    baseline_gamma: tuple[int, ...] = tuple(range(1, 9))
+    baseline_gamma: tuple[int, ...] = tuple(range(1, 13))  # the same range as `gamma`
     output_len: int = 1024
     extra: dict[str, Any] = field(default_factory=dict)  # further Scenario fields
     search_engine: str = "analytic"
@@ -243,9 +243,10 @@ class TuneResult:
         if path.suffix.lower() != ".json":
             raise UserInputError(f"{str(path)!r} is not a .json file", where="--out",
                                  fix="name the output *.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.serving_table(), indent=2) + "\n")
-        return path
+        from vegas_sim.reports.csv import write_atomic
+
+        text = json.dumps(self.serving_table(), indent=2) + "\n"
+        return write_atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
 class _Steps:

@@ -1,0 +1,156 @@
+"""The command line's handling of what a user types: output files, option spellings, bad
+values and Ctrl-C (the library's own checks are tested beside the library)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from vegas_sim import cli as cli_module
+from vegas_sim.cli import cli
+from vegas_sim.cliutil import check_out
+from vegas_sim.errors import UserInputError
+from vegas_sim.sim.engine import PREFILL_MODES
+
+FAST = ["--engine", "analytic", "--gamma", "4"]
+
+
+def run(args: list[str]) -> click.testing.Result:
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def option_choices(command: click.Command, name: str) -> tuple[str, ...]:
+    param = next(p for p in command.params if p.name == name)
+    assert isinstance(param.type, click.Choice)
+    return tuple(param.type.choices)
+
+
+def test_prefill_choices_are_the_engines_and_each_runs() -> None:
+    assert option_choices(cli_module.predict, "prefill") == PREFILL_MODES
+    for mode in PREFILL_MODES:
+        result = run(["predict", "--gamma", "4", "--replications", "1", "--prefill", mode])
+        assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("suffix", "read"), [
+    (".csv", pd.read_csv), (".parquet", pd.read_parquet),
+    (".json", lambda p: pd.DataFrame(json.loads(Path(p).read_text())["rows"])),
+])
+def test_predict_out_writes_the_format_its_suffix_names(tmp_path: Path, suffix: str,
+                                                         read: object) -> None:
+    out = tmp_path / f"pred{suffix}"
+    result = run(["predict", *FAST, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = read(out)  # type: ignore[operator]
+    assert list(rows["method"]) == ["vanilla", "vegas"]
+    assert "tok/s" in result.output  # --out alone still shows the table
+
+
+def test_predict_format_must_agree_with_out(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["predict", *FAST, "--format", "json",
+                                      "--out", str(tmp_path / "p.csv")])
+    assert result.exit_code == 1 and "--format json disagrees" in result.output
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_predict_csv_on_stdout_keeps_its_notes_on_stderr() -> None:
+    result = CliRunner().invoke(cli, ["predict", *FAST, "--format", "csv"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("method,") and "note:" not in result.stdout
+    assert "note: acceptance" in result.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["predict", *FAST], ["sweep", "--gamma", "4"], ["tune", "--batch", "1"],
+])
+def test_a_bad_out_path_fails_before_any_work(tmp_path: Path, command: list[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from vegas_sim import api
+
+    def no_work(*_: object, **__: object) -> None:
+        raise AssertionError("the models were loaded before --out was checked")
+    monkeypatch.setattr(api, "load_models", no_work)
+    monkeypatch.setattr(api, "predict_methods", no_work)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    suffix = {"predict": ".csv", "sweep": ".csv", "tune": ".json"}[command[0]]
+    for out, problem in ((tmp_path, "is a directory"),
+                         (blocker / f"x{suffix}", "not a directory"),
+                         (tmp_path / "x.txt", "from its suffix")):
+        result = CliRunner().invoke(cli, [*command, "--out", str(out)])
+        assert result.exit_code == 1, result.output
+        assert "--out" in result.output and problem in result.output
+        assert "Traceback" not in result.output
+
+
+def test_check_out_makes_a_missing_parent(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "dir" / "s.csv"
+    assert check_out(out, (".csv",)) == out and out.parent.is_dir()
+    with pytest.raises(UserInputError, match=r"\*\.csv, \*\.parquet"):
+        check_out(tmp_path / "s.xlsx", (".csv", ".parquet"))
+
+
+@pytest.mark.parametrize(("args", "option", "problem"), [
+    (["predict", "--temperature", "-1"], "--temperature", "temperature must be >= 0"),
+    (["predict", "--gamma", "0"], "--gamma", "gamma must be >= 1"),
+    (["predict", "--sparsity", "0.05,0.1"], "--sparsity", "is a grid"),
+    (["sweep", "--gamma", "4", "--workers", "0", "--out", "x.csv"], "--workers", ">= 1"),
+    (["sweep", "--gamma", "4", "--scheduler", "foo", "--out", "x.csv"], "--scheduler",
+     "cannot reach"),
+])
+def test_bad_values_name_their_option(args: list[str], option: str, problem: str,
+                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("distributed") if "--scheduler" in args else None
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1, result.output
+    assert f"Error: {option}" in result.output and problem in result.output
+
+
+def test_predict_takes_sparsity_as_sweep_does() -> None:
+    rows = {}
+    for text in ("0.05", "5%"):
+        result = CliRunner().invoke(cli, ["predict", *FAST, "--sparsity", text,
+                                          "--format", "json"])
+        assert result.exit_code == 0, result.output
+        rows[text] = json.loads(result.stdout)["rows"][1]
+    assert rows["5%"]["sparsity"] == 0.05
+    assert rows["5%"]["throughput_tok_s"] == rows["0.05"]["throughput_tok_s"]
+
+
+def test_tune_prints_no_interval_for_the_analytic_engine(tmp_path: Path) -> None:
+    result = run(["tune", "--batch", "4", "--out", str(tmp_path / "t.json")])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("B="))
+    assert "[" not in line and "no confidence intervals" in result.output
+    strategy = json.loads((tmp_path / "t.json").read_text())["strategy"]
+    assert strategy["baseline_gamma"] == strategy["gamma"]  # baselines get the same γ range
+
+
+def test_ctrl_c_exits_130_and_says_what_was_kept(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from vegas_sim import api
+
+    def interrupted(**_: object) -> None:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(api, "predict_methods", interrupted)
+    monkeypatch.setattr(sys, "argv", ["vegas-sim", "predict"])
+    with pytest.raises(SystemExit) as done:
+        cli_module.main()
+    assert done.value.code == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_main_keeps_click_exit_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for argv, code in ((["predict", "--gamma", "0"], 1), (["no-such-command"], 2),
+                       (["--version"], 0)):
+        monkeypatch.setattr(sys, "argv", ["vegas-sim", *argv])
+        with pytest.raises(SystemExit) as done:
+            cli_module.main()
+        assert done.value.code == code, argv
