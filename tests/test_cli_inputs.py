@@ -154,3 +154,14 @@ def test_main_keeps_click_exit_codes(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(SystemExit) as done:
             cli_module.main()
         assert done.value.code == code, argv
+
+
+def test_model_comes_from_traces_and_ignores_case() -> None:
+    by_traces = run(["predict", *FAST, "--traces", "smollm2-135m-h200", "--context", "4K",
+                     "--format", "json"])
+    by_name = run(["predict", *FAST, "--model", "SmolLM2-135M", "--context", "4K",
+                   "--format", "json"])
+    assert by_traces.exit_code == by_name.exit_code == 0, by_traces.output + by_name.output
+    rows = [json.loads(r.stdout)["rows"] for r in (by_traces, by_name)]
+    assert rows[0][1]["throughput_tok_s"] == rows[1][1]["throughput_tok_s"]
+    assert "smollm2-135m-h200" in json.loads(by_name.stdout)["notes"][0]

@@ -21,6 +21,8 @@ from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
 from vegas_sim.traces.io import TraceSet
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, LATENCY_FILE
 
+DEFAULT_MODEL = "qwen3-8b"  # the model predicted when neither --model nor --traces says
+
 
 def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
     gpu = trace_set.meta["gpu"]
@@ -54,16 +56,21 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
 
 @functools.lru_cache(maxsize=8)
 def load_models(
-    model: str, traces: Path | None = None, gpu: str | None = None,
+    model: str | None, traces: Path | None = None, gpu: str | None = None,
     graph_launch_ms: float | None = None,
 ) -> tuple[LatencyModel, AcceptanceModel, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
+
+    model None: the model of `traces`, or DEFAULT_MODEL when no set is given.
 
     graph_launch_ms: replace the measured per-step host overhead by this launch cost (what a
     CUDA-graph engine would see); the GPU work keeps its fitted/roofline terms.
     """
     from vegas_sim.traces import catalog
 
+    if model is None and traces is None:
+        model = DEFAULT_MODEL
+    model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M
     latency_set, acceptance_set, notes = catalog.resolve(model, traces)
     latency = fit_latency(latency_set)
     if gpu is not None:
@@ -90,7 +97,7 @@ def predict_methods(
     context: int = 32768,
     output_len: int = 1024,
     methods: Sequence[str] = ("vegas",),
-    model: str = "qwen3-8b",
+    model: str | None = None,
     traces: Path | None = None,
     gpu: str | None = None,
     graph_launch_ms: float | None = None,

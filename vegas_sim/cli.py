@@ -78,8 +78,9 @@ def _predict_options(f: F) -> F:
         click.option("--method", "-m", "methods", multiple=True,
                      type=click.Choice(METHODS), default=("vegas",), show_default=True,
                      help="Method(s) to predict side by side; vanilla is always the baseline."),
-        click.option("--model", default="qwen3-8b", show_default=True,
-                     help="Model whose latency to use (a preset calibrated in the trace set)."),
+        click.option("--model", default=None,
+                     help="Model whose latency to use (a preset calibrated in the trace set) "
+                          "[default: qwen3-8b, or the model of --traces]."),
         click.option("--traces", type=click.Path(path_type=Path), default=None,
                      help="Trace set: a directory, or a packaged set's name (`vegas-sim "
                           "traces list`) [default: the packaged measured sets]."),

@@ -44,15 +44,16 @@ def _bar() -> Iterator[Any]:
         yield update
 
 
-def _models(model: str, traces: Path | None) -> tuple[Any, Any, list[str]]:
+def _models(model: str | None, traces: Path | None) -> tuple[Any, Any, list[str]]:
     from vegas_sim import api
 
     latency, acceptance, notes = api.load_models(model, traces, None)
     return latency, acceptance, list(notes)
 
 
-_model_opt = click.option("--model", default="qwen3-8b", show_default=True,
-                          help="Model whose latency to use (a preset calibrated in the trace set).")
+_model_opt = click.option("--model", default=None,
+                          help="Model whose latency to use (a preset calibrated in the trace "
+                               "set) [default: qwen3-8b, or the model of --traces].")
 _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=None,
                            help="Trace set: a directory, or a packaged set's name (`vegas-sim "
                                 "traces list`) [default: the packaged measured sets].")
@@ -84,7 +85,7 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result table: *.csv or *.parquet (one row per configuration).")
 def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
-          output_len: str, model: str, traces: Path | None, engine: str, workers: int | None,
+          output_len: str, model: str | None, traces: Path | None, engine: str, workers: int | None,
           scheduler: str | None, seed: int, replications: int, out: Path) -> None:
     """Predict every configuration of a grid γ × sparsity × batch × context × method.
 
@@ -134,7 +135,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Serving table: *.json (best γ per batch size and context).")
 def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
-         model: str, traces: Path | None, final_engine: str, workers: int | None,
+         model: str | None, traces: Path | None, final_engine: str, workers: int | None,
          scheduler: str | None, seed: int, out: Path) -> None:
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
@@ -162,7 +163,8 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         latency, acceptance, notes = _models(model, traces)
         with _bar() as update:
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
-                              workers=workers, scheduler=scheduler, progress=update, model=model)
+                              workers=workers, scheduler=scheduler, progress=update,
+                              model=latency.model.name)
         result.notes.extend(notes)
         result.write_json(out)
     for _, r in result.cells.iterrows():
