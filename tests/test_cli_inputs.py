@@ -3,6 +3,7 @@ values and Ctrl-C (the library's own checks are tested beside the library)."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -165,3 +166,17 @@ def test_model_comes_from_traces_and_ignores_case() -> None:
     rows = [json.loads(r.stdout)["rows"] for r in (by_traces, by_name)]
     assert rows[0][1]["throughput_tok_s"] == rows[1][1]["throughput_tok_s"]
     assert "smollm2-135m-h200" in json.loads(by_name.stdout)["notes"][0]
+
+
+def test_predict_rows_read_like_sweep_rows(tmp_path: Path) -> None:
+    """Vanilla's γ / sparsity and the per-position rates are spelled the same in predict's CSV
+    (stdout or file) as in sweep's, so the two tables concatenate."""
+    stdout = run(["predict", *FAST, "--format", "csv"]).stdout
+    predicted = pd.read_csv(io.StringIO(stdout))
+    assert run(["sweep", "--gamma", "4", "--sparsity", "0.07",
+                "--out", str(tmp_path / "s.csv")]).exit_code == 0
+    swept = pd.read_csv(tmp_path / "s.csv")
+    for table in (predicted, swept):
+        vanilla = table[table["method"] == "vanilla"].iloc[0]
+        assert (vanilla["gamma"], vanilla["sparsity"]) == (1, 1.0)
+        assert "rates" not in table.columns and "rate_4" in table.columns

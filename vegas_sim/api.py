@@ -117,8 +117,10 @@ def predict_methods(
     check_sparsity(sparsity)
     ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
     latency, acceptance, notes = load_models(model, traces, gpu, graph_launch_ms)
+    # vanilla's row says γ 1, sparsity 1 (one token, full attention), as sweep's rows do
     scenarios = [
-        Scenario(method=m, gamma=gamma, sparsity=sparsity, batch=batch, context=context,
+        Scenario(method=m, gamma=gamma if m != "vanilla" else 1,
+                 sparsity=sparsity if m != "vanilla" else 1.0, batch=batch, context=context,
                  output_len=output_len, requests=requests, arrival=arrival, workload=workload,
                  temperature=temperature, prefill=prefill)
         for m in ordered

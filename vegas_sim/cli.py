@@ -180,7 +180,7 @@ def _emit_table(table: Any, notes: list[str], fmt: str, out: Path | None,
     """Write the rows to `out` in `fmt` (when given), and print them: as the table when
     `show`, else as `fmt` on stdout when there is no file."""
     from vegas_sim.reports import terminal
-    from vegas_sim.reports.csv import write_atomic, write_table
+    from vegas_sim.reports.csv import flat_table, write_atomic, write_table
 
     if out is not None:
         if fmt == "json":
@@ -192,8 +192,8 @@ def _emit_table(table: Any, notes: list[str], fmt: str, out: Path | None,
     if show:
         terminal.print_prediction(table, notes)
     elif out is None:
-        click.echo(table.to_csv(index=False) if fmt == "csv" else _json_rows(table, notes),
-                   nl=False)
+        click.echo(flat_table(table).to_csv(index=False) if fmt == "csv"
+                   else _json_rows(table, notes), nl=False)
         if fmt == "csv":  # JSON carries its notes; CSV has no place for them
             for note in notes:
                 click.echo(f"note: {note}", err=True)

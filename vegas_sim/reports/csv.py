@@ -70,8 +70,8 @@ def spread_rates(df: pd.DataFrame, column: str = "rates") -> pd.DataFrame:
     return pd.concat([out, spread], axis=1)
 
 
-def _flat(df: pd.DataFrame) -> pd.DataFrame:
-    """Rates spread; other object cells holding lists/dicts become JSON text (CSV-safe)."""
+def flat_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The table as every file and stdout CSV holds it: rates spread; other object cells holding lists/dicts become JSON text (CSV-safe)."""
     df = spread_rates(df)
     for col in df.columns:
         if df[col].dtype == object:
@@ -161,7 +161,7 @@ def write_table(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Pa
     """Write `df` flat to CSV or Parquet (by suffix), atomically (temp file + rename)."""
     path = Path(path)
     fmt = table_format(path, option)
-    flat = _flat(df)
+    flat = flat_table(df)
 
     def write(tmp: str) -> None:
         if fmt == "csv":
