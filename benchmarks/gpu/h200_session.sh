@@ -170,6 +170,9 @@
 #            As it happened: `66` 503 s, `67` 172 s, `68` 270 s, `10` 211 s, back to back on one
 #            machine; `p`, `p`, `46` (236 s) on a second. 25 of the 30 device-minutes.
 #   stage 69 run 83 (carry .whl): benchmarks/gpu/tie_rank_probe.py (the sampler's tie ranking).
+#   stage 70 run 84 (carry .whl), eighteenth session: the CLI and library changes on the GPU
+#            image (no kernel or runtime change): both GPU suites, then a user's first run:
+#            `calibrate --quick`, `traces check` and `predict --traces` on the set it made.
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -227,7 +230,7 @@
 # its TUNED_COLLECT entry (run 15, 30 s: results/kernels_h200.csv). A helper's radix top-k
 # runs (tests, benchmarks/gpu/topk_probe.py) took about 15 of the 30 device-minutes.
 set -u
-stage=${1:?stage p, 0-5, 7-69 (see above)}
+stage=${1:?stage p, 0-5, 7-70 (see above)}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -339,6 +342,17 @@ case $stage in
     # set; then at once stage 10 (regime (a) against it)
   bash "$0" 42 || exit 2
   bash "$0" 9 smol
+  ;;
+70)  # run 84 (carry .whl): both GPU suites, then calibrate --quick -> traces check -> predict
+  gpu_tests tests/kernels kernel_gpu_tests_run84.log
+  gpu_tests tests/calibrate calibrate_gpu_tests_run84.log
+  s0=$(date +%s)
+  timeout 150 "${cli[@]}" calibrate --quick --model qwen3-8b --weights random \
+    --out $TR/quick 2>&1 | tail -3 | tee "$OUT/quick_run84.log"
+  echo "calibrate --quick wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/quick_run84.log"
+  "${cli[@]}" traces check $TR/quick 2>&1 | tail -2 | tee -a "$OUT/quick_run84.log"
+  "${cli[@]}" predict --traces $TR/quick --gamma 4 --batch 2 --context 4K 2>&1 \
+    | tee -a "$OUT/quick_run84.log"
   ;;
 69)  # run 83 (carry .whl): where revision 3's sampler spends its time beyond torch.topk
   timeout 120 python3 benchmarks/gpu/tie_rank_probe.py --out "$OUT/tie_rank_probe_h200_run83.csv" \
