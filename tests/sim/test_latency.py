@@ -672,3 +672,16 @@ def test_sets_without_other_rows_keep_their_spread_draft_steps(fitted: LatencyMo
     assert "other" not in cost.breakdown(ctx)
     assert cost(ctx) == pytest.approx(old.plan_ms("magicdec-quest", 5, ctx, 0.1), rel=1e-9)
     assert "other" in fitted.iteration_cost("magicdec-quest", 5, 0.1).breakdown(ctx)
+
+
+def test_outside_measured_names_batch_and_context_beyond_the_grid(
+        fitted: LatencyModel) -> None:
+    """The grid is B 1–256 × C 1K–32K: inside it (between points too) nothing is said;
+    beyond its batches or its longest context at that batch, the reason names the limit.
+    What-if GPUs and graph launch keep the measured shapes."""
+    assert fitted.outside_measured(4, 20000) == []
+    assert fitted.outside_measured(100, 32768) == []
+    assert "measured 32768 at batch >= 16" in fitted.outside_measured(16, 33000)[0]
+    assert "batches (up to 256)" in fitted.outside_measured(512, 1024)[0]
+    for variant in (fitted.what_if(get_gpu("b200")), fitted.without_host_overhead(0.02)):
+        assert variant.outside_measured(16, 33000) == fitted.outside_measured(16, 33000)

@@ -192,3 +192,15 @@ def test_analytic_refuses_what_it_does_not_model(models: Models, kw: dict[str, o
     with pytest.raises(UserInputError, match="analytic") as err:
         predict([sc("vegas", **kw)], *models, engine="analytic")
     assert err.value.where == "--engine"
+
+
+def test_rows_beyond_the_measured_latency_grid_are_marked(models: Models) -> None:
+    """The synthetic set measures contexts up to 16384: a row whose KV grows past that is
+    extrapolated for every method, vanilla included, and says why."""
+    inside = predict([sc(context=8192, output_len=64)], *models, replications=1,
+                     engine="analytic")
+    beyond = predict([sc(context=16384, output_len=64),
+                      sc(method="vanilla", context=16384, output_len=64)], *models,
+                     replications=1, engine="analytic")
+    assert "latency set" not in inside["extrapolated"].iloc[0]
+    assert all("beyond the latency set's measured 16384" in e for e in beyond["extrapolated"])

@@ -957,9 +957,10 @@ class LatencyModel:
     def __init__(
         self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], _Group],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
-        launch_ms: float | None = None,
+        launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self._model = model
+        self._envelope = envelope  # (batch, longest context measured at it), by batch
         self._measured = measured  # what the trace set measured
         self._gpu = effective or measured  # what the features are computed for
         self._groups = groups  # as fitted (LOO and coefficients() report these)
@@ -989,7 +990,9 @@ class LatencyModel:
             rows = latency[latency["phase"] == phase]
             if len(rows):
                 groups[(phase, _POOLED)] = _fit_group(phys, phase, _POOLED, rows)
-        return cls(model, gpu, groups)
+        longest = latency.groupby("batch")["context"].max().sort_index()
+        envelope = tuple(zip(longest.index.astype(int).tolist(), longest.astype(int).tolist()))
+        return cls(model, gpu, groups, envelope=envelope)
 
     @classmethod
     def from_meta(cls, latency: pd.DataFrame, meta: dict[str, Any]) -> LatencyModel:
@@ -1144,7 +1147,7 @@ class LatencyModel:
             memory_gb=target.memory_gb,
         )
         return LatencyModel(self._model, self._measured, self._groups, target, scaled,
-                            self._launch_ms)
+                            self._launch_ms, self._envelope)
 
     def without_host_overhead(self, launch_ms: float) -> LatencyModel:
         """The same model with every group's host term replaced by `launch_ms` per phase call.
@@ -1160,7 +1163,25 @@ class LatencyModel:
                                  where="--graph-launch-ms",
                                  fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
         return LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                            float(launch_ms))
+                            float(launch_ms), self._envelope)
+
+    def outside_measured(self, batch: int, longest_context: int) -> list[str]:
+        """Why a decode instance of `batch` requests whose KV grows to `longest_context` tokens
+        lies outside the measured (batch, context) points, where the fitted roofline alone
+        extrapolates ([] inside: some measured point has at least this batch and context)."""
+        if not self._envelope:
+            return []
+        top_batch = max(b for b, _ in self._envelope)
+        if batch > top_batch:
+            why = (f"batch {batch} beyond the latency set's measured batches (up to "
+                   f"{top_batch})")
+        else:
+            longest = max(c for b, c in self._envelope if b >= batch)
+            if longest_context <= longest:
+                return []
+            why = (f"context up to {longest_context} at batch {batch} beyond the latency set's "
+                   f"measured {longest} at batch >= {batch}")
+        return [f"{why}: latency from the fitted roofline alone"]
 
     @property
     def launch_ms(self) -> float | None:

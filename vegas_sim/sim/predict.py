@@ -328,7 +328,9 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
         row[name] = float(np.mean([getattr(r, name) for r in runs]))
     for phase in PHASES:
         row[f"ms_{phase}"] = float(np.mean([r.breakdown_ms.get(phase, 0.0) for r in runs]))
-    row["extrapolated"] = ";".join(dist.extrapolated) if dist is not None else ""
+    reasons = [*(dist.extrapolated if dist is not None else []),
+               *latency.outside_measured(sc.batch, sc.context + sc.output_len)]
+    row["extrapolated"] = ";".join(reasons)
     row["gpu"] = latency.gpu_label
     row["iterations_simulated"] = int(sum(r.iterations for r in runs))
     row["sim_time_s"] = float(np.mean([r.sim_time_s for r in runs]))
