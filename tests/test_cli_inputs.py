@@ -180,3 +180,16 @@ def test_predict_rows_read_like_sweep_rows(tmp_path: Path) -> None:
         vanilla = table[table["method"] == "vanilla"].iloc[0]
         assert (vanilla["gamma"], vanilla["sparsity"]) == (1, 1.0)
         assert "rates" not in table.columns and "rate_4" in table.columns
+
+
+def test_progress_without_a_terminal_is_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under nohup, CI or a batch job a long calibration still says where it is: one line per
+    new step (the same step again only after LOG_EVERY_S) and one at the end."""
+    from vegas_sim.cliutil import progress_task
+
+    with progress_task("calibrating") as progress:
+        for done, label in ((0, "start"), (1, "B=1 C=256"), (1, "B=1 C=256"), (2, "B=2 C=256")):
+            progress(done, 2, label)
+    lines = capsys.readouterr().err.splitlines()
+    assert [x.split(" (")[0] for x in lines] == [
+        "calibrating: 0/2 start", "calibrating: 1/2 B=1 C=256", "calibrating: 2/2 B=2 C=256"]

@@ -116,7 +116,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
               help="CSV/JSON of held-out configurations (columns: method, gamma, sparsity, "
                    "batch, context, output_len, workload, temperature, waves; an empty "
                    "temperature means the latency grid's).")
-@click.option("--random", "n_random", type=int, default=None,
+@click.option("--random", "n_random", type=click.IntRange(min=1), default=None,
               help="Draw this many held-out configurations outside the grid instead.")
 @click.option("--repredict", type=click.Path(path_type=Path), default=None,
               help="Re-predict every row of this earlier result CSV with the current "
@@ -124,10 +124,11 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--model", default=None, help="Model to run: preset, .gguf file or HF dir.")
 @click.option("--weights", type=click.Choice(["real", "random"]), default=None,
               help="random: acceptance decisions are replayed from a recorded real trace.")
-@click.option("--max-batch", type=int, default=64, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--context-range", default="2K,128K", show_default=True,
               help="Context range for --random, 'LO,HI'.")
-@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Tokens generated per request (the first comes from the prefill).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for choosing held-out configurations and for the runs (recorded).")

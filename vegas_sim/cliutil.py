@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -57,7 +59,9 @@ def progress_task(description: str) -> Iterator[ProgressFn]:
         MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         console=Console(stderr=True), transient=True,
     )
-    bar.disable = not bar.console.is_terminal  # a log file gets no bar leftovers
+    if not bar.console.is_terminal:  # a log file (nohup, CI, a batch job): plain lines
+        yield _progress_lines(description)
+        return
     with bar:
         task = bar.add_task("", total=None)
 
@@ -65,3 +69,22 @@ def progress_task(description: str) -> Iterator[ProgressFn]:
             bar.update(task, completed=done, total=total, description=label)
 
         yield progress
+
+
+LOG_EVERY_S = 30.0  # a plain progress line at least this often while a step's label stays
+
+
+def _progress_lines(description: str) -> ProgressFn:
+    """progress(done, total, label) as one stderr line per new label (at most every
+    LOG_EVERY_S for the same one) and at the end, with the elapsed time."""
+    start = time.monotonic()
+    last: dict[str, Any] = {"label": None, "at": -LOG_EVERY_S}
+
+    def progress(done: int, total: int, label: str) -> None:
+        now = time.monotonic()
+        if label == last["label"] and now - last["at"] < LOG_EVERY_S and done < total:
+            return
+        last.update(label=label, at=now)
+        click.echo(f"{description}: {done}/{total} {label} ({now - start:.0f} s)", err=True)
+
+    return progress

@@ -221,6 +221,28 @@ def test_rows_match_iteration_plan_and_resume(tmp_path: Path, tiny_net: Any) -> 
     _assert_rows_cover_plans(ts.latency, plan, tiny_net.spec.max_positions)
 
 
+def test_resume_refuses_another_grid_or_model_before_loading(tmp_path: Path) -> None:
+    """A changed grid would measure nothing new (or mix grids under the first meta.json), so
+    it is refused by name, and so is another model, before any weights are loaded."""
+    from vegas_sim.calibrate.grid import check_resumable, grid_meta
+
+    out = tmp_path / "ts"
+    plan = tiny_plan()
+    check_resumable(out, plan)  # a new directory: made, nothing to compare
+    (out / "meta.json").write_text(json.dumps({"source": plan.model, "grid": grid_meta(plan)}))
+    check_resumable(out, plan)  # the same command resumes
+    with pytest.raises(UserInputError, match=r"another grid.*\(methods: ") as err:
+        check_resumable(out, tiny_plan(methods=("vegas",)))
+    assert err.value.fix is not None and "traces merge" in err.value.fix
+    with pytest.raises(UserInputError, match="this run is of 'other-model'"):
+        check_resumable(out, tiny_plan(model="other-model"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserInputError, match="is not a directory"):
+        check_resumable(tmp_path / "file", plan)
+    with pytest.raises(UserInputError, match="cannot create"):
+        check_resumable(tmp_path / "file" / "ts", plan)
+
+
 def _assert_rows_cover_plans(lat: pd.DataFrame, plan: CalibrationPlan, max_len: int) -> None:
     """Every phase call of iteration_plan has a latency row with the same quantities (draft
     steps up to DRAFT_GAMMA: later steps differ only by one tail entry each)."""
@@ -383,6 +405,14 @@ def test_contexts_beyond_the_model_are_dropped(tmp_path: Path, tiny_net: Any) ->
     capped = 256 - 2 * max(2, grid.DRAFT_GAMMA) - 2
     assert grid.effective_context(plan, tiny_net.spec, 256) == capped
     assert sorted(set(lat["context"])) == [64, capped]
+    # nothing left to measure is an error before anything is written, not an empty "valid" set
+    with pytest.raises(UserInputError, match="every context exceeds") as err:
+        run_calibration(tiny_plan(context=(512,)), tmp_path / "none",
+                        model=(tiny_net, RANDOM_META))
+    assert err.value.where == "--context" and not (tmp_path / "none" / "meta.json").exists()
+    with pytest.raises(UserInputError, match="random weights have no acceptance"):
+        run_calibration(tiny_plan(latency=False), tmp_path / "none",
+                        model=(tiny_net, RANDOM_META))
 
 
 def test_host_gap_correction() -> None:

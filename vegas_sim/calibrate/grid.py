@@ -240,10 +240,12 @@ def validate_plan(plan: CalibrationPlan) -> None:
             raise UserInputError(f"temperature {t} < 0", where="--temperature",
                                  fix="0 is greedy; sampled runs use e.g. 0.6")
     for name, v in (("--iterations", plan.iterations), ("reps", plan.reps),
-                    ("acceptance_prompts", plan.acceptance_prompts),
-                    ("acceptance_batch", plan.acceptance_batch or 1)):
+                    ("--prompts", plan.acceptance_prompts),
+                    ("acceptance_batch", plan.acceptance_batch or 1),
+                    ("--min-tokens", plan.min_tokens)):
         if v < 1:
-            raise UserInputError(f"{v} must be >= 1", where=name, fix="pass a positive integer")
+            raise UserInputError(f"must be >= 1, got {v}", where=name,
+                                 fix="pass a positive integer")
     if plan.warmup < 0:
         raise UserInputError("warmup must be >= 0", where="warmup", fix="pass 0 or more")
     if plan.acceptance_cuts not in ACCEPTANCE_CUTS:
@@ -1086,7 +1088,23 @@ def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, A
                gpu: dict[str, Any]) -> dict[str, Any]:
     """meta.json of the trace set (content_hash is added by finalize)."""
     real = plan.weights == "real"
-    grid: dict[str, Any] = {
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": {**spec.to_dict(), "weights": dict(weights_meta)},
+        "gpu": gpu,
+        "software": hardware.software_versions(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "grid": grid_meta(plan),
+        "workload": list(plan.workloads) if real else [],
+        "seeds": {"calibration": plan.seed, "weights": plan.seed},
+        "source": plan.model,
+    }
+
+
+def grid_meta(plan: CalibrationPlan) -> dict[str, Any]:
+    """meta.json's `grid`: what was asked for and how it was measured (the plan alone)."""
+    real = plan.weights == "real"
+    return {
         **{k: v for k, v in plan.to_dict().items() if k not in ("model", "device")},
         "verify_n_query": plan.verify_n_query(),
         "reference_sparsity": plan.ref_sparsity,
@@ -1103,17 +1121,41 @@ def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, A
             "none: a random-weight model's acceptance is meaningless (latency only)"
             if not real else "not requested"),
     }
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": {**spec.to_dict(), "weights": dict(weights_meta)},
-        "gpu": gpu,
-        "software": hardware.software_versions(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "grid": grid,
-        "workload": list(plan.workloads) if real else [],
-        "seeds": {"calibration": plan.seed, "weights": plan.seed},
-        "source": plan.model,
-    }
+
+
+def check_resumable(out: Path, plan: CalibrationPlan) -> None:
+    """Before any model is loaded: `out` must be a directory that can be made, and a trace set
+    already there must have been started with this model and this grid, since resuming
+    measures only the points it lacks and keeps its first meta.json (a changed grid would
+    silently measure nothing new, or mix two grids under the old description)."""
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"{str(out)!r} exists and is not a directory", where="--out",
+                             fix="name a new directory for the trace set")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserInputError(f"cannot create the directory {str(out)!r}: {e.strerror}",
+                             where="--out", fix="name a directory in a writable place") from None
+    meta_file = out / "meta.json"
+    if not meta_file.is_file():
+        return
+    try:
+        old = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        return  # the writer reports a broken meta.json with its own message
+    if old.get("source") not in (None, plan.model):
+        raise UserInputError(
+            f"{out} holds a calibration of {old.get('source')!r}, this run is of {plan.model!r}",
+            where="--out", fix="write to a new --out, or resume with the same --model")
+    before, now = old.get("grid", {}), json.loads(json.dumps(grid_meta(plan)))
+    changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if changed:
+        shown = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
+        raise UserInputError(
+            f"{out} was started with another grid, and resuming measures only the points it "
+            f"lacks ({shown}{'; ...' if len(changed) > 4 else ''})", where="--out",
+            fix="re-run the command that started it to resume, or write the new grid to a new "
+                "--out and combine the two with `vegas-sim traces merge`")
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
@@ -1223,6 +1265,7 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     say = log_fn if log_fn is not None else log.info
     device = check_device(plan.device)
     out = Path(out_dir)
+    check_resumable(out, plan)
     if plan.weights == "real" and plan.acceptance and not plan.workloads:
         say("note: no --workload given, so no acceptance rows will be measured")
     if model is None:
@@ -1232,11 +1275,6 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     else:
         net, weights_meta = model
     spec = net.spec
-    gpu = hardware.measure_hardware(device, quick=plan.quick)
-    writer = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu))
-    recorded = writer.progress()
-    done = {k for k, r in recorded.items()
-            if not (retry_failed and r.get("status") in ("skip", "oom"))}
     lat_points = latency_points(plan)
     usable = [p for p in lat_points if p.context <= spec.max_positions]
     too_long = sorted({p.context for p in lat_points} - {p.context for p in usable})
@@ -1244,6 +1282,13 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
         say(f"contexts {too_long} exceed {spec.name}'s {spec.max_positions} positions: "
             "not measured")
     points: list[LatencyPoint | AcceptancePoint] = [*usable, *acceptance_points(plan)]
+    if not points:
+        raise _nothing_to_measure(plan, spec, bool(too_long))
+    gpu = hardware.measure_hardware(device, quick=plan.quick)
+    writer = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu))
+    recorded = writer.progress()
+    done = {k for k, r in recorded.items()
+            if not (retry_failed and r.get("status") in ("skip", "oom"))}
     total = len(points)
     n_done = sum(p.key in done for p in points)
     session = Session()
@@ -1256,6 +1301,22 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     ts = writer.finalize()
     write_run_log(out, session, device_name, acceptance_summary(ts.acceptance))
     return out
+
+
+def _nothing_to_measure(plan: CalibrationPlan, spec: ModelSpec, too_long: bool) -> UserInputError:
+    """Why a plan has no point to measure, before anything is written."""
+    if too_long:
+        return UserInputError(
+            f"every context exceeds {spec.name}'s {spec.max_positions} positions",
+            where="--context", fix=f"use contexts up to {spec.max_positions // 1024}K")
+    if plan.weights != "real":
+        return UserInputError(
+            "nothing to measure: latency is off, and random weights have no acceptance",
+            where="--no-latency", fix="drop --no-latency, or measure acceptance with --weights "
+                                      "real and a --workload")
+    return UserInputError("nothing to measure: latency and acceptance are both off or empty",
+                          where="--no-latency/--no-acceptance/--workload",
+                          fix="ask for latency, or acceptance with a --workload")
 
 
 @contextlib.contextmanager

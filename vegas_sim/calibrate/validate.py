@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import INDEX_PREP_METHODS, MIN_TOKENS, QUEST_PAGE
+from vegas_sim.methods import INDEX_PREP_METHODS, METHODS, MIN_TOKENS, QUEST_PAGE
 from vegas_sim.sim.heldout import (
     HeldOut,
     check_outside_grid,
@@ -296,15 +296,17 @@ def choose_heldout(
     heldout_file: Path | None, n_random: int | None, grid: dict[str, list[Any]], *,
     seed: int, max_batch: int, contexts: tuple[int, int], output_len: int,
     max_tokens: int | None, workloads: Sequence[str | None],
+    methods: Sequence[str] = METHODS,
 ) -> list[HeldOut]:
+    """The held-out configurations: a file's, or `n_random` drawn over `methods`."""
     if heldout_file is not None:
         chosen = read_heldout(heldout_file)
     else:
         assert n_random is not None
         rng = np.random.default_rng(seed)
-        chosen = random_heldout(n_random, grid, rng, batches=(1, max_batch), contexts=contexts,
-                                output_len=output_len, max_tokens=max_tokens,
-                                workloads=workloads)
+        chosen = random_heldout(n_random, grid, rng, methods=methods, batches=(1, max_batch),
+                                contexts=contexts, output_len=output_len,
+                                max_tokens=max_tokens, workloads=workloads)
     check_outside_grid(chosen, grid)
     return chosen
 
@@ -466,9 +468,12 @@ def run_validation(
            if torch_device.type == "cuda" else 16 << 30)
     spec = latency.model
     max_tokens = int(0.8 * (mem - spec.weight_bytes()) / spec.kv_bytes_per_token())
+    # draw only what both sets can predict: a method neither calibrated would fail mid-run
+    acc_methods = {"vanilla", *(str(m) for m in acceptance.coverage()["methods"])}
+    covered = [m for m in latency.methods_covered() if m in acc_methods]
     heldout = choose_heldout(heldout_file, n_random, models.grid, seed=seed,
                              max_batch=max_batch, contexts=(lo, hi), output_len=output_len,
-                             max_tokens=max_tokens, workloads=workloads)
+                             max_tokens=max_tokens, workloads=workloads, methods=covered)
     write_heldout(heldout, out.with_suffix(".heldout.csv"))
 
     runtime_model, _tokenizer, _ = load_model(model, weights=weights, device=device, seed=seed)
