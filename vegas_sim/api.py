@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from vegas_sim.gpus import get_gpu
-from vegas_sim.methods import check_gamma, check_method, check_sparsity
+from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim import fitcache
 from vegas_sim.sim.acceptance import AcceptanceModel
@@ -50,8 +50,9 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     import vegas_sim.sim.acceptance as acceptance_code
 
     key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_code,))
-    return fitcache.cached(key, lambda: AcceptanceModel.from_traces(trace_set.acceptance,
-                                                                    trace_set.weights_kind))
+    floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
+    return fitcache.cached(key, lambda: AcceptanceModel.from_traces(
+        trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))
 
 
 @functools.lru_cache(maxsize=8)

@@ -12,6 +12,7 @@ import torch
 from tests.calibrate.conftest import tiny_model
 from vegas_sim.calibrate.validate import measure_replayed
 from vegas_sim.errors import UserInputError
+from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.heldout import (
     HeldOut,
     check_outside_grid,
@@ -164,7 +165,7 @@ def test_replayed_prediction_matches_hand_count(tmp_path: Path) -> None:
     sc = Scenario("vegas", 3, 0.5, batch=2, context=80, output_len=24, requests=2)
     seqs = [[[3, 0, 1, 2] * 10, [1, 1, 1, 1] * 10]]
     thr, iter_ms = predict_replayed(sc, models.latency, seqs, waves=1, seed=0)
-    cost = models.latency.iteration_cost("vegas", 3, 0.5, sc.min_tokens)
+    cost = models.latency.iteration_cost("vegas", 3, 0.5, MIN_TOKENS)  # sc's: unresolved
     # 9 iterations (as in the measured replay test), 24 + 18 tokens; contexts grow per
     # request by its emitted tokens.
     ctx = np.array([80, 80])

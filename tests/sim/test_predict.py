@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,27 @@ def test_rows_beyond_the_measured_latency_grid_are_marked(models: Models) -> Non
                      replications=1, engine="analytic")
     assert "latency set" not in inside["extrapolated"].iloc[0]
     assert all("beyond the latency set's measured 16384" in e for e in beyond["extrapolated"])
+
+
+def test_the_draft_budget_floor_is_the_acceptance_traces_own(
+        models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scenario without min_tokens drafts with the floor its acceptance was traced at (the
+    packaged SmolLM2 sets used 32, not the default 256), the row says which, and an explicit
+    min_tokens still wins."""
+    import copy
+
+    latency, acceptance = models
+    low = copy.copy(acceptance)
+    low.min_tokens = 32
+    floors: list[int] = []
+    cost = latency.iteration_cost
+    monkeypatch.setattr(latency, "iteration_cost",
+                        lambda *a: floors.append(a[3]) or cost(*a))  # type: ignore[func-returns-value]
+    short = sc(context=1024, output_len=64, sparsity=0.01)  # budget 11: the floor decides
+    for acc, floor in ((acceptance, 256), (low, 32)):
+        floors.clear()
+        row = predict([short], latency, acc, replications=1, engine="analytic").iloc[0]
+        assert row["min_tokens"] == floor and set(floors) == {floor}
+    floors.clear()
+    predict([replace(short, min_tokens=256)], latency, low, replications=1, engine="analytic")
+    assert set(floors) == {256}

@@ -399,10 +399,10 @@ def predict_replayed(sc: Any, latency: Any, accepted: Sequence[Sequence[Sequence
     from vegas_sim.sim.engine import simulate
     from vegas_sim.sim.metrics import steady_window
     from vegas_sim.sim.metrics import summarize as run_summary
-    from vegas_sim.sim.predict import _capacity, engine_config
+    from vegas_sim.sim.predict import _capacity, engine_config, iteration_cost
 
     cfg = engine_config(sc, _capacity(sc, latency))
-    cost = latency.iteration_cost(sc.method, sc.gamma, sc.sparsity, sc.min_tokens)
+    cost = iteration_cost(latency, sc)
     tokens, ms, iters = 0, 0.0, 0
     per_wave: list[Sequence[Sequence[int]] | None] = (
         [None] * waves if sc.method == "vanilla" else list(accepted))

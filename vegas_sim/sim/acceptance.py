@@ -80,7 +80,7 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.methods import METHODS, check_gamma, check_sparsity
+from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
 
 ACCEPTANCE_WHERE = "acceptance.parquet"
 DECAY_FIT_POSITIONS = 4  # last traced positions the conditional-rate decay is fitted on
@@ -412,8 +412,11 @@ class AcceptanceModel:
     """Acceptance per traced configuration; `lookup` answers any (method, γ, s, C, ...)."""
 
     def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, _Cell],
-                 smooth: bool = True) -> None:
+                 smooth: bool = True, min_tokens: int = MIN_TOKENS) -> None:
         self._runs = runs  # one row per run: keys, bucket, start context
+        # the draft budget floor the traces were run with: a prediction that replays this
+        # acceptance drafts with the same floor (at short contexts it sets what drafts see)
+        self.min_tokens = min_tokens
         # key: (method, temperature, workload, sparsity, bucket, gamma)
         self._cells = cells
         self._buckets = sorted({k[4] for k in cells})
@@ -433,7 +436,7 @@ class AcceptanceModel:
 
     @classmethod
     def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str, *,
-                    smooth: bool = True) -> AcceptanceModel:
+                    smooth: bool = True, min_tokens: int = MIN_TOKENS) -> AcceptanceModel:
         """Raises TraceSetError for random-weight traces (their acceptance is meaningless).
 
         smooth=False keeps every cell's own rates (no pooling over neighbouring sparsities and
@@ -451,7 +454,7 @@ class AcceptanceModel:
             cells[(m, float(temp), wl, float(s), float(b), int(g))] = _make_cell(
                 rows, int(g), float(s), float(b))
         runs = first.assign(bucket=run_bucket)[keys + ["run", "context"]]
-        return cls(runs.reset_index(drop=True), cells, smooth)
+        return cls(runs.reset_index(drop=True), cells, smooth, min_tokens)
 
     def _cell_rates(self, key: _CellKey, output_len: int | None) -> np.ndarray:
         """[γ_t] the (smoothed) rates of one cell, its runs cut to `output_len` tokens."""

@@ -68,7 +68,9 @@ class Scenario:
     temperature: float = 0.0
     prefill: str = "disaggregated"  # "disaggregated" | "co-located"
     kv_capacity_tokens: int | None = None  # None: GPU memory − weights
-    min_tokens: int = MIN_TOKENS  # budget floor of the draft selection (methods.budget)
+    # budget floor of the draft selection (methods.budget); None: the floor the acceptance
+    # traces were run with (AcceptanceModel.min_tokens), so drafts and acceptance agree
+    min_tokens: int | None = None
 
     @property
     def n_requests(self) -> int:
@@ -250,8 +252,10 @@ def _capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     return None if mem is None else kv_capacity(latency.model, mem)
 
 
-def _cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
-    return latency.iteration_cost(sc.method, sc.gamma, sc.sparsity, sc.min_tokens)
+def iteration_cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
+    """The scenario's iteration cost (an unresolved budget floor is the default one)."""
+    floor = MIN_TOKENS if sc.min_tokens is None else sc.min_tokens
+    return latency.iteration_cost(sc.method, sc.gamma, sc.sparsity, floor)
 
 
 def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
@@ -266,7 +270,7 @@ def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
 def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,
                    seeds: list[np.random.SeedSequence]) -> list[RunMetrics]:
     cfg = engine_config(sc, _capacity(sc, latency))
-    cost = _cost(latency, sc)
+    cost = iteration_cost(latency, sc)
     pre = prefill_fn(latency, sc.method) if sc.prefill == "co-located" else None
     return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre)) for s in seeds]
 
@@ -275,7 +279,7 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
                   ) -> RunMetrics:
     """The closed form dressed as a RunMetrics (no spread; TPOT/ITL from the mean iteration)."""
     t0 = time.perf_counter()
-    cost = _cost(latency, sc)
+    cost = iteration_cost(latency, sc)
     rates = np.zeros(0) if dist is None else np.asarray(dist.rates, dtype=np.float64)
     res = analytic_throughput(cost, rates, sc.batch, sc.context, sc.output_len, integrate=True)
     iters = expected_iterations(rates, sc.output_len)
@@ -316,7 +320,8 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
         "method": sc.method, "gamma": sc.gamma, "sparsity": sc.sparsity, "batch": sc.batch,
         "context": sc.context, "output_len": sc.output_len, "requests": sc.n_requests,
         "arrival": sc.arrival, "prefill": sc.prefill, "workload": sc.workload or "",
-        "temperature": sc.temperature, "engine": engine, "replications": len(runs),
+        "temperature": sc.temperature, "min_tokens": sc.min_tokens, "engine": engine,
+        "replications": len(runs),
         "throughput_tok_s": m, "throughput_ci_low": lo, "throughput_ci_high": hi,
         "speedup_vs_vanilla": sp, "speedup_ci_low": sp_lo, "speedup_ci_high": sp_hi,
         "acceptance_length": float(np.mean([r.acceptance_length for r in runs])),
@@ -372,6 +377,8 @@ def predict_one(
         raise UserInputError(f"replications must be >= 1, got {replications}",
                              where="--replications", fix="pass --replications 1 or more")
     t0 = time.perf_counter()
+    if scenario.min_tokens is None:
+        scenario = replace(scenario, min_tokens=acceptance.min_tokens)
     validate_scenario(scenario, latency.model, _gpu_memory(latency))
     if engine == "analytic":
         _check_analytic(scenario)
