@@ -7,6 +7,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import pandas as pd
@@ -193,3 +194,19 @@ def test_progress_without_a_terminal_is_plain_lines(capsys: pytest.CaptureFixtur
     lines = capsys.readouterr().err.splitlines()
     assert [x.split(" (")[0] for x in lines] == [
         "calibrating: 0/2 start", "calibrating: 1/2 B=1 C=256", "calibrating: 2/2 B=2 C=256"]
+
+
+def test_an_interrupted_calibration_says_how_much_it_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vegas_sim.calibrate import grid
+
+    def two_points_then_ctrl_c(plan: object, out: object, progress: Any,
+                               **_: object) -> None:
+        progress(2, 5, "B=1 C=256")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(grid, "run_calibration", two_points_then_ctrl_c)
+    result = CliRunner().invoke(cli, ["calibrate", "--model", "smollm2-135m", "--device",
+                                      "cpu", "--quick", "--out", str(tmp_path / "ts")])
+    assert result.exit_code == 1  # click's Abort; the console script turns it into 130
+    assert "calibrate: 2 of 5 points kept in" in result.output
+    assert "run the same command again to resume" in result.output

@@ -101,9 +101,21 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
             extra["acceptance_prompts"] = prompts
         plan = dataclasses.replace(plan, **extra)
         grid_runner.validate_plan(plan)
-        with progress_task("calibrating") as progress:
-            path = grid_runner.run_calibration(plan, out, progress, retry_failed=retry_failed,
-                                               log_fn=lambda line: click.echo(line, err=True))
+        seen = [0, 0]  # points done, of total: what an interrupt keeps
+
+        with progress_task("calibrating") as bar:
+            def progress(done: int, total: int, label: str) -> None:
+                seen[:] = [done, total]
+                bar(done, total, label)
+
+            try:
+                path = grid_runner.run_calibration(
+                    plan, out, progress, retry_failed=retry_failed,
+                    log_fn=lambda line: click.echo(line, err=True))
+            except KeyboardInterrupt:
+                click.echo(f"\ncalibrate: {seen[0]} of {seen[1]} points kept in {out}; run the "
+                           "same command again to resume", err=True)
+                raise
     click.echo(f"wrote trace set {path}")
 
 

@@ -228,7 +228,9 @@ def test_resume_refuses_another_grid_or_model_before_loading(tmp_path: Path) -> 
 
     out = tmp_path / "ts"
     plan = tiny_plan()
-    check_resumable(out, plan)  # a new directory: made, nothing to compare
+    check_resumable(out, plan)  # a new directory: nothing to compare, nothing made yet
+    assert not out.exists()
+    out.mkdir()
     (out / "meta.json").write_text(json.dumps({"source": plan.model, "grid": grid_meta(plan)}))
     check_resumable(out, plan)  # the same command resumes
     with pytest.raises(UserInputError, match=r"another grid.*\(methods: ") as err:

@@ -245,7 +245,7 @@ def test_load_model_presets_and_errors(tmp_path: Path) -> None:
     assert meta["kind"] == "random"
     with pytest.raises(UserInputError, match="no real weights"):
         load_model("qwen3-8b", weights="real")
-    with pytest.raises(UserInputError, match="no model at"):
+    with pytest.raises(UserInputError, match="no preset and no file named"):
         load_model(str(tmp_path / "nothing.gguf"))
     with pytest.raises(UserInputError, match="--weights"):
         load_model("qwen3-8b", weights="fake")

@@ -1131,11 +1131,12 @@ def check_resumable(out: Path, plan: CalibrationPlan) -> None:
     if out.exists() and not out.is_dir():
         raise UserInputError(f"{str(out)!r} exists and is not a directory", where="--out",
                              fix="name a new directory for the trace set")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserInputError(f"cannot create the directory {str(out)!r}: {e.strerror}",
-                             where="--out", fix="name a directory in a writable place") from None
+    base = out  # the nearest existing ancestor: where the directory would be made
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        raise UserInputError(f"cannot create the directory {str(out)!r} in {str(base)!r}",
+                             where="--out", fix="name a directory in a writable place")
     meta_file = out / "meta.json"
     if not meta_file.is_file():
         return

@@ -56,9 +56,12 @@ def load_checkpoint(path: str | Path, load_weights: bool = True) -> Checkpoint:
         return load_hf_dir(path, load_weights)
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, load_weights)
+    problem = (f"{path} is neither a .gguf file nor a checkpoint directory" if path.exists()
+               else f"no preset and no file named {path}")
     raise UserInputError(
-        f"no model at {path}", where="--model",
-        fix="pass a preset name, a .gguf file, or a directory with config.json + *.safetensors",
+        problem, where="--model",
+        fix=f"pass a preset ({', '.join(sorted(PRESETS))}), a .gguf file, or a directory with "
+            "config.json + *.safetensors",
     )
 
 
