@@ -210,3 +210,12 @@ def test_an_interrupted_calibration_says_how_much_it_kept(
     assert result.exit_code == 1  # click's Abort; the console script turns it into 130
     assert "calibrate: 2 of 5 points kept in" in result.output
     assert "run the same command again to resume" in result.output
+
+
+def test_repredict_will_not_overwrite_its_input(tmp_path: Path) -> None:
+    table = tmp_path / "val.csv"
+    table.write_text("method\nvegas\n")
+    result = CliRunner().invoke(cli, ["validate", "--repredict", str(table), "--traces",
+                                      "qwen3-8b-h200", "--out", str(table)])
+    assert result.exit_code == 2 and "would overwrite the --repredict table" in result.output
+    assert table.read_text() == "method\nvegas\n"

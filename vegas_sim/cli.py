@@ -6,6 +6,7 @@ Every command's docstring is its --help text and carries an example.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -272,9 +273,34 @@ def _show_latency_fit(trace_set: Any) -> None:
         loo = model.loo_errors()
     click.echo(f"  latency model leave-one-out error ({model.host_bound_share():.0%} of points "
                "host-bound):")
-    for row in loo.itertuples():
-        click.echo(f"    {row.phase:<11} {row.n_points:>4} points  median {row.median_pct:5.1f} %"
-                   f"  max {row.max_pct:6.1f} %")
+    for phase, n, median, top in zip(loo["phase"], loo["n_points"], loo["median_pct"],
+                                     loo["max_pct"]):
+        if math.isnan(median):  # no point can be left out and refitted
+            click.echo(f"    {phase:<11} {n:>4} points  n/a (too few points)")
+        else:
+            click.echo(f"    {phase:<11} {n:>4} points  median {median:5.1f} %  max {top:6.1f} %")
+
+
+@traces.command("finalize")
+@click.argument("directory", type=click.Path(path_type=Path))
+def traces_finalize(directory: Path) -> None:
+    """Consolidate an interrupted calibration's points into a usable trace set.
+
+    `calibrate` writes each measured point as a part file and consolidates them when it ends;
+    a run stopped early leaves parts that `predict` and `traces show` refuse until the same
+    calibrate command resumes and finishes. This makes a trace set of the points measured so
+    far (resuming later still works, and finalizes again).
+
+    Example:
+
+    \b
+        vegas-sim traces finalize ./my-traces
+    """
+    from vegas_sim.traces import io
+
+    with user_errors():
+        trace_set = io.finalize_trace_set(directory)
+    click.echo(io.format_summary(io.summarize(trace_set)))
 
 
 @traces.command("merge")

@@ -154,7 +154,8 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
               help="One more wave per configuration with per-phase timers (not measured "
                    "throughput): measured vs predicted ms per phase in the table.")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="Result CSV (predicted, measured, error %, CI, extrapolated).")
+              help="Result CSV (predicted, measured, error %, CI, extrapolated); the "
+                   "configurations it runs are written first beside it, as *.heldout.csv.")
 def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              n_random: int | None, repredict: Path | None, model: str | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
@@ -185,6 +186,9 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
 
     with user_errors():
         check_out(out, (".csv",))
+        if repredict is not None and out.resolve() == repredict.resolve():
+            raise click.UsageError("--out would overwrite the --repredict table: name a new "
+                                   "file (the before/after comparison needs both)")
         if repredict is not None:
             if heldout is not None or n_random is not None or model is not None:
                 raise click.UsageError("--repredict runs nothing: drop --heldout/--random/--model")

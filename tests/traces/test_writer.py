@@ -100,7 +100,7 @@ def test_unfinalized_parts_are_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(TraceSetError) as info:
         io.load_trace_set(tmp_path / "s")
     msg = str(info.value)
-    assert "unfinished trace set" in msg and "vegas-sim calibrate" in msg and "finalize_trace_set" in msg
+    assert "unfinished trace set" in msg and "vegas-sim calibrate" in msg and "vegas-sim traces finalize" in msg
     ts = io.finalize_trace_set(tmp_path / "s")
     assert sorted(ts.latency["batch"].tolist()) == [1, 2]
 

@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shlex
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,13 +76,8 @@ _FIX_RECALIBRATE = "re-run `vegas-sim calibrate` to regenerate the trace set"
 
 
 def finalize_command(path: Path) -> str:
-    """A shell command that runs `finalize_trace_set(path)`: there is no CLI command for it.
-
-    It names this very interpreter, not `python`, since a CLI user's `python` (e.g. with
-    vegas-sim installed by pipx) may not import vegas_sim."""
-    code = ("from vegas_sim.traces.io import finalize_trace_set; "
-            f"finalize_trace_set({json.dumps(str(path))})")
-    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    """The command that runs `finalize_trace_set(path)`."""
+    return f"vegas-sim traces finalize {shlex.quote(str(path))}"
 
 
 def _unfinalized_fix(path: Path) -> str:
