@@ -354,3 +354,14 @@ def test_graphed_forward_matches_eager_on_cuda() -> None:
     eager_cache.rollback(eager_cache.lens - 2)
     toks = torch.tensor([[1, 2, 3], [4, 5, 6]], device="cuda")
     torch.testing.assert_close(graphed(toks), model.forward(toks, eager_cache), atol=0, rtol=0)
+
+
+def test_weights_that_cannot_fit_are_refused_before_allocating(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU the alternative is the OOM killer: exit 137 and no message."""
+    from vegas_sim.calibrate import hardware
+
+    monkeypatch.setattr(hardware, "free_memory", lambda device: 100 << 20)  # 100 MB free
+    with pytest.raises(UserInputError, match=r"smollm2-135m's weights need 0\.\d GB") as err:
+        load_model("smollm2-135m", weights="random", device="cpu")
+    assert err.value.where == "--model"

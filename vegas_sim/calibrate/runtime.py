@@ -513,6 +513,22 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def _check_weights_fit(spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
+    """Refuse before allocating: weights larger than the device's free memory would end in
+    the kernel's OOM killer on the CPU (no message at all), or a CUDA OOM mid-build."""
+    from vegas_sim.calibrate.hardware import free_memory
+
+    if torch.device(device).type == "meta":
+        return
+    need = spec.matmul_params() * torch.tensor([], dtype=dtype).element_size()
+    free = free_memory(device)
+    if need > 0.9 * free:
+        raise UserInputError(
+            f"{spec.name}'s weights need {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}"
+            f", more than the {free / 1e9:.1f} GB free on {device}", where="--model",
+            fix="use a smaller model, or a device with more memory")
+
+
 def load_model(
     source: str, *, weights: str = "real", device: str = "cpu", dtype: torch.dtype | None = None,
     seed: int = 0,
@@ -539,8 +555,10 @@ def load_model(
             )
         else:
             spec = get_preset(source)
+            _check_weights_fit(spec, device, dtype)
             model = Transformer(spec, None, device=device, dtype=dtype, seed=seed)
             return model, None, {"kind": "random", "id": spec.name, "sha256": None, "seed": seed}
+    _check_weights_fit(wmod.load_checkpoint(path, load_weights=False).spec, device, dtype)
     loaded = wmod.load_checkpoint(path, weights == "real")
     model = Transformer(loaded.spec, loaded.weights, device=device, dtype=dtype, seed=seed)
     meta = dict(loaded.meta)
