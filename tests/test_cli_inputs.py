@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from vegas_sim import cli as cli_module
 from vegas_sim.cli import cli
-from vegas_sim.cliutil import check_out
 from vegas_sim.errors import UserInputError
+from vegas_sim.reports.csv import check_out
 from vegas_sim.sim.engine import PREFILL_MODES
 
 FAST = ["--engine", "analytic", "--gamma", "4"]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from vegas_sim.cliutil import check_out, user_errors
+from vegas_sim.cliutil import user_errors
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
 
@@ -161,6 +161,8 @@ OUT_FORMATS = {".csv": "csv", ".json": "json", ".parquet": "parquet"}
 
 def _out_format(fmt: str, explicit: bool, out: Path | None) -> str:
     """The format to write: --out's suffix decides; an explicit --format must agree with it."""
+    from vegas_sim.reports.csv import check_out
+
     if out is None:
         if fmt == "parquet":
             raise UserInputError("parquet is binary and needs a file", where="--format",

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from vegas_sim.calibrate import gridspec
-from vegas_sim.cliutil import check_out, progress_task, user_errors
+from vegas_sim.cliutil import progress_task, user_errors
 
 
 @click.command()
@@ -183,6 +183,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
             --acceptance-traces traces/smol --out val-q8b-new.csv
     """
     from vegas_sim.calibrate import validate as validation
+    from vegas_sim.reports.csv import check_out
 
     with user_errors():
         check_out(out, (".csv",))

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from vegas_sim.cliutil import check_out, user_errors
+from vegas_sim.cliutil import user_errors
 from vegas_sim.methods import METHODS
 
 
@@ -99,6 +99,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
         vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16 \\
             --context 32K,120K -m vegas -m magicdec-stream --out sweep.csv
     """
+    from vegas_sim.reports.csv import check_out
     from vegas_sim.sim.sweep import SweepGrid
     from vegas_sim.sim.sweep import sweep as run_sweep
 
@@ -151,6 +152,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         vegas-sim tune --batch 1,4,16 --context 32K,120K --out best_gamma.json
     """
     from vegas_sim.calibrate.gridspec import parse_int_grid
+    from vegas_sim.reports.csv import check_out
     from vegas_sim.sim.tune import TuneConfig
     from vegas_sim.sim.tune import tune as run_tune
 

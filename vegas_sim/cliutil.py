@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,22 +21,6 @@ def user_errors() -> Iterator[None]:
         yield
     except UserInputError as e:
         raise click.ClickException(e.message()) from None
-
-
-def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
-    """Check an output path before any work is done, so that a long run is not lost to a typo:
-    not a directory, a known suffix, and a directory that exists or can be made and takes a
-    new file. Returns the path."""
-    from vegas_sim.reports.csv import check_writable
-
-    if path.is_dir():
-        raise UserInputError(f"{str(path)!r} is a directory", where=option,
-                             fix=f"name a file inside it, e.g. {path / ('result' + suffixes[0])}")
-    if path.suffix.lower() not in suffixes:
-        raise UserInputError(f"cannot tell what to write to {str(path)!r} from its suffix",
-                             where=option, fix=f"name the file *{', *'.join(suffixes)}")
-    check_writable(path, option)
-    return path
 
 
 @contextmanager

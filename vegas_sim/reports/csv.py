@@ -135,6 +135,20 @@ def check_writable(path: Path, option: str = "--out") -> None:
         raise _cannot_write(path, e, option) from None
 
 
+def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
+    """Check an output path before any work is done, so that a long run is not lost to a typo:
+    not a directory, a known suffix, and a directory that exists or can be made and takes a
+    new file. Returns the path."""
+    if path.is_dir():
+        raise UserInputError(f"{str(path)!r} is a directory", where=option,
+                             fix=f"name a file inside it, e.g. {path / ('result' + suffixes[0])}")
+    if path.suffix.lower() not in suffixes:
+        raise UserInputError(f"cannot tell what to write to {str(path)!r} from its suffix",
+                             where=option, fix=f"name the file *{', *'.join(suffixes)}")
+    check_writable(path, option)
+    return path
+
+
 def write_atomic(path: str | Path, write: Callable[[str], object],
                  option: str = "--out") -> Path:
     """Write `path` through `write(tmp_name)` and a rename, so a reader never sees half a file

@@ -33,7 +33,7 @@ from markupsafe import Markup
 from vegas_sim.errors import UserInputError
 from vegas_sim.reports import charts as ch
 from vegas_sim.reports.csv import (
-    check_writable,
+    check_out,
     read_table,
     spread_rates,
     write_atomic,
@@ -186,17 +186,6 @@ def _table_html(df: pd.DataFrame) -> Markup:
                              float_format=lambda v: f"{v:.4g}"))
 
 
-def _check_out(out: Path) -> Path:
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise UserInputError(f"{str(out)!r} is not an .html file", where="--out",
-                             fix="name the report *.html")
-    if out.is_dir():
-        raise UserInputError(f"{str(out)!r} is a directory", where="--out",
-                             fix=f"name a file inside it, e.g. {out / 'report.html'}")
-    check_writable(out, "--out")  # before any output: no CSVs left beside a failed report
-    return out
-
-
 def _companions(out: Path, df: pd.DataFrame,
                 charts: list[ch.Chart]) -> list[tuple[Path, pd.DataFrame]]:
     """(path, table) of each CSV beside the report: the whole table, then the charts' tables."""
@@ -293,7 +282,8 @@ def write_report(
         raise UserInputError("the results table is empty", where="RESULTS",
                              fix="run a sweep/tune/validate that produces rows")
     kind = _check_kind(kind, hint, df)
-    out = _check_out(Path(out_html))
+    # before any output: no CSVs left beside a failed report
+    out = check_out(Path(out_html), (".html", ".htm"))
     source = None if isinstance(results, pd.DataFrame) else Path(results)
     charts = _charts_for(kind, df)
     planned = _companions(out, df, charts)
