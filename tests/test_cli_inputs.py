@@ -219,3 +219,9 @@ def test_repredict_will_not_overwrite_its_input(tmp_path: Path) -> None:
                                       "qwen3-8b-h200", "--out", str(table)])
     assert result.exit_code == 2 and "would overwrite the --repredict table" in result.output
     assert table.read_text() == "method\nvegas\n"
+
+
+def test_sweep_without_a_terminal_reports_progress_as_calibrate_does(tmp_path: Path) -> None:
+    result = run(["sweep", "--gamma", "2..4", "--out", str(tmp_path / "s.csv")])
+    assert result.exit_code == 0, result.output
+    assert "sweep (analytic): 16/16 (" in result.stderr

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from vegas_sim.cliutil import user_errors
+from vegas_sim.cliutil import ProgressFn, progress_lines, user_errors
 from vegas_sim.methods import METHODS
 
 
@@ -30,10 +30,16 @@ def _bar() -> Iterator[Any]:
     )
 
     console = Console(stderr=True)
-    # off when stderr is not a terminal: a log file gets no bar leftovers
+    if not console.is_terminal:  # a log file: calibrate's plain lines, one stream per label
+        streams: dict[str, ProgressFn] = {}
+
+        def lines(label: str, done: int, total: int) -> None:
+            streams.setdefault(label, progress_lines(label))(done, total, "")
+
+        yield lines
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=console, transient=True,
-                  disable=not console.is_terminal) as bar:
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
         tasks: dict[str, Any] = {}
 
         def update(label: str, done: int, total: int) -> None:

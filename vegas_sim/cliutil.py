@@ -37,14 +37,15 @@ def progress_task(description: str) -> Iterator[ProgressFn]:
         TimeRemainingColumn,
     )
 
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log file (nohup, CI, a batch job): plain lines
+        yield progress_lines(description)
+        return
     bar = Progress(
         TextColumn(description), TextColumn("{task.description}"), BarColumn(),
         MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=Console(stderr=True), transient=True,
+        console=console, transient=True,
     )
-    if not bar.console.is_terminal:  # a log file (nohup, CI, a batch job): plain lines
-        yield _progress_lines(description)
-        return
     with bar:
         task = bar.add_task("", total=None)
 
@@ -57,7 +58,7 @@ def progress_task(description: str) -> Iterator[ProgressFn]:
 LOG_EVERY_S = 30.0  # a plain progress line at least this often while a step's label stays
 
 
-def _progress_lines(description: str) -> ProgressFn:
+def progress_lines(description: str) -> ProgressFn:
     """progress(done, total, label) as one stderr line per new label (at most every
     LOG_EVERY_S for the same one) and at the end, with the elapsed time."""
     start = time.monotonic()
@@ -68,6 +69,7 @@ def _progress_lines(description: str) -> ProgressFn:
         if label == last["label"] and now - last["at"] < LOG_EVERY_S and done < total:
             return
         last.update(label=label, at=now)
-        click.echo(f"{description}: {done}/{total} {label} ({now - start:.0f} s)", err=True)
+        where = f"{done}/{total} {label}".rstrip()
+        click.echo(f"{description}: {where} ({now - start:.0f} s)", err=True)
 
     return progress
