@@ -516,13 +516,14 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 def _check_weights_fit(spec: ModelSpec, device: str, dtype: torch.dtype) -> None:
     """Refuse before allocating: weights larger than the device's free memory would end in
     the kernel's OOM killer on the CPU (no message at all), or a CUDA OOM mid-build."""
-    from vegas_sim.calibrate.hardware import free_memory
+    from vegas_sim.calibrate.hardware import free_memory, memory_needed
 
     if torch.device(device).type == "meta":
         return
-    need = spec.matmul_params() * torch.tensor([], dtype=dtype).element_size()
+    # the calibration's own estimate at one request of one token: the weights, in `dtype`
+    need = memory_needed(spec, 1, 1, dtype_bytes=torch.tensor([], dtype=dtype).element_size())
     free = free_memory(device)
-    if need > 0.9 * free:
+    if need > 0.9 * free:  # fits_in_memory's headroom
         raise UserInputError(
             f"{spec.name}'s weights need {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')}"
             f", more than the {free / 1e9:.1f} GB free on {device}", where="--model",
@@ -558,8 +559,9 @@ def load_model(
             _check_weights_fit(spec, device, dtype)
             model = Transformer(spec, None, device=device, dtype=dtype, seed=seed)
             return model, None, {"kind": "random", "id": spec.name, "sha256": None, "seed": seed}
-    _check_weights_fit(wmod.load_checkpoint(path, load_weights=False).spec, device, dtype)
-    loaded = wmod.load_checkpoint(path, weights == "real")
+    shape = wmod.load_checkpoint(path, load_weights=False)  # header only: check, then load
+    _check_weights_fit(shape.spec, device, dtype)
+    loaded = wmod.load_checkpoint(path, load_weights=True) if weights == "real" else shape
     model = Transformer(loaded.spec, loaded.weights, device=device, dtype=dtype, seed=seed)
     meta = dict(loaded.meta)
     if weights == "random":

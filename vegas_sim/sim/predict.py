@@ -107,7 +107,7 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
                              fix=f"use one of: {', '.join(PREFILL_MODES)}")
     Arrivals.parse(sc.arrival).validate(sc.n_requests)
     if sc.context + sc.output_len > model.max_positions:
-        _raise_too_long(sc, model)
+        raise _too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
         _check_memory(sc, model, gpu_memory_gb)
 
@@ -143,7 +143,7 @@ def skipped_notes(skipped: Sequence[tuple[Scenario, DoesNotFitError]]) -> list[s
             for (b, c, o), (n, err) in cells.items()]
 
 
-def _raise_too_long(sc: Scenario, model: ModelSpec) -> None:
+def _too_long(sc: Scenario, model: ModelSpec) -> DoesNotFitError:
     # A "128K" model holds 131072 positions for prompt and output together, so a 128K prompt
     # leaves no room to generate: name the largest prompt that does fit.
     room = model.max_positions - sc.output_len
@@ -152,7 +152,7 @@ def _raise_too_long(sc: Scenario, model: ModelSpec) -> None:
     else:
         fix = f"use --context {room}" + (f" ({room // 1024}K)" if room % 1024 == 0 else "")
         fix += f" or less at --output-len {sc.output_len}, or a shorter --output-len"
-    raise DoesNotFitError(
+    return DoesNotFitError(
         f"context {sc.context} + output {sc.output_len} = {sc.context + sc.output_len} tokens "
         f"exceeds {model.name}'s {model.max_positions} positions",
         where="--context/--output-len", fix=fix)
