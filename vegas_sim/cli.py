@@ -351,9 +351,9 @@ def traces_list() -> None:
     \b
         vegas-sim traces list
     """
-    from vegas_sim.traces import catalog
+    from vegas_sim.traces import io
 
-    sets = catalog.packaged_sets()
+    sets = io.packaged_sets()
     if not sets:
         click.echo("no trace set is packaged with this build")
     width = max((len(path.name) for path in sets), default=0)

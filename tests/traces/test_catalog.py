@@ -52,8 +52,8 @@ def test_nothing_packaged_says_so(tmp_path: Path) -> None:
 def test_packaged_sets_lists_directories_with_meta(tmp_path: Path, sets: dict[str, Path]) -> None:
     d = _defaults(tmp_path, sets["qwen-real"])
     (d / "not-a-set").mkdir()
-    assert catalog.packaged_sets(d) == [d / sets["qwen-real"].name]
-    assert catalog.packaged_sets(tmp_path / "missing") == []
+    assert io.packaged_sets(d) == [d / sets["qwen-real"].name]
+    assert io.packaged_sets(tmp_path / "missing") == []
 
 
 def test_traces_with_real_acceptance_serves_both(sets: dict[str, Path], tmp_path: Path) -> None:
@@ -125,7 +125,7 @@ def test_model_none_uses_traces_model(sets: dict[str, Path], tmp_path: Path) -> 
 
 def test_shipped_defaults_are_valid_and_measured() -> None:
     # Guards the real package directory: whatever is shipped must load and be measured.
-    for path in catalog.packaged_sets():
+    for path in io.packaged_sets():
         ts = io.load_trace_set(path)
         assert not ts.synthetic, f"{path} is synthetic: never ship synthetic sets"
 
@@ -146,7 +146,7 @@ def test_an_older_runtime_revision_is_named_in_the_notes(tmp_path: Path) -> None
 
     from vegas_sim.traces.schema import RUNTIME_REVISION
 
-    packaged = next(p for p in catalog.packaged_sets() if p.name == "smollm2-135m-h200")
+    packaged = next(p for p in io.packaged_sets() if p.name == "smollm2-135m-h200")
     old = tmp_path / packaged.name
     shutil.copytree(packaged, old)
     meta = json.loads((old / "meta.json").read_text())

@@ -89,7 +89,7 @@ def test_cli_list_prints_each_name_and_directory() -> None:
     result = CliRunner().invoke(cli, ["traces", "list"])
     assert result.exit_code == 0, result.output
     lines = [line.split() for line in result.output.splitlines()]
-    assert [name for name, _ in lines] == [p.name for p in catalog.packaged_sets()]
+    assert [name for name, _ in lines] == [p.name for p in io.packaged_sets()]
     assert all(Path(path).name == name for name, path in lines)
     assert PACKAGED in [name for name, _ in lines]
 

@@ -128,8 +128,8 @@ def test_random_weights_and_latency_only(tmp_path: Path) -> None:
 
 def test_refuses_the_package_defaults_directory() -> None:
     with pytest.raises(UserInputError, match="never be written into the packaged defaults"):
-        make_synthetic_trace_set(catalog.DEFAULT_DIR / "oops")
-    assert not (catalog.DEFAULT_DIR / "oops").exists()
+        make_synthetic_trace_set(io.PACKAGED_DIR / "oops")
+    assert not (io.PACKAGED_DIR / "oops").exists()
 
 
 def test_small_grid_is_fast(tmp_path: Path) -> None:

@@ -71,7 +71,8 @@ def spread_rates(df: pd.DataFrame, column: str = "rates") -> pd.DataFrame:
 
 
 def flat_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The table as every file and stdout CSV holds it: rates spread; other object cells holding lists/dicts become JSON text (CSV-safe)."""
+    """The table as every file and stdout CSV holds it: rates spread; other object cells
+    holding lists/dicts become JSON text (CSV-safe)."""
     df = spread_rates(df)
     for col in df.columns:
         if df[col].dtype == object:

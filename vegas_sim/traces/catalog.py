@@ -22,18 +22,10 @@ from vegas_sim.traces import io
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE, RUNTIME_REVISION
 
-DEFAULT_DIR = io.PACKAGED_DIR
-
 _HOW_TO_MAKE = (
     "make one on a GPU with `vegas-sim calibrate --model MODEL --out DIR` and pass "
     "`--traces DIR`"
 )
-
-
-def packaged_sets(default_dir: Path | None = None) -> list[Path]:
-    """Directories of the packaged trace sets (those holding a meta.json), sorted by name;
-    each directory's name also names the set where a trace-set directory is expected."""
-    return io.packaged_sets(default_dir)
 
 
 def describe(ts: TraceSet) -> str:
@@ -74,7 +66,7 @@ class _Entry:
 
 def _packaged_entries(default_dir: Path | None) -> list[_Entry]:
     entries = []
-    for p in packaged_sets(default_dir):
+    for p in io.packaged_sets(default_dir):
         try:
             meta = json.loads((p / META_FILE).read_text())
         except (OSError, ValueError):

@@ -30,7 +30,7 @@ import pandas as pd
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import METHODS, SPEC_METHODS, budget, iteration_plan
 from vegas_sim.models import ModelSpec, get_preset
-from vegas_sim.traces.io import TraceSet, TraceSetWriter
+from vegas_sim.traces.io import PACKAGED_DIR, TraceSet, TraceSetWriter
 from vegas_sim.traces.schema import SCHEMA_VERSION
 
 SYNTHETIC_GPU: dict[str, Any] = {
@@ -258,7 +258,7 @@ def make_synthetic_trace_set(
 
 
 def _refuse_package_dir(path: Path) -> None:
-    default_dir = (Path(__file__).parent / "default").resolve()
+    default_dir = PACKAGED_DIR.resolve()
     target = path.resolve()
     if target == default_dir or default_dir in target.parents:
         raise UserInputError(
