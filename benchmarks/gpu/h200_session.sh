@@ -173,6 +173,8 @@
 #   stage 70 run 84 (carry .whl), eighteenth session: the CLI and library changes on the GPU
 #            image (no kernel or runtime change): both GPU suites, then a user's first run:
 #            `calibrate --quick`, `traces check` and `predict --traces` on the set it made.
+#   stage 71 run 85 (carry .whl), nineteenth session: benchmarks/gpu/write_mix_probe.py (what
+#            Collect-2-Query's score bytes cost a plain read stream).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -342,6 +344,10 @@ case $stage in
     # set; then at once stage 10 (regime (a) against it)
   bash "$0" 42 || exit 2
   bash "$0" 9 smol
+  ;;
+71)  # run 85 (carry .whl): Collect-2-Query's score bytes in a plain read stream
+  timeout 300 python3 benchmarks/gpu/write_mix_probe.py --rounds 5 \
+    --out "$OUT/write_mix_h200_run85.csv" 2>&1 | tee "$OUT/write_mix_run85.log"
   ;;
 70)  # run 84 (carry .whl): both GPU suites, then calibrate --quick -> traces check -> predict
   gpu_tests tests/kernels kernel_gpu_tests_run84.log
