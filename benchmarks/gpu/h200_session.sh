@@ -175,6 +175,8 @@
 #            `calibrate --quick`, `traces check` and `predict --traces` on the set it made.
 #   stage 71 run 85 (carry .whl), nineteenth session: benchmarks/gpu/write_mix_probe.py (what
 #            Collect-2-Query's score bytes cost a plain read stream).
+#   stage 72 run 86 (carry .whl): the same probe's --readers at B 1 (L2 traffic of programs
+#            that split a KV head's query rows).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -344,6 +346,10 @@ case $stage in
     # set; then at once stage 10 (regime (a) against it)
   bash "$0" 42 || exit 2
   bash "$0" 9 smol
+  ;;
+72)  # run 86 (carry .whl): 1, 2 or 4 programs reading each K/V tile at B 1
+  timeout 200 python3 benchmarks/gpu/write_mix_probe.py --readers 1:32768,1:131072,4:32768 \
+    --rounds 5 --out "$OUT/readers_h200_run86.csv" 2>&1 | tee "$OUT/readers_run86.log"
   ;;
 71)  # run 85 (carry .whl): Collect-2-Query's score bytes in a plain read stream
   timeout 300 python3 benchmarks/gpu/write_mix_probe.py --rounds 5 \
