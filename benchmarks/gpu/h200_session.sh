@@ -177,6 +177,8 @@
 #            Collect-2-Query's score bytes cost a plain read stream).
 #   stage 72 run 86 (carry .whl): the same probe's --readers at B 1 (L2 traffic of programs
 #            that split a KV head's query rows).
+#   stage 73 run 87 (carry .whl): benchmarks/gpu/ws_probe.py (Triton's warp specialisation on
+#            verify's TMA loop at B 1).
 #   stage 33 run 34 (carry .whl): the Qwen3-8B latency set again with this session's kernels,
 #            as `5 q8b` (same grid), keeping its parts so that a run cut by the timeout resumes
 #            in a next call (carry .resume: the returned tgz unpacked to
@@ -346,6 +348,10 @@ case $stage in
     # set; then at once stage 10 (regime (a) against it)
   bash "$0" 42 || exit 2
   bash "$0" 9 smol
+  ;;
+73)  # run 87 (carry .whl): warp specialisation of verify's TMA loop at B 1
+  timeout 300 python3 benchmarks/gpu/ws_probe.py --rounds 5 \
+    --out "$OUT/ws_probe_h200_run87.csv" 2>&1 | grep -v "^ " | tail -40 | tee "$OUT/ws_probe_run87.log"
   ;;
 72)  # run 86 (carry .whl): 1, 2 or 4 programs reading each K/V tile at B 1
   timeout 200 python3 benchmarks/gpu/write_mix_probe.py --readers 1:32768,1:131072,4:32768 \
