@@ -326,14 +326,18 @@ class _Models:
     notes: tuple[str, ...] = ()  # which sets were used
 
 
-def load_models(traces: Path, acceptance_traces: Path | None) -> _Models:
+def load_models(traces: Path, acceptance_traces: Path | None,
+                log: Callable[[str], None] | None = None) -> _Models:
     """Latency model of `traces`; acceptance model of `acceptance_traces`, by default of
     `traces` when it has real-weights acceptance, else of the packaged real-weights set (as
-    `predict` does; `notes` say which)."""
+    `predict` does; `notes` say which, and go to `log` as "note: ..." lines)."""
     from vegas_sim import api
     from vegas_sim.traces import catalog
 
     latency_set, acc_set, notes = catalog.resolve(None, traces, acceptance=acceptance_traces)
+    if log is not None:
+        for note in notes:
+            log(f"note: {note}")
     grid = latency_set.meta.get("grid", {})
     return _Models(
         latency=api.fit_latency(latency_set),
@@ -451,10 +455,7 @@ def run_validation(
     from vegas_sim.sim.predict import predict
 
     t_start = time.perf_counter()
-    models = load_models(traces, acceptance_traces)
-    if log is not None:
-        for note in models.notes:
-            log(f"note: {note}")
+    models = load_models(traces, acceptance_traces, log)
     latency, acceptance = models.latency, models.acceptance
     spec_max = int(latency.model.max_positions)
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
@@ -659,10 +660,7 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
     from vegas_sim.sim.predict import predict
 
     old = read_results(results)
-    models = load_models(traces, acceptance_traces)
-    if log is not None:
-        for note in models.notes:
-            log(f"note: {note}")
+    models = load_models(traces, acceptance_traces, log)
     rows = []
     for i, rec in enumerate(old.to_dict(orient="records")):
         row = {str(k): v for k, v in rec.items()}
