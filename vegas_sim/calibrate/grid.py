@@ -117,7 +117,7 @@ from vegas_sim.methods import (
 )
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import MAX_EXACT_BUCKETS
-from vegas_sim.traces.io import acceptance_summary
+from vegas_sim.traces.io import acceptance_summary, nearest_existing
 from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, RUN_LOG_FILE, SCHEMA_VERSION
 
 log = logging.getLogger("vegas_sim.calibrate")
@@ -1131,9 +1131,7 @@ def check_resumable(out: Path, plan: CalibrationPlan) -> None:
     if out.exists() and not out.is_dir():
         raise UserInputError(f"{str(out)!r} exists and is not a directory", where="--out",
                              fix="name a new directory for the trace set")
-    base = out  # the nearest existing ancestor: where the directory would be made
-    while not base.exists() and base != base.parent:
-        base = base.parent
+    base = nearest_existing(out)
     if not base.is_dir() or not os.access(base, os.W_OK):
         raise UserInputError(f"cannot create the directory {str(out)!r} in {str(base)!r}",
                              where="--out", fix="name a directory in a writable place")

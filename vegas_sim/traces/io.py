@@ -510,6 +510,14 @@ def packaged_sets(packaged_dir: Path | None = None) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).is_file())
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest ancestor that does: where making the
+    directory `path` would start (a file there means it cannot be made)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def _is_bare_name(path: Path) -> bool:
     """'qwen3-8b-h200', not 'traces/x', '/x', '.' or '..' ('./x' is 'x' to pathlib and click,
     but a path that exists is never looked up)."""

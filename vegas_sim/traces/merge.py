@@ -33,7 +33,13 @@ from typing import Any
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError
-from vegas_sim.traces.io import TraceSet, TraceSetWriter, acceptance_summary, load_trace_set
+from vegas_sim.traces.io import (
+    TraceSet,
+    TraceSetWriter,
+    acceptance_summary,
+    load_trace_set,
+    nearest_existing,
+)
 from vegas_sim.traces.schema import (
     ACCEPTANCE_FILE,
     ACCEPTANCE_POINT_KEYS,
@@ -89,9 +95,9 @@ def _check_output(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()):
         raise TraceSetError("the output directory exists and is not empty", where=str(out),
                             fix=fix)
-    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise TraceSetError(f"cannot create the output directory: {blocker} is a file",
+    base = nearest_existing(out)
+    if not base.is_dir():
+        raise TraceSetError(f"cannot create the output directory: {base} is a file",
                             where=str(out), fix=fix)
 
 
