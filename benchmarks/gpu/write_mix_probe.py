@@ -110,9 +110,10 @@ def stream(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tens
         num_warps=4, num_stages=3)
 
 
-def shape_calls(gen: torch.Generator, B: int, C: int) -> tuple[dict[str, Callable[[], Any]],
-                                                               str]:
-    """The timed calls at (B, C) and the stream's launch label (verify's at NQ 1)."""
+def shape_calls(gen: torch.Generator, B: int, C: int
+                ) -> tuple[dict[str, Callable[[], Any]], str, int]:
+    """The timed calls at (B, C), the stream's launch label (verify's at NQ 1) and the bytes
+    of the score rows it stores."""
     _, cfg = va.launch_config(B, HKV, 1, G, C, va.num_sms(torch.device(DEV)), "none")
     caches, lens, q1 = verify_inputs(gen, B, C, 1)
     q8 = torch.randn(B, 8, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
@@ -137,18 +138,17 @@ def shape_calls(gen: torch.Generator, B: int, C: int) -> tuple[dict[str, Callabl
     for nq, q in ((1, q1), (8, q8)):
         calls[f"verify none nq{nq}"] = verify_call(caches, q, lens, "none", C)
         calls[f"verify c2q nq{nq}"] = verify_call(caches, q, lens, "first_last", C)
-    return calls, f"s{cfg.splits} n{cfg.block_n} w4 st3"
+    return calls, f"s{cfg.splits} n{cfg.block_n} w4 st3", scores.numel() * scores.element_size()
 
 
 def measure(gen: torch.Generator, B: int, C: int, rounds: int, copy_bw: float
             ) -> list[dict[str, Any]]:
-    calls, label = shape_calls(gen, B, C)
+    calls, label, score = shape_calls(gen, B, C)
     for call in calls.values():  # compile and check before any timing
         call()
     torch.cuda.synchronize()
     ms = min_of_rounds(calls, rounds)
     kv = kv_bytes(B, C)
-    score = float(B * R * HQ * (C + 128) * 2)
     rows = []
     for part, t in ms.items():
         base = "verify none" + part[-4:] if part.startswith("verify c2q") else "read"
