@@ -36,7 +36,7 @@ def _score_weights_kernel(
 
     No per-key load mask: keys past rank_len are read and discarded (they are valid memory),
     because a mask `offs < rank` (rank loaded at run time) stops Triton from vectorising the
-    loads — run 2's version of this kernel, 2× slower than run 1's, had exactly that. Blocks
+    loads (measured: such a mask makes this kernel 2× slower). Blocks
     entirely past rank_len skip the loads."""
     b = tl.program_id(0)
     block0 = tl.program_id(1) * BLOCK_S
@@ -70,10 +70,9 @@ def _score_weights_kernel(
 
 def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int, int]:
     """(BLOCK_S, BLOCK_R, warps): 2048-key rows (4 KB contiguous per (row, head) line), 16
-    lines per step, 8 warps — a [16, 2048] bf16 tile (64 KB in flight per step). H200 runs 10
-    and 11 (results/tune_h200_run1{0,1}.csv), B 4, C 128K, 64 lines: 0.77 of copy, vs 0.54
-    for run 5's [4, 1024] at 4 warps; 8192-element tiles and 4 warps were 0.19-0.56, [16, 4096]
-    at 16 warps 0.79. The last block is masked against S_max (an argument Triton specialises as
+    lines per step, 8 warps — a [16, 2048] bf16 tile (64 KB in flight per step). On the H200,
+    B 4, C 128K, 64 lines: 0.77 of copy, vs 0.54 for [4, 1024] at 4 warps; 8192-element tiles
+    and 4 warps are 0.19-0.56, [16, 4096] at 16 warps 0.79. The last block is masked against S_max (an argument Triton specialises as
     a multiple of 16, so the mask keeps 16-byte loads; only masks on *loaded* values, like
     rank_len, stop vectorisation). Short rows (tests) get a tile of <= 32768 elements."""
     block_s = min(2048, max(128, _next_pow2(s_max)))
@@ -122,8 +121,8 @@ def score_weights(
 # on a GPU. Its index order is the same on every run: the sparse draft kernel sums the selected
 # keys in index order, so drafts stay reproducible (calibration and the eager-vs-graphed GPU
 # tests rely on it); ties at the k-th value go by position. H200, [36, 4, 131200], k 9175:
-# run 16's atomic-order version 0.142 ms (+ an index sort: 0.291 ms), run 17's sorted
-# version 0.212 ms, this three-run order 0.167 ms (runs 19 and 25), torch.topk(sorted=False)
+# an atomic-order variant 0.142 ms (+ an index sort: 0.291 ms), a fully sorted one
+# 0.212 ms, this three-run order 0.167 ms, torch.topk(sorted=False)
 # 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
 # torch.topk.
 RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"

@@ -91,9 +91,9 @@ def _sparse_attention_kernel(
 
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
-    # Only the G real rows: the combine never reads the M tile's padding, which at G 4 was 3/4
-    # of the partials' bytes. H200 run 46 (benchmarks/results/sparse_probe_store_h200_run46.csv):
-    # 0.7-3.5 % faster at its 8 shapes (B 1 C 32K s 0.2: 14.84 -> 14.57 µs).
+    # Only the G real rows: the combine never reads the M tile's padding, which at G 4 is 3/4
+    # of the partials' bytes. Measured on the H200 against storing the whole tile:
+    # 0.7-3.5 % faster at 8 shapes (B 1 C 32K s 0.2: 14.84 -> 14.57 µs).
     part = (pid_bh * SPLITS + split).to(tl.int64) * BLOCK_M + offs_m
     tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None],
              mask=row_ok[:, None])
@@ -102,19 +102,17 @@ def _sparse_attention_kernel(
 
 # One launch rule for every selection: tiles of TILE_ELEMENTS (keys × dims; 16 keys at D 128),
 # one warp per program, ~8 programs per SM, the split count fitted to whole tiles so that no
-# split is left without keys. The ~400 short 4-warp programs of run 33's rule ramped the DRAM up
-# slowly at the mid-size selections (20-27 MB; a plain read of those bytes does (ms - launch) /
-# (bytes / copy) = 1.08-1.13, run 55's read_roof). H200 runs 56-58, Qwen3-8B heads (D 128,
-# benchmarks/results/sparse_probe_{deep,warps,w1}_h200_run5*.csv), against run 33's rule (32-key
+# split is left without keys. ~400 short 4-warp programs ramp the DRAM up slowly at the
+# mid-size selections (20-27 MB; a plain read of those bytes does (ms - launch) /
+# (bytes / copy) = 1.08-1.13). H200, Qwen3-8B heads (D 128), against a 4-warp rule (32-key
 # tiles at 4 warps, 4 per SM, up to 2^15 keys in all; 64-key tiles above): B 1 C 32K s 0.2
 # 14.61 -> 13.50 µs, B 4 C 128K s 0.01 12.80 -> 11.77, B 1 C 128K s 0.05 14.47 -> 13.32, B 4
 # C 32K s 0.05 14.61 -> 13.26, B 4 C 32K s 0.2 34.43 -> 33.75, B 16 C 128K s 0.2 403.1 -> 399.7;
 # B 1 C 32K s 0.01 5.21 -> 5.32 (a 1.3 MB selection). Eight programs are what an H200 SM holds
-# at once (three stages of 4 KB of K and 4 KB of V, 228 KB of shared memory); run 58's nine per
-# SM left a second wave and were 1.3-1.9x slower, so the split count rounds down. SmolLM2's
-# D 64 heads take 32-key tiles, the same bytes a tile. Its grid's draft steps (run 65,
-# benchmarks/results/h200/sparse_launch_ab_smollm2_run65.log), against 16-key tiles / run 33's
-# rule: B 64 C 4K 1-4 % / 1-2 % faster, B 32 C 7K s 0.2 4 % / 5 % faster, B 16 C 4K within
+# at once (three stages of 4 KB of K and 4 KB of V, 228 KB of shared memory); nine per SM
+# leave a second wave and are 1.3-1.9x slower, so the split count rounds down. SmolLM2's
+# D 64 heads take 32-key tiles, the same bytes a tile. Its grid's draft steps, against
+# 16-key tiles / the 4-warp rule: B 64 C 4K 1-4 % / 1-2 % faster, B 32 C 7K s 0.2 4 % / 5 % faster, B 16 C 4K within
 # 1 % / 0-2 % faster; B 1 C 4K (a few hundred keys) 1-3 % / 1-3 % slower.
 TILE_ELEMENTS = 2048
 NUM_WARPS = 1

@@ -3,8 +3,8 @@
 no atomics: each row's indices come out in the same order on every run.
 
 Weights are >= 0, so their int32 bit patterns order like the values. Three launches, all
-capturable in a CUDA graph (H200, triton 3.6, [144, 131200] fp32, k = 9175; run 16's atomic
-version: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µs, refinement
+capturable in a CUDA graph (H200, triton 3.6, [144, 131200] fp32, k = 9175; an atomic-slot
+variant: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µs, refinement
 ~35 µs):
 
   1. `_sample_kernel`, one program per row: a stratified sample of SAMPLE patterns (one at a
@@ -30,12 +30,12 @@ version: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µ
      order: every row's output is three ascending runs — the winners, the candidates above
      the k-th value, the candidates tied at it (a missed bracket: the last two only).
 
-Run 16's version reserved list slots by atomics, so its index order varied from run to run
-and `topk_select` sorted the indices (0.29 ms in all); run 17's fully sorted version (a
-count per part, then a second full-row pass that wrote the selected positions in order)
-took 0.21 ms, half of it in that extra pass and its per-part counting.
+Reserving list slots by atomics makes the index order vary from run to run, and
+`topk_select` must then sort the indices (0.29 ms in all); a fully sorted output (a count
+per part, then a second full-row pass that writes the selected positions in order) takes
+0.21 ms, half of it in that extra pass and its per-part counting.
 
-Measured on the H200 along the way (why it is built so):
+Measured on the H200 (why it is built so):
 - a classic radix select over the full rows (a 64-bucket tl.histogram pass per digit, split
   over programs, histograms combined by atomics) took 57 µs per pass: tl.histogram is
   instruction-bound (ballots and popcounts per element), ~3x a plain read (~20 µs). Two
@@ -75,10 +75,10 @@ REFINE_BLOCK = 512  # elements per step of the refinement (a part's list: ~360 a
 REFINE_WARPS = 4
 PROGRAMS_PER_SM = 16  # target programs per SM of the full-row pass (split 8: 0.165 ms)
 # Parts (programs) per row of the full-row pass, at most; also the kernels' PARTS constexpr,
-# fixed so that one compiled kernel serves every row length and row count. When PARTS was
-# next_pow2(parts of this call), every new context of a calibration at B = 1 compiled the
-# kernels again: the Qwen3-8B grid's first point at each context took 40-68 s instead of
-# ~8 (H200 run 34, results/h200/calibrate_q8b_progress_run34.jsonl; run 6: 5-14 s).
+# fixed so that one compiled kernel serves every row length and row count. With PARTS =
+# next_pow2(parts of this call), every new context of a calibration at B = 1 would compile
+# the kernels again (measured on the H200: the Qwen3-8B grid's first point at each context
+# took 40-68 s instead of ~8).
 MAX_PARTS = 64
 MAX_PATTERN = tl.constexpr(0x7FFFFFFF)  # the largest int32: +inf and NaN patterns included
 
@@ -136,7 +136,7 @@ def _compact_kernel(
     row, and of the row's two scratch lists: positions of patterns > t_hi → WIN_POS, patterns
     in [t_lo, t_hi] → SCRATCH as pattern << 32 | position, both in position order from the
     region's start; the counts → WINS / CANDS[row, part]. No atomics: every list is the same
-    on every run (run 16's version reserved slots by atomics, so its output order varied)."""
+    on every run (slots reserved by atomics would make the output order vary)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     t_lo = tl.load(STATE + row * 2)

@@ -13,12 +13,12 @@ collected rows, -inf where masked, for every position in [0, S_max).
 - The packed rows are ordered row 0, row NQ−1, then rows 1..NQ−2 (`_packed_row`), so the
   first_last rows are the first R·G rows of the M tile: the default stores those rows of the
   main score tile (row mask constant along keys → 16-byte stores). `c2q_dot=True` instead
-  computes them with a separate [max(16, 2G), BLOCK_N] dot (run 3's version); `c2q="slice"`
+  computes them with a separate [max(16, 2G), BLOCK_N] dot; `c2q="slice"`
   cuts rows 0..BLOCK_C-1 out of the main tile (reshape/permute/split) and stores them densely.
 - M tile minimum (`default_min_m`): 64 (wgmma on Hopper) for Collect-2-Query with NQ·G > 16,
   else 16. ptxas for sm_90a: M 32 × N 128 with a score store spills at 255 registers and
   adds a shared-memory layout conversion (7 more barriers per tile); M 64 × N 64 uses 196
-  registers without spills and one more barrier. H200 run 4: that halves the first_last
+  registers without spills and one more barrier. On the H200 that halves the first_last
   overhead at NQ 8; without collection and at NQ·G <= 16, M 16 is as fast or faster.
 - Every split works on whole BLOCK_N tiles aligned to multiples of BLOCK_N, so the score
   stores need no per-key mask (the tile past cache_lens is -inf by the causal mask); only
@@ -36,8 +36,8 @@ Launch config (`choose_config`): `wide_config` for long calls on the M 64 tile (
 tiles, two programs per SM, TMA); else a table of configurations measured best on the H200
 (`TUNED`), or tile sizes by M and a split count from a wave model (`choose_splits`): the
 time of a launch is ~ ceil(programs / SMs) × keys per program, so 5 splits at B=4 (160
-programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave) — the 0.65 vs
-0.99 of copy that run 2 vs the run-1 sweep measured.
+programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave): measured on
+the H200, 0.65 vs 0.99 of copy.
 """
 
 from __future__ import annotations
@@ -338,34 +338,33 @@ class VerifyConfig:
                 + (" tma" if self.tma else ""))
 
 
-# Measured best on the H200 (benchmarks/results/kernels_h200_run1.csv, kind=tune), keyed by
+# Measured best on the H200, keyed by
 # (SMs, B·Hkv, BLOCK_M, floor(log2(max_len))). `benchmarks/kernels.py --tune` prints entries
-# in this format; paste the ones that beat the heuristic here.
-# Run 1's B=16 C=32K NQ=16 entry (s6 n64 st3, 0.96) and run 10/14's Collect-2-Query entries
-# for B=16 (s2 n64 st4) are superseded by `wide_config` (runs 23-24).
+# in this format; paste the ones that beat the heuristic here. Long calls on the M 64 tile
+# take `wide_config` before this table is looked up, so they need no entry.
 TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
     (132, 32, 32, 17): VerifyConfig(4, 128, 4, 3),  # B=4 C=128K NQ=8: 0.98 of copy (st4: 0.99)
 }
 
-# Long launches (H200 runs 22-24, results/tma_probe_h200_run2{2,3,4}.csv; keys = B·Hkv·max_len
-# KV rows): from TMA_KEYS, K/V go by TMA for collect=none at M >= 32 (run 24 against the
-# pointer loads: NQ 8 -1.9 to -6.1 %, NQ 16 -2.2 to -6.8 %; at M 16 and below TMA_KEYS it was
+# Long launches (measured on the H200; keys = B·Hkv·max_len
+# KV rows): from TMA_KEYS, K/V go by TMA for collect=none at M >= 32 (against the
+# pointer loads: NQ 8 -1.9 to -6.1 %, NQ 16 -2.2 to -6.8 %; at M 16 and below TMA_KEYS it is
 # +0.2 to +1.5 %). From WIDE_KEYS, the M 64 tile (NQ·G > 32, or Collect-2-Query at NQ·G > 16)
-# takes `wide_config`. ncu (run 22b, B=16 C=32K NQ=16) showed why the old Collect-2-Query
-# launch lost: 152 KB of shared memory, one 4-warp program per SM, issue-bound (35 % of warp
-# samples "selected", 3.5 TB/s), where collect=none ran two programs per SM. What Collect-2-
+# takes `wide_config`. ncu (B=16 C=32K NQ=16) shows why a 64-key, 4-stage Collect-2-Query
+# launch loses there: 152 KB of shared memory, one 4-warp program per SM, issue-bound (35 % of
+# warp samples "selected", 3.5 TB/s), where collect=none runs two programs per SM. What Collect-2-
 # Query still costs on this launch (+11-14 %) is its score bytes: with the stores masked off
-# at run time the same kernel is within 0-2 % of collect=none (run 30, KERNELS_NOTES.md).
+# at run time the same kernel is within 0-2 % of collect=none (benchmarks/KERNELS_NOTES.md).
 TMA_KEYS = 2**20
 WIDE_KEYS = 2**22
 
 
 def wide_config(n_heads: int, n_sms: int) -> VerifyConfig:
     """The M 64 launch for long calls: 32-key tiles at 4 stages (85 KB of shared memory, two
-    programs per SM), K/V by TMA, splits for two programs on every SM. Run 24 against the
-    previous defaults: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K), -7.7 %
-    (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K was -1.4 in run
-    23), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it lost (first_last B=4 C=32K NQ 16 +3 %,
+    programs per SM), K/V by TMA, splits for two programs on every SM. On the H200, against
+    the TUNED/heuristic launch: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K),
+    -7.7 % (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K is -1.4 in a
+    repeat), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it loses (first_last B=4 C=32K NQ 16 +3 %,
     B=1 C=128K +4 %)."""
     return VerifyConfig(splits_per_sm(n_heads, n_sms, 2), 32, 4, 4, tma=True)
 
@@ -421,10 +420,10 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
 # Smallest M tile. 64 = one warpgroup: on Hopper Triton then emits wgmma (the tensor cores read
 # K and V straight from shared memory); M 16/32 tiles compile to mma.sync + ldmatrix, and at
 # M 32 x N 128 the kernel is at 255 registers and spills once scores are stored (ptxas, sm_90a)
-# — the tile shape behind run 3's 38–75 % Collect-2-Query overhead at NQ 8. With M 64 for
-# every NQ the score store costs about its bytes (run 3, NQ 16 "all": 25 % more bytes, +27–38 %)
+# — at that tile shape Collect-2-Query costs 38–75 % at NQ 8. With M 64 for
+# every NQ the score store costs about its bytes (NQ 16 "all": 25 % more bytes, +27–38 %)
 # and one compiled kernel serves NQ 1..16. The padding costs tensor-core FLOPs only.
-# H200 run 4 (benchmarks/gpu/choose_verify_defaults.py, 8 calibration shapes, none +
+# H200 (8 calibration shapes, none +
 # first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
 # 16 without collection and at NQ 1: 16 is the default, `default_min_m` makes the
 # per-collection choice. Env VEGAS_SIM_VERIFY_MIN_M overrides both.
@@ -476,26 +475,26 @@ def smaller_configs(cfg: VerifyConfig) -> tuple[VerifyConfig, ...]:
 C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
 # The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
 # tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
-# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Runs 17-20
-# also measured, and dropped for no gain: a transposed collect dot and cache hints on the
-# score stores / K/V loads (results/h200/c2q_tdot_hints_run17.patch), and the row path's
+# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Measured and
+# left out for no gain: a transposed collect dot, cache hints on the
+# score stores / K/V loads, and the row path's
 # stores as inline PTX straight from the MMA registers, which removes the shared-memory
-# layout conversion and its barrier but not the overhead (c2q_asm_store_sink_run20.patch).
+# layout conversion and its barrier but not the overhead (benchmarks/KERNELS_NOTES.md).
 C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
 _MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
 # M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
-# H200 run 4 (results/h200/verify_defaults_run4.log), first_last overhead over none at M 16,
+# H200, first_last overhead over none at M 16,
 # rows store: B=1 C=32K NQ 8 +19.9 % (M 64: +6.8 %), B=4 C=32K NQ 8 +27.7 % (+11.7 %),
-# B=4 C=128K NQ 8 +23.1 % (+12.8 %). M 64 lost at NQ 1 (B=4 C=32K +7.8 % vs +10.1 %) and at
+# B=4 C=128K NQ 8 +23.1 % (+12.8 %). M 64 loses at NQ 1 (B=4 C=32K +7.8 % vs +10.1 %) and at
 # B=64 C=8K NQ 4 (+9.6 % vs +24.2 %) — both NQ·G <= 16, where M stays 16. Without collection
 # M 16 is as fast or faster (none 0.1307 vs 0.1321 ms, 0.5125 vs 0.5209 ms).
 MIN_M_COLLECT = 64
 
 
-# Pipeline stages of the M 64 tile when it collects first_last (the default_min_m case). H200
-# run 9 (results/kernels_h200_c2q_run9{,b}.csv), overhead over collect=none at NQ 8 (NQ 16),
+# Pipeline stages of the M 64 tile when it collects first_last (the default_min_m case). H200,
+# overhead over collect=none at NQ 8 (NQ 16),
 # st 3 → st 4: B=1 C=32K 6.4–7.6 → 2.5–2.9 %, B=4 C=128K 12.3–16.6 → 4.5–7.2 % (12.1 → 2.0 %),
-# B=16 C=32K 15.5–21.2 → 10.0–14.5 %; st 5/6 and 8 warps were slower. K/V stages of 64 keys
+# B=16 C=32K 15.5–21.2 → 10.0–14.5 %; st 5/6 and 8 warps are slower. K/V stages of 64 keys
 # are 32 KB each: 4 + the Q tile fit the 227 KB of shared memory.
 STAGES_COLLECT = 4
 
@@ -566,7 +565,7 @@ def kv_descriptor(cache: Tensor, block_n: int) -> object:
 
 def default_min_m(n_q: int, group: int, collect: str) -> int:
     """M tile minimum when the caller gives none: VEGAS_SIM_VERIFY_MIN_M if set, else 64 for
-    Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half, run 4), else
+    Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half), else
     16 (mma.sync tiles; fastest without collection and at NQ·G <= 16)."""
     if _MIN_M_ENV is not None:
         return int(_MIN_M_ENV)
@@ -671,9 +670,9 @@ def verify_attention(
             COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
             EVEN_S=S_max % c.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
             TMA=use_tma,
-            # H200 run 4 crashed (illegal address) at B=16 C=128K, the first cache of >= 2^31
-            # elements, with int32 tile offsets; run 3's int64 offsets had measured it. Until
-            # a GPU run shows where the int32 path overflows, such caches take int64 offsets.
+            # int32 tile offsets crash (illegal address) on the H200 at B=16 C=128K, the
+            # smallest measured cache of >= 2^31 elements, where int64 offsets work. Until it
+            # is known where the int32 path overflows, such caches take int64 offsets.
             OFFS64=B * k_cache.stride(0) >= 2**31 if offs64 is None else offs64,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )
