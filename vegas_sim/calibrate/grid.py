@@ -40,8 +40,8 @@
    largest γ of the plan (the simulator truncates to smaller γ) over the workload's prompts;
    one row per (request, iteration). A method × temperature × workload's sparsities decode as
    one batch, each request drafting at its own sparsity (`measure_acceptance_group`):
-   acceptance is host-bound, so 8 sparsities cost little more than one (run 6: the whole
-   SmolLM2 grid in 2.6 GPU-minutes; one point at a time, run 5: 17.1). Random weights: no
+   acceptance is host-bound, so 8 sparsities cost little more than one (the whole
+   SmolLM2 grid in 2.6 GPU-minutes; one point at a time: 17.1). Random weights: no
    acceptance rows, and meta.json says why.
 
 3. **meta.json / run_log.json.** Model spec + weights id/sha256, the GPU measured in the same
@@ -57,15 +57,13 @@ memory anyway is marked ``oom`` after freeing the allocator's cache, and the run
 
 Expected time (one H200, CUDA-graph decode loop): Qwen3-8B random weights, γ 1,3,7,15 ×
 sparsity 0.01,0.05,0.2, the 64 (B, C) points of B 1..128 × C 1K..128K (49 fit, 15 skipped):
-8.1 GPU-minutes (run 78, 2026-11-30, runtime revision 3; run 69: 8.2; run 39: 7.8; run 6:
-7.6); SmolLM2 real weights: 28 latency points with `verify_after_draft` in 3.2 minutes (run 80;
-run 71: 3.4; run 7: 6.0), and the whole
+8.1 GPU-minutes (runtime revision 3); SmolLM2 real weights: 28 latency points with
+`verify_after_draft` in 3.2 minutes, and the whole
 acceptance grid (5 methods × 8 sparsities × 4 workloads × 2 temperatures, 16-32 prompts × 32
 iterations each) in 2.6 minutes as 8 parallel processes, each method's sparsities batched
-(run 5 ran one point at a time: ≈ 13 s a point per process, 17 minutes).
-`quick_plan` (9 points) took 58 s on the H200 (run 43, benchmarks/results/h200/
-calibrate_quick_run43.log; run 6: 49 s). The acceptance figure predates the radix top-k,
-whose compile per context (run 34) is fixed (docs/RESULTS.md).
+(one point at a time: ≈ 13 s a point per process, 17 minutes).
+`quick_plan` (9 points) takes ~1 minute on the H200. The acceptance figure was measured with
+torch.topk selection; the radix top-k compiles once for all contexts (docs/RESULTS.md).
 Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
 scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
 from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the
@@ -127,12 +125,11 @@ LogFn = Callable[[str], None]
 
 # Draft steps per timed repetition in the sparsity sweep. A drafting iteration also does work
 # once for all its steps (StreamingLLM index lists, Quest page counts, Quest's metadata update
-# after acceptance): since run 8 `draft_samples` records it as an 'other' row, charged once per
-# iteration. Before, methods.iteration_plan had only per-step phases and that work was spread
-# over the timed steps: with 1 step (runs 3–5) all of it landed on every step (the H200 probe,
-# benchmarks/gpu/draft_step_probe.py, results/h200/draft_step_probe_run5.log: a stream draft
-# step at 10.11 ms in the grid vs 9.58 ms inside γ = 7 iterations), with 4 steps (runs 6–7)
-# γ / 4 of it per iteration (Quest γ 12 at B 64: 84 ms of drafting predicted, 77 measured).
+# after acceptance): `draft_samples` records it as an 'other' row, charged once per
+# iteration. Spread over the timed steps instead, it would be charged γ / DRAFT_GAMMA times
+# per iteration (measured on the H200: with 1 step a stream draft step is 10.11 ms in the grid
+# vs 9.58 ms inside γ = 7 iterations; with 4, Quest γ 12 at B 64 predicts 84 ms of drafting
+# against 77 measured).
 DRAFT_GAMMA = 4
 MAX_N_QUERY = 16  # verify kernel limit (kernels/API.md)
 # Requests per acceptance generate() call (CalibrationPlan.acceptance_batch = None): on CUDA a
@@ -554,8 +551,8 @@ def draft_samples(iterations: list[list[Sample]], gamma: int
 
     'other' = the draft's index preparation (StreamingLLM index lists, Quest page counts) plus
     Quest's metadata update after acceptance (a top-level quest_meta): methods.iteration_plan
-    charges it once per iteration. (Until run 8 it was spread evenly over the DRAFT_GAMMA
-    timed steps, so an iteration of γ steps was charged γ / DRAFT_GAMMA of it: 3× at γ 12.)
+    charges it once per iteration. (Spread evenly over the DRAFT_GAMMA timed steps, an
+    iteration of γ steps would be charged γ / DRAFT_GAMMA of it: 3× at γ 12.)
     The scoring nested in step j (the quest_meta sample right after draft_step j) belongs to
     step j.
     """
@@ -633,8 +630,8 @@ def _decoder(ctx: PointContext, method: str, gamma: int, sparsity: float, timer:
 # Iterations per timed repetition where the host gap is measured (vanilla decode, verify):
 # a repetition starts from an idle device, so its wall includes a first launch and a last sync
 # that the running loop overlaps; over a chain of consecutive iterations they are amortised,
-# as in the loop. Run 6 timed single iterations: SmolLM2 B = 1 sample + gap scattered 0.40-0.59
-# ms over 3 repetitions, and vanilla B = 1 was predicted 9 % slower than it ran.
+# as in the loop. Timed as single iterations, SmolLM2 B = 1 sample + gap scatters 0.40-0.59
+# ms over 3 repetitions, and vanilla B = 1 is predicted 9 % slower than it runs.
 HOST_GAP_CHAIN = 4
 
 
@@ -665,12 +662,11 @@ class Timed:
 
 # Off by default: where a chained repetition's wall (for its host gap) comes from. True: a
 # second run of the chain with the phase timer off, since the timer's CUDA events and
-# bookkeeping are host work the decoding loop does not do. SmolLM2, thirteenth session: the
-# B = 1 validation rows were predicted up to 10 % slow in iteration time with the timed walls
-# (runs 47-48, 52), and their timed phase waves ran 0.05-0.31 ms longer than the untimed loop
-# in 7 of 8; a set measured with untimed walls (run 53, benchmarks/results/
-# untimed_walls_run53/) brought them to -3..+3 %, but predicted B >= 24 2 % fast, and with
-# acceptance over-predicted by ~0.5 % the throughput max over 51 rows rose from 9.3 to 11.4 %.
+# bookkeeping are host work the decoding loop does not do. SmolLM2, with the timed walls: the
+# B = 1 validation rows are predicted up to 10 % slow in iteration time, and their timed phase
+# waves run 0.05-0.31 ms longer than the untimed loop in 7 of 8; a set measured with untimed
+# walls brings them to -3..+3 %, but predicts B >= 24 2 % fast, and with acceptance
+# over-predicted by ~0.5 % the largest throughput error over 51 rows rises from 9.3 to 11.4 %.
 # Not the default until that is understood; the set's meta says which walls it used.
 UNTIMED_WALLS = False
 
@@ -864,9 +860,9 @@ def _verify_samples(ctx: PointContext, run_method: str, gamma: int) -> Timed:
     Default: the drafts are stand-ins (`fill_drafts`) and the iterations are verify → accept
     → select alone. With `plan.verify_after_draft` every iteration drafts its γ tokens first
     (`SpecDecoder.step`, as the decoding loop does): the host then meets acceptance and
-    selection after a long device wait, as in a real run. Validation run 7 timed the real
-    loop phase by phase: SmolLM2's sample and select (host-bound) took 0.1-1.1 ms more per
-    iteration there than verify → accept → select alone measured. Costs γ draft steps per
+    selection after a long device wait, as in a real run. Timed phase by phase in the real
+    loop, SmolLM2's sample and select (host-bound) take 0.1-1.1 ms more per iteration than
+    verify → accept → select alone measures. Costs γ draft steps per
     timed iteration (little for a small model, about the verify sweep again for a large one).
     """
     from vegas_sim.calibrate.timers import PhaseTimer
@@ -1003,9 +999,9 @@ def cut_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     Why one would: a workload at context C means every prompt at least C long, cut to C
     (what `validate` runs), while the natural prompts give a context bucket only the windows
     made at that length. Not the default, as measured: on SmolLM2 longdoc at T 0.6 (8
-    windows per length) the cuts moved regime (a)'s validation from 2.96 / 8.35 % (median /
+    windows per length) the cuts move regime (a)'s validation from 2.96 / 8.35 % (median /
     max |error|) to 3.23 / 9.43 % — windows differ by more than contexts do, and cutting the
-    same 8 windows adds little that is new (benchmarks/results/cuts_run9/). The longdoc
+    same 8 windows adds little that is new. The longdoc
     workload has more windows per length instead (workloads.LONGDOC_PER_LENGTH).
     """
     levels = sorted({len(p) for p in prompts})

@@ -75,7 +75,7 @@ def _mask_top_p(x: Tensor, top_p: float) -> Tensor:
 
 def _top_k_top_p_probs(x: Tensor, top_k: int, top_p: float) -> Tensor:
     """Top-k then top-p, computed over the k largest logits instead of a full-vocabulary sort
-    (1/1.5 to 1/3 of the sort's GPU time at V 152K: benchmarks/gpu/sample_probe.py, run 79).
+    (1/1.5 to 1/3 of the sort's GPU time at V 152K, measured on the H200).
 
     The survivors of top-k, sorted, are the tokens strictly above the k-th logit (all among
     topk's k) followed by the whole tie group at the k-th logit, which may extend past the k
@@ -108,9 +108,9 @@ def _top_k_top_p_probs(x: Tensor, top_k: int, top_p: float) -> Tensor:
 
 def probs_by_full_sort(logits: Tensor, temperature: float, top_p: float,
                        top_k: int) -> Tensor:
-    """probs_from_logits's distribution computed the slow way, as runtime revision 2 did: mask
+    """probs_from_logits's distribution computed the slow way (runtime revision 2's method): mask
     below the k-th logit (ties kept), then top-p by a sort of the whole vocabulary. The
-    reference that tests and benchmarks/gpu/sample_probe.py hold the fast path to."""
+    reference that tests hold the fast path to."""
     x = logits.float() / temperature
     kth = torch.topk(x, top_k, dim=-1).values[..., -1:]  # [..., 1]
     return probs_from_logits(x.masked_fill(x < kth, float("-inf")), 1.0, top_p, top_k=0)

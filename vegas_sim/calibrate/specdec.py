@@ -515,8 +515,8 @@ class SpecDecoder:
         a real iteration (Qwen3-8B, B 64, γ 12: ≈ 15 ms) — and then its outcome is replaced
         by the recorded accept count, the next token drawn from the target row there. That
         draw reuses the decision's processed probabilities: a second top-p pass over B rows
-        (which a real iteration does not make) cost the twelfth session's replayed Qwen3-8B
-        iterations ~1 ms more "sample" than the calibration grid measured at B 24."""
+        (which a real iteration does not make) would cost replayed Qwen3-8B iterations
+        ~1 ms more "sample" than the calibration grid measures at B 24."""
         c = self.config
         logits = state.target_logits
         assert logits is not None

@@ -370,9 +370,9 @@ def resolve_temperature(h: HeldOut, models: _Models) -> tuple[HeldOut, str]:
 
 # Requests the simulator runs for one prediction, at least (replications × batch): the
 # prediction is the configuration's expected throughput, so its own Monte-Carlo error must sit
-# well under the run's. With only as many simulated requests as the run measured (run 6: 5
-# replications of 1-8 requests), a B = 1 prediction had a ±17 % CI and two acceptance sets'
-# predictions differed by 3.2 % sd per configuration (1.9 % at ≥ 256 requests).
+# well under the run's. With only as many simulated requests as the run measures (e.g. 5
+# replications of 1-8 requests), a B = 1 prediction has a ±17 % CI and two acceptance sets'
+# predictions differ by 3.2 % sd per configuration (1.9 % at ≥ 256 requests).
 MIN_SIMULATED_REQUESTS = 256
 
 
