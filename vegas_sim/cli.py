@@ -329,7 +329,7 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
         vegas-sim traces merge ./smollm2-all ./acc-chat ./acc-code ./acc-longdoc
 
     \b
-        vegas-sim traces merge --replicates ./smollm2-acc ./acc-run1 ./acc-run2
+        vegas-sim traces merge --replicates ./smollm2-acc ./acc-seed1 ./acc-seed2
     """
     from vegas_sim.traces.io import format_summary, summarize
     from vegas_sim.traces.merge import merge_trace_sets

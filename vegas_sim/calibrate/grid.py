@@ -664,7 +664,7 @@ class Timed:
 # second run of the chain with the phase timer off, since the timer's CUDA events and
 # bookkeeping are host work the decoding loop does not do. SmolLM2, with the timed walls: the
 # B = 1 validation rows are predicted up to 10 % slow in iteration time, and their timed phase
-# waves run 0.05-0.31 ms longer than the untimed loop in 7 of 8; a set measured with untimed
+# waves take 0.05-0.31 ms longer than the untimed loop in 7 of 8; a set measured with untimed
 # walls brings them to -3..+3 %, but predicts B >= 24 2 % fast, and with acceptance
 # over-predicted by ~0.5 % the largest throughput error over 51 rows rises from 9.3 to 11.4 %.
 # Not the default until that is understood; the set's meta says which walls it used.

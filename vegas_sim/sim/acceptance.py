@@ -60,8 +60,8 @@ accepting d_i given the first i−1 were accepted is recorded, the coin flip add
 Replay (`AcceptanceDist.sample`) is a bootstrap of whole real runs (of their kept prefixes
 when `output_len` is given): each replayed request walks through one traced run from its start,
 at the pace of its own γ, so that it keeps the run's rise of acceptance along the generation
-and its prompt's level. (Until run 8 the replay was a circular block bootstrap, blocks of 8
-iterations from random offsets: position-blind, it over-predicted the steady window of closed
+and its prompt's level. (A circular block bootstrap instead, blocks of 8 iterations from
+random offsets, is position-blind: it over-predicts the steady window of closed
 batches at large γ and B by up to 12 % in acceptance, because that window, which ends when
 the first request finishes, covers the early, less accepted iterations only.) Each replayed
 iteration is then thinned / extended position by position (`_match_rates`) so that the

@@ -77,7 +77,7 @@ Grouping: one fit per (phase, method) because the kernels differ by method (inde
 number of collected rows, Quest paging). A phase the trace set recorded under method "any"
 serves every method lacking its own rows; the method-independent phases (sample, prefill)
 fall back further to a fit pooled over all methods. Anything else missing is a TraceSetError:
-calibrate that method — except `other` (OPTIONAL_PHASES), which sets from before run 8 lack.
+calibrate that method — except `other` (OPTIONAL_PHASES), which older sets lack.
 
 `what_if` rescales the GPU terms by datasheet ratios and keeps h and s (CPU time);
 `without_host_overhead(launch_ms)` replaces them by a per-call launch cost (what a CUDA-graph
@@ -151,7 +151,7 @@ KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
 # Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
 METHOD_INDEPENDENT_PHASES = ("sample", "prefill")
 # Phases of methods.iteration_plan a trace set may lack: 'other' (once-per-iteration draft
-# work) has been recorded since run 8; older sets spread it over draft_step and quest_meta.
+# work); a set without it has that work spread over draft_step and quest_meta.
 OPTIONAL_PHASES = ("other",)
 ANY_METHOD = "any"
 _POOLED = "*"

@@ -66,8 +66,8 @@ META_KEYS = {
 
 WEIGHT_KINDS = ("real", "random")
 
-# software.runtime: what a calibrated step ran besides the kernels. "1" (sets without the key,
-# made before the twelfth session): the glue between the GEMMs as ~58 torch ops per layer; "2":
+# software.runtime: what a calibrated step ran besides the kernels. "1" (sets without the
+# key): the glue between the GEMMs as ~58 torch ops per layer; "2":
 # three fused Triton ops (kernels/layer_ops.py), a 0.685x Qwen3-8B decode step at B 4, C 32K;
 # "3": top-k then top-p sampling over the k survivors instead of a sort of the whole vocabulary
 # (calibrate/sampling.py; the same distribution, 1/1.5-1/3 of the sort's GPU time at V 152K).
