@@ -20,7 +20,7 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Fitted-model cache (vegas_sim.sim.fitcache): tests never touch the user's ~/.cache.
+# Fitted-model cache (vegas_sim.fitcache): tests never touch the user's ~/.cache.
 if "VEGAS_SIM_CACHE_DIR" not in os.environ:
     import tempfile
 

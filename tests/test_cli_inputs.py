@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from vegas_sim import cli as cli_module
 from vegas_sim.cli import cli
 from vegas_sim.errors import UserInputError
-from vegas_sim.reports.csv import check_out
+from vegas_sim.files import check_out
 from vegas_sim.sim.engine import PREFILL_MODES
 
 FAST = ["--engine", "analytic", "--gamma", "4"]
@@ -186,7 +186,7 @@ def test_predict_rows_read_like_sweep_rows(tmp_path: Path) -> None:
 def test_progress_without_a_terminal_is_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
     """Under nohup, CI or a batch job a long calibration still says where it is: one line per
     new step (the same step again only after LOG_EVERY_S) and one at the end."""
-    from vegas_sim.cliutil import progress_task
+    from vegas_sim.cli.common import progress_task
 
     with progress_task("calibrating") as progress:
         for done, label in ((0, "start"), (1, "B=1 C=256"), (1, "B=1 C=256"), (2, "B=2 C=256")):

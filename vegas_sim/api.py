@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from vegas_sim import fitcache
 from vegas_sim.gpus import get_gpu
 from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
-from vegas_sim.sim import fitcache
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
 from vegas_sim.traces.io import TraceSet

@@ -29,7 +29,7 @@ import numpy as np
 
 from vegas_sim.methods import METHODS
 from vegas_sim.models import get_preset
-from vegas_sim.sim.heldout import HeldOut, check_outside_grid, write_heldout
+from vegas_sim.validate.heldout import HeldOut, check_outside_grid, write_heldout
 
 SEED = 20261129
 N = 24

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from vegas_sim.calibrate.validate import repredict
+from vegas_sim.validate.repredict import repredict
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 REGIMES = (("real-weights (SmolLM2 end to end)", "smollm2"),

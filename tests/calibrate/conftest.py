@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from vegas_sim.calibrate.runtime import Transformer, load_model, smollm2_gguf_path
+from vegas_sim.calibrate.loading import load_model, smollm2_gguf_path
+from vegas_sim.calibrate.runtime import Transformer
 from vegas_sim.errors import UserInputError
 from vegas_sim.models import ModelSpec
 

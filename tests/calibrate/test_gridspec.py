@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vegas_sim.calibrate.gridspec import (
+from vegas_sim.errors import UserInputError
+from vegas_sim.grids import (
     format_grid,
     parse_float_grid,
     parse_int_grid,
@@ -14,7 +15,6 @@ from vegas_sim.calibrate.gridspec import (
     parse_sparsity_grid,
     parse_temperature_grid,
 )
-from vegas_sim.errors import UserInputError
 from vegas_sim.methods import METHODS
 
 

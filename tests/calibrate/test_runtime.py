@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.calibrate.conftest import tiny_model, tiny_spec
+from vegas_sim.calibrate.loading import load_model
 from vegas_sim.calibrate.runtime import (
     DenseAttention,
     GraphedForward,
@@ -18,7 +19,6 @@ from vegas_sim.calibrate.runtime import (
     Layer,
     Transformer,
     equal_runs,
-    load_model,
     masked_attention,
     rope_inv_freq,
 )
@@ -295,7 +295,7 @@ def test_smollm2_matches_transformers_reference(smollm2: Any) -> None:
     """transformers (if installed) loading the same GGUF file: logits agree."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
-    from vegas_sim.calibrate.runtime import smollm2_gguf_path
+    from vegas_sim.calibrate.loading import smollm2_gguf_path
 
     model, tok, _ = smollm2
     path = smollm2_gguf_path()

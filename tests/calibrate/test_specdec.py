@@ -100,7 +100,7 @@ def smollm2_cuda(smollm2: Any) -> Transformer:
     where vanilla and verification agree except at exact ties, as on the CPU."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from vegas_sim.calibrate.runtime import load_model
+    from vegas_sim.calibrate.loading import load_model
 
     return load_model("smollm2-135m", weights="real", device="cuda", dtype=torch.float32)[0]
 

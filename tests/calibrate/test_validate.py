@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from tests.calibrate.conftest import tiny_model
-from vegas_sim.calibrate.validate import measure_replayed
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import MIN_TOKENS
-from vegas_sim.sim.heldout import (
+from vegas_sim.validate.heldout import (
     HeldOut,
     check_outside_grid,
     is_grid_point,
@@ -21,6 +20,7 @@ from vegas_sim.sim.heldout import (
     read_heldout,
     write_heldout,
 )
+from vegas_sim.validate.measure import measure_replayed
 
 GRID = {"batch": [1, 4, 16], "context": [1024, 4096], "gamma": [4, 8], "sparsity": [0.05, 0.1]}
 
@@ -68,8 +68,9 @@ def test_replayed_run_follows_the_replayed_acceptance() -> None:
 def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
     """validate's whole path on CPU: held-out file → predict from the trace set → a real
     (random-weight, replayed-acceptance) run → a result table with errors."""
-    from vegas_sim.calibrate.validate import run_validation, summarize
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.results import summarize
+    from vegas_sim.validate.run import run_validation
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
@@ -86,7 +87,7 @@ def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert set(table["regime"]) == {"random-weights+replay"}
     assert "configurations" in summarize(table)
     # the phase wave: every phase the latency model predicts was timed, and vice versa
-    from vegas_sim.calibrate.validate import parse_phases
+    from vegas_sim.validate.results import parse_phases
 
     for _, row in table.iterrows():
         meas, pred = parse_phases(row["measured_phase_ms"]), parse_phases(
@@ -99,14 +100,14 @@ def test_run_validation_end_to_end_on_cpu(tmp_path: Path) -> None:
 def test_run_validation_refuses_a_device_it_cannot_use(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The same --device checks as calibrate, before any model is loaded."""
-    from vegas_sim.calibrate import runtime
-    from vegas_sim.calibrate.validate import run_validation
+    from vegas_sim.calibrate import loading
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.run import run_validation
 
     make_synthetic_trace_set(tmp_path / "t", model="smollm2-135m", gammas=(2,),
                              contexts=(64, 256), batches=(1,))
     write_heldout([HeldOut("vegas", 2, 0.5, 1, 80, output_len=8)], tmp_path / "h.csv")
-    monkeypatch.setattr(runtime, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     with pytest.raises(UserInputError, match="unknown device 'gpu0'"):
         run_validation(traces=tmp_path / "t", acceptance_traces=None,
                        heldout_file=tmp_path / "h.csv", n_random=None, model="smollm2-135m",
@@ -115,7 +116,8 @@ def test_run_validation_refuses_a_device_it_cannot_use(tmp_path: Path,
 
 
 def test_phase_means_charge_the_host_gap_to_sample_and_quest_updates_to_other() -> None:
-    from vegas_sim.calibrate.validate import format_phases, parse_phases, phase_means
+    from vegas_sim.validate.measure import phase_means
+    from vegas_sim.validate.results import format_phases, parse_phases
 
     summary = {"draft_step": [1.0, 1.0, 1.0, 1.0], "other": [0.2, 0.2], "verify": [3.0, 3.0],
                "sample": [0.5, 0.5], "quest_meta": [0.1, 0.1]}
@@ -128,7 +130,7 @@ def test_phase_means_charge_the_host_gap_to_sample_and_quest_updates_to_other() 
 
 
 def test_prompts_are_natural_text_and_waves_rotate() -> None:
-    from vegas_sim.calibrate.validate import prompts_for
+    from vegas_sim.validate.measure import prompts_for
 
     h = HeldOut("vegas", 3, 0.1, batch=2, context=5, output_len=8)
     long_prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 18]]
@@ -154,9 +156,9 @@ def test_fixed_sequences_start_every_call_at_the_first_iteration() -> None:
 def test_replayed_prediction_matches_hand_count(tmp_path: Path) -> None:
     """With given accept counts the simulator's window is known exactly: request 0 needs
     4 + 1 + 2 + ... tokens; the window's tokens and iterations follow."""
-    from vegas_sim.calibrate.validate import load_models, predict_replayed
     from vegas_sim.sim.predict import Scenario
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.predict import load_models, predict_replayed
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
@@ -180,8 +182,9 @@ def test_replayed_prediction_matches_hand_count(tmp_path: Path) -> None:
 def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
     import pandas as pd
 
-    from vegas_sim.calibrate.validate import compare, encode_accepted, repredict
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.repredict import repredict
+    from vegas_sim.validate.results import compare, encode_accepted
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
@@ -208,8 +211,8 @@ def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
 def test_empty_temperature_resolves_to_the_latency_grids(tmp_path: Path) -> None:
     import dataclasses
 
-    from vegas_sim.calibrate.validate import load_models, resolve_temperature
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.predict import load_models, resolve_temperature
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
@@ -252,7 +255,7 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
 
 
 def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
-    from vegas_sim.calibrate.validate import acceptance_se_pct
+    from vegas_sim.validate.results import acceptance_se_pct
 
     # two waves, two requests each: per-request acceptance lengths 2, 4, 3, 3 → mean 3,
     # std 0.8165, SE 0.408 = 13.6 % of 3
@@ -268,7 +271,7 @@ def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
 
 
 def test_prompt_index_cycles_through_the_long_prompts() -> None:
-    from vegas_sim.calibrate.validate import long_prompts, prompt_index
+    from vegas_sim.validate.results import long_prompts, prompt_index
 
     h = HeldOut("vegas", 4, 0.1, 3, 5, 8, waves=2)
     long, note = long_prompts(h, [[1] * 4, [2] * 5, [3] * 9])
@@ -278,23 +281,23 @@ def test_prompt_index_cycles_through_the_long_prompts() -> None:
 
 
 def test_request_prompts_follow_the_workload_the_run_had() -> None:
-    from vegas_sim.calibrate.validate import _request_prompts
+    from vegas_sim.validate.results import request_prompts
 
     # longdoc at C 3.5K: the 4K and 7K windows. The first 32 (the workload before run 9)
     # hold 16 of them, today's 128 hold 64, so 64 requests see each old window 4 times
     h = HeldOut("vegas", 4, 0.1, 64, 3584, 128, workload="longdoc", waves=1)
-    old, n_old = _request_prompts(h, "real", 32)
-    new, n_new = _request_prompts(h, "real", None)  # today's workload: all 128
+    old, n_old = request_prompts(h, "real", 32)
+    new, n_new = request_prompts(h, "real", None)  # today's workload: all 128
     assert old is not None and new is not None and (n_old, n_new) == (32, 128)
     assert len(set(old[0])) == 16 and len(set(new[0])) == 64
-    assert _request_prompts(h, "random", 32) == (None, None)  # replay: no prompts
+    assert request_prompts(h, "random", 32) == (None, None)  # replay: no prompts
 
 
 def test_acceptance_falls_back_to_the_packaged_real_set(tmp_path: Path) -> None:
     """As --help says and predict does: a random-weights latency set with no
     --acceptance-traces gets the packaged real-weights acceptance, and a note says so."""
-    from vegas_sim.calibrate.validate import load_models
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.predict import load_models
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4), contexts=(64, 256),
@@ -307,8 +310,8 @@ def test_acceptance_falls_back_to_the_packaged_real_set(tmp_path: Path) -> None:
 def test_repredict_names_the_row_a_wrong_latency_set_cannot_hold(tmp_path: Path) -> None:
     import pandas as pd
 
-    from vegas_sim.calibrate.validate import repredict
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.repredict import repredict
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4), contexts=(64, 256),

@@ -13,7 +13,8 @@ import torch
 
 from tests.calibrate.conftest import tiny_model
 from vegas_sim.calibrate import weights as W
-from vegas_sim.calibrate.runtime import Transformer, load_model
+from vegas_sim.calibrate.loading import load_model, save_hf_dir
+from vegas_sim.calibrate.runtime import Transformer
 from vegas_sim.errors import UserInputError
 
 
@@ -26,7 +27,7 @@ def _logits(model: Transformer, tokens: list[int]) -> torch.Tensor:
 
 def test_smollm2_hf_round_trip_gives_equal_logits(smollm2: Any, tmp_path: Path) -> None:
     model, tok, _ = smollm2
-    W.save_hf_dir(model, tmp_path / "ckpt", dtype=torch.float32)
+    save_hf_dir(model, tmp_path / "ckpt", dtype=torch.float32)
     cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["tie_word_embeddings"] is True
     back, back_tok, meta = load_model(str(tmp_path / "ckpt"), dtype=torch.float32)
@@ -40,7 +41,7 @@ def test_smollm2_hf_round_trip_gives_equal_logits(smollm2: Any, tmp_path: Path) 
                                      ("llama", {"rope_scaling": (8.0, 1.0, 4.0, 64)})])
 def test_tiny_hf_round_trip_all_architectures(arch: str, kw: dict[str, Any], tmp_path: Path) -> None:
     model = tiny_model(arch, **kw)
-    W.save_hf_dir(model, tmp_path, dtype=torch.float32)
+    save_hf_dir(model, tmp_path, dtype=torch.float32)
     names = set(W.read_safetensors(tmp_path / "model.safetensors"))
     if arch == "qwen2":
         assert "model.layers.1.self_attn.k_proj.bias" in names

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from vegas_sim.cli_explore import report, sweep, tune
+from vegas_sim.cli.explore import report, sweep, tune
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
 

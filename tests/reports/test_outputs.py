@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.reports.test_html import fake_sweep, fake_validate
-from vegas_sim.cli_explore import report
+from vegas_sim.cli.explore import report
 from vegas_sim.errors import UserInputError
 from vegas_sim.reports.csv import write_table
 from vegas_sim.reports.html import _slug, write_report

@@ -7,8 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vegas_sim import api
-from vegas_sim.sim import fitcache
+from vegas_sim import api, fitcache
 from vegas_sim.traces.io import load_trace_set
 
 META = {"content_hash": {"latency.parquet": "abc"}, "model": {"name": "m"}, "gpu": {"name": "g"}}

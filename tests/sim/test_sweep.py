@@ -10,7 +10,7 @@ import pytest
 
 from vegas_sim import api
 from vegas_sim.errors import DoesNotFitError, UserInputError
-from vegas_sim.reports.csv import read_table
+from vegas_sim.reports.csv import read_table, write_table
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import Scenario
@@ -114,15 +114,16 @@ def test_both_engines_two_rows_that_agree(models: Models) -> None:
 
 def test_progress_and_output_files(models: Models, tmp_path: Path) -> None:
     seen: list[tuple[int, int]] = []
-    df = sweep(GRID, *models, workers=1, chunk_size=10, out=tmp_path / "s.parquet",
+    df = sweep(GRID, *models, workers=1, chunk_size=10,
                progress=lambda d, t: seen.append((d, t)))
+    write_table(df, tmp_path / "s.parquet")
     assert seen == [(10, 52), (20, 52), (30, 52), (40, 52), (50, 52), (52, 52)]
     back = read_table(tmp_path / "s.parquet")
     assert len(back) == len(df) and "rate_1" in back.columns and "rates" not in back.columns
     row = back[(back["method"] == "vegas") & (back["gamma"] == 2)].iloc[0]
     assert np.isnan(row["rate_3"]) and 0 < row["rate_2"] <= row["rate_1"] <= 1
     with pytest.raises(UserInputError, match="--out"):
-        sweep(GRID, *models, workers=1, out=tmp_path / "s.txt")
+        write_table(df, tmp_path / "s.txt")
 
 
 def test_configurations_that_do_not_fit_are_skipped_and_named(models: Models) -> None:

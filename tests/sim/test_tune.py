@@ -13,6 +13,7 @@ import pytest
 
 from tests.sim.test_sweep import Models, synthetic_models
 from vegas_sim.errors import DoesNotFitError, UserInputError
+from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.sweep import sweep
 from vegas_sim.sim.tune import (
@@ -133,7 +134,7 @@ def test_tune_baselines_and_speedups(models: Models, result: TuneResult) -> None
 
 
 def test_serving_json(result: TuneResult, tmp_path: Path) -> None:
-    doc = json.loads(result.write_json(tmp_path / "t.json").read_text())
+    doc = json.loads(write_json_doc(result.serving_table(), tmp_path / "t.json").read_text())
     assert doc["format"] == "vegas-sim.speculative-table" and doc["method"] == "vegas"
     cells = result.cells.set_index(["batch", "context"])
     for ctx, entry in doc["by_context"].items():
@@ -144,7 +145,7 @@ def test_serving_json(result: TuneResult, tmp_path: Path) -> None:
         assert g == cells.xs(int(b), level="batch")["gamma"].iloc[0]
     assert len(doc["cells"]) == len(CELLS)
     with pytest.raises(UserInputError, match="--out"):
-        result.write_json(tmp_path / "t.csv")
+        write_json_doc(result.serving_table(), tmp_path / "t.csv")
 
 
 def test_tune_with_sim_final_engine_has_ci(models: Models) -> None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vegas_sim.traces.io import sha256_file
+from vegas_sim.files import sha256_file
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
 SMALL_GRID: dict[str, Any] = {

@@ -96,10 +96,11 @@ import pandas as pd
 import torch
 
 from vegas_sim.calibrate import hardware
-from vegas_sim.calibrate.gridspec import ACCEPTANCE_CUTS
 from vegas_sim.calibrate.sampling import sampling_args
 from vegas_sim.calibrate.specdec import graphs_default, state_headroom
 from vegas_sim.errors import UserInputError
+from vegas_sim.files import nearest_existing, write_json
+from vegas_sim.grids import ACCEPTANCE_CUTS
 from vegas_sim.kernels import ops
 from vegas_sim.methods import (
     INDEX_PREP_METHODS,
@@ -114,9 +115,14 @@ from vegas_sim.methods import (
     draft_kv_read,
 )
 from vegas_sim.models import ModelSpec
-from vegas_sim.sim.acceptance import MAX_EXACT_BUCKETS
-from vegas_sim.traces.io import acceptance_summary, nearest_existing
-from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA, LATENCY_SCHEMA, RUN_LOG_FILE, SCHEMA_VERSION
+from vegas_sim.traces.io import acceptance_summary
+from vegas_sim.traces.schema import (
+    ACCEPTANCE_SCHEMA,
+    LATENCY_SCHEMA,
+    MAX_EXACT_BUCKETS,
+    RUN_LOG_FILE,
+    SCHEMA_VERSION,
+)
 
 log = logging.getLogger("vegas_sim.calibrate")
 
@@ -151,7 +157,7 @@ DRAFT_PATHS: dict[str, tuple[str, ...]] = {
 # ============================================================================ plan
 @dataclass(frozen=True)
 class CalibrationPlan:
-    """What to measure. Build it from CLI options (gridspec parses the grids).
+    """What to measure. Build it from CLI options (`vegas_sim.grids` parses the grids).
 
     model: preset name (random weights), .gguf file or Hugging Face checkpoint dir.
     weights: "real" | "random" (random: latency only, no acceptance rows).
@@ -287,9 +293,9 @@ def plan_from_options(
     iterations: int | None = None, temperature: str | None = None, device: str = "cuda",
     seed: int = 0, quick: bool = False,
 ) -> CalibrationPlan:
-    """A plan from CLI option strings (grid syntax of `gridspec`); unset options keep the
+    """A plan from CLI option strings (grid syntax of `vegas_sim.grids`); unset options keep the
     preset's value: `quick_plan` with quick=True, else `default_plan`."""
-    from vegas_sim.calibrate import gridspec as g
+    from vegas_sim import grids as g
 
     over: dict[str, Any] = {"seed": seed}
     if methods is not None:
@@ -954,9 +960,7 @@ def _stable_seed(base: int, key: str) -> int:
     return (base * 1_000_003 + zlib.crc32(key.encode())) % (2**63 - 1)
 
 
-# A workload of at most this many distinct prompt lengths is windows of long texts, to be
-# cut (cut_prompts); the acceptance model keeps exact context buckets up to the same count.
-MAX_CUT_LEVELS = MAX_EXACT_BUCKETS
+MAX_CUT_LEVELS = MAX_EXACT_BUCKETS  # a workload of at most this many prompt lengths is cut
 
 
 def acceptance_max_new(plan: CalibrationPlan, gamma: int) -> int:
@@ -1153,12 +1157,6 @@ def check_resumable(out: Path, plan: CalibrationPlan) -> None:
                 "--out and combine the two with `vegas-sim traces merge`")
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
-
-
 def _read_run_log(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -1202,7 +1200,7 @@ def write_run_log(out: Path, session: Session, device: str,
         data["step_overhead"] = overheads[-1]
     if summary is not None:
         data["acceptance_summary"] = summary
-    _write_json_atomic(path, data)
+    write_json(path, data)
     return data
 
 
@@ -1254,7 +1252,7 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     `plan.model` (notebooks, tests); it must live on `plan.device`.
     Returns the finalized trace-set directory (loadable with traces.io.load_trace_set).
     """
-    from vegas_sim.calibrate.runtime import load_model
+    from vegas_sim.calibrate.loading import load_model
     from vegas_sim.traces.io import TraceSetWriter
 
     say = log_fn if log_fn is not None else log.info

@@ -22,18 +22,16 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.errors import UserInputError
+from vegas_sim.files import sha256_file
 from vegas_sim.models import PRESETS, ModelSpec
-
-if TYPE_CHECKING:
-    from vegas_sim.calibrate.runtime import Transformer
-    from vegas_sim.calibrate.tokenizer import Tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -190,9 +188,6 @@ def gguf_weights(reader: Any, spec: ModelSpec) -> dict[str, Tensor]:
 def load_gguf(path: Path, load_weights: bool = True) -> Checkpoint:
     from gguf import GGUFReader
 
-    from vegas_sim.calibrate.tokenizer import Tokenizer
-    from vegas_sim.traces.io import sha256_file
-
     where = str(path)
     try:
         reader = GGUFReader(str(path))
@@ -322,22 +317,7 @@ def hf_config(spec: ModelSpec, torch_dtype: str = "bfloat16") -> dict[str, Any]:
     return cfg
 
 
-def save_hf_dir(model: Transformer, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write `model` as a Hugging Face checkpoint dir: config.json + model.safetensors."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or model.dtype
-    ours = {n: p.detach().to("cpu", dtype) for n, p in model.named_parameters()}
-    hf = {k: v.contiguous() for k, v in ours_to_hf(model.spec, ours).items()}
-    dname = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
-    (path / "config.json").write_text(json.dumps(hf_config(model.spec, dname), indent=2))
-    write_safetensors(path / "model.safetensors", hf)
-    return path
-
-
 def load_hf_dir(path: Path, load_weights: bool = True) -> Checkpoint:
-    from vegas_sim.calibrate.tokenizer import Tokenizer
-
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise UserInputError("no config.json", where=str(path),

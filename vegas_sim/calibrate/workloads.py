@@ -201,7 +201,7 @@ def build_workloads(
         if model != "smollm2-135m":
             raise UserInputError(f"no tokenizer given for {model!r}",
                                  fix="pass the model's Tokenizer (load_model returns it)")
-        from vegas_sim.calibrate.runtime import smollm2_gguf_path
+        from vegas_sim.calibrate.loading import smollm2_gguf_path
 
         tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
     prompts = build_prompts(tokenizer, datasets, n, seed)

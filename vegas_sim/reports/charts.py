@@ -16,7 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from vegas_sim.methods import METHODS
-from vegas_sim.reports.csv import is_extrapolated, rate_columns
+from vegas_sim.reports.csv import rate_columns
+from vegas_sim.sim.predict import is_extrapolated
 
 # Columns that identify a configuration (any present subset); the rest are metrics.
 CONFIG_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len", "engine",

@@ -9,9 +9,6 @@ CSV opens in any spreadsheet and `read_table` gives back the same columns.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.files import write_atomic
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
@@ -84,107 +82,30 @@ def flat_table(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _umask() -> int:
-    """The process umask. Linux shows it in /proc; elsewhere the only way to read it is to set
-    it and put it back, which briefly leaves other threads' new files unmasked."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _umask_mode() -> int:
-    """0o666 less the umask: the mode `open(path, "w")` would give a new file."""
-    return 0o666 & ~_umask()
-
-
-def _os_why(e: OSError) -> str:
-    """A short reason for an OSError; a file where a directory should be reads clearer so."""
-    if isinstance(e, (FileExistsError, NotADirectoryError)):
-        return "a part of the path is a file, not a directory"
-    return e.strerror or str(e)
-
-
-def _cannot_write(path: Path, e: OSError, option: str) -> UserInputError:
-    return UserInputError(f"cannot write {str(path)!r}: {_os_why(e)}", where=option,
-                          fix="choose a path in a writable directory (one that exists or "
-                              "can be created)")
-
-
-def make_parent(path: Path, option: str = "--out") -> None:
-    """Create `path`'s directory, or say why it cannot be (a file in the way, no permission)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _cannot_write(path, e, option) from None
-
-
-def check_writable(path: Path, option: str = "--out") -> None:
-    """Fail now, before any work or any other output, if `path` cannot be written: its
-    directory cannot be made, or takes no new file (read-only, or a pseudo-filesystem such as
-    /proc that passes permission checks but refuses files)."""
-    make_parent(path, option)
-    try:
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as e:
-        raise _cannot_write(path, e, option) from None
-
-
-def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
-    """Check an output path before any work is done, so that a long run is not lost to a typo:
-    not a directory, a known suffix, and a directory that exists or can be made and takes a
-    new file. Returns the path."""
-    if path.is_dir():
-        raise UserInputError(f"{str(path)!r} is a directory", where=option,
-                             fix=f"name a file inside it, e.g. {path / ('result' + suffixes[0])}")
-    if path.suffix.lower() not in suffixes:
-        raise UserInputError(f"cannot tell what to write to {str(path)!r} from its suffix",
-                             where=option, fix=f"name the file *{', *'.join(suffixes)}")
-    check_writable(path, option)
-    return path
-
-
-def write_atomic(path: str | Path, write: Callable[[str], object],
-                 option: str = "--out") -> Path:
-    """Write `path` through `write(tmp_name)` and a rename, so a reader never sees half a file
-    and a failed write leaves the old one intact. The file gets the mode a plain `open` would
-    (mkstemp makes it 0600); an unwritable path is a UserInputError naming `option`."""
-    path = Path(path)
-    make_parent(path, option)
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        write(tmp)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise _cannot_write(path, e, option) from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 def write_table(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Path:
     """Write `df` flat to CSV or Parquet (by suffix), atomically (temp file + rename)."""
     path = Path(path)
     fmt = table_format(path, option)
     flat = flat_table(df)
 
-    def write(tmp: str) -> None:
+    def write(tmp: Path) -> None:
         if fmt == "csv":
             flat.to_csv(tmp, index=False)
         else:
             flat.to_parquet(tmp, index=False)
 
     return write_atomic(path, write, option)
+
+
+def write_json_doc(doc: Any, path: str | Path, option: str = "--out") -> Path:
+    """Write a JSON document (tune's serving table, predict's rows) atomically; the path must
+    be *.json."""
+    path = Path(path)
+    if path.suffix.lower() != ".json":
+        raise UserInputError(f"{str(path)!r} is not a .json file", where=option,
+                             fix="name the output *.json")
+    text = json.dumps(doc, indent=2) + "\n"
+    return write_atomic(path, lambda tmp: tmp.write_text(text), option)
 
 
 def read_table(path: str | Path, option: str = "RESULTS") -> pd.DataFrame:
@@ -206,12 +127,3 @@ def rate_columns(df: pd.DataFrame) -> list[str]:
     """`rate_1 .. rate_K` present in `df`, in position order."""
     cols = [c for c in df.columns if c.startswith("rate_") and c[5:].isdigit()]
     return sorted(cols, key=lambda c: int(c[5:]))
-
-
-def is_extrapolated(value: Any) -> bool:
-    """predict writes '' or the reasons; validate may write a bool; CSV turns '' into NaN."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return False
-    if isinstance(value, str):
-        return value.strip().lower() not in ("", "false", "0", "no")
-    return bool(value)

@@ -31,14 +31,9 @@ import plotly.offline
 from markupsafe import Markup
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.files import check_out, write_atomic
 from vegas_sim.reports import charts as ch
-from vegas_sim.reports.csv import (
-    check_out,
-    read_table,
-    spread_rates,
-    write_atomic,
-    write_table,
-)
+from vegas_sim.reports.csv import read_table, spread_rates, write_table
 from vegas_sim.reports.templates import REPORT_TEMPLATE
 
 KINDS = ("sweep", "tune", "validate")

@@ -81,10 +81,10 @@ import pandas as pd
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
+from vegas_sim.traces.schema import MAX_EXACT_BUCKETS  # more start contexts → log2-wide buckets
 
 ACCEPTANCE_WHERE = "acceptance.parquet"
 DECAY_FIT_POSITIONS = 4  # last traced positions the conditional-rate decay is fitted on
-MAX_EXACT_BUCKETS = 12  # more distinct start contexts than this → log2-wide buckets
 # Gaussian-kernel bandwidths of the local-linear smoother of cell rates, in natural-log units of
 # sparsity and of context (chosen by the cross-sample / leave-one-prompt-out CV in the docstring)
 SMOOTH_BW_LOG_SPARSITY = 0.4

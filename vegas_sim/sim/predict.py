@@ -245,7 +245,7 @@ def _gpu_memory(latency: LatencyModel) -> float | None:
     return float(mem) if mem else None
 
 
-def _capacity(sc: Scenario, latency: LatencyModel) -> int | None:
+def scenario_kv_capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     if sc.kv_capacity_tokens is not None:
         return sc.kv_capacity_tokens
     mem = _gpu_memory(latency)
@@ -269,7 +269,7 @@ def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
 
 def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,
                    seeds: list[np.random.SeedSequence]) -> list[RunMetrics]:
-    cfg = engine_config(sc, _capacity(sc, latency))
+    cfg = engine_config(sc, scenario_kv_capacity(sc, latency))
     cost = iteration_cost(latency, sc)
     pre = prefill_fn(latency, sc.method) if sc.prefill == "co-located" else None
     return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre)) for s in seeds]
@@ -424,3 +424,12 @@ def predict(
         if progress is not None:
             progress(i + 1, len(scenarios))
     return pd.DataFrame(rows)
+
+
+def is_extrapolated(value: Any) -> bool:
+    """predict writes '' or the reasons; validate may write a bool; CSV turns '' into NaN."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "false", "0", "no")
+    return bool(value)

@@ -34,7 +34,6 @@ import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -89,8 +88,8 @@ class SweepGrid:
     def parse(cls, *, methods: Sequence[str], gamma: str, sparsity: str, batch: str,
               context: str, output_len: str, include_vanilla: bool = True,
               extra: dict[str, Any] | None = None) -> SweepGrid:
-        """Build a grid from CLI grid strings: '2..12', '0.01,0.03', '1K,32K' (gridspec syntax)."""
-        from vegas_sim.calibrate.gridspec import (
+        """Build a grid from CLI grid strings: '2..12', '0.01,0.03', '1K,32K' (`vegas_sim.grids` syntax)."""
+        from vegas_sim.grids import (
             parse_int_grid,
             parse_name_list,
             parse_sparsity_grid,
@@ -351,7 +350,6 @@ def sweep(
     scheduler: Any = None,
     progress: Progress | None = None,
     chunk_size: int | None = None,
-    out: str | Path | None = None,
 ) -> pd.DataFrame:
     """Predict every configuration of `grid`; one tidy row per (configuration, engine).
 
@@ -359,7 +357,7 @@ def sweep(
     CIs) or "both" (two rows per configuration, `engine` column tells them apart).
     workers: local processes (default all cores; 1 runs here). scheduler: Dask address /
     Client / cluster (then `workers` is ignored). progress(done, total) is called as chunks
-    finish. out: also write the table there (.csv or .parquet).
+    finish. Writing the table is the caller's (`reports.csv.write_table`).
 
     Configurations the model or the GPU cannot hold (context + output past the model's
     positions, a batch whose KV cache does not fit) are left out, one line per cell in
@@ -373,13 +371,4 @@ def sweep(
         table = runner.run(scenarios, engine=engine, seed=seed, replications=replications,
                            progress=progress, chunk_size=chunk_size)
     table.attrs["skipped"] = skipped_notes(skipped)
-    if out is not None:
-        write_results(table, out)
     return table
-
-
-def write_results(table: pd.DataFrame, path: str | Path) -> Path:
-    """Write a sweep table as CSV or Parquet (by suffix); list columns are spread flat."""
-    from vegas_sim.reports.csv import write_table
-
-    return write_table(table, path, option="--out")

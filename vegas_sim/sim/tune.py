@@ -33,7 +33,6 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +40,7 @@ import pandas as pd
 
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
-from vegas_sim.reports.csv import is_extrapolated
+from vegas_sim.sim.predict import is_extrapolated
 from vegas_sim.sim.sweep import SweepRunner
 
 if TYPE_CHECKING:
@@ -237,16 +236,6 @@ class TuneResult:
                          for k, v in asdict(self.config).items()},
             "notes": list(self.notes),
         }
-
-    def write_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        if path.suffix.lower() != ".json":
-            raise UserInputError(f"{str(path)!r} is not a .json file", where="--out",
-                                 fix="name the output *.json")
-        from vegas_sim.reports.csv import write_atomic
-
-        text = json.dumps(self.serving_table(), indent=2) + "\n"
-        return write_atomic(path, lambda tmp: Path(tmp).write_text(text))
 
 
 class _Steps:

@@ -36,7 +36,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vegas_sim.errors import TraceSetError
+from vegas_sim.files import atomic_write, sha256_file, write_json
 from vegas_sim.methods import METHODS, PHASES, SPEC_METHODS
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.schema import (
@@ -142,63 +143,16 @@ class TraceSet:
 
 
 # ============================================================================ small utilities
-def sha256_file(path: Path) -> str:
-    """sha256 hex digest of a file's bytes (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def content_hash(path: str | Path) -> dict[str, str]:
     """{data file name: sha256} for the data files present in trace-set directory `path`."""
     root = Path(path)
     return {name: sha256_file(root / name) for name in DATA_FILES if (root / name).is_file()}
 
 
-def _fsync_dir(path: Path) -> None:
-    # Makes a rename durable; some filesystems refuse O_RDONLY on directories: best effort.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Callable[[Path], object], durable: bool = True) -> None:
-    """Write through `write(tmp)` to a hidden temp file beside `path`, fsync, rename over it.
-
-    The rename alone makes the write all-or-nothing for a killed process; `durable` adds the
-    fsyncs that make it survive a power loss too (skipped for throwaway test sets: speed).
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        if durable:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    if durable:
-        _fsync_dir(path.parent)
-
-
-def _write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True)),
-                  durable)
-
-
 def _write_parquet_atomic(path: Path, table: pa.Table, durable: bool = True) -> None:
     # zstd: a third smaller than snappy on acceptance rows (the repository carries them)
-    _atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"), durable)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"),
+                 durable=durable)
 
 
 def _err(problem: str, where: Path | str, fix: str, column: str | None = None) -> TraceSetError:
@@ -510,14 +464,6 @@ def packaged_sets(packaged_dir: Path | None = None) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).is_file())
 
 
-def nearest_existing(path: Path) -> Path:
-    """`path` itself if it exists, else its nearest ancestor that does: where making the
-    directory `path` would start (a file there means it cannot be made)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def _is_bare_name(path: Path) -> bool:
     """'qwen3-8b-h200', not 'traces/x', '/x', '.' or '..' ('./x' is 'x' to pathlib and click,
     but a path that exists is never looked up)."""
@@ -645,7 +591,7 @@ class TraceSetWriter:
             self.meta = self._resume(new_meta)
         else:
             self.meta = new_meta
-            _write_json_atomic(self.path / META_FILE, self.meta, durable)
+            write_json(self.path / META_FILE, self.meta, durable=durable)
         # Unkeyed parts are numbered after the highest number on disk (never reused).
         numbers = [int(m.group(1)) for t in _FILE_OF_TABLE for p in _part_files(self.path, t)
                    if (m := re.search(r"-(\d{6})(?:-base)?\.parquet$", p.name))]
@@ -770,7 +716,7 @@ class TraceSetWriter:
             _write_parquet_atomic(self.path / name, merged, self.durable)
             included[table_name] = [p.name for p in parts]
         self.meta = {**self.meta, "content_hash": content_hash(self.path), "parts": included}
-        _write_json_atomic(self.path / META_FILE, self.meta, self.durable)
+        write_json(self.path / META_FILE, self.meta, durable=self.durable)
         return load_trace_set(self.path)
 
 

@@ -33,12 +33,12 @@ from typing import Any
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError
+from vegas_sim.files import nearest_existing
 from vegas_sim.traces.io import (
     TraceSet,
     TraceSetWriter,
     acceptance_summary,
     load_trace_set,
-    nearest_existing,
 )
 from vegas_sim.traces.schema import (
     ACCEPTANCE_FILE,

@@ -17,6 +17,9 @@ RUN_LOG_FILE = "run_log.json"  # how the set was measured: sessions, GPU time, o
 DATA_FILES = (LATENCY_FILE, ACCEPTANCE_FILE)
 # The columns that name one acceptance grid point (its rows are that point's requests).
 ACCEPTANCE_POINT_KEYS = ("method", "gamma", "sparsity", "temperature", "workload")
+# A workload of at most this many distinct prompt lengths is windows of long texts: calibrate
+# cuts them into context buckets, and the acceptance model keeps that many buckets exact.
+MAX_EXACT_BUCKETS = 12
 
 # One row per measured point.
 LATENCY_SCHEMA = pa.schema([

@@ -1,6 +1,7 @@
 """`vegas-sim calibrate` and `vegas-sim validate`: the commands that need a GPU (or are slow on CPU).
 
-Registered on the group in cli.py; torch is imported only inside the commands.
+torch is imported only when a command measures something (calibrate, validate without
+--repredict), so a CPU-only install still has their --help and `validate --repredict`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from typing import Any
 
 import click
 
-from vegas_sim.calibrate import gridspec
-from vegas_sim.cliutil import progress_task, user_errors
+from vegas_sim import grids
+from vegas_sim.cli.common import progress_task, user_errors
+from vegas_sim.files import check_out
+from vegas_sim.validate.repredict import repredict as repredict_table
+from vegas_sim.validate.results import compare, summarize
 
 
 @click.command()
@@ -23,8 +27,8 @@ from vegas_sim.cliutil import progress_task, user_errors
               help="real: load the checkpoint (latency + acceptance); random: latency only. "
                    "Default: random for presets, real for files.")
 @click.option("--methods", default=None, help="Comma list of methods, or 'all'.")
-@click.option("--gamma", default=None, help=f"γ grid, {gridspec.INT_GRID_HELP}.")
-@click.option("--sparsity", default=None, help=f"Sparsity grid, {gridspec.FLOAT_GRID_HELP}.")
+@click.option("--gamma", default=None, help=f"γ grid, {grids.INT_GRID_HELP}.")
+@click.option("--sparsity", default=None, help=f"Sparsity grid, {grids.FLOAT_GRID_HELP}.")
 @click.option("--batch", default=None, help="Batch-size grid, e.g. '1,4,16' or '1..128:x2'.")
 @click.option("--context", default=None, help="Context grid, e.g. '1K..128K:x2'.")
 @click.option("--n-query", default=None, help="Verify query rows grid, e.g. '1,4,8,16'.")
@@ -43,7 +47,7 @@ from vegas_sim.cliutil import progress_task, user_errors
 @click.option("--prompts", type=int, default=None,
               help="Prompts per workload in acceptance runs (default 16; 4 with --quick). On "
                    "CUDA, up to 128 (prompt, sparsity) requests decode as one batch.")
-@click.option("--acceptance-cuts", type=click.Choice(gridspec.ACCEPTANCE_CUTS), default="none",
+@click.option("--acceptance-cuts", type=click.Choice(grids.ACCEPTANCE_CUTS), default="none",
               show_default=True,
               help="For workloads of text windows (longdoc): also trace every window cut to "
                    "each shorter window length, so a context bucket holds every prompt that "
@@ -85,7 +89,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
             --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
     """
-    from vegas_sim.calibrate import grid as grid_runner
+    from vegas_sim.calibrate import grid as grid_runner  # torch
 
     with user_errors():
         if weights is None:
@@ -182,9 +186,6 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
         vegas-sim validate --repredict val-q8b.csv --traces traces/q8b \\
             --acceptance-traces traces/smol --out val-q8b-new.csv
     """
-    from vegas_sim.calibrate import validate as validation
-    from vegas_sim.reports.csv import check_out
-
     with user_errors():
         check_out(out, (".csv",))
         if repredict is not None and out.resolve() == repredict.resolve():
@@ -193,12 +194,12 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
         if repredict is not None:
             if heldout is not None or n_random is not None or model is not None:
                 raise click.UsageError("--repredict runs nothing: drop --heldout/--random/--model")
-            before, after = validation.repredict(
+            before, after = repredict_table(
                 repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
                 seed=seed, replications=replications,
                 log=lambda line: click.echo(line, err=True))
-            click.echo(validation.compare(before, after))
-            click.echo(validation.summarize(after))
+            click.echo(compare(before, after))
+            click.echo(summarize(after))
             click.echo(f"wrote {out}")
             return
         if (heldout is None) == (n_random is None):
@@ -206,15 +207,17 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                                    "(or --repredict RESULTS.csv)")
         if model is None:
             raise click.UsageError("--model is required to run held-out configurations")
-        lo, hi = gridspec.parse_int_grid(context_range, "--context-range")
+        lo, hi = grids.parse_int_grid(context_range, "--context-range")
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
+        from vegas_sim.validate.run import run_validation  # torch
+
         with progress_task("validating") as progress:
-            table = validation.run_validation(
+            table = run_validation(
                 traces=traces, acceptance_traces=acceptance_traces, heldout_file=heldout,
                 n_random=n_random, model=model, weights=weights, max_batch=max_batch,
                 contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
                 progress=progress, replications=replications, time_budget_s=time_budget,
                 log=lambda line: click.echo(line, err=True), phase_wave=phase_wave)
-    click.echo(validation.summarize(table))
+    click.echo(summarize(table))
     click.echo(f"wrote {out}")

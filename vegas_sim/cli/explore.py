@@ -1,4 +1,4 @@
-"""`vegas-sim sweep`, `tune` and `report`: registered on the main group by vegas_sim/cli.py.
+"""`vegas-sim sweep`, `tune` and `report`: explore a grid, search it, and show the result.
 
 Each command's docstring is its --help text and carries an example.
 """
@@ -6,53 +6,25 @@ Each command's docstring is its --help text and carries an example.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
-from vegas_sim.cliutil import ProgressFn, progress_lines, user_errors
+from vegas_sim import api
+from vegas_sim.cli.common import progress_bars, user_errors
+from vegas_sim.files import check_out
+from vegas_sim.grids import parse_int_grid
 from vegas_sim.methods import METHODS
-
-
-@contextmanager
-def _bar() -> Iterator[Any]:
-    """Rich progress bars on stderr, one per label; yields update(label, done, total)."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    console = Console(stderr=True)
-    if not console.is_terminal:  # a log file: calibrate's plain lines, one stream per label
-        streams: dict[str, ProgressFn] = {}
-
-        def lines(label: str, done: int, total: int) -> None:
-            streams.setdefault(label, progress_lines(label))(done, total, "")
-
-        yield lines
-        return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=console, transient=True) as bar:
-        tasks: dict[str, Any] = {}
-
-        def update(label: str, done: int, total: int) -> None:
-            if label not in tasks:
-                tasks[label] = bar.add_task(label, total=total)
-            bar.update(tasks[label], completed=done, total=total)
-
-        yield update
+from vegas_sim.reports.csv import write_json_doc, write_table
+from vegas_sim.reports.html import write_report
+from vegas_sim.sim.sweep import SweepGrid
+from vegas_sim.sim.sweep import sweep as run_sweep
+from vegas_sim.sim.tune import TuneConfig
+from vegas_sim.sim.tune import tune as run_tune
 
 
 def _models(model: str | None, traces: Path | None) -> tuple[Any, Any, list[str]]:
-    from vegas_sim import api
-
     latency, acceptance, notes = api.load_models(model, traces, None)
     return latency, acceptance, list(notes)
 
@@ -105,19 +77,16 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
         vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16 \\
             --context 32K,120K -m vegas -m magicdec-stream --out sweep.csv
     """
-    from vegas_sim.reports.csv import check_out
-    from vegas_sim.sim.sweep import SweepGrid
-    from vegas_sim.sim.sweep import sweep as run_sweep
-
     with user_errors():
         check_out(out, (".csv", ".parquet"))
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
         latency, acceptance, notes = _models(model, traces)
-        with _bar() as update:
+        with progress_bars() as update:
             table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
                               replications=replications, workers=workers, scheduler=scheduler,
-                              progress=lambda d, t: update(f"sweep ({engine})", d, t), out=out)
+                              progress=lambda d, t: update(f"sweep ({engine})", d, t))
+        write_table(table, out)
     for note in [*table.attrs.get("skipped", []), *notes]:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out} ({len(table)} rows)", err=True)
@@ -157,11 +126,6 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     \b
         vegas-sim tune --batch 1,4,16 --context 32K,120K --out best_gamma.json
     """
-    from vegas_sim.calibrate.gridspec import parse_int_grid
-    from vegas_sim.reports.csv import check_out
-    from vegas_sim.sim.tune import TuneConfig
-    from vegas_sim.sim.tune import tune as run_tune
-
     with user_errors():
         check_out(out, (".json",))
         cells = [(b, c) for b in parse_int_grid(batch, "--batch")
@@ -169,12 +133,12 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine)
         latency, acceptance, notes = _models(model, traces)
-        with _bar() as update:
+        with progress_bars() as update:
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,
                               model=latency.model.name)
         result.notes.extend(notes)
-        result.write_json(out)
+        write_json_doc(result.serving_table(), out)
     for _, r in result.cells.iterrows():
         line = (f"B={r['batch']:>4} C={r['context']:>7}: γ={r['gamma']}, s={r['sparsity']:g} "
                 f"{r['throughput_tok_s']:.0f} tok/s, {r['speedup_vs_vanilla']:.2f}× vanilla"
@@ -219,8 +183,6 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     \b
         vegas-sim report sweep.csv --out sweep.html
     """
-    from vegas_sim.reports.html import write_report
-
     with user_errors():
         written = write_report(results, out, kind, title=title)
     for skipped in written.skipped:

@@ -1,4 +1,5 @@
-"""Grid syntax for calibration options (`--batch`, `--context`, `--gamma`, `--sparsity`, ...).
+"""Grid syntax of the CLI options (`--batch`, `--context`, `--gamma`, `--sparsity`, ...), shared by
+calibrate, sweep and tune.
 
 A grid is a comma-separated list of *items*; each item is a single value or a range:
 

@@ -1,0 +1,56 @@
+"""The `vegas-sim` command line. Commands only parse, check and call the library.
+
+Every command's docstring is its --help text and carries an example. The GPU commands
+(calibrate, validate) import torch only when they run, so a CPU-only install has the rest.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from vegas_sim.cli.calibrate import calibrate, validate
+from vegas_sim.cli.explore import report, sweep, tune
+from vegas_sim.cli.predict import predict
+from vegas_sim.cli.traces import traces
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vegas-sim")
+def cli() -> None:
+    """Predict the speed of self-speculative decoding with sparse attention before you
+    spend GPU hours on it.
+
+    calibrate (GPU) measures a trace set; predict, sweep, tune and report (CPU) replay it in a
+    simulator; validate compares predictions with real GPU runs.
+
+    Example:
+
+    \b
+        vegas-sim predict --gamma 7 --sparsity 0.07 --batch 4 --context 32K
+    """
+
+
+for _command in (calibrate, predict, report, sweep, traces, tune, validate):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """The console script: click's own handling, except that Ctrl-C exits 130 (the shell's
+    code for SIGINT) and says what was kept."""
+    try:
+        code = cli.main(prog_name="vegas-sim", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("interrupted: predict, sweep, tune and report write their files only when "
+                   "they finish; calibrate and validate keep what they finished (calibrate "
+                   "resumes with the same --out)", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Shared pieces of the command line: user errors → exit 1, one-value options, progress."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
+
+ProgressFn = Callable[[int, int, str], None]  # progress(done, total, label)
+BarsFn = Callable[[str, int, int], None]  # update(label, done, total): one bar per label
+T = TypeVar("T")
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn library errors a user can fix into a clean message and exit status 1."""
+    try:
+        yield
+    except UserInputError as e:
+        raise click.ClickException(e.message()) from None
+
+
+# ------------------------------------------------------------------------------- one value
+def parse_size(value: str, option: str) -> int:
+    """One token count: '32K' → 32768, '128k' → 131072, '4096' → 4096."""
+    return _one(parse_int_grid(value, option), value, option, "a single size such as 32K")
+
+
+def parse_sparsity(value: str) -> float:
+    """One sparsity ratio, as sweep takes them: '0.07' or '7%'."""
+    return _one(parse_sparsity_grid(value, "--sparsity"), value, "--sparsity",
+                "a single ratio such as 0.07 or 7%")
+
+
+def _one(values: list[T], text: str, option: str, example: str) -> T:
+    if len(values) != 1:
+        raise UserInputError(f"{text!r} is a grid; one value is expected", where=option,
+                             fix=f"pass {example} (use `sweep` for grids)")
+    return values[0]
+
+
+# -------------------------------------------------------------------------------- progress
+@contextmanager
+def progress_bars(one_task: str | None = None) -> Iterator[BarsFn]:
+    """Rich progress bars with ETA on stderr (stdout stays machine-readable), one per label;
+    yields update(label, done, total). With `one_task`, a single bar of that name whose label
+    changes. Without a terminal (nohup, CI, a batch job): plain lines, one stream per label."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        streams: dict[str, ProgressFn] = {}
+
+        def lines(label: str, done: int, total: int) -> None:
+            streams.setdefault(label, progress_lines(label))(done, total, "")
+
+        yield lines
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(label: str, done: int, total: int) -> None:
+            key, text = (one_task, f"{one_task} {label}") if one_task else (label, label)
+            if key not in tasks:
+                tasks[key] = bar.add_task(text, total=total)
+            bar.update(tasks[key], completed=done, total=total, description=text)
+
+        yield update
+
+
+@contextmanager
+def progress_task(description: str) -> Iterator[ProgressFn]:
+    """One task whose label changes as it goes (calibrate's points); yields
+    progress(done, total, label)."""
+    if not Console(stderr=True).is_terminal:
+        yield progress_lines(description)
+        return
+    with progress_bars(one_task=description) as update:
+        yield lambda done, total, label: update(label, done, total)
+
+
+LOG_EVERY_S = 30.0  # a plain progress line at least this often while a step's label stays
+
+
+def progress_lines(description: str) -> ProgressFn:
+    """progress(done, total, label) as one stderr line per new label (at most every
+    LOG_EVERY_S for the same one) and at the end, with the elapsed time."""
+    start = time.monotonic()
+    last: dict[str, Any] = {"label": None, "at": -LOG_EVERY_S}
+
+    def progress(done: int, total: int, label: str) -> None:
+        now = time.monotonic()
+        if label == last["label"] and now - last["at"] < LOG_EVERY_S and done < total:
+            return
+        last.update(label=label, at=now)
+        where = f"{done}/{total} {label}".rstrip()
+        click.echo(f"{description}: {where} ({now - start:.0f} s)", err=True)
+
+    return progress

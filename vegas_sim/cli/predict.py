@@ -1,0 +1,160 @@
+"""`vegas-sim predict`: one configuration, several methods side by side.
+
+The command's docstring is its --help text and carries examples.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from vegas_sim import api
+from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
+from vegas_sim.errors import UserInputError
+from vegas_sim.files import check_out, write_atomic
+from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
+from vegas_sim.reports import terminal
+from vegas_sim.reports.csv import flat_table, write_table
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _predict_options(f: F) -> F:
+    options = [
+        click.option("--gamma", "-g", type=int, default=7, show_default=True,
+                     help="Draft tokens per iteration (γ)."),
+        click.option("--sparsity", "-s", default=str(DEFAULT_SPARSITY), show_default=True,
+                     help="Fraction of the context the draft attends to, in (0, 1]: 0.07 or "
+                          "7%."),
+        click.option("--batch", "-b", type=int, default=4, show_default=True,
+                     help="Maximum batch size of the decode instance."),
+        click.option("--context", "-c", default="32K", show_default=True,
+                     help="Prompt tokens per request (e.g. 4096, 32K, 128K)."),
+        click.option("--output-len", type=int, default=1024, show_default=True,
+                     help="Generated tokens per request."),
+        click.option("--method", "-m", "methods", multiple=True,
+                     type=click.Choice(METHODS), default=("vegas",), show_default=True,
+                     help="Method(s) to predict side by side; vanilla is always the baseline."),
+        click.option("--model", default=None,
+                     help="Model whose latency to use (a preset calibrated in the trace set) "
+                          "[default: qwen3-8b, or the model of --traces]."),
+        click.option("--traces", type=click.Path(path_type=Path), default=None,
+                     help="Trace set: a directory, or a packaged set's name (`vegas-sim "
+                          "traces list`) [default: the packaged measured sets]."),
+        click.option("--gpu", default=None,
+                     help="Hardware what-if: rescale to this GPU's datasheet "
+                          "(a100, h100-sxm, h100-nvl, h200, b200). Not measured."),
+        click.option("--graph-launch-ms", type=float, default=None,
+                     help="What-if: replace the measured per-step host overhead (large "
+                          "in sets measured with an eager runtime) by this launch cost, as a "
+                          "CUDA-graph engine would see. Not measured."),
+        click.option("--requests", type=int, default=None,
+                     help="Requests to simulate (default: 4 × batch)."),
+        click.option("--arrival", default="closed", show_default=True,
+                     help="'closed' (batch-many users) or 'poisson:RATE' (requests/s)."),
+        click.option("--workload", default=None,
+                     help="Acceptance workload (reasoning, code, chat, longdoc); default all."),
+        click.option("--temperature", type=float, default=0.0, show_default=True,
+                     help="Sampling temperature whose acceptance to replay (0 = greedy)."),
+        click.option("--prefill", type=click.Choice(["disaggregated", "co-located"]),
+                     default="disaggregated", show_default=True,
+                     help="Where admitted requests are prefilled: on other GPUs, or on this "
+                          "instance between decode iterations (co-located)."),
+        click.option("--engine", type=click.Choice(["sim", "analytic"]), default="sim",
+                     show_default=True, help="SimPy engine or closed form."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--replications", type=int, default=5, show_default=True,
+                     help="Independent replications for the 95% confidence intervals."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.command()
+@_predict_options
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]),
+              default="table", show_default=True,
+              help="Output format; with --out, the file's suffix decides.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Write the rows to this file: *.csv, *.json or *.parquet.")
+@click.pass_context
+def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> None:
+    """Predict throughput and latency of one configuration, with 95% confidence intervals.
+
+    Replays the trace set in the SimPy model of batched draft→verify iterations: latency of
+    the model asked for, acceptance from a real-weights trace set (the output says which).
+
+    Examples:
+
+    \b
+        vegas-sim predict --gamma 7
+
+    \b
+        vegas-sim predict -m vegas -m magicdec-stream -m specextend --batch 4 --context 120K
+
+    \b
+        vegas-sim predict --gamma 6 --gpu h100-sxm --format json --out pred.json
+
+    \b
+        vegas-sim predict --gamma 7 --context 120K --graph-launch-ms 0.5
+    """
+    with user_errors():
+        explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
+        fmt = _out_format(fmt, explicit, out)
+        context = parse_size(kwargs.pop("context"), "--context")
+        sparsity = parse_sparsity(kwargs.pop("sparsity"))
+        table, notes = api.predict_methods(context=context, sparsity=sparsity, **kwargs)
+        # --out alone writes the file and still shows the table; an explicit --format does not
+        show = out is not None and not explicit or out is None and fmt == "table"
+        _emit_table(table, notes, fmt, out, show=show)
+
+
+OUT_FORMATS = {".csv": "csv", ".json": "json", ".parquet": "parquet"}
+
+
+def _out_format(fmt: str, explicit: bool, out: Path | None) -> str:
+    """The format to write: --out's suffix decides; an explicit --format must agree with it."""
+    if out is None:
+        if fmt == "parquet":
+            raise UserInputError("parquet is binary and needs a file", where="--format",
+                                 fix="add --out FILE.parquet")
+        return fmt
+    check_out(out, tuple(OUT_FORMATS))
+    by_suffix = OUT_FORMATS[out.suffix.lower()]
+    if explicit and fmt != by_suffix:
+        raise UserInputError(f"--format {fmt} disagrees with the file name {str(out)!r}",
+                             where="--format/--out",
+                             fix=f"drop --format, or name the file *.{fmt}" if fmt != "table"
+                             else "drop --format table to write the file")
+    return by_suffix
+
+
+def _emit_table(table: Any, notes: list[str], fmt: str, out: Path | None,
+                show: bool) -> None:
+    """Write the rows to `out` in `fmt` (when given), and print them: as the table when
+    `show`, else as `fmt` on stdout when there is no file."""
+    if out is not None:
+        if fmt == "json":
+            text = _json_rows(table, notes)
+            write_atomic(out, lambda tmp: Path(tmp).write_text(text))
+        else:
+            write_table(table, out)
+        click.echo(f"wrote {out} ({len(table)} rows)", err=True)
+    if show:
+        terminal.print_prediction(table, notes)
+    elif out is None:
+        click.echo(flat_table(table).to_csv(index=False) if fmt == "csv"
+                   else _json_rows(table, notes), nl=False)
+        if fmt == "csv":  # JSON carries its notes; CSV has no place for them
+            for note in notes:
+                click.echo(f"note: {note}", err=True)
+
+
+def _json_rows(table: Any, notes: list[str]) -> str:
+    return json.dumps({"notes": notes, "rows": json.loads(table.to_json(orient="records"))},
+                      indent=2)

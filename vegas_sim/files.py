@@ -1,0 +1,162 @@
+"""Files on disk, one way: atomic writes, content hashes, and output-path checks.
+
+Every file vegas-sim writes (trace-set parts and meta, result tables, reports, run logs, the
+fit cache) goes through `atomic_write`: a temp file beside the target, then a rename, so a
+reader never sees half a file and a failed write leaves the old one intact. Output paths are
+checked before any work (`check_out`), so that a long run is not lost to a typo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vegas_sim.errors import UserInputError
+
+Writer = Callable[[Path], object]
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file's bytes (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- atomic writes
+def _fsync_dir(path: Path) -> None:
+    # Makes a rename durable; some filesystems refuse O_RDONLY on directories: best effort.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    """The process umask. Linux shows it in /proc; elsewhere the only way to read it is to set
+    it and put it back, which briefly leaves other threads' new files unmasked."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _umask_mode() -> int:
+    """0o666 less the umask: the mode `open(path, "w")` would give a new file."""
+    return 0o666 & ~_umask()
+
+
+def atomic_write(path: Path, write: Writer, *, durable: bool = False) -> Path:
+    """Write `path` through `write(tmp)` to a hidden temp file beside it, then rename it over.
+
+    The rename alone makes the write all-or-nothing for a killed process; `durable` adds the
+    fsyncs that make it survive a power loss too (trace sets; not throwaway outputs). The file
+    gets the mode a plain `open` would (mkstemp makes it 0600). OSError propagates.
+    """
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if durable:
+        _fsync_dir(path.parent)
+    return path
+
+
+def write_json(path: Path, obj: Any, *, durable: bool = False) -> Path:
+    """`obj` as indented JSON with sorted keys (values JSON lacks are written as strings)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str)
+    return atomic_write(path, lambda tmp: tmp.write_text(text), durable=durable)
+
+
+def write_atomic(path: str | Path, write: Writer, option: str = "--out") -> Path:
+    """`atomic_write` for a path the user named with `option`: its directory is made, and
+    a path that cannot be written is a UserInputError naming `option`."""
+    path = Path(path)
+    make_parent(path, option)
+    try:
+        return atomic_write(path, write)
+    except OSError as e:
+        raise _cannot_write(path, e, option) from None
+
+
+# ------------------------------------------------------------------------- output-path checks
+def _os_why(e: OSError) -> str:
+    """A short reason for an OSError; a file where a directory should be reads clearer so."""
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        return "a part of the path is a file, not a directory"
+    return e.strerror or str(e)
+
+
+def _cannot_write(path: Path, e: OSError, option: str) -> UserInputError:
+    return UserInputError(f"cannot write {str(path)!r}: {_os_why(e)}", where=option,
+                          fix="choose a path in a writable directory (one that exists or "
+                              "can be created)")
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest ancestor that does: where making the
+    directory `path` would start (a file there means it cannot be made)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def make_parent(path: Path, option: str = "--out") -> None:
+    """Create `path`'s directory, or say why it cannot be (a file in the way, no permission)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cannot_write(path, e, option) from None
+
+
+def check_writable(path: Path, option: str = "--out") -> None:
+    """Fail now, before any work or any other output, if `path` cannot be written: its
+    directory cannot be made, or takes no new file (read-only, or a pseudo-filesystem such as
+    /proc that passes permission checks but refuses files)."""
+    make_parent(path, option)
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise _cannot_write(path, e, option) from None
+
+
+def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
+    """Check an output path before any work is done, so that a long run is not lost to a typo:
+    not a directory, a known suffix, and a directory that exists or can be made and takes a
+    new file. Returns the path."""
+    if path.is_dir():
+        raise UserInputError(f"{str(path)!r} is a directory", where=option,
+                             fix=f"name a file inside it, e.g. {path / ('result' + suffixes[0])}")
+    if path.suffix.lower() not in suffixes:
+        raise UserInputError(f"cannot tell what to write to {str(path)!r} from its suffix",
+                             where=option, fix=f"name the file *{', *'.join(suffixes)}")
+    check_writable(path, option)
+    return path

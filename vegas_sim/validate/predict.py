@@ -1,0 +1,136 @@
+"""The simulator's side of a validation row: the models of the trace sets, the scenario of a
+held-out configuration, and its predictions (from the acceptance model, or replayed from the
+run's own accept counts). CPU only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vegas_sim import api
+from vegas_sim.methods import MIN_TOKENS
+from vegas_sim.sim.acceptance import FixedSequences
+from vegas_sim.sim.engine import simulate
+from vegas_sim.sim.metrics import steady_window
+from vegas_sim.sim.metrics import summarize as run_summary
+from vegas_sim.sim.predict import Scenario, engine_config, iteration_cost, scenario_kv_capacity
+from vegas_sim.traces import catalog
+from vegas_sim.validate.heldout import HeldOut, grid_of
+from vegas_sim.validate.results import Measurement
+
+
+@dataclasses.dataclass
+class Models:
+    """What predictions need, loaded once per validation (or re-prediction)."""
+
+    latency: Any  # sim.latency.LatencyModel
+    acceptance: Any  # sim.acceptance.AcceptanceModel
+    min_tokens: int  # the budget floor the acceptance was traced with
+    latency_temperature: float  # the temperature the latency grid sampled at
+    grid: dict[str, list[Any]]
+    sampling: tuple[float, int]  # (top_p, top_k) the calibration sampled with
+    latency_meta: dict[str, Any]
+    traced_temperatures: tuple[float, ...] = ()  # of the acceptance set
+    notes: tuple[str, ...] = ()  # which sets were used
+
+
+def load_models(traces: Path, acceptance_traces: Path | None,
+                log: Callable[[str], None] | None = None) -> Models:
+    """Latency model of `traces`; acceptance model of `acceptance_traces`, by default of
+    `traces` when it has real-weights acceptance, else of the packaged real-weights set (as
+    `predict` does; `notes` say which, and go to `log` as "note: ..." lines)."""
+    latency_set, acc_set, notes = catalog.resolve(None, traces, acceptance=acceptance_traces)
+    if log is not None:
+        for note in notes:
+            log(f"note: {note}")
+    grid = latency_set.meta.get("grid", {})
+    return Models(
+        latency=api.fit_latency(latency_set),
+        acceptance=api.fit_acceptance(acc_set),
+        min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
+        latency_temperature=float(grid.get("latency_temperature", 0.0)),
+        sampling=(float(grid.get("top_p", 1.0)), int(grid.get("top_k", 0))),
+        grid=grid_of(latency_set.meta), latency_meta=latency_set.meta,
+        traced_temperatures=tuple(sorted(float(t) for t in acc_set.acceptance["temperature"]
+                                         .unique())),
+        notes=tuple(notes))
+
+
+def resolve_temperature(h: HeldOut, models: Models) -> tuple[HeldOut, str]:
+    """An empty temperature becomes the latency grid's when the acceptance set traced it
+    (else the traced one nearest to it); a temperature other than the latency grid's is
+    noted: the sample phase and sampled draft steps cost more than greedy argmax, and the
+    latency model only knows the cost at the temperature it was measured at."""
+    if h.temperature is None:
+        want, traced = models.latency_temperature, models.traced_temperatures
+        temp = want if not traced or any(abs(t - want) < 1e-9 for t in traced) else min(
+            traced, key=lambda t: (abs(t - want), t))
+        h = dataclasses.replace(h, temperature=temp)
+    run_temp = float(h.temperature or 0.0)
+    if abs(run_temp - models.latency_temperature) > 1e-9:
+        return h, (f"latency traced at temperature {models.latency_temperature:g}, run at "
+                   f"{run_temp:g}: sampling cost differs")
+    return h, ""
+
+
+# Requests the simulator runs for one prediction, at least (replications × batch): the
+# prediction is the configuration's expected throughput, so its own Monte-Carlo error must sit
+# well under the run's. With only as many simulated requests as the run measures (e.g. 5
+# replications of 1-8 requests), a B = 1 prediction has a ±17 % CI and two acceptance sets'
+# predictions differ by 3.2 % sd per configuration (1.9 % at ≥ 256 requests).
+MIN_SIMULATED_REQUESTS = 256
+
+
+def prediction_replications(h: HeldOut, replications: int) -> int:
+    """Replications of h's closed batch: at least `replications`, h.waves, and enough for
+    MIN_SIMULATED_REQUESTS requests."""
+    return max(replications, h.waves, math.ceil(MIN_SIMULATED_REQUESTS / h.batch))
+
+
+def scenario(h: HeldOut, weights: str, min_tokens: int) -> Any:
+    # A real run's first token comes from the prefill; the simulator's decode instance
+    # (disaggregated prefill) generates all output_len tokens in iterations.
+    out_len = h.output_len if weights == "random" else h.output_len - 1
+    return Scenario(method=h.method, gamma=h.gamma, sparsity=h.sparsity, batch=h.batch,
+                    context=h.context, output_len=out_len, requests=h.batch,
+                    workload=h.workload, temperature=h.temperature or 0.0,
+                    min_tokens=min_tokens)
+
+
+def predict_replayed(sc: Any, latency: Any, accepted: Sequence[Sequence[Sequence[int]]],
+                     waves: int, seed: int) -> tuple[float, float]:
+    """(throughput, mean window iteration ms) the simulator gives with the run's own accept
+    counts (one closed batch per wave, pooled like the measurement). Vanilla: `accepted` is
+    empty and `waves` identical runs are pooled (its prediction has no randomness)."""
+    cfg = engine_config(sc, scenario_kv_capacity(sc, latency))
+    cost = iteration_cost(latency, sc)
+    tokens, ms, iters = 0, 0.0, 0
+    per_wave: list[Sequence[Sequence[int]] | None] = (
+        [None] * waves if sc.method == "vanilla" else list(accepted))
+    for w, seqs in enumerate(per_wave):
+        dist = None if seqs is None else FixedSequences(sc.gamma, [list(r) or [0] for r in seqs])
+        res = simulate(cfg, cost, dist, seed=np.random.SeedSequence([seed, w]))
+        m = run_summary(res)
+        g0, g1 = steady_window(res)
+        tokens += m.window_tokens
+        ms += m.window_ms[1] - m.window_ms[0]
+        iters += g1 - g0 + 1
+    return tokens / (ms / 1000.0), ms / max(iters, 1)
+
+
+def predicted_phases(h: HeldOut, latency: Any, m: Measurement, min_tokens: int
+                     ) -> dict[str, float]:
+    """The latency model's ms per iteration of each phase, at the context the requests had
+    halfway through the measured window (the comparison for `Measurement.phase_ms`; {} when
+    no phase wave ran)."""
+    if not m.phase_ms:
+        return {}
+    per_request = m.tokens / max(h.batch * h.waves, 1)
+    contexts = np.full(h.batch, h.context + int(per_request / 2), dtype=np.int64)
+    cost = latency.iteration_cost(h.method, h.gamma, h.sparsity, min_tokens)
+    return {k: float(v) for k, v in cost.breakdown(contexts).items()}

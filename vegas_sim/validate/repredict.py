@@ -1,0 +1,94 @@
+"""`vegas-sim validate --repredict`: new predictions for an earlier result table, with the
+measured columns kept. CPU only: no GPU run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.sim.predict import predict
+from vegas_sim.validate.heldout import heldout_from_record
+from vegas_sim.validate.predict import (
+    load_models,
+    predict_replayed,
+    predicted_phases,
+    prediction_replications,
+    resolve_temperature,
+    scenario,
+)
+from vegas_sim.validate.results import (
+    Measurement,
+    decode_accepted,
+    parse_phases,
+    pct_error,
+    read_results,
+    result_row,
+)
+
+
+def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, out: Path,
+              seed: int = 0, replications: int = 5,
+              log: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Re-predict every row of an earlier result table with the *current* simulator.
+
+    The measured columns (throughput, iterations, accept counts, time) are kept; every
+    predicted column and error is recomputed from `traces` / `acceptance_traces`. Writes the
+    new table to `out` and returns (old table, new table); `compare` summarises the two.
+    A table from before accept counts were recorded gets NaN for the replay columns (and for
+    `predicted` in the replay regime).
+    """
+    old = read_results(results)
+    models = load_models(traces, acceptance_traces, log)
+    rows = []
+    for i, rec in enumerate(old.to_dict(orient="records")):
+        row = {str(k): v for k, v in rec.items()}
+        weights = "real" if str(row["regime"]).startswith("real") else "random"
+        h = heldout_from_record(row)
+        if h.temperature is None:  # an unresolved row (should not happen): resolve now
+            h = resolve_temperature(h, models)[0]
+        sc = scenario(h, weights, models.min_tokens)
+        try:
+            pred = predict([sc], models.latency, models.acceptance, seed=seed,
+                           replications=prediction_replications(h, replications)).iloc[0]
+        except UserInputError as e:  # its option names are predict's, not this command's
+            raise UserInputError(
+                f"row {i + 1} ({h.method}, batch {h.batch}, context {h.context}) cannot be "
+                f"predicted with {models.latency.model.name}'s latency set: {e.problem}",
+                where=str(results),
+                fix="pass as --traces the latency set these rows were measured against") from None
+        accepted = decode_accepted(row.get("measured_accepted"))
+        rep, rep_iter = (predict_replayed(sc, models.latency, accepted, h.waves, seed)
+                         if accepted or h.method == "vanilla" else (math.nan, math.nan))
+        m = Measurement(int(row.get("measured_tokens", 0) or 0),
+                        float(row.get("measured_seconds", math.nan)),
+                        int(row.get("measured_iterations", 0) or 0),
+                        float(row.get("measured_acceptance_length", math.nan)), accepted,
+                        parse_phases(row.get("measured_phase_ms")))
+        notes = row.get("notes")
+        new = result_row(h, pred, m, weights, rep, rep_iter,
+                          "" if notes is None or pd.isna(notes) else str(notes),
+                          float(row.get("wall_s", math.nan)),
+                          predicted_phases(h, models.latency, m, models.min_tokens),
+                          _recorded_workload_size(row))
+        new["measured"] = float(row["measured"])  # as measured, not recomputed from the parts
+        for pred_col, err_col in (("predicted", "error_pct"), ("predicted_sim", "error_sim_pct"),
+                                  ("predicted_replay", "error_replay_pct")):
+            new[err_col] = pct_error(new[pred_col], new["measured"])
+        if "measured_iter_ms" in row and not pd.isna(row["measured_iter_ms"]):
+            new["measured_iter_ms"] = float(row["measured_iter_ms"])
+            new["iter_time_error_pct"] = pct_error(rep_iter, new["measured_iter_ms"])
+        rows.append(new)
+    table = pd.DataFrame(rows)
+    table.to_csv(out, index=False)
+    return old, table
+
+
+def _recorded_workload_size(row: dict[str, Any]) -> int | None:
+    """The row's `workload_prompts`, or None (today's) for a table from before the column."""
+    n = row.get("workload_prompts")
+    return None if n is None or pd.isna(n) else int(n)

@@ -1,0 +1,248 @@
+"""Validation result rows: what was measured, what was predicted, the errors, and the
+summaries `vegas-sim validate` prints. CPU only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vegas_sim.calibrate.workloads import load_workload
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import PHASES
+from vegas_sim.validate.heldout import HeldOut
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One (or several pooled) steady-state windows of a real run.
+
+    `accepted` holds, per wave and per request, the accepted-draft counts of the window's
+    iterations in order (before truncation at the output length): the acceptance the run
+    really had, which `predict_replayed` feeds back into the simulator.
+    """
+
+    tokens: int
+    seconds: float
+    iterations: int
+    acceptance_length: float  # 1 + mean accepted drafts per (request, iteration), pre-truncation
+    accepted: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    phase_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # see phase_means
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds
+
+
+def pool(measurements: Sequence[Measurement]) -> Measurement:
+    """Waves pooled: tokens and seconds summed (a ratio of sums, like one longer window)."""
+    waves = [w for m in measurements for w in m.accepted]
+    return Measurement(sum(m.tokens for m in measurements),
+                       sum(m.seconds for m in measurements),
+                       sum(m.iterations for m in measurements), acceptance_length(waves), waves)
+
+
+def acceptance_length(waves: Sequence[Sequence[Sequence[int]]]) -> float:
+    """1 + mean accepted drafts over every (wave, request, iteration); 1 with none (vanilla
+    records nothing)."""
+    draws = [a for wave in waves for req in wave for a in req]
+    return 1.0 + float(np.mean(draws)) if draws else 1.0
+
+
+def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]],
+                      prompts: Sequence[Sequence[int]] | None = None) -> float:
+    """Sampling error of a run's acceptance length, % of it: the standard deviation of the
+    per-prompt acceptance lengths / √prompts. `prompts` [wave][request] names each request's
+    prompt (requests of one prompt are averaged first: at B 64 and C ≥ 4K the 32 longdoc
+    prompts give 8–16 distinct ones, so the requests are not independent); None = every
+    request its own. Acceptance varies from prompt to prompt (≈ 18 % per prompt for SmolLM2
+    on longdoc), so a run of few prompts measures those prompts, not the workload the
+    prediction describes: an acceptance error within ~2 of these is noise. NaN with fewer
+    than 2 prompts (and for vanilla)."""
+    by_prompt: dict[int, list[float]] = {}
+    for w, wave in enumerate(waves):
+        for r, req in enumerate(wave):
+            if len(req):
+                key = prompts[w][r] if prompts is not None else len(by_prompt)
+                by_prompt.setdefault(key, []).append(1.0 + float(np.mean(req)))
+    if len(by_prompt) < 2:
+        return float("nan")
+    x = np.asarray([np.mean(v) for v in by_prompt.values()])
+    return float(100.0 * x.std(ddof=1) / math.sqrt(len(x)) / x.mean())
+
+
+def format_phases(phases: dict[str, float]) -> str:
+    """'decode=2.81;sample=0.31' (ms per iteration), phases in methods.PHASES order."""
+    return ";".join(f"{p}={phases[p]:.4g}" for p in PHASES if p in phases)
+
+
+def parse_phases(text: Any) -> dict[str, float]:
+    if not isinstance(text, str) or not text:
+        return {}
+    return {k: float(v) for k, v in (item.split("=") for item in text.split(";"))}
+
+
+def phase_line(row: dict[str, Any]) -> str:
+    """'; ms/iteration measured/predicted: verify 5.1/5.0 sample 0.62/0.55' ('' untimed)."""
+    meas, pred = parse_phases(row.get("measured_phase_ms")), parse_phases(
+        row.get("predicted_phase_ms"))
+    if not meas:
+        return ""
+    parts = [f"{k} {meas.get(k, 0.0):.3g}/{pred.get(k, 0.0):.3g}"
+             for k in dict.fromkeys([*pred, *meas])]
+    return "; ms/iteration measured/predicted: " + " ".join(parts)
+
+
+def encode_accepted(accepted: Sequence[Sequence[Sequence[int]]]) -> str:
+    """Per wave '|', per request ',', one hex digit per iteration (γ ≤ 15)."""
+    return "|".join(",".join("".join(format(a, "x") for a in req) for req in wave)
+                    for wave in accepted)
+
+
+def decode_accepted(text: Any) -> list[list[list[int]]]:
+    if not isinstance(text, str) or not text:
+        return []
+    return [[[int(c, 16) for c in req] for req in wave.split(",")] for wave in text.split("|")]
+
+
+def pct_error(a: float, b: float) -> float:
+    return 100.0 * (a - b) / b if b else float("nan")
+
+
+def request_prompts(h: HeldOut, weights: str, workload_prompts: int | None
+                     ) -> tuple[list[list[int]] | None, int | None]:
+    """([wave][request] prompt of each request of a real run, the workload's prompt count it
+    assumes): the run decoded the first `workload_prompts` prompts of h's workload (None:
+    all of today's). (None, None) for replay, where every request draws on its own."""
+    if weights == "random":
+        return None, None
+    workload = load_workload(h.workload or "longdoc")
+    n = len(workload) if workload_prompts is None else workload_prompts
+    return prompt_index(h, len(long_prompts(h, workload[:n])[0])), n
+
+
+def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
+                 ) -> tuple[list[list[int]], str]:
+    """The prompts h's requests take in turn, and a note ('' if natural): those at least
+    h.context long, or (when none is) every prompt, to be repeated up to the context."""
+    long = [list(p) for p in workload_prompts if len(p) >= h.context]
+    if long:
+        return long, ""
+    return [list(p) for p in workload_prompts if len(p) >= 2], (
+        f"no workload prompt has {h.context} tokens: prompts repeated to reach it "
+        "(acceptance not the traced workload's)")
+
+
+def prompt_index(h: HeldOut, n_prompts: int, waves: int | None = None) -> list[list[int]]:
+    """[wave][request] index of the prompt each request takes, (w·B + b) mod n: waves see
+    other prompts. `waves` defaults to h's."""
+    return [[(w * h.batch + b) % n_prompts for b in range(h.batch)]
+            for w in range(h.waves if waves is None else waves)]
+
+
+def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
+                replayed: float, replayed_iter_ms: float, notes: str,
+                wall_s: float, predicted_phase_ms: dict[str, float] | None = None,
+                workload_prompts: int | None = None) -> dict[str, Any]:
+    """One result row. `predicted` is what the issue's targets are judged on: the simulator
+    from the trace sets alone for real weights; for the replay regime the simulator fed the
+    same replayed accept counts as the run (the acceptance there is an input drawn from the
+    acceptance model, like an arrival trace; the regime validates the performance model).
+    `workload_prompts`: how many prompts the workload had when the run was measured (default
+    today's), which fixes the prompt each request decoded."""
+    prompts, workload_prompts = request_prompts(h, weights, workload_prompts)
+    sim = float(pred["throughput_tok_s"])
+    primary = sim if weights == "real" else replayed
+    measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
+    return {
+        **dataclasses.asdict(h),
+        "regime": "real-weights" if weights == "real" else "random-weights+replay",
+        "predicted": primary,
+        "measured": m.throughput,
+        "error_pct": pct_error(primary, m.throughput),
+        "predicted_sim": sim,
+        "error_sim_pct": pct_error(sim, m.throughput),
+        "predicted_replay": replayed,
+        "error_replay_pct": pct_error(replayed, m.throughput),
+        "ci_low": float(pred["throughput_ci_low"]),
+        "ci_high": float(pred["throughput_ci_high"]),
+        "predicted_acceptance_length": float(pred["window_acceptance_length"]),
+        "measured_acceptance_length": m.acceptance_length,
+        "acceptance_error_pct": pct_error(float(pred["window_acceptance_length"]),
+                                     m.acceptance_length),
+        "acceptance_se_pct": acceptance_se_pct(m.accepted, prompts),
+        "workload_prompts": math.nan if workload_prompts is None else workload_prompts,
+        "measured_iterations": m.iterations,
+        "measured_seconds": m.seconds,
+        "measured_tokens": m.tokens,
+        "predicted_iter_ms": replayed_iter_ms,
+        "measured_iter_ms": measured_iter_ms,
+        "iter_time_error_pct": pct_error(replayed_iter_ms, measured_iter_ms),
+        "measured_phase_ms": format_phases(m.phase_ms),
+        "predicted_phase_ms": format_phases(predicted_phase_ms or {}),
+        "extrapolated": str(pred.get("extrapolated") or ""),
+        "notes": notes,
+        "wall_s": wall_s,
+        "measured_accepted": encode_accepted(m.accepted),
+    }
+
+
+REQUIRED_RESULT_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len",
+                           "regime", "measured")
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    """A result table written by `run_validation` (any version with the required columns)."""
+    if not path.is_file():
+        raise UserInputError("file not found", where=str(path),
+                             fix="pass the CSV written by `vegas-sim validate --out`")
+    table = pd.read_csv(path, keep_default_na=True)
+    missing = [c for c in REQUIRED_RESULT_COLUMNS if c not in table.columns]
+    if missing:
+        raise UserInputError(f"missing columns {missing}", where=str(path),
+                             fix="pass the CSV written by `vegas-sim validate --out`")
+    if table.empty:
+        raise UserInputError("the result table has no rows", where=str(path),
+                             fix="pass a validation run that measured something")
+    return table
+
+
+def summarize(table: pd.DataFrame, column: str = "error_pct") -> str:
+    """Per regime: configurations, median and max |error| (NaN errors are not counted)."""
+    lines = []
+    for regime, g in table.groupby("regime"):
+        err = g[column].abs().dropna() if column in g else pd.Series(dtype=float)
+        if err.empty:
+            lines.append(f"{regime}: {len(g)} configurations, no {column}")
+            continue
+        lines.append(f"{regime}: {len(err)} configurations, |error| median {err.median():.1f} %, "
+                     f"max {err.max():.1f} %")
+        for extra in ("error_sim_pct", "error_replay_pct", "acceptance_error_pct",
+                      "iter_time_error_pct"):
+            if extra != column and extra in g and g[extra].notna().any():
+                e = g[extra].abs().dropna()
+                lines.append(f"  {extra}: median {e.median():.1f} %, max {e.max():.1f} %")
+        if "acceptance_se_pct" in g and g["acceptance_se_pct"].notna().any():
+            se = g["acceptance_se_pct"].dropna()
+            within = (g["acceptance_error_pct"].abs() <= 2 * g["acceptance_se_pct"]).sum()
+            lines.append(f"  acceptance sampling error of the runs (prompt-to-prompt): median "
+                         f"{se.median():.1f} %; {within} of {len(se)} acceptance errors "
+                         "within 2 of it")
+    return "\n".join(lines)
+
+
+def compare(before: pd.DataFrame, after: pd.DataFrame) -> str:
+    """Before/after |error| per regime (median, max) and the rows that moved most."""
+    lines = []
+    for regime in sorted(set(before["regime"]) | set(after["regime"])):
+        b = before[before["regime"] == regime]["error_pct"].abs().dropna()
+        a = after[after["regime"] == regime]["error_pct"].abs().dropna()
+        fmt = lambda e: (f"median {e.median():.1f} %, max {e.max():.1f} %"
+                         if len(e) else "no errors")
+        lines.append(f"{regime}: before {fmt(b)} ({len(b)}) -> after {fmt(a)} ({len(a)})")
+    return "\n".join(lines)
