@@ -104,7 +104,7 @@ def make_cache(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, torc
     """Caches for contexts up to C; S_max = C + 128 (a multiple of 128, as the runtime should
     allocate it: the score write-out then needs no key mask). Filled one request at a time
     (no single random op over >= 2^31 elements: run 4's crash at B=16 C=128K came at the
-    first sync after such a fill, see KERNELS_NOTES.md) and synchronised, so a setup failure
+    first sync after such a fill, see docs/KERNELS.md) and synchronised, so a setup failure
     is reported here and not by the next timed kernel."""
     S = C + 128
     k = torch.empty(B, S, HKV, D, device=DEV, dtype=torch.bfloat16)
@@ -226,7 +226,7 @@ def verify_shape(args: argparse.Namespace, copy_bw: float, out: list[dict[str, A
 def min_of_rounds(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
     """Each call timed `rounds` times, interleaved (order reversed every other round), keeping
     its fastest time: one CUDA-graph timing of a Collect-2-Query verify at B=4 C=128K varied
-    0.518-0.586 ms back to back (run 12, benchmarks/results/h200/select_probe_run12.log), and
+    0.518-0.586 ms back to back (git show 65890e3:benchmarks/results/h200/select_probe_run12.log), and
     noise only ever adds time."""
     best = {name: math.inf for name in calls}
     for r in range(max(1, rounds)):

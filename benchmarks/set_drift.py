@@ -2,9 +2,10 @@
 
 Matches the two sets' rows on their grid keys and prints new / old of the median latency:
 per phase (quartiles), and the draft step by batch × context. Used to say how much a
-re-measurement changed a packaged set (docs/RESULTS.md, Calibration, fifteenth session):
+re-measurement changed a packaged set (docs/RESULTS.md, Calibration; d95cdf6 holds the
+revision-2 sets):
 
-    git show cbae719:vegas_sim/traces/default/qwen3-8b-h200/latency.parquet > /tmp/old.parquet
+    git show d95cdf6:vegas_sim/traces/default/qwen3-8b-h200/latency.parquet > /tmp/old.parquet
     python benchmarks/set_drift.py /tmp/old.parquet vegas_sim/traces/default/qwen3-8b-h200
 """
 

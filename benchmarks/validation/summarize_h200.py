@@ -93,18 +93,18 @@ def seed_spread(seeds: int) -> pd.DataFrame:
 # first three pairs ran on one runtime (but for the sparse launch, 0.5-1 % of a draft step): the
 # measurement's own run-to-run spread. The last three straddle runtime revision 3's sampler.
 REPEATS = (
-    ("(a) run 72 vs run 48", "run72_smollm2", "run48_smollm2"),
-    ("(a) run 72 vs run 48", "run72_smollm2_span", "run48_smollm2_span"),
-    ("(a) fresh draw, run 73 vs run 52", "run73_smollm2_seed20261130",
-     "run52_smollm2_seed20261130"),
-    ("(b) run 70 vs run 42", "run70_qwen3_8b", "run42_qwen3_8b"),
-    ("(b) run 70 vs run 42", "run70_qwen3_8b_span", "run42_qwen3_8b_span"),
-    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2", "run72_smollm2"),
-    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2_span", "run72_smollm2_span"),
+    ("(a) run 72 vs run 48", "rev2_smollm2", "rev2_sparse4w_smollm2"),
+    ("(a) run 72 vs run 48", "rev2_smollm2_span", "rev2_sparse4w_smollm2_span"),
+    ("(a) fresh draw, run 73 vs run 52", "rev2_smollm2_seed20261130",
+     "rev2_sparse4w_smollm2_seed20261130"),
+    ("(b) run 70 vs run 42", "rev2_qwen3_8b", "rev2_sparse4w_qwen3_8b"),
+    ("(b) run 70 vs run 42", "rev2_qwen3_8b_span", "rev2_sparse4w_qwen3_8b_span"),
+    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2", "rev2_smollm2"),
+    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2_span", "rev2_smollm2_span"),
     ("(a) fresh draw, run 82 vs run 73 (revision 3 vs 2)", "smollm2_seed20261130",
-     "run73_smollm2_seed20261130"),
-    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b", "run70_qwen3_8b"),
-    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b_span", "run70_qwen3_8b_span"),
+     "rev2_smollm2_seed20261130"),
+    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b", "rev2_qwen3_8b"),
+    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b_span", "rev2_qwen3_8b_span"),
 )
 KEYS = ["method", "gamma", "sparsity", "batch", "context"]
 REPEAT_COLUMNS = (("throughput", "measured"), ("iteration time", "measured_iter_ms"),

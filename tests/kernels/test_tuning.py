@@ -242,7 +242,7 @@ def test_verify_cache_over_2_31_elements(NQ: int, collect: str) -> None:
 
 
 def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(va) -> None:  # type: ignore[no-untyped-def]
-    # run 9: st 4 halved the first_last overhead of the M 64 tile (KERNELS_NOTES.md)
+    # run 9: st 4 halved the first_last overhead of the M 64 tile (docs/KERNELS.md)
     assert va.default_stages("first_last", 64, 64, 3) == va.STAGES_COLLECT == 4
     assert va.default_stages("none", 64, 64, 3) == 3  # plain verify keeps its tuned stages
     assert va.default_stages("all", 64, 64, 3) == 3

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The GPU workflow on a lent H200 machine, one stage per device call. Run from the repo root
+# on the device (the tree is copied there; outputs are written under $OUT, which comes back):
+#
+#   bash benchmarks/gpu/device.sh STAGE [ARGS]
+#
+#   part                   copy the carried GGUF part(s) to /root/model (calls before `gguf`)
+#   gguf                   join the parts into /root/model/smollm2.gguf and check its sha256
+#   tests [PATH...]        pytest -m gpu (default: tests/kernels tests/calibrate); the SmolLM2
+#                          real-weight tests run when the joined GGUF is there, else skip
+#   quick [MODEL]          vegas-sim calibrate --quick (default qwen3-8b, random weights),
+#                          then traces check and a predict on the set it made
+#   full qwen3-8b|smollm2  the latency grid of the packaged set of that name (8 / 3 GPU-min)
+#   validate REGIME [HELDOUT] [TRACES]
+#                          vegas-sim validate; REGIME qwen3_8b (random weights, acceptance
+#                          replayed) or smollm2 (real weights, needs `gguf`); HELDOUT defaults
+#                          to benchmarks/validation/heldout_REGIME.csv
+#   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
+#                          benchmarks/results/kernels_h200.csv)
+#
+# Carry .whl (wheels the image lacks, e.g. simpy and gguf: `pip download --no-deps -d .whl`)
+# on every call. A call carries at most 64 MiB with the tracked tree, so the 98 MB GGUF goes
+# in thirds (`split -n 3 .model/smollm2.gguf .model/smollm2.gguf.part.`): part.aa with `part`,
+# part.ab with `part`, part.ac with `gguf`. An idle machine is given back, /root with it:
+# make the calls back to back. `timeout` keeps each stage under the 10-minute call limit.
+set -u
+stage=${1:?stage: part, gguf, tests, quick, full, validate or kernels (see the header)}
+shift
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+: "${OUT:?OUT must name the folder whose files come back}"
+
+# Every stage: the carried wheels into /tmp/site (torch and triton are the image's).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
+cli=(python3 -c "from vegas_sim.cli import main; main()")
+D=vegas_sim/traces/default
+TR=/root/tr
+GGUF=/root/model/smollm2.gguf
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct Q4_1
+mkdir -p $TR /root/model
+[ -f $GGUF ] && export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+
+pack() {  # the set, as a .tgz under $OUT
+  tar czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"
+}
+
+finalize() {  # a set cut by its timeout keeps the points it measured: merge them, pack it
+  python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$1')" 2>&1 | tail -2
+  rm -rf "$1/parts"; pack "$1"
+}
+
+case $stage in
+part)
+  cp .model/smollm2.gguf.part.?? /root/model/ && ls -la /root/model
+  ;;
+gguf)
+  cp .model/smollm2.gguf.part.?? /root/model/ 2>/dev/null
+  cat /root/model/smollm2.gguf.part.?? > $GGUF
+  # sha256sum's own status decides (a `| tee` after it would hide a mismatch)
+  echo "$SHA  $GGUF" | sha256sum -c - > "$OUT/gguf.txt"; rc=$?
+  cat "$OUT/gguf.txt"; rm -f /root/model/smollm2.gguf.part.??
+  exit $rc
+  ;;
+tests)
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv \
+    | tee "$OUT/gpu.txt"
+  paths=("$@"); [ $# -eq 0 ] && paths=(tests/kernels tests/calibrate)
+  timeout 540 python3 -m pytest -q -p no:cacheprovider -m gpu -rfs "${paths[@]}" 2>&1 \
+    | tail -40 | tee "$OUT/gpu_tests.log"
+  ;;
+quick)  # the --quick preset (< 2 min on the H200), then what a user does with the set
+  model=${1:-qwen3-8b}
+  s0=$(date +%s)
+  timeout 300 "${cli[@]}" calibrate --quick --model "$model" --weights random \
+    --out $TR/quick 2>&1 | tail -3 | tee "$OUT/quick.log"
+  echo "calibrate --quick wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/quick.log"
+  "${cli[@]}" traces check $TR/quick 2>&1 | tail -2 | tee -a "$OUT/quick.log"
+  "${cli[@]}" predict --traces $TR/quick --gamma 4 --batch 2 --context 4K 2>&1 \
+    | tee -a "$OUT/quick.log"
+  pack $TR/quick
+  ;;
+full)  # the packaged latency sets' grids; a set cut by the timeout resumes if carried back
+  case ${1:?full qwen3-8b or full smollm2} in
+  qwen3-8b)
+    timeout ${TIMEOUT:-560} "${cli[@]}" calibrate --model qwen3-8b --weights random \
+      --methods all --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
+      --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
+    finalize $TR/qwen3-8b-h200
+    ;;
+  smollm2)  # real weights: run `gguf` first
+    [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+    timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real \
+      --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
+      --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
+      --verify-after-draft --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
+    finalize $TR/smollm2-135m-h200
+    ;;
+  *) echo "full: qwen3-8b or smollm2"; exit 2 ;;
+  esac
+  ;;
+validate)  # --time-budget stops starting rows early enough that the table is still written
+  regime=${1:?validate qwen3_8b or smollm2}
+  heldout=${2:-benchmarks/validation/heldout_$regime.csv}
+  case $regime in
+  qwen3_8b) model=(--model qwen3-8b --weights random); traces=${3:-$D/qwen3-8b-h200} ;;
+  smollm2)  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+            model=(--model $GGUF --weights real); traces=${3:-$D/smollm2-135m-h200} ;;
+  *) echo "validate: qwen3_8b or smollm2"; exit 2 ;;
+  esac
+  name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')
+  timeout ${TIMEOUT:-560} "${cli[@]}" validate --traces "$traces" \
+    --acceptance-traces $D/smollm2-135m-real --seed 0 "${model[@]}" --heldout "$heldout" \
+    --time-budget ${BUDGET:-480} --out "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$?" | tee -a "$OUT/$name.log"; tail -8 "$OUT/$name.log"
+  ;;
+kernels)  # each kernel against the copy bandwidth measured in the same run
+  args=("$@")
+  [ $# -eq 0 ] && args=(--quick --only verify,select,sparse --rounds 3 --step-budget-s 200)
+  timeout 540 python3 benchmarks/kernels.py "${args[@]}" --out "$OUT/kernels_h200.csv" 2>&1 \
+    | tail -60 | tee "$OUT/kernels.log"
+  ;;
+*)
+  echo "unknown stage $stage: part, gguf, tests, quick, full, validate or kernels"; exit 2
+  ;;
+esac
+ls -la "$OUT"
