@@ -354,7 +354,7 @@ TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
 # launch loses there: 152 KB of shared memory, one 4-warp program per SM, issue-bound (35 % of
 # warp samples "selected", 3.5 TB/s), where collect=none runs two programs per SM. What Collect-2-
 # Query still costs on this launch (+11-14 %) is its score bytes: with the stores masked off
-# at run time the same kernel is within 0-2 % of collect=none (benchmarks/KERNELS_NOTES.md).
+# at run time the same kernel is within 0-2 % of collect=none (docs/KERNELS.md).
 TMA_KEYS = 2**20
 WIDE_KEYS = 2**22
 
@@ -471,7 +471,7 @@ def smaller_configs(cfg: VerifyConfig) -> tuple[VerifyConfig, ...]:
 
 # Collect-2-Query implementation: False (default) = store the first R·G rows of the main
 # score tile (the packing puts the collected rows first), True = a separate
-# [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see KERNELS_NOTES.md.
+# [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see docs/KERNELS.md.
 C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
 # The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
 # tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
@@ -479,7 +479,7 @@ C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
 # left out for no gain: a transposed collect dot, cache hints on the
 # score stores / K/V loads, and the row path's
 # stores as inline PTX straight from the MMA registers, which removes the shared-memory
-# layout conversion and its barrier but not the overhead (benchmarks/KERNELS_NOTES.md).
+# layout conversion and its barrier but not the overhead (docs/KERNELS.md).
 C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
 _MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
 # M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
