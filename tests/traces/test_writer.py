@@ -208,7 +208,7 @@ def test_meta_json_is_written_atomically(tmp_path: Path, monkeypatch: pytest.Mon
     def boom(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(io.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)  # the os module every writer uses
     with pytest.raises(OSError):
         w.finalize()
     monkeypatch.undo()

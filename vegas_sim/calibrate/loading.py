@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from vegas_sim.calibrate import weights as wmod
 from vegas_sim.calibrate import hardware
+from vegas_sim.calibrate import weights as wmod
 from vegas_sim.calibrate.runtime import Transformer
 from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.errors import UserInputError

@@ -396,7 +396,7 @@ def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
     try:
         from safetensors.torch import save_file
     except ImportError:
-        save_file = None
+        save_file = None  # type: ignore[assignment]
     tmp = path.with_suffix(path.suffix + ".tmp")
     if save_file is not None:
         save_file(tensors, str(tmp))

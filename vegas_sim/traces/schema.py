@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from vegas_sim.methods import METHODS
+
 SCHEMA_VERSION = 1
 
 META_FILE = "meta.json"
@@ -16,6 +18,7 @@ ACCEPTANCE_FILE = "acceptance.parquet"
 RUN_LOG_FILE = "run_log.json"  # how the set was measured: sessions, GPU time, overhead
 DATA_FILES = (LATENCY_FILE, ACCEPTANCE_FILE)
 # The columns that name one acceptance grid point (its rows are that point's requests).
+LATENCY_METHODS: tuple[str, ...] = (*METHODS, "any")  # "any": a method-independent phase
 ACCEPTANCE_POINT_KEYS = ("method", "gamma", "sparsity", "temperature", "workload")
 # A workload of at most this many distinct prompt lengths is windows of long texts: calibrate
 # cuts them into context buckets, and the acceptance model keeps that many buckets exact.

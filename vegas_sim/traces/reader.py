@@ -1,0 +1,255 @@
+"""Reading a trace set (`load_trace_set`): validates meta.json, both files' schemas, every
+value range and the content hash. A directory whose parts are newer than its last finalize
+is refused (a half-written calibration is not mistaken for a finished one); the message says
+to finish by re-running the calibration (it resumes) or `vegas-sim traces finalize DIR`. A
+directory without `parts/` (e.g. a packaged set) is read from the consolidated files alone."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vegas_sim.errors import TraceSetError
+from vegas_sim.files import sha256_file
+from vegas_sim.models import ModelSpec
+from vegas_sim.traces.lookup import is_bare_name, packaged_sets, trace_set_dir
+from vegas_sim.traces.schema import (
+    ACCEPTANCE_FILE,
+    DATA_FILES,
+    LATENCY_FILE,
+    META_FILE,
+    SCHEMA_VERSION,
+)
+from vegas_sim.traces.validation import (
+    FIX_RECALIBRATE,
+    to_pandas,
+    validate_file_table,
+    validate_meta,
+)
+
+PARTS_DIR = "parts"
+
+
+PROGRESS_FILE = "progress.jsonl"
+
+
+
+
+TABLE_OF_FILE = {LATENCY_FILE: "latency", ACCEPTANCE_FILE: "acceptance"}
+
+
+FILE_OF_TABLE = {v: k for k, v in TABLE_OF_FILE.items()}
+
+
+def finalize_command(path: Path) -> str:
+    """The command that runs `finalize_trace_set(path)`."""
+    return f"vegas-sim traces finalize {shlex.quote(str(path))}"
+
+
+def _unfinalized_fix(path: Path) -> str:
+    return (f"finish the calibration by re-running the same `vegas-sim calibrate ... --out "
+            f"{path}` (it resumes where it stopped), or consolidate what is there with "
+            f"`{finalize_command(path)}`")
+
+
+def _hash_mismatch_fix(path: Path) -> str:
+    """Restore, rebuild from the parts (only when they are there), or re-calibrate."""
+    if not part_files(path, "latency") and not part_files(path, "acceptance"):
+        return (f"the file changed after it was written: restore it (e.g. from the copy it "
+                f"came from), or {FIX_RECALIBRATE}")
+    return ("the file changed after it was written: restore it, or rebuild it from "
+            f"{PARTS_DIR}/ (discarding the change) with `{finalize_command(path)}`, or "
+            f"{FIX_RECALIBRATE}")
+
+
+@dataclass
+class TraceSet:
+    path: Path
+    meta: dict[str, Any]
+    latency: pd.DataFrame  # columns of schema.LATENCY_SCHEMA
+    acceptance: pd.DataFrame  # columns of schema.ACCEPTANCE_SCHEMA (may be empty)
+
+    @property
+    def weights_kind(self) -> str:
+        """'real' or 'random'."""
+        return str(self.meta["model"]["weights"]["kind"])
+
+    @property
+    def name(self) -> str:
+        """The directory name, e.g. 'qwen3-8b-h200'."""
+        return self.path.name
+
+    @property
+    def model_name(self) -> str:
+        return str(self.meta["model"]["name"])
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec.from_dict(self.meta["model"])
+
+    @property
+    def gpu_name(self) -> str:
+        return str(self.meta["gpu"]["name"])
+
+    @property
+    def synthetic(self) -> bool:
+        """True for sets made by traces/synthetic.py (never measured)."""
+        return bool(self.meta.get("synthetic", False))
+
+    @property
+    def runtime_revision(self) -> str:
+        """The calibration runtime's revision (schema.RUNTIME_REVISION); "1" when unrecorded."""
+        return str(self.meta.get("software", {}).get("runtime", "1"))
+
+    @property
+    def has_real_acceptance(self) -> bool:
+        """Real weights and at least one acceptance row: usable by the acceptance model."""
+        return self.weights_kind == "real" and len(self.acceptance) > 0
+
+
+# ============================================================================ small utilities
+# ============================================================================ reading
+def read_parquet(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise TraceSetError("file is missing", where=str(path),
+                            fix=f"a trace set holds {META_FILE}, {LATENCY_FILE} and "
+                                f"{ACCEPTANCE_FILE}; {FIX_RECALIBRATE}")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise TraceSetError(f"unreadable parquet: {e}", where=str(path),
+                            fix=f"the file is corrupt or not parquet; {FIX_RECALIBRATE}") from None
+
+
+def read_meta(path: Path, *, require_hash: bool = True) -> dict[str, Any]:
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        raise TraceSetError("meta.json is missing", where=str(meta_path),
+                            fix=f"point at a trace-set directory; {FIX_RECALIBRATE}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceSetError(f"not valid JSON: {e}", where=str(meta_path),
+                            fix=f"restore the file; {FIX_RECALIBRATE}") from None
+    validate_meta(meta, meta_path, require_hash=require_hash)
+    return dict(meta)
+
+
+def part_files(path: Path, table: str) -> list[Path]:
+    """Committed part files of `table` ('latency' | 'acceptance'), sorted by name."""
+    parts = path / PARTS_DIR
+    if not parts.is_dir():
+        return []
+    return sorted(p for p in parts.glob(f"{table}-*.parquet") if not p.name.startswith("."))
+
+
+def unfinalized_parts(path: str | Path) -> list[str]:
+    """Part files written after the last finalize (empty for a finished set)."""
+    root = Path(path)
+    try:
+        meta = json.loads((root / META_FILE).read_text())
+        recorded = meta.get("parts", {}) if isinstance(meta, dict) else {}
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        recorded = {}
+    out = []
+    for table in FILE_OF_TABLE:
+        known = set(recorded.get(table, []) if isinstance(recorded, dict) else [])
+        out += [p.name for p in part_files(root, table) if p.name not in known]
+    return out
+
+
+def _not_a_set_dir(root: Path, packaged_dir: Path | None) -> TraceSetError:
+    """Why `root` (not a directory) cannot be a trace set, and what to pass instead."""
+    names = ", ".join(p.name for p in packaged_sets(packaged_dir)) or "none"
+    if root.is_file():
+        inside = root.name == META_FILE or root.name in DATA_FILES
+        return TraceSetError(
+            "is a file, not a trace-set directory", where=str(root),
+            fix=f"pass the directory that holds it, {root.parent}" if inside else
+                f"pass the directory that holds {META_FILE}, {LATENCY_FILE} and "
+                f"{ACCEPTANCE_FILE} (made by `vegas-sim calibrate`), or the name of a "
+                f"packaged set ({names})")
+    if root.exists():
+        return TraceSetError("is not a directory (a trace set is a directory)",
+                             where=str(root), fix="pass a trace-set directory")
+    if is_bare_name(root):
+        return TraceSetError(
+            "no such directory, and no packaged trace set has this name", where=str(root),
+            fix=f"name a packaged set ({names}; `vegas-sim traces list`), or pass a "
+                "directory made by `vegas-sim calibrate`")
+    return TraceSetError("trace-set directory does not exist", where=str(root),
+                         fix="pass a directory made by `vegas-sim calibrate`, or the name of a "
+                             f"packaged set ({names}; `vegas-sim traces list`)")
+
+
+def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None) -> TraceSet:
+    """Validation in order; each step that succeeds appends a line to `passed`."""
+    root = trace_set_dir(path, packaged_dir)
+    if not root.is_dir():
+        raise _not_a_set_dir(root, packaged_dir)
+    meta = read_meta(root, require_hash=False)
+    pending = unfinalized_parts(root)
+    if pending:
+        raise TraceSetError(
+            f"unfinished trace set: {len(pending)} part file(s) in {PARTS_DIR}/ are newer than "
+            f"the last finalize (e.g. {pending[0]})", where=str(root),
+            fix=_unfinalized_fix(root))
+    validate_meta(meta, root / META_FILE)
+    passed.append(f"{META_FILE}: keys present, schema_version {SCHEMA_VERSION}, model and gpu "
+                  f"well-formed")
+    kind = str(meta["model"]["weights"]["kind"])
+    frames: dict[str, pd.DataFrame] = {}
+    for name in DATA_FILES:
+        file = root / name
+        table = validate_file_table(name, read_parquet(file), file, kind)
+        passed.append(f"{name}: {table.num_rows} rows, columns and dtypes match schema v1, "
+                      f"value ranges valid")
+        frames[name] = to_pandas(table)
+    for name in DATA_FILES:
+        actual, recorded = sha256_file(root / name), meta["content_hash"][name]
+        if actual != recorded:
+            raise TraceSetError(
+                f"content hash mismatch: sha256 is {actual[:12]}…, meta.json records "
+                f"{recorded[:12]}…", where=f"{root / name} (meta.json key 'content_hash')",
+                fix=_hash_mismatch_fix(root))
+    passed.append("content hash matches meta.json for " + ", ".join(DATA_FILES))
+    return TraceSet(root, meta, frames[LATENCY_FILE], frames[ACCEPTANCE_FILE])
+
+
+def load_trace_set(path: str | Path, *, packaged_dir: Path | None = None) -> TraceSet:
+    """Read and fully validate a trace set; raises TraceSetError naming file, column and fix.
+
+    `path`: a trace-set directory, or the bare name of a packaged set when no such path
+    exists (`trace_set_dir`). Refuses a set with parts newer than its last finalize (see the
+    module docstring).
+    """
+    return _load(path, [], packaged_dir)
+
+
+def check(path: str | Path) -> list[str]:
+    """The checks a trace set passes (for `vegas-sim traces check`); raises on the first failure.
+    `path` as for `load_trace_set`."""
+    passed: list[str] = []
+    _load(path, passed)
+    return passed
+
+
+def require_real_acceptance(trace_set: TraceSet) -> None:
+    """Raise TraceSetError unless `trace_set` has acceptance rows from real weights."""
+    if trace_set.weights_kind != "real":
+        raise TraceSetError(
+            "random-weight model's acceptance is meaningless",
+            where=f"{trace_set.path / META_FILE}, key 'model.weights.kind'",
+            fix="calibrate with --weights real for acceptance (random weights are for latency)")
+    if len(trace_set.acceptance) == 0:
+        raise TraceSetError(
+            "latency-only trace set: no acceptance rows",
+            where=str(trace_set.path / ACCEPTANCE_FILE),
+            fix="calibrate a real-weight model with acceptance, or use a packaged one")

@@ -1,0 +1,289 @@
+"""Validation of a trace set's contents: meta.json, and both tables' schemas, types and value
+ranges. Every error is a TraceSetError naming the file, the column and the fix."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from vegas_sim.errors import TraceSetError
+from vegas_sim.files import sha256_file
+from vegas_sim.methods import PHASES, SPEC_METHODS
+from vegas_sim.models import ModelSpec
+from vegas_sim.traces.schema import (
+    ACCEPTANCE_SCHEMA,
+    DATA_FILES,
+    LATENCY_FILE,
+    LATENCY_METHODS,
+    LATENCY_SCHEMA,
+    META_KEYS,
+    SCHEMA_VERSION,
+    WEIGHT_KINDS,
+)
+
+GPU_NUMBERS = ("sm_count", "memory_gb", "copy_bandwidth_gbs", "bf16_tflops")
+
+
+FIX_RECALIBRATE = "re-run `vegas-sim calibrate` to regenerate the trace set"
+
+
+def content_hash(path: str | Path) -> dict[str, str]:
+    """{data file name: sha256} for the data files present in trace-set directory `path`."""
+    root = Path(path)
+    return {name: sha256_file(root / name) for name in DATA_FILES if (root / name).is_file()}
+
+
+def _err(problem: str, where: Path | str, fix: str, column: str | None = None) -> TraceSetError:
+    loc = f"{where}, column {column!r}" if column else str(where)
+    return TraceSetError(problem, where=loc, fix=fix)
+
+
+# ============================================================================ meta validation
+def _meta_err(where: Path, key: str, problem: str, fix: str = FIX_RECALIBRATE) -> TraceSetError:
+    return TraceSetError(problem, where=f"{where}, key {key!r}", fix=fix)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def validate_meta(meta: Any, where: Path, *, require_hash: bool = True) -> None:
+    """Check meta.json's keys and types; `where` names the file in messages."""
+    if not isinstance(meta, dict):
+        raise TraceSetError("meta.json must hold a JSON object", where=str(where),
+                            fix=FIX_RECALIBRATE)
+    required = [k for k in META_KEYS if require_hash or k != "content_hash"]
+    for key in required:
+        if key not in meta:
+            raise _meta_err(where, key, f"missing required key {key!r} ({META_KEYS[key]})")
+    version = meta["schema_version"]
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise _meta_err(
+            where, "schema_version",
+            f"schema_version is {version!r}; this vegas-sim reads schema {SCHEMA_VERSION}",
+            fix="use the vegas-sim version that wrote the set, or re-run `vegas-sim calibrate` "
+                "with this one",
+        )
+    _validate_model_meta(meta["model"], where)
+    _validate_gpu_meta(meta["gpu"], where)
+    for key, kind in (("software", dict), ("grid", dict), ("seeds", dict), ("workload", list)):
+        if not isinstance(meta[key], kind):
+            raise _meta_err(where, key, f"{key!r} must be a JSON {kind.__name__}, "
+                                        f"got {type(meta[key]).__name__}")
+    try:
+        dt.datetime.fromisoformat(str(meta["date"]).replace("Z", "+00:00"))
+    except ValueError:
+        raise _meta_err(where, "date", f"date {meta['date']!r} is not ISO 8601",
+                        fix="write e.g. '2026-01-31T12:00:00+00:00'") from None
+    if require_hash:
+        hashes = meta["content_hash"]
+        if not isinstance(hashes, dict) or any(
+            not isinstance(hashes.get(f), str) for f in DATA_FILES
+        ):
+            raise _meta_err(where, "content_hash",
+                            f"content_hash must map each of {list(DATA_FILES)} to a sha256 hex",
+                            fix="finalize the trace set (TraceSetWriter.finalize) to record it")
+
+
+def _validate_model_meta(model: Any, where: Path) -> None:
+    if not isinstance(model, dict):
+        raise _meta_err(where, "model", "'model' must be a JSON object (ModelSpec.to_dict())")
+    try:
+        ModelSpec.from_dict(model)
+    except TypeError as e:
+        raise _meta_err(where, "model", f"'model' is not a complete model spec: {e}") from None
+    weights = model.get("weights")
+    if not isinstance(weights, dict) or "kind" not in weights or "id" not in weights:
+        raise _meta_err(where, "model.weights",
+                        "'model.weights' must be {'kind': 'real'|'random', 'id': str, ...}")
+    if weights["kind"] not in WEIGHT_KINDS:
+        raise _meta_err(where, "model.weights.kind",
+                        f"weights kind {weights['kind']!r} is not one of {list(WEIGHT_KINDS)}")
+
+
+def _validate_gpu_meta(gpu: Any, where: Path) -> None:
+    if not isinstance(gpu, dict) or not isinstance(gpu.get("name"), str):
+        raise _meta_err(where, "gpu", "'gpu' must be a JSON object with a string 'name'")
+    for key in GPU_NUMBERS:
+        if not _is_number(gpu.get(key)) or gpu[key] <= 0:
+            raise _meta_err(where, f"gpu.{key}",
+                            f"gpu.{key} must be a positive number, got {gpu.get(key)!r}")
+
+
+# ============================================================================ table validation
+def _is_int(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t))
+
+
+def _is_float(t: pa.DataType) -> bool:
+    return bool(pa.types.is_floating(t))
+
+
+def _is_str(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _compatible(got: pa.DataType, want: pa.DataType) -> bool:
+    """Types we can cast to the schema's without losing meaning (widening, list of floats)."""
+    if got.equals(want):
+        return True
+    if _is_int(want):
+        return _is_int(got)  # range checked by a safe cast
+    if _is_float(want):
+        return _is_float(got) or _is_int(got)
+    if _is_str(want):
+        return _is_str(got)
+    if pa.types.is_list(want) or pa.types.is_large_list(want):
+        if pa.types.is_list(got) or pa.types.is_large_list(got):
+            return _is_float(got.value_type) or _is_int(got.value_type)
+        return False
+    return False
+
+
+def conform_table(table: pa.Table, schema: pa.Schema, where: Path | str) -> pa.Table:
+    """Check columns and dtypes against `schema`; cast compatible types; return in schema order."""
+    names = set(table.column_names)
+    for field in schema:
+        if field.name not in names:
+            raise _err(f"missing column {field.name!r} (expected {field.type})", where,
+                       "write every column of the schema (vegas_sim/traces/schema.py)",
+                       field.name)
+    extra = sorted(names - set(schema.names))
+    if extra:
+        raise _err(f"unexpected column(s) {extra}", where,
+                   "drop them: schema v1 has exactly the columns in vegas_sim/traces/schema.py",
+                   extra[0])
+    columns = []
+    for field in schema:
+        col = table.column(field.name)
+        if not _compatible(col.type, field.type):
+            raise _err(f"wrong dtype {col.type}, expected {field.type}", where,
+                       f"store {field.name!r} as {field.type}", field.name)
+        if col.null_count:
+            first = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
+            raise _err(f"{col.null_count} null (missing or NaN) value(s), first at row {first}",
+                       where,
+                       "every cell must hold a value", field.name)
+        try:
+            col = col.cast(field.type, safe=not pa.types.is_list(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise _err(f"cannot convert {col.type} to {field.type} without loss: {e}", where,
+                       f"store {field.name!r} as {field.type}", field.name) from None
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _np(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy()
+
+
+def _first_bad(mask: np.ndarray, values: np.ndarray) -> str:
+    idx = np.flatnonzero(mask)
+    first = values[idx[0]]
+    first = first.item() if hasattr(first, "item") else first
+    return f"{idx.size} row(s), first at row {int(idx[0])} (value {first!r})"
+
+
+def _require(mask_bad: np.ndarray, values: np.ndarray, problem: str, where: Path | str,
+             column: str, fix: str) -> None:
+    if mask_bad.any():
+        raise _err(f"{problem}: {_first_bad(mask_bad, values)}", where, fix, column)
+
+
+def _check_members(table: pa.Table, column: str, allowed: tuple[str, ...], where: Path | str,
+                   what: str) -> None:
+    values = np.asarray(_np(table, column), dtype=object)
+    bad = ~pd.Series(values).isin(allowed).to_numpy()
+    _require(bad, values, f"unknown {what}", where, column, f"use one of: {', '.join(allowed)}")
+
+
+def validate_latency(table: pa.Table, where: Path | str) -> pa.Table:
+    """Schema, dtypes and value ranges of latency rows; returns the table cast to the schema."""
+    table = conform_table(table, LATENCY_SCHEMA, where)
+    _check_members(table, "phase", PHASES, where, "phase")
+    _check_members(table, "method", LATENCY_METHODS, where, "method")
+    for col in ("batch", "context", "n_query", "n"):
+        v = _np(table, col)
+        _require(v < 1, v, f"{col} must be >= 1", where, col, f"record {col} >= 1")
+    for col in ("kv_read", "collect_rows"):
+        v = _np(table, col)
+        _require(v < 0, v, f"{col} must be >= 0", where, col, f"record {col} >= 0")
+    ms = {c: _np(table, c) for c in ("ms_p10", "ms_median", "ms_p90")}
+    for col, v in ms.items():
+        _require(~np.isfinite(v), v, "latency is NaN or infinite", where, col,
+                 "drop the point or re-measure it")
+        _require(v < 0, v, "latency is negative", where, col, "re-measure the point")
+    order_bad = (ms["ms_p10"] > ms["ms_median"]) | (ms["ms_median"] > ms["ms_p90"])
+    _require(order_bad, ms["ms_median"], "ms_p10 <= ms_median <= ms_p90 violated", where,
+             "ms_median", "compute the three statistics from the same timings")
+    return table
+
+
+def validate_acceptance(table: pa.Table, where: Path | str, weights_kind: str | None) -> pa.Table:
+    """Schema, dtypes and ranges of acceptance rows; `weights_kind` is meta's (None: skip)."""
+    table = conform_table(table, ACCEPTANCE_SCHEMA, where)
+    _check_members(table, "method", SPEC_METHODS, where, "(or non-drafting) method")
+    gamma = _np(table, "gamma")
+    _require(gamma < 1, gamma, "gamma must be >= 1", where, "gamma", "record gamma >= 1")
+    acc = _np(table, "accepted")
+    _require((acc < 0) | (acc > gamma), acc, "accepted outside [0, gamma]", where, "accepted",
+             "record accepted drafts (0..gamma), without the bonus token")
+    s = _np(table, "sparsity")
+    _require(~((s > 0) & (s <= 1)), s, "sparsity outside (0, 1]", where, "sparsity",
+             "record the sparsity ratio as a fraction, e.g. 0.07")
+    temp = _np(table, "temperature")
+    _require(~(temp >= 0) | ~np.isfinite(temp), temp, "temperature < 0 or not finite", where,
+             "temperature", "record 0 for greedy, else the sampling temperature")
+    for col, lo in (("budget", 0), ("context", 1), ("request", 0), ("iteration", 0)):
+        v = _np(table, col)
+        _require(v < lo, v, f"{col} must be >= {lo}", where, col, f"record {col} >= {lo}")
+    _check_accept_prob(table, gamma, where)
+    _check_members(table, "model_weights", WEIGHT_KINDS, where, "weights kind")
+    if weights_kind is not None:
+        mw = np.asarray(_np(table, "model_weights"), dtype=object)
+        _require(mw != weights_kind, mw,
+                 f"model_weights differs from meta.json's model.weights.kind {weights_kind!r}",
+                 where, "model_weights", "label every row with the weights the run used")
+    return table
+
+
+def _check_accept_prob(table: pa.Table, gamma: np.ndarray, where: Path | str) -> None:
+    col = table.column("accept_prob").combine_chunks()
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    _require(lengths != gamma, lengths, "accept_prob length != gamma", where, "accept_prob",
+             "record one probability per drafted position")
+    flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = ~((flat >= 0) & (flat <= 1))  # NaN fails both comparisons
+    if bad.any():
+        row = np.repeat(np.arange(len(lengths)), lengths)[np.flatnonzero(bad)[0]]
+        raise _err(f"accept_prob value outside [0, 1] or NaN: {int(bad.sum())} value(s), "
+                   f"first in row {int(row)} ({flat[bad][0]!r})", where,
+                   "record min(1, p/q) per position (1/0 under greedy)", "accept_prob")
+
+
+def validate_file_table(name: str, table: pa.Table, where: Path | str,
+                         weights_kind: str | None) -> pa.Table:
+    if name == LATENCY_FILE:
+        return validate_latency(table, where)
+    return validate_acceptance(table, where, weights_kind)
+
+
+def to_pandas(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas()
+
+
+def table_from_frame(rows: pd.DataFrame, where: str) -> pa.Table:
+    if not isinstance(rows, pd.DataFrame):
+        raise TraceSetError(f"expected a pandas DataFrame, got {type(rows).__name__}",
+                            where=where, fix="pass the rows as a DataFrame")
+    try:
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise TraceSetError(f"rows cannot be converted to Arrow: {e}", where=where,
+                            fix="use the column types of vegas_sim/traces/schema.py") from None
