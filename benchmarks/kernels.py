@@ -237,9 +237,9 @@ def min_of_rounds(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str,
 
 def launch_label(B: int, NQ: int, C: int, collect: str, **kw: Any) -> str:
     """The launch config verify_attention picks for this call (M tile, splits, tiles)."""
-    from vegas_sim.kernels import verify_attention as va
+    from vegas_sim.kernels import verify_launch as vl
 
-    block_m, cfg = va.launch_config(B, HKV, NQ, HQ // HKV, C, va.num_sms(torch.device(DEV)),
+    block_m, cfg = vl.launch_config(B, HKV, NQ, HQ // HKV, C, vl.num_sms(torch.device(DEV)),
                                     collect, min_m=kw.get("min_m"))
     return f"m{block_m} {cfg.label()}"
 
@@ -260,10 +260,10 @@ TUNE_SHAPES = [(1, 32768, 8), (1, 131072, 16), (4, 32768, 16), (4, 131072, 8),
 def tune_candidates(B: int, C: int, NQ: int, n_sms: int) -> list[Any]:
     """The heuristic config, its neighbours in splits (the full-wave counts around it, ×2) and
     tile sizes; 128-key tiles with 4 stages only at M <= 32 (shared memory)."""
-    from vegas_sim.kernels import verify_attention as va
+    from vegas_sim.kernels import verify_launch as vl
 
-    auto = va.choose_config(B, HKV, NQ, HQ // HKV, C, n_sms)
-    block_m = max(va.MIN_M_DEFAULT, 1 << (NQ * HQ // HKV - 1).bit_length())
+    auto = vl.choose_config(B, HKV, NQ, HQ // HKV, C, n_sms)
+    block_m = max(vl.MIN_M_DEFAULT, 1 << (NQ * HQ // HKV - 1).bit_length())
     waves = sorted({s for s in (auto.splits, max(1, auto.splits // 2), 2 * auto.splits,
                                 max(1, n_sms // (B * HKV)), max(1, 2 * n_sms // (B * HKV)))})
     out = [auto]
@@ -272,7 +272,7 @@ def tune_candidates(B: int, C: int, NQ: int, n_sms: int) -> list[Any]:
             for stages in (3, 4):
                 if block_n == 128 and stages == 4 and block_m >= 64:
                     continue
-                cfg = va.VerifyConfig(splits, block_n, 4, stages)
+                cfg = vl.VerifyConfig(splits, block_n, 4, stages)
                 if cfg not in out:
                     out.append(cfg)
     return out
@@ -281,10 +281,10 @@ def tune_candidates(B: int, C: int, NQ: int, n_sms: int) -> list[Any]:
 def bench_tune(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
     """Time launch configs of verify attention (collect none) at a few shapes; print the best
     and a `TUNED` line when it beats the heuristic by > 3 %."""
-    from vegas_sim.kernels import verify_attention as va
+    from vegas_sim.kernels import verify_launch as vl
 
     gen = torch.Generator(device=DEV).manual_seed(1)
-    n_sms = va.num_sms(torch.device(DEV))
+    n_sms = vl.num_sms(torch.device(DEV))
     for B, C, NQ in TUNE_SHAPES:
         caches, lens, q = verify_inputs(gen, B, C, NQ)
         timed: list[tuple[float, Any]] = []
@@ -311,7 +311,7 @@ def bench_tune(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any
               f"{kv_bytes(B, C) / auto_ms / 1e6 / copy_bw:.2f} of copy; best {best.label()} "
               f"{ratio:.2f}", flush=True)
         if best_ms < 0.97 * auto_ms:
-            block_m = max(va.MIN_M_DEFAULT, 1 << (NQ * HQ // HKV - 1).bit_length())
+            block_m = max(vl.MIN_M_DEFAULT, 1 << (NQ * HQ // HKV - 1).bit_length())
             print(f"    TUNED: ({n_sms}, {B * HKV}, {block_m}, {C.bit_length() - 1}): "
                   f"VerifyConfig({best.splits}, {best.block_n}, {best.num_warps}, "
                   f"{best.num_stages}),  # {ratio:.2f} of copy", flush=True)
@@ -326,10 +326,10 @@ def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str,
     """--tune: the Collect-2-Query implementations (rows of the main tile / separate dot) and
     the M tile minimum (16: mma.sync, 64: wgmma) at the shapes where run 3 failed, so the next
     run can confirm or flip the defaults (C2Q_DOT_DEFAULT, MIN_M_DEFAULT). Rows kind=variant."""
-    from vegas_sim.kernels import verify_attention as va
+    from vegas_sim.kernels import verify_launch as vl
 
     gen = torch.Generator(device=DEV).manual_seed(5)
-    n_sms = va.num_sms(torch.device(DEV))
+    n_sms = vl.num_sms(torch.device(DEV))
     for B, C, NQ in VARIANT_SHAPES:
         caches, lens, q = verify_inputs(gen, B, C, NQ)
         base: dict[int, float] = {}
@@ -634,7 +634,7 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
     """One line per Collect-2-Query candidate at the three target shapes: ms and overhead %
     over the default collect="none" call (rows kind=c2q). Also the none call at M 64, to
     separate the tile change from the store."""
-    from vegas_sim.kernels import verify_attention as va
+    from vegas_sim.kernels import verify_launch as vl
 
     gen = torch.Generator(device=DEV).manual_seed(7)
     G = HQ // HKV
@@ -643,8 +643,8 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
             caches, lens, q = verify_inputs(gen, B, C, NQ)
             torch.cuda.synchronize()
             base = bench(verify_call(caches, q, lens, "none", C))
-            default = {"c2q": "dot" if va.C2Q_DOT_DEFAULT else "rows",
-                       "min_m": va.default_min_m(NQ, G, "first_last")}
+            default = {"c2q": "dot" if vl.C2Q_DOT_DEFAULT else "rows",
+                       "min_m": vl.default_min_m(NQ, G, "first_last")}
             cands = [(label, "none", kw) for label, kw in C2Q_NONE_CANDIDATES] + [
                 (label, "first_last", kw) for label, kw in C2Q_CANDIDATES]
             for label, collect, kw in cands:
@@ -1041,11 +1041,11 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
 
     from vegas_sim.kernels import selection
     from vegas_sim.kernels import sparse_attention as sa
-    from vegas_sim.kernels import verify_attention as va
+    from vegas_sim.kernels import verify_launch as vl
 
     t0 = time.time()
     gen = torch.Generator(device=DEV).manual_seed(4)
-    n_sms = va.num_sms(torch.device(DEV))
+    n_sms = vl.num_sms(torch.device(DEV))
 
     def left() -> bool:
         return time.time() - t0 < args.budget_s
@@ -1083,11 +1083,12 @@ def sweep(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -
     torch.cuda.empty_cache()
 
     def verify_shapes(shapes: list[tuple[int, int, int]]) -> None:
+        from vegas_sim.kernels import verify_launch as vl
         for B, C, NQ in shapes:
             if not left():
                 break
             caches, lens, q = verify_inputs(gen, B, C, NQ)
-            auto = va.choose_config(B, HKV, NQ, HQ // HKV, C, n_sms).label()
+            auto = vl.choose_config(B, HKV, NQ, HQ // HKV, C, n_sms).label()
             for label, collect, kw in sweep_verify_variants(B, C, NQ, n_sms):
                 if not left():
                     break

@@ -198,13 +198,13 @@ def test_progress_without_a_terminal_is_plain_lines(capsys: pytest.CaptureFixtur
 
 def test_an_interrupted_calibration_says_how_much_it_kept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vegas_sim.calibrate import grid
+    from vegas_sim.calibrate import runner
 
     def two_points_then_ctrl_c(plan: object, out: object, progress: Any,
                                **_: object) -> None:
         progress(2, 5, "B=1 C=256")
         raise KeyboardInterrupt
-    monkeypatch.setattr(grid, "run_calibration", two_points_then_ctrl_c)
+    monkeypatch.setattr(runner, "run_calibration", two_points_then_ctrl_c)
     result = CliRunner().invoke(cli, ["calibrate", "--model", "smollm2-135m", "--device",
                                       "cpu", "--quick", "--out", str(tmp_path / "ts")])
     assert result.exit_code == 1  # click's Abort; the console script turns it into 130

@@ -25,13 +25,8 @@ DEFAULT_MODEL = "qwen3-8b"  # the model predicted when neither --model nor --tra
 
 
 def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
-    gpu = trace_set.meta["gpu"]
-    return MeasuredGpu(
-        name=str(gpu["name"]),
-        copy_bandwidth_gbs=float(gpu["copy_bandwidth_gbs"]),
-        bf16_tflops=float(gpu["bf16_tflops"]),
-        memory_gb=float(gpu["memory_gb"]),
-    )
+    """The GPU the set was measured on, read (and checked) as the latency model reads it."""
+    return MeasuredGpu.from_meta(trace_set.meta["gpu"])
 
 
 def fit_latency(trace_set: TraceSet) -> LatencyModel:

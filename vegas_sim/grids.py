@@ -42,7 +42,7 @@ _INT_RE = re.compile(r"^([+-]?\d+)([kKmM]?)$")
 _MAX_ITEMS = 100_000  # a typo such as 1..1M:1 must not build a million-point grid silently
 _FLOAT_DECIMALS = 10
 
-# calibrate --acceptance-cuts (grid.acceptance_prompts): here, where the CLI can read it
+# calibrate --acceptance-cuts (measure_acceptance.acceptance_prompts): here, where the CLI can read it
 # without importing torch
 ACCEPTANCE_CUTS = ("add", "none", "only")
 

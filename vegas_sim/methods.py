@@ -38,6 +38,7 @@ MIN_TOKENS = 256  # Vegas budget floor (reference code default)
 SINK_TOKENS = 16  # StreamingLLM attention sinks for magicdec-stream
 QUEST_PAGE = 16  # Quest page size in tokens
 DEFAULT_SPARSITY = 0.07
+MAX_VERIFY_ROWS = 16  # query rows one verify pass takes (γ + 1): the verify kernel's M tile
 
 
 def check_method(method: str) -> str:

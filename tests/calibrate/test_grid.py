@@ -16,21 +16,24 @@ import pytest
 import torch
 
 from tests.calibrate.conftest import tiny_model
-from vegas_sim.calibrate import grid, hardware
-from vegas_sim.calibrate.grid import (
-    CalibrationPlan,
-    acceptance_groups,
-    acceptance_points,
-    default_plan,
+from vegas_sim.calibrate import hardware, measure_acceptance, measure_latency
+from vegas_sim.calibrate import plan as plans
+from vegas_sim.calibrate.measure_acceptance import acceptance_groups
+from vegas_sim.calibrate.measure_latency import (
     draft_samples,
-    latency_points,
-    quick_plan,
-    run_calibration,
     split_iterations,
     split_quest_scoring,
     stats,
     verify_configs,
 )
+from vegas_sim.calibrate.plan import (
+    CalibrationPlan,
+    acceptance_points,
+    default_plan,
+    latency_points,
+    quick_plan,
+)
+from vegas_sim.calibrate.runner import run_calibration
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import METHODS, iteration_plan
 from vegas_sim.models import get_preset
@@ -100,7 +103,7 @@ def test_plans_and_points() -> None:
 
 
 def test_coarse_to_fine_spreads_the_range_first() -> None:
-    from vegas_sim.calibrate.grid import coarse_to_fine
+    from vegas_sim.calibrate.plan import coarse_to_fine
 
     order = coarse_to_fine([0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2], 0.07)
     assert order[:3] == [0.07, 0.01, 0.2] and sorted(order) == [0.01, 0.02, 0.03, 0.05, 0.07,
@@ -217,14 +220,14 @@ def test_rows_match_iteration_plan_and_resume(tmp_path: Path, tiny_net: Any) -> 
     ts = load_trace_set(out)
     assert ts.weights_kind == "random" and ts.acceptance.empty
     assert "meaningless" in ts.meta["grid"]["acceptance"]
-    assert ts.meta["grid"]["host_gap_walls"] == ("untimed" if grid.UNTIMED_WALLS else "timed")
+    assert ts.meta["grid"]["host_gap_walls"] == ("untimed" if measure_latency.UNTIMED_WALLS else "timed")
     _assert_rows_cover_plans(ts.latency, plan, tiny_net.spec.max_positions)
 
 
 def test_resume_refuses_another_grid_or_model_before_loading(tmp_path: Path) -> None:
     """A changed grid would measure nothing new (or mix grids under the first meta.json), so
     it is refused by name, and so is another model, before any weights are loaded."""
-    from vegas_sim.calibrate.grid import check_resumable, grid_meta
+    from vegas_sim.calibrate.runner import check_resumable, grid_meta
 
     out = tmp_path / "ts"
     plan = tiny_plan()
@@ -251,7 +254,7 @@ def _assert_rows_cover_plans(lat: pd.DataFrame, plan: CalibrationPlan, max_len: 
     assert (lat["ms_median"] > 0).all()
     # decode / verify / select / sample: reps × HOST_GAP_CHAIN iterations; draft steps: reps
     chained = lat.phase.isin(["decode", "verify", "select", "sample"])
-    assert (lat[chained]["n"] == plan.reps * grid.HOST_GAP_CHAIN).all()
+    assert (lat[chained]["n"] == plan.reps * measure_latency.HOST_GAP_CHAIN).all()
     pooled = lat.phase.isin(["quest_meta", "other"])  # over sparsities (and quest steps)
     assert (lat[~chained & ~pooled]["n"] == plan.reps).all()
     quantities = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
@@ -267,7 +270,7 @@ def _assert_rows_cover_plans(lat: pd.DataFrame, plan: CalibrationPlan, max_len: 
                     for call in calls:
                         if call.phase == "draft_step":
                             step += 1
-                        if call.phase in ("draft_step", "quest_meta") and step > grid.DRAFT_GAMMA:
+                        if call.phase in ("draft_step", "quest_meta") and step > plans.DRAFT_GAMMA:
                             continue
                         key = (call.phase, m, b, c, call.n_query, int(call.kv_read[0]),
                                call.collect_rows)
@@ -323,14 +326,14 @@ def test_acceptance_batch_halves_until_it_fits(monkeypatch: pytest.MonkeyPatch) 
     on_cpu = SimpleNamespace(spec=spec, device=torch.device("cpu"), dtype=torch.bfloat16)
     free = 40e9  # bytes "free": 32 requests of 8K Qwen3-8B KV (~1.2 GB each) do not fit
     monkeypatch.setattr(hardware, "free_memory", lambda device: free)
-    n = grid.requests_per_call(plan, on_cuda, 8192)
-    assert n < grid.ACCEPTANCE_BATCH_GPU and n & (n - 1) == 0  # halved from 128
+    n = measure_acceptance.requests_per_call(plan, on_cuda, 8192)
+    assert n < measure_acceptance.ACCEPTANCE_BATCH_GPU and n & (n - 1) == 0  # halved from 128
     assert hardware.fits_in_memory(spec, n, 8192, "cuda", include_weights=False, dtype_bytes=2)
     assert not hardware.fits_in_memory(spec, 2 * n, 8192, "cuda", include_weights=False,
                                        dtype_bytes=2)
-    assert grid.requests_per_call(plan, on_cpu, 1024) <= grid.ACCEPTANCE_BATCH_CPU
+    assert measure_acceptance.requests_per_call(plan, on_cpu, 1024) <= measure_acceptance.ACCEPTANCE_BATCH_CPU
     fixed = dataclasses.replace(plan, acceptance_batch=3)
-    assert grid.requests_per_call(fixed, on_cpu, 64) == 3  # an explicit batch, if it fits
+    assert measure_acceptance.requests_per_call(fixed, on_cpu, 64) == 3  # an explicit batch, if it fits
 
 
 def test_cpu_device_check() -> None:
@@ -382,7 +385,7 @@ def test_tiny_real_calibration_smollm2(tmp_path: Path, smollm2: Any) -> None:
 
 
 def test_plan_from_cli_options() -> None:
-    plan = grid.plan_from_options(
+    plan = plans.plan_from_options(
         "smollm2-135m", weights="real", methods="vegas,magicdec-stream", gamma="2..12:2",
         sparsity="1%,7%", batch="1..8:x2", context="1K..8K:x2", workload="chat,code",
         temperature="0,0.6", iterations=5, device="cpu")
@@ -390,9 +393,9 @@ def test_plan_from_cli_options() -> None:
     assert plan.sparsity == (0.01, 0.07) and plan.batch == (1, 2, 4, 8)
     assert plan.context == (1024, 2048, 4096, 8192) and plan.workloads == ("chat", "code")
     assert plan.temperatures == (0.0, 0.6) and plan.iterations == 5 and not plan.quick
-    assert grid.plan_from_options("qwen3-8b", quick=True).quick
+    assert plans.plan_from_options("qwen3-8b", quick=True).quick
     with pytest.raises(UserInputError) as ei:
-        grid.plan_from_options("qwen3-8b", gamma="2..16")
+        plans.plan_from_options("qwen3-8b", gamma="2..16")
     assert ei.value.where == "--gamma"
 
 
@@ -404,8 +407,8 @@ def test_contexts_beyond_the_model_are_dropped(tmp_path: Path, tiny_net: Any) ->
     lat = load_trace_set(tmp_path / "ts").latency
     # 256 = max_positions: measured just below it, so that the drafts (γ = 2 here, the grid's
     # DRAFT_GAMMA steps) + verify still fit
-    capped = 256 - 2 * max(2, grid.DRAFT_GAMMA) - 2
-    assert grid.effective_context(plan, tiny_net.spec, 256) == capped
+    capped = 256 - 2 * max(2, plans.DRAFT_GAMMA) - 2
+    assert plans.effective_context(plan, tiny_net.spec, 256) == capped
     assert sorted(set(lat["context"])) == [64, capped]
     # nothing left to measure is an error before anything is written, not an empty "valid" set
     with pytest.raises(UserInputError, match="every context exceeds") as err:
@@ -419,7 +422,7 @@ def test_contexts_beyond_the_model_are_dropped(tmp_path: Path, tiny_net: Any) ->
 
 def test_host_gap_correction() -> None:
     """wall − Σ GPU samples is the host's share, charged to the sample phase."""
-    from vegas_sim.calibrate.grid import Timed, with_host_gap
+    from vegas_sim.calibrate.measure_latency import Timed, with_host_gap
 
     timed = Timed(iterations=[[("verify", 4.0), ("sample", 1.0)], [("verify", 4.0),
                                                                      ("sample", 1.5)]],
@@ -432,7 +435,7 @@ def test_host_gap_correction() -> None:
 def test_host_gap_is_shared_by_a_repetitions_chained_iterations() -> None:
     """A repetition of `chain` back-to-back iterations: its gap (wall − Σ samples of all its
     iterations) is split evenly among them, not charged to one."""
-    from vegas_sim.calibrate.grid import Timed
+    from vegas_sim.calibrate.measure_latency import Timed
 
     its = [[("decode", 3.0), ("sample", 0.5)]] * 4
     timed = Timed(iterations=its, walls=[16.0, 13.0], chain=2)  # GPU 7 ms per repetition
@@ -443,12 +446,12 @@ def test_host_gap_is_shared_by_a_repetitions_chained_iterations() -> None:
 
 def test_untimed_walls_come_from_a_second_run_of_the_chain(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """grid.UNTIMED_WALLS: a chained repetition runs twice, timed (its phase samples), then
+    """measure_latency.UNTIMED_WALLS: a chained repetition runs twice, timed (its phase samples), then
     with the timer off (its wall), so the timer's host work is not charged to the host gap.
     Single iterations keep one timed run; by default a chain runs once."""
     from vegas_sim.calibrate.timers import PhaseTimer
 
-    monkeypatch.setattr(grid, "UNTIMED_WALLS", True)
+    monkeypatch.setattr(measure_latency, "UNTIMED_WALLS", True)
     timer = PhaseTimer("cpu")
     seen: list[bool] = []
 
@@ -460,18 +463,18 @@ def test_untimed_walls_come_from_a_second_run_of_the_chain(
 
     ctx = SimpleNamespace(plan=SimpleNamespace(warmup=1, reps=2),
                           model=SimpleNamespace(device=torch.device("cpu")))
-    timed = grid._timed(ctx, timer, body, "decode", chain=2)  # type: ignore[arg-type]
+    timed = measure_latency._timed(ctx, timer, body, "decode", chain=2)  # type: ignore[arg-type]
     assert seen == [True] + [True, True, False, False] * 2
     assert timer.enabled
     assert len(timed.iterations) == 4 and len(timed.walls) == 2
     assert all(w >= 2 * 20.0 for w in timed.walls)  # the untimed chains' walls
     assert all(gap >= 19.0 for gap in timed.host_gaps())
     seen.clear()
-    single = grid._timed(ctx, timer, body, "decode")  # type: ignore[arg-type]
+    single = measure_latency._timed(ctx, timer, body, "decode")  # type: ignore[arg-type]
     assert seen == [True] * 3 and len(single.walls) == 2 and max(single.walls) < 20.0
-    monkeypatch.setattr(grid, "UNTIMED_WALLS", False)
+    monkeypatch.setattr(measure_latency, "UNTIMED_WALLS", False)
     seen.clear()
-    timed = grid._timed(ctx, timer, body, "decode", chain=2)  # type: ignore[arg-type]
+    timed = measure_latency._timed(ctx, timer, body, "decode", chain=2)  # type: ignore[arg-type]
     assert seen == [True] * 5 and max(timed.walls) < 40.0
 
 
@@ -479,17 +482,17 @@ def test_untimed_walls_come_from_a_second_run_of_the_chain(
 def test_vanilla_and_verify_time_chained_iterations(tiny_net: Any, after_draft: bool) -> None:
     """The host-gap phases are timed over HOST_GAP_CHAIN consecutive iterations per
     repetition: reps × chain samples per row — also when every iteration drafts first."""
-    from vegas_sim.calibrate import grid
+    from vegas_sim.calibrate import measure_latency
 
-    plan = grid.quick_plan("tiny", device="cpu", methods=("vanilla", "vegas"), gamma=(2,),
+    plan = plans.quick_plan("tiny", device="cpu", methods=("vanilla", "vegas"), gamma=(2,),
                            sparsity=(0.1,), batch=(2,), context=(32,), reps=2, warmup=0,
                            verify_after_draft=after_draft)
-    ctx = grid.PointContext(tiny_net, plan, 2, 32, seed=0)
+    ctx = measure_latency.PointContext(tiny_net, plan, 2, 32, seed=0)
     with torch.no_grad():
-        rows = grid.measure_vanilla(ctx) + grid.measure_verify(ctx, 3)
+        rows = measure_latency.measure_vanilla(ctx) + measure_latency.measure_verify(ctx, 3)
     n = {(r["phase"], r["method"]): r["n"] for r in rows}
-    assert n[("decode", "vanilla")] == n[("sample", "vanilla")] == 2 * grid.HOST_GAP_CHAIN
-    assert n[("verify", "vegas")] == n[("sample", "vegas")] == 2 * grid.HOST_GAP_CHAIN
+    assert n[("decode", "vanilla")] == n[("sample", "vanilla")] == 2 * measure_latency.HOST_GAP_CHAIN
+    assert n[("verify", "vegas")] == n[("sample", "vegas")] == 2 * measure_latency.HOST_GAP_CHAIN
 
 
 def test_sigterm_interrupts_like_ctrl_c() -> None:
@@ -500,7 +503,7 @@ def test_sigterm_interrupts_like_ctrl_c() -> None:
     import threading
     import time
 
-    from vegas_sim.calibrate.grid import terminate_as_interrupt
+    from vegas_sim.calibrate.runner import terminate_as_interrupt
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
@@ -532,7 +535,7 @@ def test_graphed_calibration_rows_cover_every_plan_phase_on_cuda(tmp_path: Path)
 # ---------------------------------------------------------------- acceptance prompts and cuts
 def test_cut_prompts_cut_every_longer_prompt_to_each_shorter_length() -> None:
     prompts = [[1, 2], [3, 4, 5, 6], [7, 8, 9, 10, 11, 12, 13, 14], [15, 16, 17, 18]]
-    cuts = grid.cut_prompts(prompts)
+    cuts = measure_acceptance.cut_prompts(prompts)
     # length 2: the three longer prompts' first 2 ids; length 4: the 8-long prompt's first 4
     assert cuts == [[3, 4], [7, 8], [15, 16], [7, 8, 9, 10]]
 
@@ -544,11 +547,11 @@ def _plan(**kw: Any) -> CalibrationPlan:
 
 def test_longdoc_acceptance_prompts_add_the_cuts_after_the_natural_windows() -> None:
     spec = get_preset("smollm2-135m")
-    natural = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="none"),
+    natural = measure_acceptance.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="none"),
                                       spec, "longdoc", 12)
-    both = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="add"),
+    both = measure_acceptance.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="add"),
                                    spec, "longdoc", 12)
-    only = grid.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="only"),
+    only = measure_acceptance.acceptance_prompts(_plan(acceptance_prompts=32, acceptance_cuts="only"),
                                    spec, "longdoc", 12)
     levels = sorted({len(p) for p in natural})
     assert len(natural) == 32 and len(levels) == 4  # 8 windows each of 1K, 2K, 4K, 7K
@@ -564,9 +567,9 @@ def test_longdoc_acceptance_prompts_add_the_cuts_after_the_natural_windows() -> 
 def test_free_form_workloads_are_not_cut() -> None:
     spec = get_preset("smollm2-135m")
     plan = _plan(acceptance_prompts=4, acceptance_cuts="add")  # 4 chat prompts: not windows
-    assert len(grid.acceptance_prompts(plan, spec, "chat", 12)) == 4
+    assert len(measure_acceptance.acceptance_prompts(plan, spec, "chat", 12)) == 4
     with pytest.raises(UserInputError, match="nothing to cut"):
-        grid.acceptance_prompts(dataclasses.replace(plan, acceptance_cuts="only"), spec,
+        measure_acceptance.acceptance_prompts(dataclasses.replace(plan, acceptance_cuts="only"), spec,
                                 "chat", 12)
 
 

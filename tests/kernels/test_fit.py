@@ -24,6 +24,7 @@ from tests.kernels.conftest import HAS_CUDA
 from tests.kernels.test_attention import OUT_TOL, check_scores, make_kv, rel_err
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import reference
+from vegas_sim.kernels import verify_launch as vl
 
 ROOT = Path(__file__).resolve().parents[2]
 L40S_SHARED = 101376  # sm_89's opt-in shared memory per block (99 KB)
@@ -86,14 +87,13 @@ def test_other_errors_are_not_swallowed(fit: Any) -> None:
 
 
 def test_smaller_configs_shrink_stages_then_tiles(use_triton: None) -> None:
-    from vegas_sim.kernels import verify_attention as va
 
-    cfg = va.VerifyConfig(16, 128, 4, 3, tma=True)
-    got = [(c.block_n, c.num_stages) for c in va.smaller_configs(cfg)]
+    cfg = vl.VerifyConfig(16, 128, 4, 3, tma=True)
+    got = [(c.block_n, c.num_stages) for c in vl.smaller_configs(cfg)]
     assert got == [(128, 3), (128, 2), (64, 3), (64, 2), (32, 3), (32, 2), (16, 3), (16, 2)]
-    assert all(c.splits == 16 and c.num_warps == 4 and c.tma for c in va.smaller_configs(cfg))
-    one = va.VerifyConfig(1, 32, 4, 1)
-    assert [(c.block_n, c.num_stages) for c in va.smaller_configs(one)] == [(32, 1), (16, 1)]
+    assert all(c.splits == 16 and c.num_warps == 4 and c.tma for c in vl.smaller_configs(cfg))
+    one = vl.VerifyConfig(1, 32, 4, 1)
+    assert [(c.block_n, c.num_stages) for c in vl.smaller_configs(one)] == [(32, 1), (16, 1)]
 
 
 class Refusing:

@@ -26,14 +26,21 @@ def va(use_triton: None):  # type: ignore[no-untyped-def]
     return verify_attention
 
 
-def test_choose_splits_fills_one_wave(va) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def vl(use_triton: None):  # type: ignore[no-untyped-def]
+    from vegas_sim.kernels import verify_launch
+
+    return verify_launch
+
+
+def test_choose_splits_fills_one_wave(vl, va) -> None:  # type: ignore[no-untyped-def]
     # Hkv 8 on 132 SMs: B=4 -> 4 splits (128 programs); 5 would need 2 waves (run 2's 0.65)
-    assert va.choose_splits(32, 131072, 128, 132) == 4
-    assert va.split_cost(32, 131072, 5, 128, 132) > 1.5 * va.split_cost(32, 131072, 4, 128, 132)
-    assert va.choose_splits(8, 32768, 128, 132) == 16  # B=1: 128 programs
-    assert va.choose_splits(128, 131072, 64, 132) == 1  # B=16
-    assert va.choose_splits(24, 131072, 128, 132) == 11  # B=3: two full waves of 132
-    assert va.choose_splits(8, 100, 128, 132) == 1  # shorter than one tile
+    assert vl.choose_splits(32, 131072, 128, 132) == 4
+    assert vl.split_cost(32, 131072, 5, 128, 132) > 1.5 * vl.split_cost(32, 131072, 4, 128, 132)
+    assert vl.choose_splits(8, 32768, 128, 132) == 16  # B=1: 128 programs
+    assert vl.choose_splits(128, 131072, 64, 132) == 1  # B=16
+    assert vl.choose_splits(24, 131072, 128, 132) == 11  # B=3: two full waves of 132
+    assert vl.choose_splits(8, 100, 128, 132) == 1  # shorter than one tile
 
 
 @pytest.mark.parametrize("B,keys", [(1, 6586), (1, 360), (4, 1343), (16, 360), (4, 8192),
@@ -64,38 +71,38 @@ def test_sparse_tiles_keep_their_bytes_and_a_larger_tile_fewer_programs(use_trit
     assert sa.launch_shape(1, 8, 6586, 132) == (103, 16)  # 412 tiles, <= 132 splits: 103 of 4
 
 
-def test_choose_config_table_and_tiles(va) -> None:  # type: ignore[no-untyped-def]
-    wide = va.VerifyConfig(2, 32, 4, 4, tma=True)  # B=16: 128 heads x 2 splits on 132 SMs
-    assert va.choose_config(16, 8, 16, 4, 32768, 132) == wide
+def test_choose_config_table_and_tiles(vl, va) -> None:  # type: ignore[no-untyped-def]
+    wide = vl.VerifyConfig(2, 32, 4, 4, tma=True)  # B=16: 128 heads x 2 splits on 132 SMs
+    assert vl.choose_config(16, 8, 16, 4, 32768, 132) == wide
     for nq in (8, 16):  # Collect-2-Query's M 64 tile takes it from NQ·G > 16
-        assert va.choose_config(16, 8, nq, 4, 32768, 132, min_m=64, collect="first_last") == wide
-    assert va.choose_config(4, 8, 16, 4, 131072, 132) == va.VerifyConfig(8, 32, 4, 4, True)
+        assert vl.choose_config(16, 8, nq, 4, 32768, 132, min_m=64, collect="first_last") == wide
+    assert vl.choose_config(4, 8, 16, 4, 131072, 132) == vl.VerifyConfig(8, 32, 4, 4, True)
     # collect "all" was not measured on the wide launch; short calls keep the old one
-    assert not va.choose_config(16, 8, 16, 4, 32768, 132, collect="all").tma
-    assert va.choose_config(4, 8, 16, 4, 32768, 132, collect="first_last").block_n == 64
+    assert not vl.choose_config(16, 8, 16, 4, 32768, 132, collect="all").tma
+    assert vl.choose_config(4, 8, 16, 4, 32768, 132, collect="first_last").block_n == 64
     # M tile >= 64 (wgmma on Hopper): every NQ <= 16 at G = 4 is one kernel
-    assert (va.choose_config(4, 8, 1, 4, 131072, 132, min_m=64)
-            == va.choose_config(4, 8, 16, 4, 131072, 132, min_m=64))
+    assert (vl.choose_config(4, 8, 1, 4, 131072, 132, min_m=64)
+            == vl.choose_config(4, 8, 16, 4, 131072, 132, min_m=64))
     for min_m in (16, 64):
         for nq in range(1, 17):
             for group in (1, 2, 4, 8):
                 for max_len in (8192, 65536):
-                    cfg = va.choose_config(2, 32 // group, nq, group, max_len, 132, min_m=min_m)
+                    cfg = vl.choose_config(2, 32 // group, nq, group, max_len, 132, min_m=min_m)
                     block_m = max(min_m, 16, 1 << (nq * group - 1).bit_length())
                     keys = 2 * 32 // group * max_len
                     # 128-key tiles with 4 stages at M >= 64 are out of shared memory
                     assert not (block_m >= 64 and cfg.block_n == 128 and cfg.num_stages >= 4)
-                    wide = block_m == 64 and keys >= va.WIDE_KEYS
+                    wide = block_m == 64 and keys >= vl.WIDE_KEYS
                     assert cfg.block_n == (32 if wide else 128 if block_m <= 32
                                            else 64 if block_m <= 64 else 32)
-                    assert cfg.tma == (wide or (block_m >= 32 and keys >= va.TMA_KEYS))
-                    assert 1 <= cfg.splits <= va.MAX_SPLITS
+                    assert cfg.tma == (wide or (block_m >= 32 and keys >= vl.TMA_KEYS))
+                    assert 1 <= cfg.splits <= vl.MAX_SPLITS
     # the run-1 table entry for M 32 still applies when asked for M 16 tiles, now with TMA
-    assert (va.choose_config(4, 8, 8, 4, 131072, 132, min_m=16)
-            == va.VerifyConfig(4, 128, 4, 3, tma=True))
+    assert (vl.choose_config(4, 8, 8, 4, 131072, 132, min_m=16)
+            == vl.VerifyConfig(4, 128, 4, 3, tma=True))
     # ... and only collect=none takes TMA on the old launch (first_last at M 32 lost, run 23)
-    assert not va.choose_config(4, 8, 8, 4, 131072, 132, min_m=16, collect="first_last").tma
-    assert not va.choose_config(4, 8, 1, 4, 131072, 132).tma  # M 16: no gain (run 24)
+    assert not vl.choose_config(4, 8, 8, 4, 131072, 132, min_m=16, collect="first_last").tma
+    assert not vl.choose_config(4, 8, 1, 4, 131072, 132).tma  # M 16: no gain (run 24)
 
 
 def test_int32_offset_guard(va) -> None:  # type: ignore[no-untyped-def]
@@ -189,17 +196,17 @@ def test_topk_select_equal_budgets(device: str, use_triton: None) -> None:
     check_topk(idx.cpu(), w, budget)
 
 
-def test_default_min_m_per_collection(va, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_default_min_m_per_collection(vl, va, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """64-row (wgmma) tiles only for Collect-2-Query with more than 16 packed rows."""
-    monkeypatch.setattr(va, "_MIN_M_ENV", None)
-    assert va.default_min_m(8, 4, "first_last") == 64  # NQ 8, G 4: 32 rows
-    assert va.default_min_m(5, 4, "first_last") == 64
-    assert va.default_min_m(4, 4, "first_last") == 16  # 16 rows: M 16 won in run 4
-    assert va.default_min_m(1, 4, "first_last") == 16
-    assert va.default_min_m(8, 4, "none") == 16
-    assert va.default_min_m(8, 4, "all") == 16
-    monkeypatch.setattr(va, "_MIN_M_ENV", "32")
-    assert va.default_min_m(1, 4, "none") == 32
+    monkeypatch.setattr(vl, "_MIN_M_ENV", None)
+    assert vl.default_min_m(8, 4, "first_last") == 64  # NQ 8, G 4: 32 rows
+    assert vl.default_min_m(5, 4, "first_last") == 64
+    assert vl.default_min_m(4, 4, "first_last") == 16  # 16 rows: M 16 won in run 4
+    assert vl.default_min_m(1, 4, "first_last") == 16
+    assert vl.default_min_m(8, 4, "none") == 16
+    assert vl.default_min_m(8, 4, "all") == 16
+    monkeypatch.setattr(vl, "_MIN_M_ENV", "32")
+    assert vl.default_min_m(1, 4, "none") == 32
 
 
 def test_unknown_c2q_store_is_a_user_error(va) -> None:  # type: ignore[no-untyped-def]
@@ -241,28 +248,28 @@ def test_verify_cache_over_2_31_elements(NQ: int, collect: str) -> None:
     check_scores(None if scores is None else scores[last], r_scores)
 
 
-def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(va) -> None:  # type: ignore[no-untyped-def]
+def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(vl, va) -> None:  # type: ignore[no-untyped-def]
     # run 9: st 4 halved the first_last overhead of the M 64 tile (docs/KERNELS.md)
-    assert va.default_stages("first_last", 64, 64, 3) == va.STAGES_COLLECT == 4
-    assert va.default_stages("none", 64, 64, 3) == 3  # plain verify keeps its tuned stages
-    assert va.default_stages("all", 64, 64, 3) == 3
-    assert va.default_stages("first_last", 16, 128, 3) == 3  # NQ·G <= 16 keeps the M 16 tile
-    assert va.default_stages("first_last", 64, 128, 2) == 2  # a 128-key tile: no room for 4
+    assert vl.default_stages("first_last", 64, 64, 3) == vl.STAGES_COLLECT == 4
+    assert vl.default_stages("none", 64, 64, 3) == 3  # plain verify keeps its tuned stages
+    assert vl.default_stages("all", 64, 64, 3) == 3
+    assert vl.default_stages("first_last", 16, 128, 3) == 3  # NQ·G <= 16 keeps the M 16 tile
+    assert vl.default_stages("first_last", 64, 128, 2) == 2  # a 128-key tile: no room for 4
 
 
-def test_launch_config_resolves_the_launchers_defaults(va) -> None:  # type: ignore[no-untyped-def]
+def test_launch_config_resolves_the_launchers_defaults(vl, va) -> None:  # type: ignore[no-untyped-def]
     """What verify_attention runs and what the benchmarks label rows with: the M tile by
     collection, the wide launch of long calls, the stages of the *final* key tile, TMA."""
-    assert va.launch_config(16, 8, 8, 4, 32768, 132, "first_last") == (
-        64, va.wide_config(128, 132))
-    assert va.launch_config(16, 8, 8, 4, 32768, 132) == (
-        32, va.choose_config(16, 8, 8, 4, 32768, 132))
+    assert vl.launch_config(16, 8, 8, 4, 32768, 132, "first_last") == (
+        64, vl.wide_config(128, 132))
+    assert vl.launch_config(16, 8, 8, 4, 32768, 132) == (
+        32, vl.choose_config(16, 8, 8, 4, 32768, 132))
     # a caller's 128-key tile on M 64 keeps 3 stages (4 are out of shared memory) and gets
     # the wave model's split count for that tile
-    block_m, cfg = va.launch_config(4, 8, 8, 4, 32768, 132, "first_last", block_n=128)
+    block_m, cfg = vl.launch_config(4, 8, 8, 4, 32768, 132, "first_last", block_n=128)
     assert (block_m, cfg.block_n, cfg.num_stages) == (64, 128, 3)
-    assert cfg.splits == va.choose_splits(32, 32768, 128, 132)
-    assert va.launch_config(4, 8, 8, 4, 32768, 132, "first_last", splits=7,
-                            num_warps=8)[1] == va.VerifyConfig(7, 64, 8, 4)
-    assert va.launch_config(4, 8, 8, 4, 32768, 132, tma=True)[1].tma
-    assert not va.launch_config(16, 8, 8, 4, 32768, 132, "first_last", tma=False)[1].tma
+    assert cfg.splits == vl.choose_splits(32, 32768, 128, 132)
+    assert vl.launch_config(4, 8, 8, 4, 32768, 132, "first_last", splits=7,
+                            num_warps=8)[1] == vl.VerifyConfig(7, 64, 8, 4)
+    assert vl.launch_config(4, 8, 8, 4, 32768, 132, tma=True)[1].tma
+    assert not vl.launch_config(16, 8, 8, 4, 32768, 132, "first_last", tma=False)[1].tma

@@ -25,14 +25,15 @@ from typing import Any
 
 import torch
 
+from vegas_sim.methods import MAX_VERIFY_ROWS
 from vegas_sim.models import ModelSpec
+from vegas_sim.traces.schema import RUNTIME_REVISION
 
 GIB = 1024**3
 _CUDA_COPY_BYTES = 1 * GIB  # per buffer: far beyond L2 (H200: 50 MB), ~0.5 ms per copy
 _CPU_COPY_BYTES = 128 * 1024**2  # beyond any L3 this runs on
 _CUDA_MATMUL_N = 8192
 _CPU_MATMUL_N = 1024
-QUERY_ROWS_MAX = 16  # verify passes are at most 16 query rows (kernels/API.md)
 
 
 def software_versions() -> dict[str, str]:
@@ -41,7 +42,6 @@ def software_versions() -> dict[str, str]:
     import numpy as np
 
     import vegas_sim
-    from vegas_sim.traces.schema import RUNTIME_REVISION
 
     out = {
         "python": platform.python_version(),
@@ -235,10 +235,10 @@ def memory_needed(spec: ModelSpec, batch: int, max_seq: int, *, include_weights:
     weights = spec.param_count() * db if include_weights else 0
     kv = 2 * spec.n_layers * batch * max_seq * spec.n_kv_heads * spec.head_dim * db
     quest_meta = kv // 8 if quest else 0  # min and max per 16-token page: 2/16 of K, not V
-    rows = batch * QUERY_ROWS_MAX
+    rows = batch * MAX_VERIFY_ROWS
     logits = rows * spec.vocab * 4 * 2  # fp32 logits + one softmax/probability copy
     scores = rows * spec.n_heads * max_seq * 2
-    rows_kept = QUERY_ROWS_MAX if per_row_weights else 1
+    rows_kept = MAX_VERIFY_ROWS if per_row_weights else 1
     select = spec.n_layers * batch * max_seq * (4 * rows_kept + 4)
     c2q_all_layers = spec.n_layers * batch * 2 * spec.n_heads * max_seq * 2
     topk_scratch = spec.n_layers * batch * max_seq * (8 + 4)  # int64 list + int32 winners

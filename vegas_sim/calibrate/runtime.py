@@ -31,9 +31,9 @@ from torch import Tensor
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
+from vegas_sim.methods import MAX_VERIFY_ROWS
 from vegas_sim.models import ModelSpec
 
-VERIFY_MAX_NQ = 16  # verify_attention's limit on query rows (kernels/API.md)
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
@@ -98,7 +98,7 @@ class DenseAttention:
         scale: float,
     ) -> Tensor:
         kernel = q.is_cuda if self.use_kernel is None else self.use_kernel
-        if kernel and q.shape[1] <= VERIFY_MAX_NQ:
+        if kernel and q.shape[1] <= MAX_VERIFY_ROWS:
             out, _lse, _scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale)
             return out
         return masked_attention(q, k_cache, v_cache, cache_lens, scale, self.max_len)

@@ -48,7 +48,7 @@ drafting, verifying, rollback and emission still run for real. accept_prob is th
 as 1 for the a replayed accepts and 0 after.
 
 Timing (timers.PhaseTimer): draft_step (each step; eagerly, its Quest page scoring excluded and
-timed as quest_meta — inside a CUDA graph it cannot be, see grid.quest_scoring_ms),
+timed as quest_meta — inside a CUDA graph it cannot be, see measure_latency.quest_scoring_ms),
 quest_meta (page scoring + metadata update of newly verified tokens), verify (with
 its score collection), sample (acceptance, emission and rollback), select (top-k), decode and
 sample (vanilla), prefill, collect (the prompt's last-row collection), other.

@@ -89,12 +89,13 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
             --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
     """
-    from vegas_sim.calibrate import grid as grid_runner  # torch
+    from vegas_sim.calibrate import plan as plans  # torch
+    from vegas_sim.calibrate import runner
 
     with user_errors():
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
-        plan = grid_runner.plan_from_options(model, weights=weights, device=device, seed=seed,
+        plan = plans.plan_from_options(model, weights=weights, device=device, seed=seed,
                                              quick=quick, **grid)
         extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance,
                                  "acceptance_cuts": acceptance_cuts,
@@ -104,7 +105,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
         if prompts is not None:
             extra["acceptance_prompts"] = prompts
         plan = dataclasses.replace(plan, **extra)
-        grid_runner.validate_plan(plan)
+        plans.validate_plan(plan)
         seen = [0, 0]  # points done, of total: what an interrupt keeps
 
         with progress_task("calibrating") as bar:
@@ -113,7 +114,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
                 bar(done, total, label)
 
             try:
-                path = grid_runner.run_calibration(
+                path = runner.run_calibration(
                     plan, out, progress, retry_failed=retry_failed,
                     log_fn=lambda line: click.echo(line, err=True))
             except KeyboardInterrupt:

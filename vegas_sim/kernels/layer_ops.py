@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from vegas_sim.kernels.verify_attention import _next_pow2
+from vegas_sim.kernels.verify_launch import next_pow2
 
 SILU_BLOCK = 1024  # elements of one SiLU·mul program
 
@@ -125,7 +125,7 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float
     delta2d = _rows(delta)[0] if delta is not None else x2d
     normed = torch.empty_like(x2d)
     total = torch.empty_like(x2d) if delta is not None else x2d
-    block = _next_pow2(H)
+    block = next_pow2(H)
     if x2d.shape[0] > 0:
         _add_rms_norm_kernel[(x2d.shape[0],)](
             x2d, delta2d, weight, normed, total, H, eps, HAS_DELTA=delta is not None,

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import reference
+from vegas_sim.methods import MAX_VERIFY_ROWS
 
 ENV = "VEGAS_SIM_KERNELS"
 COLLECT_MODES = ("none", "first_last", "all")
@@ -85,7 +86,8 @@ def verify_attention(
     op = "verify_attention"
     _check(q.dim() == 4, op, "q", f"q must be [B, NQ, Hq, D], got {tuple(q.shape)}",
            "stack the new rows as [B, NQ, Hq, D]")
-    _check(1 <= q.shape[1] <= 16, op, "q", f"NQ={q.shape[1]} outside 1..16",
+    _check(1 <= q.shape[1] <= MAX_VERIFY_ROWS, op, "q",
+           f"NQ={q.shape[1]} outside 1..{MAX_VERIFY_ROWS}",
            "verify at most 16 rows (gamma <= 15) per call")
     _check(collect in COLLECT_MODES, op, "collect", f"unknown collect mode {collect!r}",
            f"use one of {', '.join(COLLECT_MODES)}")

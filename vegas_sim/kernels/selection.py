@@ -21,7 +21,8 @@ from torch import Tensor
 from vegas_sim.kernels import reference
 from vegas_sim.kernels.reference import QUEST_PAGE, WEIGHT_FLOOR
 from vegas_sim.kernels.topk import radix_topk
-from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2
+from vegas_sim.kernels.verify_attention import LOG2E
+from vegas_sim.kernels.verify_launch import next_pow2
 
 
 @triton.jit
@@ -75,8 +76,8 @@ def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int, int]:
     and 4 warps are 0.19-0.56, [16, 4096] at 16 warps 0.79. The last block is masked against S_max (an argument Triton specialises as
     a multiple of 16, so the mask keeps 16-byte loads; only masks on *loaded* values, like
     rank_len, stop vectorisation). Short rows (tests) get a tile of <= 32768 elements."""
-    block_s = min(2048, max(128, _next_pow2(s_max)))
-    block_r = min(max(1, 32768 // block_s), max(1, _next_pow2(n_lines)))
+    block_s = min(2048, max(128, next_pow2(s_max)))
+    block_r = min(max(1, 32768 // block_s), max(1, next_pow2(n_lines)))
     return block_s, block_r, 8 if block_s * block_r >= 16384 else 4
 
 
@@ -186,7 +187,7 @@ def quest_update_meta(
     end = end.to(device=k_cache.device, dtype=torch.int32).contiguous()
     _quest_meta_kernel[(B, Hkv)](
         kmin, kmax, k_cache, start, end, Hkv, P, k_cache.stride(0), k_cache.stride(1),
-        D=D, BLOCK_D=max(16, _next_pow2(D)), PAGE=QUEST_PAGE, num_warps=4,
+        D=D, BLOCK_D=max(16, next_pow2(D)), PAGE=QUEST_PAGE, num_warps=4,
     )
 
 
@@ -228,7 +229,7 @@ def quest_select(
     block_p = 64
     _quest_score_kernel[(B, triton.cdiv(P, block_p))](
         q.contiguous(), kmin, kmax, ctx.to(torch.int32), scores, Hq, Hkv, P,
-        G=Hq // Hkv, D=D, BLOCK_D=max(16, _next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE,
+        G=Hq // Hkv, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE,
         num_warps=4,
     )
     n_max = reference.quest_page_bound(n_pages, max_pages)

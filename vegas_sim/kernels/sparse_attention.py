@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from vegas_sim.kernels.verify_attention import LOG2E, _next_pow2, combine, interpreted, num_sms
+from vegas_sim.kernels.verify_attention import LOG2E, combine
+from vegas_sim.kernels.verify_launch import interpreted, next_pow2, num_sms
 
 
 @triton.jit
@@ -167,8 +168,8 @@ def sparse_draft_attention(
     n_idx = n_idx.to(device=q.device, dtype=torch.int32).contiguous()
     tail = tail_start.to(device=q.device, dtype=torch.int32).contiguous()
     lens = cache_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    BLOCK_M = max(16, _next_pow2(G))
-    BLOCK_D = max(16, _next_pow2(D))
+    BLOCK_M = max(16, next_pow2(G))
+    BLOCK_D = max(16, next_pow2(D))
     # keys per request without a host sync: K + a typical tail (the launch shape only affects
     # speed; the kernel sizes each split from the true count)
     max_keys = int(indices.shape[1]) + 32

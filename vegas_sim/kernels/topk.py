@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from vegas_sim.kernels.verify_attention import _next_pow2
+from vegas_sim.kernels.verify_launch import next_pow2
 
 LOG2_BINS = 6  # 64 buckets a radix pass: tl.histogram's cost grows with the bucket count
 SAMPLE = 4096  # sampled patterns per row (a power of 2: tl.arange)
@@ -382,11 +382,11 @@ def radix_topk(
         return torch.empty(*lead, k, dtype=torch.int32, device=dev)
     if k == S:  # every position
         return torch.arange(S, dtype=torch.int32, device=dev).expand(*lead, S).contiguous()
-    block = min(BLOCK_DEFAULT, max(128, _next_pow2(S))) if block is None else block
-    refine_block = min(REFINE_BLOCK, max(128, _next_pow2(S))) if refine_block is None \
+    block = min(BLOCK_DEFAULT, max(128, next_pow2(S))) if block is None else block
+    refine_block = min(REFINE_BLOCK, max(128, next_pow2(S))) if refine_block is None \
         else refine_block
     for b in (block, refine_block, sample):  # the sampler's counts are 16-bit halves
-        assert b <= 16384 and b == _next_pow2(b), b
+        assert b <= 16384 and b == next_pow2(b), b
     assert 5 <= log2_bins <= 8, log2_bins
     warps = WARPS_DEFAULT if num_warps is None else num_warps
     n_blocks = triton.cdiv(S, block)

@@ -31,21 +31,10 @@ collected rows, -inf where masked, for every position in [0, S_max).
   over the [B, S_max, Hkv·D] view) for the whole tiles of a split; the tile that holds the
   last key (slots past cache_lens may hold anything, NaN included, and 0·NaN would poison
   the P·V product) always goes by masked pointer loads.
-
-Launch config (`choose_config`): `wide_config` for long calls on the M 64 tile (32-key
-tiles, two programs per SM, TMA); else a table of configurations measured best on the H200
-(`TUNED`), or tile sizes by M and a split count from a wave model (`choose_splits`): the
-time of a launch is ~ ceil(programs / SMs) × keys per program, so 5 splits at B=4 (160
-programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave): measured on
-the H200, 0.65 vs 0.99 of copy.
+The launch policy (tile sizes, splits, stages, TMA) is `verify_launch`.
 """
 
 from __future__ import annotations
-
-import functools
-import math
-import os
-from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -55,11 +44,22 @@ from torch import Tensor
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels.fit import launch_fitted
 from vegas_sim.kernels.reference import collect_row_ids
+from vegas_sim.kernels.verify_launch import (
+    C2Q_CODE,
+    C2Q_DOT_DEFAULT,
+    VerifyConfig,
+    interpreted,
+    kv_descriptor,
+    launch_config,
+    next_pow2,
+    num_sms,
+    smaller_configs,
+    tma_usable,
+)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 COLLECT_CODE = {"none": 0, "first_last": 1, "all": 2}
-NUM_SMS_DEFAULT = 132  # H200; read off the device when there is one
 
 
 @triton.jit
@@ -306,272 +306,9 @@ def combine(out: Tensor, lse: Tensor, o_part: Tensor, lse_part: Tensor, n_q: int
     G = Hq // hkv
     _combine_kernel[(B * hkv, n_q * G)](
         out, lse, o_part, lse_part, Hq, hkv, n_q, splits,
-        G=G, D=D, BLOCK_M=block_m, BLOCK_D=o_part.shape[1], BLOCK_S=max(2, _next_pow2(splits)),
+        G=G, D=D, BLOCK_M=block_m, BLOCK_D=o_part.shape[1], BLOCK_S=max(2, next_pow2(splits)),
         num_warps=4 if splits * o_part.shape[1] >= 4096 else 2,
     )
-
-
-def interpreted(t: Tensor) -> bool:
-    """True when Triton runs in its CPU interpreter (tensors off the GPU)."""
-    return t.device.type != "cuda"
-
-
-def num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return NUM_SMS_DEFAULT
-
-
-@dataclass(frozen=True)
-class VerifyConfig:
-    """Launch configuration of `_verify_attention_kernel`; `tma`: K/V tiles by TMA (where the
-    device and the cache allow it, see `tma_usable`)."""
-
-    splits: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    tma: bool = False
-
-    def label(self) -> str:
-        return (f"s{self.splits} n{self.block_n} w{self.num_warps} st{self.num_stages}"
-                + (" tma" if self.tma else ""))
-
-
-# Measured best on the H200, keyed by
-# (SMs, B·Hkv, BLOCK_M, floor(log2(max_len))). `benchmarks/kernels.py --tune` prints entries
-# in this format; paste the ones that beat the heuristic here. Long calls on the M 64 tile
-# take `wide_config` before this table is looked up, so they need no entry.
-TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
-    (132, 32, 32, 17): VerifyConfig(4, 128, 4, 3),  # B=4 C=128K NQ=8: 0.98 of copy (st4: 0.99)
-}
-
-# Long launches (measured on the H200; keys = B·Hkv·max_len
-# KV rows): from TMA_KEYS, K/V go by TMA for collect=none at M >= 32 (against the
-# pointer loads: NQ 8 -1.9 to -6.1 %, NQ 16 -2.2 to -6.8 %; at M 16 and below TMA_KEYS it is
-# +0.2 to +1.5 %). From WIDE_KEYS, the M 64 tile (NQ·G > 32, or Collect-2-Query at NQ·G > 16)
-# takes `wide_config`. ncu (B=16 C=32K NQ=16) shows why a 64-key, 4-stage Collect-2-Query
-# launch loses there: 152 KB of shared memory, one 4-warp program per SM, issue-bound (35 % of
-# warp samples "selected", 3.5 TB/s), where collect=none runs two programs per SM. What Collect-2-
-# Query still costs on this launch (+11-14 %) is its score bytes: with the stores masked off
-# at run time the same kernel is within 0-2 % of collect=none (docs/KERNELS.md).
-TMA_KEYS = 2**20
-WIDE_KEYS = 2**22
-
-
-def wide_config(n_heads: int, n_sms: int) -> VerifyConfig:
-    """The M 64 launch for long calls: 32-key tiles at 4 stages (85 KB of shared memory, two
-    programs per SM), K/V by TMA, splits for two programs on every SM. On the H200, against
-    the TUNED/heuristic launch: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K),
-    -7.7 % (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K is -1.4 in a
-    repeat), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it loses (first_last B=4 C=32K NQ 16 +3 %,
-    B=1 C=128K +4 %)."""
-    return VerifyConfig(splits_per_sm(n_heads, n_sms, 2), 32, 4, 4, tma=True)
-
-
-def splits_per_sm(n_heads: int, n_sms: int, per_sm: int) -> int:
-    """Splits that put ~per_sm programs on every SM (n_heads = B·Hkv programs per split)."""
-    return max(1, round(per_sm * n_sms / n_heads))
-
-# Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
-# 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
-# ≈ 1 µs, the combine launch ≈ 3 µs. Rough; they only break near-ties between split counts.
-PROGRAM_KEYS = 64
-COMBINE_KEYS = 192
-MAX_SPLITS = 128
-SPLIT_GAIN = 0.03
-
-
-def split_cost(n_heads: int, max_len: int, splits: int, block_n: int, n_sms: int) -> float:
-    """Relative time of a launch with `splits` splits: waves × (keys per program + fixed)."""
-    chunk = math.ceil(math.ceil(max_len / splits) / block_n) * block_n
-    used = math.ceil(max_len / chunk)  # splits that get keys (chunks are whole tiles)
-    waves = math.ceil(n_heads * used / n_sms)
-    return waves * (chunk + PROGRAM_KEYS) + (COMBINE_KEYS if used > 1 else 0)
-
-
-def choose_splits(n_heads: int, max_len: int, block_n: int, n_sms: int) -> int:
-    """Split count minimising `split_cost`; more splits must win by > SPLIT_GAIN (the model is
-    rough, and every split adds partials and scheduling noise). n_heads = B·Hkv programs per
-    split. Hkv 8, 132 SMs: B=1 → 16 (one wave of 128), B=3 → 11 (two full waves), B=4 → 4,
-    B=16 → 1."""
-    max_len = max(1, max_len)
-    best, best_cost = 1, math.inf
-    for s in range(1, MAX_SPLITS + 1):
-        cost = split_cost(n_heads, max_len, s, block_n, n_sms)
-        if cost < best_cost * (1.0 - SPLIT_GAIN):
-            best, best_cost = s, cost
-        if math.ceil(max_len / s) <= block_n:
-            break  # more splits only leave some empty
-    return best
-
-
-def tile_config(block_m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, warps, stages) by M tile, from the H200 sweep: 128-key tiles and 4 warps for
-    M <= 32 (0.98–0.99 of copy at B=4 NQ=8), 64-key tiles for M = 64 (128 with 4 stages is out
-    of shared memory there), 32-key tiles and 8 warps for M = 128 (G = 8, not measured)."""
-    if block_m <= 32:
-        return 128, 4, 3
-    if block_m <= 64:
-        return 64, 4, 3
-    return 32, 8, 3
-
-
-# Smallest M tile. 64 = one warpgroup: on Hopper Triton then emits wgmma (the tensor cores read
-# K and V straight from shared memory); M 16/32 tiles compile to mma.sync + ldmatrix, and at
-# M 32 x N 128 the kernel is at 255 registers and spills once scores are stored (ptxas, sm_90a)
-# — at that tile shape Collect-2-Query costs 38–75 % at NQ 8. With M 64 for
-# every NQ the score store costs about its bytes (NQ 16 "all": 25 % more bytes, +27–38 %)
-# and one compiled kernel serves NQ 1..16. The padding costs tensor-core FLOPs only.
-# H200 (8 calibration shapes, none +
-# first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
-# 16 without collection and at NQ 1: 16 is the default, `default_min_m` makes the
-# per-collection choice. Env VEGAS_SIM_VERIFY_MIN_M overrides both.
-MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
-
-
-def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
-                  n_sms: int, min_m: int = MIN_M_DEFAULT, collect: str = "none") -> VerifyConfig:
-    """Launch config for one verify call: `wide_config` for long calls on the M 64 tile (not
-    collect "all", which was not measured), else the `TUNED` entry for this shape or
-    heuristics, with TMA for long collect=none calls at M >= 32 (TMA_KEYS)."""
-    block_m = max(min_m, 16, _next_pow2(n_q * group))
-    keys = batch * hkv * max(1, max_len)
-    if block_m == 64 and collect != "all" and keys >= WIDE_KEYS:
-        return wide_config(batch * hkv, n_sms)
-    key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
-    if key in TUNED:
-        cfg = TUNED[key]
-    else:
-        block_n, warps, stages = tile_config(block_m)
-        cfg = VerifyConfig(choose_splits(batch * hkv, max_len, block_n, n_sms), block_n,
-                           warps, stages)
-    if collect == "none" and block_m >= 32 and keys >= TMA_KEYS:
-        cfg = replace(cfg, tma=True)
-    return cfg
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
-@functools.lru_cache(maxsize=256)
-def smaller_configs(cfg: VerifyConfig) -> tuple[VerifyConfig, ...]:
-    """cfg, then the same tile with fewer pipeline stages (down to 2), then half the keys per
-    tile (down to 16) from cfg's stages down: the launches to try, largest shared-memory
-    footprint first, on a GPU that cannot load cfg (`fit.launch_fitted`)."""
-    out: list[VerifyConfig] = []
-    block_n = cfg.block_n
-    while block_n >= 16:
-        out += [replace(cfg, block_n=block_n, num_stages=st)
-                for st in range(cfg.num_stages, min(cfg.num_stages, 2) - 1, -1)]
-        block_n //= 2
-    return tuple(out)
-
-
-# Collect-2-Query implementation: False (default) = store the first R·G rows of the main
-# score tile (the packing puts the collected rows first), True = a separate
-# [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see docs/KERNELS.md.
-C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
-# The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
-# tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
-# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Measured and
-# left out for no gain: a transposed collect dot, cache hints on the
-# score stores / K/V loads, and the row path's
-# stores as inline PTX straight from the MMA registers, which removes the shared-memory
-# layout conversion and its barrier but not the overhead (docs/KERNELS.md).
-C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
-_MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
-# M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
-# H200, first_last overhead over none at M 16,
-# rows store: B=1 C=32K NQ 8 +19.9 % (M 64: +6.8 %), B=4 C=32K NQ 8 +27.7 % (+11.7 %),
-# B=4 C=128K NQ 8 +23.1 % (+12.8 %). M 64 loses at NQ 1 (B=4 C=32K +7.8 % vs +10.1 %) and at
-# B=64 C=8K NQ 4 (+9.6 % vs +24.2 %) — both NQ·G <= 16, where M stays 16. Without collection
-# M 16 is as fast or faster (none 0.1307 vs 0.1321 ms, 0.5125 vs 0.5209 ms).
-MIN_M_COLLECT = 64
-
-
-# Pipeline stages of the M 64 tile when it collects first_last (the default_min_m case). H200,
-# overhead over collect=none at NQ 8 (NQ 16),
-# st 3 → st 4: B=1 C=32K 6.4–7.6 → 2.5–2.9 %, B=4 C=128K 12.3–16.6 → 4.5–7.2 % (12.1 → 2.0 %),
-# B=16 C=32K 15.5–21.2 → 10.0–14.5 %; st 5/6 and 8 warps are slower. K/V stages of 64 keys
-# are 32 KB each: 4 + the Q tile fit the 227 KB of shared memory.
-STAGES_COLLECT = 4
-
-
-def default_stages(collect: str, block_m: int, block_n: int, auto: int) -> int:
-    """Pipeline stages when the caller gives none: STAGES_COLLECT for first_last on the
-    M 64 x N 64 tile (what default_min_m picks at NQ·G > 16), else `auto` (choose_config)."""
-    if collect == "first_last" and block_m == MIN_M_COLLECT and block_n == 64:
-        return STAGES_COLLECT
-    return auto
-
-
-def launch_config(batch: int, hkv: int, n_q: int, group: int, max_len: int, n_sms: int,
-                  collect: str = "none", *, min_m: int | None = None, splits: int | None = None,
-                  block_n: int | None = None, num_warps: int | None = None,
-                  num_stages: int | None = None, tma: bool | None = None
-                  ) -> tuple[int, VerifyConfig]:
-    """(BLOCK_M, config) of one verify call: the caller's knobs where given (None = default),
-    else the M tile minimum of `default_min_m`, `choose_config`'s table entry or heuristics, a
-    split count refitted to a BLOCK_N the caller chose, and `default_stages` of the final tile.
-    What the launcher runs, and what the benchmarks label their rows with."""
-    min_m = default_min_m(n_q, group, collect) if min_m is None else min_m
-    block_m = max(min_m, 16, _next_pow2(n_q * group))
-    auto = choose_config(batch, hkv, n_q, group, max_len, n_sms, min_m=min_m, collect=collect)
-    block_n = auto.block_n if block_n is None else block_n
-    if splits is None:
-        splits = (auto.splits if block_n == auto.block_n
-                  else choose_splits(batch * hkv, max_len, block_n, n_sms))
-    num_warps = auto.num_warps if num_warps is None else num_warps
-    if num_stages is None:
-        num_stages = default_stages(collect, block_m, block_n, auto.num_stages)
-    if tma is None:
-        tma = auto.tma if TMA_ENV is None else TMA_ENV == "1"
-    return block_m, VerifyConfig(splits, block_n, num_warps, num_stages, tma)
-
-
-# K/V tiles by TMA (host tensor descriptors) instead of per-thread async copies: by the
-# launch config (TMA_KEYS, wide_config); VEGAS_SIM_VERIFY_TMA=0 / 1 turns it off / on for
-# every call (where `tma_usable`).
-TMA_ENV = os.environ.get("VEGAS_SIM_VERIFY_TMA")
-
-
-def tma_usable(k_cache: Tensor, v_cache: Tensor, block_d: int) -> bool:
-    """Whether K/V can be read by TMA: a Hopper-or-later GPU (or the interpreter), triton's
-    TensorDescriptor, D a power of two, and 16-byte aligned bases and strides."""
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    if k_cache.shape[3] != block_d:
-        return False
-    if k_cache.device.type == "cuda" and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
-        return False
-    size = k_cache.element_size()
-    return all(t.data_ptr() % 16 == 0 and t.stride(0) * size % 16 == 0
-               and t.stride(1) * size % 16 == 0 for t in (k_cache, v_cache))
-
-
-def kv_descriptor(cache: Tensor, block_n: int) -> object:
-    """[B, S_max, Hkv·D] view of a [B, S_max, Hkv, D] cache, read in [1, BLOCK_N, D] boxes
-    (TMA fills rows past S_max with zeros)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    B, S, Hkv, D = cache.shape
-    return TensorDescriptor(cache, [B, S, Hkv * D], [cache.stride(0), cache.stride(1), 1],
-                            [1, block_n, D])
-
-
-def default_min_m(n_q: int, group: int, collect: str) -> int:
-    """M tile minimum when the caller gives none: VEGAS_SIM_VERIFY_MIN_M if set, else 64 for
-    Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half), else
-    16 (mma.sync tiles; fastest without collection and at NQ·G <= 16)."""
-    if _MIN_M_ENV is not None:
-        return int(_MIN_M_ENV)
-    if collect == "first_last" and n_q * group > 16:
-        return MIN_M_COLLECT
-    return 16
 
 
 def _check_int32_offsets(request_elements: int, score_elements: int, score_shape: str) -> None:
@@ -638,8 +375,8 @@ def verify_attention(
     BLOCK_M, cfg = launch_config(B, Hkv, NQ, G, max_len, num_sms(q.device), collect,
                                  min_m=min_m, splits=splits, block_n=block_n,
                                  num_warps=num_warps, num_stages=num_stages, tma=tma)
-    BLOCK_D = max(16, _next_pow2(D))
-    BLOCK_C = max(16, _next_pow2(2 * G))
+    BLOCK_D = max(16, next_pow2(D))
+    BLOCK_C = max(16, next_pow2(2 * G))
     if c2q == "slice" and BLOCK_C > BLOCK_M:
         c2q = "rows"  # G >= 16 at small NQ: 2·G rows exceed the M tile; rows stores them
     out = torch.empty_like(q)

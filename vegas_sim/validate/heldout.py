@@ -8,7 +8,7 @@ measured directly, so predicting it proves nothing.
 
 Columns beyond the configuration itself:
 - ``temperature``: empty (None) = "the temperature the latency grid sampled at" (meta.json
-  grid.latency_temperature), resolved by `validate` when it runs: the sample phase and the
+  plan.latency_temperature), resolved by `validate` when it runs: the sample phase and the
   sampled draft steps (top-p sorts the vocabulary) cost more than greedy argmax, and the
   latency model only knows the cost at the temperature it was measured at.
 - ``waves``: independent closed batches of ``batch`` requests run one after the other

@@ -36,7 +36,7 @@ def phase_means(summary: dict[str, list[float]], iterations: int, wall_ms: float
                 method: str = "") -> dict[str, float]:
     """ms per iteration of each phase of a timed window (CUDA events: device time). The
     device's idle time (wall − Σ phases: host work, syncs) is charged to 'sample', as the
-    calibration grid charges it (grid.with_host_gap), so both sides compare phase by phase.
+    calibration grid charges it (measure_latency.with_host_gap), so both sides compare phase by phase.
     Quest's per-step page scoring runs inside the graphed draft step here, while the grid
     times it apart (quest_meta): compare Quest's draft_step + quest_meta. The quest_meta timed
     here is its metadata update after acceptance, once-per-iteration work that the grid

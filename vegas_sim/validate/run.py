@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.calibrate import loading
-from vegas_sim.calibrate.grid import check_device
+from vegas_sim.calibrate.runner import check_device
 from vegas_sim.methods import METHODS
 from vegas_sim.sim.predict import predict
 from vegas_sim.validate.heldout import (
