@@ -132,10 +132,17 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
     (1) sweep sparsity at a large γ and take the smallest sparsity where acceptance has
-    stabilised, (2) sweep γ there for throughput, (3) with γ fixed, refine sparsity. Prints the
-    choice, the speedup over vanilla and over the best baseline (MagicDec, SpecExtend at their
-    own best γ, s) with 95% CIs, and writes a JSON table of the best γ per batch size and
-    context that a serving engine can read (vLLM num_speculative_tokens).
+    stabilised, (2) sweep γ there for throughput, (3) with γ fixed, refine sparsity, widening
+    the window while the best sits on its edge. Each cell's choice is the best configuration
+    evaluated in any step. Prints the choice, the speedup over vanilla and over the best
+    baseline (MagicDec, SpecExtend at their own best γ, s) with 95% CIs. A grid longer than a
+    minute first says how many configurations and about how long.
+
+    The JSON is a serving table: "sparsity" (the one most cells chose) with vLLM's
+    "num_speculative_tokens_per_batch_size" at it, [[lo, hi, K], ...] (inclusive batch
+    ranges from 1 to the largest tuned batch, K = num_speculative_tokens), and, where
+    contexts differ, "by_context_range" [[ctx_lo, ctx_hi, [[lo, hi, K], ...]], ...] with
+    each cell's own best K (its sparsity in "sparsity_by_context_range" and "cells").
 
     Example:
 
@@ -149,10 +156,11 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine)
         latency, acceptance, notes = _models(model, traces)
-        with progress_bars() as update:
+        with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,
-                              model=latency.model.name)
+                              model=latency.model.name,
+                              say=lambda text: click.echo(text, err=True))
         result.notes.extend(notes)
         write_json_doc(result.serving_table(), out)
     for _, r in result.cells.iterrows():
