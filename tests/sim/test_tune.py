@@ -16,8 +16,8 @@ from vegas_sim import api
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.sim.predict import Scenario
-from vegas_sim.sim.sweep import sweep
 from vegas_sim.sim.serving import by_context_range, per_batch_size
+from vegas_sim.sim.sweep import sweep
 from vegas_sim.sim.tune import (
     TuneConfig,
     TuneResult,
@@ -245,4 +245,4 @@ def test_packaged_serving_table_sparsity_is_its_gamma_tables(packaged: TuneResul
     assert [r[:2] for r in doc["by_context_range"]] == [[1, 122879], [122880, 122880]]
     ranges = doc["num_speculative_tokens_per_batch_size"]
     assert ranges[0][0] == 1 and ranges[-1][1] == 16
-    assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))  # contiguous
