@@ -21,8 +21,11 @@ ALLOWED = {
     "api": BASE | {"sim", "traces", "fitcache"},
     "calibrate": BASE | {"kernels", "traces"},
     "reports": BASE | {"traces", "sim"},
+    # runs: a sweep that writes as it goes (checkpoint, partial table, resume). The sim layer
+    # yields finished chunks and writes nothing; this part owns their files on disk.
+    "runs": BASE | {"sim", "reports"},
     "validate": BASE | {"api", "sim", "traces", "calibrate"},
-    "cli": BASE | {"api", "sim", "traces", "calibrate", "validate", "reports"},
+    "cli": BASE | {"api", "sim", "traces", "calibrate", "validate", "reports", "runs"},
 }
 
 

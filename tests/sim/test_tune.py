@@ -12,9 +12,11 @@ import pandas as pd
 import pytest
 
 from tests.sim.test_sweep import Models, synthetic_models
+from vegas_sim import api
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.sim.predict import Scenario
+from vegas_sim.sim.serving import by_context_range, per_batch_size
 from vegas_sim.sim.sweep import sweep
 from vegas_sim.sim.tune import (
     TuneConfig,
@@ -24,6 +26,7 @@ from vegas_sim.sim.tune import (
     refine_grid,
     stable_sparsity,
     tune,
+    widen,
 )
 
 CONFIG = TuneConfig(
@@ -130,7 +133,7 @@ def test_tune_baselines_and_speedups(models: Models, result: TuneResult) -> None
         assert row["speedup_vs_vanilla"] == pytest.approx(row["throughput_tok_s"] / van)
         assert (row["speedup_vs_baseline_ci_low"] <= row["speedup_vs_baseline"]
                 <= row["speedup_vs_baseline_ci_high"])
-    assert set(steps["step"]) == {"baselines", "1-sparsity", "2-gamma", "3-refine"}
+    assert {"baselines", "1-sparsity", "2-gamma", "3-refine", "4-serving"} <= set(steps["step"])
 
 
 def test_serving_json(result: TuneResult, tmp_path: Path) -> None:
@@ -140,12 +143,54 @@ def test_serving_json(result: TuneResult, tmp_path: Path) -> None:
     for ctx, entry in doc["by_context"].items():
         for b, g in entry["num_speculative_tokens_by_batch"].items():
             assert g == cells.loc[(int(b), int(ctx)), "gamma"]
-    # One context per batch in CELLS: the per-batch table is that cell's γ.
+    # One context per batch in CELLS: the per-batch table is the best γ at the serving
+    # sparsity in that cell, and the top-level sparsity is that one.
+    serving = result.steps[result.steps["step"] == "4-serving"]
+    assert set(serving["sparsity"].round(6)) == {doc["sparsity"]}
     for b, g in doc["num_speculative_tokens_by_batch"].items():
-        assert g == cells.xs(int(b), level="batch")["gamma"].iloc[0]
+        assert g == argbest(serving[serving["batch"] == int(b)])["gamma"]
+    table = doc["num_speculative_tokens_by_batch"]
+    assert doc["num_speculative_tokens_per_batch_size"] == _ranges(
+        {int(b): g for b, g in table.items()})
+    # contexts differ (4K and 32K): one batch-range list per context range
+    ranges = doc["by_context_range"]
+    assert [r[:2] for r in ranges] == [[1, 32767], [32768, 32768]]
+    assert ranges[0][2] == _ranges({1: int(cells.loc[(1, 4096), "gamma"]),
+                                    16: int(cells.loc[(16, 4096), "gamma"])})
+    assert doc["sparsity_by_context_range"][1][2] == [[1, 4, cells.loc[(4, 32768),
+                                                                        "sparsity"]]]
     assert len(doc["cells"]) == len(CELLS)
     with pytest.raises(UserInputError, match="--out"):
         write_json_doc(result.serving_table(), tmp_path / "t.csv")
+
+
+def _ranges(by_batch: dict[int, int]) -> list[list[int]]:
+    """vLLM's [[lo, hi, K], ...] written out by hand: 1 .. max batch, equal K merged."""
+    keys = sorted(by_batch)
+    out: list[list[int]] = []
+    for i, b in enumerate(keys):
+        lo, hi = (1 if i == 0 else b), (keys[i + 1] - 1 if i + 1 < len(keys) else b)
+        if out and out[-1][2] == by_batch[b]:
+            out[-1][1] = hi
+        else:
+            out.append([lo, hi, by_batch[b]])
+    return out
+
+
+def test_vllm_batch_ranges() -> None:
+    assert per_batch_size({1: 7, 4: 6, 16: 6, 64: 2}) == [[1, 3, 7], [4, 63, 6], [64, 64, 2]]
+    assert per_batch_size({8: 3}) == [[1, 8, 3]]
+    assert by_context_range({4096: {1: 5}, 32768: {1: 4, 8: 2}}) == [
+        [1, 32767, [[1, 1, 5]]], [32768, 32768, [[1, 7, 4], [8, 8, 2]]]]
+
+
+def test_widen_moves_past_the_edge_and_stops_at_the_bounds() -> None:
+    assert widen(0.05, 0.1, 0.1, 0.005) == (0.1, 0.15)
+    assert widen(0.05, 0.1, 0.05, 0.005) == (0.005, 0.05)
+    assert widen(0.02, 0.05, 0.02, 0.005) == (0.005, 0.02)  # clipped to the smallest step
+    assert widen(0.05, 0.1, 0.07, 0.005) is None  # inside
+    assert widen(0.005, 0.02, 0.005, 0.005) is None  # at the bound
+    assert widen(0.8, 1.0, 1.0, 0.005) is None
 
 
 def test_tune_with_sim_final_engine_has_ci(models: Models) -> None:
@@ -164,6 +209,40 @@ def test_cells_that_do_not_fit_are_skipped_and_named(models: Models) -> None:
                      refine_step=0.02, baselines=(), output_len=64)
     res = tune([(1, 4096), (64, 65536)], *models, config=cfg, workers=1)
     assert list(zip(res.cells["batch"], res.cells["context"])) == [(1, 4096)]
-    assert len(res.notes) == 1 and res.notes[0].startswith("skipped batch 64, context 65536")
+    skips = [n for n in res.notes if n.startswith("skipped")]
+    assert len(skips) == 1 and skips[0].startswith("skipped batch 64, context 65536")
     with pytest.raises(DoesNotFitError, match="positions"):
         tune([(1, 131072)], *models, config=cfg, workers=1)
+
+
+@pytest.fixture(scope="module")
+def packaged() -> TuneResult:
+    """Tune as `vegas-sim tune` runs it by default, on the packaged sets, in the cells the
+    search used to get wrong (B 4 at 120K, B 16 at 32K) and their neighbours."""
+    latency, acceptance, _ = api.load_models("qwen3-8b", None, None)
+    return tune([(b, c) for b in (1, 4, 16) for c in (32768, 122880)], latency, acceptance,
+                workers=2)
+
+
+def test_tune_never_returns_a_point_worse_than_one_it_evaluated(packaged: TuneResult) -> None:
+    evaluated = packaged.steps[packaged.steps["method"] == packaged.config.method]
+    cells = set(zip(packaged.cells["batch"], packaged.cells["context"]))
+    assert {(4, 122880), (16, 32768)} <= cells and len(cells) == 5  # B 16 at 120K: no room
+    for row in packaged.cells.itertuples():
+        cell = evaluated[(evaluated["batch"] == row.batch)
+                         & (evaluated["context"] == row.context)]
+        assert len(cell) > 20 and set(cell["step"]) >= {"1-sparsity", "2-gamma", "3-refine"}
+        assert row.throughput_tok_s >= cell["throughput_tok_s"].max(), (row, cell.nlargest(
+            3, "throughput_tok_s")[["step", "gamma", "sparsity", "throughput_tok_s"]])
+        best = argbest(cell)
+        assert (row.gamma, row.sparsity) == (best["gamma"], best["sparsity"])
+
+
+def test_packaged_serving_table_sparsity_is_its_gamma_tables(packaged: TuneResult) -> None:
+    doc = packaged.serving_table()
+    serving = packaged.steps[packaged.steps["step"] == "4-serving"]
+    assert set(serving["sparsity"].round(6)) == {doc["sparsity"]}
+    assert [r[:2] for r in doc["by_context_range"]] == [[1, 122879], [122880, 122880]]
+    ranges = doc["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 16
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))  # contiguous

@@ -45,9 +45,9 @@ def main() -> None:
         e.show()
         sys.exit(e.exit_code)
     except click.Abort:
-        click.echo("interrupted: predict, sweep, tune and report write their files only when "
-                   "they finish; calibrate and validate keep what they finished (calibrate "
-                   "resumes with the same --out)", err=True)
+        click.echo("interrupted: predict, tune and report write their files only when they "
+                   "finish; sweep, calibrate and validate keep what they finished (sweep and "
+                   "calibrate resume with the same command)", err=True)
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -12,14 +12,14 @@ from typing import Any
 import click
 
 from vegas_sim import api
-from vegas_sim.cli.common import progress_bars, user_errors
+from vegas_sim.cli.common import progress_bars, sigterm_as_interrupt, user_errors
 from vegas_sim.files import check_out
 from vegas_sim.grids import parse_int_grid
 from vegas_sim.methods import METHODS
-from vegas_sim.reports.csv import write_json_doc, write_table
+from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.reports.html import write_report
+from vegas_sim.runs import SweepInterrupted, sweep_to_file
 from vegas_sim.sim.sweep import SweepGrid
-from vegas_sim.sim.sweep import sweep as run_sweep
 from vegas_sim.sim.tune import TuneConfig
 from vegas_sim.sim.tune import tune as run_tune
 
@@ -61,7 +61,8 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @click.option("--replications", type=int, default=5, show_default=True,
               help="Replications per configuration for the sim engine's 95% CIs.")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="Result table: *.csv or *.parquet (one row per configuration).")
+              help="Result table: *.csv, *.parquet or *.json (one row per configuration; "
+                   "JSON as predict writes it, with the notes).")
 def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
           output_len: str, model: str | None, traces: Path | None, engine: str, workers: int | None,
           scheduler: str | None, seed: int, replications: int, out: Path) -> None:
@@ -71,25 +72,40 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
     tidy row per configuration with every metric and its 95% CI. Rows are identical for the
     same seed whatever the number of workers.
 
+    A grid longer than a minute first says how many configurations it has and about how long
+    they will take. Finished chunks are checkpointed in OUT.partial/: Ctrl-C (or SIGTERM)
+    stops within seconds, writes the rows finished so far to --out as a partial table and
+    exits 130; the same command again resumes where it stopped (a different grid, seed or
+    trace set for that --out is refused).
+
     Example:
 
     \b
         vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16 \\
             --context 32K,120K -m vegas -m magicdec-stream --out sweep.csv
     """
+    stopped: SweepInterrupted | None = None
     with user_errors():
-        check_out(out, (".csv", ".parquet"))
+        check_out(out, (".csv", ".parquet", ".json"))
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
         latency, acceptance, notes = _models(model, traces)
-        with progress_bars() as update:
-            table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
-                              replications=replications, workers=workers, scheduler=scheduler,
-                              progress=lambda d, t: update(f"sweep ({engine})", d, t))
-        write_table(table, out)
-    for note in [*table.attrs.get("skipped", []), *notes]:
+        with progress_bars() as update, sigterm_as_interrupt():
+            try:
+                done = sweep_to_file(grid, latency, acceptance, out, engine=engine, seed=seed,
+                                     replications=replications, workers=workers,
+                                     scheduler=scheduler, notes=tuple(notes),
+                                     progress=lambda d, t: update(f"sweep ({engine})", d, t),
+                                     say=lambda text: click.echo(text, err=True))
+            except SweepInterrupted as e:
+                stopped = e
+    if stopped is not None:
+        click.echo(stopped.message(), err=True)
+        raise click.exceptions.Exit(130)
+    for note in done.notes:
         click.echo(f"note: {note}", err=True)
-    click.echo(f"wrote {out} ({len(table)} rows)", err=True)
+    resumed = f", {done.resumed} configurations from the checkpoint" if done.resumed else ""
+    click.echo(f"wrote {out} ({len(done.table)} rows{resumed})", err=True)
 
 
 @click.command()
@@ -116,10 +132,17 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
     (1) sweep sparsity at a large γ and take the smallest sparsity where acceptance has
-    stabilised, (2) sweep γ there for throughput, (3) with γ fixed, refine sparsity. Prints the
-    choice, the speedup over vanilla and over the best baseline (MagicDec, SpecExtend at their
-    own best γ, s) with 95% CIs, and writes a JSON table of the best γ per batch size and
-    context that a serving engine can read (vLLM num_speculative_tokens).
+    stabilised, (2) sweep γ there for throughput, (3) with γ fixed, refine sparsity, widening
+    the window while the best sits on its edge. Each cell's choice is the best configuration
+    evaluated in any step. Prints the choice, the speedup over vanilla and over the best
+    baseline (MagicDec, SpecExtend at their own best γ, s) with 95% CIs. A grid longer than a
+    minute first says how many configurations and about how long.
+
+    The JSON is a serving table: "sparsity" (the one most cells chose) with vLLM's
+    "num_speculative_tokens_per_batch_size" at it, [[lo, hi, K], ...] (inclusive batch
+    ranges from 1 to the largest tuned batch, K = num_speculative_tokens), and, where
+    contexts differ, "by_context_range" [[ctx_lo, ctx_hi, [[lo, hi, K], ...]], ...] with
+    each cell's own best K (its sparsity in "sparsity_by_context_range" and "cells").
 
     Example:
 
@@ -133,10 +156,11 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine)
         latency, acceptance, notes = _models(model, traces)
-        with progress_bars() as update:
+        with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,
-                              model=latency.model.name)
+                              model=latency.model.name,
+                              say=lambda text: click.echo(text, err=True))
         result.notes.extend(notes)
         write_json_doc(result.serving_table(), out)
     for _, r in result.cells.iterrows():

@@ -116,7 +116,7 @@ def split_fitting(scenarios: Sequence[Scenario], latency: LatencyModel,
                   ) -> tuple[list[Scenario], list[tuple[Scenario, DoesNotFitError]]]:
     """The scenarios that fit the model and the GPU, and those that do not with the reason.
     Every other bad input still raises; so does a grid in which nothing fits."""
-    mem = _gpu_memory(latency)
+    mem = gpu_memory(latency)
     fit: list[Scenario] = []
     skipped: list[tuple[Scenario, DoesNotFitError]] = []
     for sc in scenarios:
@@ -133,14 +133,34 @@ def split_fitting(scenarios: Sequence[Scenario], latency: LatencyModel,
 
 def skipped_notes(skipped: Sequence[tuple[Scenario, DoesNotFitError]]) -> list[str]:
     """One line per (batch, context, output length) cell that was skipped, with the reason."""
-    cells: dict[tuple[int, int, int], tuple[int, DoesNotFitError]] = {}
+    log = SkipLog()
     for sc, err in skipped:
+        log.add(sc, err)
+    return log.notes()
+
+
+class SkipLog:
+    """Configurations left out because they do not fit, counted per (batch, context, output
+    length) cell with the first reason: what `skipped_notes` says, in memory that does not grow
+    with the number of configurations (a streamed grid of millions)."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[int, int, int], tuple[int, DoesNotFitError]] = {}
+        self.count = 0
+
+    def add(self, sc: Scenario, err: DoesNotFitError) -> None:
         key = (sc.batch, sc.context, sc.output_len)
-        n, first = cells.get(key, (0, err))
-        cells[key] = (n + 1, first)
-    return [f"skipped batch {b}, context {c}, output {o}"
-            + (f" ({n} configurations)" if n > 1 else "") + f": {err.problem}"
-            for (b, c, o), (n, err) in cells.items()]
+        n, first = self.cells.get(key, (0, err))
+        self.cells[key] = (n + 1, first)
+        self.count += 1
+
+    def first_error(self) -> DoesNotFitError | None:
+        return next((err for _, err in self.cells.values()), None)
+
+    def notes(self) -> list[str]:
+        return [f"skipped batch {b}, context {c}, output {o}"
+                + (f" ({n} configurations)" if n > 1 else "") + f": {err.problem}"
+                for (b, c, o), (n, err) in self.cells.items()]
 
 
 def _too_long(sc: Scenario, model: ModelSpec) -> DoesNotFitError:
@@ -239,7 +259,7 @@ def engine_config(sc: Scenario, kv_capacity_tokens: int | None) -> EngineConfig:
     )
 
 
-def _gpu_memory(latency: LatencyModel) -> float | None:
+def gpu_memory(latency: LatencyModel) -> float | None:
     gpu = getattr(latency, "gpu", None)
     mem = getattr(gpu, "memory_gb", None)
     return float(mem) if mem else None
@@ -248,7 +268,7 @@ def _gpu_memory(latency: LatencyModel) -> float | None:
 def scenario_kv_capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     if sc.kv_capacity_tokens is not None:
         return sc.kv_capacity_tokens
-    mem = _gpu_memory(latency)
+    mem = gpu_memory(latency)
     return None if mem is None else kv_capacity(latency.model, mem)
 
 
@@ -379,7 +399,7 @@ def predict_one(
     t0 = time.perf_counter()
     if scenario.min_tokens is None:
         scenario = replace(scenario, min_tokens=acceptance.min_tokens)
-    validate_scenario(scenario, latency.model, _gpu_memory(latency))
+    validate_scenario(scenario, latency.model, gpu_memory(latency))
     if engine == "analytic":
         _check_analytic(scenario)
     seeds = _seeds(seed, replications)
@@ -413,7 +433,7 @@ def predict(
     are shared between scenarios with the same batch/context/output/arrivals.
     ``progress(done, total)`` is called after each scenario.
     """
-    mem = _gpu_memory(latency)
+    mem = gpu_memory(latency)
     for sc in scenarios:
         validate_scenario(sc, latency.model, mem)
     cache: dict[tuple[Any, ...], list[RunMetrics]] = {}

@@ -23,33 +23,56 @@ models pickled once per worker (the pool initializer), not once per chunk. With 
 (an address such as "tcp://10.0.0.5:8786", a `dask.distributed.Client`, or a cluster object
 such as `LocalCluster`), the models are scattered to every Dask worker once and the chunks are
 mapped over the cluster.
+
+Long grids: `SweepGrid.iter_scenarios` streams the configurations, `fitting` drops those that do
+not fit as they pass, `chunked` cuts the stream, and `SweepRunner.imap` runs the chunks with at
+most `INFLIGHT_PER_WORKER` chunks per worker submitted at a time, yielding each as it finishes,
+so memory and the parent's bookkeeping stay flat whatever the grid's size. Whoever consumes
+`imap` decides what to keep (`vegas_sim.runs` checkpoints the chunks to disk). An exception
+in the consumer, Ctrl-C included, leaves the `with SweepRunner` block through `terminate`: the
+queued chunks are cancelled and the worker processes are killed, not waited for. Workers
+ignore SIGINT (the parent alone handles it) and, on Linux, die with their parent.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import os
 import pickle
+import signal
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 
-from vegas_sim.errors import UserInputError
+from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import check_gamma, check_method, check_sparsity
+from vegas_sim.sim.predict import (
+    Scenario,
+    SkipLog,
+    gpu_memory,
+    skipped_notes,
+    split_fitting,
+    validate_scenario,
+)
 
 if TYPE_CHECKING:
     from vegas_sim.sim.acceptance import AcceptanceModel
     from vegas_sim.sim.latency import LatencyModel
-    from vegas_sim.sim.predict import Scenario
 
 ENGINES = ("analytic", "sim", "both")
 Progress = Callable[[int, int], None]  # (configurations done, total)
 MAX_CHUNK = 64
 CHUNKS_PER_WORKER = 8  # enough chunks per worker for load balance and a smooth progress bar
+INFLIGHT_PER_WORKER = 2  # chunks submitted ahead per worker: one running, one queued
+Item = tuple[int, Scenario]  # (position in the run, configuration)
+K = TypeVar("K")
 
 
 # ---- the grid --------------------------------------------------------------------------------
@@ -111,25 +134,46 @@ class SweepGrid:
     def scenarios(self) -> list[Scenario]:
         """Every configuration, in a fixed order: cells (batch, context, output_len) outer,
         then vanilla, then methods × γ × sparsity."""
-        from vegas_sim.sim.predict import Scenario
+        return list(self.iter_scenarios())
 
-        methods = [m for m in self.methods if m != "vanilla"]
-        vanilla = self.include_vanilla or "vanilla" in self.methods
-        out: list[Scenario] = []
-        for batch, context, out_len in itertools.product(self.batch, self.context,
-                                                          self.output_len):
-            cell = dict(batch=batch, context=context, output_len=out_len, **self.extra)
-            if vanilla:
-                out.append(Scenario(method="vanilla", gamma=1, sparsity=1.0, **cell))
-            out += [Scenario(method=m, gamma=g, sparsity=s, **cell)
-                    for m, g, s in itertools.product(methods, self.gamma, self.sparsity)]
-        return out
+    def iter_scenarios(self) -> Iterator[Scenario]:
+        """`scenarios()` one at a time (a grid of millions need not be held at once)."""
+        for cell in itertools.product(self.batch, self.context, self.output_len):
+            yield from (self._in_cell(cell, j) for j in range(self._per_cell()))
+
+    def sample(self, n: int) -> list[Scenario]:
+        """`n` configurations spread evenly over the grid (for a time estimate)."""
+        total = len(self)
+        picks = sorted({min(total - 1, round(i * total / max(n, 1))) for i in range(n)})
+        per_cell = self._per_cell()
+        cells = list(itertools.product(self.batch, self.context, self.output_len))
+        return [self._in_cell(cells[i // per_cell], i % per_cell) for i in picks]
+
+    def _spec_methods(self) -> list[str]:
+        return [m for m in self.methods if m != "vanilla"]
+
+    def _has_vanilla(self) -> bool:
+        return self.include_vanilla or "vanilla" in self.methods
+
+    def _per_cell(self) -> int:
+        return int(self._has_vanilla()) + (len(self._spec_methods()) * len(self.gamma)
+                                           * len(self.sparsity))
+
+    def _in_cell(self, cell: tuple[int, int, int], j: int) -> Scenario:
+        """The j-th configuration of a (batch, context, output_len) cell."""
+        where = dict(batch=cell[0], context=cell[1], output_len=cell[2], **self.extra)
+        if self._has_vanilla():
+            if j == 0:
+                return Scenario(method="vanilla", gamma=1, sparsity=1.0, **where)
+            j -= 1
+        n_g, n_s = len(self.gamma), len(self.sparsity)
+        m, rest = divmod(j, n_g * n_s)
+        g, s = divmod(rest, n_s)
+        return Scenario(method=self._spec_methods()[m], gamma=self.gamma[g],
+                        sparsity=self.sparsity[s], **where)
 
     def __len__(self) -> int:
-        n_spec = len([m for m in self.methods if m != "vanilla"])
-        vanilla = int(self.include_vanilla or "vanilla" in self.methods)
-        per_cell = vanilla + n_spec * len(self.gamma) * len(self.sparsity)
-        return per_cell * len(self.batch) * len(self.context) * len(self.output_len)
+        return self._per_cell() * len(self.batch) * len(self.context) * len(self.output_len)
 
 
 # ---- one chunk (runs in a worker) ------------------------------------------------------------
@@ -147,7 +191,7 @@ def _engines(engine: str) -> tuple[str, ...]:
     return ("analytic", "sim") if engine == "both" else (engine,)
 
 
-def run_chunk(chunk: Sequence[tuple[int, Scenario]], latency: LatencyModel,
+def run_chunk(chunk: Sequence[Item], latency: LatencyModel,
               acceptance: AcceptanceModel, job: _Job) -> pd.DataFrame:
     """Predict the (order, scenario) pairs of one chunk; adds `_order` and `seed` columns.
 
@@ -169,19 +213,58 @@ def run_chunk(chunk: Sequence[tuple[int, Scenario]], latency: LatencyModel,
 _WORKER_MODELS: tuple[Any, Any] | None = None
 
 
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+
+
 def _init_worker(payload: bytes) -> None:
-    """Pool initializer: unpickle the models once per worker process."""
+    """Pool initializer: unpickle the models once per worker process. The worker ignores
+    SIGINT (Ctrl-C reaches the whole process group; the parent decides), takes SIGTERM's
+    default (a forked worker would inherit a handler the parent installed) and, on Linux, is
+    killed when its parent dies, so a killed sweep leaves no orphan."""
     global _WORKER_MODELS
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        parent = os.getppid()
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # no libc prctl: orphans stay possible
+            pass
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
     _WORKER_MODELS = pickle.loads(payload)
 
 
-def _run_chunk_in_worker(chunk: Sequence[tuple[int, Scenario]], job: _Job) -> pd.DataFrame:
+def _run_chunk_in_worker(chunk: Sequence[Item], job: _Job) -> pd.DataFrame:
     assert _WORKER_MODELS is not None, "worker started without models"
     return run_chunk(chunk, _WORKER_MODELS[0], _WORKER_MODELS[1], job)
 
 
-def _chunks(items: list[tuple[int, Scenario]], size: int) -> list[list[tuple[int, Scenario]]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+def fitting(scenarios: Iterable[Scenario], latency: LatencyModel,
+            skipped: SkipLog) -> Iterator[Item]:
+    """The scenarios that fit the model and the GPU, numbered 0, 1, ... in order; the others
+    go to `skipped` as they pass. Any other bad input raises; so does a stream in which
+    nothing fits (at its end)."""
+    mem = gpu_memory(latency)
+    order = 0
+    for sc in scenarios:
+        try:
+            validate_scenario(sc, latency.model, mem)
+        except DoesNotFitError as e:
+            skipped.add(sc, e)
+            continue
+        yield order, sc
+        order += 1
+    first = skipped.first_error()
+    if order == 0 and first is not None:
+        raise first
+
+
+def chunked(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    """Consecutive chunks of `size` items (the last may be shorter), read lazily."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
 
 
 def default_chunk_size(n: int, workers: int) -> int:
@@ -189,11 +272,39 @@ def default_chunk_size(n: int, workers: int) -> int:
 
 
 # ---- runners ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Estimate:
+    """How long a run will take: configurations to go, seconds per configuration measured on
+    a sample in this process, and the parallelism they are spread over."""
+
+    configurations: int
+    seconds_per_config: float
+    workers: int
+
+    @property
+    def seconds(self) -> float:
+        return self.configurations * self.seconds_per_config / max(self.workers, 1)
+
+    def __str__(self) -> str:
+        return (f"{self.configurations} configurations, ~{_duration(self.seconds)} on "
+                f"{self.workers} worker{'s' if self.workers != 1 else ''} "
+                f"({self.seconds_per_config * 1e3:.1f} ms each, timed on a sample)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 class SweepRunner:
     """Runs batches of scenarios on a pool (or cluster) kept open across calls.
 
     `tune` runs several dependent sweeps; keeping the pool warm avoids paying process start-up
-    and model pickling for each. Use as a context manager, or call `close()`.
+    and model pickling for each. Use as a context manager, or call `close()`; leaving the
+    block by an exception (Ctrl-C included) calls `terminate()` instead of waiting.
 
     workers: local processes (default os.cpu_count(); 1 = in this process, no pool).
     scheduler: None for local; a Dask scheduler address, a `Client`, or a cluster object.
@@ -217,61 +328,125 @@ class SweepRunner:
     def __enter__(self) -> SweepRunner:  # noqa: PYI034 - not subclassed
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.terminate()
 
     def close(self) -> None:
+        """Wait for the pool's workers to exit (nothing is running between `run` calls)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._close_client()
+
+    def terminate(self) -> None:
+        """Stop now: cancel queued chunks, kill the worker processes, wait for nothing else."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            # The executor has no public handle on its processes; without them nothing is
+            # killed and the workers exit when their queued chunk is done.
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            _kill(procs)
+        self._close_client()
+
+    def _close_client(self) -> None:
         if self._client is not None and self._owns_client:
             self._client.close()
         self._client = None
+
+    @property
+    def parallelism(self) -> int:
+        """Chunks that run at once: local workers, or the Dask cluster's threads."""
+        if self._client is not None:
+            return max(1, sum(self._client.nthreads().values()))
+        return self.workers
 
     def run(self, scenarios: Sequence[Scenario], *, engine: str = "analytic", seed: int = 0,
             replications: int = 5, progress: Progress | None = None,
             chunk_size: int | None = None) -> pd.DataFrame:
         """Predict every scenario; rows in the order of `scenarios` (engine analytic before sim)."""
-        job = _Job(_engines(engine), int(seed), int(replications))
+        engines = _engines(engine)
         items = list(enumerate(scenarios))
         if not items:
             raise UserInputError("nothing to sweep: the grid is empty", fix="give grid values")
-        size = chunk_size or default_chunk_size(len(items), self._parallelism())
-        chunks = _chunks(items, size)
-        if self._client is not None:
-            frames = self._run_dask(chunks, job, len(items), progress)
-        elif self.workers == 1 or len(chunks) == 1:
-            frames = list(self._run_here(chunks, job, len(items), progress))
-        else:
-            frames = self._run_pool(chunks, job, len(items), progress)
-        return _assemble(frames, job.engines)
-
-    def _parallelism(self) -> int:
-        if self._client is not None:
-            return max(1, sum(self._client.nthreads().values()))
-        return self.workers
-
-    def _run_here(self, chunks: list[list[tuple[int, Scenario]]], job: _Job, total: int,
-                  progress: Progress | None) -> Iterator[pd.DataFrame]:
-        done = 0
-        for chunk in chunks:
-            yield run_chunk(chunk, self.latency, self.acceptance, job)
-            done += len(chunk)
+        size = chunk_size or default_chunk_size(len(items), self.parallelism)
+        frames, done = [], 0
+        for _, frame in self.imap(enumerate(chunked(items, size)), engine=engine, seed=seed,
+                                  replications=replications):
+            frames.append(frame)
+            done += len(frame) // len(engines)
             if progress:
-                progress(done, total)
+                progress(done, len(items))
+        return assemble(frames, engines)
 
-    def _run_pool(self, chunks: list[list[tuple[int, Scenario]]], job: _Job, total: int,
-                  progress: Progress | None) -> list[pd.DataFrame]:
+    def imap(self, chunks: Iterable[tuple[K, Sequence[Item]]], *, engine: str = "analytic",
+             seed: int = 0, replications: int = 5) -> Iterator[tuple[K, pd.DataFrame]]:
+        """Run (key, chunk) pairs; yields (key, rows with `_order`) as each chunk finishes, in
+        finishing order. At most `INFLIGHT_PER_WORKER` chunks per worker are submitted ahead,
+        so a stream of any length costs bounded memory."""
+        job = _Job(_engines(engine), int(seed), int(replications))
+        it = iter(chunks)
+        ahead = list(itertools.islice(it, INFLIGHT_PER_WORKER * self.parallelism + 1))
+        if self._client is not None:
+            yield from self._imap_dask(itertools.chain(ahead, it), job)
+        elif self.workers == 1 or len(ahead) <= 1:
+            for key, chunk in itertools.chain(ahead, it):
+                yield key, run_chunk(chunk, self.latency, self.acceptance, job)
+        else:
+            yield from self._imap_pool(itertools.chain(ahead, it), job, len(ahead))
+
+    def timed_sample(self, sample: Sequence[Scenario], *, engine: str = "analytic",
+                     seed: int = 0, replications: int = 5, budget_s: float = 1.0,
+                     at_least: int = 2) -> tuple[float, pd.DataFrame]:
+        """(seconds per configuration, the rows of the first `at_least`) timed here on
+        `sample`, one at a time, stopping once `budget_s` is spent after the first
+        `at_least` (a slow engine is timed on fewer). Those first rows fingerprint the
+        models: the same models and seed give the same rows."""
+        job = _Job(_engines(engine), int(seed), int(replications))
+        start, frames = time.perf_counter(), []
+        for i, sc in enumerate(sample):
+            frame = run_chunk([(i, sc)], self.latency, self.acceptance, job)
+            if i < at_least:
+                frames.append(frame)
+            elif time.perf_counter() - start > budget_s:
+                break
+        timed = max(len(frames), i + 1 if sample else 0)
+        rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return (time.perf_counter() - start) / max(timed, 1), rows
+
+    def estimate(self, sample: Sequence[Scenario], configurations: int, *,
+                 engine: str = "analytic", seed: int = 0, replications: int = 5) -> Estimate:
+        """The time `configurations` like `sample` will take on this runner."""
+        per, _ = self.timed_sample(sample, engine=engine, seed=seed, replications=replications)
+        return Estimate(configurations, per, self.parallelism)
+
+    def _imap_pool(self, chunks: Iterator[tuple[K, Sequence[Item]]], job: _Job,
+                   first: int) -> Iterator[tuple[K, pd.DataFrame]]:
         if self._pool is None:
             payload = pickle.dumps((self.latency, self.acceptance))
-            self._pool = ProcessPoolExecutor(max_workers=min(self.workers, len(chunks)),
+            self._pool = ProcessPoolExecutor(max_workers=min(self.workers, first),
                                              initializer=_init_worker, initargs=(payload,))
-        sizes: dict[Future[pd.DataFrame], int] = {
-            self._pool.submit(_run_chunk_in_worker, c, job): len(c) for c in chunks}
-        return _gather(sizes, total, progress)
+        pool, limit = self._pool, INFLIGHT_PER_WORKER * self.workers
+        pending: dict[Future[pd.DataFrame], K] = {}
+        try:
+            for key, chunk in itertools.islice(chunks, limit):
+                pending[pool.submit(_run_chunk_in_worker, chunk, job)] = key
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    key = pending.pop(fut)
+                    yield key, fut.result()  # re-raises a worker's UserInputError here
+                for key, chunk in itertools.islice(chunks, len(finished)):
+                    pending[pool.submit(_run_chunk_in_worker, chunk, job)] = key
+        finally:
+            for fut in pending:
+                fut.cancel()
 
-    def _run_dask(self, chunks: list[list[tuple[int, Scenario]]], job: _Job, total: int,
-                  progress: Progress | None) -> list[pd.DataFrame]:
+    def _imap_dask(self, chunks: Iterator[tuple[K, Sequence[Item]]],
+                   job: _Job) -> Iterator[tuple[K, pd.DataFrame]]:
         from dask.distributed import as_completed
 
         client = self._client
@@ -279,33 +454,39 @@ class SweepRunner:
             lat, acc = client.scatter([self.latency, self.acceptance], broadcast=True)
             self._scattered = (lat, acc)
         lat_f, acc_f = self._scattered
-        futures = client.map(run_chunk, chunks, latency=lat_f, acceptance=acc_f, job=job,
-                             pure=False)
-        sizes = {f.key: len(c) for f, c in zip(futures, chunks)}
-        frames, done = [], 0
-        for fut in as_completed(futures):
-            frames.append(fut.result())
-            done += sizes[fut.key]
-            if progress:
-                progress(done, total)
-        return frames
+        pending: dict[str, tuple[K, Any]] = {}
+        queue = as_completed()
+
+        def submit(key: K, chunk: Sequence[Item]) -> None:
+            fut = client.submit(run_chunk, chunk, latency=lat_f, acceptance=acc_f, job=job,
+                                pure=False)
+            pending[fut.key] = (key, fut)
+            queue.add(fut)
+
+        try:
+            for key, chunk in itertools.islice(chunks, INFLIGHT_PER_WORKER * self.parallelism):
+                submit(key, chunk)
+            for fut in queue:
+                key, _ = pending.pop(fut.key)
+                yield key, fut.result()
+                for key, chunk in itertools.islice(chunks, 1):
+                    submit(key, chunk)
+        finally:
+            if pending:
+                client.cancel([fut for _, fut in pending.values()])
 
 
-def _gather(sizes: dict[Future[pd.DataFrame], int], total: int,
-            progress: Progress | None) -> list[pd.DataFrame]:
-    frames, done, pending = [], 0, set(sizes)
-    try:
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                frames.append(fut.result())  # re-raises a worker's UserInputError here
-                done += sizes[fut]
-                if progress:
-                    progress(done, total)
-    finally:
-        for fut in pending:
-            fut.cancel()
-    return frames
+def _kill(procs: Sequence[Any], grace_s: float = 2.0) -> None:
+    """SIGTERM the processes, then SIGKILL those still alive after `grace_s`; reap them all."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
 
 
 def _dask_client(scheduler: Any) -> tuple[Any, bool]:
@@ -329,12 +510,18 @@ def _dask_client(scheduler: Any) -> tuple[Any, bool]:
                          where="--scheduler", fix="pass an address, a Client or a cluster")
 
 
-def _assemble(frames: Iterable[pd.DataFrame], engines: tuple[str, ...]) -> pd.DataFrame:
+def assemble(frames: Iterable[pd.DataFrame], engines: tuple[str, ...]) -> pd.DataFrame:
+    """Chunks' rows (with `_order`) as one table in run order, engines in `engines` order."""
     df = pd.concat(list(frames), ignore_index=True)
     rank = {e: i for i, e in enumerate(engines)}
     df = df.assign(_engine_rank=df["engine"].map(rank))
     df = df.sort_values(["_order", "_engine_rank"], kind="stable")
     return df.drop(columns=["_order", "_engine_rank"]).reset_index(drop=True)
+
+
+def engines_of(engine: str) -> tuple[str, ...]:
+    """The engines a run with `engine` ("analytic", "sim" or "both") writes rows for."""
+    return _engines(engine)
 
 
 # ---- the public function ---------------------------------------------------------------------
@@ -363,8 +550,6 @@ def sweep(
     positions, a batch whose KV cache does not fit) are left out, one line per cell in
     ``table.attrs["skipped"]``; a grid in which nothing fits raises.
     """
-    from vegas_sim.sim.predict import skipped_notes, split_fitting
-
     scenarios = grid.scenarios() if isinstance(grid, SweepGrid) else list(grid)
     scenarios, skipped = split_fitting(scenarios, latency)
     with SweepRunner(latency, acceptance, workers=workers, scheduler=scheduler) as runner:

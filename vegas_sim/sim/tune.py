@@ -10,7 +10,16 @@ Per cell (all cells advance together, each step one parallel sweep):
 2. **γ for throughput.** At s₁, sweep γ (`gamma`, default 1..12); γ* = argmax throughput.
 3. **Refine sparsity.** With γ* fixed, sweep sparsity on a finer grid (`refine_step`, default
    0.005) between the coarse neighbours of s₁; s* = argmax throughput. Step 3 may move s
-   below s₁ when a cheaper draft wins.
+   below s₁ when a cheaper draft wins. While s* lands on an edge of the window, the window
+   is widened by its own width past that edge ("3-widen") and searched again, down to
+   `refine_step` and up to 1 (a note says when s* stops at such a bound).
+4. **Serving table.** A server runs one sparsity: the one chosen in most cells (ties to the
+   smaller), s_g. At s_g, sweep γ in every cell ("4-serving"); the per-batch γ table is
+   chosen from these rows, so the JSON's top-level sparsity is the one its γ table holds at.
+
+The choice in a cell is the best configuration of the tuned method evaluated in *any* step
+(argmax of the search engine's throughput), so tune never returns a point worse than one it
+evaluated; `chosen_step` names the step it came from.
 
 Baselines: each of `baselines` (magicdec-stream, magicdec-quest, specextend by default) gets
 its own best (γ, s) by a full sweep of `baseline_gamma` × the coarse sparsity grid; the best
@@ -18,20 +27,21 @@ baseline is the one with the highest throughput. Ties anywhere go to the smaller
 
 The search uses `search_engine` (default "analytic": fast and deterministic). The reported
 numbers of the chosen configuration, vanilla and the best baseline come from `final_engine`
-(default the same; "sim" gives replication CIs). The speedup over the best baseline has a 95 %
+(default the same; "sim" gives replication CIs); the choice itself is always made on the
+search engine's numbers (like with like), kept in `search_throughput_tok_s`. The speedup over the best baseline has a 95 %
 CI obtained by adding the two log-scale half-widths in quadrature (independent runs):
 ratio · exp(±√(h₁² + h₂²)), hᵢ = ½·ln(highᵢ / lowᵢ).
 
 Output: `TuneResult.cells` (one row per cell), `TuneResult.steps` (every evaluated
 configuration, with `step`), and `TuneResult.serving_table()` — the JSON a serving engine can
-consume (format documented on that method).
+consume (format documented on that method and in `vegas_sim.sim.serving`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +51,8 @@ import pandas as pd
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
 from vegas_sim.sim.predict import is_extrapolated
-from vegas_sim.sim.sweep import SweepRunner
+from vegas_sim.sim.serving import by_context_range, per_batch_size
+from vegas_sim.sim.sweep import Estimate, SweepRunner
 
 if TYPE_CHECKING:
     from vegas_sim.sim.acceptance import AcceptanceModel
@@ -49,8 +60,12 @@ if TYPE_CHECKING:
     from vegas_sim.sim.predict import Scenario
 
 TuneProgress = Callable[[str, int, int], None]  # (step description, done, total)
+Say = Callable[[str], None]
+ESTIMATE_OVER_S = 60.0  # say how long tune will take when it is longer than this
+MAX_WIDEN = 20  # widenings of the refine window per cell, at most
 JSON_FORMAT = "vegas-sim.speculative-table"
-JSON_VERSION = 1
+JSON_VERSION = 2  # 2: vLLM's per-batch-size list; sparsity = the γ table's
+SERVING_STEP = "4-serving"
 _ROUND = 6  # sparsity grid values are rounded so that 0.035 is 0.035 in every output
 
 
@@ -106,16 +121,39 @@ def stable_sparsity(sparsity: Sequence[float] | pd.Series,
     return float(s[np.argmax(ok)])  # argmax of a bool array: the first True
 
 
-def refine_grid(coarse: Sequence[float], center: float, step: float) -> list[float]:
-    """Fine grid (spacing `step`) between the coarse neighbours of `center`, both included."""
+def refine_window(coarse: Sequence[float], center: float, step: float) -> tuple[float, float]:
+    """The coarse neighbours of `center` (past the ends: half the smallest, 1.5× the largest)."""
     pts = sorted(coarse)
     i = pts.index(center) if center in pts else int(np.searchsorted(pts, center))
     lo = pts[i - 1] if i > 0 else max(pts[0] / 2.0, step)
     hi = pts[i + 1] if i + 1 < len(pts) else min(pts[-1] * 1.5, 1.0)
+    return lo, hi
+
+
+def window_points(lo: float, hi: float, step: float, *extra: float) -> list[float]:
+    """Points `step` apart from `lo` to `hi`, both ends (and `extra`) included, within (0, 1]."""
     n = math.floor((hi - lo) / step + 1e-9)
     grid = {round(lo + k * step, _ROUND) for k in range(n + 1)}
-    grid |= {round(lo, _ROUND), round(hi, _ROUND), round(center, _ROUND)}
+    grid |= {round(v, _ROUND) for v in (lo, hi, *extra)}
     return sorted(v for v in grid if 0.0 < v <= 1.0)
+
+
+def refine_grid(coarse: Sequence[float], center: float, step: float) -> list[float]:
+    """Fine grid (spacing `step`) between the coarse neighbours of `center`, both included."""
+    lo, hi = refine_window(coarse, center, step)
+    return window_points(lo, hi, step, center)
+
+
+def widen(lo: float, hi: float, best: float, step: float) -> tuple[float, float] | None:
+    """The next window to search when `best` sits on an edge of [lo, hi]: as wide as [lo, hi],
+    just past that edge, clipped to [step, 1]. None when `best` is inside, or on an edge that
+    is already the bound."""
+    width, eps = hi - lo, 1e-9
+    if best <= lo + eps and lo > step + eps:
+        return max(step, round(lo - width, _ROUND)), lo
+    if best >= hi - eps and hi < 1.0 - eps:
+        return hi, min(1.0, round(hi + width, _ROUND))
+    return None
 
 
 def argbest(df: pd.DataFrame, metric: str = "throughput_tok_s") -> pd.Series:
@@ -166,7 +204,8 @@ def _cell_rows(df: pd.DataFrame, cell: Cell, method: str | None = None) -> pd.Da
 
 @dataclass
 class TuneResult:
-    """`cells`: one row per (batch, context); `steps`: every evaluated configuration."""
+    """`cells`: one row per (batch, context); `steps`: every evaluated configuration;
+    `sparsity`: the one sparsity of the serving γ table (step 4)."""
 
     cells: pd.DataFrame
     steps: pd.DataFrame
@@ -174,14 +213,15 @@ class TuneResult:
     model: str = ""
     gpu: str = ""
     notes: list[str] = field(default_factory=list)
+    sparsity: float = float("nan")
 
     def gamma_by_batch(self) -> dict[int, int]:
-        """One γ per batch size across contexts: the γ whose step-2 throughput, relative to
-        each context's best, is highest on average (it loses least over the tuned contexts).
-        With one context this is that cell's chosen γ."""
-        s2 = self.steps[self.steps["step"] == "2-gamma"]
-        best = s2.groupby(["batch", "context"])["throughput_tok_s"].transform("max")
-        rel = s2.assign(rel=s2["throughput_tok_s"] / best)
+        """One γ per batch size across contexts, at the serving sparsity (step 4): the γ whose
+        throughput relative to each context's best is highest on average (it loses least over
+        the tuned contexts). Ties go to the smaller γ."""
+        s4 = self.steps[self.steps["step"] == SERVING_STEP]
+        best = s4.groupby(["batch", "context"])["throughput_tok_s"].transform("max")
+        rel = s4.assign(rel=s4["throughput_tok_s"] / best)
         mean = rel.groupby(["batch", "gamma"])["rel"].mean().reset_index()
         out = {}
         for batch, g in mean.groupby("batch"):
@@ -194,42 +234,51 @@ class TuneResult:
         """The JSON export for a serving engine.
 
         {
-          "format": "vegas-sim.speculative-table", "version": 1,
+          "format": "vegas-sim.speculative-table", "version": 2,
           "model": ..., "gpu": ..., "method": "vegas",
-          "sparsity": s,                       # the sparsity chosen in most cells (ties: smaller)
-          "num_speculative_tokens_by_batch": {"1": 7, "4": 6, ...},
+          "sparsity": s_g,                     # the sparsity the γ tables below are chosen at
+          "num_speculative_tokens_per_batch_size": [[1, 3, 7], [4, 15, 6], [16, 16, 4]],
+          "num_speculative_tokens_by_batch": {"1": 7, "4": 6, "16": 4},
+          "by_context_range": [[1, 32767, [[1, 3, 7], ...]], [32768, 122880, [...]]],
+          "sparsity_by_context_range": [[1, 32767, [[1, 3, 0.05], ...]], ...],
           "by_context": {"32768": {"num_speculative_tokens_by_batch": {"1": 7, ...},
                                    "sparsity_by_batch": {"1": 0.05, ...}}, ...},
           "cells": [{batch, context, gamma, sparsity, throughput_tok_s, ..._ci_low/high,
                      speedup_vs_vanilla (+CI), baseline_method, baseline_gamma,
-                     baseline_sparsity, speedup_vs_baseline (+CI), extrapolated, ...}],
+                     baseline_sparsity, speedup_vs_baseline (+CI), chosen_step,
+                     extrapolated, ...}],
           "strategy": {the TuneConfig}, "notes": [...]
         }
 
-        How to use it: at a decode step with current batch size b (and, when known, context
-        c), take the entry of the largest batch key <= b (the smallest key if b is below all
-        of them) — from `by_context` of the largest context key <= c, else from
-        `num_speculative_tokens_by_batch` (one γ per batch that holds up across contexts,
-        see `gamma_by_batch`). Keys are strings (JSON); values are vLLM's
-        `num_speculative_tokens`.
+        `num_speculative_tokens_per_batch_size` is vLLM's option of that name: inclusive
+        batch ranges [lo, hi] and K = num_speculative_tokens (conventions in
+        `vegas_sim.sim.serving`); with `sparsity` it is one server configuration, γ per batch
+        chosen at that sparsity to hold up across the tuned contexts (`gamma_by_batch`).
+        `num_speculative_tokens_by_batch` is the same table keyed by tuned batch size.
+        Where the context is known, `by_context_range` holds each cell's own optimum γ
+        (at that cell's sparsity, `sparsity_by_context_range` / `cells`); `by_context` is
+        that table keyed by tuned context (take the largest key <= c, then the largest batch
+        key <= b, the smallest key when below all). Keys are strings (JSON).
         """
         cells = self.cells
-        by_context: dict[str, dict[str, dict[str, Any]]] = {}
-        for ctx, g in cells.groupby("context"):
-            g = g.sort_values("batch")
-            by_context[str(int(ctx))] = {  # type: ignore[arg-type]
-                "num_speculative_tokens_by_batch": {str(int(b)): int(v) for b, v in
-                                                    zip(g["batch"], g["gamma"])},
-                "sparsity_by_batch": {str(int(b)): float(v) for b, v in
-                                      zip(g["batch"], g["sparsity"])},
-            }
-        counts = cells["sparsity"].round(_ROUND).value_counts()
-        mode = float(min(counts[counts == counts.max()].index))
+        gammas: dict[int, dict[int, int]] = {}
+        sparsities: dict[int, dict[int, float]] = {}
+        for rec in cells.sort_values(["context", "batch"]).to_dict("records"):
+            gammas.setdefault(int(rec["context"]), {})[int(rec["batch"])] = int(rec["gamma"])
+            sparsities.setdefault(int(rec["context"]), {})[int(rec["batch"])] = float(
+                rec["sparsity"])
+        by_context = {str(ctx): {
+            "num_speculative_tokens_by_batch": {str(b): v for b, v in gammas[ctx].items()},
+            "sparsity_by_batch": {str(b): v for b, v in sparsities[ctx].items()},
+        } for ctx in gammas}
+        table = self.gamma_by_batch()
         return {
             "format": JSON_FORMAT, "version": JSON_VERSION, "model": self.model,
-            "gpu": self.gpu, "method": self.config.method, "sparsity": mode,
-            "num_speculative_tokens_by_batch": {str(b): g for b, g in
-                                                sorted(self.gamma_by_batch().items())},
+            "gpu": self.gpu, "method": self.config.method, "sparsity": self.sparsity,
+            "num_speculative_tokens_per_batch_size": per_batch_size(table),
+            "num_speculative_tokens_by_batch": {str(b): g for b, g in sorted(table.items())},
+            "by_context_range": by_context_range(gammas),
+            "sparsity_by_context_range": by_context_range(sparsities),
             "by_context": by_context,
             "cells": json.loads(cells.to_json(orient="records")),
             "strategy": {k: (list(v) if isinstance(v, tuple) else v)
@@ -281,16 +330,25 @@ def tune(
     scheduler: Any = None,
     progress: TuneProgress | None = None,
     model: str = "",
+    say: Say | None = None,
 ) -> TuneResult:
-    """Run the three-step strategy for every (batch, context) cell; see the module docstring."""
+    """Run the strategy for every (batch, context) cell; see the module docstring.
+
+    say(text) gets the estimate (configurations, seconds) when tune will take over a minute.
+    """
     cfg = config or TuneConfig()
     cells = sorted({(int(b), int(c)) for b, c in cells})
     if not cells:
         raise UserInputError("no (batch, context) cell to tune", where="--batch/--context",
                              fix="give at least one batch size and one context length")
-    cells, skipped = _fitting_cells(cfg, cells, latency)
+    cells, notes = _fitting_cells(cfg, cells, latency)
     with SweepRunner(latency, acceptance, workers=workers, scheduler=scheduler) as runner:
         steps = _Steps(runner, cfg, seed, progress)
+        if progress is not None:
+            progress("baselines", 0, len(cells) * _baseline_count(cfg))
+        estimate = _estimate(runner, cfg, cells, seed)
+        if say is not None and estimate.seconds > ESTIMATE_OVER_S:
+            say(f"{estimate}; Ctrl-C stops it (tune keeps nothing)")
         base = _vanilla_and_baselines(steps, cells)
         s1 = steps.run("1-sparsity", [_scenario(cfg, cfg.method, cfg.probe_gamma, s, c)
                                       for c in cells for s in cfg.sparsity_coarse])
@@ -300,18 +358,88 @@ def tune(
         s2 = steps.run("2-gamma", [_scenario(cfg, cfg.method, g, stable[c], c)
                                    for c in cells for g in cfg.gamma])
         gamma = {c: int(argbest(_cell_rows(s2, c))["gamma"]) for c in cells}
-        s3 = steps.run("3-refine", [
-            _scenario(cfg, cfg.method, gamma[c], s, c) for c in cells
-            for s in refine_grid(cfg.sparsity_coarse, stable[c], cfg.refine_step)])
-        chosen = {c: argbest(_cell_rows(s3, c)) for c in cells}
+        refined = _refine(steps, cells, gamma, stable, notes)
+        serving = _mode(refined.values())
+        steps.run(SERVING_STEP, [_scenario(cfg, cfg.method, g, serving, c)
+                                 for c in cells for g in cfg.gamma])
+        evaluated = pd.concat(steps.rows, ignore_index=True)
+        evaluated = evaluated[evaluated["method"] == cfg.method]
+        chosen = {c: argbest(_cell_rows(evaluated, c)) for c in cells}
+        notes += _edge_notes(cfg, chosen)
         best_base = {c: argbest(_cell_rows(base[base["method"] != "vanilla"], c))
                      if cfg.baselines else None for c in cells}
         final = _final_rows(steps, cells, chosen, best_base, base)
-    table = pd.DataFrame([_cell_row(c, stable[c], final[c]) for c in cells])
+    table = pd.DataFrame([_cell_row(c, stable[c], final[c], chosen[c]) for c in cells])
     steps_df = pd.concat(steps.rows, ignore_index=True)
     gpu = str(steps_df["gpu"].iloc[0]) if "gpu" in steps_df.columns else ""
     return TuneResult(cells=table, steps=steps_df, config=cfg, model=model, gpu=gpu,
-                      notes=skipped)
+                      notes=notes, sparsity=serving)
+
+
+def _baseline_count(cfg: TuneConfig) -> int:
+    return 1 + len(cfg.baselines) * len(cfg.baseline_gamma) * len(cfg.sparsity_coarse)
+
+
+def _estimate(runner: SweepRunner, cfg: TuneConfig, cells: list[Cell], seed: int) -> Estimate:
+    """Configurations tune will evaluate (step 3 at a typical window; widening not counted)
+    and their time, timed on a few of them."""
+    refine = float(np.median([len(refine_grid(cfg.sparsity_coarse, s, cfg.refine_step))
+                              for s in cfg.sparsity_coarse]))
+    per_cell = (_baseline_count(cfg) + len(cfg.sparsity_coarse) + 2 * len(cfg.gamma)
+                + math.ceil(refine))
+    sample = [_scenario(cfg, cfg.method, g, s, c) for c in (cells[0], cells[-1])
+              for g, s in ((min(cfg.gamma), cfg.sparsity_coarse[0]),
+                           (max(cfg.gamma), cfg.sparsity_coarse[-1]))]
+    per, _ = runner.timed_sample(sample, engine=cfg.search_engine, seed=seed,
+                                 replications=cfg.replications)
+    return Estimate(per_cell * len(cells), per, runner.parallelism)
+
+
+def _refine(steps: _Steps, cells: list[Cell], gamma: dict[Cell, int],
+            stable: dict[Cell, float], notes: list[str]) -> dict[Cell, float]:
+    """Step 3 and its widenings; the best sparsity per cell at its γ*."""
+    cfg = steps.cfg
+    window = {c: refine_window(cfg.sparsity_coarse, stable[c], cfg.refine_step) for c in cells}
+    rows = steps.run("3-refine", [
+        _scenario(cfg, cfg.method, gamma[c], s, c) for c in cells
+        for s in window_points(*window[c], cfg.refine_step, stable[c])])
+    found = [rows]
+    for _ in range(MAX_WIDEN):
+        best = {c: float(argbest(_cell_rows(pd.concat(found), c))["sparsity"]) for c in cells}
+        nxt = {c: w for c in cells if (w := widen(*window[c], best[c], cfg.refine_step))}
+        if not nxt:
+            break
+        scen = []
+        for c, (lo, hi) in nxt.items():
+            seen = set(_cell_rows(pd.concat(found), c)["sparsity"].round(_ROUND))
+            scen += [_scenario(cfg, cfg.method, gamma[c], s, c)
+                     for s in window_points(lo, hi, cfg.refine_step) if s not in seen]
+            window[c] = (min(lo, window[c][0]), max(hi, window[c][1]))
+        if scen:
+            found.append(steps.run("3-widen", scen))
+    else:
+        notes.append(f"the refine window was widened {MAX_WIDEN} times and the best sparsity "
+                     "still sat on its edge in some cell: a wider --sparsity range may help")
+    best = {c: float(argbest(_cell_rows(pd.concat(found), c))["sparsity"]) for c in cells}
+    for c in cells:
+        bound = {cfg.refine_step: "smallest", 1.0: "largest"}.get(round(best[c], _ROUND))
+        if bound is not None:
+            notes.append(f"batch {c[0]}, context {c[1]}: the best sparsity {best[c]:g} is the "
+                         f"{bound} searched (the bound): the optimum may lie beyond it")
+    return best
+
+
+def _mode(values: Iterable[float]) -> float:
+    """The most frequent value (ties to the smaller), rounded as the grids are."""
+    counts = pd.Series([round(v, _ROUND) for v in values]).value_counts()
+    return float(min(counts[counts == counts.max()].index))
+
+
+def _edge_notes(cfg: TuneConfig, chosen: dict[Cell, pd.Series]) -> list[str]:
+    top = max(cfg.gamma)
+    return [f"batch {c[0]}, context {c[1]}: the best γ is {top}, the largest searched: a "
+            "larger γ may be faster" for c, row in chosen.items()
+            if len(cfg.gamma) > 1 and int(row["gamma"]) == top]
 
 
 def _fitting_cells(cfg: TuneConfig, cells: list[Cell], latency: LatencyModel,
@@ -353,12 +481,15 @@ def _final_rows(steps: _Steps, cells: list[Cell], chosen: dict[Cell, pd.Series],
     return picks
 
 
-def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None]) -> dict[str, Any]:
+def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None],
+              searched: pd.Series) -> dict[str, Any]:
     ch, van, bl = rows["chosen"], rows["vanilla"], rows["baseline"]
     assert ch is not None and van is not None
     out: dict[str, Any] = {
         "batch": cell[0], "context": cell[1], "method": ch["method"], "gamma": int(ch["gamma"]),
         "sparsity": float(ch["sparsity"]), "stable_sparsity": stable,
+        "chosen_step": str(searched["step"]),
+        "search_throughput_tok_s": float(searched["throughput_tok_s"]),
         "throughput_tok_s": float(ch["throughput_tok_s"]),
         "throughput_ci_low": float(ch["throughput_ci_low"]),
         "throughput_ci_high": float(ch["throughput_ci_high"]),
