@@ -29,7 +29,12 @@ SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); 
 holds the median / p10 / p90 over the timed samples and their count. The synthetic state
 rolls every repetition back to the same C, so every sample is at exactly the row's context
 (whatever the model accepts). Contexts are capped at max_positions − 2γ − 2 (a 128K grid
-point of a 128K model is measured at 131072 − 32 and its rows say so)."""
+point of a 128K model is measured at 131072 − 32 and its rows say so).
+
+Why one module of ~630 lines: every phase's measurement shares the synthetic state, the
+rollback to the point's context and the host-gap accounting (`Timed`, `with_host_gap`); the
+phases differ only in the few lines that call the decoder.
+"""
 
 from __future__ import annotations
 

@@ -57,6 +57,10 @@ Phase-level API (latency grid runner): `init_state(batch, context, max_seq)` bui
 state (random K/V at `context`, no prefill) on which draft / verify / accept_and_rollback /
 select / decode can be timed one by one; a synthetic state keeps its context fixed (every
 iteration is rolled back to the same C) so that repeated timings measure the same point.
+
+Why one module of ~650 lines: the draft, verify, acceptance and rollback steps share one
+per-request state and one CUDA-graph capture; split apart, each would reach into the others'
+buffers.
 """
 
 from __future__ import annotations
