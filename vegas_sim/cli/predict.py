@@ -31,11 +31,18 @@ def _predict_options(f: F) -> F:
                      help="Fraction of the context the draft attends to, in (0, 1]: 0.07 or "
                           "7%."),
         click.option("--batch", "-b", type=int, default=4, show_default=True,
-                     help="Maximum batch size of the decode instance."),
+                     help="Maximum running sequences (vLLM's max_num_seqs); the KV cache may "
+                          "hold fewer: requests are admitted while their blocks fit, and the "
+                          "latest admitted are preempted (recomputed) when it fills."),
         click.option("--context", "-c", default="32K", show_default=True,
                      help="Prompt tokens per request (e.g. 4096, 32K, 128K)."),
-        click.option("--output-len", type=int, default=1024, show_default=True,
-                     help="Generated tokens per request."),
+        click.option("--output-len", default="1024", show_default=True,
+                     help="Generated tokens per request: N, lognormal:MEAN,CV (clipped to the "
+                          "model's positions), or file:PATH (one length per line, or a CSV "
+                          "column: file:PATH#COLUMN), drawn per request with --seed."),
+        click.option("--kv-block-size", type=int, default=16, show_default=True,
+                     help="Tokens per KV-cache block (vLLM's block_size): admission and "
+                          "preemption count whole blocks."),
         click.option("--method", "-m", "methods", multiple=True,
                      type=click.Choice(METHODS), default=("vegas",), show_default=True,
                      help="Method(s) to predict side by side; vanilla is always the baseline."),
@@ -102,6 +109,9 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
 
     \b
         vegas-sim predict --gamma 7 --context 120K --graph-launch-ms 0.5
+
+    \b
+        vegas-sim predict --batch 64 --output-len lognormal:1024,0.5
     """
     with user_errors():
         explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
