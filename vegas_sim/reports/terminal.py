@@ -75,7 +75,7 @@ def kv_lines(df: pd.DataFrame) -> list[str]:
     for _, r in df.iterrows():
         running, pre = float(r["mean_running_batch"]), float(r.get("preemptions", 0.0))
         if running < 0.99 * float(r["batch"]) or pre > 0:
-            what = "" if pre != pre else f", {pre:g} preemptions per run"  # NaN: analytic
+            what = "" if math.isnan(pre) else f", {pre:g} preemptions per run"  # NaN: analytic
             lines.append(f"{r['method']} runs {running:.1f} of max {int(r['batch'])} sequences "
                          f"on average (the cache holds {r['kv_capacity_blocks']:.0f} blocks of "
                          f"{int(r['kv_block_size'])}){what}")
