@@ -47,6 +47,7 @@ from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, che
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
+from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import (
     PREFILL_MODES,
     Arrivals,
@@ -356,8 +357,17 @@ def _seeds(seed: int, replications: int) -> list[np.random.SeedSequence]:
     return np.random.SeedSequence(seed).spawn(replications)
 
 
+def acceptance_source(acceptance: AcceptanceModel, method: str) -> str:
+    """Where a row's acceptance comes from: the shape set, and the anchors that set its level
+    ('' for vanilla, and for a bare AcceptanceModel, which does not know its set's name)."""
+    if isinstance(acceptance, AnchoredAcceptance):
+        return acceptance.source_for(method)
+    return ""
+
+
 def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetrics],
-         dist: AcceptanceDist | None, latency: LatencyModel, wall_s: float) -> dict[str, Any]:
+         dist: AcceptanceDist | None, latency: LatencyModel, wall_s: float,
+         source: str) -> dict[str, Any]:
     thr = [r.throughput_tok_s for r in runs]
     m, lo, hi = mean_ci(thr)
     sp, sp_lo, sp_hi = mean_ci([a.throughput_tok_s / b.throughput_tok_s
@@ -384,6 +394,7 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     reasons = [*(dist.extrapolated if dist is not None else []),
                *latency.outside_measured(sc.batch, sc.context + sc.output_len)]
     row["extrapolated"] = ";".join(reasons)
+    row["acceptance_source"] = source
     cap = scenario_kv_capacity(sc, latency)
     row["kv_block_size"] = sc.kv_block_size
     row["kv_capacity_blocks"] = cap // sc.kv_block_size if cap is not None else math.nan
@@ -445,7 +456,8 @@ def predict_one(
         if key not in cache:
             cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
         base = cache[key]
-    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0)
+    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
+                acceptance_source(acceptance, scenario.method))
 
 
 def predict(
