@@ -69,8 +69,13 @@ def main() -> None:
         print(f"note: {note}")
 
 
+SELECTION_PHASES = ("ms_select", "ms_quest_meta")  # top-k selection; Quest's page scoring
+
+
 def select_share(row: pd.Series) -> float:
-    return float(row["ms_select"]) / float(row["iter_ms"]) if row["iter_ms"] > 0 else 0.0
+    """KV-selection share of the iteration: the selection phases over the iteration time."""
+    sel = sum(float(row.get(p, 0.0)) for p in SELECTION_PHASES)
+    return sel / float(row["iter_ms"]) if row["iter_ms"] > 0 else 0.0
 
 
 def print_table(table: pd.DataFrame, gammas: dict[str, int], cv: float, wall_s: float) -> None:

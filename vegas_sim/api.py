@@ -65,6 +65,8 @@ def _read_lengths(where: str) -> list[int]:
                                  fix=f"name the column: file:{path_text}#COLUMN "
                                      f"(columns: {', '.join(map(str, df.columns))})")
         return [int(x) for x in df[name].dropna()]
+    except UserInputError:
+        raise
     except ValueError as e:
         raise UserInputError(f"cannot read output lengths from {path_text}: {e}",
                              where="--output-len",

@@ -143,3 +143,21 @@ def test_output_length_distributions() -> None:
     for bad in ("lognormal:5", "exp:3", "x"):
         with pytest.raises(UserInputError):
             OutputLengths.parse(bad)
+
+
+def test_output_len_option_reads_numbers_distributions_and_files(tmp_path: Path) -> None:
+    from vegas_sim.api import output_lengths
+
+    assert output_lengths("1024") == (1024, None)
+    mean, dist = output_lengths("lognormal:19680,0.4")
+    assert mean == 19680 and dist is not None and dist.cv == 0.4
+    (tmp_path / "lens.txt").write_text("100\n300\n\n200\n")
+    mean, dist = output_lengths(f"file:{tmp_path / 'lens.txt'}")
+    assert mean == 200 and dist is not None and sorted(dist.samples) == [100, 200, 300]
+    (tmp_path / "runs.csv").write_text("prompt,output_tokens\n5,10\n6,30\n")
+    assert output_lengths(f"file:{tmp_path / 'runs.csv'}")[0] == 20
+    with pytest.raises(UserInputError) as err:
+        output_lengths(f"file:{tmp_path / 'runs.csv'}#nope")
+    assert "output_tokens" in str(err.value.fix)
+    with pytest.raises(UserInputError):
+        output_lengths(f"file:{tmp_path / 'missing.txt'}")
