@@ -77,12 +77,12 @@ def anchor_acceptance(
     """
     given = [str(a) for a in acceptance_anchors]
     notes: list[str] = []
+    sets: list[AnchorSet] = []
     if NO_ANCHORS in given:
         if len(given) > 1:
             raise UserInputError("--acceptance-anchor none cannot be combined with anchor files",
                                  where="--acceptance-anchor",
                                  fix="pass either 'none' or the anchor files")
-        sets: list[AnchorSet] = []
     elif given:
         sets = [load_anchors(a) for a in given]
     elif shape_set.model_name.lower() != model_name.lower():
