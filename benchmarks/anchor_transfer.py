@@ -154,9 +154,9 @@ def context_design(df: pd.DataFrame, methods: list[str]) -> list[dict[str, objec
 def _stats(design: str, label: str, g: pd.DataFrame) -> dict[str, object]:
     near = g[~g.marked]
     return {"design": design, "held out": label, "points": len(g),
-            "median |err| %": round(float(g.err.median()), 2),
-            "p90 |err| %": round(float(g.err.quantile(0.9)), 2),
-            "max |err| %": round(float(g.err.max()), 2),
+            "median err %": round(float(g.err.median()), 2),
+            "p90 err %": round(float(g.err.quantile(0.9)), 2),
+            "max err %": round(float(g.err.max()), 2),
             "shape alone median %": round(float(g.shape_err.median()), 2),
             "unmarked points": len(near),
             "unmarked median / max %": (f"{near.err.median():.2f} / {near.err.max():.2f}"
