@@ -154,9 +154,9 @@ def context_design(df: pd.DataFrame, methods: list[str]) -> list[dict[str, objec
 def _stats(design: str, label: str, g: pd.DataFrame) -> dict[str, object]:
     near = g[~g.marked]
     return {"design": design, "held out": label, "points": len(g),
-            "median |err| %": round(float(g.err.median()), 2),
-            "p90 |err| %": round(float(g.err.quantile(0.9)), 2),
-            "max |err| %": round(float(g.err.max()), 2),
+            "median err %": round(float(g.err.median()), 2),
+            "p90 err %": round(float(g.err.quantile(0.9)), 2),
+            "max err %": round(float(g.err.max()), 2),
             "shape alone median %": round(float(g.shape_err.median()), 2),
             "unmarked points": len(near),
             "unmarked median / max %": (f"{near.err.median():.2f} / {near.err.max():.2f}"
@@ -176,6 +176,14 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def markdown(table: pd.DataFrame) -> str:
+    """A GitHub markdown table (pandas' to_markdown needs the optional tabulate)."""
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |",
+             "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
@@ -188,7 +196,7 @@ def main() -> None:
     pts["err"] = 100.0 * (pts.predicted - pts.counted).abs() / pts.counted
     pts["shape_err"] = 100.0 * (pts["shape"] - pts.counted).abs() / pts.counted
     table = summary(pts)
-    print(table.to_markdown(index=False) if args.markdown else table.to_string(index=False))
+    print(markdown(table) if args.markdown else table.to_string(index=False))
 
 
 if __name__ == "__main__":

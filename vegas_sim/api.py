@@ -122,12 +122,12 @@ def anchor_acceptance(
     """
     given = [str(a) for a in acceptance_anchors]
     notes: list[str] = []
+    sets: list[AnchorSet] = []
     if NO_ANCHORS in given:
         if len(given) > 1:
             raise UserInputError("--acceptance-anchor none cannot be combined with anchor files",
                                  where="--acceptance-anchor",
                                  fix="pass either 'none' or the anchor files")
-        sets: list[AnchorSet] = []
     elif given:
         sets = [load_anchors(a) for a in given]
     elif shape_set.model_name.lower() != model_name.lower():
@@ -137,6 +137,8 @@ def anchor_acceptance(
                          f"(packaged) set the acceptance level by default, on the shape of "
                          f"{shape_set.name}; --acceptance-anchor none uses {shape_set.name}'s "
                          "own level")
+    else:
+        sets = []
     for s in sets:
         if s.model is not None and s.model.lower() != model_name.lower():
             notes.append(f"acceptance anchors {s.name()} were measured on {s.model}, used for "

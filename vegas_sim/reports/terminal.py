@@ -82,6 +82,17 @@ def kv_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def acceptance_sources(df: pd.DataFrame) -> dict[str, list[str]]:
+    """{acceptance_source: its methods} of the rows that draft (vanilla's source is '')."""
+    out: dict[str, list[str]] = {}
+    if "acceptance_source" not in df:
+        return out
+    for method, source in zip(df["method"], df["acceptance_source"].fillna("")):
+        if source and str(method) not in out.setdefault(str(source), []):
+            out[str(source)].append(str(method))
+    return out
+
+
 def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None = None) -> None:
     # Piped output is not wrapped at 80 columns: tables stay one line per method.
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
@@ -94,5 +105,7 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     # notes are sentences: one line each, never cut at the table's width
     for reason in reasons:
         console.print(f"[yellow]extrapolated:[/yellow] {reason}", soft_wrap=True)
+    for source, methods in acceptance_sources(df).items():
+        console.print(f"[dim]acceptance of {', '.join(methods)}:[/dim] {source}", soft_wrap=True)
     for note in notes:
         console.print(f"[dim]note:[/dim] {note}", soft_wrap=True)
