@@ -126,14 +126,38 @@ def test_each_request_its_own_context() -> None:
     assert seen == [[10, 20], [22], [24]]
 
 
-def test_kv_capacity_makes_requests_wait() -> None:
-    # one request reserves 10 + 5 + γ + 1 = 19 slots; capacity 37 fits one at a time
+def test_kv_admission_and_preemption_timeline_by_hand() -> None:
+    # block size 1: a request holds context + γ + 1 = ctx + 4 slots; 2 tokens per iteration.
+    # Capacity 37: 14+14, 16+16, 18+18 all fit, both run together to the end.
+    res = simulate(cfg(batch=2, n=2, kv_capacity_tokens=37, kv_block_size=1), LinearCost(),
+                   FixedDist(3, 1))
+    np.testing.assert_allclose(res.finish_ms, [10.2, 10.2])
+    assert res.preemptions == 0
+    # Capacity 30: the second iteration needs 16+16 = 32 → the later-admitted request 1 is
+    # preempted after one iteration (context 12), resumes when request 0 finishes at 7.6
+    # (iterations 3.0, 2.2, 2.4) and runs its last two at context 12, 14 (2.2, 2.4).
+    tight = cfg(batch=2, n=2, kv_capacity_tokens=30, kv_block_size=1)
+    res = simulate(tight, LinearCost(), FixedDist(3, 1))
+    np.testing.assert_allclose(res.finish_ms, [7.6, 12.2])
+    np.testing.assert_allclose(res.first_token_ms, [3.0, 3.0])
+    assert res.preemptions == 1 and res.emitted.tolist() == [5, 5]
+    assert res.iter_batch.tolist() == [2, 1, 1, 1, 1]
+    assert res.iter_kv_blocks.tolist() == [28, 16, 18, 16, 18]
+    assert list(zip(res.seg_request.tolist(), res.seg_first_iter.tolist(),
+                    res.seg_first_local.tolist(), res.seg_iters.tolist())) == [
+        (1, 0, 0, 1), (0, 0, 0, 3), (1, 3, 1, 2)]
+    # recompute re-prefills prompt + generated (10 + 2 = 12 tokens) on this instance
+    res = simulate(tight, LinearCost(), FixedDist(3, 1), recompute_fn=lambda n: float(n.sum()))
+    np.testing.assert_allclose(res.finish_ms, [7.6, 24.2])
+    assert res.recompute_ms_total == 12.0 and res.prefill_ms_total == 0.0
+
+
+def test_kv_blocks_round_up() -> None:
+    # blocks of 16: capacity 37 → 2 blocks; contexts 10, 12 fit one block each (+4 slack),
+    # at 14 each needs 2 → request 1 is preempted before the third iteration
     res = simulate(cfg(batch=2, n=2, kv_capacity_tokens=37), LinearCost(), FixedDist(3, 1))
-    np.testing.assert_allclose(res.finish_ms, [6.6, 13.2])
-    np.testing.assert_allclose(res.arrival_ms, [0.0, 0.0])  # waited in the queue, not unsent
-    np.testing.assert_allclose(res.admit_ms, [0.0, 6.6])
-    res2 = simulate(cfg(batch=2, n=2, kv_capacity_tokens=38), LinearCost(), FixedDist(3, 1))
-    np.testing.assert_allclose(res2.finish_ms, [10.2, 10.2])
+    np.testing.assert_allclose(res.finish_ms, [8.8, 11.2])
+    assert res.preemptions == 1 and res.iter_kv_blocks.max() == 2
 
 
 def test_vanilla_one_token_per_iteration() -> None:
@@ -239,7 +263,7 @@ def test_more_kv_capacity_never_lowers_closed_loop_throughput(
     thr = []
     for fits in (1 + cap_a, 1 + cap_a + extra):  # requests that fit the KV cache at once
         c = EngineConfig("vegas", gamma, batch, waves * batch, Lengths(64, out),
-                         kv_capacity_tokens=fits * need)
+                         kv_capacity_tokens=fits * need, kv_block_size=1)
         thr.append(summarize(simulate(c, LinearCost(2.0, 0.001), FixedDist(gamma, k)))
                    .throughput_tok_s)
     assert thr[1] >= thr[0] * (1 - 1e-9)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vegas_sim.errors import UserInputError
+from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import PHASES
 from vegas_sim.models import get_preset
 from vegas_sim.sim.acceptance import AcceptanceModel
@@ -22,6 +22,7 @@ from vegas_sim.sim.predict import (
     predict_one,
     prefill_fn,
     roofline_prefill_ms,
+    validate_scenario,
 )
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
@@ -144,16 +145,49 @@ def test_max_positions(models: Models) -> None:
     predict([sc(context=127 * 1024, output_len=1024)], *models, replications=1)
 
 
-def test_batch_that_does_not_fit_names_the_max_batch(models: Models) -> None:
+def test_batch_beyond_the_kv_cache_is_admitted_by_kv_in_use(models: Models) -> None:
+    # what used to be refused ("needs KV for ... tokens"): vLLM admits by the KV in use and
+    # preempts; the rows say how many ran on average and how often requests were preempted
     spec = get_preset("qwen3-8b")
     cap = kv_capacity(spec, 141.0)  # the synthetic GPU's memory
-    max_batch = cap // (32768 + 1024 + 5)
-    with pytest.raises(UserInputError) as err:
-        predict([sc(batch=max_batch + 1, context=32768, output_len=1024)], *models)
-    assert err.value.where == "--batch/--context"
-    assert f"--batch {max_batch} " in str(err.value.fix)
-    predict_one(sc(batch=max_batch, context=32768, output_len=8), *models, replications=1,
-                engine="analytic")  # the max batch itself is accepted
+    whole = cap // (8192 + 4096 + 5)  # requests whose whole life fits at once
+    row = predict_one(sc(batch=2 * whole, context=8192, output_len=4096), *models,
+                      replications=1)
+    assert whole < row["mean_running_batch"] < 2 * whole
+    assert row["kv_peak_blocks"] <= row["kv_capacity_blocks"] == cap // 16
+    assert row["preemptions"] >= 0 and row["kv_block_size"] == 16
+    free = predict_one(sc(batch=whole // 2, context=8192, output_len=4096), *models,
+                       replications=1)
+    assert free["preemptions"] == 0 and free["mean_running_batch"] == pytest.approx(
+        whole // 2, rel=0.01)
+
+
+def test_a_request_that_cannot_fit_alone_is_refused(models: Models) -> None:
+    spec = get_preset("qwen3-8b")
+    # 20 GB leaves ~3.6 GB next to the 8B weights: ~24K tokens of KV, less than one request
+    with pytest.raises(DoesNotFitError) as err:
+        validate_scenario(sc(batch=1, context=32768, output_len=1024), spec, 20.0)
+    assert err.value.where == "--context" and "larger GPU" in str(err.value.fix)
+    assert "one request of 32768 + 1024 tokens" in err.value.problem
+    validate_scenario(sc(batch=512, context=4096, output_len=1024), spec, 20.0)
+
+
+def test_analytic_runs_at_the_kv_limited_batch(models: Models) -> None:
+    # capacity for ~10 requests at their mean KV (C + L/2 + slack + half a block) of max 32:
+    # the sim's mean running batch and throughput are near the closed form's. (With only a
+    # few requests in the cache, whole-request granularity makes the sim run fewer.)
+    per = 1024 + 512 + 5 + 7.5
+    kv = int(10 * per)
+    rows = {e: predict_one(sc(batch=32, context=1024, output_len=1024, kv_capacity_tokens=kv,
+                              requests=160), *models, replications=2, engine=e)
+            for e in ("sim", "analytic")}
+    ana, sim = rows["analytic"], rows["sim"]
+    assert ana["mean_running_batch"] == pytest.approx(kv // 16 * 16 / per)
+    assert sim["mean_running_batch"] == pytest.approx(ana["mean_running_batch"], rel=0.1)
+    assert sim["throughput_tok_s"] == pytest.approx(ana["throughput_tok_s"], rel=0.15)
+    assert sim["preemptions"] > 0
+    free = predict_one(sc(batch=8, output_len=256), *models, replications=1, engine="analytic")
+    assert free["mean_running_batch"] == 8
 
 
 @pytest.mark.parametrize(("kw", "match"), [
@@ -188,7 +222,7 @@ def test_picklable_for_process_pools(models: Models) -> None:
 
 
 @pytest.mark.parametrize("kw", [{"arrival": "poisson:2"}, {"prefill": "co-located"},
-                                {"arrival": "closed:2"}, {"kv_capacity_tokens": 5000}])
+                                {"arrival": "closed:2"}])
 def test_analytic_refuses_what_it_does_not_model(models: Models, kw: dict[str, object]) -> None:
     with pytest.raises(UserInputError, match="analytic") as err:
         predict([sc("vegas", **kw)], *models, engine="analytic")

@@ -207,10 +207,10 @@ def test_tune_with_sim_final_engine_has_ci(models: Models) -> None:
 def test_cells_that_do_not_fit_are_skipped_and_named(models: Models) -> None:
     cfg = TuneConfig(sparsity_coarse=(0.03, 0.07), gamma=(2, 4), probe_gamma=8,
                      refine_step=0.02, baselines=(), output_len=64)
-    res = tune([(1, 4096), (64, 65536)], *models, config=cfg, workers=1)
+    res = tune([(1, 4096), (1, 131072)], *models, config=cfg, workers=1)
     assert list(zip(res.cells["batch"], res.cells["context"])) == [(1, 4096)]
     skips = [n for n in res.notes if n.startswith("skipped")]
-    assert len(skips) == 1 and skips[0].startswith("skipped batch 64, context 65536")
+    assert len(skips) == 1 and skips[0].startswith("skipped batch 1, context 131072")
     with pytest.raises(DoesNotFitError, match="positions"):
         tune([(1, 131072)], *models, config=cfg, workers=1)
 

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from vegas_sim import grids
-from vegas_sim.cli.common import progress_task, user_errors
+from vegas_sim.cli.common import acceptance_anchor_option, progress_task, user_errors
 from vegas_sim.files import check_out
 from vegas_sim.validate.repredict import repredict as repredict_table
 from vegas_sim.validate.results import compare, summarize
@@ -158,6 +158,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--phase-wave/--no-phase-wave", default=True, show_default=True,
               help="One more wave per configuration with per-phase timers (not measured "
                    "throughput): measured vs predicted ms per phase in the table.")
+@acceptance_anchor_option
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result CSV (predicted, measured, error %, CI, extrapolated); the "
                    "configurations it runs are written first beside it, as *.heldout.csv.")
@@ -165,7 +166,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              n_random: int | None, repredict: Path | None, model: str | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
              device: str, seed: int, replications: int, time_budget: float | None,
-             phase_wave: bool, out: Path) -> None:
+             phase_wave: bool, acceptance_anchors: tuple[str, ...], out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
@@ -198,7 +199,8 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
             before, after = repredict_table(
                 repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
                 seed=seed, replications=replications,
-                log=lambda line: click.echo(line, err=True))
+                log=lambda line: click.echo(line, err=True),
+                acceptance_anchors=acceptance_anchors)
             click.echo(compare(before, after))
             click.echo(summarize(after))
             click.echo(f"wrote {out}")
@@ -219,6 +221,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                 n_random=n_random, model=model, weights=weights, max_batch=max_batch,
                 contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
                 progress=progress, replications=replications, time_budget_s=time_budget,
-                log=lambda line: click.echo(line, err=True), phase_wave=phase_wave)
+                log=lambda line: click.echo(line, err=True), phase_wave=phase_wave,
+                acceptance_anchors=acceptance_anchors)
     click.echo(summarize(table))
     click.echo(f"wrote {out}")

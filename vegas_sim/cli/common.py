@@ -55,6 +55,20 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# --------------------------------------------------------------------------------- anchors
+ACCEPTANCE_ANCHOR_HELP = (
+    "Measured acceptance that sets the acceptance level (docs/ACCEPTANCE_ANCHORS.md): a "
+    ".json/.csv anchors file or a packaged name (qwen3-8b-published); repeatable. "
+    "'none': the acceptance trace set's own level [default: the packaged anchors of the "
+    "model predicted when its acceptance comes from another model's traces].")
+
+
+def acceptance_anchor_option(f: Any) -> Any:
+    """--acceptance-anchor FILE (repeatable), passed on as `acceptance_anchors`."""
+    return click.option("--acceptance-anchor", "acceptance_anchors", multiple=True,
+                        metavar="FILE|NAME", help=ACCEPTANCE_ANCHOR_HELP)(f)
+
+
 # ------------------------------------------------------------------------------- one value
 def parse_size(value: str, option: str) -> int:
     """One token count: '32K' → 32768, '128k' → 131072, '4096' → 4096."""

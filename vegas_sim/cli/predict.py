@@ -13,7 +13,12 @@ from typing import Any, TypeVar
 import click
 
 from vegas_sim import api
-from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
+from vegas_sim.cli.common import (
+    acceptance_anchor_option,
+    parse_size,
+    parse_sparsity,
+    user_errors,
+)
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, write_atomic
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
@@ -31,11 +36,18 @@ def _predict_options(f: F) -> F:
                      help="Fraction of the context the draft attends to, in (0, 1]: 0.07 or "
                           "7%."),
         click.option("--batch", "-b", type=int, default=4, show_default=True,
-                     help="Maximum batch size of the decode instance."),
+                     help="Maximum running sequences (vLLM's max_num_seqs); the KV cache may "
+                          "hold fewer: requests are admitted while their blocks fit, and the "
+                          "latest admitted are preempted (recomputed) when it fills."),
         click.option("--context", "-c", default="32K", show_default=True,
                      help="Prompt tokens per request (e.g. 4096, 32K, 128K)."),
-        click.option("--output-len", type=int, default=1024, show_default=True,
-                     help="Generated tokens per request."),
+        click.option("--output-len", default="1024", show_default=True,
+                     help="Generated tokens per request: N, lognormal:MEAN,CV (clipped to the "
+                          "model's positions), or file:PATH (one length per line, or a CSV "
+                          "column: file:PATH#COLUMN), drawn per request with --seed."),
+        click.option("--kv-block-size", type=int, default=16, show_default=True,
+                     help="Tokens per KV-cache block (vLLM's block_size): admission and "
+                          "preemption count whole blocks."),
         click.option("--method", "-m", "methods", multiple=True,
                      type=click.Choice(METHODS), default=("vegas",), show_default=True,
                      help="Method(s) to predict side by side; vanilla is always the baseline."),
@@ -77,6 +89,7 @@ def _predict_options(f: F) -> F:
 
 @click.command()
 @_predict_options
+@acceptance_anchor_option
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]),
               default="table", show_default=True,
               help="Output format; with --out, the file's suffix decides.")
@@ -87,7 +100,9 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
     """Predict throughput and latency of one configuration, with 95% confidence intervals.
 
     Replays the trace set in the SimPy model of batched draft→verify iterations: latency of
-    the model asked for, acceptance from a real-weights trace set (the output says which).
+    the model asked for, acceptance from a real-weights trace set (the output says which),
+    its level set by measured acceptance anchors where given (--acceptance-anchor; for
+    qwen3-8b the paper's figures, qwen3-8b-published, by default).
 
     Examples:
 
@@ -102,12 +117,20 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
 
     \b
         vegas-sim predict --gamma 7 --context 120K --graph-launch-ms 0.5
+
+    \b
+        vegas-sim predict --batch 64 --output-len lognormal:1024,0.5
+
+    \b
+        vegas-sim predict --gamma 6 --workload reasoning --temperature 0.6 --context 4K \
+            -m vegas -m magicdec-stream --acceptance-anchor qwen3-8b-published
     """
     with user_errors():
         explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
         fmt = _out_format(fmt, explicit, out)
         context = parse_size(kwargs.pop("context"), "--context")
         sparsity = parse_sparsity(kwargs.pop("sparsity"))
+        kwargs["acceptance_anchors"] = tuple(kwargs["acceptance_anchors"])
         table, notes = api.predict_methods(context=context, sparsity=sparsity, **kwargs)
         # --out alone writes the file and still shows the table; an explicit --format does not
         show = out is not None and not explicit or out is None and fmt == "table"

@@ -67,15 +67,45 @@ def breakdown_table(df: pd.DataFrame) -> Table:
     return table
 
 
+def kv_lines(df: pd.DataFrame) -> list[str]:
+    """One line per method whose KV cache held fewer than its max batch, or preempted."""
+    if "mean_running_batch" not in df.columns:
+        return []
+    lines = []
+    for _, r in df.iterrows():
+        running, pre = float(r["mean_running_batch"]), float(r.get("preemptions", 0.0))
+        if running < 0.99 * float(r["batch"]) or pre > 0:
+            what = "" if math.isnan(pre) else f", {pre:g} preemptions per run"  # NaN: analytic
+            lines.append(f"{r['method']} runs {running:.1f} of max {int(r['batch'])} sequences "
+                         f"on average (the cache holds {r['kv_capacity_blocks']:.0f} blocks of "
+                         f"{int(r['kv_block_size'])}){what}")
+    return lines
+
+
+def acceptance_sources(df: pd.DataFrame) -> dict[str, list[str]]:
+    """{acceptance_source: its methods} of the rows that draft (vanilla's source is '')."""
+    out: dict[str, list[str]] = {}
+    if "acceptance_source" not in df:
+        return out
+    for method, source in zip(df["method"], df["acceptance_source"].fillna("")):
+        if source and str(method) not in out.setdefault(str(source), []):
+            out[str(source)].append(str(method))
+    return out
+
+
 def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None = None) -> None:
     # Piped output is not wrapped at 80 columns: tables stay one line per method.
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(prediction_table(df))
     console.print(breakdown_table(df))
+    for line in kv_lines(df):
+        console.print(f"[yellow]KV cache:[/yellow] {line}", soft_wrap=True)
     reasons = sorted({r for text in df.get("extrapolated", pd.Series(dtype=str)).fillna("")
                       for r in str(text).split(";") if r})
     # notes are sentences: one line each, never cut at the table's width
     for reason in reasons:
         console.print(f"[yellow]extrapolated:[/yellow] {reason}", soft_wrap=True)
+    for source, methods in acceptance_sources(df).items():
+        console.print(f"[dim]acceptance of {', '.join(methods)}:[/dim] {source}", soft_wrap=True)
     for note in notes:
         console.print(f"[dim]note:[/dim] {note}", soft_wrap=True)

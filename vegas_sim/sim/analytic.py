@@ -17,6 +17,16 @@ P(A = k+1) = r_k − r_{k+1} (r_0 = 1, r_{γ+1} = 0).
   context, as in lockstep), which matters when the cost is not linear in context (e.g. the
   draft budget floor).
 - Throughput = tokens per iteration / iteration time.
+- **KV-limited batch** (`kv_limited_batch`). When the KV cache cannot hold B requests at
+  once, vLLM-style admission keeps it about full, so the mean running batch is
+  capacity ÷ the KV a running request holds on average. A request's KV grows from C to
+  C + L over its life and a running request is caught at a uniformly random point of it,
+  weighted by its length, so its mean is C + E[L²] / (2·E[L]) tokens (= C + L/2 for a fixed
+  L; (1 + CV²)·E[L]/2 for a distribution), plus the step's slack and half a block of
+  rounding. The batch is then min(B, that quotient), fractional (the cost is interpolated
+  between the neighbouring integer batches). What it leaves out: preemption's recompute
+  time and the fluctuation of the batch around its mean, so it is optimistic when KV binds;
+  the sim engine models both.
 """
 
 from __future__ import annotations
@@ -59,10 +69,18 @@ def expected_iterations(rates: np.ndarray, output_len: int) -> float:
     return m[n] + (output_len - n) / mean
 
 
+def kv_limited_batch(batch: int, capacity_tokens: int, context: int, mean_output: float,
+                     output_second_moment: float, slack: int, block: int) -> float:
+    """Mean running batch the KV cache holds (module docstring); ``batch`` when it holds all."""
+    per_request = (context + output_second_moment / (2.0 * mean_output) + slack
+                   + (block - 1) / 2.0)
+    return float(min(float(batch), max(capacity_tokens / per_request, 1.0)))
+
+
 def analytic_throughput(
     cost: CostFn,
     rates: np.ndarray,
-    batch: int,
+    batch: float,
     context: int,
     output_len: int,
     *,
@@ -71,7 +89,8 @@ def analytic_throughput(
 ) -> AnalyticResult:
     """Steady-state throughput of B always-running requests (see module docstring).
 
-    ``rates`` is empty for vanilla (one token per iteration).
+    ``rates`` is empty for vanilla (one token per iteration). A fractional ``batch`` (the
+    KV-limited mean) interpolates the iteration cost between the neighbouring integers.
     """
     rates = np.asarray(rates, dtype=np.float64)
     iters = expected_iterations(rates, output_len)
@@ -91,8 +110,18 @@ def analytic_throughput(
     )
 
 
-def _cost_at(cost: CostFn, batch: int, context: float) -> float:
-    """Cost of B requests at a fractional context: linear between the neighbouring integers."""
+def _cost_at(cost: CostFn, batch: float, context: float) -> float:
+    """Cost of B requests at a fractional context (and batch): linear between the
+    neighbouring integers."""
+    b_lo = math.floor(batch)
+    if batch != b_lo:
+        w = batch - b_lo
+        lo_part = _cost_at(cost, b_lo, context) if b_lo >= 1 else 0.0
+        return (1.0 - w) * lo_part + w * _cost_at(cost, b_lo + 1, context)
+    return _cost_at_int(cost, int(batch), context)
+
+
+def _cost_at_int(cost: CostFn, batch: int, context: float) -> float:
     lo = math.floor(context)
     frac = context - lo
     t_lo = float(cost(np.full(batch, lo, np.int64)))

@@ -2,11 +2,21 @@
 
 Model (DESIGN.md, "Simulator" → Engine):
 
-- **Continuous batching.** Requests wait in a FCFS queue and join the running batch at an
-  iteration boundary when there is a free slot (``max_batch``) and KV-cache room. A request
-  reserves ``input_len + output_len + gamma + 1`` KV slots at admission (its whole future plus
-  the drafts of its last iteration) and frees them when it finishes. Admission is strict FCFS:
-  if the head of the queue does not fit, nobody behind it is admitted.
+- **Continuous batching and KV admission (vLLM V1).** Requests wait in a FCFS queue and join
+  the running batch at an iteration boundary while there is a free slot (``max_batch``, vLLM's
+  max_num_seqs) and the free KV blocks (``kv_block_size`` tokens each, vLLM's default 16) hold
+  the request's context — its prompt, plus what it generated before a preemption — and the
+  ``slack`` slots one step reserves (γ drafts + t0; vanilla 1). Admission is strict FCFS: if
+  the head of the queue does not fit, nobody behind it is admitted. A running request holds
+  ⌈(context + slack) / block⌉ blocks, growing as it generates, and frees them when it finishes.
+- **Preemption (recompute).** When the next iteration's blocks would exceed the capacity, the
+  most recently admitted running requests are preempted until the rest fit (the longest
+  admission-order prefix that fits, as vLLM V1's scheduler pops its running list). They go to
+  the front of the queue, earliest-admitted first, keep their pre-drawn token plan, and when
+  readmitted are recomputed: their prompt + generated tokens are prefilled again on this
+  instance (``recompute_fn``, in both prefill modes: the prefill instance of a disaggregated
+  deployment only serves new prompts), stalling decoding. No prefix-cache hit is assumed.
+  A request that cannot fit the cache alone is refused before the run (``_check_fits``).
 - **Iterations.** Each iteration's time is ``cost(contexts)`` with every running request's own
   context (tokens in its KV cache at the start of the iteration). A request's tokens per
   iteration are ``accepted + 1`` (bonus token included), capped at the tokens it still needs.
@@ -15,7 +25,8 @@ Model (DESIGN.md, "Simulator" → Engine):
   drawn before the run (``AcceptanceDist.sample``). So a request's number of iterations and
   its per-iteration token increments are known at admission; the per-iteration Python work is
   one ``cost`` call, one SimPy timeout and three numpy ops on the running batch. Per-request
-  timelines (first token, finish) are reconstructed afterwards from the iteration log.
+  timelines (first token, finish), tokens and KV blocks per iteration are reconstructed
+  afterwards from the iteration log and the running segments (`segments.Segments`).
 - **Arrivals.** Closed loop (N users; a user submits its next request the instant its previous
   one finishes, zero think time), Poisson, or a trace of arrival times.
 - **Prefill.** ``"disaggregated"``: requests arrive with the prompt already in the KV cache; no
@@ -35,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +54,10 @@ import numpy as np
 import simpy
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.sim.segments import Segments
+from vegas_sim.sim.workload import Arrivals, Lengths, OutputLengths
+
+__all__ = ["Arrivals", "EngineConfig", "EngineResult", "Lengths", "OutputLengths", "simulate"]
 
 PREFILL_MODES = ("disaggregated", "co-located")
 BREAKDOWN_STRIDE = 64  # sample IterationCost.breakdown every this many iterations (cheap)
@@ -73,137 +88,6 @@ class AcceptanceSampler(Protocol):
 PrefillFn = Callable[[np.ndarray], float]  # input lengths [k] -> ms to prefill them
 
 
-# ---------------------------------------------------------------------------- workload
-@dataclass(frozen=True)
-class Lengths:
-    """Input/output lengths of the requests.
-
-    kind:
-    - ``"fixed"``: every request has (input_len, output_len).
-    - ``"uniform"``: each length uniform in [x·(1−spread), x·(1+spread)], rounded, ≥ 1.
-    - ``"lognormal"``: each length x·exp(σ·z − σ²/2) with σ = spread (mean x), rounded, ≥ 1.
-    - ``"dataset"``: pairs drawn uniformly with replacement from ``pairs``.
-    """
-
-    input_len: int = 1024
-    output_len: int = 256
-    kind: str = "fixed"
-    spread: float = 0.0
-    pairs: tuple[tuple[int, int], ...] = ()
-
-    @classmethod
-    def dataset(cls, pairs: Sequence[tuple[int, int]]) -> Lengths:
-        tup = tuple((int(i), int(o)) for i, o in pairs)
-        if not tup:
-            raise UserInputError("the dataset of (input_len, output_len) pairs is empty",
-                                 where="lengths", fix="give at least one pair")
-        return cls(input_len=max(i for i, _ in tup), output_len=max(o for _, o in tup),
-                   kind="dataset", pairs=tup)
-
-    def validate(self) -> None:
-        if self.kind not in ("fixed", "uniform", "lognormal", "dataset"):
-            raise UserInputError(f"unknown length distribution {self.kind!r}", where="lengths",
-                                 fix="use fixed, uniform, lognormal or dataset")
-        if self.input_len < 1 or self.output_len < 1:
-            raise UserInputError("input and output lengths must be >= 1", where="lengths",
-                                 fix="pass positive lengths")
-        if self.kind == "dataset" and any(i < 1 or o < 1 for i, o in self.pairs):
-            raise UserInputError("dataset lengths must be >= 1", where="lengths",
-                                 fix="drop pairs with a zero or negative length")
-        if self.kind in ("uniform", "lognormal") and self.spread < 0:
-            raise UserInputError("spread must be >= 0", where="lengths", fix="pass spread >= 0")
-
-    def max_total(self) -> int:
-        """Upper bound of input + output over the requests this can draw (for memory checks)."""
-        if self.kind == "dataset":
-            return max(i + o for i, o in self.pairs)
-        if self.kind == "uniform":
-            grow = 1.0 + self.spread
-            return math.ceil(self.input_len * grow) + math.ceil(self.output_len * grow)
-        if self.kind == "lognormal":
-            return -1  # unbounded: checked on the drawn lengths
-        return self.input_len + self.output_len
-
-    def draw(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """([n] input lengths, [n] output lengths), int64, all >= 1."""
-        if self.kind == "fixed":
-            return (np.full(n, self.input_len, np.int64), np.full(n, self.output_len, np.int64))
-        if self.kind == "dataset":
-            pairs = np.asarray(self.pairs, dtype=np.int64)  # [P, 2]
-            pick = pairs[rng.integers(0, len(pairs), size=n)]
-            return pick[:, 0].copy(), pick[:, 1].copy()
-        return self._draw_one(rng, self.input_len, n), self._draw_one(rng, self.output_len, n)
-
-    def _draw_one(self, rng: np.random.Generator, mean: int, n: int) -> np.ndarray:
-        if self.kind == "uniform":
-            x = rng.uniform(mean * (1 - self.spread), mean * (1 + self.spread), size=n)
-        else:  # lognormal with mean `mean`
-            s = self.spread
-            x = mean * np.exp(s * rng.standard_normal(n) - s * s / 2)
-        return np.maximum(np.rint(x), 1).astype(np.int64)
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """How requests reach the decode instance.
-
-    ``closed``: ``users`` concurrent users (None = max batch); ``poisson``: rate per second;
-    ``trace``: arrival times in seconds (one per request, sorted), optionally with lengths
-    that override ``Lengths``.
-    """
-
-    kind: str = "closed"
-    users: int | None = None
-    rate_per_s: float = 0.0
-    times_s: tuple[float, ...] = ()
-    trace_lengths: tuple[tuple[int, int], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> Arrivals:
-        """'closed', 'closed:<users>' or 'poisson:<rate/s>' (the --arrival option)."""
-        kind, _, arg = text.partition(":")
-        try:
-            if kind == "closed":
-                return cls("closed", users=int(arg) if arg else None)
-            if kind == "poisson" and arg:
-                return cls("poisson", rate_per_s=float(arg))
-        except ValueError:
-            pass
-        raise UserInputError(f"cannot parse arrival {text!r}", where="--arrival",
-                             fix="use 'closed', 'closed:<users>' or 'poisson:<rate per second>'")
-
-    @classmethod
-    def trace(cls, times_s: Sequence[float],
-              lengths: Sequence[tuple[int, int]] | None = None) -> Arrivals:
-        return cls("trace", times_s=tuple(float(t) for t in times_s),
-                   trace_lengths=tuple((int(i), int(o)) for i, o in (lengths or ())))
-
-    def validate(self, n_requests: int) -> None:
-        if self.kind == "closed":
-            if self.users is not None and self.users < 1:
-                raise UserInputError("closed loop needs >= 1 user", where="--arrival",
-                                     fix="use closed:<users> with users >= 1")
-        elif self.kind == "poisson":
-            if not self.rate_per_s > 0:
-                raise UserInputError(f"Poisson rate must be > 0, got {self.rate_per_s}",
-                                     where="--arrival", fix="use poisson:<rate/s>, e.g. poisson:2")
-        elif self.kind == "trace":
-            if len(self.times_s) != n_requests:
-                raise UserInputError(
-                    f"the arrival trace has {len(self.times_s)} times for {n_requests} requests",
-                    where="arrival trace", fix="give one arrival time per request")
-            if any(b < a for a, b in zip(self.times_s, self.times_s[1:])) or (
-                    self.times_s and self.times_s[0] < 0):
-                raise UserInputError("arrival times must be >= 0 and sorted",
-                                     where="arrival trace", fix="sort the times")
-            if self.trace_lengths and len(self.trace_lengths) != n_requests:
-                raise UserInputError("the trace has a different number of lengths and times",
-                                     where="arrival trace", fix="give one length pair per time")
-        else:
-            raise UserInputError(f"unknown arrival kind {self.kind!r}", where="--arrival",
-                                 fix="use closed, poisson or trace")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """One simulated run. ``kv_capacity_tokens`` None = unlimited KV cache."""
@@ -216,6 +100,18 @@ class EngineConfig:
     arrivals: Arrivals = field(default_factory=Arrivals)
     kv_capacity_tokens: int | None = None
     prefill: str = "disaggregated"
+    kv_block_size: int = 16  # vLLM's default block size (tokens per KV block)
+
+    @property
+    def kv_capacity_blocks(self) -> int | None:
+        """Whole KV blocks in the cache (None: unlimited)."""
+        if self.kv_capacity_tokens is None:
+            return None
+        return self.kv_capacity_tokens // self.kv_block_size
+
+    def blocks(self, tokens: int) -> int:
+        """KV blocks that hold ``tokens`` plus the slots one step reserves (``slack``)."""
+        return -(-(tokens + self.slack) // self.kv_block_size)
 
     @property
     def is_vanilla(self) -> bool:
@@ -223,7 +119,8 @@ class EngineConfig:
 
     @property
     def slack(self) -> int:
-        """KV slots beyond input + output a request reserves: the γ drafts and t0 (1 vanilla)."""
+        """KV slots one step reserves beyond a request's context: the γ drafts and t0 (vanilla:
+        the one new token)."""
         return 1 if self.is_vanilla else self.gamma + 1
 
     def validate(self) -> None:
@@ -239,6 +136,9 @@ class EngineConfig:
         if self.prefill not in PREFILL_MODES:
             raise UserInputError(f"unknown prefill mode {self.prefill!r}", where="--prefill",
                                  fix=f"use one of: {', '.join(PREFILL_MODES)}")
+        if self.kv_block_size < 1:
+            raise UserInputError(f"KV block size must be >= 1, got {self.kv_block_size}",
+                                 where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
         self.lengths.validate()
         self.arrivals.validate(self.n_requests)
 
@@ -255,20 +155,31 @@ class EngineResult:
     arrival_ms: np.ndarray
     admit_ms: np.ndarray
     first_iter: np.ndarray  # global index of the request's first iteration
-    n_iters: np.ndarray  # iterations the request took part in
+    last_iter: np.ndarray  # global index of its last iteration
+    n_iters: np.ndarray  # iterations the request took part in (all its running segments)
     first_token_ms: np.ndarray  # end of its first iteration
     finish_ms: np.ndarray  # end of its last iteration
+    emitted: np.ndarray  # tokens it produced, over all its segments (= output_len)
     # per iteration [I]
     iter_start_ms: np.ndarray
     iter_ms: np.ndarray
     iter_batch: np.ndarray  # running requests
     iter_tokens: np.ndarray  # tokens produced
     iter_new: np.ndarray  # requests in their first iteration
+    iter_kv_blocks: np.ndarray  # KV blocks the running requests hold during the iteration
+    # running segments [S]: a request runs in one segment, or several when it is preempted
+    seg_request: np.ndarray
+    seg_first_iter: np.ndarray  # global iteration the segment starts at
+    seg_first_local: np.ndarray  # the request's own iteration index at the segment's start
+    seg_iters: np.ndarray  # iterations in the segment
     # acceptance actually used (drawn, before truncation at the output length)
     accepted_hist: np.ndarray  # [gamma + 1] count of iterations with k accepted drafts
     breakdown_ms: dict[str, float]  # mean ms per iteration by phase (sampled)
     prefill_ms_total: float
     wall_s: float
+    preemptions: int  # requests taken out of the running batch because the KV cache was full
+    recompute_ms_total: float  # re-prefilling preempted requests (prompt + generated so far)
+    last_admission_ms: float  # latest (re)admission, resumptions after preemption included
 
     @property
     def iterations(self) -> int:
@@ -321,41 +232,68 @@ class _DecodeInstance:
     """State of the decode instance. Running requests are compact in slot arrays [:n]."""
 
     def __init__(self, env: simpy.Environment, cfg: EngineConfig, cost: CostFn,
-                 prefill_fn: PrefillFn | None, inp: np.ndarray, out: np.ndarray,
-                 n_iters: np.ndarray, inc: np.ndarray | None) -> None:
-        self.env, self.cfg, self.cost, self.prefill_fn = env, cfg, cost, prefill_fn
+                 prefill_fn: PrefillFn | None, recompute_fn: PrefillFn | None,
+                 inp: np.ndarray, n_iters: np.ndarray, inc: np.ndarray | None) -> None:
+        self.env, self.cfg, self.cost = env, cfg, cost
+        self.prefill_fn, self.recompute_fn = prefill_fn, recompute_fn
         self.inp, self.n_iters = inp, n_iters
-        self.need = inp + out + cfg.slack  # [R] KV slots reserved per request
-        self.free_kv = cfg.kv_capacity_tokens if cfg.kv_capacity_tokens is not None else -1
+        self.cap_blocks = cfg.kv_capacity_blocks  # None: unlimited
+        # blocks a running request can add in one iteration (its context grows <= slack)
+        self.step_blocks = -(-cfg.slack // cfg.kv_block_size)
         self.width = 0 if inc is None else inc.shape[1]
         self.inc_flat = None if inc is None else inc.ravel()  # [R·W] int64
+        n_req = inp.shape[0]
+        self.resume_ctx = inp.copy()  # [R] context to hold at (re)admission
+        self.done_iters = np.zeros(n_req, np.int64)  # [R] iterations run before preemption
+        self.preempted = np.zeros(n_req, bool)  # [R] waiting to be recomputed
         b = cfg.max_batch
         self.ctx = np.zeros(b, np.int64)  # [B] context of each running slot
         self.pos = np.zeros(b, np.int64)  # [B] flat index of the slot's next increment
         self.fin = np.zeros(b, np.int64)  # [B] global iteration after which it finishes
         self.rid = np.zeros(b, np.int64)  # [B] request id in the slot
+        self.seq = np.zeros(b, np.int64)  # [B] admission order (preemption takes the latest)
+        self.start = np.zeros(b, np.int64)  # [B] global iteration its segment started at
+        self.j0 = np.zeros(b, np.int64)  # [B] the request's own iteration index then
         self.tmp = np.zeros(b, np.int64)
         self.n = 0
         self._views()
         self.next_fin = -1
         self.it = 0  # global iteration counter
+        self.admissions = 0
+        self.check_at = 0  # next iteration whose KV need is computed exactly
+        self.overflow = False  # the next iteration would not fit the KV cache
         self.queue: deque[int] = deque()
         self.wake: simpy.Event | None = None
         self.mem_blocked = False
         self.done = 0
-        self.admit_ms = np.full(inp.shape[0], np.nan)
-        self.first_iter = np.full(inp.shape[0], -1, np.int64)
+        self.admit_ms = np.full(n_req, np.nan)
+        self.first_iter = np.full(n_req, -1, np.int64)
+        self.last_admission = math.nan
+        self.segments: list[tuple[int, int, int, int]] = []  # (request, start, j0, iterations)
+        self.preemptions = 0
         self.starts: list[float] = []
         self.dts: list[float] = []
         self.bd_sum: dict[str, float] = {}
         self.bd_iter_ms = 0.0
         self.prefill_total = 0.0
+        self.recompute_total = 0.0
         self.on_finish: Callable[[int], None] | None = None
 
     def _views(self) -> None:
         """Views over the running prefix, rebuilt only when membership changes."""
         n = self.n
         self.ctx_v, self.pos_v, self.tmp_v = self.ctx[:n], self.pos[:n], self.tmp[:n]
+
+    def _changed(self) -> None:
+        """Membership changed: rebind views, find the next finish, check KV next iteration."""
+        self._views()
+        self.next_fin = int(self.fin[: self.n].min()) if self.n else -1
+        self.check_at = self.it
+
+    def _blocks_in_use(self) -> int:
+        """Blocks the running requests need for the next iteration: context + slack each."""
+        bs, slack = self.cfg.kv_block_size, self.cfg.slack
+        return int(((self.ctx_v + (slack + bs - 1)) // bs).sum())
 
     # -- queue ------------------------------------------------------------------------
     def submit(self, r: int) -> None:
@@ -364,31 +302,50 @@ class _DecodeInstance:
             self.wake.succeed()
 
     def _admit(self) -> list[int]:
-        """FCFS: admit from the head while a slot and KV room are free."""
+        """FCFS: admit from the head while a slot is free and the free KV blocks hold the
+        request's context (prompt + tokens generated before a preemption) plus one step's
+        slack."""
         admitted: list[int] = []
-        unlimited = self.cfg.kv_capacity_tokens is None
+        free = 0 if self.cap_blocks is None else self.cap_blocks - self._blocks_in_use()
         while self.queue and self.n < self.cfg.max_batch:
             r = self.queue[0]
-            need = int(self.need[r])
-            if not unlimited and need > self.free_kv:
-                self.mem_blocked = True  # until a finish frees KV room
-                break
+            if self.cap_blocks is not None:
+                need = self.cfg.blocks(int(self.resume_ctx[r]))
+                if need > free:
+                    self.mem_blocked = True  # until a finish or a preemption frees blocks
+                    break
+                free -= need
             self.queue.popleft()
-            if not unlimited:
-                self.free_kv -= need
-            s = self.n
-            self.ctx[s] = self.inp[r]
-            self.pos[s] = r * self.width
-            self.fin[s] = self.it + self.n_iters[r]
-            self.rid[s] = r
-            self.first_iter[r] = self.it
-            self.admit_ms[r] = self.env.now
-            self.n += 1
+            self._place(r)
             admitted.append(r)
         if admitted:
-            self._views()
-            self.next_fin = int(self.fin[: self.n].min())
+            self._changed()
         return admitted
+
+    def _place(self, r: int) -> None:
+        s, done = self.n, int(self.done_iters[r])
+        self.ctx[s] = self.resume_ctx[r]
+        self.pos[s] = r * self.width + done
+        self.fin[s] = self.it + self.n_iters[r] - done
+        self.rid[s], self.seq[s] = r, self.admissions
+        self.start[s], self.j0[s] = self.it, done
+        self.admissions += 1
+        if self.first_iter[r] < 0:
+            self.first_iter[r] = self.it
+            self.admit_ms[r] = self.env.now
+        self.last_admission = self.env.now
+        self.n += 1
+
+    def _end_segment(self, s: int) -> None:
+        ran = self.it - int(self.start[s])
+        if ran > 0:
+            self.segments.append((int(self.rid[s]), int(self.start[s]), int(self.j0[s]), ran))
+
+    def _keep_slots(self, keep: np.ndarray) -> None:
+        for arr in (self.ctx, self.pos, self.fin, self.rid, self.seq, self.start, self.j0):
+            arr[: keep.shape[0]] = arr[keep]
+        self.n = int(keep.shape[0])
+        self._changed()
 
     def _retire(self) -> None:
         """Remove the requests whose last iteration just ended (swap-compact the slots)."""
@@ -396,18 +353,35 @@ class _DecodeInstance:
         self.mem_blocked = False
         gone = np.flatnonzero(self.fin[:n] == self.it)  # [k] slots, ascending
         finished = [int(r) for r in self.rid[gone]]
-        keep = np.flatnonzero(self.fin[:n] != self.it)
-        for arr in (self.ctx, self.pos, self.fin, self.rid):
-            arr[: keep.shape[0]] = arr[keep]
-        self.n = int(keep.shape[0])
-        self._views()
-        self.next_fin = int(self.fin[: self.n].min()) if self.n else -1
+        for s in gone:
+            self._end_segment(int(s))
+        self._keep_slots(np.flatnonzero(self.fin[:n] != self.it))
         for r in finished:
-            if self.cfg.kv_capacity_tokens is not None:
-                self.free_kv += int(self.need[r])
             self.done += 1
             if self.on_finish is not None:
                 self.on_finish(r)
+
+    def _preempt(self) -> None:
+        """The next iteration does not fit: keep the longest admission-order prefix of the
+        running requests that fits, and send the rest (the most recently admitted) to the
+        front of the queue, earliest first, to be recomputed (vLLM V1's recompute policy)."""
+        assert self.cap_blocks is not None
+        n, bs, slack = self.n, self.cfg.kv_block_size, self.cfg.slack
+        blocks = (self.ctx[:n] + (slack + bs - 1)) // bs  # [n]
+        order = np.argsort(self.seq[:n], kind="stable")  # [n] slots, admission order
+        fits = int(np.searchsorted(np.cumsum(blocks[order]), self.cap_blocks, side="right"))
+        victims = order[fits:]  # never all: one request alone always fits (_check_fits)
+        for s in victims:
+            r = int(self.rid[s])
+            self._end_segment(int(s))
+            self.done_iters[r] = int(self.j0[s]) + self.it - int(self.start[s])
+            self.resume_ctx[r] = self.ctx[s]
+            self.preempted[r] = True
+        self.queue.extendleft(int(r) for r in self.rid[victims][::-1])
+        self.preemptions += int(victims.shape[0])
+        self.mem_blocked = True  # the victims cannot fit until a request finishes
+        self.overflow = False
+        self._keep_slots(np.sort(order[:fits]))
 
     # -- the process --------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, None]:
@@ -415,19 +389,39 @@ class _DecodeInstance:
         while self.done < n_total:
             if self.queue and self.n < self.cfg.max_batch:
                 admitted = self._admit()
-                if admitted and self.prefill_fn is not None:
-                    ms = float(self.prefill_fn(self.inp[admitted]))
-                    self.prefill_total += ms
-                    yield env.timeout(ms)
+                if admitted:
+                    yield from self._prefill(admitted)
             if self.n == 0:
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
                 continue
             yield from self._iterate_until_change()
+            if self.overflow:
+                self._preempt()
+
+    def _prefill(self, admitted: list[int]) -> Generator[simpy.Event, Any, None]:
+        """Co-located prefill of new prompts, and recompute of resumed requests (prompt +
+        tokens generated before the preemption), one after another, stalling decoding."""
+        fresh = [r for r in admitted if not self.preempted[r]]
+        resumed = [r for r in admitted if self.preempted[r]]
+        ms = 0.0
+        if self.prefill_fn is not None and fresh:
+            ms_new = float(self.prefill_fn(self.inp[fresh]))
+            self.prefill_total += ms_new
+            ms += ms_new
+        if resumed:
+            self.preempted[resumed] = False
+            if self.recompute_fn is not None:
+                ms_again = float(self.recompute_fn(self.resume_ctx[resumed]))
+                self.recompute_total += ms_again
+                ms += ms_again
+        if resumed and ms > 0 or self.prefill_fn is not None and fresh:
+            yield self.env.timeout(ms)
 
     def _iterate_until_change(self) -> Generator[simpy.Event, Any, None]:
-        """Run iterations until a request finishes or one could be admitted.
+        """Run iterations until a request finishes, one could be admitted, or the next
+        iteration would overflow the KV cache.
 
         The hot loop: membership is fixed inside it, so the views are bound to locals once.
         Per iteration: one cost call and three numpy ops on [n] arrays. The SimPy clock is
@@ -436,6 +430,14 @@ class _DecodeInstance:
         which is the same timeline (nothing else can happen in between) without the
         per-event cost. An event due at or before an iteration's end is processed before the
         next iteration starts, exactly as with one timeout per iteration.
+
+        KV invariant (limited cache): before every iteration runs, the blocks it needs —
+        Σ ⌈(context + slack) / block⌉ over the running requests — are at most the capacity.
+        The need is computed exactly at ``check_at`` only: with F blocks free then, each of
+        the n requests adds at most ``step_blocks`` per iteration, so the next F // (n ·
+        step_blocks) iterations fit without looking. When the exact need exceeds the
+        capacity, the loop stops before that iteration and the caller preempts. With an
+        unlimited cache (``check_at`` −1) the loop never looks.
         """
         env, cost, queue = self.env, self.cost, self.queue
         starts, dts = self.starts, self.dts
@@ -443,8 +445,17 @@ class _DecodeInstance:
         # only an arrival can make admission possible before the next finish
         room = self.n < self.cfg.max_batch and not self.mem_blocked
         it, next_fin = self.it, self.next_fin
+        cap = self.cap_blocks
+        check_at = -1 if cap is None else self.check_at
+        step = self.n * self.step_blocks
         now = env.now
         while True:
+            if it == check_at:
+                free = cap - self._blocks_in_use()  # type: ignore[operator]
+                if free < 0:
+                    self.overflow = True
+                    break
+                check_at = it + 1 + free // step
             dt = cost(ctx_v)
             if it % BREAKDOWN_STRIDE == 0:
                 self._sample_breakdown(dt)
@@ -466,6 +477,7 @@ class _DecodeInstance:
         if now > env.now:  # bring the clock to the end of the last fused iteration
             yield env.timeout(now - env.now)
         self.it = it
+        self.check_at = check_at
         if it == next_fin:
             self._retire()
 
@@ -493,13 +505,16 @@ def simulate(
     *,
     seed: int | np.random.SeedSequence = 0,
     prefill_fn: PrefillFn | None = None,
+    recompute_fn: PrefillFn | None = None,
 ) -> EngineResult:
     """Run one simulation; deterministic for a seed.
 
     The seed's SeedSequence spawns three streams — lengths, arrivals, acceptance — so a
     vanilla run and a speculative run with the same seed see the same requests at the same
     times (common random numbers). ``acceptance`` is None for vanilla. ``prefill_fn`` is
-    required for ``prefill="co-located"``.
+    required for ``prefill="co-located"``. ``recompute_fn`` (default ``prefill_fn``) is the
+    time to recompute resumed requests' KV (their prompt + generated tokens) on this
+    instance, in either prefill mode; with neither given, recompute takes no time.
     """
     cfg.validate()
     if cfg.is_vanilla != (acceptance is None):
@@ -521,7 +536,8 @@ def simulate(
 
     env = simpy.Environment()
     inst = _DecodeInstance(env, cfg, cost, prefill_fn if cfg.prefill == "co-located" else None,
-                           inp, out, n_iters, inc)
+                           recompute_fn if recompute_fn is not None else prefill_fn,
+                           inp, n_iters, inc)
     arrival_ms = np.zeros(n)
     if cfg.arrivals.kind == "closed":
         users = min(cfg.arrivals.users or cfg.max_batch, n)
@@ -554,14 +570,17 @@ def _request_lengths(cfg: EngineConfig, rng: np.random.Generator) -> tuple[np.nd
 
 
 def _check_fits(cfg: EngineConfig, inp: np.ndarray, out: np.ndarray) -> None:
-    """A request larger than the whole KV cache would wait forever: refuse up front."""
-    if cfg.kv_capacity_tokens is None:
+    """A request whose prompt + output + one step's slack does not fit the whole KV cache
+    alone would wait forever: refuse up front. Anything smaller runs (preempted if need be)."""
+    cap = cfg.kv_capacity_blocks
+    if cap is None:
         return
-    need = int((inp + out).max()) + cfg.slack
-    if need > cfg.kv_capacity_tokens:
+    tokens = int((inp + out).max())
+    if cfg.blocks(tokens) > cap:
         raise UserInputError(
-            f"a request needs {need} KV slots (input + output + {cfg.slack}) but the KV cache "
-            f"holds {cfg.kv_capacity_tokens} tokens",
+            f"a request needs {tokens + cfg.slack} KV slots (input + output + {cfg.slack}) but "
+            f"the KV cache holds {cap * cfg.kv_block_size} tokens "
+            f"({cap} blocks of {cfg.kv_block_size})",
             where="--context/--output-len", fix="shorten the request or give more KV capacity")
 
 
@@ -576,24 +595,17 @@ def _arrival_times_ms(cfg: EngineConfig, rng: np.random.Generator) -> np.ndarray
 def _collect(cfg: EngineConfig, inst: _DecodeInstance, hist: np.ndarray,
              inc: np.ndarray | None, inp: np.ndarray, out: np.ndarray, arrival_ms: np.ndarray,
              wall_s: float) -> EngineResult:
-    """Rebuild per-iteration tokens and per-request timelines from the iteration log."""
+    """Rebuild per-iteration tokens, KV and per-request timelines from the iteration log and
+    the running segments."""
     starts = np.asarray(inst.starts, dtype=np.float64)  # [I]
     dts = np.asarray(inst.dts, dtype=np.float64)  # [I]
-    n_it = starts.shape[0]
+    n_it, n_req = starts.shape[0], inp.shape[0]
     ends = starts + dts
-    g0, k = inst.first_iter, inst.n_iters  # [R]
-    # running requests per iteration: +1 at the first iteration, -1 after the last
-    delta = np.bincount(g0, minlength=n_it + 1) - np.bincount(g0 + k, minlength=n_it + 1)
-    iter_batch = np.cumsum(delta)[:n_it].astype(np.int64)
-    if inc is None:
-        iter_tokens = iter_batch.copy()  # vanilla: one token per request per iteration
-    else:
-        # (request, local iteration j < k) ran in global iteration g0 + j
-        cols = np.arange(int(k.max()))  # [W']
-        ran = cols[None, :] < k[:, None]  # [R, W']
-        glob = (g0[:, None] + cols[None, :])[ran]  # [Σk]
-        toks = inc[:, : cols.shape[0]][ran]  # [Σk]
-        iter_tokens = np.bincount(glob, weights=toks, minlength=n_it).astype(np.int64)
+    seg = Segments.from_log(inst.segments)
+    g0 = inst.first_iter  # [R]
+    last = seg.last_iter(n_req)
+    iter_batch = seg.running(n_it)
+    iter_tokens, emitted = seg.tokens(inc, n_req, n_it, iter_batch)
     iter_new = np.bincount(g0, minlength=n_it).astype(np.int64)
     scale = 0.0
     if inst.bd_iter_ms > 0 and n_it:
@@ -602,9 +614,14 @@ def _collect(cfg: EngineConfig, inst: _DecodeInstance, hist: np.ndarray,
     breakdown = {p: v * scale for p, v in inst.bd_sum.items()}
     return EngineResult(
         config=cfg, input_len=inp, output_len=out, arrival_ms=arrival_ms,
-        admit_ms=inst.admit_ms, first_iter=g0, n_iters=k,
-        first_token_ms=ends[g0], finish_ms=ends[g0 + k - 1],
+        admit_ms=inst.admit_ms, first_iter=g0, last_iter=last, n_iters=inst.n_iters,
+        first_token_ms=ends[g0], finish_ms=ends[last], emitted=emitted,
         iter_start_ms=starts, iter_ms=dts, iter_batch=iter_batch, iter_tokens=iter_tokens,
-        iter_new=iter_new, accepted_hist=hist.astype(np.int64), breakdown_ms=breakdown,
-        prefill_ms_total=inst.prefill_total, wall_s=wall_s,
+        iter_new=iter_new,
+        iter_kv_blocks=seg.kv_blocks(inp, inc, cfg.slack, cfg.kv_block_size, n_it),
+        seg_request=seg.request, seg_first_iter=seg.first_iter,
+        seg_first_local=seg.first_local, seg_iters=seg.iters,
+        accepted_hist=hist.astype(np.int64), breakdown_ms=breakdown,
+        prefill_ms_total=inst.prefill_total, wall_s=wall_s, preemptions=inst.preemptions,
+        recompute_ms_total=inst.recompute_total, last_admission_ms=inst.last_admission,
     )

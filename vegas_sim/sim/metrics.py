@@ -4,8 +4,8 @@
   at the first decode iteration (every closed-loop user submits at t = 0, so the batch is as
   full as max batch and KV room allow from then on; a co-located prefill of the first wave
   happens before it and is excluded) and ends when the first request of the final drain leaves:
-  the first departure strictly after the last admission (from then on nobody replaces a
-  finished request, so the batch only shrinks). Tokens counted are those of the iterations in
+  the first departure strictly after the last admission, readmissions of preempted requests
+  included (from then on nobody replaces a finished request, so the batch only shrinks). Tokens counted are those of the iterations in
   the window; the time includes co-located prefill stalls inside it. Same rule for open loops.
 - **Acceptance length**: 1 + mean accepted drafts per (request, iteration), bonus included.
   Counted as the verifier accepted them, before truncation at the output length (vLLM counts
@@ -14,7 +14,13 @@
 - **TPOT** per request: (finish − first token) / (output tokens − 1), requests with > 1 token;
   first token = end of the request's first iteration (its first streamed chunk).
 - **ITL**: gaps between consecutive chunks of a request = gaps between consecutive iteration
-  ends, one sample per request per iteration after its first.
+  ends, one sample per request per iteration after its first. A preempted request's wait
+  until it resumes is in its TPOT but not in the ITL samples (the gap is counted as the one
+  iteration before its resumed chunk).
+- **Mean running batch**: running requests per iteration, averaged over the window's
+  iterations (vLLM's num_requests_running, sampled per step). **Preemptions**: requests taken
+  out of the running batch over the whole run. **KV peak**: most KV blocks held in one
+  iteration.
 """
 
 from __future__ import annotations
@@ -50,15 +56,19 @@ class RunMetrics:
     iterations: int
     sim_time_s: float
     wall_s: float
+    mean_running_batch: float = math.nan
+    preemptions: float = 0.0
+    kv_peak_blocks: float = math.nan
 
 
 def steady_window(res: EngineResult) -> tuple[int, int]:
     """(first, last) global iteration of the steady-state window, inclusive (rule above)."""
     n_it = res.iterations
     last_admit = float(np.nanmax(res.admit_ms))
-    last_iter = res.first_iter + res.n_iters - 1  # [R]
+    if res.preemptions:  # a resumed request is readmitted: the batch refills until then
+        last_admit = max(last_admit, res.last_admission_ms)
     drain = res.finish_ms > last_admit
-    g_end = int(last_iter[drain].min()) if np.any(drain) else n_it - 1
+    g_end = int(res.last_iter[drain].min()) if np.any(drain) else n_it - 1
     return 0, g_end
 
 
@@ -108,6 +118,9 @@ def summarize(res: EngineResult) -> RunMetrics:
         itl_ms_p50=itl[0], itl_ms_p90=itl[1], itl_ms_p99=itl[2],
         iter_ms=float(res.iter_ms.mean()), breakdown_ms=breakdown, iterations=res.iterations,
         sim_time_s=res.sim_time_ms / 1000.0, wall_s=res.wall_s,
+        mean_running_batch=running / (g1 - g0 + 1) if g1 >= g0 else math.nan,
+        preemptions=float(res.preemptions),
+        kv_peak_blocks=float(res.iter_kv_blocks.max()) if res.iterations else 0.0,
     )
 
 

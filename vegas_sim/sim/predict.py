@@ -13,7 +13,17 @@ Defaults and rules:
 - ``requests`` None → 4 × batch (four waves of a full batch: enough for a steady state).
 - ``kv_capacity_tokens`` None → (GPU memory − weight bytes) / KV bytes per token, GPU memory
   from the latency model's GPU (the what-if target's datasheet memory for a what-if). No
-  activation or fragmentation reserve is subtracted.
+  activation or fragmentation reserve is subtracted. The engine uses it in whole blocks of
+  ``kv_block_size`` tokens and admits/preempts as vLLM V1 does (see `engine`); ``batch`` is
+  the maximum number of running sequences (vLLM's max_num_seqs). A scenario is refused only
+  when one request — prompt + its longest output + γ + 1 — cannot fit the cache alone.
+- ``output_dist`` None → every request generates ``output_len`` tokens; else the draws come
+  from it (``output_len`` is then its mean, used for the acceptance lookup and the analytic
+  engine). A lognormal is clipped to the model's positions left after the prompt.
+- Recompute of a preempted request costs one prefill of its prompt + generated tokens on the
+  decode instance, timed like co-located prefill (below), in both prefill modes.
+- The analytic engine under a binding KV cache runs at the mean running batch the cache
+  holds (`analytic.kv_limited_batch`); preemption's recompute time is not in it.
 - Co-located prefill: one request's prefill time is the latency model's 'prefill' phase at
   n_query = kv_read = input length when the trace set measured it, else a roofline estimate
   (``roofline_prefill_ms``); the admitted requests are prefilled one after another.
@@ -36,12 +46,14 @@ from vegas_sim.errors import DoesNotFitError, TraceSetError, UserInputError
 from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
-from vegas_sim.sim.analytic import analytic_throughput, expected_iterations
+from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
+from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import (
     PREFILL_MODES,
     Arrivals,
     EngineConfig,
     Lengths,
+    OutputLengths,
     PrefillFn,
     simulate,
 )
@@ -71,6 +83,17 @@ class Scenario:
     # budget floor of the draft selection (methods.budget); None: the floor the acceptance
     # traces were run with (AcceptanceModel.min_tokens), so drafts and acceptance agree
     min_tokens: int | None = None
+    output_dist: OutputLengths | None = None  # None: every request generates output_len
+    kv_block_size: int = 16  # tokens per KV block (vLLM's default)
+
+    @property
+    def max_output(self) -> int:
+        """The longest output a request can have (-1: an unclipped lognormal)."""
+        return self.output_len if self.output_dist is None else self.output_dist.max_output()
+
+    @property
+    def output_label(self) -> str:
+        return str(self.output_len) if self.output_dist is None else self.output_dist.label
 
     @property
     def n_requests(self) -> int:
@@ -84,6 +107,7 @@ class Scenario:
 # ---------------------------------------------------------------------------- validation
 def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | None) -> None:
     """Raise UserInputError naming the option and the fix for an impossible scenario."""
+    sc = resolve_output(sc, model)
     check_method(sc.method)
     check_gamma(sc.gamma)
     check_sparsity(sc.sparsity)
@@ -105,8 +129,13 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if sc.prefill not in PREFILL_MODES:
         raise UserInputError(f"unknown prefill mode {sc.prefill!r}", where="--prefill",
                              fix=f"use one of: {', '.join(PREFILL_MODES)}")
+    if sc.kv_block_size < 1:
+        raise UserInputError(f"KV block size must be >= 1, got {sc.kv_block_size}",
+                             where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
+    if sc.output_dist is not None:
+        sc.output_dist.validate()
     Arrivals.parse(sc.arrival).validate(sc.n_requests)
-    if sc.context + sc.output_len > model.max_positions:
+    if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
         _check_memory(sc, model, gpu_memory_gb)
@@ -188,25 +217,29 @@ def kv_capacity(model: ModelSpec, gpu_memory_gb: float) -> int:
     return max(int(free // model.kv_bytes_per_token()), 0)
 
 
+def resolve_output(sc: Scenario, model: ModelSpec) -> Scenario:
+    """The scenario with its output distribution clipped to the positions left after the
+    prompt (a generation stops at the model's context length)."""
+    if sc.output_dist is None:
+        return sc
+    return replace(sc, output_dist=sc.output_dist.clipped(model.max_positions - sc.context))
+
+
 def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float) -> None:
-    per_request = sc.context + sc.output_len + _slack(sc)  # KV slots one request reserves
-    cap = kv_capacity(model, gpu_memory_gb)
-    max_batch = cap // per_request
-    if max_batch < 1:
+    """Refuse only a request that cannot fit the KV cache alone: prompt + longest output +
+    one step's slack, in whole blocks. A batch that outgrows the cache is admitted and
+    preempted as vLLM does."""
+    longest = sc.max_output if sc.max_output > 0 else model.max_positions - sc.context
+    bs = sc.kv_block_size
+    per_request = -(-(sc.context + longest + _slack(sc)) // bs) * bs  # KV slots in blocks
+    cap = kv_capacity(model, gpu_memory_gb) // bs * bs
+    if per_request > cap:
         raise DoesNotFitError(
-            f"one request of {sc.context} + {sc.output_len} tokens needs "
+            f"one request of {sc.context} + {longest} tokens needs "
             f"{per_request * model.kv_bytes_per_token() / 1e9:.1f} GB of KV cache, but only "
             f"{max(cap, 0) * model.kv_bytes_per_token() / 1e9:.1f} GB is left next to the "
             f"weights on a {gpu_memory_gb:g} GB GPU",
             where="--context", fix="shorten --context/--output-len or use a larger GPU (--gpu)")
-    if sc.batch > max_batch:
-        raise DoesNotFitError(
-            f"batch {sc.batch} at context {sc.context} + output {sc.output_len} needs KV for "
-            f"{sc.batch * per_request} tokens plus the weights: more than the "
-            f"{gpu_memory_gb:g} GB GPU holds",
-            where="--batch/--context",
-            fix=f"use --batch {max_batch} or less (the max batch that fits), or a shorter "
-                "--context")
 
 
 # ---------------------------------------------------------------------------- prefill
@@ -254,8 +287,9 @@ def prefill_fn(latency: LatencyModel, method: str) -> PrefillFn:
 def engine_config(sc: Scenario, kv_capacity_tokens: int | None) -> EngineConfig:
     return EngineConfig(
         method=sc.method, gamma=sc.gamma, max_batch=sc.batch, n_requests=sc.n_requests,
-        lengths=Lengths(sc.context, sc.output_len), arrivals=Arrivals.parse(sc.arrival),
-        kv_capacity_tokens=kv_capacity_tokens, prefill=sc.prefill,
+        lengths=Lengths(sc.context, sc.output_len, output=sc.output_dist),
+        arrivals=Arrivals.parse(sc.arrival), kv_capacity_tokens=kv_capacity_tokens,
+        prefill=sc.prefill, kv_block_size=sc.kv_block_size,
     )
 
 
@@ -291,8 +325,10 @@ def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | N
                    seeds: list[np.random.SeedSequence]) -> list[RunMetrics]:
     cfg = engine_config(sc, scenario_kv_capacity(sc, latency))
     cost = iteration_cost(latency, sc)
-    pre = prefill_fn(latency, sc.method) if sc.prefill == "co-located" else None
-    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre)) for s in seeds]
+    prefill = prefill_fn(latency, sc.method)  # also the recompute of preempted requests
+    pre = prefill if sc.prefill == "co-located" else None
+    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre, recompute_fn=prefill))
+            for s in seeds]
 
 
 def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None
@@ -301,10 +337,11 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     t0 = time.perf_counter()
     cost = iteration_cost(latency, sc)
     rates = np.zeros(0) if dist is None else np.asarray(dist.rates, dtype=np.float64)
-    res = analytic_throughput(cost, rates, sc.batch, sc.context, sc.output_len, integrate=True)
+    batch = _analytic_batch(sc, latency)
+    res = analytic_throughput(cost, rates, batch, sc.context, sc.output_len, integrate=True)
     iters = expected_iterations(rates, sc.output_len)
     tpot = (iters - 1) * res.iter_ms / (sc.output_len - 1) if sc.output_len > 1 else math.nan
-    mid = np.full(sc.batch, sc.context + sc.output_len // 2, np.int64)
+    mid = np.full(max(round(batch), 1), sc.context + sc.output_len // 2, np.int64)
     bd = cost.breakdown(mid)
     scale = res.iter_ms / sum(bd.values()) if sum(bd.values()) > 0 else 0.0
     return RunMetrics(
@@ -314,8 +351,19 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
         tpot_ms_p50=tpot, tpot_ms_p90=tpot, tpot_ms_p99=tpot,
         itl_ms_p50=res.iter_ms, itl_ms_p90=res.iter_ms, itl_ms_p99=res.iter_ms, iter_ms=res.iter_ms,
         breakdown_ms={k: v * scale for k, v in bd.items()}, iterations=0, sim_time_s=0.0,
-        wall_s=time.perf_counter() - t0,
+        wall_s=time.perf_counter() - t0, mean_running_batch=batch, preemptions=math.nan,
     )
+
+
+def _analytic_batch(sc: Scenario, latency: LatencyModel) -> float:
+    """The running batch the closed form uses: ``batch``, or the mean the KV cache holds."""
+    cap = scenario_kv_capacity(sc, latency)
+    if cap is None:
+        return float(sc.batch)
+    mean, second = (float(sc.output_len), float(sc.output_len) ** 2) if sc.output_dist is None \
+        else sc.output_dist.moments()
+    return kv_limited_batch(sc.batch, cap // sc.kv_block_size * sc.kv_block_size, sc.context,
+                            mean, second, _slack(sc), sc.kv_block_size)
 
 
 def _runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None, engine: str,
@@ -329,8 +377,17 @@ def _seeds(seed: int, replications: int) -> list[np.random.SeedSequence]:
     return np.random.SeedSequence(seed).spawn(replications)
 
 
+def acceptance_source(acceptance: AcceptanceModel, method: str) -> str:
+    """Where a row's acceptance comes from: the shape set, and the anchors that set its level
+    ('' for vanilla, and for a bare AcceptanceModel, which does not know its set's name)."""
+    if isinstance(acceptance, AnchoredAcceptance):
+        return acceptance.source_for(method)
+    return ""
+
+
 def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetrics],
-         dist: AcceptanceDist | None, latency: LatencyModel, wall_s: float) -> dict[str, Any]:
+         dist: AcceptanceDist | None, latency: LatencyModel, wall_s: float,
+         source: str) -> dict[str, Any]:
     thr = [r.throughput_tok_s for r in runs]
     m, lo, hi = mean_ci(thr)
     sp, sp_lo, sp_hi = mean_ci([a.throughput_tok_s / b.throughput_tok_s
@@ -338,7 +395,8 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     rates = np.mean([r.rates for r in runs], axis=0) if runs[0].rates else np.zeros(0)
     row: dict[str, Any] = {
         "method": sc.method, "gamma": sc.gamma, "sparsity": sc.sparsity, "batch": sc.batch,
-        "context": sc.context, "output_len": sc.output_len, "requests": sc.n_requests,
+        "context": sc.context, "output_len": sc.output_len, "output_dist": sc.output_label,
+        "requests": sc.n_requests,
         "arrival": sc.arrival, "prefill": sc.prefill, "workload": sc.workload or "",
         "temperature": sc.temperature, "min_tokens": sc.min_tokens, "engine": engine,
         "replications": len(runs),
@@ -356,6 +414,12 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     reasons = [*(dist.extrapolated if dist is not None else []),
                *latency.outside_measured(sc.batch, sc.context + sc.output_len)]
     row["extrapolated"] = ";".join(reasons)
+    row["acceptance_source"] = source
+    cap = scenario_kv_capacity(sc, latency)
+    row["kv_block_size"] = sc.kv_block_size
+    row["kv_capacity_blocks"] = cap // sc.kv_block_size if cap is not None else math.nan
+    for name in ("mean_running_batch", "preemptions", "kv_peak_blocks"):
+        row[name] = float(np.mean([getattr(r, name) for r in runs]))
     row["gpu"] = latency.gpu_label
     row["iterations_simulated"] = int(sum(r.iterations for r in runs))
     row["sim_time_s"] = float(np.mean([r.sim_time_s for r in runs]))
@@ -364,24 +428,21 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
 
 
 def _check_analytic(sc: Scenario) -> None:
-    """The closed form models a saturated closed loop: B requests always running, prompt
-    already in the cache (disaggregated), KV room for all of them."""
+    """The closed form models a saturated closed loop: B requests always running (or the mean
+    the KV cache holds), prompt already in the cache (disaggregated)."""
     arr = Arrivals.parse(sc.arrival)
-    need = sc.batch * (sc.context + sc.output_len + _slack(sc))
     if (arr.kind != "closed" or (arr.users is not None and arr.users < sc.batch)
-            or sc.prefill != "disaggregated"
-            or (sc.kv_capacity_tokens is not None and sc.kv_capacity_tokens < need)):
+            or sc.prefill != "disaggregated"):
         raise UserInputError(
-            "the analytic engine models a full closed-loop batch (users >= batch, KV room for "
-            "the whole batch) with disaggregated prefill",
+            "the analytic engine models a full closed-loop batch (users >= batch) with "
+            "disaggregated prefill",
             where="--engine",
-            fix="use the sim engine for Poisson arrivals, fewer users, a limited KV cache or "
-                "co-located prefill")
+            fix="use the sim engine for Poisson arrivals, fewer users or co-located prefill")
 
 
 def _base_key(sc: Scenario) -> tuple[Any, ...]:
     return (sc.batch, sc.context, sc.output_len, sc.n_requests, sc.arrival, sc.prefill,
-            sc.kv_capacity_tokens)
+            sc.kv_capacity_tokens, sc.output_dist, sc.kv_block_size)
 
 
 def predict_one(
@@ -399,6 +460,7 @@ def predict_one(
     t0 = time.perf_counter()
     if scenario.min_tokens is None:
         scenario = replace(scenario, min_tokens=acceptance.min_tokens)
+    scenario = resolve_output(scenario, latency.model)
     validate_scenario(scenario, latency.model, gpu_memory(latency))
     if engine == "analytic":
         _check_analytic(scenario)
@@ -414,7 +476,8 @@ def predict_one(
         if key not in cache:
             cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
         base = cache[key]
-    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0)
+    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
+                acceptance_source(acceptance, scenario.method))
 
 
 def predict(

@@ -513,6 +513,9 @@ def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None],
                    baseline_tok_s=float(bl["throughput_tok_s"]),
                    speedup_vs_baseline=r[0], speedup_vs_baseline_ci_low=r[1],
                    speedup_vs_baseline_ci_high=r[2])
+    out["acceptance_source"] = str(ch.get("acceptance_source", ""))
+    if bl is not None:
+        out["baseline_acceptance_source"] = str(bl.get("acceptance_source", ""))
     reasons = [str(x["extrapolated"]) for x in (ch, bl)
                if x is not None and is_extrapolated(x.get("extrapolated"))]
     out["extrapolated"] = bool(reasons)

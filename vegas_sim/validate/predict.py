@@ -40,18 +40,28 @@ class Models:
 
 
 def load_models(traces: Path, acceptance_traces: Path | None,
-                log: Callable[[str], None] | None = None) -> Models:
+                log: Callable[[str], None] | None = None,
+                acceptance_anchors: Sequence[str | Path] = ()) -> Models:
     """Latency model of `traces`; acceptance model of `acceptance_traces`, by default of
     `traces` when it has real-weights acceptance, else of the packaged real-weights set (as
-    `predict` does; `notes` say which, and go to `log` as "note: ..." lines)."""
+    `predict` does; `notes` say which, and go to `log` as "note: ..." lines).
+
+    acceptance_anchors: anchors that set the acceptance level (`api.anchor_acceptance`). Only
+    when given: unlike `predict`, validation applies no packaged anchors by default, because
+    a real-weights run measures the acceptance set's own model, and a random-weights run
+    replays acceptance drawn from the same model the prediction uses."""
     latency_set, acc_set, notes = catalog.resolve(None, traces, acceptance=acceptance_traces)
+    acceptance, anchor_notes = api.anchor_acceptance(
+        api.fit_acceptance(acc_set), acc_set, latency_set.model_name,
+        tuple(acceptance_anchors) or (api.NO_ANCHORS,))
+    notes = [*notes, *anchor_notes]
     if log is not None:
         for note in notes:
             log(f"note: {note}")
     grid = latency_set.meta.get("grid", {})
     return Models(
         latency=api.fit_latency(latency_set),
-        acceptance=api.fit_acceptance(acc_set),
+        acceptance=acceptance,
         min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
         latency_temperature=float(grid.get("latency_temperature", 0.0)),
         sampling=(float(grid.get("top_p", 1.0)), int(grid.get("top_k", 0))),

@@ -4,7 +4,7 @@ measured columns kept. CPU only: no GPU run."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from vegas_sim.validate.results import (
 
 def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, out: Path,
               seed: int = 0, replications: int = 5,
-              log: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              log: Callable[[str], None] | None = None,
+              acceptance_anchors: Sequence[str | Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Re-predict every row of an earlier result table with the *current* simulator.
 
     The measured columns (throughput, iterations, accept counts, time) are kept; every
@@ -43,7 +44,7 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
     `predicted` in the replay regime).
     """
     old = read_results(results)
-    models = load_models(traces, acceptance_traces, log)
+    models = load_models(traces, acceptance_traces, log, acceptance_anchors)
     rows = []
     for i, rec in enumerate(old.to_dict(orient="records")):
         row = {str(k): v for k, v in rec.items()}

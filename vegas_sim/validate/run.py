@@ -62,7 +62,7 @@ def run_validation(
     contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
     progress: ProgressFn | None = None, replications: int = 5,
     time_budget_s: float | None = None, log: Callable[[str], None] | None = None,
-    phase_wave: bool = True,
+    phase_wave: bool = True, acceptance_anchors: Sequence[str | Path] = (),
 ) -> pd.DataFrame:
     """Measure and predict every held-out configuration; write and return the result table.
 
@@ -74,7 +74,7 @@ def run_validation(
     written; the rest are logged as skipped), so a bounded GPU call still ends with a table.
     """
     t_start = time.perf_counter()
-    models = load_models(traces, acceptance_traces, log)
+    models = load_models(traces, acceptance_traces, log, acceptance_anchors)
     latency, acceptance = models.latency, models.acceptance
     spec_max = int(latency.model.max_positions)
     lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)

@@ -1,0 +1,111 @@
+"""The Vegas paper's AIME25 serving setting, predicted, beside what the paper measured.
+
+Setting (paper, Table/Figure on AIME25): Qwen3-8B on one H100 NVL (94 GB), vLLM with
+max_num_seqs 128, AIME25 prompts ≈ 182 tokens, outputs ≈ 19,680 tokens on average, sampling
+T 0.6 / top-p 0.95 / top-k 20, draft sparsity 0.07. Paper throughput: vLLM 940 tok/s,
+MagicDec-Stream 1576, MagicDec-Quest 1247, SpecExtend 1493, Vegas 1893; KV-selection share of
+the iteration: Quest 21.7 %, SpecExtend 11.2 %, Vegas 5.9 %.
+
+Here: `--gpu h100-nvl` (datasheet what-if of the measured latency set), batch 128 (the max
+running sequences; the KV cache decides how many run), each method at the γ that `tune`'s step
+2 picks at s = 0.07 (analytic search, KV-limited batch), then the SimPy engine (vLLM-style
+block admission and preemption) at that γ. Output lengths: lognormal with mean 19,680 and the
+CV below — an assumption: AIME25 outputs are model generations, not in any dataset here.
+
+    PYTHONPATH=. python benchmarks/paper_check.py [--cv 0.4] [--requests 256]
+
+Prints one row per method; CPU only, about a minute. Nothing is tuned to the paper.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+
+from vegas_sim import api
+from vegas_sim.sim.predict import Scenario, predict
+from vegas_sim.sim.tune import TuneConfig, tune
+from vegas_sim.sim.workload import OutputLengths
+
+PAPER_TOK_S = {"vanilla": 940.0, "magicdec-stream": 1576.0, "magicdec-quest": 1247.0,
+               "specextend": 1493.0, "vegas": 1893.0}
+PAPER_SELECT_SHARE = {"magicdec-quest": 0.217, "specextend": 0.112, "vegas": 0.059}
+METHODS = ("magicdec-stream", "magicdec-quest", "specextend", "vegas")
+BATCH, CONTEXT, MEAN_OUT, SPARSITY, TEMPERATURE = 128, 182, 19680, 0.07, 0.6
+WORKLOAD = "reasoning"  # AIME25 is competition maths with long chains of thought
+
+
+def tuned_gamma(method: str, extra: dict[str, object], latency: object,
+                acceptance: object) -> int:
+    """tune's step-2 γ for `method` at s = 0.07 (its own best γ, no baselines)."""
+    cfg = TuneConfig(method=method, sparsity_coarse=(SPARSITY,), baselines=(),
+                     output_len=MEAN_OUT, extra=extra)
+    res = tune([(BATCH, CONTEXT)], latency, acceptance, config=cfg,  # type: ignore[arg-type]
+               workers=1, model="qwen3-8b")
+    return res.gamma_by_batch()[BATCH]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cv", type=float, default=0.4,
+                    help="coefficient of variation of the output lengths (assumed)")
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--replications", type=int, default=2)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    latency, acceptance, notes = api.load_models("qwen3-8b", None, "h100-nvl")
+    dist = OutputLengths.lognormal(MEAN_OUT, args.cv)
+    extra: dict[str, object] = {"temperature": TEMPERATURE, "workload": WORKLOAD,
+                                "output_dist": dist, "requests": args.requests}
+    gammas = {m: tuned_gamma(m, extra, latency, acceptance) for m in METHODS}
+    scenarios = [Scenario("vanilla", 1, 1.0, BATCH, CONTEXT, MEAN_OUT, **extra)]  # type: ignore[arg-type]
+    scenarios += [Scenario(m, gammas[m], SPARSITY, BATCH, CONTEXT, MEAN_OUT, **extra)  # type: ignore[arg-type]
+                  for m in METHODS]
+    table = predict(scenarios, latency, acceptance, replications=args.replications)
+    print_table(table, gammas, args.cv, time.perf_counter() - t0)
+    for note in notes:
+        print(f"note: {note}")
+
+
+SELECTION_PHASES = ("ms_select", "ms_quest_meta")  # top-k selection; Quest's page scoring
+
+
+def select_share(row: pd.Series) -> float:
+    """KV-selection share of the iteration: the selection phases over the iteration time."""
+    sel = sum(float(row.get(p, 0.0)) for p in SELECTION_PHASES)
+    return sel / float(row["iter_ms"]) if row["iter_ms"] > 0 else 0.0
+
+
+def print_table(table: pd.DataFrame, gammas: dict[str, int], cv: float, wall_s: float) -> None:
+    base = float(table.loc[table["method"] == "vanilla", "throughput_tok_s"].iloc[0])
+    print(f"AIME25 setting: qwen3-8b, --gpu h100-nvl, batch {BATCH}, context {CONTEXT}, output "
+          f"lognormal mean {MEAN_OUT} CV {cv:g}, s {SPARSITY}, T {TEMPERATURE}, "
+          f"workload {WORKLOAD} ({wall_s:.0f} s)")
+    head = (f"{'method':16} {'γ':>2} {'tok/s':>7} {'paper':>6} {'ratio':>6} {'speedup':>7} "
+            f"{'paper':>6} {'ratio':>6} {'select%':>7} {'paper':>6} {'run.batch':>9} "
+            f"{'preempt':>7} {'acc len':>7} {'iter ms':>8}")
+    print(head)
+    for _, r in table.iterrows():
+        m = str(r["method"])
+        thr, sp = float(r["throughput_tok_s"]), float(r["throughput_tok_s"]) / base
+        p_thr, p_sp = PAPER_TOK_S[m], PAPER_TOK_S[m] / PAPER_TOK_S["vanilla"]
+        p_sel = PAPER_SELECT_SHARE.get(m)
+        print(f"{m:16} {gammas.get(m, 1):>2} {thr:7.0f} {p_thr:6.0f} {thr / p_thr:6.2f} "
+              f"{sp:7.2f} {p_sp:6.2f} {sp / p_sp:6.2f} {100 * select_share(r):7.1f} "
+              f"{'' if p_sel is None else f'{100 * p_sel:.1f}':>6} "
+              f"{r['mean_running_batch']:9.1f} {r['preemptions']:7.1f} "
+              f"{r['acceptance_length']:7.2f} {r['iter_ms']:8.1f}")
+    ours = list(table.sort_values("throughput_tok_s", ascending=False)["method"])
+    paper = sorted(PAPER_TOK_S, key=lambda k: -PAPER_TOK_S[k])
+    print(f"ranking ours : {' > '.join(ours)}")
+    print(f"ranking paper: {' > '.join(paper)}  -> {'matches' if ours == paper else 'differs'}")
+    phases = [c for c in table.columns if c.startswith("ms_")]
+    print("iteration time by phase, ms: " + "; ".join(
+        f"{r['method']}: " + ", ".join(f"{c[3:]} {r[c]:.1f}" for c in phases if r[c] > 0)
+        for _, r in table.iterrows()))
+
+
+if __name__ == "__main__":
+    main()

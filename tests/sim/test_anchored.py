@@ -1,0 +1,180 @@
+"""The anchored acceptance model: the transform, its fit, what it leaves alone, its marks, and
+the command line that reaches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from vegas_sim import api
+from vegas_sim.cli import cli
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.anchored import AnchoredAcceptance, shift_dist, shift_rates
+from vegas_sim.traces.anchors import Anchor, AnchorSet, write_anchors
+from vegas_sim.traces.io import load_trace_set
+
+SHAPE = "smollm2-135m-real"
+
+
+@pytest.fixture(scope="module")
+def shape() -> AcceptanceModel:
+    return api.fit_acceptance(load_trace_set(SHAPE))
+
+
+def _set(*anchors: Anchor) -> AnchorSet:
+    return AnchorSet(model="m", source="test", anchors=anchors, path="test-anchors")
+
+
+VEGAS = Anchor("vegas", 6, 0.07, (300, 300), "reasoning", 0.6, 5.5)
+
+
+def test_fit_meets_the_anchor_exactly(shape: AcceptanceModel) -> None:
+    model = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)])
+    before = shape.lookup("vegas", 6, 0.07, 300, "reasoning", 0.6).mean_length
+    after = model.lookup("vegas", 6, 0.07, 300, "reasoning", 0.6)
+    assert abs(before - 5.5) > 0.5  # the anchor is a real move
+    assert after.mean_length == pytest.approx(5.5, rel=1e-6)
+    ranged = Anchor("vegas", 6, 0.07, (128, 4000), "reasoning", 0.6, 5.0)
+    m2 = AnchoredAcceptance(shape, SHAPE, [_set(ranged)])
+    assert m2.range_length("vegas", 6, 0.07, (128, 4000), "reasoning", 0.6) == pytest.approx(
+        5.0, rel=1e-6)
+
+
+def test_fit_with_rates_and_two_workloads(shape: AcceptanceModel) -> None:
+    rates = (0.9, 0.8, 0.7, 0.6)
+    a = Anchor("vegas", 4, 0.07, None, "chat", 0.6, 1 + sum(rates), per_position_rates=rates)
+    b = Anchor("vegas", 4, 0.07, None, "code", 0.6, 2.5)
+    model = AnchoredAcceptance(shape, SHAPE, [_set(a, b)])
+    sh = model.shifts["vegas"]
+    assert set(sh.by_workload) == {"chat", "code"}
+    assert sh.by_workload["chat"] > sh.by_workload["code"]  # chat anchored higher
+    assert model.range_length("vegas", 4, 0.07, None, "code", 0.6) == pytest.approx(2.5, 1e-6)
+    # the joint δ sits between the two per-workload ones
+    assert sh.by_workload["code"] < sh.delta < sh.by_workload["chat"]
+
+
+def test_shift_is_monotone_and_keeps_rates_valid() -> None:
+    rates = np.array([0.9, 0.7, 0.5, 0.3, 0.1])
+    lengths = [1 + shift_rates(rates, d).sum() for d in np.linspace(-6, 6, 25)]
+    assert np.all(np.diff(lengths) > 0)
+    for d in (-10.0, -1.0, 0.0, 1.0, 10.0):
+        r = shift_rates(rates, d)
+        assert np.all((r >= 0) & (r <= 1)) and np.all(np.diff(r) <= 1e-12)
+    np.testing.assert_array_equal(shift_rates(rates, 0.0), rates)
+
+
+def test_replay_reaches_the_shifted_level(shape: AcceptanceModel) -> None:
+    dist = shape.lookup("magicdec-stream", 8, 0.05, 2000, "longdoc", 0.6)
+    for delta in (-1.0, 1.0):
+        shifted = shift_dist(dist, delta)
+        got = 1 + shifted.sample(np.random.default_rng(1), 400, 64).mean()
+        assert got == pytest.approx(shifted.mean_length, rel=0.03)
+        assert (shifted.mean_length > dist.mean_length) == (delta > 0)
+
+
+def test_no_anchor_method_unchanged_and_said(shape: AcceptanceModel) -> None:
+    model = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)])
+    plain = shape.lookup("specextend", 6, 0.07, 300, "reasoning", 0.6)
+    got = model.lookup("specextend", 6, 0.07, 300, "reasoning", 0.6)
+    np.testing.assert_array_equal(got.rates, plain.rates)
+    assert any("no acceptance anchor in test-anchors" in r for r in got.extrapolated)
+    assert model.source_for("specextend") == f"traces {SHAPE} (no specextend anchor in " \
+                                             "test-anchors)"
+    assert model.source_for("vegas") == f"anchors test-anchors on shape {SHAPE}"
+    a = shape.lookup("vegas", 6, 0.07, 300).sample(np.random.default_rng(3), 8, 8)
+    b = AnchoredAcceptance(shape, SHAPE).lookup("vegas", 6, 0.07, 300).sample(
+        np.random.default_rng(3), 8, 8)
+    np.testing.assert_array_equal(a, b)  # no anchors: the shape itself, draw for draw
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ({"workload": "code"}, "workload code vs reasoning"),
+    ({"workload": None}, "workload all vs reasoning"),
+    ({"temperature": 0.0}, "temperature 0 vs 0.6"),
+    ({"gamma": 13}, "γ 13 vs 6"),
+    ({"sparsity": 0.2}, "sparsity 0.2 vs 0.07"),
+    ({"context": 1000}, "context 1000 vs 300..300"),
+])
+def test_far_from_every_anchor_is_marked(shape: AcceptanceModel, config: dict[str, object],
+                                         words: str) -> None:
+    model = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)])
+    base = {"method": "vegas", "gamma": 6, "sparsity": 0.07, "context": 300,
+            "workload": "reasoning", "temperature": 0.6}
+    near = model.lookup(**base)  # type: ignore[arg-type]
+    assert not any("anchor" in r for r in near.extrapolated)
+    far = model.lookup(**{**base, **config})  # type: ignore[arg-type]
+    marks = [r for r in far.extrapolated if "far from every anchor of test-anchors" in r]
+    assert marks and words in marks[0], far.extrapolated
+
+
+def test_near_but_not_at_the_anchor_is_not_marked(shape: AcceptanceModel) -> None:
+    model = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)])
+    dist = model.lookup("vegas", 8, 0.1, 400, "reasoning", 0.6)
+    assert not any("anchor" in r for r in dist.extrapolated)
+
+
+# ------------------------------------------------------------------------- command line
+FAST = ["predict", "--engine", "analytic", "--gamma", "6", "--format", "json"]
+
+
+def _json(result: Result) -> dict[str, object]:
+    out = result.stdout
+    return json.loads(out[out.index("{"):])  # type: ignore[no-any-return]
+
+
+def test_qwen3_uses_published_anchors_by_default_and_none_turns_them_off() -> None:
+    runner = CliRunner()
+    on = runner.invoke(cli, FAST)
+    off = runner.invoke(cli, [*FAST, "--acceptance-anchor", "none"])
+    assert on.exit_code == 0 and off.exit_code == 0, on.output + off.output
+    doc_on, doc_off = _json(on), _json(off)
+    assert any("qwen3-8b-published (packaged) set the acceptance level by default" in str(n)
+               for n in doc_on["notes"])  # type: ignore[union-attr]
+    rows_on = {r["method"]: r for r in doc_on["rows"]}  # type: ignore[union-attr]
+    rows_off = {r["method"]: r for r in doc_off["rows"]}  # type: ignore[union-attr]
+    assert rows_on["vegas"]["acceptance_source"] == (
+        "anchors qwen3-8b-published on shape smollm2-135m-real")
+    assert rows_off["vegas"]["acceptance_source"] == "traces smollm2-135m-real"
+    assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.5
+
+
+def test_smollm2_gets_no_default_anchors() -> None:
+    result = CliRunner().invoke(cli, [*FAST, "--model", "smollm2-135m", "--context", "4K"])
+    assert result.exit_code == 0, result.output
+    doc = _json(result)
+    assert not any("anchors" in str(n) for n in doc["notes"])  # type: ignore[union-attr]
+
+
+def test_an_anchor_file_on_the_command_line(tmp_path: Path) -> None:
+    path = write_anchors(_set(Anchor("vegas", 6, 0.07, None, None, None, 3.0)),
+                         tmp_path / "mine.csv")
+    result = CliRunner().invoke(cli, [*FAST, "--acceptance-anchor", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = {r["method"]: r for r in _json(result)["rows"]}  # type: ignore[union-attr]
+    assert rows["vegas"]["acceptance_source"] == "anchors mine on shape smollm2-135m-real"
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (('{"format": "vegas-sim.acceptance-anchors", "version": 1, "anchors": '
+     '[{"method": "vegas", "gamma": 6, "mean_acceptance_length": 9}]}'),
+     "anchor 0, field 'mean_acceptance_length'"),
+    ("not json", "not valid JSON"),
+])
+def test_bad_anchor_files_exit_nonzero(tmp_path: Path, content: str, words: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    result = CliRunner().invoke(cli, [*FAST, "--acceptance-anchor", str(path)])
+    assert result.exit_code != 0 and words in result.output, result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["--acceptance-anchor", "nope"],
+    ["--acceptance-anchor", "none", "--acceptance-anchor", "qwen3-8b-published"],
+])
+def test_bad_anchor_names_exit_nonzero(args: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*FAST, *args])
+    assert result.exit_code != 0 and "--acceptance-anchor" in result.output, result.output

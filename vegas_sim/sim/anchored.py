@@ -1,0 +1,349 @@
+"""Anchored acceptance: a real-weights trace set's *shape*, carried to measured anchors' *level*.
+
+A shape set (`AcceptanceModel` of, e.g., SmolLM2-135M) says how acceptance moves with γ, draft
+position, sparsity, context and workload; acceptance anchors (`traces.anchors`, e.g. the Vegas
+paper's Qwen3-8B figures) say how much the model of interest accepts at a few configurations.
+
+Transform. For each method, one number δ shifts the conditional per-position acceptance
+c_i = r_i / r_{i−1} (r_0 = 1) of every looked-up distribution in logit space:
+
+    c_i' = σ(logit(c_i) + δ),    r_i' = Π_{j ≤ i} c_j'
+
+so a draft position that is nearly always accepted stays so, the decay along the positions
+keeps its form, and δ = 0 is the shape itself. Per-position rates, acceptance lengths and the
+mean acceptance length 1 + Σ r_i' all rise monotonically with δ. A logit shift is what a
+uniformly better draft does to a Bernoulli acceptance (a constant change of the log-odds of
+the draft agreeing with the target), and it keeps every rate in (0, 1) for any δ.
+
+Fit. δ of a method minimises, with scipy's least squares over all anchors of that method,
+
+    Σ_a [(L_a(δ) − L*_a) / L*_a]²  +  Σ_a Σ_i [(R_ai(δ) − r*_ai) / L*_a]²   (rates when given)
+
+where L*_a, r*_a are the anchor's mean acceptance length and per-position rates and L_a(δ),
+R_a(δ) the shape's, shifted by δ, at the anchor's configuration. An anchor measured over a
+context range [lo, hi] is evaluated as vLLM's counters would average it: at N_CONTEXT_NODES
+contexts spread evenly over the range (a generation spends its tokens evenly over its
+contexts), its mean acceptance length the harmonic mean of the nodes' (tokens / iterations),
+its rates iteration-weighted. An anchor's empty field is evaluated at: sparsity
+DEFAULT_SPARSITY, temperature 0, workload pooled, context the shape set's traced range. One
+anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
+When a method's anchors name two or more workloads, each of those workloads gets its own δ
+(fitted on its anchors); other workloads use the method's joint δ.
+
+Replay. `AcceptanceDist.sample` replays whole traced runs and thins / extends each iteration
+position by position to its sources' target rates (`acceptance._match_rates`); the transform
+replaces each traced source's target rates by the shifted ones, so the replay keeps the runs'
+correlation along a generation and reaches the anchored level in expectation. Each source's
+`stretch` (traced iterations per replayed one) is divided by the shifted over the unshifted
+acceptance length, so a request still walks through its run at its own tokens' pace. The
+all-accepted source (sparsity above the traced max, toward s = 1) stays all-accepted.
+
+Outputs. A method without an anchor keeps the shape set's level, and its rows say so in
+`extrapolated`. A configuration far from every anchor of its method (another workload or
+temperature, γ more than GAMMA_NEAR away, sparsity more than SPARSITY_RATIO× away, a context
+more than CONTEXT_RATIO× outside the anchored range) is marked extrapolated, naming the
+anchor set and the nearest anchor. `source_for(method)` is the rows' `acceptance_source`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.methods import DEFAULT_SPARSITY
+from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
+from vegas_sim.traces.anchors import Anchor, AnchorSet
+
+N_CONTEXT_NODES = 8  # contexts an anchor's context range is evaluated at
+DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
+COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
+# How far from an anchor a configuration may be and still count as anchored.
+GAMMA_NEAR = 6  # |γ − γ_anchor|: γ 2..12 around an anchor at 6 transfer within 1 % (median) on
+# SmolLM2 (benchmarks/anchor_transfer.py)
+SPARSITY_RATIO = 2.0  # max(s / s_a, s_a / s)
+CONTEXT_RATIO = 2.0  # lo / ratio ≤ context ≤ hi × ratio
+TEMPERATURE_NEAR = 0.05
+REACH_TOLERANCE = 1e-3  # relative: an anchor matched worse than this is reported
+
+
+# ------------------------------------------------------------------------------ transform
+def conditional_rates(rates: np.ndarray) -> np.ndarray:
+    """[γ] c_i = r_i / r_{i−1} (r_0 = 1); 1 where r_{i−1} = 0 (nothing reaches position i)."""
+    prev = np.concatenate([[1.0], rates[:-1]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.clip(np.where(prev > 0, rates / np.where(prev > 0, prev, 1.0), 1.0), 0.0, 1.0)
+
+
+def shift_rates(rates: np.ndarray, delta: float) -> np.ndarray:
+    """Per-position rates with their conditional rates shifted by `delta` in logit space."""
+    if delta == 0.0 or len(rates) == 0:
+        return np.asarray(rates, dtype=float).copy()
+    c = np.clip(conditional_rates(np.asarray(rates, dtype=float)), COND_EPS, 1.0 - COND_EPS)
+    shifted = 1.0 / (1.0 + np.exp(-(np.log(c / (1.0 - c)) + delta)))
+    return np.cumprod(shifted)
+
+
+def shift_dist(dist: AcceptanceDist, delta: float) -> AcceptanceDist:
+    """`dist` with every traced source's target rates shifted by `delta` (module docstring)."""
+    if delta == 0.0 or dist.gamma == 0:
+        return dataclasses.replace(dist, extrapolated=list(dist.extrapolated))
+    if not dist.sources:
+        return dataclasses.replace(dist, rates=shift_rates(dist.rates, delta),
+                                   extrapolated=list(dist.extrapolated))
+    sources = []
+    for src in dist.sources:
+        if src.cell is None:  # draft = target: every draft accepted, at any δ
+            sources.append(src)
+            continue
+        new = shift_rates(src.rates, delta)
+        pace = (1.0 + float(np.sum(src.rates))) / (1.0 + float(np.sum(new)))
+        sources.append(dataclasses.replace(src, rates=new, stretch=src.stretch * pace))
+    rates = sum((w * s.rates for w, s in zip(dist.weights, sources)), np.zeros(dist.gamma))
+    return AcceptanceDist(dist.method, dist.gamma, np.asarray(rates), list(dist.extrapolated),
+                          sources, dist.weights)
+
+
+def _source_parts(dist: AcceptanceDist) -> list[tuple[float, np.ndarray, bool]]:
+    """(weight, rates, shiftable) of each mixture component (a hand-built dist: one)."""
+    if not dist.sources:
+        return [(1.0, np.asarray(dist.rates, dtype=float), True)]
+    return [(float(w), np.asarray(s.rates, dtype=float), s.cell is not None)
+            for w, s in zip(dist.weights, dist.sources)]
+
+
+# ------------------------------------------------------------------------------------ fit
+_Node = tuple[tuple[float, np.ndarray, bool], ...]  # one context's (weight, rates, shiftable)
+
+
+def nodes_rates(nodes: Sequence[_Node], gamma: int, delta: float) -> np.ndarray:
+    """[γ] per-position rates over context nodes, shifted by δ, iteration-weighted (a node
+    of acceptance length L spends 1 / L iterations per token): what vLLM's counters give."""
+    per_node = np.stack([
+        sum((w * (shift_rates(r, delta) if ok else r) for w, r, ok in node), np.zeros(gamma))
+        for node in nodes])  # [nodes, γ]
+    inv_len = 1.0 / (1.0 + per_node.sum(axis=1))  # iterations per token at each node
+    return np.asarray(inv_len @ per_node / inv_len.sum())
+
+
+@dataclass(frozen=True)
+class _AnchorTarget:
+    """One anchor, evaluated on the shape set: its context nodes' mixture components."""
+
+    anchor: Anchor
+    nodes: tuple[_Node, ...]
+    note: str = ""  # how an anchor field the shape set lacks was evaluated
+
+    def length(self, delta: float) -> float:
+        """Mean acceptance length (bonus included) over the nodes, shifted by δ."""
+        return 1.0 + float(np.sum(nodes_rates(self.nodes, self.anchor.gamma, delta)))
+
+    def residuals(self, delta: float) -> np.ndarray:
+        a = self.anchor
+        rates = nodes_rates(self.nodes, a.gamma, delta)
+        res = [(1.0 + float(rates.sum()) - a.mean_acceptance_length) / a.mean_acceptance_length]
+        if a.per_position_rates is not None:
+            res += list((rates - np.asarray(a.per_position_rates)) / a.mean_acceptance_length)
+        return np.asarray(res)
+
+
+@dataclass(frozen=True)
+class MethodShift:
+    """The fitted level shift of one method."""
+
+    method: str
+    delta: float  # joint fit over all the method's anchors
+    by_workload: dict[str, float]  # per anchored workload, when anchors name two or more
+    anchors: tuple[Anchor, ...]
+    shape_lengths: tuple[float, ...]  # the shape set's mean acceptance length at each anchor
+    fitted_lengths: tuple[float, ...]  # after the shift (by_workload's δ where it has one)
+    notes: tuple[str, ...] = ()
+
+    def delta_for(self, workload: str | None) -> float:
+        if workload is not None and workload in self.by_workload:
+            return self.by_workload[workload]
+        return self.delta
+
+
+def _fit_delta(targets: Sequence[_AnchorTarget]) -> float:
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([t.residuals(float(x[0])) for t in targets])
+
+    fit = least_squares(residuals, x0=np.zeros(1), bounds=(-DELTA_BOUND, DELTA_BOUND),
+                        xtol=1e-12, ftol=1e-12, gtol=1e-12)
+    return float(fit.x[0])
+
+
+def fit_method(method: str, targets: Sequence[_AnchorTarget]) -> MethodShift:
+    """δ of one method from its anchors' targets (module docstring, Fit)."""
+    delta = _fit_delta(targets)
+    workloads = sorted({t.anchor.workload for t in targets if t.anchor.workload is not None})
+    by_wl: dict[str, float] = {}
+    if len(workloads) >= 2:
+        by_wl = {w: _fit_delta([t for t in targets if t.anchor.workload == w])
+                 for w in workloads}
+    fitted = tuple(t.length(by_wl.get(t.anchor.workload or "", delta)) for t in targets)
+    notes = [t.note for t in targets if t.note]
+    for t, got in zip(targets, fitted):
+        want = t.anchor.mean_acceptance_length
+        if abs(got - want) > REACH_TOLERANCE * want:
+            notes.append(f"{method}: anchor {t.anchor.describe()} matched only to {got:.3f} "
+                         "(the shape set cannot reach it with one shift per method)")
+    return MethodShift(method, delta, by_wl, tuple(t.anchor for t in targets),
+                       tuple(t.length(0.0) for t in targets), fitted, tuple(notes))
+
+
+def context_nodes(lo: int, hi: int, n: int = N_CONTEXT_NODES) -> list[int]:
+    """n contexts at the midpoints of n equal parts of [lo, hi] (one when lo == hi)."""
+    if hi <= lo:
+        return [max(lo, 1)]
+    step = (hi - lo) / n
+    return sorted({max(1, round(lo + (k + 0.5) * step)) for k in range(n)})
+
+
+# ---------------------------------------------------------------------------------- model
+def far_reasons(anchor: Anchor, gamma: int, sparsity: float, context: int,
+                workload: str | None, temperature: float) -> list[str]:
+    """Why (γ, s, C, workload, T) is not near `anchor` ([] = near)."""
+    out = []
+    if anchor.workload is not None and workload != anchor.workload:
+        out.append(f"workload {workload or 'all'} vs {anchor.workload}")
+    if anchor.temperature is not None and abs(temperature - anchor.temperature) > TEMPERATURE_NEAR:
+        out.append(f"temperature {temperature:g} vs {anchor.temperature:g}")
+    if abs(gamma - anchor.gamma) > GAMMA_NEAR:
+        out.append(f"γ {gamma} vs {anchor.gamma}")
+    if anchor.sparsity is not None and max(sparsity / anchor.sparsity,
+                                           anchor.sparsity / sparsity) > SPARSITY_RATIO:
+        out.append(f"sparsity {sparsity:g} vs {anchor.sparsity:g}")
+    if anchor.context is not None:
+        lo, hi = anchor.context
+        if context < lo / CONTEXT_RATIO or context > hi * CONTEXT_RATIO:
+            out.append(f"context {context} vs {lo}..{hi}")
+    return out
+
+
+class AnchoredAcceptance(AcceptanceModel):
+    """An AcceptanceModel whose lookups are shifted to the anchors' level (module docstring).
+
+    It shares the shape model's fitted cells (no refit) and answers everything else as the
+    shape does; with no anchor sets it is the shape model itself, with names for the outputs.
+    """
+
+    def __init__(self, shape: AcceptanceModel, shape_name: str,
+                 anchor_sets: Sequence[AnchorSet] = ()) -> None:
+        if isinstance(shape, AnchoredAcceptance):
+            raise UserInputError("an anchored model cannot be a shape set", where="anchors",
+                                 fix="pass the plain AcceptanceModel of the shape set")
+        self.__dict__.update(shape.__dict__)  # the shape's cells, smoother, caches
+        self.shape_name = shape_name
+        self.anchor_sets = tuple(anchor_sets)
+        self.shifts: dict[str, MethodShift] = {}
+        anchors = [a for s in self.anchor_sets for a in s.anchors]
+        for method in sorted({a.method for a in anchors}):
+            targets = [self._target(a) for a in anchors if a.method == method]
+            self.shifts[method] = fit_method(method, targets)
+
+    # -- naming --
+    @property
+    def anchors_name(self) -> str:
+        return "+".join(s.name() for s in self.anchor_sets)
+
+    def source_for(self, method: str) -> str:
+        """The `acceptance_source` of a row of `method` ('' for vanilla, which drafts nothing)."""
+        if method == "vanilla":
+            return ""
+        if not self.anchor_sets:
+            return f"traces {self.shape_name}"
+        if method in self.shifts:
+            return f"anchors {self.anchors_name} on shape {self.shape_name}"
+        return f"traces {self.shape_name} (no {method} anchor in {self.anchors_name})"
+
+    def notes(self) -> list[str]:
+        """What the anchors did, one line per anchor set plus fit warnings."""
+        if not self.anchor_sets:
+            return []
+        out = []
+        for s in self.anchor_sets:
+            what = f"model {s.model}, " if s.model else ""
+            out.append(f"acceptance anchors {s.name()} ({what}{len(s.anchors)} anchors; "
+                       f"source: {s.source or 'not given'})")
+        shifts = ", ".join(
+            f"{m} δ {sh.delta:+.2f} (" + ", ".join(
+                f"γ{a.gamma} {b:.2f} → {f:.2f}, anchor {a.mean_acceptance_length:.2f}"
+                for a, b, f in zip(sh.anchors, sh.shape_lengths, sh.fitted_lengths)) + ")"
+            for m, sh in self.shifts.items())
+        out.append(f"acceptance level set by the anchors on the shape of {self.shape_name}: "
+                   f"logit shift δ of the conditional per-position acceptance, mean "
+                   f"acceptance length shape → anchored: {shifts}")
+        for sh in self.shifts.values():
+            out.extend(sh.notes)
+        return out
+
+    # -- fit --
+    def _nodes(self, method: str, gamma: int, sparsity: float | None,
+               context: tuple[int, int] | None, workload: str | None,
+               temperature: float | None) -> tuple[list[_Node], str]:
+        """The shape's unshifted components at the context nodes of a configuration given as
+        an anchor gives it (empty fields: module docstring), and a note on a workload the
+        shape set lacks."""
+        cov = self.coverage()
+        workloads = [str(w) for w in cov["workloads"]]  # type: ignore[attr-defined]
+        note = ""
+        if workload is not None and workload not in workloads:
+            note = (f"workload {workload!r} is not in {self.shape_name} "
+                    f"({', '.join(workloads)}): fitted on its pooled workloads")
+            workload = None
+        span: tuple[int, int] = (context if context is not None
+                                 else cov["context_range"])  # type: ignore[assignment]
+        nodes = []
+        for c in context_nodes(int(span[0]), int(span[1])):
+            dist = AcceptanceModel.lookup(
+                self, method, gamma, sparsity if sparsity is not None else DEFAULT_SPARSITY,
+                c, workload, temperature if temperature is not None else 0.0)
+            nodes.append(tuple(_source_parts(dist)))
+        return nodes, note
+
+    def _target(self, a: Anchor) -> _AnchorTarget:
+        nodes, note = self._nodes(a.method, a.gamma, a.sparsity, a.context, a.workload,
+                                  a.temperature)
+        return _AnchorTarget(a, tuple(nodes), f"anchor {a.describe()}: {note}" if note else "")
+
+    def range_length(self, method: str, gamma: int, sparsity: float | None,
+                     context: tuple[int, int] | None, workload: str | None = None,
+                     temperature: float | None = None) -> float:
+        """The anchored mean acceptance length over a context range, evaluated as an anchor
+        over that range is fitted (the number to compare with a vLLM count over it)."""
+        nodes, _ = self._nodes(method, gamma, sparsity, context, workload, temperature)
+        shift = self.shifts.get(method)
+        delta = 0.0 if shift is None else shift.delta_for(workload)
+        return 1.0 + float(np.sum(nodes_rates(nodes, gamma, delta)))
+
+    # -- lookup --
+    def lookup(self, method: str, gamma: int, sparsity: float, context: int,
+               workload: str | None = None, temperature: float = 0.0,
+               output_len: int | None = None) -> AcceptanceDist:
+        """The shape's distribution, shifted by the method's δ and marked where the
+        configuration is far from every anchor (module docstring)."""
+        dist = super().lookup(method, gamma, sparsity, context, workload, temperature,
+                              output_len=output_len)
+        if method == "vanilla" or not self.anchor_sets:
+            return dist
+        shift = self.shifts.get(method)
+        if shift is None:
+            dist.extrapolated.append(f"{method} has no acceptance anchor in {self.anchors_name}: "
+                                     f"the level is {self.shape_name}'s")
+            return dist
+        out = shift_dist(dist, shift.delta_for(workload))
+        far = [far_reasons(a, gamma, sparsity, context, workload, temperature)
+               for a in shift.anchors]
+        if all(far):
+            nearest = min(range(len(far)), key=lambda i: len(far[i]))
+            out.extrapolated.append(
+                f"{method} far from every anchor of {self.anchors_name}: nearest "
+                f"({shift.anchors[nearest].describe()}) differs in {', '.join(far[nearest])}")
+        return out
+

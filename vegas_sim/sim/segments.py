@@ -1,0 +1,92 @@
+"""Per-iteration series rebuilt from the engine's running segments.
+
+A request runs in one segment — (request, first global iteration, its own iteration index
+then, iterations) — or in several when it is preempted and later resumed. Its own iteration
+j has the pre-drawn token increment ``inc[request, j]`` (vanilla: one token), so tokens,
+running batch and KV blocks per global iteration follow from the segments alone, after the
+run, with a few numpy passes instead of work in the engine's hot loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Segments:
+    """[S] arrays: request id, first global iteration, first own iteration, iterations."""
+
+    request: np.ndarray
+    first_iter: np.ndarray
+    first_local: np.ndarray
+    iters: np.ndarray
+
+    @classmethod
+    def from_log(cls, log: list[tuple[int, int, int, int]]) -> Segments:
+        seg = np.asarray(log, dtype=np.int64).reshape(-1, 4)  # [S, 4]
+        return cls(*(seg[:, i].copy() for i in range(4)))
+
+    def running(self, n_iter: int) -> np.ndarray:
+        """[I] running requests per global iteration."""
+        end = self.first_iter + self.iters
+        delta = (np.bincount(self.first_iter, minlength=n_iter + 1)
+                 - np.bincount(end, minlength=n_iter + 1))
+        return np.cumsum(delta)[:n_iter].astype(np.int64)
+
+    def last_iter(self, n_req: int) -> np.ndarray:
+        """[R] each request's last global iteration."""
+        last = np.full(n_req, -1, np.int64)
+        np.maximum.at(last, self.request, self.first_iter + self.iters - 1)
+        return last
+
+    def _expand(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, global iteration, own iteration) of every [Σ iters] step that ran."""
+        total = int(self.iters.sum())
+        seg = np.repeat(np.arange(self.iters.shape[0]), self.iters)  # [T]
+        off = np.arange(total) - np.repeat(np.cumsum(self.iters) - self.iters, self.iters)
+        return self.request[seg], self.first_iter[seg] + off, self.first_local[seg] + off
+
+    def tokens(self, inc: np.ndarray | None, n_req: int, n_iter: int,
+               running: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([I] tokens per global iteration, [R] tokens per request)."""
+        if inc is None:  # vanilla: one token per request per iteration
+            per_req = np.bincount(self.request, weights=self.iters, minlength=n_req)
+            return running.copy(), per_req.astype(np.int64)
+        req, glob, local = self._expand()
+        toks = inc[req, local]  # [T]
+        per_iter = np.bincount(glob, weights=toks, minlength=n_iter).astype(np.int64)
+        return per_iter, np.bincount(req, weights=toks, minlength=n_req).astype(np.int64)
+
+    def kv_blocks(self, inp: np.ndarray, inc: np.ndarray | None, slack: int, block: int,
+                  n_iter: int) -> np.ndarray:
+        """[I] KV blocks held during each global iteration: Σ ⌈(context + slack) / block⌉
+        over the running requests, context = prompt + tokens generated before the step."""
+        if inc is None:
+            return self._kv_blocks_vanilla(inp, slack, block, n_iter)
+        req, glob, local = self._expand()
+        before = np.cumsum(inc, axis=1)
+        before -= inc  # [R, W] tokens generated before own iteration j
+        blocks = (inp[req] + before[req, local] + (slack + block - 1)) // block  # [T]
+        return np.bincount(glob, weights=blocks, minlength=n_iter).astype(np.int64)
+
+    def _kv_blocks_vanilla(self, inp: np.ndarray, slack: int, block: int,
+                           n_iter: int) -> np.ndarray:
+        """Vanilla contexts grow by one per step, so a segment's blocks are a staircase: its
+        first value, then +1 every `block` steps. Summed as a difference array over the
+        (few) block boundaries instead of every step."""
+        c0 = inp[self.request] + self.first_local + slack  # [S] tokens held in the first step
+        b0 = (c0 + block - 1) // block
+        delta = np.zeros(n_iter + 1, np.int64)
+        np.add.at(delta, self.first_iter, b0)
+        # step t (t >= 1) of a segment needs one more block when c0 + t - 1 is a multiple of block
+        t1 = (-(c0 - 1)) % block
+        t1[t1 == 0] = block
+        n_up = np.maximum(0, -(-(self.iters - t1) // block))  # [S] boundaries inside
+        seg = np.repeat(np.arange(self.iters.shape[0]), n_up)
+        k = np.arange(int(n_up.sum())) - np.repeat(np.cumsum(n_up) - n_up, n_up)
+        np.add.at(delta, self.first_iter[seg] + t1[seg] + k * block, 1)
+        b_last = b0 + n_up
+        np.subtract.at(delta, self.first_iter + self.iters, b_last)
+        return np.cumsum(delta)[:n_iter]
