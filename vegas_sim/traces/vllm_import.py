@@ -27,6 +27,7 @@ tokens.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def _line_of(text: str, key: str, record_line: int) -> int:
 
 
 def _number(value: Any, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise UserInputError(f"{key} must be a number, got {value!r}", where=where, fix=_DOC)
     return float(value)
 
@@ -376,11 +377,11 @@ def _request_per_pos(r: RequestRecord, gamma: int) -> list[int] | None:
 
 def response_counts(path: Path, requests: tuple[RequestRecord, ...], opts: ImportOptions
                     ) -> SpecCounts:
-    recorded = {r.num_spec_tokens for r in requests} - {None}
+    recorded = {r.num_spec_tokens for r in requests if r.num_spec_tokens is not None}
     if len(recorded) > 1:
         first = {r.num_spec_tokens: r.where for r in reversed(requests)}
         raise UserInputError(f"the requests were served with different num_spec_tokens "
-                             f"{sorted(recorded, key=int)} (first of each: {first})",
+                             f"{sorted(recorded)} (first of each: {first})",
                              where=str(path), fix="import the responses of one server "
                                                   "configuration per anchor")
     recorded_gamma = next(iter(recorded)) if recorded else None

@@ -160,7 +160,7 @@ def _check_type_line(line: str, where: str) -> None:
     parts = line.split()
     if len(parts) < 4:
         return
-    name = parts[2][: -len("_total")] if parts[2].endswith("_total") else parts[2]
+    name = parts[2].removesuffix("_total")
     if name in FAMILIES and parts[3] != "counter":
         raise UserInputError(
             f"{parts[2]} is declared a {parts[3]}, vLLM exports it as a counter", where=where,
