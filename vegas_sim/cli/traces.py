@@ -206,9 +206,10 @@ def traces_import_vllm(source: Path, after: Path | None, method: str, gamma: int
     or temperature: pass them. The anchor holds vLLM's mean acceptance length (1 + accepted
     / drafts) and per-position rates; every inconsistency is refused with file, line and fix.
     With detailed responses (per_step_accepted), --trace-set also writes a real-weight
-    acceptance trace set. Formats and checks: docs/VLLM_IMPORT.md.
+    acceptance trace set. Formats and checks: docs/VLLM_IMPORT.md; the example's files are
+    in the source tree's tests/traces/fixtures/vllm/.
 
-    Example (fixtures in the source tree's tests/traces/fixtures/vllm/):
+    Example:
 
     \b
         vegas-sim traces import-vllm metrics_before.txt metrics_after.txt --method vegas \\
