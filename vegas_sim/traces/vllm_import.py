@@ -112,7 +112,8 @@ def detect_format(path: Path) -> str:
     text = _read_text(path).lstrip()
     if not text.startswith(("{", "[")):
         return "prometheus"
-    first = _json_records(path, text)[0][1] if text else None
+    records = _json_records(path, text)
+    first = records[0][1] if records else None
     if isinstance(first, dict) and any(k.startswith("spec_decode_") or k == "num_prompts"
                                        for k in first):
         return "bench"
