@@ -12,9 +12,15 @@ from typing import Any
 import click
 
 from vegas_sim import api
-from vegas_sim.cli.common import user_errors
+from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
+from vegas_sim.errors import UserInputError
+from vegas_sim.files import check_out
+from vegas_sim.methods import SPEC_METHODS
 from vegas_sim.traces import io
+from vegas_sim.traces.anchors import AnchorSet, load_anchors, write_anchors
 from vegas_sim.traces.merge import merge_trace_sets
+from vegas_sim.traces.vllm_import import FORMATS, ImportOptions, append_to, import_vllm
+from vegas_sim.traces.vllm_traces import write_trace_set
 
 
 @click.group()
@@ -155,3 +161,116 @@ def traces_list() -> None:
     width = max((len(path.name) for path in sets), default=0)
     for path in sets:
         click.echo(f"{path.name:<{width}}  {path}")
+
+
+@traces.command("import-vllm")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("after", required=False, type=click.Path(path_type=Path))
+@click.option("--method", required=True, type=click.Choice(SPEC_METHODS),
+              help="The drafting method the server ran (vLLM does not record it).")
+@click.option("--gamma", required=True, type=int,
+              help="The server's num_speculative_tokens; must match the data's positions.")
+@click.option("--sparsity", default=None, help="The draft's sparsity ratio, e.g. 0.07 or 7%.")
+@click.option("--context", default=None,
+              help="KV lengths the counts cover: a range LO..HI (e.g. 1K..32K) or one size; "
+                   "responses: taken from their usage when left out.")
+@click.option("--workload", default=None, help="Workload name, e.g. reasoning, code, chat.")
+@click.option("--temperature", type=float, default=None, help="Sampling temperature (0: greedy).")
+@click.option("--model", default=None, help="vegas-sim model preset, e.g. qwen3-8b.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="What SOURCE is; detected from its content when left out.")
+@click.option("--engine-label", default=None,
+              help="Prometheus: take the series of this `engine` label (default: sum them).")
+@click.option("--served-model", default=None,
+              help="Prometheus: take the series of this `model_name` label.")
+@click.option("--record", type=int, default=None,
+              help="bench: which run (line, 1-based) of an --append-result file.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Write the anchor to this .json or .csv anchors file.")
+@click.option("--append", is_flag=True, help="Add the anchor to the existing --out file.")
+@click.option("--trace-set", type=click.Path(path_type=Path), default=None,
+              help="responses with per_step_accepted: also write an acceptance trace set here "
+                   "(a new directory; needs --sparsity, --temperature, --model).")
+def traces_import_vllm(source: Path, after: Path | None, method: str, gamma: int,
+                       sparsity: str | None, context: str | None, workload: str | None,
+                       temperature: float | None, model: str | None, fmt: str | None,
+                       engine_label: str | None, served_model: str | None, record: int | None,
+                       out: Path | None, append: bool, trace_set: Path | None) -> None:
+    """Make an acceptance anchor from what vLLM records about speculative decoding.
+
+    SOURCE is one of (detected, or --format): a Prometheus text dump of the server's
+    /metrics (`curl -s HOST:PORT/metrics > metrics.txt`; a second dump AFTER gives the
+    interval's difference); the JSON of `vllm bench serve --save-result`; or responses
+    carrying metrics.speculative_decoding (server flag --per-request-spec-decode-metrics),
+    one JSON object per line. vLLM does not record the method, sparsity, context, workload
+    or temperature: pass them. The anchor holds vLLM's mean acceptance length (1 + accepted
+    / drafts) and per-position rates; every inconsistency is refused with file, line and fix.
+    With detailed responses (per_step_accepted), --trace-set also writes a real-weight
+    acceptance trace set. Formats and checks: docs/VLLM_IMPORT.md; the example's files are
+    in the source tree's tests/traces/fixtures/vllm/.
+
+    Example:
+
+    \b
+        vegas-sim traces import-vllm metrics_before.txt metrics_after.txt --method vegas \\
+            --gamma 6 --sparsity 0.07 --context 1K..32K --workload reasoning \\
+            --temperature 0.6 --model qwen3-8b --out anchors.json
+    """
+    with user_errors():
+        opts = ImportOptions(
+            method=method, gamma=gamma,
+            sparsity=None if sparsity is None else parse_sparsity(sparsity),
+            context=None if context is None else _context_range(context), workload=workload,
+            temperature=temperature, model=model, engine=engine_label,
+            served_model=served_model, record=record)
+        if out is not None:
+            check_out(out, (".json", ".csv"))
+        elif append:
+            raise UserInputError("--append needs --out", where="--append",
+                                 fix="name the anchors file to add to with --out")
+        imported = import_vllm(source, after, opts, fmt)
+        anchors = imported.anchor_set
+        if append and out is not None and out.exists():
+            anchors = append_to(load_anchors(out), anchors, out)
+        written = None if out is None else write_anchors(anchors, out)
+        traces_written = None
+        if trace_set is not None:
+            if not imported.requests:
+                raise UserInputError("a trace set needs per-request responses", where="--trace-set",
+                                     fix="import responses with per_step_accepted (server flag "
+                                         "--per-request-spec-decode-metrics detailed)")
+            traces_written = write_trace_set(trace_set, source, imported.requests, opts)
+    _report_import(imported.anchor_set, imported.notes, written, traces_written)
+
+
+def _context_range(text: str) -> tuple[int, int]:
+    """'1K..32K' → (1024, 32768); '32K' → (32768, 32768)."""
+    lo, sep, hi = text.partition("..")
+    lo_v = parse_size(lo, "--context")
+    hi_v = parse_size(hi, "--context") if sep else lo_v
+    if hi_v < lo_v:
+        raise UserInputError(f"range end {hi_v} is below its start {lo_v}", where="--context",
+                             fix="write LO..HI, e.g. 1K..32K")
+    return lo_v, hi_v
+
+
+def _report_import(anchors: AnchorSet, notes: tuple[str, ...], written: Path | None,
+                   traces_written: tuple[Any, int] | None) -> None:
+    for anchor in anchors.anchors:
+        click.echo(f"anchor: {anchor.describe()}")
+        click.echo(f"  mean acceptance length {anchor.mean_acceptance_length:.4f} over "
+                   f"{anchor.num_drafts} drafts")
+        if anchor.per_position_rates is not None:
+            rates = ", ".join(f"{r:.3f}" for r in anchor.per_position_rates)
+            click.echo(f"  per-position acceptance rates: {rates}")
+        click.echo(f"  source: {anchor.source}")
+    for note in notes:
+        click.echo(f"note: {note}")
+    if written is not None:
+        click.echo(f"wrote {written}")
+    if traces_written is not None:
+        trace_set, skipped = traces_written
+        click.echo(f"wrote trace set {trace_set.path}: {len(trace_set.acceptance)} acceptance "
+                   f"rows (real weights, imported; no latency rows)"
+                   + (f", {skipped} step(s) left out (drafted fewer than --gamma)" if skipped
+                      else ""))

@@ -83,4 +83,6 @@ RUNTIME_REVISION = "3"
 OPTIONAL_META_KEYS = {
     "parts": "{'latency': [part names], 'acceptance': [...]} included by the last finalize",
     "synthetic": "true for sets from traces/synthetic.py (never measured, never packaged)",
+    "imported": "{'from', 'file', 'sha256', ...}: acceptance rows imported from another engine's "
+                "records (traces/vllm_traces.py), not measured by calibrate",
 }
