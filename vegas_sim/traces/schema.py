@@ -80,4 +80,6 @@ RUNTIME_REVISION = "3"
 OPTIONAL_META_KEYS = {
     "parts": "{'latency': [part names], 'acceptance': [...]} included by the last finalize",
     "synthetic": "true for sets from traces/synthetic.py (never measured, never packaged)",
+    "subset_of": "{'path', 'date', 'content_hash'} of the set `traces subset` cut this one from",
+    "where": "the conditions `traces subset` kept the rows by, e.g. 'batch<=16,context<=32K'",
 }
