@@ -21,7 +21,9 @@ predicted from the whole sets (`full_*` columns): the same rows' interpolation e
 
 Writes `benchmarks/results/extrapolation_by_axis.csv` (per axis and regime: rows, median and
 max |error| from the cut sets and from the whole sets, share of rows inside the prediction
-interval) and `benchmarks/results/extrapolation_rows.csv` (every scored row).
+interval) and `benchmarks/results/extrapolation_rows.csv` (every scored row), and
+`benchmarks/results/pi_coverage.csv`: over every validation row predicted from the whole
+sets, the share inside the prediction interval and its median half-width.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TABLES = ("validate_h200_smollm2.csv", "validate_h200_smollm2_span.csv",
           "validate_h200_smollm2_seed20261130.csv", "validate_h200_qwen3_8b.csv",
-          "validate_h200_qwen3_8b_span.csv")
+          "validate_h200_qwen3_8b_span.csv", "validate_h200_smollm2_seed20261207.csv",
+          "validate_h200_qwen3_8b_seed20261207.csv")
 LATENCY_SET = {"real-weights": "smollm2-135m-h200", "random-weights+replay": "qwen3-8b-h200"}
 ACCEPTANCE_SET = "smollm2-135m-real"
 COMMAND = "python benchmarks/extrapolation.py"
@@ -95,6 +98,24 @@ def _score(axis: Axis, regime: str, rows: pd.DataFrame, where: str) -> dict[str,
             "command": COMMAND}
 
 
+def coverage(full: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per regime and overall: rows whose measured throughput lies in [pi_low, pi_high], and
+    the interval's median half-width (% of the prediction)."""
+    recs = []
+    frames = [*full.items(), ("all", pd.concat(list(full.values()), ignore_index=True))]
+    for regime, t in frames:
+        inside = (t["measured"] >= t["pi_low"]) & (t["measured"] <= t["pi_high"])
+        half = 100.0 * (t["pi_high"] - t["pi_low"]) / 2.0 / t["predicted"]
+        recs.append({"regime": regime, "rows": len(t), "pi_coverage": inside.mean(),
+                     "pi_median_half_width_pct": half.median(),
+                     "median_abs_error_pct": t["error_pct"].abs().median(),
+                     "max_abs_error_pct": t["error_pct"].abs().max(),
+                     "dominant": ";".join(f"{k}={v}" for k, v in
+                                          t["pi_dominant"].value_counts().items()),
+                     "command": COMMAND})
+    return pd.DataFrame(recs)
+
+
 def run(tables: list[Path], scratch: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     cache: dict[tuple[str, str], Path] = {}
     by_regime: dict[str, list[Path]] = {}
@@ -106,6 +127,9 @@ def run(tables: list[Path], scratch: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         full[regime] = pd.concat([
             _repredict(t, Path(LATENCY_SET[regime]), Path(ACCEPTANCE_SET),
                        scratch / f"full-{t.name}") for t in paths], ignore_index=True)
+    cov = coverage(full)
+    cov.to_csv(RESULTS / "pi_coverage.csv", index=False)
+    print(cov.round(2).to_string(index=False), flush=True)
     summary, scored = [], []
     for axis in AXES:
         for regime in axis.regimes:

@@ -52,7 +52,7 @@ def latency_fit_pct(latency: LatencyModel, method: str, breakdown: dict[str, flo
         return 0.0
     var = 0.0
     for phase, ms in breakdown.items():
-        if ms <= 0:
+        if ms <= 0 or not latency.measures(phase, method):  # e.g. a roofline prefill
             continue
         loo = latency.loo_pct(phase, method)
         if math.isfinite(loo):

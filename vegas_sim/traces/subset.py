@@ -168,7 +168,8 @@ def _truncate_gamma(rows: pd.DataFrame, cap: int) -> pd.DataFrame:
     cut = rows[long].copy()
     cut["gamma"] = cap
     cut["accepted"] = np.minimum(cut["accepted"].to_numpy(), cap)
-    cut["accept_prob"] = [np.asarray(p, dtype=np.float32)[:cap] for p in cut["accept_prob"]]
+    cut["accept_prob"] = pd.Series([np.asarray(p, dtype=np.float32)[:cap]
+                                    for p in cut["accept_prob"]], index=cut.index, dtype=object)
     if native:
         clash = np.array([tuple(r) in native for r in cut[keys].itertuples(index=False)])
         cut = cut[~clash]
