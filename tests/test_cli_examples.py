@@ -21,7 +21,7 @@ from vegas_sim.cli import cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # Run for real; the rest is option-checked. report reads the sweep's CSV, so it runs last.
-RUNNABLE = ("predict", "sweep", "tune", "traces show", "traces list", "report")
+RUNNABLE = ("predict", "sweep", "tune", "traces show", "traces list", "traces subset", "report")
 
 
 def help_examples() -> list[str]:

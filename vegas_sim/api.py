@@ -85,8 +85,12 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 
     spec = ModelSpec.from_dict(trace_set.meta["model"])
     key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, (latency_code,))
-    return fitcache.cached(key, lambda: LatencyModel.fit(trace_set.latency, spec,
-                                                         measured_gpu(trace_set)))
+    def build() -> LatencyModel:
+        model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set))
+        model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
+        return model
+
+    return fitcache.cached(key, build)
 
 
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:

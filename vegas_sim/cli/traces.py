@@ -19,6 +19,7 @@ from vegas_sim.methods import SPEC_METHODS
 from vegas_sim.traces import io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, write_anchors
 from vegas_sim.traces.merge import merge_trace_sets
+from vegas_sim.traces.subset import WHERE_HELP, subset_trace_set
 from vegas_sim.traces.vllm_import import FORMATS, ImportOptions, append_to, import_vllm
 from vegas_sim.traces.vllm_traces import write_trace_set
 
@@ -141,6 +142,36 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
     with user_errors():
         merged = merge_trace_sets(out, list(sources), replicates=replicates)
     click.echo(io.format_summary(io.summarize(merged)))
+
+
+@traces.command("subset")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--where", "where", required=True,
+              help=f"Conditions the rows must meet, comma-separated ({WHERE_HELP}).")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path),
+              help="New directory for the subset.")
+def traces_subset(source: Path, where: str, out: Path) -> None:
+    """Cut a trace set to the rows that meet --where, into the new directory --out.
+
+    For range hold-outs: fit on small batches or short contexts and predict what was measured
+    beyond them. Conditions: `col<=V`, `col>=V`, `col<V`, `col>V`, `col==V`, `col in A|B`
+    (K / M suffixes: 32K); each applies to the latency and acceptance rows that have the
+    column. An upper bound on gamma truncates longer acceptance traces to it (a γ 12 run
+    holds every shorter γ). The subset's meta.json lists the grid values kept, the conditions
+    (`where`) and the source (`subset_of`, with its content hash).
+
+    Examples:
+
+    \b
+        vegas-sim traces subset qwen3-8b-h200 --where 'batch<=16,context<=32K' --out ./small
+
+    \b
+        vegas-sim traces subset smollm2-135m-real --where 'gamma<=7' --out ./short-gamma
+    """
+    with user_errors():
+        subset = subset_trace_set(source, out, where)
+    click.echo(f"{out}: rows where {subset.meta['where']}")
+    click.echo(io.format_summary(io.summarize(subset)))
 
 
 @traces.command("list")

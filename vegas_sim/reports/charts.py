@@ -335,10 +335,12 @@ def parity(df: pd.DataFrame) -> Chart:
     config = [c for c in ("method", "gamma", "sparsity", "batch", "context") if c in d.columns]
     for regime, g in d.groupby("regime", sort=True):
         err = None
-        if {"ci_low", "ci_high"} <= set(g.columns) and not g["ci_low"].isna().all():
+        # the prediction interval of `predicted`; older tables: the simulation's CI
+        low, high = ("pi_low", "pi_high") if "pi_low" in g.columns else ("ci_low", "ci_high")
+        if {low, high} <= set(g.columns) and not g[low].isna().all():
             err = {"type": "data", "symmetric": False,
-                   "array": (g["ci_high"] - g["predicted"]).clip(lower=0),
-                   "arrayminus": (g["predicted"] - g["ci_low"]).clip(lower=0)}
+                   "array": (g[high] - g["predicted"]).clip(lower=0),
+                   "arrayminus": (g["predicted"] - g[low]).clip(lower=0)}
         text = [", ".join(f"{c}={r[c]}" for c in config) for _, r in g.iterrows()]
         symbols = (["circle-open" if is_extrapolated(x) else "circle" for x in g["extrapolated"]]
                    if "extrapolated" in g.columns else "circle")

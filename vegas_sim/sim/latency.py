@@ -1165,6 +1165,32 @@ class LatencyModel:
         return LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
                             float(launch_ms), self._envelope)
 
+    def loo_pct(self, phase: str, method: str) -> float:
+        """Median leave-one-out |error| (%) of the group that predicts `phase` for `method`
+        (NaN when no point can be left out). Computed once per model (`loo_errors`)."""
+        grp = self._group(phase, method)
+        loo = self.loo_errors(by_method=True)
+        hit = loo[(loo["phase"] == grp.phase) & (loo["method"] == grp.method)]
+        if hit.empty:  # a pooled fit: the phase's errors over every method
+            hit = loo[loo["phase"] == grp.phase]
+        return float(hit["median_pct"].median()) if len(hit) else math.nan
+
+    def octaves_outside(self, batch: int, longest_context: int, n_query: int = 1
+                        ) -> dict[str, float]:
+        """How far (log2) a decode instance lies beyond the measured points: 'batch' past the
+        largest measured batch, 'context' past the longest context measured at this batch or
+        more, 'n_query' past the most query rows a verify point measured (0 inside)."""
+        if not self._envelope:
+            return {"batch": 0.0, "context": 0.0, "n_query": 0.0}
+        top_batch = max(b for b, _ in self._envelope)
+        longest = max(c for b, c in self._envelope if b >= min(batch, top_batch))
+        rows = [grp.tokens / grp.batch for (ph, _), grp in self._groups.items()
+                if ph == "verify" and grp.tokens is not None and grp.batch is not None]
+        top_nq = float(max(r.max() for r in rows)) if rows else float(n_query)
+        return {"batch": max(0.0, math.log2(batch / top_batch)),
+                "context": max(0.0, math.log2(max(longest_context, 1) / longest)),
+                "n_query": max(0.0, math.log2(n_query / top_nq))}
+
     def outside_measured(self, batch: int, longest_context: int) -> list[str]:
         """Why a decode instance of `batch` requests whose KV grows to `longest_context` tokens
         lies outside the measured (batch, context) points, where the fitted roofline alone

@@ -59,6 +59,7 @@ from vegas_sim.sim.engine import (
 )
 from vegas_sim.sim.latency import IterationCost, LatencyModel
 from vegas_sim.sim.metrics import RunMetrics, mean_ci, summarize
+from vegas_sim.sim.uncertainty import interval_columns
 
 ENGINES = ("sim", "analytic")
 REQUESTS_PER_SLOT = 4  # default requests = 4 × batch
@@ -476,8 +477,11 @@ def predict_one(
         if key not in cache:
             cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
         base = cache[key]
-    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
-                acceptance_source(acceptance, scenario.method))
+    row = _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
+               acceptance_source(acceptance, scenario.method))
+    row.update(interval_columns(row, latency, acceptance, dist,
+                                {p: row[f"ms_{p}"] for p in PHASES}))
+    return row
 
 
 def predict(

@@ -85,4 +85,6 @@ OPTIONAL_META_KEYS = {
     "synthetic": "true for sets from traces/synthetic.py (never measured, never packaged)",
     "imported": "{'from', 'file', 'sha256', ...}: acceptance rows imported from another engine's "
                 "records (traces/vllm_traces.py), not measured by calibrate",
+    "subset_of": "{'path', 'date', 'content_hash'} of the set `traces subset` cut this one from",
+    "where": "the conditions `traces subset` kept the rows by, e.g. 'batch<=16,context<=32K'",
 }

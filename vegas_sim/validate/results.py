@@ -15,6 +15,7 @@ import pandas as pd
 from vegas_sim.calibrate.workloads import load_workload
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import PHASES
+from vegas_sim.sim.uncertainty import interval, parts_of
 from vegas_sim.validate.heldout import HeldOut
 
 
@@ -159,7 +160,7 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
     sim = float(pred["throughput_tok_s"])
     primary = sim if weights == "real" else replayed
     measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
-    return {
+    row = {
         **dataclasses.asdict(h),
         "regime": "real-weights" if weights == "real" else "random-weights+replay",
         "predicted": primary,
@@ -169,8 +170,9 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "error_sim_pct": pct_error(sim, m.throughput),
         "predicted_replay": replayed,
         "error_replay_pct": pct_error(replayed, m.throughput),
-        "ci_low": float(pred["throughput_ci_low"]),
-        "ci_high": float(pred["throughput_ci_high"]),
+        # the simulation's Monte-Carlo CI of predicted_sim (not of `predicted` under replay)
+        "sim_ci_low": float(pred["throughput_ci_low"]),
+        "sim_ci_high": float(pred["throughput_ci_high"]),
         "predicted_acceptance_length": float(pred["window_acceptance_length"]),
         "measured_acceptance_length": m.acceptance_length,
         "acceptance_error_pct": pct_error(float(pred["window_acceptance_length"]),
@@ -190,6 +192,24 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "wall_s": wall_s,
         "measured_accepted": encode_accepted(m.accepted),
     }
+    row.update(validation_interval(pred, primary, weights, row["acceptance_se_pct"]))
+    return row
+
+
+def validation_interval(pred: pd.Series, predicted: float, weights: str,
+                        run_acceptance_se_pct: float) -> dict[str, Any]:
+    """pi_low / pi_high / pi_dominant of `predicted` (sim.uncertainty): real weights add the
+    run's own acceptance sampling error to the model's; the replay regime feeds the run's
+    accept counts, so neither acceptance term nor the Monte-Carlo one applies."""
+    if "pi_latency_fit_pct" not in pred:
+        return {"pi_low": math.nan, "pi_high": math.nan, "pi_dominant": ""}
+    se = run_acceptance_se_pct if math.isfinite(run_acceptance_se_pct) else 0.0
+    real = weights == "real"
+    parts = parts_of(dict(pred), acceptance=real, simulation=real,
+                     extra_acceptance_pct=se)
+    lo, hi, dominant = interval(predicted, parts)
+    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant,
+            **{f"pi_{k.replace('-', '_')}_pct": v for k, v in parts.items()}}
 
 
 REQUIRED_RESULT_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len",

@@ -1,0 +1,159 @@
+"""Prediction intervals: how far a measured throughput may fall from the predicted one.
+
+`throughput_ci_low/high` (predict) and `ci_low/high` (validate) are the simulation's own
+Monte-Carlo confidence interval: the spread over replications of the simulator, nothing
+else. The prediction interval `pi_low/pi_high` adds the model's uncertainty, as relative
+standard deviations (%) combined in quadrature:
+
+- latency-fit: each phase's leave-one-out |error| of the latency fit (`LatencyModel.loo_pct`,
+  a median, × 1.4826 for a standard deviation), weighted by the phase's share of the
+  iteration;
+- acceptance-sampling: the acceptance model's mean is the mean of the traced runs it draws
+  on; their spread (prompt to prompt, at the scenario's γ) over √runs. A validation row adds
+  its own run's sampling error (`acceptance_se_pct`: a run of few prompts measures those);
+- extrapolation-distance: grows with how far the scenario lies beyond what was measured —
+  EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
+  set's points, EXTRAP_PCT_PER_GAMMA per γ past the traced γ, EXTRAP_PCT_PER_SPARSITY_OCTAVE
+  per octave of sparsity outside the traced ones (distances add);
+- simulation: the Monte-Carlo CI's half-width / 1.96.
+
+pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval; `pi_dominant` names the largest part.
+The per-octave rates are the error growth seen in the range hold-outs of the packaged sets
+(`benchmarks/extrapolation.py`: rows beyond a cut range err by ≈ 4 % per octave of batch or
+context, ≈ 8 % per octave of sparsity past the traced ones); a scenario inside every
+measured range has no extrapolation term.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
+from vegas_sim.sim.latency import LatencyModel
+
+Z95 = 1.96
+MAD_TO_SD = 1.4826  # a normal error's standard deviation / its median |error|
+EXTRAP_PCT_PER_OCTAVE = 4.0
+EXTRAP_PCT_PER_GAMMA = 1.5
+EXTRAP_PCT_PER_SPARSITY_OCTAVE = 8.0
+PARTS = ("latency-fit", "acceptance-sampling", "extrapolation-distance", "simulation")
+COLUMNS = ("pi_low", "pi_high", "pi_dominant", "pi_latency_fit_pct", "pi_acceptance_pct",
+           "pi_extrapolation_latency_pct", "pi_extrapolation_acceptance_pct",
+           "pi_simulation_pct")
+
+
+def latency_fit_pct(latency: LatencyModel, method: str, breakdown: dict[str, float]) -> float:
+    """Relative sd (%) of the iteration time from the phases' leave-one-out errors."""
+    total = sum(breakdown.values())
+    if total <= 0:
+        return 0.0
+    var = 0.0
+    for phase, ms in breakdown.items():
+        if ms <= 0 or not latency.measures(phase, method):  # e.g. a roofline prefill
+            continue
+        loo = latency.loo_pct(phase, method)
+        if math.isfinite(loo):
+            var += (ms / total * MAD_TO_SD * loo) ** 2
+    return math.sqrt(var)
+
+
+def _run_lengths(acc: np.ndarray, run_start: np.ndarray, gamma: int) -> np.ndarray:
+    """[runs] each traced run's acceptance length at γ (1 + mean of min(accepted, γ))."""
+    starts = np.unique(run_start)
+    cut = np.minimum(acc, gamma).astype(np.float64)
+    lengths = np.diff(np.append(starts, len(cut)))
+    return np.asarray(1.0 + np.add.reduceat(cut, starts) / lengths)
+
+
+def acceptance_sampling_pct(dist: AcceptanceDist | None) -> float:
+    """Relative standard error (%) of the acceptance model's mean length: per mixture
+    component, the traced runs' spread / √runs, weighted like the mixture."""
+    if dist is None or dist.gamma == 0 or not dist.sources:
+        return 0.0
+    var, mean = 0.0, 0.0
+    for w, src in zip(dist.weights, dist.sources):
+        if src.cell is None or len(src.cell.acc) == 0:  # all-accepted: no sampling error
+            mean += w * (1.0 + dist.gamma)
+            continue
+        x = _run_lengths(src.cell.acc, src.cell.run_start, dist.gamma)
+        mean += w * float(x.mean())
+        if len(x) > 1:
+            var += (w * float(x.std(ddof=1)) / math.sqrt(len(x))) ** 2
+    return 100.0 * math.sqrt(var) / mean if mean > 0 else 0.0
+
+
+def latency_extrapolation_pct(latency: LatencyModel, batch: int, longest_context: int,
+                              n_query: int) -> float:
+    octaves = latency.octaves_outside(batch, longest_context, n_query)
+    return EXTRAP_PCT_PER_OCTAVE * sum(octaves.values())
+
+
+def acceptance_extrapolation_pct(acceptance: AcceptanceModel, method: str, gamma: int,
+                                 sparsity: float) -> float:
+    """γ past the method's traced γ, octaves of sparsity outside its traced ones."""
+    if method == "vanilla":
+        return 0.0
+    cov = acceptance.coverage()["per_method"]
+    traced: dict[str, list[float]] = cov.get(method, {})  # type: ignore[attr-defined]
+    gammas, sparsities = traced.get("gamma", []), traced.get("sparsity", [])
+    pct = 0.0
+    if gammas:
+        pct += EXTRAP_PCT_PER_GAMMA * max(0.0, gamma - max(gammas))
+    if sparsities:
+        lo, hi = min(sparsities), max(sparsities)
+        outside = math.log2(sparsity / hi) if sparsity > hi else (
+            math.log2(lo / sparsity) if sparsity < lo else 0.0)
+        pct += EXTRAP_PCT_PER_SPARSITY_OCTAVE * outside
+    return pct
+
+
+def simulation_pct(mean: float, low: float, high: float) -> float:
+    """The Monte-Carlo CI's half-width / 1.96, % of the mean."""
+    if not (mean > 0 and math.isfinite(low) and math.isfinite(high)):
+        return 0.0
+    return 100.0 * (high - low) / 2.0 / Z95 / mean
+
+
+def interval(predicted: float, parts: dict[str, float]) -> tuple[float, float, str]:
+    """(pi_low, pi_high, the dominant part) from the parts' relative sd (%)."""
+    sd = math.sqrt(sum(v * v for v in parts.values() if math.isfinite(v)))
+    half = Z95 * sd / 100.0 * predicted
+    dominant = max(parts, key=lambda k: parts[k] if math.isfinite(parts[k]) else -1.0)
+    return predicted - half, predicted + half, dominant if sd > 0 else ""
+
+
+def parts_of(row: dict[str, Any], *, acceptance: bool = True, simulation: bool = True,
+             extra_acceptance_pct: float = 0.0) -> dict[str, float]:
+    """The four parts (PARTS) of a row carrying the pi_*_pct columns. `acceptance=False`
+    (acceptance replayed): no acceptance term and no acceptance extrapolation;
+    `simulation=False`: no Monte-Carlo term; `extra_acceptance_pct`: a run's own sampling
+    error, added in quadrature to the model's."""
+    acc = math.hypot(float(row["pi_acceptance_pct"]), extra_acceptance_pct) if acceptance else 0.0
+    ext = float(row["pi_extrapolation_latency_pct"]) + (
+        float(row["pi_extrapolation_acceptance_pct"]) if acceptance else 0.0)
+    return {"latency-fit": float(row["pi_latency_fit_pct"]), "acceptance-sampling": acc,
+            "extrapolation-distance": ext,
+            "simulation": float(row["pi_simulation_pct"]) if simulation else 0.0}
+
+
+def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: AcceptanceModel,
+                     dist: AcceptanceDist | None, breakdown: dict[str, float]) -> dict[str, Any]:
+    """The pi_* columns of one predict row (see the module docstring)."""
+    method, gamma = str(row["method"]), int(row["gamma"])
+    n_query = 1 if method == "vanilla" else gamma + 1
+    out: dict[str, Any] = {
+        "pi_latency_fit_pct": latency_fit_pct(latency, method, breakdown),
+        "pi_acceptance_pct": acceptance_sampling_pct(dist),
+        "pi_extrapolation_latency_pct": latency_extrapolation_pct(
+            latency, int(row["batch"]), int(row["context"]) + int(row["output_len"]), n_query),
+        "pi_extrapolation_acceptance_pct": acceptance_extrapolation_pct(
+            acceptance, method, gamma, float(row["sparsity"])),
+        "pi_simulation_pct": simulation_pct(float(row["throughput_tok_s"]),
+                                            float(row["throughput_ci_low"]),
+                                            float(row["throughput_ci_high"])),
+    }
+    lo, hi, dominant = interval(float(row["throughput_tok_s"]), parts_of(out))
+    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant, **out}
