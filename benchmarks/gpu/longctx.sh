@@ -8,7 +8,7 @@
 # 1. recall copy rate: greedy dense decoding of every recall prompt against its passage
 # 2. recall acceptance: vegas-sim calibrate, one process per method (host-bound: five share
 #    the GPU), the packaged smollm2-135m-real grid (gamma 12, 8 sparsities, T 0 and 0.6,
-#    32 iterations, --min-tokens 32), all 64 prompts
+#    32 iterations, --min-tokens 32), the first 48 prompts (3 per length x depth)
 # 3. beside them: the YaRN GPU test (Qwen3-4B shape, 40K prefill + decode) and SmolLM2's
 #    perplexity by position with YaRN factor 2 / 4 (benchmarks/yarn_perplexity.py)
 set -u
@@ -29,15 +29,15 @@ cli() { python3 -c "from vegas_sim.cli import main; main()" "$@"; }
 t0=$(date +%s)
 (timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rfs tests/calibrate/test_yarn.py \
   > "$OUT/yarn_gpu_test_h200.log" 2>&1; echo "rc=$?" >> "$OUT/yarn_gpu_test_h200.log") &
-timeout 150 python3 benchmarks/recall_copy_rate.py --new 48 --out "$OUT/recall_copy_rate_h200.csv" \
+timeout 120 python3 benchmarks/recall_copy_rate.py --new 48 --out "$OUT/recall_copy_rate_h200.csv" \
   > "$OUT/recall_copy_rate_h200.log" 2>&1
 tail -14 "$OUT/recall_copy_rate_h200.log"
 echo "copy rate done at $(( $(date +%s) - t0 )) s"
 for m in vegas vegas-all specextend magicdec-quest magicdec-stream; do
-  timeout ${CAL_TIMEOUT:-330} python3 -c "from vegas_sim.cli import main; main()" calibrate \
+  timeout ${CAL_TIMEOUT:-300} python3 -c "from vegas_sim.cli import main; main()" calibrate \
     --model $GGUF --weights real --methods $m --workload recall --gamma 12 \
     --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 --temperature 0,0.6 --iterations 32 \
-    --min-tokens 32 --prompts 64 --no-latency --out /root/tr/recall-$m \
+    --min-tokens 32 --prompts ${PROMPTS:-48} --no-latency --out /root/tr/recall-$m \
     > "$OUT/logs/calibrate-$m.log" 2>&1 &
 done
 timeout 300 python3 benchmarks/yarn_perplexity.py --books ../books.npz --window 32768 \
