@@ -7,12 +7,96 @@ Nothing here imports torch: the CPU half of the product needs shapes, not weight
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from vegas_sim.errors import UserInputError
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ROPE_SCALING_TYPES = ("llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE scaling past the window a model was trained on, in transformers' terms
+    (`rope_scaling` / `rope_parameters` of config.json).
+
+    llama3  Llama-3.1: wavelengths longer than original_max / low_freq_factor slowed by
+            `factor`, shorter than original_max / high_freq_factor kept, the band between
+            interpolated.
+    yarn    YaRN (Peng et al. 2023; Qwen3 past 32K): dimensions rotating fewer than
+            `beta_slow` times over original_max are interpolated by `factor`, more than
+            `beta_fast` times kept, a linear ramp between (over dimension indices, floored /
+            ceiled when `truncate`); cos and sin are multiplied by `attention_factor`
+            (None: 0.1 ln(factor) + 1, the paper's and transformers' default).
+    """
+
+    type: str
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.type not in ROPE_SCALING_TYPES:
+            raise UserInputError(f"unknown rope_scaling type {self.type!r}", where="rope_scaling",
+                                 fix=f"use one of: {', '.join(ROPE_SCALING_TYPES)}")
+        if not self.factor >= 1.0 or self.original_max_position_embeddings < 1:
+            raise UserInputError(
+                f"rope_scaling factor {self.factor} / original_max_position_embeddings "
+                f"{self.original_max_position_embeddings}", where="rope_scaling",
+                fix="factor >= 1 and a positive original window")
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """What cos and sin are multiplied by (YaRN's attention factor; 1 for llama3)."""
+        if self.type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1.0 else 1.0
+
+    def to_json(self) -> list[float | int] | dict[str, Any]:
+        """llama3: the list [factor, low, high, original_max] of schema-v1 meta.json files;
+        yarn: a dict with every field."""
+        if self.type == "llama3":
+            return [self.factor, self.low_freq_factor, self.high_freq_factor,
+                    self.original_max_position_embeddings]
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, value: Any) -> RopeScaling:
+        """Inverse of to_json; a 4-item list or tuple is llama3."""
+        if isinstance(value, RopeScaling):
+            return value
+        if isinstance(value, (list, tuple)) and len(value) == 4:
+            f, lo, hi, orig = value
+            return cls("llama3", float(f), int(orig), float(lo), float(hi))
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise UserInputError(f"rope_scaling has unknown keys {unknown}",
+                                     where="rope_scaling", fix=f"use only: {sorted(known)}")
+            return cls(**value)
+        raise UserInputError(f"rope_scaling {value!r} is neither a 4-item list nor a dict",
+                             where="rope_scaling", fix="write it as RopeScaling.to_json does")
+
+
+def llama3_scaling(factor: float, low_freq_factor: float, high_freq_factor: float,
+                   original_max: int) -> RopeScaling:
+    """Llama-3.1 scaling from its four numbers."""
+    return RopeScaling("llama3", factor, original_max, low_freq_factor, high_freq_factor)
+
+
+def yarn_scaling(factor: float, original_max: int, **kw: Any) -> RopeScaling:
+    """YaRN scaling (beta_fast, beta_slow, attention_factor, truncate as keywords)."""
+    return RopeScaling("yarn", factor, original_max, **kw)
 
 
 @dataclass(frozen=True)
@@ -34,8 +118,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
     qkv_bias: bool = False  # Qwen2: bias on q, k, v projections
-    # Llama-3.1 style RoPE scaling: (factor, low_freq_factor, high_freq_factor, original_max)
-    rope_scaling: tuple[float, float, float, int] | None = None
+    rope_scaling: RopeScaling | None = None  # llama3 or yarn (RopeScaling)
     dtype: str = "bfloat16"
 
     # ---- accounting -----------------------------------------------------------------
@@ -84,7 +167,7 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if self.rope_scaling is not None:
-            d["rope_scaling"] = list(self.rope_scaling)
+            d["rope_scaling"] = self.rope_scaling.to_json()
         return d
 
     @classmethod
@@ -92,7 +175,7 @@ class ModelSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in known}
         if kwargs.get("rope_scaling") is not None:
-            kwargs["rope_scaling"] = tuple(kwargs["rope_scaling"])
+            kwargs["rope_scaling"] = RopeScaling.from_json(kwargs["rope_scaling"])
         return cls(**kwargs)
 
 
@@ -115,7 +198,7 @@ PRESETS: dict[str, ModelSpec] = {
     "llama-3.1-8b": ModelSpec(
         name="llama-3.1-8b", architecture="llama", n_layers=32, hidden=4096, n_heads=32,
         n_kv_heads=8, head_dim=128, ffn=14336, vocab=128256, max_positions=131072,
-        rope_theta=500000.0, rms_eps=1e-5, rope_scaling=(8.0, 1.0, 4.0, 8192),
+        rope_theta=500000.0, rms_eps=1e-5, rope_scaling=llama3_scaling(8.0, 1.0, 4.0, 8192),
     ),
 }
 

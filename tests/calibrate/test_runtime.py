@@ -20,10 +20,11 @@ from vegas_sim.calibrate.runtime import (
     Transformer,
     equal_runs,
     masked_attention,
+    rope_attention_factor,
     rope_inv_freq,
 )
 from vegas_sim.errors import UserInputError
-from vegas_sim.models import get_preset
+from vegas_sim.models import get_preset, llama3_scaling, yarn_scaling
 
 FP32_TOL: dict[str, Any] = {"atol": 2e-4, "rtol": 2e-4}
 
@@ -47,7 +48,8 @@ def reference_forward(model: Transformer, tokens: list[int]) -> torch.Tensor:
     q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     freqs = torch.arange(T, dtype=torch.float64)[:, None] * rope_inv_freq(s).double()[None]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, D]
-    cos, sin = emb.cos().float()[:, None], emb.sin().float()[:, None]  # [T, 1, D]
+    scale = rope_attention_factor(s)
+    cos, sin = (emb.cos() * scale).float()[:, None], (emb.sin() * scale).float()[:, None]  # [T, 1, D]
     causal = torch.ones(T, T).tril().bool()
     x = model.embed[torch.tensor(tokens)]
     for layer in model.layers:
@@ -88,11 +90,12 @@ ARCHS = [
     ("llama", {}),
     ("qwen2", {}),
     ("qwen3", {}),
-    ("llama", {"rope_scaling": (8.0, 1.0, 4.0, 32), "rope_theta": 500000.0}),
+    ("llama", {"rope_scaling": llama3_scaling(8.0, 1.0, 4.0, 32), "rope_theta": 500000.0}),
+    ("qwen3", {"rope_scaling": yarn_scaling(4.0, 16), "rope_theta": 10000.0}),
 ]
 
 
-@pytest.mark.parametrize(("arch", "kw"), ARCHS, ids=["llama", "qwen2", "qwen3", "llama31-scaling"])
+@pytest.mark.parametrize(("arch", "kw"), ARCHS, ids=["llama", "qwen2", "qwen3", "llama31-scaling", "yarn"])
 def test_matches_reference_forward_full_and_incremental(arch: str, kw: dict[str, Any]) -> None:
     model = tiny_model(arch, **kw)
     tokens = torch.randint(0, model.spec.vocab, (40,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -125,7 +128,9 @@ def test_fused_glue_kernels_match_reference_forward(arch: str,
 def test_llama31_rope_scaling_matches_meta_formula() -> None:
     """Meta's reference `apply_scaling` loop (llama3 repo) vs our vectorised version."""
     spec = get_preset("llama-3.1-8b")
-    factor, low, high, orig = spec.rope_scaling  # type: ignore[misc]
+    assert spec.rope_scaling is not None
+    factor, low = spec.rope_scaling.factor, spec.rope_scaling.low_freq_factor
+    high, orig = spec.rope_scaling.high_freq_factor, spec.rope_scaling.original_max_position_embeddings
     base = 1.0 / (spec.rope_theta ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
     expected = []
     for freq in base.tolist():

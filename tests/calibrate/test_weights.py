@@ -16,6 +16,7 @@ from vegas_sim.calibrate import weights as W
 from vegas_sim.calibrate.loading import load_model, save_hf_dir
 from vegas_sim.calibrate.runtime import Transformer
 from vegas_sim.errors import UserInputError
+from vegas_sim.models import llama3_scaling, yarn_scaling
 
 
 def _logits(model: Transformer, tokens: list[int]) -> torch.Tensor:
@@ -38,7 +39,9 @@ def test_smollm2_hf_round_trip_gives_equal_logits(smollm2: Any, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("arch,kw", [("qwen2", {}), ("qwen3", {"tie_embeddings": False}),
-                                     ("llama", {"rope_scaling": (8.0, 1.0, 4.0, 64)})])
+                                     ("llama", {"rope_scaling": llama3_scaling(8.0, 1.0, 4.0, 64)}),
+                                     ("qwen3", {"rope_scaling": yarn_scaling(4.0, 64, beta_fast=16.0),
+                                               "tie_embeddings": False})])
 def test_tiny_hf_round_trip_all_architectures(arch: str, kw: dict[str, Any], tmp_path: Path) -> None:
     model = tiny_model(arch, **kw)
     save_hf_dir(model, tmp_path, dtype=torch.float32)
@@ -75,7 +78,7 @@ def test_hf_spec_reads_llama31_rope_scaling_and_qwen3_preset() -> None:
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
     }
     spec = W.hf_spec(llama)
-    assert spec.name == "llama-3.1-8b" and spec.rope_scaling == (8.0, 1.0, 4.0, 8192)
+    assert spec.name == "llama-3.1-8b" and spec.rope_scaling == llama3_scaling(8.0, 1.0, 4.0, 8192)
     qwen3 = {
         "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 4096, "head_dim": 128,
         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 12288,

@@ -23,7 +23,9 @@ def test_shipped_smollm2_workloads() -> None:
     vocab = get_preset("smollm2-135m").vocab
     for name in WL.WORKLOADS:
         prompts = WL.workload_prompts(name)
-        n = len(WL.LONGDOC_LENGTHS) * WL.LONGDOC_PER_LENGTH if name == "longdoc" else 32
+        n = {"longdoc": len(WL.LONGDOC_LENGTHS) * WL.LONGDOC_PER_LENGTH,
+             "recall": len(WL.RECALL_LENGTHS) * len(WL.RECALL_DEPTHS) * WL.RECALL_PER_CELL
+             }.get(name, 32)
         assert len(prompts) == n
         assert len({p.source for p in prompts}) == n  # distinct sources
         for p in prompts:
@@ -48,6 +50,24 @@ def test_chat_workloads_are_chat_templated(smollm2: Any) -> None:
         assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     doc = tok.decode(WL.load_workload("longdoc")[0])
     assert "<|im_start|>" not in doc and "Project Gutenberg" not in doc
+
+
+def test_recall_prompts_quote_a_cue_from_far_back() -> None:
+    """Each recall prompt: exactly one of RECALL_LENGTHS tokens, ends with a cue copied from
+    its window, whose answer (the window tokens after the cue) lies `distance` from the end;
+    distances span the window (far at depth 0.1, recent at 0.95)."""
+    prompts = WL.workload_prompts("recall")
+    assert [len(p.tokens) for p in prompts[:16]] == [n for n in WL.RECALL_LENGTHS for _ in range(4)]
+    for p in prompts:
+        assert p.answer_start is not None and p.distance is not None
+        cue = p.tokens[-WL.RECALL_CUE:]
+        start = p.answer_start - WL.RECALL_CUE
+        assert p.tokens[start:p.answer_start] == cue  # the cue is in the window
+        assert p.answer_start + WL.RECALL_ANSWER <= len(p.tokens) - WL.RECALL_CUE
+        assert f":d{p.distance}" in p.source
+    for length in WL.RECALL_LENGTHS:
+        d = [p.distance or 0 for p in prompts if len(p.tokens) == length]
+        assert max(d) > 0.8 * length and min(d) < 0.15 * length + 150
 
 
 @needs_datasets

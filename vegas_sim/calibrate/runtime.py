@@ -32,7 +32,7 @@ from torch import Tensor
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
 from vegas_sim.methods import MAX_VERIFY_ROWS
-from vegas_sim.models import ModelSpec
+from vegas_sim.models import ModelSpec, RopeScaling
 
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -156,28 +156,65 @@ class KVCache:
 
 
 def rope_inv_freq(spec: ModelSpec) -> Tensor:
-    """[D/2] fp32 inverse frequencies, with Llama-3.1 scaling when spec.rope_scaling is set."""
+    """[D/2] fp32 inverse frequencies, scaled as spec.rope_scaling says (llama3 or yarn)."""
     d = spec.head_dim
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    if spec.rope_scaling is None:
+    scaling = spec.rope_scaling
+    if scaling is None:
         return inv.float()
-    factor, low_ff, high_ff, orig_max = spec.rope_scaling
+    if scaling.type == "llama3":
+        return _llama3_inv_freq(inv, scaling).float()
+    if scaling.type == "yarn":
+        return _yarn_inv_freq(inv, scaling, spec.rope_theta, d).float()
+    raise UserInputError(f"unknown rope_scaling type {scaling.type!r}", where=spec.name,
+                         fix="use llama3 or yarn")
+
+
+def _llama3_inv_freq(inv: Tensor, scaling: RopeScaling) -> Tensor:
+    """Long wavelengths slowed by `factor`, short ones kept, the band between interpolated."""
+    factor, low_ff, high_ff = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    orig_max = scaling.original_max_position_embeddings
     low_wavelen = orig_max / low_ff
     high_wavelen = orig_max / high_ff
     wavelen = 2 * math.pi / inv
-    # long wavelengths are slowed by `factor`, short ones kept, the band between interpolated
     smooth = ((orig_max / wavelen - low_ff) / (high_ff - low_ff)).clamp(0.0, 1.0)
     scaled = (1 - smooth) * inv / factor + smooth * inv
     scaled = torch.where(wavelen < high_wavelen, inv, scaled)
-    scaled = torch.where(wavelen > low_wavelen, inv / factor, scaled)
-    return scaled.float()
+    return torch.where(wavelen > low_wavelen, inv / factor, scaled)
+
+
+def _yarn_correction_dim(rotations: float, dim: int, base: float, orig_max: int) -> float:
+    """The dimension index whose wavelength fits `rotations` times into orig_max positions."""
+    return dim * math.log(orig_max / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def _yarn_inv_freq(inv: Tensor, scaling: RopeScaling, base: float, dim: int) -> Tensor:
+    """YaRN's NTK-by-parts: dimensions below the beta_fast correction index keep their
+    frequency, those above beta_slow's are divided by `factor`, a linear ramp between."""
+    orig = scaling.original_max_position_embeddings
+    low = _yarn_correction_dim(scaling.beta_fast, dim, base, orig)
+    high = _yarn_correction_dim(scaling.beta_slow, dim, base, orig)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a step, not a division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+    return inv / scaling.factor * ramp + inv * (1 - ramp)
+
+
+def rope_attention_factor(spec: ModelSpec) -> float:
+    """What cos and sin are multiplied by: YaRN's attention factor, 1 otherwise. Both q and k
+    are rotated, so attention logits scale by its square (transformers does the same)."""
+    return 1.0 if spec.rope_scaling is None else spec.rope_scaling.cos_sin_scale
 
 
 def rope_table(spec: ModelSpec, n_pos: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos, sin [n_pos, D/2] fp32."""
+    """cos, sin [n_pos, D/2] fp32, times the attention factor (rope_attention_factor)."""
     pos = torch.arange(n_pos, dtype=torch.float64)
     angles = pos[:, None] * rope_inv_freq(spec).double()[None, :]  # [n_pos, D/2]
-    return angles.cos().float().to(device), angles.sin().float().to(device)
+    scale = rope_attention_factor(spec)
+    return (angles.cos() * scale).float().to(device), (angles.sin() * scale).float().to(device)
 
 
 def _param(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.nn.Parameter:

@@ -18,6 +18,7 @@ reader below (the format is a u64 header length, a JSON header, raw little-endia
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from torch import Tensor
 from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import sha256_file
-from vegas_sim.models import PRESETS, ModelSpec
+from vegas_sim.models import PRESETS, ModelSpec, RopeScaling, llama3_scaling, yarn_scaling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -122,14 +123,31 @@ def gguf_spec(reader: Any, where: str = "") -> ModelSpec:
     return _named(spec, f"{base}-{arch}")
 
 
-def _gguf_rope_scaling(reader: Any, arch: str, names: set[str]) -> tuple[float, float, float, int] | None:
-    """Llama-3.1 scaling: llama.cpp stores it as a `rope_freqs` factor tensor, and the
-    parameters (when present) under {arch}.rope.scaling.*; Llama-3.1's published values else."""
+def _gguf_rope_scaling(reader: Any, arch: str, names: set[str]) -> RopeScaling | None:
+    """{arch}.rope.scaling.type "yarn" (llama.cpp's YaRN keys), else Llama-3.1 scaling when
+    llama.cpp stored it as a `rope_freqs` factor tensor (parameters under
+    {arch}.rope.scaling.*, Llama-3.1's published values when absent); other types refused."""
+    kind = str(_field(reader, f"{arch}.rope.scaling.type", "none"))
+    if kind == "yarn":
+        return yarn_scaling(
+            float(_field(reader, f"{arch}.rope.scaling.factor", where=arch)),
+            int(_field(reader, f"{arch}.rope.scaling.original_context_length", where=arch)),
+            beta_fast=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+            attention_factor=_gguf_optional_float(reader, f"{arch}.rope.scaling.attn_factor"))
+    if kind not in ("none", "llama3") and "rope_freqs.weight" not in names:
+        raise UserInputError(f"unsupported rope scaling type {kind!r}", where=arch,
+                             fix="llama3 (rope_freqs) and yarn are implemented")
     if "rope_freqs.weight" not in names:
         return None
     factor = float(_field(reader, f"{arch}.rope.scaling.factor", 8.0))
     orig = int(_field(reader, f"{arch}.rope.scaling.original_context_length", 8192))
-    return (factor, 1.0, 4.0, orig)
+    return llama3_scaling(factor, 1.0, 4.0, orig)
+
+
+def _gguf_optional_float(reader: Any, key: str) -> float | None:
+    f = reader.fields.get(key)
+    return None if f is None else float(f.contents())
 
 
 def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
@@ -226,7 +244,7 @@ def hf_spec(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             qk_norm=arch == "qwen3",
             qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
-            rope_scaling=_hf_rope_scaling(scaling, where),
+            rope_scaling=_hf_rope_scaling(scaling, int(config["max_position_embeddings"]), where),
         )
     except KeyError as e:
         raise UserInputError(f"config lacks {e.args[0]!r}", where=where,
@@ -234,14 +252,47 @@ def hf_spec(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
     return _named(spec, str(config.get("_name_or_path") or arch).split("/")[-1].lower())
 
 
-def _hf_rope_scaling(scaling: dict[str, Any] | None, where: str) -> tuple[float, float, float, int] | None:
-    if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+def _hf_rope_scaling(scaling: dict[str, Any] | None, max_positions: int, where: str
+                     ) -> RopeScaling | None:
+    """llama3 or yarn from config.json's rope_scaling (or rope_parameters); none / default
+    means no scaling; any other type is refused (a model run with the wrong positions
+    would give wrong outputs, not an error)."""
+    kind = None if not scaling else scaling.get("rope_type", scaling.get("type"))
+    if scaling is None or kind in (None, "default"):
         return None
-    if scaling.get("rope_type", scaling.get("type")) != "llama3":
-        raise UserInputError(f"unsupported rope_scaling {scaling}", where=where,
-                             fix="only Llama-3.1 ('llama3') scaling is implemented")
-    return (float(scaling["factor"]), float(scaling["low_freq_factor"]),
-            float(scaling["high_freq_factor"]), int(scaling["original_max_position_embeddings"]))
+    where = f"{where}: rope_scaling"
+    try:
+        if kind == "llama3":
+            return llama3_scaling(float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                                  float(scaling["high_freq_factor"]),
+                                  int(scaling["original_max_position_embeddings"]))
+        if kind == "yarn":
+            return _hf_yarn(scaling, max_positions)
+    except KeyError as e:
+        raise UserInputError(f"{kind} rope scaling lacks {e.args[0]!r}", where=where,
+                             fix="use the checkpoint's original config.json") from None
+    raise UserInputError(f"unsupported rope_scaling type {kind!r}", where=where,
+                         fix="llama3 (Llama-3.1) and yarn are implemented; remove rope_scaling "
+                             "to run without scaling")
+
+
+def _hf_yarn(scaling: dict[str, Any], max_positions: int) -> RopeScaling:
+    """transformers' reading: original window defaults to max_position_embeddings, factor to
+    their ratio; attention_factor from mscale / mscale_all_dim when both are given."""
+    orig = int(scaling.get("original_max_position_embeddings") or max_positions)
+    factor = float(scaling.get("factor") or max_positions / orig)
+    attention = scaling.get("attention_factor")
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attention is None and mscale and mscale_all:
+        attention = _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all))
+    return yarn_scaling(factor, orig, beta_fast=float(scaling.get("beta_fast") or 32.0),
+                        beta_slow=float(scaling.get("beta_slow") or 1.0),
+                        attention_factor=None if attention is None else float(attention),
+                        truncate=bool(scaling.get("truncate", True)))
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _hf_to_ours(spec: ModelSpec, hf: dict[str, Tensor], where: str) -> dict[str, Tensor]:
@@ -311,10 +362,24 @@ def hf_config(spec: ModelSpec, torch_dtype: str = "bfloat16") -> dict[str, Any]:
     if spec.architecture == "llama":
         cfg["attention_bias"] = spec.qkv_bias
     if spec.rope_scaling is not None:
-        f, lo, hi, orig = spec.rope_scaling
-        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": f, "low_freq_factor": lo,
-                               "high_freq_factor": hi, "original_max_position_embeddings": orig}
+        cfg["rope_scaling"] = hf_rope_scaling(spec.rope_scaling)
     return cfg
+
+
+def hf_rope_scaling(scaling: RopeScaling) -> dict[str, Any]:
+    """config.json's rope_scaling for `scaling` (what _hf_rope_scaling reads back)."""
+    r = scaling
+    if r.type == "llama3":
+        return {"rope_type": "llama3", "factor": r.factor, "low_freq_factor": r.low_freq_factor,
+                "high_freq_factor": r.high_freq_factor,
+                "original_max_position_embeddings": r.original_max_position_embeddings}
+    out: dict[str, Any] = {"rope_type": "yarn", "factor": r.factor,
+                           "original_max_position_embeddings": r.original_max_position_embeddings,
+                           "beta_fast": r.beta_fast, "beta_slow": r.beta_slow,
+                           "truncate": r.truncate}
+    if r.attention_factor is not None:
+        out["attention_factor"] = r.attention_factor
+    return out
 
 
 def load_hf_dir(path: Path, load_weights: bool = True) -> Checkpoint:
@@ -393,6 +458,7 @@ def _read_safetensors_fallback(path: Path) -> dict[str, Tensor]:
 
 def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
     """Write contiguous CPU tensors as one .safetensors file (atomically)."""
+    save_file: Any
     try:
         from safetensors.torch import save_file
     except ImportError:

@@ -7,6 +7,11 @@
     longdoc    Project Gutenberg book text (body between the *** START/END OF markers) as raw
                continuation windows of 1K, 2K, 4K and 7K tokens, 32 of each (SmolLM2 holds
                8192 positions, so 7K leaves room for the output)
+    recall     long-range recall: a book window, then an instruction to quote the passage
+               that follows a cue copied from the window, then the cue; the answer lies at a
+               recorded distance from the prompt's end (RECALL_DEPTHS of the window), so a
+               draft that sees only recent tokens cannot find it. Prompts of exactly
+               RECALL_LENGTHS tokens; `recall.answer_start` / `recall.distance` per prompt
 
 `build_workloads()` tokenizes the datasets with the model's own tokenizer and writes
 `workloads/<model>.npz` (this is run once, here, and the file is shipped); `load_workload()`
@@ -28,11 +33,19 @@ import numpy as np
 from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.errors import UserInputError
 
-WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc")
+WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc", "recall")
 LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
 LONGDOC_PER_LENGTH = 32  # windows of each length (longdoc_prompts)
 MAX_WINDOW_DRAWS = 100  # redraws of a window whose start another window of its length took
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
+RECALL_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)  # whole prompt, tokens
+# Where the cue starts, as a fraction of the book window: 0.1 is far back, 0.95 recent
+RECALL_DEPTHS: tuple[float, ...] = (0.1, 0.4, 0.7, 0.95)
+RECALL_PER_CELL = 4  # windows per (length, depth); the first of each cell come first
+RECALL_CUE = 24  # cue tokens, copied from the window
+RECALL_ANSWER = 64  # tokens of the window after the cue: the passage to quote
+RECALL_INSTRUCTION = ("\n\n---\nQuote, word for word, the passage of the text above that "
+                      "begins with these words:\n\n")
 
 REASONING_PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 CODE_PROMPT = "Complete the following Python function. Reply with the full function in a ```python block.\n\n```python\n{prompt}```"
@@ -41,11 +54,18 @@ BOOKS = ("pg11_alice_in_wonderland.txt", "pg84_frankenstein.txt", "pg1342_pride_
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its token ids and where it came from (dataset:id, or book@char offset)."""
+    """One prompt: its token ids and where it came from (dataset:id, or book@char offset).
+    Recall prompts also say where their answer starts (index into tokens)."""
 
     workload: str
     source: str
     tokens: list[int]
+    answer_start: int | None = None
+
+    @property
+    def distance(self) -> int | None:
+        """Tokens from the start of the answer passage to the end of the prompt."""
+        return None if self.answer_start is None else len(self.tokens) - self.answer_start
 
 
 def default_datasets_dir() -> Path:
@@ -171,8 +191,56 @@ def _book_window(tok: Tokenizer, name: str, body: str, length: int, rng: np.rand
     return Prompt("longdoc", f"{name.split('_')[0]}@{start}+{length}", ids[:length])
 
 
+def recall_prompts(
+    tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
+    lengths: tuple[int, ...] = RECALL_LENGTHS, depths: tuple[float, ...] = RECALL_DEPTHS,
+    per_cell: int = RECALL_PER_CELL,
+) -> list[Prompt]:
+    """Book window + RECALL_INSTRUCTION + a RECALL_CUE-token cue copied from the window at
+    each depth; the answer is the RECALL_ANSWER window tokens after the cue. Raw text (no chat
+    template: the instruct model copies more faithfully without one, and the window is raw
+    text as in longdoc). Order: one window per (length, depth) cell, then the next round.
+    `n` is ignored: the set is lengths x depths x per_cell."""
+    bodies = {b: book_body(data / "gutenberg" / b) for b in BOOKS}
+    instruction = tok.encode(RECALL_INSTRUCTION)
+    out: list[Prompt] = []
+    taken: set[str] = set()
+    k = 0
+    for _ in range(per_cell):
+        for length in lengths:
+            for depth in depths:
+                name = BOOKS[k % len(BOOKS)]
+                k += 1
+                doc_len = length - len(instruction) - RECALL_CUE
+                window = _distinct_window(tok, name, bodies[name], doc_len, rng, taken)
+                taken.add(window.source)
+                out.append(_recall_prompt(tok, window, instruction, depth))
+    return out
+
+
+def _recall_prompt(tok: Tokenizer, window: Prompt, instruction: list[int], depth: float
+                   ) -> Prompt:
+    """The window, the instruction and the cue that starts at the first sentence start at or
+    after `depth` of the window (leaving room for the answer inside it)."""
+    doc = window.tokens
+    last = len(doc) - RECALL_CUE - RECALL_ANSWER
+    cue = min(_sentence_start(tok, doc, int(depth * len(doc))), last)
+    tokens = doc + instruction + doc[cue:cue + RECALL_CUE]
+    answer = cue + RECALL_CUE
+    source = f"{window.source}:cue{cue}:d{len(tokens) - answer}"
+    return Prompt("recall", source, tokens, answer_start=answer)
+
+
+def _sentence_start(tok: Tokenizer, doc: list[int], at: int) -> int:
+    """The first token index >= at that follows a token ending a sentence (else `at`)."""
+    for i in range(max(at, 1), min(len(doc), at + 200)):
+        if tok.decode([doc[i - 1]]).rstrip().endswith((".", "!", "?", '."', '!"', '?"')):
+            return i
+    return at
+
+
 BUILDERS = {"reasoning": reasoning_prompts, "code": code_prompts, "chat": chat_prompts,
-            "longdoc": longdoc_prompts}
+            "longdoc": longdoc_prompts, "recall": recall_prompts}
 
 
 def build_prompts(
@@ -211,6 +279,9 @@ def build_workloads(
         arrays[f"{w}.tokens"] = np.concatenate([np.asarray(p.tokens, dtype=dtype) for p in ps])
         arrays[f"{w}.offsets"] = np.concatenate([[0], np.cumsum([len(p.tokens) for p in ps])]).astype(np.int64)
         arrays[f"{w}.sources"] = np.asarray([p.source for p in ps])
+        if all(p.answer_start is not None for p in ps):
+            arrays[f"{w}.answer_start"] = np.asarray([p.answer_start for p in ps], dtype=np.int64)
+            arrays[f"{w}.distance"] = np.asarray([p.distance for p in ps], dtype=np.int64)
     out = (out_dir or WORKLOAD_DIR) / f"{model}.npz"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.npz")
@@ -228,13 +299,18 @@ def workload_prompts(name: str, model: str = "smollm2-135m", directory: Path | N
                              fix="run vegas_sim.calibrate.workloads.build_workloads(model, tokenizer)"
                                  " or use synthetic prompts for random-weight models")
     with np.load(path, allow_pickle=False) as z:
+        if f"{name}.tokens" not in z.files:
+            raise UserInputError(f"workload {name!r} is not in {path.name}", where=str(path),
+                                 fix="rebuild it with vegas_sim.calibrate.workloads.build_workloads")
         tokens, offsets, sources = z[f"{name}.tokens"], z[f"{name}.offsets"], z[f"{name}.sources"]
-    return [Prompt(name, str(sources[i]), tokens[offsets[i]:offsets[i + 1]].astype(np.int64).tolist())
+        starts = z[f"{name}.answer_start"] if f"{name}.answer_start" in z.files else None
+    return [Prompt(name, str(sources[i]), tokens[offsets[i]:offsets[i + 1]].astype(np.int64).tolist(),
+                   None if starts is None else int(starts[i]))
             for i in range(len(sources))]
 
 
 def load_workload(name: str, model: str = "smollm2-135m", max_len: int | None = None) -> list[list[int]]:
-    """Token ids of each prompt of workload `name` ("reasoning", "code", "chat", "longdoc");
+    """Token ids of each prompt of workload `name` (one of WORKLOADS);
     `max_len` drops longer prompts (e.g. to leave room for the output)."""
     prompts = [p.tokens for p in workload_prompts(name, model)]
     return [p for p in prompts if max_len is None or len(p) <= max_len]
