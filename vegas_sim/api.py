@@ -17,6 +17,9 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.gpus import get_gpu
 from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
+from vegas_sim.sim import acceptance as acceptance_module
+from vegas_sim.sim import latency as latency_module
+from vegas_sim.sim import latency_features, latency_fit
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
@@ -81,10 +84,10 @@ def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
 def fit_latency(trace_set: TraceSet) -> LatencyModel:
     """The latency model of a trace set's model on its measured GPU (cached on disk by the
     set's content hash: `sim.fitcache`)."""
-    import vegas_sim.sim.latency as latency_code
-
     spec = ModelSpec.from_dict(trace_set.meta["model"])
-    key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, (latency_code,))
+    code = (latency_module, latency_features, latency_fit)  # a change to any refits
+    key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, code)
+
     def build() -> LatencyModel:
         model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set))
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
@@ -95,9 +98,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
-    import vegas_sim.sim.acceptance as acceptance_code
-
-    key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_code,))
+    key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_module,))
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
     return fitcache.cached(key, lambda: AcceptanceModel.from_traces(
         trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))

@@ -25,9 +25,9 @@ from vegas_sim.sim.latency import (
     PRIOR_ETA_KV,
     LatencyModel,
     MeasuredGpu,
-    _Physics,
     _steps_max_sum,
 )
+from vegas_sim.sim.latency_features import Physics as _Physics
 
 MODEL = get_preset("qwen3-8b")
 GPU = MeasuredGpu("NVIDIA H200", copy_bandwidth_gbs=4200.0, bf16_tflops=700.0, memory_gb=141.0)

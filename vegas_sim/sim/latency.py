@@ -88,7 +88,6 @@ a max per phase call (closed form over the γ draft steps).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,648 +110,27 @@ from vegas_sim.methods import (
     iteration_plan,
 )
 from vegas_sim.models import ModelSpec
-
-LATENCY_WHERE = "latency.parquet"
-
-FEATURES: tuple[str, ...] = ("const", "gemm", "logits", "kv", "attn", "collect", "rank",
-                             "tokens", "batched", "rows")
-_F = {name: i for i, name in enumerate(FEATURES)}
-
-PHASE_FEATURES: dict[str, tuple[str, ...]] = {
-    "decode": ("const", "gemm", "kv", "tokens", "batched"),
-    "draft_step": ("const", "gemm", "kv", "tokens", "batched"),
-    "verify": ("const", "gemm", "kv", "attn", "collect", "tokens", "batched", "rows"),
-    "prefill": ("const", "gemm", "kv", "attn"),
-    "collect": ("const", "collect"),
-    "select": ("const", "collect", "rank"),
-    "quest_meta": ("const", "kv"),
-    "sample": ("const", "logits"),
-    "other": ("const", "gemm", "kv", "tokens", "batched"),
-}
-# Kernel-level GPU features (sum form only, no roofline prior): fitted when a group is GPU-bound.
-#   tokens   B·n_query · gemm_flops(1) / F: GEMM FLOP time that does not hide under the weight
-#            stream (small-M GEMMs run far from peak), so a step grows with batch even while the
-#            roofline GEMM term is still weight-bound
-#   batched  weight_bytes / BW when B·n_query > 1, else 0: the tensor-core GEMM path costs more
-#            than the GEMV kernels a single-row step runs (measured: decode B=1 8.26 ms, B=2
-#            8.82 ms on the graphed H200 set)
-#   rows     collect_rows, per call: a fixed cost per collected score row (the verify kernel's
-#            extra score stores per row, per layer: vegas-all at 16 rows +3.2 ms at C=1024)
-KERNEL_FEATURES = ("tokens", "batched", "rows")
-# A sum-form fixed cost s up to this many weight streams (weight_bytes / BW) is folded into the
-# `batched` weight-read term when every point takes the batched path (see _sum_group).
-FOLD_WEIGHT_STREAMS = 4.0
-# Upper bounds of the kernel features' coefficients (1 / efficiency): a per-token GEMM cost runs
-# at ≥ 5 % of the measured bf16 rate, the batched path's extra cost (or a fixed cost folded
-# into it) is at most FOLD_WEIGHT_STREAMS weight streams. They keep the sum form from passing a
-# host floor that grows with batch (an eager or launch-bound small model: 135M parameters) off
-# as GPU work; the max form's batch-dependent floor explains such data instead.
-KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
-# Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
-METHOD_INDEPENDENT_PHASES = ("sample", "prefill")
-# Phases of methods.iteration_plan a trace set may lack: 'other' (once-per-iteration draft
-# work); a set without it has that work spread over draft_step and quest_meta.
-OPTIONAL_PHASES = ("other",)
-ANY_METHOD = "any"
-_POOLED = "*"
-
-# Roofline priors (not fits): the efficiency a phase reaches on its GPU work when the trace set
-# cannot tell (no GPU-bound point). Bandwidth-bound streams (KV, scores, logits, ranking) reach
-# ~0.9 of the measured copy bandwidth; GEMMs ~0.7 of the measured bf16 rate (or of the copy
-# bandwidth while weight-bound).
-PRIOR_ETA_KV = 0.9
-PRIOR_ETA_GEMM = 0.7
-# The max form's prior penalty on each log-coefficient, in points: a coefficient moves away from
-# its prior only when more than this many (share-weighted) GPU-bound points ask for it.
-PRIOR_WEIGHT = 2.0
-# Robust loss scale of the max form (|log error| above it counts linearly, like a median).
-MAX_FIT_F_SCALE = 0.05
-# The max form's GPU log-coefficients stay within ± this of their prior (keeps exp() finite).
-MAX_FIT_LOG_RANGE = 30.0
-# The sum form is kept when its median |log error| ≤ this × the max form's.
-SUM_MODE_MARGIN = 0.9
-# The sum form's GPU coefficients are bounded below by 1 / ROOFLINE_SLACK: no kernel beats the
-# measured copy bandwidth / bf16 rate by more than this factor. Without it, on host-bound data the
-# const would absorb the GPU work and leave sub-roofline (or zero, i.e. flat) slopes.
-ROOFLINE_SLACK = 1.25
-# Starting points of the max fit: every coefficient at prior × each scale (the max has zero
-# gradient where all points are host-bound, so one start would stay where it began).
-_MAX_FIT_STARTS = (1.0 / 64, 1.0 / 8, 1.0, 8.0, 64.0, 512.0)
-SOURCES = ("FITTED", "PRIOR", "CAPPED", "BOUND")
-
-
-def prior_coef(phase: str) -> np.ndarray:
-    """[n_features] the roofline prior coefficient (1 / efficiency) of each feature of `phase`.
-
-    const has no prior (0: a host or serial cost is always fitted). attn's prior is 0 except
-    for prefill: with ≤ ~40 query rows attention is bandwidth-bound on any current GPU
-    (Hq/Hkv FLOPs per KV byte per row, far below the FLOP/byte ridge), so its FLOPs overlap the
-    KV read counted by `kv`.
-    """
-    c = np.zeros(len(FEATURES))
-    c[_F["gemm"]] = 1.0 / PRIOR_ETA_GEMM
-    for name in ("logits", "kv", "collect", "rank"):
-        c[_F[name]] = 1.0 / PRIOR_ETA_KV
-    if phase == "prefill":
-        c[_F["attn"]] = 1.0 / PRIOR_ETA_GEMM
-    return c * _mask(phase)
-
-
-_REQUIRED_COLUMNS = ("phase", "method", "batch", "context", "n_query", "kv_read",
-                     "collect_rows", "ms_median")
-
-
-@dataclass(frozen=True)
-class MeasuredGpu:
-    """What the trace set measured (meta.json 'gpu')."""
-
-    name: str
-    copy_bandwidth_gbs: float
-    bf16_tflops: float
-    memory_gb: float
-
-    @classmethod
-    def from_meta(cls, gpu: dict[str, Any]) -> MeasuredGpu:
-        """Build from meta.json's 'gpu' object; TraceSetError names the missing key."""
-        try:
-            out = cls(
-                name=str(gpu["name"]),
-                copy_bandwidth_gbs=float(gpu["copy_bandwidth_gbs"]),
-                bf16_tflops=float(gpu["bf16_tflops"]),
-                memory_gb=float(gpu.get("memory_gb", 0.0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceSetError(
-                f"gpu entry is incomplete or malformed ({exc!r})",
-                where="meta.json, key gpu",
-                fix="record name, copy_bandwidth_gbs and bf16_tflops measured in the run",
-            ) from None
-        if out.copy_bandwidth_gbs <= 0 or out.bf16_tflops <= 0:
-            raise TraceSetError(
-                "measured copy_bandwidth_gbs and bf16_tflops must be positive",
-                where="meta.json, key gpu", fix="re-run the hardware measurement of calibrate",
-            )
-        return out
-
-
-# ---- features ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Physics:
-    """Roofline constants of one (model, GPU): ms per byte / per FLOP and per-entry sizes."""
-
-    ms_per_byte: float
-    ms_per_flop: float
-    weight_ms: float  # weight_bytes / BW
-    gemm_flop_ms_per_token: float  # 2·matmul_params / F
-    logits_ms_per_row: float  # vocab·4 / BW
-    kv_ms_per_token: float  # kv_bytes_per_token / BW
-    page_ms: float  # Quest page metadata (min+max keys, all layers/KV heads) / BW
-    attn_ms_per_row_key: float  # 4·L·Hq·D / F
-    collect_ms_per_row_key: float  # Hq·L·2 / BW
-    rank_ms_per_key: float  # L·4 / BW
-
-    @classmethod
-    def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float) -> _Physics:
-        ms_per_byte = 1e3 / (bandwidth_gbs * 1e9)
-        ms_per_flop = 1e3 / (tflops * 1e12)
-        return cls(
-            ms_per_byte=ms_per_byte,
-            ms_per_flop=ms_per_flop,
-            weight_ms=model.weight_bytes() * ms_per_byte,
-            gemm_flop_ms_per_token=model.gemm_flops(1) * ms_per_flop,
-            logits_ms_per_row=model.vocab * 4 * ms_per_byte,
-            kv_ms_per_token=model.kv_bytes_per_token() * ms_per_byte,
-            page_ms=2 * model.n_layers * model.n_kv_heads * model.head_dim * model.dtype_bytes
-            * ms_per_byte,
-            attn_ms_per_row_key=model.attn_flops(1, 1.0) * ms_per_flop,
-            collect_ms_per_row_key=model.n_heads * model.n_layers * 2 * ms_per_byte,
-            rank_ms_per_key=model.n_layers * 4 * ms_per_byte,
-        )
-
-    def gemm_ms(self, tokens: int | np.ndarray) -> Any:
-        """Roofline GEMM time for `tokens` query rows in flight: weight- or FLOP-bound."""
-        return np.maximum(self.weight_ms, self.gemm_flop_ms_per_token * np.asarray(tokens))
-
-    def intercept_features(self, batch: int, n_query: int, rows: int = 0) -> np.ndarray:
-        """[n_features] the part of the features that does not depend on kv_read."""
-        f = np.zeros(len(FEATURES))
-        tokens = batch * n_query
-        f[_F["const"]] = 1.0
-        f[_F["gemm"]] = float(self.gemm_ms(tokens))
-        f[_F["logits"]] = tokens * self.logits_ms_per_row
-        f[_F["tokens"]] = tokens * self.gemm_flop_ms_per_token
-        f[_F["batched"]] = self.weight_ms if tokens > 1 else 0.0
-        f[_F["rows"]] = float(rows)
-        return f
-
-    def slope_features(self, phase: str, n_query: int, rows: int) -> np.ndarray:
-        """[n_features] features per unit of Σ kv_read (all linear in it)."""
-        f = np.zeros(len(FEATURES))
-        f[_F["kv"]] = self.page_ms if phase == "quest_meta" else self.kv_ms_per_token
-        f[_F["attn"]] = n_query * self.attn_ms_per_row_key
-        f[_F["collect"]] = rows * self.collect_ms_per_row_key
-        f[_F["rank"]] = self.rank_ms_per_key
-        return f
-
-    def features(
-        self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,
-        rows: np.ndarray,
-    ) -> np.ndarray:
-        """[n_rows, n_features] for rows of measured points (kv_sum = Σ_b kv_read_b)."""
-        x = np.zeros((len(batch), len(FEATURES)))
-        x[:, _F["const"]] = 1.0
-        x[:, _F["gemm"]] = self.gemm_ms(batch * n_query)
-        x[:, _F["logits"]] = batch * n_query * self.logits_ms_per_row
-        x[:, _F["kv"]] = kv_sum * (self.page_ms if phase == "quest_meta" else self.kv_ms_per_token)
-        x[:, _F["attn"]] = kv_sum * n_query * self.attn_ms_per_row_key
-        x[:, _F["collect"]] = kv_sum * rows * self.collect_ms_per_row_key
-        x[:, _F["rank"]] = kv_sum * self.rank_ms_per_key
-        tokens = batch * n_query
-        x[:, _F["tokens"]] = tokens * self.gemm_flop_ms_per_token
-        x[:, _F["batched"]] = np.where(tokens > 1, self.weight_ms, 0.0)
-        x[:, _F["rows"]] = rows
-        return x
-
-
-def _mask(phase: str) -> np.ndarray:
-    """[n_features] bool: the features phase `phase` is fitted with."""
-    active = PHASE_FEATURES[phase]
-    return np.array([name in active for name in FEATURES])
-
-
-def _constant(col: np.ndarray) -> bool:
-    return bool(np.ptp(col) <= 1e-9 * max(float(np.abs(col).max()), 1e-300))
-
-
-def _identifiable_mask(phase: str, x: np.ndarray) -> np.ndarray:
-    """The phase's features minus those the group's points cannot separate from another.
-
-    Collinear pairs would get an arbitrary split, which only matters for a what-if (the two
-    sides scale differently), so the rule is fixed and physical:
-    - GEMM never leaves the weight-bound regime (small batch) → no separate const: the fixed
-      overhead is folded into the weight-read term and scales with bandwidth in a what-if.
-    - one n_query only, or collected rows = n_query → no attn term (attention counted as
-      memory-bound reads).
-    - one collect_rows only → collect folded into kv (select: rank folded into collect).
-    """
-    mask = _mask(phase)
-    col = {name: x[:, i] for i, name in enumerate(FEATURES)}
-    if mask[_F["gemm"]] and _constant(col["gemm"]):
-        mask[_F["const"]] = False
-    if mask[_F["attn"]] and mask[_F["kv"]] and _constant(col["attn"] / np.maximum(col["kv"], 1e-300)):
-        mask[_F["attn"]] = False
-    if mask[_F["attn"]] and mask[_F["collect"]] and _constant(
-            col["attn"] / np.maximum(col["collect"], 1e-300)):
-        mask[_F["attn"]] = False  # rows collected = n_query (specextend, vegas-all)
-    if mask[_F["collect"]] and mask[_F["kv"]] and _constant(
-            col["collect"] / np.maximum(col["kv"], 1e-300)):
-        mask[_F["collect"]] = False
-    if mask[_F["rank"]] and mask[_F["collect"]] and _constant(
-            col["rank"] / np.maximum(col["collect"], 1e-300)):
-        mask[_F["rank"]] = False
-    for name in ("tokens", "batched", "rows"):  # one value only: a constant, already counted
-        if mask[_F[name]] and _constant(col[name]):
-            mask[_F[name]] = False
-    return mask
-
-
-def _fit_nnls(x: np.ndarray, t: np.ndarray, lb: np.ndarray | None = None,
-              ub: np.ndarray | None = None) -> np.ndarray:
-    """lb ≤ c ≤ ub (default 0 ≤ c) minimising Σ ((x·c − t) / t)²; x [n, k], t [n], lb/ub [k].
-
-    Solved as NNLS in u = c − lb ≥ 0 (bounded least squares when an upper bound is finite).
-    """
-    from scipy.optimize import lsq_linear, nnls  # fitting only: a cached model never imports it
-
-    a = x / t[:, None]  # relative error: each row weighted by 1/t
-    lo = np.zeros(a.shape[1]) if lb is None else lb
-    rhs = np.ones(len(t)) - a @ lo
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0  # an all-zero feature gets coefficient 0 anyway
-    if ub is None or not np.isfinite(ub).any():
-        u, _ = nnls(a / scale, rhs, maxiter=50 * a.shape[1])
-    else:
-        u = lsq_linear(a / scale, rhs, bounds=(0.0, (ub - lo) * scale), method="bvls").x
-    return np.asarray(lo + u / scale)
-
-
-def _sum_lower_bounds(phase: str, mask: np.ndarray) -> np.ndarray:
-    """[mask.sum()] the sum form's lower bounds: a GPU feature cannot run faster than
-    1 / ROOFLINE_SLACK × the measured rate (0 for const and prior-less features)."""
-    return np.asarray(np.where(prior_coef(phase) > 0, 1.0 / ROOFLINE_SLACK, 0.0)[mask])
-
-
-def _floor_design(tokens: np.ndarray) -> np.ndarray:
-    """[n, 3] the host floor's regressors per row: 1, [B·n_query > 1], B·n_query.
-
-    The floor is h0 + h_batched·[tokens > 1] + h_token·tokens: per-step host (or launch-latency)
-    work grows with the requests in the batch, and a single-row step runs other kernels.
-    """
-    tok = np.asarray(tokens, dtype=float)
-    return np.stack([np.ones_like(tok), (tok > 1).astype(float), tok], axis=1)
-
-
-def _floor_free(z: np.ndarray, xf: np.ndarray | None = None) -> np.ndarray:
-    """[3] bool: the floor regressors the rows can identify: h0 always; the others must vary,
-    and the per-token slope must not be proportional to a GPU feature of xf [n, k] (sampling's
-    logits are ∝ B·n_query: GPU work that a per-token floor would pass off as host time)."""
-    free = np.array([True, not _constant(z[:, 1]), not _constant(z[:, 2])])
-    if free[2] and xf is not None:
-        tok = z[:, 2]
-        free[2] = not any(_constant(xf[:, j] / tok) for j in range(xf.shape[1]))
-    return free
-
-
-def _sum_upper_bounds(mask: np.ndarray) -> np.ndarray:
-    """[mask.sum()] the sum form's upper bounds: KERNEL_MAX for the kernel features, else ∞."""
-    ub = np.array([KERNEL_MAX.get(f, np.inf) for f in FEATURES])
-    return np.asarray(ub[mask])
-
-
-def _max_residuals(
-    p: np.ndarray, x: np.ndarray, z: np.ndarray, logt: np.ndarray, prior: np.ndarray,
-) -> np.ndarray:
-    """[n + k] log(max(h, g)) − log t for the points, then PRIOR_WEIGHT·φ for the priors.
-
-    p = [a_1..a_m, φ_1..φ_k]: the floor h = z · a (ms, a ≥ 0), the GPU work g = x · c with
-    c = prior · exp(φ); x [n, k] the GPU features of the free columns, z [n, m] the floor's.
-    """
-    m = z.shape[1]
-    h = z @ p[:m]  # [n]
-    g = x @ (prior * np.exp(p[m:]))  # [n]
-    return np.concatenate([np.log(np.maximum(np.maximum(h, g), 1e-300)) - logt,
-                           PRIOR_WEIGHT * p[m:]])
-
-
-def _max_jacobian(
-    p: np.ndarray, x: np.ndarray, z: np.ndarray, logt: np.ndarray, prior: np.ndarray,
-) -> np.ndarray:
-    """[n + k, m + k] d residual / d p (the max picks which parameters a point depends on)."""
-    m = z.shape[1]
-    h = z @ p[:m]  # [n]
-    c = prior * np.exp(p[m:])  # [k]
-    g = x @ c  # [n]
-    n, k = x.shape
-    jac = np.zeros((n + k, m + k))
-    gpu = g > h
-    jac[:n, :m] = np.where(gpu[:, None], 0.0, z / np.maximum(h, 1e-300)[:, None])
-    jac[:n, m:] = np.where(gpu[:, None], x * c / np.maximum(g, 1e-300)[:, None], 0.0)
-    jac[n:, m:] = PRIOR_WEIGHT * np.eye(k)
-    return jac
-
-
-def _solve_max(x: np.ndarray, z: np.ndarray, t: np.ndarray, prior: np.ndarray,
-               p0: np.ndarray) -> np.ndarray:
-    from scipy.optimize import least_squares  # fitting only (see _fit_nnls)
-
-    m, k = z.shape[1], x.shape[1]
-    # floor terms ≥ 0 (h0 > 0); each GPU coefficient within e^±MAX_FIT_LOG_RANGE of its prior
-    lo = np.concatenate([[1e-9], np.zeros(m - 1), np.full(k, -MAX_FIT_LOG_RANGE)])
-    hi = np.concatenate([np.full(m, np.inf), np.full(k, MAX_FIT_LOG_RANGE)])
-    res = least_squares(
-        _max_residuals, np.clip(p0, lo, hi), jac=_max_jacobian, args=(x, z, np.log(t), prior),
-        bounds=(lo, hi), loss="soft_l1", f_scale=MAX_FIT_F_SCALE, method="trf", max_nfev=200,
-    )
-    return np.asarray(res.x)
-
-
-def _max_cost(p: np.ndarray, x: np.ndarray, z: np.ndarray, t: np.ndarray,
-              prior: np.ndarray) -> float:
-    r = (_max_residuals(p, x, z, np.log(t), prior) / MAX_FIT_F_SCALE) ** 2
-    return float(np.sum(np.sqrt(1.0 + r) - 1.0))  # soft-L1, up to a constant factor
-
-
-def _fit_max(
-    x: np.ndarray, z: np.ndarray, t: np.ndarray, prior: np.ndarray, starts: list[np.ndarray],
-) -> np.ndarray:
-    """Best p = [a, φ] over the starting points; x [n, k], z [n, m], t [n], prior [k] > 0."""
-    best, best_cost = starts[0], math.inf
-    for p0 in starts:
-        p = _solve_max(x, z, t, prior, p0)
-        cost = _max_cost(p, x, z, t, prior)
-        if cost < best_cost:
-            best, best_cost = p, cost
-    return best
-
-
-def _max_starts(t: np.ndarray, z: np.ndarray, k: int,
-                extra: np.ndarray | None = None) -> list[np.ndarray]:
-    """Starting points: h0 at the median time and the floor's slopes near 0, every φ at
-    log(scale) (+ an NNLS-derived φ)."""
-    h0 = float(np.median(t))
-    a = np.concatenate([[h0], 1e-3 * h0 / np.maximum(z[:, 1:].max(axis=0), 1.0)])  # [m]
-    out = [np.concatenate([a, np.full(k, math.log(s))]) for s in _MAX_FIT_STARTS]
-    if extra is not None:
-        out.append(np.concatenate([a, extra]))
-    return out
-
-
-@dataclass(frozen=True)
-class _Group:
-    """One fitted (phase, method) group: t = coef[const] + max(floor, x_gpu · coef_gpu), the
-    floor = host + host_batched·[B·n_query > 1] + host_per_token·B·n_query (max form)."""
-
-    phase: str
-    method: str
-    coef: np.ndarray  # [n_features], zeros where the phase has no such feature; const = s
-    mask: np.ndarray  # [n_features] bool, the features this group was fitted with
-    x: np.ndarray  # [n_points, n_features] design matrix of the measured points
-    t: np.ndarray  # [n_points] measured ms_median
-    mode: str = "sum"  # "sum" (h = 0, const fitted) or "max" (h fitted, const = 0)
-    host: float = 0.0  # h0, ms
-    host_batched: float = 0.0  # ms added to the floor when B·n_query > 1
-    host_per_token: float = 0.0  # ms per B·n_query row added to the floor
-    source: tuple[str, ...] = ()  # per feature: FITTED / PRIOR / CAPPED / "" (unused)
-    host_source: str = "FITTED"
-    # [n_points] int: the measured (batch, context) point each row belongs to; LOO leaves a
-    # whole point out (its rows share one measurement session). None: one row per point.
-    point: np.ndarray | None = None
-    tokens: np.ndarray | None = None  # [n_points] B·n_query of the measured rows
-    batch: np.ndarray | None = None  # [n_points] B of the measured rows
-    # the fit's residual by batch (see `with_batch_residual`): measured batches [K] and the
-    # median log(measured / fit) of the group's rows at each
-    res_batch: np.ndarray | None = None
-    res_log: np.ndarray | None = None
-
-    def floor(self, tokens: int) -> float:
-        """The host floor (ms) of one call with B·n_query = tokens."""
-        return self.host + self.host_batched * (tokens > 1) + self.host_per_token * tokens
-
-    def floors(self) -> np.ndarray:
-        """[n_points] the host floor of each measured row."""
-        tok = np.ones(len(self.t)) if self.tokens is None else self.tokens
-        return np.asarray(_floor_design(tok) @ self.floor_terms)
-
-    @property
-    def floor_terms(self) -> np.ndarray:
-        """[3] (h0, h_batched, h_per_token), the coefficients of `_floor_design`."""
-        return np.array([self.host, self.host_batched, self.host_per_token])
-
-    @property
-    def serial(self) -> float:
-        return float(self.coef[_F["const"]])
-
-    @property
-    def gpu_coef(self) -> np.ndarray:
-        """[n_features] the coefficients of the GPU features (const zeroed)."""
-        c = self.coef.copy()
-        c[_F["const"]] = 0.0
-        return c
-
-    def predict_points(self) -> np.ndarray:
-        """[n_points] ms the fit predicts for the measured rows (before the batch residual)."""
-        return np.asarray(self.serial + np.maximum(self.floors(), self.x @ self.gpu_coef))
-
-    def with_batch_residual(self) -> _Group:
-        """This group with its residual by batch recorded (`batch_factor` applies it)."""
-        if self.batch is None:
-            return self
-        point = np.arange(len(self.t)) if self.point is None else self.point
-        res_batch, res_log = _batch_residual(self.batch, np.log(self.t / self.predict_points()),
-                                             point)
-        return dataclasses.replace(self, res_batch=res_batch, res_log=res_log)
-
-    def batch_factor(self, batch: int) -> float:
-        """exp(the fit's log residual at this batch): the median over the measured rows of that
-        batch, linear in log B between measured batches, fading to 1 over the octave beyond
-        the measured range (outside it the fitted physics alone extrapolates)."""
-        if self.res_batch is None or self.res_log is None:
-            return 1.0
-        return math.exp(_residual_at(self.res_batch, self.res_log, batch))
-
-    def host_bound(self) -> np.ndarray:
-        """[n_points] bool: the host side (floor, or s in the sum form) exceeds the GPU work."""
-        g = self.x @ self.gpu_coef
-        return np.asarray(np.maximum(self.floors(), self.serial) > g)
-
-    def loo_rel_errors(self) -> np.ndarray:
-        """[n_points] |pred − t| / t, each row predicted by a fit without its whole measured
-        (batch, context) point (`point`; all of that point's rows go out together: same form, the
-        max form restarts from the full fit's parameters only). NaN where nothing is left."""
-        n = len(self.t)
-        point = np.arange(n) if self.point is None else self.point
-        errs = np.full(n, np.nan)
-        if len(np.unique(point)) < 2:
-            return errs
-        mask = self.mask
-        free = _max_free(self.phase, mask)
-        prior = prior_coef(self.phase)[free]
-        z = _floor_design(np.ones(n) if self.tokens is None else self.tokens)
-        zfree = np.array([True, self.host_batched > 0.0, self.host_per_token > 0.0])
-        z = z[:, zfree]  # [n, m]
-        m = z.shape[1]
-        p_full = np.concatenate([self.floor_terms[zfree],
-                                 np.log(np.maximum(self.coef[free], 1e-300) / prior)])
-        for key in np.unique(point):
-            out = point == key  # [n] the rows of the left-out point
-            if self.mode == "sum":
-                c = _fit_nnls(self.x[~out][:, mask], self.t[~out],
-                              _sum_lower_bounds(self.phase, mask), _sum_upper_bounds(mask))
-                pred = self.x[:, mask] @ c  # [n] every row, by the fit without the point
-            else:
-                p = _solve_max(self.x[~out][:, free], z[~out], self.t[~out], prior, p_full)
-                pred = np.maximum(z @ p[:m], self.x[:, free] @ (prior * np.exp(p[m:])))
-            if self.batch is not None:  # times the batch residual of the other points' rows
-                rb, rl = _batch_residual(self.batch[~out], np.log(self.t[~out] / pred[~out]),
-                                         point[~out])
-                pred = pred * np.exp([_residual_at(rb, rl, int(b)) for b in self.batch])
-            errs[out] = np.abs(pred[out] - self.t[out]) / self.t[out]
-        return errs
-
-
-def _batch_residual(batch: np.ndarray, log_res: np.ndarray, point: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(measured batches [K], log residual at each [K]): the median over that batch's
-    measured points (each point's rows first reduced to their median: rows of one point are
-    one measurement session), shrunk toward 0 by its standard error (soft threshold), so that
-    a noisy phase (sampling, selection: ±10–20 % a point) is not bent to its noise."""
-    per_point = pd.DataFrame({"point": point, "batch": batch, "r": log_res}).groupby(
-        "point", sort=False).agg(batch=("batch", "first"), r=("r", "median"))
-    by_batch = per_point.groupby("batch", sort=True)["r"].agg(["median", "std", "count"])
-    # standard error of a median: 1.2533 σ / √n; one point: nothing to gauge its noise by
-    se = np.where(by_batch["count"] > 1, 1.2533 * by_batch["std"].fillna(0.0)
-                  / np.sqrt(by_batch["count"]), np.inf)
-    med = by_batch["median"].to_numpy()
-    return by_batch.index.to_numpy(), np.sign(med) * np.maximum(np.abs(med) - se, 0.0)
-
-
-def _residual_at(res_batch: np.ndarray, res_log: np.ndarray, batch: int) -> float:
-    """The log residual at `batch` (see _Group.batch_factor)."""
-    x, xs = math.log2(batch), np.log2(res_batch)
-    if xs[0] <= x <= xs[-1]:
-        return float(np.interp(x, xs, res_log))
-    edge, beyond = (res_log[0], xs[0] - x) if x < xs[0] else (res_log[-1], x - xs[-1])
-    return float(edge) * max(0.0, 1.0 - beyond)
-
-
-def _kernel_index(phase: str) -> list[int]:
-    """Indices (into FEATURES) of the KERNEL_FEATURES the phase is fitted with."""
-    return [_F[f] for f in KERNEL_FEATURES if f in PHASE_FEATURES[phase]]
-
-
-def _max_free(phase: str, mask: np.ndarray) -> np.ndarray:
-    """[n_features] bool: the GPU features the max form fits (identifiable, prior > 0)."""
-    return np.asarray(mask & (prior_coef(phase) > 0))
-
-
-def _sum_group(phase: str, method: str, x: np.ndarray, t: np.ndarray,
-               kernel_terms: bool = True) -> _Group:
-    """The sum form; kernel_terms=False leaves out KERNEL_FEATURES (roofline features only)."""
-    mask = _identifiable_mask(phase, x)
-    if not kernel_terms:
-        mask &= ~np.isin(FEATURES, KERNEL_FEATURES)
-    coef = np.zeros(len(FEATURES))
-    lb = _sum_lower_bounds(phase, mask)
-    coef[mask] = _fit_nnls(x[:, mask], t, lb, _sum_upper_bounds(mask))
-    w = x[:, _F["batched"]]  # [n] weight_bytes / BW where B·n_query > 1
-    if (kernel_terms and mask[_F["const"]] and _F["batched"] in _kernel_index(phase)
-            and not mask[_F["batched"]] and w.min() > 0
-            and coef[_F["const"]] <= FOLD_WEIGHT_STREAMS * w.min()):
-        # every point runs the batched path (verify): a fixed cost of the size of a few weight
-        # streams is GPU work of the forward pass (norms, RoPE, small kernels), so it is folded
-        # into the weight-read term, as for a weight-bound GEMM: it scales with bandwidth in a
-        # what-if and does not count as host time. A larger one (an eager small model) stays s.
-        mask[_F["const"]], mask[_F["batched"]] = False, True
-        lb = _sum_lower_bounds(phase, mask)
-        coef[:] = 0.0
-        coef[mask] = _fit_nnls(x[:, mask], t, lb, _sum_upper_bounds(mask))
-    at_bound = np.zeros(len(FEATURES), dtype=bool)
-    at_bound[mask] = (lb > 0) & (coef[mask] <= lb * (1 + 1e-9))
-    source = tuple("" if not m else "BOUND" if b else "FITTED" for m, b in zip(mask, at_bound))
-    return _Group(phase, method, coef, mask, x, t, "sum", source=source, host_source="FITTED")
-
-
-def _max_group(phase: str, method: str, x: np.ndarray, t: np.ndarray,
-               nnls_coef: np.ndarray, tokens: np.ndarray, floor_terms: bool = True) -> _Group:
-    """The max form: robust, prior-regularised least squares on log error (see module doc).
-
-    tokens [n] = B·n_query of each row (the host floor's regressor); floor_terms=False fits a
-    constant floor h0 only."""
-    mask = _identifiable_mask(phase, x)
-    free = _max_free(phase, mask)
-    prior = prior_coef(phase)[free]  # [k] > 0
-    xf = x[:, free]  # [n, k]
-    z = _floor_design(tokens)
-    zfree = _floor_free(z, xf) if floor_terms else np.array([True, False, False])
-    zf = z[:, zfree]  # [n, m]
-    m = zf.shape[1]
-    # an extra start from the sum fit's slopes: a GPU-bound group begins near its answer
-    extra = np.log(np.maximum(nnls_coef[free], 1e-3 * prior) / prior)
-    p = _fit_max(xf, zf, t, prior, _max_starts(t, zf, int(free.sum()), extra))
-    terms = np.zeros(3)
-    terms[zfree] = p[:m]
-    h = zf @ p[:m]  # [n] the floor per row
-    c = prior * np.exp(p[m:])
-    g = xf @ c  # [n]
-    gpu = g > h
-    coef = np.zeros(len(FEATURES))
-    coef[free] = c
-    # data weight of each coefficient: Σ over GPU-bound points of its share of g (= the sum of
-    # |d log t̂ / d φ|); it is FITTED when that outweighs the prior's PRIOR_WEIGHT
-    weight = (xf[gpu] * c / g[gpu, None]).sum(axis=0) if gpu.any() else np.zeros(len(c))
-    source = [""] * len(FEATURES)
-    for j, f in enumerate(np.flatnonzero(free)):
-        if weight[j] >= PRIOR_WEIGHT:
-            source[f] = "FITTED"
-        elif p[m + j] < math.log(0.9):
-            source[f] = "CAPPED"
-        else:
-            source[f] = "PRIOR"
-    host_source = "FITTED"
-    if gpu.all():  # no point sits on a floor: h is not identified; no host floor then
-        terms, host_source = np.zeros(3), "PRIOR"
-    return _Group(phase, method, coef, mask, x, t, "max", float(terms[0]), float(terms[1]),
-                  float(terms[2]), tuple(source), host_source, tokens=tokens)
-
-
-def _with_host(grp: _Group, launch_ms: float) -> _Group:
-    """`grp` with its host term (h in the max form, a fitted s in the sum form) = launch_ms."""
-    if grp.mode == "max":
-        return dataclasses.replace(grp, host=launch_ms, host_batched=0.0, host_per_token=0.0)
-    if not grp.mask[_F["const"]]:
-        return grp  # const folded into the GEMM: nothing separate to replace
-    coef = grp.coef.copy()
-    coef[_F["const"]] = launch_ms
-    return dataclasses.replace(grp, coef=coef)
-
-
-def _median_log_error(grp: _Group) -> float:
-    return float(np.median(np.abs(np.log(np.maximum(grp.predict_points(), 1e-300) / grp.t))))
-
-
-def _validate_latency(latency: pd.DataFrame) -> pd.DataFrame:
-    missing = [c for c in _REQUIRED_COLUMNS if c not in latency.columns]
-    if missing:
-        raise TraceSetError(
-            f"missing columns {missing}", where=LATENCY_WHERE,
-            fix="write latency rows with the columns of traces.schema.LATENCY_SCHEMA",
-        )
-    if len(latency) == 0:
-        raise TraceSetError("no latency rows", where=LATENCY_WHERE,
-                            fix="run calibrate to measure the phases")
-    bad_phase = sorted(set(latency["phase"]) - set(PHASES))
-    if bad_phase:
-        raise TraceSetError(f"unknown phases {bad_phase}", where=f"{LATENCY_WHERE}, column phase",
-                            fix=f"use one of: {', '.join(PHASES)}")
-    t = latency["ms_median"].to_numpy(dtype=float)
-    if not np.all(np.isfinite(t) & (t > 0)):
-        raise TraceSetError("ms_median must be finite and > 0",
-                            where=f"{LATENCY_WHERE}, column ms_median",
-                            fix="drop or re-measure the failed points")
-    for col in ("batch", "n_query"):
-        if (latency[col].to_numpy() < 1).any():
-            raise TraceSetError(f"{col} must be >= 1", where=f"{LATENCY_WHERE}, column {col}",
-                                fix="re-measure the point")
-    for col in ("kv_read", "collect_rows", "context"):
-        if (latency[col].to_numpy() < 0).any():
-            raise TraceSetError(f"{col} must be >= 0", where=f"{LATENCY_WHERE}, column {col}",
-                                fix="re-measure the point")
-    return latency
-
-
-# ---- iteration cost ----------------------------------------------------------------------
+from vegas_sim.sim.latency_features import (
+    ANY_METHOD,
+    FEATURES,
+    LATENCY_WHERE,
+    METHOD_INDEPENDENT_PHASES,
+    OPTIONAL_PHASES,
+    PHASE_FEATURES,
+    POOLED,
+    PRIOR_ETA_GEMM,
+    PRIOR_ETA_KV,
+    SOURCES,
+    MeasuredGpu,
+    Physics,
+    prior_coef,
+)
+from vegas_sim.sim.latency_fit import (
+    FittedGroup,
+    fit_group,
+    validate_latency_rows,
+    with_host,
+)
 
 
 def _steps_max_sum(h: float, a: float, b: float, n: int) -> float:
@@ -774,7 +152,7 @@ class _Term:
     """
 
     phase: str
-    group: _Group
+    group: FittedGroup
     kind: str
     repeats: int
     n_query: int
@@ -948,14 +326,11 @@ class IterationCost:
         return out
 
 
-# ---- the model ---------------------------------------------------------------------------
-
-
 class LatencyModel:
     """Per-(phase, method) roofline fits. Build with `LatencyModel.fit` (or `from_meta`)."""
 
     def __init__(
-        self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], _Group],
+        self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], FittedGroup],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
         launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
     ) -> None:
@@ -968,8 +343,8 @@ class LatencyModel:
         self._launch_ms = launch_ms
         # what predictions use: the fitted groups, host terms replaced when launch_ms is given
         self._effective = groups if launch_ms is None else {
-            key: _with_host(grp, launch_ms) for key, grp in groups.items()}
-        self._physics = _Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops)
+            key: with_host(grp, launch_ms) for key, grp in groups.items()}
+        self._physics = Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops)
         self._loo: pd.DataFrame | None = None
         # the fit's residual by batch describes the measured GPU and host: not a what-if's
         self._use_residual = what_if is None and launch_ms is None
@@ -981,15 +356,15 @@ class LatencyModel:
 
         `model` must be the model the rows were measured on; `gpu` is meta.json's 'gpu'.
         """
-        latency = _validate_latency(latency)
-        phys = _Physics.of(model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops)
-        groups: dict[tuple[str, str], _Group] = {}
+        latency = validate_latency_rows(latency)
+        phys = Physics.of(model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops)
+        groups: dict[tuple[str, str], FittedGroup] = {}
         for (phase, method), rows in latency.groupby(["phase", "method"], sort=True):
-            groups[(str(phase), str(method))] = _fit_group(phys, str(phase), str(method), rows)
+            groups[(str(phase), str(method))] = fit_group(phys, str(phase), str(method), rows)
         for phase in METHOD_INDEPENDENT_PHASES:
             rows = latency[latency["phase"] == phase]
             if len(rows):
-                groups[(phase, _POOLED)] = _fit_group(phys, phase, _POOLED, rows)
+                groups[(phase, POOLED)] = fit_group(phys, phase, POOLED, rows)
         longest = latency.groupby("batch")["context"].max().sort_index()
         envelope = tuple(zip(longest.index.astype(int).tolist(), longest.astype(int).tolist()))
         return cls(model, gpu, groups, envelope=envelope)
@@ -1008,13 +383,13 @@ class LatencyModel:
         return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]))
 
     # -- prediction --
-    def _group(self, phase: str, method: str) -> _Group:
+    def _group(self, phase: str, method: str) -> FittedGroup:
         for key in ((phase, method), (phase, ANY_METHOD)):
             if key in self._effective:
                 return self._effective[key]
-        if phase in METHOD_INDEPENDENT_PHASES and (phase, _POOLED) in self._effective:
-            return self._effective[(phase, _POOLED)]
-        measured = sorted({m for (p, m) in self._groups if p == phase and m != _POOLED})
+        if phase in METHOD_INDEPENDENT_PHASES and (phase, POOLED) in self._effective:
+            return self._effective[(phase, POOLED)]
+        measured = sorted({m for (p, m) in self._groups if p == phase and m != POOLED})
         raise TraceSetError(
             f"phase {phase!r} was not measured for method {method!r}"
             + (f" (measured for: {', '.join(measured)})" if measured else ""),
@@ -1043,7 +418,7 @@ class LatencyModel:
         ms = grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
         return ms * self.batch_factor(grp, int(kv.shape[0]))
 
-    def batch_factor(self, grp: _Group, batch: int) -> float:
+    def batch_factor(self, grp: FittedGroup, batch: int) -> float:
         """The group's residual factor at this batch (1 for a what-if GPU or launch cost)."""
         return grp.batch_factor(batch) if self._use_residual else 1.0
 
@@ -1080,7 +455,7 @@ class LatencyModel:
         if self._loo is None:
             recs = []
             for (phase, method), grp in sorted(self._groups.items()):
-                if method == _POOLED:
+                if method == POOLED:
                     continue
                 for e in grp.loo_rel_errors():
                     recs.append({"phase": phase, "method": method, "err": e})
@@ -1120,7 +495,7 @@ class LatencyModel:
     def host_bound_share(self) -> float:
         """Fraction of the measured points (pooled fits excluded) where the host side (h, or the
         serial cost s) exceeds the fitted GPU work: near 1 for an eager, launch-bound runtime."""
-        flags = [grp.host_bound() for (_, m), grp in self._groups.items() if m != _POOLED]
+        flags = [grp.host_bound() for (_, m), grp in self._groups.items() if m != POOLED]
         return float(np.concatenate(flags).mean()) if flags else 0.0
 
     def what_if(self, target: GpuSpec) -> LatencyModel:
@@ -1155,7 +530,7 @@ class LatencyModel:
         What an engine without per-kernel host overhead (CUDA-graph replay) would see: in a
         "max" group the host floor h becomes launch_ms (t = max(launch_ms, g)); in a "sum" group
         the fitted serial cost s becomes launch_ms (t = launch_ms + g). Known limit: a sum group
-        whose const was folded into a weight-bound GEMM (`_identifiable_mask`) keeps that share.
+        whose const was folded into a weight-bound GEMM (`identifiable_mask`) keeps that share.
         GPU terms, what-if scaling and the fits (LOO, coefficients()) are unchanged.
         """
         if not (math.isfinite(launch_ms) and launch_ms >= 0.0):
@@ -1253,41 +628,9 @@ class LatencyModel:
         return out
 
 
-def _fit_group(phys: _Physics, phase: str, method: str, rows: pd.DataFrame) -> _Group:
-    """Fit one group in both forms and keep one by the SUM_MODE_MARGIN rule (module doc).
-
-    Rows are measured points with a uniform batch (kv_read per request).
-    """
-    batch = rows["batch"].to_numpy(dtype=float)
-    n_query = rows["n_query"].to_numpy(dtype=float)
-    kv_sum = batch * rows["kv_read"].to_numpy(dtype=float)  # Σ_b kv_read_b, uniform batch
-    x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float))
-    t = rows["ms_median"].to_numpy(dtype=float)
-    # the form is chosen on the roofline features alone: KERNEL_FEATURES describe GPU kernels,
-    # so they must not explain a host floor away (an eager runtime's ~constant step time would
-    # otherwise be fitted as a weight-stream or per-token cost and extrapolate wrongly)
-    tokens = batch * n_query  # [n]
-    # the measured (batch, context) point of each row, for an honest leave-one-out
-    _, point = np.unique(rows[["batch", "context"]].to_numpy(dtype=np.int64), axis=0,
-                         return_inverse=True)
-    point = np.asarray(point).reshape(-1)
-    # The sum form with its (bounded) kernel features against the max form with its
-    # batch-dependent floor. On floor-bound points the two are alike (a per-token GEMM cost looks
-    # like a floor that grows with batch): KERNEL_MAX keeps implausible GPU costs out of the sum
-    # form, and _floor_free keeps GPU features ∝ tokens out of the floor.
-    roofline = dataclasses.replace(_sum_group(phase, method, x, t, kernel_terms=False),
-                                   tokens=tokens)
-    summed = dataclasses.replace(_sum_group(phase, method, x, t), point=point, tokens=tokens)
-    maxed = _max_group(phase, method, x, t, roofline.coef, tokens)
-    if maxed.host == 0.0 or (  # no point on a host floor: the sum form nests the max form
-            _median_log_error(summed) <= SUM_MODE_MARGIN * _median_log_error(maxed)):
-        chosen = summed
-    else:
-        chosen = dataclasses.replace(maxed, point=point)
-    return dataclasses.replace(chosen, batch=batch).with_batch_residual()
-
-
 LatencyFn = Callable[[np.ndarray], float]
+
+
 __all__ = [
     "FEATURES",
     "PHASE_FEATURES",

@@ -1,0 +1,259 @@
+"""The latency model's roofline features (DESIGN.md, Simulator): which features each phase has,
+the roofline priors and bounds of their coefficients, the measured GPU they are expressed on,
+and `Physics`, the feature values of a batch of calls. Shared by the fit (`latency_fit`) and
+the predictions (`latency`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vegas_sim.errors import TraceSetError
+from vegas_sim.models import ModelSpec
+
+LATENCY_WHERE = "latency.parquet"
+
+
+FEATURES: tuple[str, ...] = ("const", "gemm", "logits", "kv", "attn", "collect", "rank",
+                             "tokens", "batched", "rows")
+
+
+FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
+
+
+PHASE_FEATURES: dict[str, tuple[str, ...]] = {
+    "decode": ("const", "gemm", "kv", "tokens", "batched"),
+    "draft_step": ("const", "gemm", "kv", "tokens", "batched"),
+    "verify": ("const", "gemm", "kv", "attn", "collect", "tokens", "batched", "rows"),
+    "prefill": ("const", "gemm", "kv", "attn"),
+    "collect": ("const", "collect"),
+    "select": ("const", "collect", "rank"),
+    "quest_meta": ("const", "kv"),
+    "sample": ("const", "logits"),
+    "other": ("const", "gemm", "kv", "tokens", "batched"),
+}
+
+
+# Kernel-level GPU features (sum form only, no roofline prior): fitted when a group is GPU-bound.
+#   tokens   B·n_query · gemm_flops(1) / F: GEMM FLOP time that does not hide under the weight
+#            stream (small-M GEMMs run far from peak), so a step grows with batch even while the
+#            roofline GEMM term is still weight-bound
+#   batched  weight_bytes / BW when B·n_query > 1, else 0: the tensor-core GEMM path costs more
+#            than the GEMV kernels a single-row step runs (measured: decode B=1 8.26 ms, B=2
+#            8.82 ms on the graphed H200 set)
+#   rows     collect_rows, per call: a fixed cost per collected score row (the verify kernel's
+#            extra score stores per row, per layer: vegas-all at 16 rows +3.2 ms at C=1024)
+KERNEL_FEATURES = ("tokens", "batched", "rows")
+
+
+# A sum-form fixed cost s up to this many weight streams (weight_bytes / BW) is folded into the
+# `batched` weight-read term when every point takes the batched path (see latency_fit.sum_group).
+FOLD_WEIGHT_STREAMS = 4.0
+
+
+# Upper bounds of the kernel features' coefficients (1 / efficiency): a per-token GEMM cost runs
+# at ≥ 5 % of the measured bf16 rate, the batched path's extra cost (or a fixed cost folded
+# into it) is at most FOLD_WEIGHT_STREAMS weight streams. They keep the sum form from passing a
+# host floor that grows with batch (an eager or launch-bound small model: 135M parameters) off
+# as GPU work; the max form's batch-dependent floor explains such data instead.
+KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
+
+
+# Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
+METHOD_INDEPENDENT_PHASES = ("sample", "prefill")
+
+
+# Phases of methods.iteration_plan a trace set may lack: 'other' (once-per-iteration draft
+# work); a set without it has that work spread over draft_step and quest_meta.
+OPTIONAL_PHASES = ("other",)
+
+
+ANY_METHOD = "any"
+
+
+POOLED = "*"
+
+
+# Roofline priors (not fits): the efficiency a phase reaches on its GPU work when the trace set
+# cannot tell (no GPU-bound point). Bandwidth-bound streams (KV, scores, logits, ranking) reach
+# ~0.9 of the measured copy bandwidth; GEMMs ~0.7 of the measured bf16 rate (or of the copy
+# bandwidth while weight-bound).
+PRIOR_ETA_KV = 0.9
+
+
+PRIOR_ETA_GEMM = 0.7
+
+
+# The max form's prior penalty on each log-coefficient, in points: a coefficient moves away from
+# its prior only when more than this many (share-weighted) GPU-bound points ask for it.
+PRIOR_WEIGHT = 2.0
+
+
+# Robust loss scale of the max form (|log error| above it counts linearly, like a median).
+MAX_FIT_F_SCALE = 0.05
+
+
+# The max form's GPU log-coefficients stay within ± this of their prior (keeps exp() finite).
+MAX_FIT_LOG_RANGE = 30.0
+
+
+# The sum form is kept when its median |log error| ≤ this × the max form's.
+SUM_MODE_MARGIN = 0.9
+
+
+# The sum form's GPU coefficients are bounded below by 1 / ROOFLINE_SLACK: no kernel beats the
+# measured copy bandwidth / bf16 rate by more than this factor. Without it, on host-bound data the
+# const would absorb the GPU work and leave sub-roofline (or zero, i.e. flat) slopes.
+ROOFLINE_SLACK = 1.25
+
+
+# Starting points of the max fit: every coefficient at prior × each scale (the max has zero
+# gradient where all points are host-bound, so one start would stay where it began).
+MAX_FIT_STARTS = (1.0 / 64, 1.0 / 8, 1.0, 8.0, 64.0, 512.0)
+
+
+SOURCES = ("FITTED", "PRIOR", "CAPPED", "BOUND")
+
+
+def prior_coef(phase: str) -> np.ndarray:
+    """[n_features] the roofline prior coefficient (1 / efficiency) of each feature of `phase`.
+
+    const has no prior (0: a host or serial cost is always fitted). attn's prior is 0 except
+    for prefill: with ≤ ~40 query rows attention is bandwidth-bound on any current GPU
+    (Hq/Hkv FLOPs per KV byte per row, far below the FLOP/byte ridge), so its FLOPs overlap the
+    KV read counted by `kv`.
+    """
+    c = np.zeros(len(FEATURES))
+    c[FEATURE_INDEX["gemm"]] = 1.0 / PRIOR_ETA_GEMM
+    for name in ("logits", "kv", "collect", "rank"):
+        c[FEATURE_INDEX[name]] = 1.0 / PRIOR_ETA_KV
+    if phase == "prefill":
+        c[FEATURE_INDEX["attn"]] = 1.0 / PRIOR_ETA_GEMM
+    return c * feature_mask(phase)
+
+
+REQUIRED_COLUMNS = ("phase", "method", "batch", "context", "n_query", "kv_read",
+                     "collect_rows", "ms_median")
+
+
+@dataclass(frozen=True)
+class MeasuredGpu:
+    """What the trace set measured (meta.json 'gpu')."""
+
+    name: str
+    copy_bandwidth_gbs: float
+    bf16_tflops: float
+    memory_gb: float
+
+    @classmethod
+    def from_meta(cls, gpu: dict[str, Any]) -> MeasuredGpu:
+        """Build from meta.json's 'gpu' object; TraceSetError names the missing key."""
+        try:
+            out = cls(
+                name=str(gpu["name"]),
+                copy_bandwidth_gbs=float(gpu["copy_bandwidth_gbs"]),
+                bf16_tflops=float(gpu["bf16_tflops"]),
+                memory_gb=float(gpu.get("memory_gb", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceSetError(
+                f"gpu entry is incomplete or malformed ({exc!r})",
+                where="meta.json, key gpu",
+                fix="record name, copy_bandwidth_gbs and bf16_tflops measured in the run",
+            ) from None
+        if out.copy_bandwidth_gbs <= 0 or out.bf16_tflops <= 0:
+            raise TraceSetError(
+                "measured copy_bandwidth_gbs and bf16_tflops must be positive",
+                where="meta.json, key gpu", fix="re-run the hardware measurement of calibrate",
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class Physics:
+    """Roofline constants of one (model, GPU): ms per byte / per FLOP and per-entry sizes."""
+
+    ms_per_byte: float
+    ms_per_flop: float
+    weight_ms: float  # weight_bytes / BW
+    gemm_flop_ms_per_token: float  # 2·matmul_params / F
+    logits_ms_per_row: float  # vocab·4 / BW
+    kv_ms_per_token: float  # kv_bytes_per_token / BW
+    page_ms: float  # Quest page metadata (min+max keys, all layers/KV heads) / BW
+    attn_ms_per_row_key: float  # 4·L·Hq·D / F
+    collect_ms_per_row_key: float  # Hq·L·2 / BW
+    rank_ms_per_key: float  # L·4 / BW
+
+    @classmethod
+    def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float) -> Physics:
+        ms_per_byte = 1e3 / (bandwidth_gbs * 1e9)
+        ms_per_flop = 1e3 / (tflops * 1e12)
+        return cls(
+            ms_per_byte=ms_per_byte,
+            ms_per_flop=ms_per_flop,
+            weight_ms=model.weight_bytes() * ms_per_byte,
+            gemm_flop_ms_per_token=model.gemm_flops(1) * ms_per_flop,
+            logits_ms_per_row=model.vocab * 4 * ms_per_byte,
+            kv_ms_per_token=model.kv_bytes_per_token() * ms_per_byte,
+            page_ms=2 * model.n_layers * model.n_kv_heads * model.head_dim * model.dtype_bytes
+            * ms_per_byte,
+            attn_ms_per_row_key=model.attn_flops(1, 1.0) * ms_per_flop,
+            collect_ms_per_row_key=model.n_heads * model.n_layers * 2 * ms_per_byte,
+            rank_ms_per_key=model.n_layers * 4 * ms_per_byte,
+        )
+
+    def gemm_ms(self, tokens: int | np.ndarray) -> Any:
+        """Roofline GEMM time for `tokens` query rows in flight: weight- or FLOP-bound."""
+        return np.maximum(self.weight_ms, self.gemm_flop_ms_per_token * np.asarray(tokens))
+
+    def intercept_features(self, batch: int, n_query: int, rows: int = 0) -> np.ndarray:
+        """[n_features] the part of the features that does not depend on kv_read."""
+        f = np.zeros(len(FEATURES))
+        tokens = batch * n_query
+        f[FEATURE_INDEX["const"]] = 1.0
+        f[FEATURE_INDEX["gemm"]] = float(self.gemm_ms(tokens))
+        f[FEATURE_INDEX["logits"]] = tokens * self.logits_ms_per_row
+        f[FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
+        f[FEATURE_INDEX["batched"]] = self.weight_ms if tokens > 1 else 0.0
+        f[FEATURE_INDEX["rows"]] = float(rows)
+        return f
+
+    def slope_features(self, phase: str, n_query: int, rows: int) -> np.ndarray:
+        """[n_features] features per unit of Σ kv_read (all linear in it)."""
+        f = np.zeros(len(FEATURES))
+        f[FEATURE_INDEX["kv"]] = self.page_ms if phase == "quest_meta" else self.kv_ms_per_token
+        f[FEATURE_INDEX["attn"]] = n_query * self.attn_ms_per_row_key
+        f[FEATURE_INDEX["collect"]] = rows * self.collect_ms_per_row_key
+        f[FEATURE_INDEX["rank"]] = self.rank_ms_per_key
+        return f
+
+    def features(
+        self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,
+        rows: np.ndarray,
+    ) -> np.ndarray:
+        """[n_rows, n_features] for rows of measured points (kv_sum = Σ_b kv_read_b)."""
+        x = np.zeros((len(batch), len(FEATURES)))
+        x[:, FEATURE_INDEX["const"]] = 1.0
+        x[:, FEATURE_INDEX["gemm"]] = self.gemm_ms(batch * n_query)
+        x[:, FEATURE_INDEX["logits"]] = batch * n_query * self.logits_ms_per_row
+        x[:, FEATURE_INDEX["kv"]] = kv_sum * (self.page_ms if phase == "quest_meta" else self.kv_ms_per_token)
+        x[:, FEATURE_INDEX["attn"]] = kv_sum * n_query * self.attn_ms_per_row_key
+        x[:, FEATURE_INDEX["collect"]] = kv_sum * rows * self.collect_ms_per_row_key
+        x[:, FEATURE_INDEX["rank"]] = kv_sum * self.rank_ms_per_key
+        tokens = batch * n_query
+        x[:, FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
+        x[:, FEATURE_INDEX["batched"]] = np.where(tokens > 1, self.weight_ms, 0.0)
+        x[:, FEATURE_INDEX["rows"]] = rows
+        return x
+
+
+def feature_mask(phase: str) -> np.ndarray:
+    """[n_features] bool: the features phase `phase` is fitted with."""
+    active = PHASE_FEATURES[phase]
+    return np.array([name in active for name in FEATURES])
+
+
+def constant_feature(col: np.ndarray) -> bool:
+    return bool(np.ptp(col) <= 1e-9 * max(float(np.abs(col).max()), 1e-300))
