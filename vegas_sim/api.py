@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
@@ -41,8 +43,9 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 
     spec = ModelSpec.from_dict(trace_set.meta["model"])
     key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, (latency_code,))
-    return fitcache.cached(key, lambda: LatencyModel.fit(trace_set.latency, spec,
-                                                         measured_gpu(trace_set)))
+    fitted = fitcache.cached(key, lambda: LatencyModel.fit(trace_set.latency, spec,
+                                                           measured_gpu(trace_set)))
+    return _named(fitted, trace_set.name)
 
 
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
@@ -51,8 +54,20 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
 
     key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_code,))
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
-    return fitcache.cached(key, lambda: AcceptanceModel.from_traces(
+    fitted = fitcache.cached(key, lambda: AcceptanceModel.from_traces(
         trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))
+    return _named(fitted, trace_set.name)
+
+
+_Model = TypeVar("_Model", LatencyModel, AcceptanceModel)
+
+
+def _named(fitted: _Model, trace_set: str) -> _Model:
+    """A shallow copy of a (cached) fitted model that carries its trace set's name: two sets of
+    one content share the cached fit but not the name the rows carry."""
+    named = copy.copy(fitted)
+    named.trace_set = trace_set
+    return named
 
 
 @functools.lru_cache(maxsize=8)

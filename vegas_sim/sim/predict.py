@@ -343,6 +343,16 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     return row
 
 
+def provenance(latency: LatencyModel, acceptance: AcceptanceModel) -> dict[str, str]:
+    """The provenance columns of a row: the trace sets the latency and the acceptance were
+    fitted from, and where the acceptance level comes from (a trace set, or anchors)."""
+    acc_set = str(getattr(acceptance, "trace_set", "") or "")
+    source = str(getattr(acceptance, "source", "") or "")
+    return {"latency_traces": str(getattr(latency, "trace_set", "") or ""),
+            "acceptance_traces": acc_set,
+            "acceptance_source": source or (f"trace set {acc_set}" if acc_set else "")}
+
+
 def _check_analytic(sc: Scenario) -> None:
     """The closed form models a saturated closed loop: B requests always running, prompt
     already in the cache (disaggregated), KV room for all of them."""
@@ -394,7 +404,8 @@ def predict_one(
         if key not in cache:
             cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
         base = cache[key]
-    return _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0)
+    row = _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0)
+    return {**row, **provenance(latency, acceptance)}
 
 
 def predict(
@@ -424,6 +435,9 @@ def predict(
         if progress is not None:
             progress(i + 1, len(scenarios))
     return pd.DataFrame(rows)
+
+
+PROVENANCE_COLUMNS = ("latency_traces", "acceptance_traces", "acceptance_source")
 
 
 def is_extrapolated(value: Any) -> bool:
