@@ -63,7 +63,9 @@ def fake_validate(rng: np.random.Generator) -> pd.DataFrame:
         "context": 32768,
         "predicted": pred, "measured": meas, "error_pct": 100 * (pred - meas) / meas,
         "ci_low": pred * 0.98, "ci_high": pred * 1.02, "extrapolated": [False, True] * 4,
-        "regime": ["real"] * 4 + ["random+replay"] * 4})
+        "regime": ["real"] * 4 + ["random+replay"] * 4, "engine": "sim",
+        "gpu": "NVIDIA H200 (measured)", "latency_traces": "smollm2-135m-h200",
+        "acceptance_traces": "smollm2-135m-real", "acceptance_source": "trace set smollm2-135m-real"})
 
 
 def test_csv_round_trip_spreads_rates(tmp_path: Path) -> None:
@@ -166,3 +168,8 @@ def test_report_in_headless_chromium(tmp_path: Path, kind: str) -> None:
         assert chart["svg"] >= 1 and chart["svg_elements"] > 20, chart
         assert chart["marks"] > 0, chart
     assert page.screenshot is not None and page.screenshot.stat().st_size > 10_000
+    assert "Provenance" in page.provenance and "NVIDIA H200 (measured)" in page.provenance
+    if kind == "sweep":  # two methods: each has its heatmap chart, drawn
+        ids = {c["id"] for c in page.charts}
+        assert {"chart-heatmap-vegas", "chart-heatmap-magicdec-stream"} <= ids, ids
+        assert "qwen3-8b-h200" in page.provenance
