@@ -4,7 +4,7 @@ every chart), the marks of extrapolated values, and the plotly layout.
 Colours are fixed by name (methods.METHODS and methods.PHASES order), never by the order a
 chart happens to draw its traces in, so a method keeps its colour from the heatmap to the TPOT
 plot. The method palette is Okabe-Ito (distinguishable with the common colour-vision
-deficiencies).
+deficiencies); vegas-all, a variant of vegas, takes the orange next to its vermillion.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 from vegas_sim.methods import METHODS, PHASES
 
-_METHOD_PALETTE = ("#7f7f7f", "#E69F00", "#56B4E9", "#009E73", "#D55E00", "#CC79A7")
+_METHOD_PALETTE = ("#7f7f7f", "#0072B2", "#CC79A7", "#009E73", "#D55E00", "#E69F00")
 _PHASE_PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
                   "#DA8BC3", "#8C8C8C", "#CCB974")
 # Methods a newer table may name that this build does not know: colours after the fixed ones.
-_SPARE = ("#0072B2", "#F0E442", "#000000", "#999933", "#882255")
+_SPARE = ("#56B4E9", "#000000", "#999933", "#882255", "#44AA99")
 
 METHOD_COLORS: dict[str, str] = dict(zip(METHODS, _METHOD_PALETTE))
 PHASE_COLORS: dict[str, str] = dict(zip(PHASES, _PHASE_PALETTE))

@@ -98,10 +98,11 @@ def parity(df: pd.DataFrame) -> Chart:
                           "<br>error %{customdata:+.2f}%<extra>" + str(regime) + "</extra>"))
     fig.update_layout(**LAYOUT, title=title, xaxis_title="measured throughput (tok/s)",
                       yaxis_title="predicted throughput (tok/s)")
-    fig.update_xaxes(type=kind, range=rng)
-    fig.update_yaxes(type=kind, range=rng, scaleanchor="x", scaleratio=1)
+    # constrain="domain": the square aspect shrinks the plot area, never widens a range
+    fig.update_xaxes(type=kind, range=rng, constrain="domain")
+    fig.update_yaxes(type=kind, range=rng, scaleanchor="x", scaleratio=1, constrain="domain")
     caption = ("open markers: extrapolated (outside the calibrated grid); "
-               + (f"error bars: {interval_caption(d)}" if with_ci else "no interval in the table")
+               + (interval_caption(d) if with_ci else "no interval in the table")
                + ("; log axes (the values span more than "
                   f"{WIDE_RANGE:g}×)" if kind == "log" else "; axes from zero"))
     return Chart(title, fig, caption=caption, table=error_table(d), slug="errors")
@@ -122,8 +123,8 @@ def _baseline_names(d: pd.DataFrame) -> list[str]:
 
 
 def tune_speedups(df: pd.DataFrame) -> Chart:
-    """Speedup of the tuned configuration over vanilla and over the best baseline (named on
-    its bar), per cell."""
+    """Speedup of the tuned configuration over vanilla and over the best baseline (named in
+    the hover and in the tune table), per cell."""
     title = "Tuned speedup per (batch, context)"
     if missing(df, ("batch", "context", "speedup_vs_vanilla")):
         return skip(title, "no batch/context/speedup_vs_vanilla columns")
@@ -133,7 +134,7 @@ def tune_speedups(df: pd.DataFrame) -> Chart:
     for col, lo, hi, name, text in (
         ("speedup_vs_vanilla", "speedup_ci_low", "speedup_ci_high", "over vanilla", None),
         ("speedup_vs_baseline", "speedup_vs_baseline_ci_low", "speedup_vs_baseline_ci_high",
-         "over the best baseline (named on the bar)", _baseline_names(d)),
+         "over the best baseline (named in the table and on hover)", _baseline_names(d)),
     ):
         if col not in d.columns or d[col].isna().all():
             continue
@@ -141,15 +142,15 @@ def tune_speedups(df: pd.DataFrame) -> Chart:
         if has_interval(d, lo, hi):
             err = {"type": "data", "symmetric": False, "array": (d[hi] - d[col]).clip(lower=0),
                    "arrayminus": (d[col] - d[lo]).clip(lower=0)}
-        fig.add_trace(go.Bar(x=labels, y=d[col], name=name, error_y=err, text=text,
-                             textposition="inside", marker={"pattern": patterns(ex)},
-                             hovertemplate="%{x}<br>%{y:.2f}×<br>%{text}<extra>" + name
+        fig.add_trace(go.Bar(x=labels, y=d[col], name=name, error_y=err,
+                             hovertext=text or [""] * len(d), marker={"pattern": patterns(ex)},
+                             hovertemplate="%{x}<br>%{y:.2f}×<br>%{hovertext}<extra>" + name
                                            + "</extra>"))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
     fig.update_layout(**LAYOUT, title=title, barmode="group", yaxis_title="speedup")
     with_ci = has_interval(d, "speedup_ci_low", "speedup_ci_high")
-    caption = (f"error bars: {interval_caption(d)}" if with_ci else
-               interval_caption(d) if "engine" in d.columns else "no interval in the table")
+    caption = (interval_caption(d) if with_ci or "engine" in d.columns
+               else "no interval in the table")
     return Chart(title, fig, caption=f"{caption}; hatched bars: extrapolated")
 
 
