@@ -17,6 +17,7 @@ from vegas_sim.reports import charts, heatmaps, provenance, validate_tune
 from vegas_sim.reports.csv import write_table
 from vegas_sim.reports.html import write_report
 from vegas_sim.reports.style import METHOD_COLORS, PHASE_COLORS
+from vegas_sim.reports.terminal import extrapolation_reasons
 
 
 @pytest.fixture()
@@ -195,3 +196,10 @@ def test_tune_table_names_the_baseline() -> None:
     assert table is not None
     assert table.loc[0, "baseline"] == "magicdec-stream γ=4, s=0.07"
     assert table.loc[0, "extrapolated"] == "yes"
+
+
+def test_terminal_extrapolation_notes_name_the_method() -> None:
+    df = pd.DataFrame({"method": ["vanilla", "vegas", "magicdec-stream"],
+                       "extrapolated": [None, "context beyond;batch beyond", "batch beyond"]})
+    assert extrapolation_reasons(df) == {"batch beyond": ["vegas", "magicdec-stream"],
+                                         "context beyond": ["vegas"]}

@@ -67,15 +67,26 @@ def breakdown_table(df: pd.DataFrame) -> Table:
     return table
 
 
+def extrapolation_reasons(df: pd.DataFrame) -> dict[str, list[str]]:
+    """Each extrapolation reason of the rows (sorted), with the methods whose rows name it."""
+    if "extrapolated" not in df.columns:
+        return {}
+    found: dict[str, list[str]] = {}
+    for method, text in zip(df["method"], df["extrapolated"].fillna("")):
+        for reason in (r.strip() for r in str(text).split(";")):
+            if reason and str(method) not in found.setdefault(reason, []):
+                found[reason].append(str(method))
+    return dict(sorted(found.items()))
+
+
 def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None = None) -> None:
     # Piped output is not wrapped at 80 columns: tables stay one line per method.
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(prediction_table(df))
     console.print(breakdown_table(df))
-    reasons = sorted({r for text in df.get("extrapolated", pd.Series(dtype=str)).fillna("")
-                      for r in str(text).split(";") if r})
     # notes are sentences: one line each, never cut at the table's width
-    for reason in reasons:
-        console.print(f"[yellow]extrapolated:[/yellow] {reason}", soft_wrap=True)
+    for reason, methods in extrapolation_reasons(df).items():
+        console.print(f"[yellow]extrapolated ({', '.join(methods)}):[/yellow] {reason}",
+                      soft_wrap=True)
     for note in notes:
         console.print(f"[dim]note:[/dim] {note}", soft_wrap=True)
