@@ -405,7 +405,8 @@ def predict_one(
             cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
         base = cache[key]
     row = _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0)
-    return {**row, **provenance(latency, acceptance)}
+    # a column the row already has (an anchored acceptance's own source) is kept
+    return {**row, **{k: v for k, v in provenance(latency, acceptance).items() if k not in row}}
 
 
 def predict(
