@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
@@ -93,15 +95,27 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
         return model
 
-    return fitcache.cached(key, build)
+    return _named(fitcache.cached(key, build), trace_set.name)
 
 
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
     key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_module,))
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
-    return fitcache.cached(key, lambda: AcceptanceModel.from_traces(
+    fitted = fitcache.cached(key, lambda: AcceptanceModel.from_traces(
         trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))
+    return _named(fitted, trace_set.name)
+
+
+_Model = TypeVar("_Model", LatencyModel, AcceptanceModel)
+
+
+def _named(fitted: _Model, trace_set: str) -> _Model:
+    """A shallow copy of a (cached) fitted model that carries its trace set's name: two sets of
+    one content share the cached fit but not the name the rows carry."""
+    named = copy.copy(fitted)
+    named.trace_set = trace_set
+    return named
 
 
 def _default_anchor_sets(model_name: str) -> list[AnchorSet]:

@@ -39,6 +39,7 @@ class PageReport:
     console_errors: list[str] = field(default_factory=list)  # console.error + exceptions + log
     requests: list[str] = field(default_factory=list)  # every URL the page requested
     charts: list[dict[str, Any]] = field(default_factory=list)  # per chart div: id, svg children
+    provenance: str = ""  # the text of the page's #provenance block ('' if absent)
     screenshot: Path | None = None
 
     @property
@@ -139,6 +140,9 @@ Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => {
 """
 
 
+_PROVENANCE_PROBE = "(document.getElementById('provenance') || {innerText: ''}).innerText"
+
+
 def inspect_page(html: Path, screenshot: Path | None = None, timeout: float = 40.0) -> PageReport:
     """Load `html` from file:// in headless Chromium; collect errors, requests, charts."""
     binary = find_chromium()
@@ -159,6 +163,9 @@ def inspect_page(html: Path, screenshot: Path | None = None, timeout: float = 40
             probe = pipe.call("Runtime.evaluate", {"expression": _CHART_PROBE,
                                                    "returnByValue": True}, session=session)
             report.charts = list(probe["result"].get("value") or [])
+            block = pipe.call("Runtime.evaluate", {"expression": _PROVENANCE_PROBE,
+                                                   "returnByValue": True}, session=session)
+            report.provenance = str(block["result"].get("value") or "")
             if screenshot is not None:
                 shot = pipe.call("Page.captureScreenshot",
                                  {"format": "png", "captureBeyondViewport": True},

@@ -30,11 +30,21 @@ def test_sweep_then_report(traces: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     table = pd.read_csv(out)
     assert len(table) == 2 * (1 + 2 * 3 * 2)
+    # every row says where its numbers came from (the provenance survives the CSV)
+    assert set(table["latency_traces"]) == {"ts"} and set(table["acceptance_traces"]) == {"ts"}
+    assert set(table["acceptance_source"]) == {"trace set ts"}
+    assert set(table["engine"]) == {"analytic"} and table["gpu"].notna().all()
     html = tmp_path / "s.html"
     res = CliRunner().invoke(report, [str(out), "--out", str(html)])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.strip().splitlines()[-1])["charts"] >= 4
-    assert "<svg" not in html.read_text()[:1000] and html.stat().st_size > 4_000_000
+    page = html.read_text()
+    assert "<svg" not in page[:1000] and html.stat().st_size > 4_000_000
+    assert '<meta name="generator" content="vegas-sim report' in page
+    for method in ("vegas", "magicdec-stream"):
+        assert f'id="chart-heatmap-{method}"' in page
+    block = page[page.index('<section id="provenance">'):]
+    assert "<td>ts</td>" in block[: block.index("</section>")]
 
 
 def test_tune_writes_json(traces: Path, tmp_path: Path) -> None:
@@ -45,7 +55,13 @@ def test_tune_writes_json(traces: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert set(doc["num_speculative_tokens_by_batch"]) == {"1", "4"}
+    assert {c["latency_traces"] for c in doc["cells"]} == {"ts"}
     assert "B=   1 C=   4096" in res.stdout
+    html = tmp_path / "t.html"
+    res = CliRunner().invoke(report, [str(out), "--out", str(html)])
+    assert res.exit_code == 0, res.output
+    page = html.read_text()
+    assert "Tuned configuration per cell" in page and "<td>ts</td>" in page
 
 
 def test_user_errors_become_click_errors(traces: Path, tmp_path: Path) -> None:

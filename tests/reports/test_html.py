@@ -41,7 +41,10 @@ def fake_sweep(rng: np.random.Generator) -> pd.DataFrame:
             "ms_draft_step": draft if method != "vanilla" else 0.0,
             "ms_verify": verify if method != "vanilla" else 0.0,
             "ms_decode": verify if method == "vanilla" else 0.0, "ms_sample": 0.1,
-            "extrapolated": False, "gpu": "NVIDIA H200 (measured)",
+            "tpot_ms_p50": it / acc, "extrapolated": "" if context <= 4096 else
+            "context beyond the traced contexts", "gpu": "NVIDIA H200 (measured)",
+            "latency_traces": "qwen3-8b-h200", "acceptance_traces": "smollm2-135m-real",
+            "acceptance_source": "trace set smollm2-135m-real",
         })
     df = pd.DataFrame(rows)
     keys = ["batch", "context"]
@@ -60,7 +63,9 @@ def fake_validate(rng: np.random.Generator) -> pd.DataFrame:
         "context": 32768,
         "predicted": pred, "measured": meas, "error_pct": 100 * (pred - meas) / meas,
         "ci_low": pred * 0.98, "ci_high": pred * 1.02, "extrapolated": [False, True] * 4,
-        "regime": ["real"] * 4 + ["random+replay"] * 4})
+        "regime": ["real"] * 4 + ["random+replay"] * 4, "engine": "sim",
+        "gpu": "NVIDIA H200 (measured)", "latency_traces": "smollm2-135m-h200",
+        "acceptance_traces": "smollm2-135m-real", "acceptance_source": "trace set smollm2-135m-real"})
 
 
 def test_csv_round_trip_spreads_rates(tmp_path: Path) -> None:
@@ -96,9 +101,10 @@ def test_charts_skip_with_note_when_data_missing(tmp_path: Path) -> None:
     df = df.drop(columns=[c for c in df.columns if c.startswith("ms_")] + ["rates"])
     out = write_report(df, tmp_path / "r.html")
     assert out.charts == ["Speedup over vanilla, each method at its best (γ, s)"]
-    assert len(out.skipped) == 5, out.skipped
+    # a heatmap per method, phases, rates, throughput and TPOT vs batch / context, trade-off
+    assert len(out.skipped) == 9, out.skipped
     html = out.html.read_text()
-    assert "skipped: needs a sweep with at least 2 values" in html
+    assert "skipped: needs at least 2 values of both γ and sparsity" in html
     assert "skipped: the results have a single batch" in html
 
 
@@ -124,7 +130,7 @@ def test_error_table_median_max_per_regime() -> None:
 def test_report_writes_csvs_beside(tmp_path: Path) -> None:
     out = write_report(fake_validate(np.random.default_rng(5)), tmp_path / "v.html")
     names = [p.name for p in out.csvs]
-    assert names == ["v.report.csv", "v.report-errors.csv"]
+    assert names == ["v.report.csv", "v.report-errors.csv", "v.report-row-errors.csv"]
     assert all(p.parent == tmp_path for p in out.csvs)
     errors = pd.read_csv(tmp_path / "v.report-errors.csv")
     assert set(errors["regime"]) == {"real", "random+replay", "all"}
@@ -162,3 +168,8 @@ def test_report_in_headless_chromium(tmp_path: Path, kind: str) -> None:
         assert chart["svg"] >= 1 and chart["svg_elements"] > 20, chart
         assert chart["marks"] > 0, chart
     assert page.screenshot is not None and page.screenshot.stat().st_size > 10_000
+    assert "Provenance" in page.provenance and "NVIDIA H200 (measured)" in page.provenance
+    if kind == "sweep":  # two methods: each has its heatmap chart, drawn
+        ids = {c["id"] for c in page.charts}
+        assert {"chart-heatmap-vegas", "chart-heatmap-magicdec-stream"} <= ids, ids
+        assert "qwen3-8b-h200" in page.provenance

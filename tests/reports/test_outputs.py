@@ -80,14 +80,20 @@ def test_report_rerun_replaces_its_own_outputs(tmp_path: Path, sweep_csv: Path,
                                                small_csv: Path) -> None:
     first = write_report(sweep_csv, tmp_path / "r.html")
     second = write_report(small_csv, tmp_path / "r.html")  # other data, same --out
-    assert [p.name for p in second.csvs] == [p.name for p in first.csvs]
+    assert set(second.csvs) < set(first.csvs)
     assert len(pd.read_csv(tmp_path / "r.report.csv")) == 2
+    # the first report's CSVs the second did not write are gone (they described other data)
+    for stale in set(first.csvs) - set(second.csvs):
+        assert not stale.exists(), stale
+    third = write_report(tmp_path / "sweep.csv", tmp_path / "r.html")
+    assert [p.name for p in third.csvs] == [p.name for p in first.csvs]
 
 
 def test_companion_names_are_short_whole_words(tmp_path: Path, sweep_csv: Path) -> None:
     out = write_report(sweep_csv, tmp_path / "sweep.html")
-    assert [p.name for p in out.csvs] == ["sweep.report.csv", "sweep.report-speedup.csv",
-                                          "sweep.report-phases.csv"]
+    assert [p.name for p in out.csvs] == [
+        "sweep.report.csv", "sweep.report-heatmap-magicdec-stream.csv",
+        "sweep.report-heatmap-vegas.csv", "sweep.report-speedup.csv", "sweep.report-phases.csv"]
     title = "Speedup over vanilla, each method at its best (γ, s)"
     assert _slug(title) == "speedup-over-vanilla"
     for text in (title, "Predicted vs measured (held-out configurations)", "x" * 40):

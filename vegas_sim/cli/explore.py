@@ -205,12 +205,17 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     """Write one self-contained HTML report (opens offline, from disk) from a sweep, tune or
     validate result, plus its CSVs beside it: <stem>.report.csv (the whole table, flat) and
     <stem>.report-<table>.csv (each table under a chart). A rerun replaces them; a file the
-    report did not write (or its input) is never overwritten.
+    report did not write (its input, or an HTML that is not a vegas-sim report) is never
+    overwritten.
 
-    Charts: throughput heatmap over γ × sparsity, speedup over vanilla per method, iteration
-    time by phase, per-position acceptance, throughput vs batch and vs context; for validate
-    results a predicted-vs-measured parity plot and the error table. Charts the data cannot
-    support are listed as skipped.
+    The page opens with the provenance read from the table: trace sets, GPU (measured or
+    what-if), engine, acceptance source, what the intervals are, and the extrapolated rows per
+    method (marked in every chart and table). Charts: throughput over γ × sparsity for every
+    method and cell, speedup over vanilla per method, iteration time by phase, per-position
+    acceptance, throughput and TPOT vs batch and vs context, the throughput–TPOT trade-off; a
+    tune result gets its table with the named baseline; a validate result a parity plot and
+    its error tables. Charts the data cannot support are listed as skipped; a truncated CSV or
+    a text cell in a number column is refused.
 
     Example:
 

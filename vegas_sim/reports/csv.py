@@ -8,6 +8,7 @@ CSV opens in any spreadsheet and `read_table` gives back the same columns.
 
 from __future__ import annotations
 
+import csv as _csv
 import json
 from pathlib import Path
 from typing import Any
@@ -115,12 +116,70 @@ def read_table(path: str | Path, option: str = "RESULTS") -> pd.DataFrame:
     if not path.is_file():
         raise UserInputError(f"{str(path)!r} does not exist", where=option,
                              fix="pass the file written by `vegas-sim sweep --out` (or tune/validate)")
+    if fmt == "csv":
+        check_csv_fields(path, option)
     try:
         df = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
     except Exception as e:  # noqa: BLE001 - pandas/pyarrow raise many types for a corrupt file
         raise UserInputError(f"cannot read {str(path)!r}: {e}", where=option,
                              fix="pass an intact CSV or Parquet result table") from None
     return spread_rates(df)
+
+
+def check_csv_fields(path: Path, option: str = "RESULTS") -> None:
+    """Refuse a CSV whose records do not all have the header's number of fields (a file cut
+    mid-line, or a hand edit): pandas would fill the gap with NaN and draw half a row."""
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        reader = _csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return
+        for record in reader:
+            if record and len(record) != len(header):
+                raise UserInputError(
+                    f"{str(path)!r} line {reader.line_num} has {len(record)} fields, its "
+                    f"header {len(header)}: the file is truncated or was edited by hand",
+                    where=option, fix="write the table again with the command that made it, "
+                                      "or delete that line")
+
+
+# Columns a result table holds numbers in (rate_K and ms_<phase> by their prefix).
+NUMERIC_COLUMNS = (
+    "gamma", "sparsity", "batch", "context", "output_len", "requests", "temperature",
+    "throughput_tok_s", "throughput_ci_low", "throughput_ci_high", "speedup_vs_vanilla",
+    "speedup_ci_low", "speedup_ci_high", "speedup_vs_baseline", "speedup_vs_baseline_ci_low",
+    "speedup_vs_baseline_ci_high", "baseline_gamma", "baseline_sparsity", "baseline_tok_s",
+    "vanilla_tok_s", "acceptance_length", "window_acceptance_length", "tpot_ms_p50",
+    "tpot_ms_p90", "tpot_ms_p99", "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "iter_ms",
+    "predicted", "measured", "error_pct", "ci_low", "ci_high",
+)
+
+
+def _numeric(col: str) -> bool:
+    return col in NUMERIC_COLUMNS or col.startswith(("ms_", "rate_"))
+
+
+def to_numbers(df: pd.DataFrame, where: str = "RESULTS", first_line: int | None = None
+               ) -> pd.DataFrame:
+    """`df` with its number columns as numbers; a cell that is text (not empty) is refused,
+    naming the column and the row (the CSV line when `first_line`, the line of the first row,
+    is given)."""
+    out = df.copy()
+    for col in [c for c in df.columns if _numeric(str(c))]:
+        if pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
+            continue
+        values = pd.to_numeric(df[col], errors="coerce")
+        text = df[col].astype(str).str.strip()
+        bad = values.isna() & df[col].notna() & (text != "") & (text.str.lower() != "nan")
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            at = f"line {first_line + i}" if first_line is not None else f"row {i + 1}"
+            raise UserInputError(
+                f"column {col!r}, {at}, holds {df[col].iloc[i]!r}, not a number",
+                where=where, fix=f"correct or delete that row ({col} must hold numbers); "
+                                 "or write the table again with the command that made it")
+        out[col] = values
+    return out
 
 
 def rate_columns(df: pd.DataFrame) -> list[str]:

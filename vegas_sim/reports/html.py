@@ -33,8 +33,11 @@ from markupsafe import Markup
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, write_atomic
 from vegas_sim.reports import charts as ch
-from vegas_sim.reports.csv import read_table, spread_rates, write_table
-from vegas_sim.reports.templates import REPORT_TEMPLATE
+from vegas_sim.reports import validate_tune as vt
+from vegas_sim.reports.chart import Chart
+from vegas_sim.reports.csv import read_table, spread_rates, to_numbers, write_table
+from vegas_sim.reports.provenance import provenance
+from vegas_sim.reports.templates import GENERATOR, REPORT_TEMPLATE
 
 KINDS = ("sweep", "tune", "validate")
 # The columns each kind's charts are built from: a table without them is not that kind.
@@ -60,6 +63,7 @@ class ReportOutput:
     csvs: list[Path] = field(default_factory=list)
     charts: list[str] = field(default_factory=list)  # titles of the rendered charts
     skipped: list[str] = field(default_factory=list)  # "title: why"
+    tables: list[str] = field(default_factory=list)  # titles of the table-only entries
 
 
 def _version() -> str:
@@ -88,8 +92,19 @@ def load_results(results: pd.DataFrame | str | Path) -> tuple[pd.DataFrame, str 
                                  fix="pass the JSON written by `vegas-sim tune --out`")
         notes = [f"model {doc.get('model')}, method {doc.get('method')}"] if "model" in doc else []
         notes += [str(n) for n in doc.get("notes", [])]
-        return pd.DataFrame(doc["cells"]), "tune", notes
+        return _with_doc_columns(pd.DataFrame(doc["cells"]), doc), "tune", notes
     return read_table(path), None, []
+
+
+def _with_doc_columns(cells: pd.DataFrame, doc: dict[str, object]) -> pd.DataFrame:
+    """A tune JSON's cells, with the document's model / GPU / final engine as columns where
+    the cells lack them (the provenance block reads the table)."""
+    strategy = doc.get("strategy")
+    engine = strategy.get("final_engine") if isinstance(strategy, dict) else None
+    for col, value in (("model", doc.get("model")), ("gpu", doc.get("gpu")), ("engine", engine)):
+        if col not in cells.columns and isinstance(value, str) and value and not cells.empty:
+            cells[col] = value
+    return cells
 
 
 def detect_kind(df: pd.DataFrame) -> str:
@@ -156,11 +171,11 @@ def _check_kind(kind: str | None, hint: str | None, df: pd.DataFrame) -> str:
     return chosen
 
 
-def _charts_for(kind: str, df: pd.DataFrame) -> list[ch.Chart]:
+def _charts_for(kind: str, df: pd.DataFrame) -> list[Chart]:
     if kind == "validate":
-        return [ch.parity(df)]
+        return [vt.parity(df), vt.row_errors(df)]
     if kind == "tune":
-        return [ch.tune_speedups(df), ch.tune_gamma_map(df)]
+        return [vt.tune_table(df), vt.tune_speedups(df), vt.tune_gamma_map(df)]
     return ch.sweep_charts(df)
 
 
@@ -182,7 +197,7 @@ def _table_html(df: pd.DataFrame) -> Markup:
 
 
 def _companions(out: Path, df: pd.DataFrame,
-                charts: list[ch.Chart]) -> list[tuple[Path, pd.DataFrame]]:
+                charts: list[Chart]) -> list[tuple[Path, pd.DataFrame]]:
     """(path, table) of each CSV beside the report: the whole table, then the charts' tables."""
     planned = [(out.with_name(f"{out.stem}.report.csv"), df)]
     used: set[str] = set()
@@ -199,13 +214,33 @@ def _companions(out: Path, df: pd.DataFrame,
     return planned
 
 
-def _previous_companions(out: Path) -> set[str]:
-    """Names of the CSVs that the report now at `out` wrote (its <meta>); none if no report."""
+def _head(out: Path) -> str:
+    """The first 16 KiB of the file at `out` ('' if none): the <meta>s precede plotly.js."""
     try:
         with out.open("rb") as f:
-            head = f.read(16_384).decode("utf-8", "replace")  # the <meta> precedes plotly.js
+            return f.read(16_384).decode("utf-8", "replace")
     except OSError:
-        return set()
+        return ""
+
+
+def _is_our_report(head: str) -> bool:
+    """A report this code wrote: the generator <meta>, or (older reports) the companions one."""
+    return (f'<meta name="generator" content="{GENERATOR}' in head
+            or f'<meta name="{COMPANIONS_META}"' in head)
+
+
+def _check_html_is_ours(out: Path) -> None:
+    """Refuse to replace an existing file at `out` that is not a vegas-sim report."""
+    if os.path.lexists(out) and not _is_our_report(_head(out)):
+        raise UserInputError(
+            f"{str(out)!r} exists and is not a vegas-sim report; writing the report would "
+            "overwrite it", where="--out",
+            fix="choose another --out, or delete the file if it is no longer needed")
+
+
+def _previous_companions(out: Path) -> set[str]:
+    """Names of the CSVs that the report now at `out` wrote (its <meta>); none if no report."""
+    head = _head(out)
     found = re.search(rf'<meta name="{COMPANIONS_META}" content="([^"]*)"', head)
     if found is None:
         return set()
@@ -240,15 +275,27 @@ def _check_overwrites(out: Path, paths: list[Path], source: Path | None) -> None
                     "after it)")
 
 
-def _render(i: int, chart: ch.Chart, result: ReportOutput) -> dict[str, object]:
+def _remove_stale(out: Path, written: list[Path]) -> None:
+    """Delete the CSVs the previous report at `out` wrote that this one did not rewrite: they
+    described other data, and a later report of that name must find no foreign file there."""
+    keep = {p.name for p in written}
+    for name in _previous_companions(out) - keep:
+        path = out.with_name(name)
+        if name.startswith(f"{out.stem}.report") and name.endswith(".csv") and path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def _render(i: int, chart: Chart, result: ReportOutput) -> dict[str, object]:
     """The template's entry for one chart; records it in `result` as drawn or skipped."""
     entry: dict[str, object] = {"title": chart.title, "caption": chart.caption,
-                                "note": chart.note}
+                                "note": chart.note, "id": f"section-{chart.slug or i}"}
     if chart.fig is not None:
         entry["div"] = Markup(pio.to_html(
             chart.fig, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
-            div_id=f"chart-{i}", default_height="420px"))
+            div_id=f"chart-{chart.slug or i}", default_height=f"{chart.height}px"))
         result.charts.append(chart.title)
+    elif chart.table_only:
+        result.tables.append(chart.title)
     else:
         # The note reads "skipped: why" on the page; the list is already of skipped charts.
         result.skipped.append(f"{chart.title}: {chart.note.removeprefix('skipped: ')}")
@@ -276,22 +323,26 @@ def write_report(
     if df.empty:
         raise UserInputError("the results table is empty", where="RESULTS",
                              fix="run a sweep/tune/validate that produces rows")
+    from_csv = not isinstance(results, pd.DataFrame) and Path(results).suffix.lower() == ".csv"
+    df = to_numbers(df, "RESULTS", first_line=2 if from_csv else None)
     kind = _check_kind(kind, hint, df)
     # before any output: no CSVs left beside a failed report
     out = check_out(Path(out_html), (".html", ".htm"))
+    _check_html_is_ours(out)
     source = None if isinstance(results, pd.DataFrame) else Path(results)
     charts = _charts_for(kind, df)
     planned = _companions(out, df, charts)
     _check_overwrites(out, [path for path, _ in planned], source)
     result = ReportOutput(html=out)
     result.csvs = [write_table(table, path) for path, table in planned]
+    _remove_stale(out, result.csvs)
     rendered = [_render(i, chart, result) for i, chart in enumerate(charts)]
     page = jinja2.Environment(autoescape=True).from_string(REPORT_TEMPLATE).render(
         title=title or f"vegas-sim {kind} report", kind=kind, n_rows=len(df),
         generated=_dt.datetime.now().isoformat(timespec="seconds"), version=_version(),
         source=str(results) if source is not None else "",
         notes=[*file_notes, *notes], csvs=[p.name for p in result.csvs], charts=rendered,
-        companions_meta=COMPANIONS_META, companions=json.dumps([p.name for p in result.csvs]),
+        provenance=provenance(df), generator=GENERATOR, companions_meta=COMPANIONS_META, companions=json.dumps([p.name for p in result.csvs]),
         plotly_js=Markup(plotly.offline.get_plotlyjs()),
     )
     write_atomic(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))

@@ -93,6 +93,18 @@ def acceptance_sources(df: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
+def extrapolation_reasons(df: pd.DataFrame) -> dict[str, list[str]]:
+    """Each extrapolation reason of the rows (sorted), with the methods whose rows name it."""
+    if "extrapolated" not in df.columns:
+        return {}
+    found: dict[str, list[str]] = {}
+    for method, text in zip(df["method"], df["extrapolated"].fillna("")):
+        for reason in (r.strip() for r in str(text).split(";")):
+            if reason and str(method) not in found.setdefault(reason, []):
+                found[reason].append(str(method))
+    return dict(sorted(found.items()))
+
+
 def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None = None) -> None:
     # Piped output is not wrapped at 80 columns: tables stay one line per method.
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
@@ -100,11 +112,10 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     console.print(breakdown_table(df))
     for line in kv_lines(df):
         console.print(f"[yellow]KV cache:[/yellow] {line}", soft_wrap=True)
-    reasons = sorted({r for text in df.get("extrapolated", pd.Series(dtype=str)).fillna("")
-                      for r in str(text).split(";") if r})
     # notes are sentences: one line each, never cut at the table's width
-    for reason in reasons:
-        console.print(f"[yellow]extrapolated:[/yellow] {reason}", soft_wrap=True)
+    for reason, methods in extrapolation_reasons(df).items():
+        console.print(f"[yellow]extrapolated ({', '.join(methods)}):[/yellow] {reason}",
+                      soft_wrap=True)
     for source, methods in acceptance_sources(df).items():
         console.print(f"[dim]acceptance of {', '.join(methods)}:[/dim] {source}", soft_wrap=True)
     for note in notes:

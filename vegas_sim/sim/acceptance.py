@@ -411,6 +411,11 @@ def _validate(df: pd.DataFrame, weights_kind: str) -> None:
 class AcceptanceModel:
     """Acceptance per traced configuration; `lookup` answers any (method, γ, s, C, ...)."""
 
+    # Name of the trace set the acceptance was fitted from ('' if unknown), and what the rows'
+    # `acceptance_source` says (empty: "trace set <trace_set>").
+    trace_set: str = ""
+    source: str = ""
+
     def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, _Cell],
                  smooth: bool = True, min_tokens: int = MIN_TOKENS) -> None:
         self._runs = runs  # one row per run: keys, bucket, start context

@@ -329,6 +329,10 @@ class IterationCost:
 class LatencyModel:
     """Per-(phase, method) roofline fits. Build with `LatencyModel.fit` (or `from_meta`)."""
 
+    # Name of the trace set the model was fitted from ('' if unknown): every prediction row
+    # carries it as `latency_traces`, so a shared table still says where its latency came from.
+    trace_set: str = ""
+
     def __init__(
         self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], FittedGroup],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
@@ -521,8 +525,10 @@ class LatencyModel:
             bf16_tflops=base.bf16_tflops * target.bf16_tflops / source.bf16_tflops,
             memory_gb=target.memory_gb,
         )
-        return LatencyModel(self._model, self._measured, self._groups, target, scaled,
-                            self._launch_ms, self._envelope)
+        out = LatencyModel(self._model, self._measured, self._groups, target, scaled,
+                           self._launch_ms, self._envelope)
+        out.trace_set = self.trace_set
+        return out
 
     def without_host_overhead(self, launch_ms: float) -> LatencyModel:
         """The same model with every group's host term replaced by `launch_ms` per phase call.
@@ -537,8 +543,10 @@ class LatencyModel:
             raise UserInputError(f"launch cost must be a finite number of ms >= 0, got {launch_ms}",
                                  where="--graph-launch-ms",
                                  fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
-        return LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                            float(launch_ms), self._envelope)
+        out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
+                           float(launch_ms), self._envelope)
+        out.trace_set = self.trace_set
+        return out
 
     def loo_pct(self, phase: str, method: str) -> float:
         """Median leave-one-out |error| (%) of the group that predicts `phase` for `method`

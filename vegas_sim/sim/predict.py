@@ -428,6 +428,16 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     return row
 
 
+def provenance(latency: LatencyModel, acceptance: AcceptanceModel) -> dict[str, str]:
+    """The provenance columns of a row: the trace sets the latency and the acceptance were
+    fitted from, and where the acceptance level comes from (a trace set, or anchors)."""
+    acc_set = str(getattr(acceptance, "trace_set", "") or "")
+    source = str(getattr(acceptance, "source", "") or "")
+    return {"latency_traces": str(getattr(latency, "trace_set", "") or ""),
+            "acceptance_traces": acc_set,
+            "acceptance_source": source or (f"trace set {acc_set}" if acc_set else "")}
+
+
 def _check_analytic(sc: Scenario) -> None:
     """The closed form models a saturated closed loop: B requests always running (or the mean
     the KV cache holds), prompt already in the cache (disaggregated)."""
@@ -481,7 +491,8 @@ def predict_one(
                acceptance_source(acceptance, scenario.method))
     row.update(interval_columns(row, latency, acceptance, dist,
                                 {p: row[f"ms_{p}"] for p in PHASES}))
-    return row
+    # a column the row already has (an anchored acceptance's own source) is kept
+    return {**row, **{k: v for k, v in provenance(latency, acceptance).items() if k not in row}}
 
 
 def predict(
@@ -511,6 +522,9 @@ def predict(
         if progress is not None:
             progress(i + 1, len(scenarios))
     return pd.DataFrame(rows)
+
+
+PROVENANCE_COLUMNS = ("latency_traces", "acceptance_traces", "acceptance_source")
 
 
 def is_extrapolated(value: Any) -> bool:

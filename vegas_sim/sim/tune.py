@@ -50,7 +50,7 @@ import pandas as pd
 
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
-from vegas_sim.sim.predict import is_extrapolated
+from vegas_sim.sim.predict import PROVENANCE_COLUMNS, is_extrapolated
 from vegas_sim.sim.serving import by_context_range, per_batch_size
 from vegas_sim.sim.sweep import Estimate, SweepRunner
 
@@ -520,4 +520,7 @@ def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None],
                if x is not None and is_extrapolated(x.get("extrapolated"))]
     out["extrapolated"] = bool(reasons)
     out["extrapolated_reasons"] = "; ".join(reasons)
+    for col in ("engine", "gpu", *PROVENANCE_COLUMNS):  # where the numbers came from
+        if col in ch.index:
+            out[col] = ch[col]
     return out

@@ -15,6 +15,7 @@ import pandas as pd
 from vegas_sim.calibrate.workloads import load_workload
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import PHASES
+from vegas_sim.sim.predict import PROVENANCE_COLUMNS
 from vegas_sim.sim.uncertainty import interval, parts_of
 from vegas_sim.validate.heldout import HeldOut
 
@@ -188,6 +189,8 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "measured_phase_ms": format_phases(m.phase_ms),
         "predicted_phase_ms": format_phases(predicted_phase_ms or {}),
         "extrapolated": str(pred.get("extrapolated") or ""),
+        # where the prediction's inputs came from (predict's provenance columns)
+        **{col: str(pred.get(col) or "") for col in ("engine", "gpu", *PROVENANCE_COLUMNS)},
         "notes": notes,
         "wall_s": wall_s,
         "measured_accepted": encode_accepted(m.accepted),
