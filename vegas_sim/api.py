@@ -221,6 +221,7 @@ def predict_methods(
     seed: int = 0,
     replications: int = 5,
     kv_block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
     acceptance_anchors: Sequence[str | Path] = (),
 ) -> tuple[pd.DataFrame, list[str]]:
     """Predict one configuration for each method (plus vanilla, the baseline).
@@ -240,7 +241,7 @@ def predict_methods(
                  sparsity=sparsity if m != "vanilla" else 1.0, batch=batch, context=context,
                  output_len=out_mean, requests=requests, arrival=arrival, workload=workload,
                  temperature=temperature, prefill=prefill, output_dist=out_dist,
-                 kv_block_size=kv_block_size)
+                 kv_block_size=kv_block_size, gpu_memory_utilization=gpu_memory_utilization)
         for m in ordered
     ]
     table = predict(scenarios, latency, acceptance, seed=seed, replications=replications,

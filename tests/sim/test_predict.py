@@ -149,7 +149,7 @@ def test_batch_beyond_the_kv_cache_is_admitted_by_kv_in_use(models: Models) -> N
     # what used to be refused ("needs KV for ... tokens"): vLLM admits by the KV in use and
     # preempts; the rows say how many ran on average and how often requests were preempted
     spec = get_preset("qwen3-8b")
-    cap = kv_capacity(spec, 141.0)  # the synthetic GPU's memory
+    cap = kv_capacity(spec, 141.0, 0.9)  # the synthetic GPU's memory, vLLM's default share
     whole = cap // (8192 + 4096 + 5)  # requests whose whole life fits at once
     row = predict_one(sc(batch=2 * whole, context=8192, output_len=4096), *models,
                       replications=1)

@@ -48,6 +48,9 @@ def _predict_options(f: F) -> F:
         click.option("--kv-block-size", type=int, default=16, show_default=True,
                      help="Tokens per KV-cache block (vLLM's block_size): admission and "
                           "preemption count whole blocks."),
+        click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True,
+                     help="Share of GPU memory for the weights and the KV cache (vLLM's "
+                          "gpu_memory_utilization); the KV cache gets what the weights leave."),
         click.option("--method", "-m", "methods", multiple=True,
                      type=click.Choice(METHODS), default=("vegas",), show_default=True,
                      help="Method(s) to predict side by side; vanilla is always the baseline."),

@@ -86,6 +86,8 @@ class Scenario:
     min_tokens: int | None = None
     output_dist: OutputLengths | None = None  # None: every request generates output_len
     kv_block_size: int = 16  # tokens per KV block (vLLM's default)
+    # share of GPU memory for weights + KV cache (vLLM gpu_memory_utilization, its default)
+    gpu_memory_utilization: float = 0.9
 
     @property
     def max_output(self) -> int:
@@ -130,6 +132,10 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if sc.prefill not in PREFILL_MODES:
         raise UserInputError(f"unknown prefill mode {sc.prefill!r}", where="--prefill",
                              fix=f"use one of: {', '.join(PREFILL_MODES)}")
+    if not 0.0 < sc.gpu_memory_utilization <= 1.0:
+        raise UserInputError(f"GPU memory utilization must be in (0, 1], got "
+                             f"{sc.gpu_memory_utilization}", where="--gpu-memory-utilization",
+                             fix="use vLLM's 0.9, or e.g. 0.95")
     if sc.kv_block_size < 1:
         raise UserInputError(f"KV block size must be >= 1, got {sc.kv_block_size}",
                              where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
@@ -212,9 +218,10 @@ def _slack(sc: Scenario) -> int:
     return 1 if sc.method == "vanilla" else sc.gamma + 1
 
 
-def kv_capacity(model: ModelSpec, gpu_memory_gb: float) -> int:
-    """KV-cache tokens that fit next to the weights: (memory − weights) / bytes per token."""
-    free = gpu_memory_gb * 1e9 - model.param_count() * model.dtype_bytes
+def kv_capacity(model: ModelSpec, gpu_memory_gb: float, utilization: float = 1.0) -> int:
+    """KV-cache tokens that fit next to the weights in `utilization` of the GPU's memory
+    (vLLM's gpu_memory_utilization): (utilization · memory − weights) / bytes per token."""
+    free = utilization * gpu_memory_gb * 1e9 - model.param_count() * model.dtype_bytes
     return max(int(free // model.kv_bytes_per_token()), 0)
 
 
@@ -233,13 +240,13 @@ def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float) -> None:
     longest = sc.max_output if sc.max_output > 0 else model.max_positions - sc.context
     bs = sc.kv_block_size
     per_request = -(-(sc.context + longest + _slack(sc)) // bs) * bs  # KV slots in blocks
-    cap = kv_capacity(model, gpu_memory_gb) // bs * bs
+    cap = kv_capacity(model, gpu_memory_gb, sc.gpu_memory_utilization) // bs * bs
     if per_request > cap:
         raise DoesNotFitError(
             f"one request of {sc.context} + {longest} tokens needs "
             f"{per_request * model.kv_bytes_per_token() / 1e9:.1f} GB of KV cache, but only "
             f"{max(cap, 0) * model.kv_bytes_per_token() / 1e9:.1f} GB is left next to the "
-            f"weights on a {gpu_memory_gb:g} GB GPU",
+            f"weights in {sc.gpu_memory_utilization:g} of a {gpu_memory_gb:g} GB GPU",
             where="--context", fix="shorten --context/--output-len or use a larger GPU (--gpu)")
 
 
@@ -304,7 +311,7 @@ def scenario_kv_capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     if sc.kv_capacity_tokens is not None:
         return sc.kv_capacity_tokens
     mem = gpu_memory(latency)
-    return None if mem is None else kv_capacity(latency.model, mem)
+    return None if mem is None else kv_capacity(latency.model, mem, sc.gpu_memory_utilization)
 
 
 def iteration_cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
