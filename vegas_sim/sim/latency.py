@@ -109,6 +109,7 @@ from vegas_sim.methods import (
     check_sparsity,
     collect_rows,
     iteration_plan,
+    window_kv_read,
 )
 from vegas_sim.models import ModelSpec
 
@@ -148,6 +149,8 @@ FOLD_WEIGHT_STREAMS = 4.0
 # host floor that grows with batch (an eager or launch-bound small model: 135M parameters) off
 # as GPU work; the max form's batch-dependent floor explains such data instead.
 KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
+# Phases whose pass runs the sliding-window layers (their KV read: methods.window_kv_read).
+WINDOW_PHASES = ("decode", "draft_step", "verify", "prefill")
 # Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
 METHOD_INDEPENDENT_PHASES = ("sample", "prefill")
 # Phases of methods.iteration_plan a trace set may lack: 'other' (once-per-iteration draft
@@ -240,40 +243,85 @@ class MeasuredGpu:
 
 @dataclass(frozen=True)
 class _Physics:
-    """Roofline constants of one (model, GPU): ms per byte / per FLOP and per-entry sizes."""
+    """Roofline constants of one (model, GPU): ms per byte / per FLOP and per-entry sizes.
+
+    Mixture of experts: the weight stream of a step over B·n_query rows is the shared weights
+    plus the experts those rows touch (ModelSpec.experts_touched), so `weight_ms_at(tokens)`
+    grows with the batch; a dense model's is the constant `weight_ms`.
+
+    Hybrid attention: the `kv` and `attn` features count the full-attention layers at the
+    phase's kv_read and the sliding-window layers at their window read
+    (methods.window_kv_read: min(W + n_query − 1, C + n_query) per request, in draft and
+    verify alike); one coefficient scales both, as the same kernels read both. A model
+    without window layers has window_kv_ms_per_token = 0 and its features are as before.
+    """
 
     ms_per_byte: float
     ms_per_flop: float
-    weight_ms: float  # weight_bytes / BW
+    weight_ms: float  # weight_bytes(1 token) / BW
     gemm_flop_ms_per_token: float  # 2·matmul_params / F
     logits_ms_per_row: float  # vocab·4 / BW
-    kv_ms_per_token: float  # kv_bytes_per_token / BW
+    kv_ms_per_token: float  # full-attention layers' kv bytes per token / BW
     page_ms: float  # Quest page metadata (min+max keys, all layers/KV heads) / BW
-    attn_ms_per_row_key: float  # 4·L·Hq·D / F
+    attn_ms_per_row_key: float  # 4·L_full·Hq·D / F
     collect_ms_per_row_key: float  # Hq·L·2 / BW
     rank_ms_per_key: float  # L·4 / BW
+    # MoE: weight_ms_at(t) = shared_weight_ms + expert_ms · experts_touched(t) (0: dense)
+    shared_weight_ms: float = 0.0
+    expert_ms: float = 0.0  # one expert's weights in every layer / BW
+    n_experts: int = 0
+    experts_per_token: int = 0
+    window: int = 0  # sliding window W (0: no window layers)
+    window_kv_ms_per_token: float = 0.0  # window layers' kv bytes per token / BW
+    window_attn_ms_per_row_key: float = 0.0  # 4·L_window·Hq·D / F
 
     @classmethod
-    def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float) -> _Physics:
+    def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float,
+           weight_format: str = "bf16") -> _Physics:
         ms_per_byte = 1e3 / (bandwidth_gbs * 1e9)
         ms_per_flop = 1e3 / (tflops * 1e12)
+        moe: dict[str, Any] = {}
+        if model.is_moe:
+            one_expert = model.expert_bytes(weight_format)
+            shared = model.weight_bytes(1, weight_format) - one_expert * model.experts_touched(1)
+            moe = dict(shared_weight_ms=shared * ms_per_byte, expert_ms=one_expert * ms_per_byte,
+                       n_experts=model.n_experts, experts_per_token=model.experts_per_token)
+        per_layer_key = 4.0 * model.n_heads * model.head_dim * ms_per_flop
+        if model.window_layers:
+            moe.update(window=model.sliding_window,
+                       window_kv_ms_per_token=model.window_kv_bytes_per_token() * ms_per_byte,
+                       window_attn_ms_per_row_key=model.n_window_layers * per_layer_key)
         return cls(
             ms_per_byte=ms_per_byte,
             ms_per_flop=ms_per_flop,
-            weight_ms=model.weight_bytes() * ms_per_byte,
+            weight_ms=model.weight_bytes(1, weight_format) * ms_per_byte,
             gemm_flop_ms_per_token=model.gemm_flops(1) * ms_per_flop,
             logits_ms_per_row=model.vocab * 4 * ms_per_byte,
-            kv_ms_per_token=model.kv_bytes_per_token() * ms_per_byte,
+            kv_ms_per_token=(model.full_kv_bytes_per_token() if model.window_layers
+                             else model.kv_bytes_per_token()) * ms_per_byte,
             page_ms=2 * model.n_layers * model.n_kv_heads * model.head_dim * model.dtype_bytes
             * ms_per_byte,
-            attn_ms_per_row_key=model.attn_flops(1, 1.0) * ms_per_flop,
+            attn_ms_per_row_key=(model.n_full_layers * per_layer_key if model.window_layers
+                                 else model.attn_flops(1, 1.0) * ms_per_flop),
             collect_ms_per_row_key=model.n_heads * model.n_layers * 2 * ms_per_byte,
             rank_ms_per_key=model.n_layers * 4 * ms_per_byte,
+            **moe,
         )
+
+    def weight_ms_at(self, tokens: Any) -> Any:
+        """Weight-stream ms of a step over `tokens` rows (scalar or array)."""
+        if not self.n_experts:
+            return self.weight_ms if np.ndim(tokens) == 0 else np.full(np.shape(tokens),
+                                                                       self.weight_ms)
+        e, k = self.n_experts, self.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** np.maximum(np.asarray(tokens, dtype=float), 1.0))
+        out = self.shared_weight_ms + self.expert_ms * touched
+        return float(out) if np.ndim(tokens) == 0 else out
 
     def gemm_ms(self, tokens: int | np.ndarray) -> Any:
         """Roofline GEMM time for `tokens` query rows in flight: weight- or FLOP-bound."""
-        return np.maximum(self.weight_ms, self.gemm_flop_ms_per_token * np.asarray(tokens))
+        return np.maximum(self.weight_ms_at(tokens), self.gemm_flop_ms_per_token
+                          * np.asarray(tokens))
 
     def intercept_features(self, batch: int, n_query: int, rows: int = 0) -> np.ndarray:
         """[n_features] the part of the features that does not depend on kv_read."""
@@ -283,8 +331,17 @@ class _Physics:
         f[_F["gemm"]] = float(self.gemm_ms(tokens))
         f[_F["logits"]] = tokens * self.logits_ms_per_row
         f[_F["tokens"]] = tokens * self.gemm_flop_ms_per_token
-        f[_F["batched"]] = self.weight_ms if tokens > 1 else 0.0
+        f[_F["batched"]] = self.weight_ms_at(tokens) if tokens > 1 else 0.0
         f[_F["rows"]] = float(rows)
+        return f
+
+    def window_features(self, phase: str, n_query: int) -> np.ndarray:
+        """[n_features] features per unit of Σ window read (methods.window_kv_read); zero
+        for a model without window layers and for phases that read no window layers' KV."""
+        f = np.zeros(len(FEATURES))
+        if self.window and phase in WINDOW_PHASES:
+            f[_F["kv"]] = self.window_kv_ms_per_token
+            f[_F["attn"]] = n_query * self.window_attn_ms_per_row_key
         return f
 
     def slope_features(self, phase: str, n_query: int, rows: int) -> np.ndarray:
@@ -298,9 +355,10 @@ class _Physics:
 
     def features(
         self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,
-        rows: np.ndarray,
+        rows: np.ndarray, window_sum: np.ndarray | None = None,
     ) -> np.ndarray:
-        """[n_rows, n_features] for rows of measured points (kv_sum = Σ_b kv_read_b)."""
+        """[n_rows, n_features] for rows of measured points (kv_sum = Σ_b kv_read_b;
+        window_sum = Σ_b window read, for a model with window layers)."""
         x = np.zeros((len(batch), len(FEATURES)))
         x[:, _F["const"]] = 1.0
         x[:, _F["gemm"]] = self.gemm_ms(batch * n_query)
@@ -311,8 +369,11 @@ class _Physics:
         x[:, _F["rank"]] = kv_sum * self.rank_ms_per_key
         tokens = batch * n_query
         x[:, _F["tokens"]] = tokens * self.gemm_flop_ms_per_token
-        x[:, _F["batched"]] = np.where(tokens > 1, self.weight_ms, 0.0)
+        x[:, _F["batched"]] = np.where(tokens > 1, self.weight_ms_at(tokens), 0.0)
         x[:, _F["rows"]] = rows
+        if window_sum is not None and self.window and phase in WINDOW_PHASES:
+            x[:, _F["kv"]] += window_sum * self.window_kv_ms_per_token
+            x[:, _F["attn"]] += window_sum * n_query * self.window_attn_ms_per_row_key
         return x
 
 
@@ -782,6 +843,7 @@ class _Term:
     slope: float  # ms per unit Σ kv_read
     a: float
     d: float
+    window_slope: float = 0.0  # ms per unit Σ window read (hybrid models' window layers)
 
 
 class IterationCost:
@@ -809,6 +871,8 @@ class IterationCost:
             (np.arange(QUEST_PAGE)[:, None] + np.arange(1, gamma + 1)[None, :]) // QUEST_PAGE
         ).astype(np.float64) if method == "magicdec-quest" else None
         self._terms = self._build_terms()
+        self._window = model._physics.window  # hybrid model: per-request window reads
+        self._hybrid = any(t.window_slope for t in self._terms)
         # per batch size, per term: (GPU ms independent of kv_read, host floor ms)
         self._base: dict[int, list[tuple[float, float]]] = {}
         self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
@@ -822,8 +886,10 @@ class IterationCost:
         def add(phase: str, kind: str, repeats: int, nq: int, rows: int, a: float,
                 d: float) -> None:
             grp = self._model._group(phase, m)
-            slope = float(self._model._physics.slope_features(phase, nq, rows) @ grp.gpu_coef)
-            terms.append(_Term(phase, grp, kind, repeats, nq, rows, slope, a, d))
+            phys = self._model._physics
+            slope = float(phys.slope_features(phase, nq, rows) @ grp.gpu_coef)
+            wslope = float(phys.window_features(phase, nq) @ grp.gpu_coef)
+            terms.append(_Term(phase, grp, kind, repeats, nq, rows, slope, a, d, wslope))
 
         if m == "vanilla":
             add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
@@ -904,6 +970,8 @@ class IterationCost:
         `contexts` must be an integer numpy array [B] (the engine's per-request contexts).
         """
         c = contexts  # [B] int64
+        if self._hybrid:
+            return sum(self.breakdown(c).values())
         batch = c.shape[0]
         fast = self._fast.get(batch)
         if fast is None:
@@ -943,6 +1011,8 @@ class IterationCost:
         sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
         out: dict[str, float] = {}
         for t, (b, h) in zip(self._terms, base):
+            if t.window_slope:  # window layers: Σ_b min(W + n_query − 1, C_b + n_query)
+                b += t.window_slope * float(window_kv_read(self._window, c, t.n_query).sum())
             ms = t.repeats * t.group.serial + self._term_ms(t, b, h, batch, csum, c, sel)
             out[t.phase] = out.get(t.phase, 0.0) + ms * self._model.batch_factor(t.group, batch)
         return out
@@ -1031,15 +1101,24 @@ class LatencyModel:
         return True
 
     def phase_ms(
-        self, phase: str, method: str, n_query: int, kv_read: np.ndarray, collect_rows: int = 0
+        self, phase: str, method: str, n_query: int, kv_read: np.ndarray, collect_rows: int = 0,
+        contexts: np.ndarray | None = None,
     ) -> float:
-        """Predicted ms of one call of `phase` for a batch with per-request `kv_read`."""
+        """Predicted ms of one call of `phase` for a batch with per-request `kv_read`.
+
+        `contexts` (C per request) sets the sliding-window layers' read of a hybrid model
+        (methods.window_kv_read); without it C is taken as kv_read − n_query (exact for decode
+        and verify)."""
         if phase not in PHASE_FEATURES:
             raise UserInputError(f"unknown phase {phase!r}", fix=f"use one of: {', '.join(PHASES)}")
         grp = self._group(phase, method)
         kv = np.asarray(kv_read)
         x = self._physics.intercept_features(int(kv.shape[0]), n_query, collect_rows)
         x += self._physics.slope_features(phase, n_query, collect_rows) * float(kv.sum())
+        if self._physics.window:
+            c = kv - n_query if contexts is None else np.asarray(contexts)
+            x += self._physics.window_features(phase, n_query) * float(
+                window_kv_read(self._physics.window, c, n_query).sum())
         ms = grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
         return ms * self.batch_factor(grp, int(kv.shape[0]))
 
@@ -1065,7 +1144,8 @@ class LatencyModel:
         plan = iteration_plan(method, gamma, contexts, sparsity, self._model.max_positions,
                               min_tokens)
         return sum(
-            p.repeats * self.phase_ms(p.phase, method, p.n_query, p.kv_read, p.collect_rows)
+            p.repeats * self.phase_ms(p.phase, method, p.n_query, p.kv_read, p.collect_rows,
+                                      contexts)
             for p in plan
             if p.phase not in OPTIONAL_PHASES or self.measures(p.phase, method)
         )
@@ -1235,7 +1315,13 @@ def _fit_group(phys: _Physics, phase: str, method: str, rows: pd.DataFrame) -> _
     batch = rows["batch"].to_numpy(dtype=float)
     n_query = rows["n_query"].to_numpy(dtype=float)
     kv_sum = batch * rows["kv_read"].to_numpy(dtype=float)  # Σ_b kv_read_b, uniform batch
-    x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float))
+    window_sum = None
+    if phys.window:  # a hybrid model's window layers read min(W + n_query − 1, C + n_query)
+        window_sum = batch * window_kv_read(
+            phys.window, rows["context"].to_numpy(dtype=np.int64),
+            rows["n_query"].to_numpy(dtype=np.int64)).astype(float)
+    x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float),
+                      window_sum)
     t = rows["ms_median"].to_numpy(dtype=float)
     # the form is chosen on the roofline features alone: KERNEL_FEATURES describe GPU kernels,
     # so they must not explain a host floor away (an eager runtime's ~constant step time would
