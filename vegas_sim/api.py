@@ -16,6 +16,11 @@ from vegas_sim import fitcache
 from vegas_sim.gpus import get_gpu
 from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
+
+WEIGHT_FORMAT_NOTES = {
+    "fp8": "1 byte per layer-projection parameter; router and LM head in bf16",
+    "mxfp4": "4.25 bits per expert parameter; attention, router and LM head in bf16",
+}
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
 from vegas_sim.traces.io import TraceSet
@@ -53,7 +58,7 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
 @functools.lru_cache(maxsize=8)
 def load_models(
     model: str | None, traces: Path | None = None, gpu: str | None = None,
-    graph_launch_ms: float | None = None,
+    graph_launch_ms: float | None = None, weight_format: str = "bf16",
 ) -> tuple[LatencyModel, AcceptanceModel, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
 
@@ -61,6 +66,9 @@ def load_models(
 
     graph_launch_ms: replace the measured per-step host overhead by this launch cost (what a
     CUDA-graph engine would see); the GPU work keeps its fitted/roofline terms.
+
+    weight_format: "fp8" / "mxfp4" rescale the weight bytes along the fitted roofline
+    (models.WEIGHT_FORMATS; a what-if, not measured).
     """
     from vegas_sim.traces import catalog
 
@@ -82,6 +90,12 @@ def load_models(
         latency = latency.without_host_overhead(graph_launch_ms)
         notes = [*notes, (f"host overhead replaced by {graph_launch_ms} ms per step "
                           "(CUDA-graph what-if) — NOT measured")]
+    if weight_format != "bf16":
+        latency = latency.with_weight_format(weight_format)
+        notes = [*notes, (f"{weight_format} weights: what-if — weight bytes rescaled "
+                          f"({WEIGHT_FORMAT_NOTES[weight_format]}) and priced at the fitted "
+                          "weight-stream efficiency; dequantisation cost not modelled — NOT "
+                          "measured")]
     return latency, fit_acceptance(acceptance_set), tuple(notes)
 
 
@@ -97,6 +111,7 @@ def predict_methods(
     traces: Path | None = None,
     gpu: str | None = None,
     graph_launch_ms: float | None = None,
+    weight_format: str = "bf16",
     requests: int | None = None,
     arrival: str = "closed",
     workload: str | None = None,
@@ -112,7 +127,7 @@ def predict_methods(
     check_gamma(gamma)
     check_sparsity(sparsity)
     ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
-    latency, acceptance, notes = load_models(model, traces, gpu, graph_launch_ms)
+    latency, acceptance, notes = load_models(model, traces, gpu, graph_launch_ms, weight_format)
     # vanilla's row says γ 1, sparsity 1 (one token, full attention), as sweep's rows do
     scenarios = [
         Scenario(method=m, gamma=gamma if m != "vanilla" else 1,

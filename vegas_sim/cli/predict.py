@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from vegas_sim import api
-from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
+from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors, weight_format_option
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, write_atomic
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
@@ -52,6 +52,7 @@ def _predict_options(f: F) -> F:
                      help="What-if: replace the measured per-step host overhead (large "
                           "in sets measured with an eager runtime) by this launch cost, as a "
                           "CUDA-graph engine would see. Not measured."),
+        weight_format_option,
         click.option("--requests", type=int, default=None,
                      help="Requests to simulate (default: 4 × batch)."),
         click.option("--arrival", default="closed", show_default=True,
@@ -102,6 +103,9 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
 
     \b
         vegas-sim predict --gamma 7 --context 120K --graph-launch-ms 0.5
+
+    \b
+        vegas-sim predict --gamma 7 --weight-format fp8
     """
     with user_errors():
         explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT

@@ -111,7 +111,7 @@ from vegas_sim.methods import (
     iteration_plan,
     window_kv_read,
 )
-from vegas_sim.models import ModelSpec
+from vegas_sim.models import WEIGHT_FORMATS, ModelSpec
 
 LATENCY_WHERE = "latency.parquet"
 
@@ -1028,8 +1028,10 @@ class LatencyModel:
         self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], _Group],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
         launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
+        weight_format: str = "bf16",
     ) -> None:
         self._model = model
+        self._weight_format = weight_format  # models.WEIGHT_FORMATS; not bf16: a what-if
         self._envelope = envelope  # (batch, longest context measured at it), by batch
         self._measured = measured  # what the trace set measured
         self._gpu = effective or measured  # what the features are computed for
@@ -1039,10 +1041,11 @@ class LatencyModel:
         # what predictions use: the fitted groups, host terms replaced when launch_ms is given
         self._effective = groups if launch_ms is None else {
             key: _with_host(grp, launch_ms) for key, grp in groups.items()}
-        self._physics = _Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops)
+        self._physics = _Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops,
+                                    weight_format)
         self._loo: pd.DataFrame | None = None
         # the fit's residual by batch describes the measured GPU and host: not a what-if's
-        self._use_residual = what_if is None and launch_ms is None
+        self._use_residual = what_if is None and launch_ms is None and weight_format == "bf16"
 
     # -- construction --
     @classmethod
@@ -1227,7 +1230,7 @@ class LatencyModel:
             memory_gb=target.memory_gb,
         )
         return LatencyModel(self._model, self._measured, self._groups, target, scaled,
-                            self._launch_ms, self._envelope)
+                            self._launch_ms, self._envelope, self._weight_format)
 
     def without_host_overhead(self, launch_ms: float) -> LatencyModel:
         """The same model with every group's host term replaced by `launch_ms` per phase call.
@@ -1243,7 +1246,24 @@ class LatencyModel:
                                  where="--graph-launch-ms",
                                  fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
         return LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                            float(launch_ms), self._envelope)
+                            float(launch_ms), self._envelope, self._weight_format)
+
+    def with_weight_format(self, weight_format: str) -> LatencyModel:
+        """The same fits with the weight bytes of `weight_format` (models.WEIGHT_FORMATS): the
+        weight-stream features (gemm, batched) are recomputed from the rescaled bytes and
+        priced at the fitted (or prior) efficiencies, i.e. moved along the fitted roofline.
+        A what-if: the trace set measured the model's own dtype; dequantisation cost, FLOP
+        rate and host terms are unchanged. "bf16" gives the measured model back."""
+        if weight_format not in WEIGHT_FORMATS:
+            raise UserInputError(f"unknown weight format {weight_format!r}",
+                                 where="--weight-format",
+                                 fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
+        return LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
+                            self._launch_ms, self._envelope, weight_format)
+
+    @property
+    def weight_format(self) -> str:
+        return self._weight_format
 
     def outside_measured(self, batch: int, longest_context: int) -> list[str]:
         """Why a decode instance of `batch` requests whose KV grows to `longest_context` tokens
@@ -1284,7 +1304,7 @@ class LatencyModel:
 
     @property
     def is_what_if(self) -> bool:
-        return self._what_if is not None
+        return self._what_if is not None or self._weight_format != "bf16"
 
     @property
     def gpu_label(self) -> str:
@@ -1293,6 +1313,8 @@ class LatencyModel:
                  else f"{self._gpu.name} (measured)")
         if self._launch_ms is not None:
             label += f", host overhead replaced by {self._launch_ms:g} ms launch"
+        if self._weight_format != "bf16":
+            label += f", {self._weight_format} weights (what-if, not measured)"
         return label
 
     def methods_covered(self) -> list[str]:
