@@ -168,3 +168,49 @@ def test_presets_and_accounting() -> None:
     np.testing.assert_array_equal(window_kv_read(128, np.array([10, 5000]), 8), [18, 135])
     with pytest.raises(UserInputError, match="window layers"):
         ModelSpec.from_dict({**oss.to_dict(), "window_layers": [30]})
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_hf_checkpoint_round_trip_of_moe_models(arch: str, tmp_path: Any) -> None:
+    """The project's save path writes Hugging Face names; the loader reads them back into the
+    same spec and the same logits (gpt-oss: interleaved gate/up, sinks, biases, layer_types)."""
+    from vegas_sim.calibrate import weights as W
+    from vegas_sim.calibrate.loading import load_model, save_hf_dir
+
+    if arch == "gpt_oss":
+        model = _hybrid_model(seed=5, ffn=32)
+        want = {"model.layers.0.self_attn.sinks", "model.layers.1.mlp.experts.gate_up_proj",
+                "model.layers.2.mlp.router.bias", "model.layers.0.self_attn.o_proj.bias"}
+    else:
+        model = tiny_model(arch, seed=5, n_experts=6, experts_per_token=2, expert_ffn=32,
+                           qk_norm=True)
+        want = {"model.layers.1.mlp.gate.weight", "model.layers.0.mlp.experts.5.down_proj.weight"}
+    save_hf_dir(model, tmp_path, dtype=torch.float32)
+    assert want <= set(W.read_safetensors(tmp_path / "model.safetensors"))
+    back, _, _ = load_model(str(tmp_path), dtype=torch.float32)
+    assert back.spec.to_dict() | {"name": ""} == model.spec.to_dict() | {"name": ""}
+    tokens = torch.arange(3, 40)[None]
+    cache_a, cache_b = model.new_cache(1, 64), back.new_cache(1, 64)
+    assert torch.equal(model.forward(tokens, cache_a), back.forward(tokens, cache_b))
+
+
+def test_hf_spec_of_the_public_configs_and_mxfp4_refusal() -> None:
+    from vegas_sim.calibrate.weights import hf_spec
+
+    oss = PRESETS["gpt-oss-20b"]
+    cfg = {"model_type": "gpt_oss", "num_hidden_layers": 24, "hidden_size": 2880,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "intermediate_size": 2880, "vocab_size": 201088, "max_position_embeddings": 131072,
+           "rope_theta": 150000, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+           "attention_bias": True, "num_local_experts": 32, "num_experts_per_tok": 4,
+           "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12}
+    assert hf_spec(cfg) == oss
+    with pytest.raises(UserInputError, match="quantised \\(mxfp4\\)"):
+        hf_spec({**cfg, "quantization_config": {"quant_method": "mxfp4"}})
+    q3 = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+          "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+          "intermediate_size": 6144, "moe_intermediate_size": 768, "vocab_size": 151936,
+          "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+          "tie_word_embeddings": False, "num_experts": 128, "num_experts_per_tok": 8,
+          "norm_topk_prob": True}
+    assert hf_spec(q3) == PRESETS["qwen3-30b-a3b"]
