@@ -284,8 +284,9 @@ class _Physics:
         if model.is_moe:
             one_expert = model.expert_bytes(weight_format)
             shared = model.weight_bytes(1, weight_format) - one_expert * model.experts_touched(1)
-            moe = dict(shared_weight_ms=shared * ms_per_byte, expert_ms=one_expert * ms_per_byte,
-                       n_experts=model.n_experts, experts_per_token=model.experts_per_token)
+            moe = {"shared_weight_ms": shared * ms_per_byte,
+                   "expert_ms": one_expert * ms_per_byte, "n_experts": model.n_experts,
+                   "experts_per_token": model.experts_per_token}
         per_layer_key = 4.0 * model.n_heads * model.head_dim * ms_per_flop
         if model.window_layers:
             moe.update(window=model.sliding_window,
