@@ -15,7 +15,10 @@ PASS/FAIL table are always written (also on SIGTERM). --tune adds a small launch
 sweep of verify attention (~1 minute) and prints `TUNED` entries for
 vegas_sim/kernels/verify_attention.py. The last lines are a table of the targets with PASS/FAIL.
 
-Rows of the CSV: `kind` (copy, c2q, verify, sdpa, sparse, select, b1, probe, error, tune,
+Step oss: Collect-2 and Collect-all overhead at gpt-oss-20b's shape (Hq 64, Hkv 8, D 64, 12
+rows), beside the Vegas paper's 37 % / 189 %.
+
+Rows of the CSV: `kind` (copy, c2q, verify, sdpa, sparse, select, b1, oss, probe, error, tune,
 variant, sweep), the
 shape columns, `ms` (median of CUDA-graph replays, triton.testing.do_bench_cudagraph: host
 launch overhead excluded, as in the calibration runtime; inputs rotated past the L2), `gbps`
@@ -672,6 +675,47 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
         torch.cuda.empty_cache()
 
 
+# gpt-oss-20b's attention (Hq 64, Hkv 8: G 8, D 64) at the paper's 12 verify rows: B, C, NQ
+OSS_SHAPE = (64, 8, 64)  # Hq, Hkv, D
+OSS_SHAPES = [(1, 32768, 12), (4, 32768, 12), (4, 131072, 12)]
+# Vegas paper, gpt-oss-20b at 12 rows: score collection overhead over plain verify
+OSS_PAPER_PCT = {"first_last": 37.0, "all": 189.0}
+
+
+def bench_gpt_oss_collect(args: argparse.Namespace, copy_bw: float,
+                          out: list[dict[str, Any]]) -> None:
+    """Collect-2 (first_last) and Collect-all overhead over collect none at gpt-oss-20b's
+    head ratio and head dimension (rows kind=oss), printed beside the paper's 37 % / 189 %."""
+    global HQ, HKV, D, SCALE
+    saved = HQ, HKV, D, SCALE
+    HQ, HKV, D = OSS_SHAPE
+    SCALE = D ** -0.5
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    try:
+        for B, C, NQ in OSS_SHAPES:
+            try:
+                caches, lens, q = verify_inputs(gen, B, C, NQ)
+                base = bench(verify_call(caches, q, lens, "none", C))
+                for collect in ("first_last", "all"):
+                    ms = bench(verify_call(caches, q, lens, collect, C))
+                    ovh = 100 * (ms / base - 1)
+                    gb = kv_bytes(B, C) / ms / 1e6
+                    paper = OSS_PAPER_PCT[collect]
+                    out.append(row("oss", batch=B, context=C, n_query=NQ, collect=collect,
+                                   ms=ms, gbps=gb, ratio_copy=gb / copy_bw, overhead_pct=ovh,
+                                   config=f"Hq{HQ} Hkv{HKV} D{D}",
+                                   note=f"none {base:.4f} ms; paper {paper:.0f} %"))
+                    print(f"oss     B={B:2d} C={C:6d} NQ={NQ:2d} {collect:10s} ms={ms:.4f} "
+                          f"none={base:.4f} ovh%={ovh:6.1f} (paper {paper:.0f} %)", flush=True)
+                del caches
+            except ContextLost:
+                raise
+            except Exception as e:  # noqa: BLE001 - one shape must not stop the run
+                failed(out, "oss", e, batch=B, context=C, n_query=NQ)
+    finally:
+        HQ, HKV, D, SCALE = saved
+
+
 B1_SPLITS = [(16, 128), (32, 64), (16, 64), (32, 128)]
 
 
@@ -906,8 +950,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved timings of each verify call (grid and selection step); "
                         "the fastest is kept")
-    p.add_argument("--only", default="c2q,b1,verify,sparse,select,probe",
-                   help="comma list of c2q,b1,verify,sparse,select,probe")
+    p.add_argument("--only", default="c2q,b1,verify,sparse,select,oss,probe",
+                   help="comma list of c2q,b1,verify,sparse,select,oss,probe (oss: "
+                        "gpt-oss-20b's Hq 64 / Hkv 8 / D 64 collection overhead)")
     p.add_argument("--summary", type=Path, metavar="CSV",
                    help="print the summary and target table of a saved run's CSV (no GPU)")
     args = p.parse_args(argv)
@@ -937,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
     # and the big cache last. No step starts after --step-budget-s seconds (recorded).
     steps: list[tuple[str, Callable[..., None]]] = [
         ("c2q", bench_c2q_candidates), ("verify", bench_verify), ("select", bench_selection),
-        ("sparse", bench_sparse), ("b1", bench_b1_configs),
+        ("sparse", bench_sparse), ("oss", bench_gpt_oss_collect), ("b1", bench_b1_configs),
         ("verify", partial(bench_verify, big=True)), ("sparse", partial(bench_sparse, big=True)),
         ("probe", probe_int32_offsets)]
     t0 = time.time()

@@ -22,6 +22,11 @@ from vegas_sim.models import ModelSpec
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim import latency_features, latency_fit
+
+WEIGHT_FORMAT_NOTES = {
+    "fp8": "1 byte per layer-projection parameter; router and LM head in bf16",
+    "mxfp4": "4.25 bits per expert parameter; attention, router and LM head in bf16",
+}
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
@@ -165,6 +170,7 @@ def anchor_acceptance(
 def load_models(
     model: str | None, traces: Path | None = None, gpu: str | None = None,
     graph_launch_ms: float | None = None, acceptance_anchors: tuple[str, ...] = (),
+    weight_format: str = "bf16",
 ) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
 
@@ -173,6 +179,9 @@ def load_models(
 
     graph_launch_ms: replace the measured per-step host overhead by this launch cost (what a
     CUDA-graph engine would see); the GPU work keeps its fitted/roofline terms.
+
+    weight_format: "fp8" / "mxfp4" rescale the weight bytes along the fitted roofline
+    (models.WEIGHT_FORMATS; a what-if, not measured).
     """
     from vegas_sim.traces import catalog
 
@@ -194,6 +203,12 @@ def load_models(
         latency = latency.without_host_overhead(graph_launch_ms)
         notes = [*notes, (f"host overhead replaced by {graph_launch_ms} ms per step "
                           "(CUDA-graph what-if) — NOT measured")]
+    if weight_format != "bf16":
+        latency = latency.with_weight_format(weight_format)
+        notes = [*notes, (f"{weight_format} weights: what-if — weight bytes rescaled "
+                          f"({WEIGHT_FORMAT_NOTES[weight_format]}) and priced at the fitted "
+                          "weight-stream efficiency; dequantisation cost not modelled — NOT "
+                          "measured")]
     acceptance, anchor_notes = anchor_acceptance(
         fit_acceptance(acceptance_set), acceptance_set, latency_set.model_name,
         acceptance_anchors)
@@ -212,6 +227,7 @@ def predict_methods(
     traces: Path | None = None,
     gpu: str | None = None,
     graph_launch_ms: float | None = None,
+    weight_format: str = "bf16",
     requests: int | None = None,
     arrival: str = "closed",
     workload: str | None = None,
@@ -234,7 +250,8 @@ def predict_methods(
     ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
     out_mean, out_dist = output_lengths(output_len)
     latency, acceptance, notes = load_models(model, traces, gpu, graph_launch_ms,
-                                             tuple(str(a) for a in acceptance_anchors))
+                                             tuple(str(a) for a in acceptance_anchors),
+                                             weight_format)
     # vanilla's row says γ 1, sparsity 1 (one token, full attention), as sweep's rows do
     scenarios = [
         Scenario(method=m, gamma=gamma if m != "vanilla" else 1,

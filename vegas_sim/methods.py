@@ -136,6 +136,18 @@ def draft_kv_read(
     return selected + step
 
 
+def window_kv_read(window: int, contexts: np.ndarray, n_query: int | np.ndarray) -> np.ndarray:
+    """KV entries one sliding-window layer reads per request in a pass of `n_query` rows over
+    a context of C tokens: the union of the rows' windows, min(W + n_query − 1, C + n_query).
+
+    The same in draft and verify (a window layer runs its window in both). A draft step k
+    reads min(W, C + k); it is counted as min(W, C + 1) here (they differ only when C < W − 1,
+    contexts far below any draft budget), so a latency row needs no draft-step index.
+    """
+    contexts = np.asarray(contexts, dtype=np.int64)
+    return np.minimum(window + n_query - 1, contexts + n_query)
+
+
 # Methods whose draft builds its index once per iteration ('other': StreamingLLM index lists,
 # Quest page counts and Quest's page-metadata update after acceptance); the selected-keys
 # methods build theirs in 'select'.

@@ -99,12 +99,23 @@ def yarn_scaling(factor: float, original_max: int, **kw: Any) -> RopeScaling:
     return RopeScaling("yarn", factor, original_max, **kw)
 
 
+# Weight formats of the latency what-ifs (`ModelSpec.weight_bytes`): "bf16" as measured;
+# "fp8" 1 byte per parameter of every layer projection (attention, dense MLP, experts; the
+# router and LM head stay in the model dtype, as fine-grained FP8 checkpoints ship them);
+# "mxfp4" 4.25 bits per expert parameter (4-bit values + one 8-bit scale per 32), the rest in
+# the model dtype, as gpt-oss ships.
+WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4")
+MXFP4_BYTES = 4.25 / 8
+ATTENTION_KINDS = ("full", "window")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """The shape of a decoder-only transformer (Llama / Qwen2 / Qwen3 families)."""
+    """The shape of a decoder-only transformer (Llama / Qwen2 / Qwen3 families; Qwen3-MoE and
+    gpt-oss: routed experts and, for gpt-oss, sliding-window layers)."""
 
     name: str
-    architecture: str  # "llama" | "qwen2" | "qwen3"
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "gpt_oss"
     n_layers: int
     hidden: int
     n_heads: int
@@ -120,6 +131,32 @@ class ModelSpec:
     qkv_bias: bool = False  # Qwen2: bias on q, k, v projections
     rope_scaling: RopeScaling | None = None  # llama3 or yarn (RopeScaling)
     dtype: str = "bfloat16"
+    # ---- mixture of experts and hybrid attention (0 / () / False: a dense, full-attention
+    # model; `to_dict` leaves these out at their defaults, so dense meta.json files are as before)
+    n_experts: int = 0  # routed experts per layer (every layer is MoE when > 0)
+    experts_per_token: int = 0  # top-k
+    expert_ffn: int = 0  # one expert's FFN width (Qwen3-MoE moe_intermediate_size)
+    sliding_window: int = 0  # keys a window layer attends (the newest ones, its own included)
+    window_layers: tuple[int, ...] = ()  # indices of the sliding-window layers
+    attention_sinks: bool = False  # gpt-oss: a learned per-head logit in every softmax
+    o_bias: bool = False  # gpt-oss: bias on the output projection
+    moe_bias: bool = False  # gpt-oss: bias on the router and on every expert projection
+    moe_activation: str = "silu"  # "silu" (SwiGLU) | "gpt_oss" (clamped, alpha 1.702, limit 7)
+
+    def __post_init__(self) -> None:
+        bad = [i for i in self.window_layers if not 0 <= i < self.n_layers]
+        if bad or (self.window_layers and self.sliding_window < 1):
+            raise UserInputError(
+                f"window layers {list(self.window_layers)} with sliding window "
+                f"{self.sliding_window} do not fit {self.n_layers} layers",
+                where=f"model {self.name}",
+                fix="give layer indices in [0, n_layers) and a sliding_window >= 1")
+        if self.n_experts and not (0 < self.experts_per_token <= self.n_experts
+                                   and self.expert_ffn > 0):
+            raise UserInputError(
+                f"{self.n_experts} experts need 1 <= experts_per_token <= n_experts and "
+                f"expert_ffn > 0 (got {self.experts_per_token}, {self.expert_ffn})",
+                where=f"model {self.name}", fix="copy them from the model's config.json")
 
     # ---- accounting -----------------------------------------------------------------
     @property
@@ -131,30 +168,102 @@ class ModelSpec:
         """Query heads per KV head (GQA)."""
         return self.n_heads // self.n_kv_heads
 
-    def layer_params(self) -> int:
-        """Matmul parameters of one transformer layer (norms ignored)."""
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def attention_params(self) -> int:
+        """Projection parameters of one layer's attention (q, k, v, o)."""
         q = self.hidden * self.n_heads * self.head_dim
         kv = 2 * self.hidden * self.n_kv_heads * self.head_dim
         o = self.n_heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.ffn
-        return q + kv + o + mlp
+        return q + kv + o
+
+    def expert_params(self) -> int:
+        """Parameters of one expert (gate, up, down); 0 for a dense model."""
+        return 3 * self.hidden * self.expert_ffn if self.is_moe else 0
+
+    def router_params(self) -> int:
+        return self.hidden * self.n_experts
+
+    def layer_params(self) -> int:
+        """Matmul parameters of one transformer layer (norms ignored); every expert counted."""
+        if self.is_moe:
+            return (self.attention_params() + self.router_params()
+                    + self.n_experts * self.expert_params())
+        return self.attention_params() + 3 * self.hidden * self.ffn
+
+    def active_layer_params(self) -> int:
+        """Matmul parameters one token uses in one layer (top-k experts only)."""
+        if self.is_moe:
+            return (self.attention_params() + self.router_params()
+                    + self.experts_per_token * self.expert_params())
+        return self.layer_params()
 
     def matmul_params(self) -> int:
-        """Parameters touched by the GEMMs of one forward (layers + LM head)."""
-        return self.n_layers * self.layer_params() + self.vocab * self.hidden
+        """Parameters one token's GEMMs use in one forward (layers + LM head; active experts)."""
+        return self.n_layers * self.active_layer_params() + self.vocab * self.hidden
 
     def param_count(self) -> int:
         embed = self.vocab * self.hidden
         head = 0 if self.tie_embeddings else self.vocab * self.hidden
         return self.n_layers * self.layer_params() + embed + head
 
-    def weight_bytes(self) -> int:
-        """Bytes of weights one forward reads from memory (the GEMM weights)."""
-        return self.matmul_params() * self.dtype_bytes
+    def experts_touched(self, tokens: float) -> float:
+        """Expected distinct experts one layer reads for `tokens` routed tokens under a
+        balanced router: E·(1 − (1 − k/E)^tokens) (k at one token, → E at large batch)."""
+        if not self.is_moe:
+            return 0.0
+        e, k = self.n_experts, self.experts_per_token
+        return float(e * (1.0 - (1.0 - k / e) ** max(tokens, 1.0)))
+
+    def weight_bytes(self, tokens: float = 1, weight_format: str = "bf16") -> float:
+        """Bytes of weights one forward over `tokens` query rows reads (the GEMM weights):
+        attention + router + the experts those tokens touch + LM head. A dense model reads
+        the same whatever `tokens`. `weight_format` rescales them (WEIGHT_FORMATS: a what-if)."""
+        if weight_format not in WEIGHT_FORMATS:
+            raise UserInputError(f"unknown weight format {weight_format!r}",
+                                 where="--weight-format", fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
+        if not self.is_moe and weight_format == "bf16":
+            return self.matmul_params() * self.dtype_bytes  # int-valued, as before
+        db = float(self.dtype_bytes)
+        proj_b = 1.0 if weight_format == "fp8" else db
+        if self.is_moe:
+            layer = self.attention_params() * proj_b + self.router_params() * db
+            experts = self.experts_touched(tokens) * self.expert_bytes(weight_format)
+        else:
+            layer, experts = self.layer_params() * proj_b, 0.0
+        return self.n_layers * layer + experts + self.vocab * self.hidden * db
+
+    def expert_bytes(self, weight_format: str = "bf16") -> float:
+        """Bytes of one expert over all layers in `weight_format` (0 for a dense model)."""
+        per_param = {"bf16": float(self.dtype_bytes), "fp8": 1.0, "mxfp4": MXFP4_BYTES}
+        return float(self.n_layers * self.expert_params() * per_param[weight_format])
 
     def gemm_flops(self, tokens: int) -> float:
-        """FLOPs of the dense part (projections, MLP, LM head) for `tokens` query rows."""
+        """FLOPs of the dense part (projections, active experts, LM head) for `tokens` rows."""
         return 2.0 * self.matmul_params() * tokens
+
+    # ---- attention kinds ---------------------------------------------------------------
+    def layer_kind(self, layer: int) -> str:
+        """"window" for a sliding-window layer, else "full" (ATTENTION_KINDS)."""
+        return "window" if layer in self.window_layers else "full"
+
+    @property
+    def n_window_layers(self) -> int:
+        return len(set(self.window_layers))
+
+    @property
+    def n_full_layers(self) -> int:
+        return self.n_layers - self.n_window_layers
+
+    def full_kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token over the full-attention layers (all layers when dense)."""
+        return 2 * self.n_full_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    def window_kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token over the sliding-window layers."""
+        return 2 * self.n_window_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
     def kv_bytes_per_token(self) -> int:
         """K and V bytes of one token over all layers."""
@@ -168,6 +277,11 @@ class ModelSpec:
         d = dataclasses.asdict(self)
         if self.rope_scaling is not None:
             d["rope_scaling"] = self.rope_scaling.to_json()
+        for f in _MOE_HYBRID_FIELDS:  # left out at their defaults: dense dicts unchanged
+            if d[f.name] == f.default:
+                del d[f.name]
+        if "window_layers" in d:
+            d["window_layers"] = list(self.window_layers)
         return d
 
     @classmethod
@@ -176,7 +290,14 @@ class ModelSpec:
         kwargs = {k: v for k, v in d.items() if k in known}
         if kwargs.get("rope_scaling") is not None:
             kwargs["rope_scaling"] = RopeScaling.from_json(kwargs["rope_scaling"])
+        if kwargs.get("window_layers") is not None:
+            kwargs["window_layers"] = tuple(int(i) for i in kwargs["window_layers"])
         return cls(**kwargs)
+
+
+_MOE_HYBRID_FIELDS = tuple(f for f in dataclasses.fields(ModelSpec) if f.name in (
+    "n_experts", "experts_per_token", "expert_ffn", "sliding_window", "window_layers",
+    "attention_sinks", "o_bias", "moe_bias", "moe_activation"))
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -199,6 +320,23 @@ PRESETS: dict[str, ModelSpec] = {
         name="llama-3.1-8b", architecture="llama", n_layers=32, hidden=4096, n_heads=32,
         n_kv_heads=8, head_dim=128, ffn=14336, vocab=128256, max_positions=131072,
         rope_theta=500000.0, rms_eps=1e-5, rope_scaling=llama3_scaling(8.0, 1.0, 4.0, 8192),
+    ),
+    # huggingface.co/Qwen/Qwen3-30B-A3B config.json (model_type qwen3_moe, norm_topk_prob true)
+    "qwen3-30b-a3b": ModelSpec(
+        name="qwen3-30b-a3b", architecture="qwen3_moe", n_layers=48, hidden=2048, n_heads=32,
+        n_kv_heads=4, head_dim=128, ffn=6144, vocab=151936, max_positions=40960,
+        rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=False, qk_norm=True,
+        n_experts=128, experts_per_token=8, expert_ffn=768,
+    ),
+    # huggingface.co/openai/gpt-oss-20b config.json (model_type gpt_oss; layer_types
+    # [sliding_attention, full_attention] x 12; YaRN factor 32 over 4096 not modelled here)
+    "gpt-oss-20b": ModelSpec(
+        name="gpt-oss-20b", architecture="gpt_oss", n_layers=24, hidden=2880, n_heads=64,
+        n_kv_heads=8, head_dim=64, ffn=2880, vocab=201088, max_positions=131072,
+        rope_theta=150000.0, rms_eps=1e-5, tie_embeddings=False, qkv_bias=True,
+        n_experts=32, experts_per_token=4, expert_ffn=2880, sliding_window=128,
+        window_layers=tuple(range(0, 24, 2)), attention_sinks=True, o_bias=True,
+        moe_bias=True, moe_activation="gpt_oss",
     ),
 }
 

@@ -56,7 +56,8 @@ def bk(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     mod = load_benchmark()
     for name, value in [("DEV", "cpu"), ("BATCHES", [1, 2]), ("CONTEXTS_QUICK", [64, 128]),
                         ("LONG_C", 64), ("SELECT_SHAPE", (2, 64, 8)), ("B1_CONTEXT", 64),
-                        ("C2Q_SHAPES", [(2, 64, 8), (1, 64, 8)])]:
+                        ("C2Q_SHAPES", [(2, 64, 8), (1, 64, 8)]),
+                        ("OSS_SHAPES", [(1, 64, 12)])]:
         monkeypatch.setattr(mod, name, value)
     monkeypatch.setattr(mod, "big_cache", lambda B, C: (B, C) == (2, 128))
     monkeypatch.setattr(mod, "copy_bandwidth", lambda: 1000.0)
@@ -80,8 +81,12 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
     kinds = [r["kind"] for r in rows]
     text = capsys.readouterr().out
     # every step before the big cache ran
-    for kind in ("copy", "c2q", "b1", "verify", "sparse", "select"):
+    for kind in ("copy", "c2q", "b1", "verify", "sparse", "select", "oss"):
         assert kind in kinds, kind
+    oss = [r for r in rows if r["kind"] == "oss"]  # gpt-oss-20b's shape, beside the paper
+    assert [r["collect"] for r in oss] == ["first_last", "all"]
+    assert all(r["config"] == "Hq64 Hkv8 D64" and "paper" in r["note"] for r in oss)
+    assert bk.HQ == 32 and bk.D == 128  # the Qwen3-8B shape is restored after the step
     # one line per Collect-2-Query candidate and shape, the failing one recorded instead
     c2q = [r for r in rows if r["kind"] == "c2q"]
     assert len(c2q) == 2 * (len(bk.C2Q_NONE_CANDIDATES) + len(bk.C2Q_CANDIDATES) - 1)
@@ -108,7 +113,7 @@ def test_step_budget_skips_and_records(bk: ModuleType, tmp_path: Path) -> None:
     rows = list(csv.DictReader(out.open()))
     assert rows[0]["kind"] == "copy"
     skipped = [r["note"] for r in rows if r["kind"] == "error"]
-    assert len(skipped) == 8 and all("not started" in n for n in skipped)
+    assert len(skipped) == 9 and all("not started" in n for n in skipped)
 
 
 def test_probe_runs_last_and_records_the_int32_crash(bk: ModuleType, tmp_path: Path) -> None:

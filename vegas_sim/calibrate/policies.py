@@ -127,8 +127,11 @@ class CollectingVerifyAttention:
 
     def __init__(self, n_layers: int, batch: int, max_seq: int, device: torch.device,
                  collect: str, per_row: bool = False, max_rows: int = 1,
-                 n_heads: int = 0) -> None:
+                 n_heads: int = 0, fold_layer: int | None = None) -> None:
         self.collect = collect
+        # the layer after whose attention the batched fold runs: the last layer that calls the
+        # policy (a hybrid model's sliding-window layers attend without it)
+        self.fold_layer = n_layers - 1 if fold_layer is None else fold_layer
         self.per_row = per_row
         self.n_layers = n_layers
         self.rank_len = torch.zeros(batch, dtype=torch.int32, device=device)  # [B]
@@ -136,10 +139,11 @@ class CollectingVerifyAttention:
         self.weights = torch.zeros(shape if collect != "none" else (0,), dtype=torch.float32,
                                    device=device)
         fold_all = collect == "first_last" and not per_row and n_heads > 0
-        # [L, B, R, Hq, S_max] bf16 and [L, B, R, Hq] fp32 for R <= 2, viewed per call's R
-        self.all_scores = torch.empty(n_layers * batch * 2 * n_heads * max_seq if fold_all else 0,
+        # [L, B, R, Hq, S_max] bf16 and [L, B, R, Hq] fp32 for R <= 2, viewed per call's R;
+        # zeroed: layers that never call the policy (window layers) fold to finite weights
+        self.all_scores = torch.zeros(n_layers * batch * 2 * n_heads * max_seq if fold_all else 0,
                                       dtype=torch.bfloat16, device=device)
-        self.all_lse = torch.empty(n_layers * batch * 2 * n_heads if fold_all else 0,
+        self.all_lse = torch.zeros(n_layers * batch * 2 * n_heads if fold_all else 0,
                                    dtype=torch.float32, device=device)
 
     def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -169,7 +173,7 @@ class CollectingVerifyAttention:
         out, lse, _ = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale, self.collect,
                                            scores_out=scores[layer])
         lse_all[layer].copy_(collected_rows(lse, self.collect))
-        if layer == L - 1:
+        if layer == self.fold_layer:
             ops.score_weights(scores.view(L * B, R, Hq, S), lse_all.view(L * B, R, Hq), scale,
                               self.rank_len.repeat(L), out=self.weights.view(L * B, S))
         return out

@@ -11,6 +11,10 @@ gpt-fast style: one module per layer, plain tensors, shapes in comments. What is
 - Everything that changes per step (positions, lens) is computed on the device from `lens`, with
   in-place updates, so a step can be captured in a CUDA graph (`GraphedForward`).
 
+Mixture-of-experts and hybrid models (moe.py): a MoE layer's `mlp` routes each token to its
+top-k experts (grouped per expert); a sliding-window layer attends its window itself in every
+pass, so the policy (sparse draft, collecting verify) only ever sees the full-attention layers.
+
 Weights use our own names (fused `wqkv` and `w13` to halve the GEMM launches of a decode step);
 weights.py maps GGUF and Hugging Face names onto them. The glue between the GEMMs is three ops
 (kernels.ops): add + RMSNorm, q/k-norm + RoPE + K/V append, SiLU·mul: one Triton launch each on
@@ -29,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vegas_sim.calibrate import moe
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
 from vegas_sim.methods import MAX_VERIFY_ROWS
@@ -224,7 +229,8 @@ def _param(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
 class Layer(torch.nn.Module):
     """One pre-norm transformer block: GQA attention + SwiGLU MLP."""
 
-    def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
+                 index: int = 0):
         super().__init__()
         self.spec = spec
         q_dim = spec.n_heads * spec.head_dim
@@ -235,9 +241,21 @@ class Layer(torch.nn.Module):
         self.q_norm = _param((spec.head_dim,), device, dtype) if spec.qk_norm else None
         self.k_norm = _param((spec.head_dim,), device, dtype) if spec.qk_norm else None
         self.wo = _param((spec.hidden, q_dim), device, dtype)
+        self.bo = _param((spec.hidden,), device, dtype) if spec.o_bias else None
         self.mlp_norm = _param((spec.hidden,), device, dtype)
-        self.w13 = _param((2 * spec.ffn, spec.hidden), device, dtype)  # rows: gate | up
-        self.w2 = _param((spec.hidden, spec.ffn), device, dtype)
+        self.window = spec.sliding_window if spec.layer_kind(index) == "window" else 0
+        self.sinks = _param((spec.n_heads,), device, dtype) if spec.attention_sinks else None
+        if spec.is_moe:  # every expert's gate | up rows and down projection, and the router
+            e, f = spec.n_experts, spec.expert_ffn
+            self.router = _param((e, spec.hidden), device, dtype)
+            self.brouter = _param((e,), device, dtype) if spec.moe_bias else None
+            self.w13 = _param((e, 2 * f, spec.hidden), device, dtype)
+            self.b13 = _param((e, 2 * f), device, dtype) if spec.moe_bias else None
+            self.w2 = _param((e, spec.hidden, f), device, dtype)
+            self.b2 = _param((e, spec.hidden), device, dtype) if spec.moe_bias else None
+        else:
+            self.w13 = _param((2 * spec.ffn, spec.hidden), device, dtype)  # rows: gate | up
+            self.w2 = _param((spec.hidden, spec.ffn), device, dtype)
 
     def attention_input(self, h: Tensor, cos_table: Tensor, sin_table: Tensor,
                         k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor) -> Tensor:
@@ -249,8 +267,20 @@ class Layer(torch.nn.Module):
             cos_table, sin_table, cache_lens, k_cache, v_cache)
 
     def mlp(self, h: Tensor) -> Tensor:
-        """SwiGLU of the normed h [B, NQ, H] -> [B, NQ, H]."""
+        """SwiGLU (or the routed experts) of the normed h [B, NQ, H] -> [B, NQ, H]."""
+        if self.spec.is_moe:
+            return moe.moe_ffn(h, self.router, self.brouter, self.w13, self.b13, self.w2,
+                               self.b2, self.spec.experts_per_token, self.spec.moe_activation)
         return F.linear(ops.silu_mul(F.linear(h, self.w13)), self.w2)
+
+    def attend(self, i: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
+               scale: float, policy: AttentionPolicy) -> Tensor:
+        """A sliding-window layer attends its window (in draft and verify alike); a
+        full-attention layer asks the policy (the method's sparse draft, or verify)."""
+        if self.window:
+            return moe.window_attention(q, k_cache, v_cache, cache_lens, scale, self.window,
+                                        self.sinks)
+        return policy.attend(i, q, k_cache, v_cache, cache_lens, scale)
 
 
 class Transformer(torch.nn.Module):
@@ -268,7 +298,8 @@ class Transformer(torch.nn.Module):
         self.device = torch.device(device)
         self.dtype = dtype
         self.embed = _param((spec.vocab, spec.hidden), self.device, dtype)
-        self.layers = torch.nn.ModuleList(Layer(spec, self.device, dtype) for _ in range(spec.n_layers))
+        self.layers = torch.nn.ModuleList(Layer(spec, self.device, dtype, i)
+                                          for i in range(spec.n_layers))
         self.norm = _param((spec.hidden,), self.device, dtype)
         self.lm_head = None if spec.tie_embeddings else _param((spec.vocab, spec.hidden), self.device, dtype)
         self._rope_cos = torch.empty(0, device=self.device)
@@ -291,11 +322,13 @@ class Transformer(torch.nn.Module):
         gen = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
         out_std = 0.02 / math.sqrt(2 * self.spec.n_layers)
         for name, p in self.named_parameters():
-            if name.endswith(("norm", "bqkv")):
-                p.data.fill_(0.0 if name.endswith("bqkv") else 1.0)
+            if name.endswith(("norm", "bqkv", "bo", "brouter", "b13", "b2", "sinks")):
+                p.data.fill_(1.0 if name.endswith("norm") else 0.0)
             else:
                 std = out_std if name.endswith(("wo", "w2")) else 0.02
                 p.data.normal_(0.0, std, generator=gen)
+                if name.endswith("router"):  # near-uniform: no expert favoured by its norm
+                    p.data.mul_(std * p.shape[1] ** 0.5 / p.data.norm(dim=1, keepdim=True))
 
     @torch.no_grad()
     def load_weights(self, weights: dict[str, Tensor]) -> None:
@@ -385,9 +418,10 @@ class Transformer(torch.nn.Module):
         h, x = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
         q = layer.attention_input(h, self._rope_cos, self._rope_sin, cache.k[i], cache.v[i],
                                   cache.lens)
-        attn = policy.attend(i, q, cache.k[i], cache.v[i], new_lens, self.scale)  # [B, NQ, Hq, D]
-        h, x = ops.add_rms_norm(x, F.linear(attn.reshape(B, NQ, -1), layer.wo), layer.mlp_norm,
-                                eps)
+        attn = layer.attend(i, q, cache.k[i], cache.v[i], new_lens, self.scale,
+                            policy)  # [B, NQ, Hq, D]
+        h, x = ops.add_rms_norm(x, F.linear(attn.reshape(B, NQ, -1), layer.wo, layer.bo),
+                                layer.mlp_norm, eps)
         return x, layer.mlp(h)
 
     @torch.no_grad()

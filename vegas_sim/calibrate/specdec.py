@@ -265,7 +265,8 @@ class SpecDecoder:
         gamma = max(c.gamma, 1)
         verify = CollectingVerifyAttention(
             s.n_layers, batch, max_seq, self.device, c.collect,
-            per_row=c.method == "specextend", max_rows=gamma + 1, n_heads=s.n_heads)
+            per_row=c.method == "specextend", max_rows=gamma + 1, n_heads=s.n_heads,
+            fold_layer=max(i for i in range(s.n_layers) if s.layer_kind(i) == "full"))
         return BatchState(
             cache=cache,
             context=torch.zeros(batch, dtype=torch.int32, device=self.device),

@@ -30,6 +30,13 @@ import torch
 from torch import Tensor
 
 from vegas_sim.calibrate.tokenizer import Tokenizer
+from vegas_sim.calibrate.weights_moe import (
+    MOE_ARCHITECTURES,
+    hf_moe_config,
+    hf_moe_fields,
+    hf_moe_to_ours,
+    ours_to_hf_moe,
+)
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import sha256_file
 from vegas_sim.models import PRESETS, ModelSpec, RopeScaling, llama3_scaling, yarn_scaling
@@ -223,11 +230,13 @@ def load_gguf(path: Path, load_weights: bool = True) -> Checkpoint:
 
 
 def hf_spec(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
-    """A ModelSpec from a transformers config.json (llama / qwen2 / qwen3)."""
+    """A ModelSpec from a transformers config.json (llama / qwen2 / qwen3; qwen3_moe and
+    gpt_oss through weights_moe)."""
     arch = str(config.get("model_type", ""))
-    if arch not in ARCHITECTURES:
+    if arch not in ARCHITECTURES + MOE_ARCHITECTURES:
         raise UserInputError(f"unsupported model_type {arch!r}", where=where,
-                             fix=f"use a model of the {', '.join(ARCHITECTURES)} families")
+                             fix="use a model of the "
+                                 f"{', '.join(ARCHITECTURES + MOE_ARCHITECTURES)} families")
     try:
         n_heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
@@ -246,6 +255,8 @@ def hf_spec(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
             qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
             rope_scaling=_hf_rope_scaling(scaling, int(config["max_position_embeddings"]), where),
         )
+        if arch in MOE_ARCHITECTURES:
+            spec = ModelSpec.from_dict({**spec.to_dict(), **hf_moe_fields(config, where)})
     except KeyError as e:
         raise UserInputError(f"config lacks {e.args[0]!r}", where=where,
                              fix="use the checkpoint's original config.json") from None
@@ -316,8 +327,12 @@ def _hf_to_ours(spec: ModelSpec, hf: dict[str, Tensor], where: str) -> dict[str,
         out[q + "wo"] = get(a + "o_proj.weight")
         out[q + "attn_norm"] = get(p + "input_layernorm.weight")
         out[q + "mlp_norm"] = get(p + "post_attention_layernorm.weight")
-        out[q + "w13"] = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
-        out[q + "w2"] = get(p + "mlp.down_proj.weight")
+        if not spec.is_moe:
+            out[q + "w13"] = torch.cat([get(p + "mlp.gate_proj.weight"),
+                                        get(p + "mlp.up_proj.weight")])
+            out[q + "w2"] = get(p + "mlp.down_proj.weight")
+    if spec.is_moe:
+        out.update(hf_moe_to_ours(spec, hf, where))
     return out
 
 
@@ -340,9 +355,12 @@ def ours_to_hf(spec: ModelSpec, ours: dict[str, Tensor]) -> dict[str, Tensor]:
         hf[a + "o_proj.weight"] = ours[q + "wo"]
         hf[p + "input_layernorm.weight"] = ours[q + "attn_norm"]
         hf[p + "post_attention_layernorm.weight"] = ours[q + "mlp_norm"]
-        gate, up = ours[q + "w13"].chunk(2)
-        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = gate, up
-        hf[p + "mlp.down_proj.weight"] = ours[q + "w2"]
+        if not spec.is_moe:
+            gate, up = ours[q + "w13"].chunk(2)
+            hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = gate, up
+            hf[p + "mlp.down_proj.weight"] = ours[q + "w2"]
+    if spec.is_moe:
+        hf.update(ours_to_hf_moe(spec, ours))
     return hf
 
 
@@ -351,7 +369,7 @@ def hf_config(spec: ModelSpec, torch_dtype: str = "bfloat16") -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "model_type": spec.architecture,
         "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM"}[spec.architecture]],
+                           "qwen3": "Qwen3ForCausalLM"}.get(spec.architecture, "")],
         "num_hidden_layers": spec.n_layers, "hidden_size": spec.hidden,
         "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads,
         "head_dim": spec.head_dim, "intermediate_size": spec.ffn, "vocab_size": spec.vocab,
@@ -363,6 +381,8 @@ def hf_config(spec: ModelSpec, torch_dtype: str = "bfloat16") -> dict[str, Any]:
         cfg["attention_bias"] = spec.qkv_bias
     if spec.rope_scaling is not None:
         cfg["rope_scaling"] = hf_rope_scaling(spec.rope_scaling)
+    if spec.is_moe:
+        cfg.update(hf_moe_config(spec))
     return cfg
 
 

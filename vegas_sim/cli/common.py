@@ -22,6 +22,7 @@ from rich.progress import (
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
+from vegas_sim.models import WEIGHT_FORMATS
 
 ProgressFn = Callable[[int, int, str], None]  # progress(done, total, label)
 BarsFn = Callable[[str, int, int], None]  # update(label, done, total): one bar per label
@@ -146,3 +147,10 @@ def progress_lines(description: str) -> ProgressFn:
         click.echo(f"{description}: {where} ({now - start:.0f} s)", err=True)
 
     return progress
+
+
+weight_format_option = click.option(
+    "--weight-format", type=click.Choice(WEIGHT_FORMATS), default="bf16", show_default=True,
+    help="What-if: weights in fp8 (1 byte per layer-projection parameter) or mxfp4 (4.25 "
+         "bits per expert parameter, as gpt-oss ships), weight bytes rescaled along the "
+         "fitted roofline. Not measured.")

@@ -17,6 +17,7 @@ from vegas_sim.cli.common import (
     progress_bars,
     sigterm_as_interrupt,
     user_errors,
+    weight_format_option,
 )
 from vegas_sim.files import check_out
 from vegas_sim.grids import parse_int_grid
@@ -29,9 +30,10 @@ from vegas_sim.sim.tune import TuneConfig
 from vegas_sim.sim.tune import tune as run_tune
 
 
-def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...]
-            ) -> tuple[Any, Any, list[str]]:
-    latency, acceptance, notes = api.load_models(model, traces, None, None, tuple(anchors))
+def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...],
+            weight_format: str = "bf16") -> tuple[Any, Any, list[str]]:
+    latency, acceptance, notes = api.load_models(model, traces, None, None, tuple(anchors),
+                                                 weight_format)
     return latency, acceptance, list(notes)
 
 
@@ -58,6 +60,7 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @_model_opt
 @_traces_opt
 @acceptance_anchor_option
+@weight_format_option
 @click.option("--engine", type=click.Choice(["analytic", "sim", "both"]), default="analytic",
               show_default=True, help="Closed form (fast), SimPy engine, or both rows.")
 @click.option("--workers", type=int, default=None,
@@ -72,8 +75,9 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
                    "JSON as predict writes it, with the notes).")
 def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
           output_len: str, model: str | None, traces: Path | None,
-          acceptance_anchors: tuple[str, ...], engine: str, workers: int | None,
-          scheduler: str | None, seed: int, replications: int, out: Path) -> None:
+          acceptance_anchors: tuple[str, ...], weight_format: str, engine: str,
+          workers: int | None, scheduler: str | None, seed: int, replications: int,
+          out: Path) -> None:
     """Predict every configuration of a grid γ × sparsity × batch × context × method.
 
     Runs in parallel on all local cores (or on a Dask cluster with --scheduler) and writes one
@@ -97,7 +101,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
         check_out(out, (".csv", ".parquet", ".json"))
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors)
+        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format)
         with progress_bars() as update, sigterm_as_interrupt():
             try:
                 done = sweep_to_file(grid, latency, acceptance, out, engine=engine, seed=seed,
@@ -128,6 +132,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @_model_opt
 @_traces_opt
 @acceptance_anchor_option
+@weight_format_option
 @click.option("--final-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
               show_default=True, help="Engine for the reported numbers (sim: replication CIs).")
 @click.option("--workers", type=int, default=None, help="Local worker processes.")
@@ -137,8 +142,8 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
               help="Serving table: *.json (best γ per batch size and context).")
 def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
          model: str | None, traces: Path | None, acceptance_anchors: tuple[str, ...],
-         final_engine: str, workers: int | None, scheduler: str | None, seed: int,
-         out: Path) -> None:
+         weight_format: str, final_engine: str, workers: int | None, scheduler: str | None,
+         seed: int, out: Path) -> None:
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
     (1) sweep sparsity at a large γ and take the smallest sparsity where acceptance has
@@ -165,7 +170,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                  for c in parse_int_grid(context, "--context")]
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine)
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors)
+        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format)
         with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,

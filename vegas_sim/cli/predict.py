@@ -18,6 +18,7 @@ from vegas_sim.cli.common import (
     parse_size,
     parse_sparsity,
     user_errors,
+    weight_format_option,
 )
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, write_atomic
@@ -67,6 +68,7 @@ def _predict_options(f: F) -> F:
                      help="What-if: replace the measured per-step host overhead (large "
                           "in sets measured with an eager runtime) by this launch cost, as a "
                           "CUDA-graph engine would see. Not measured."),
+        weight_format_option,
         click.option("--requests", type=int, default=None,
                      help="Requests to simulate (default: 4 × batch)."),
         click.option("--arrival", default="closed", show_default=True,
@@ -127,6 +129,9 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
     \b
         vegas-sim predict --gamma 6 --workload reasoning --temperature 0.6 --context 4K \
             -m vegas -m magicdec-stream --acceptance-anchor qwen3-8b-published
+
+    \b
+        vegas-sim predict --gamma 7 --weight-format fp8
     """
     with user_errors():
         explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT

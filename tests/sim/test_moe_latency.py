@@ -1,0 +1,71 @@
+"""Latency model of mixture-of-experts and hybrid-attention shapes: the weight stream grows
+with the experts a batch touches, window layers read their window, the fast iteration
+evaluator agrees with the per-phase plan, and the weight-format what-ifs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vegas_sim.errors import UserInputError
+from vegas_sim.models import PRESETS
+from vegas_sim.sim.latency import LatencyModel, MeasuredGpu, _Physics
+from vegas_sim.traces.synthetic import _latency_rows
+
+GPU = {"name": "NVIDIA H200", "copy_bandwidth_gbs": 4000.0, "bf16_tflops": 700.0,
+       "memory_gb": 141.0}
+
+
+def _fit(name: str) -> LatencyModel:
+    import pandas as pd
+
+    spec = PRESETS[name]
+    rng = np.random.default_rng(0)
+    frames = [_latency_rows(spec, GPU, m, (2, 4), (0.05, 0.1), (4096, 16384), (1, 4, 16),
+                            0.01, rng) for m in ("vanilla", "vegas", "magicdec-quest")]
+    return LatencyModel.fit(pd.concat(frames, ignore_index=True), spec,
+                            MeasuredGpu.from_meta(GPU))
+
+
+def test_moe_weight_stream_grows_with_the_experts_touched() -> None:
+    q3 = PRESETS["qwen3-30b-a3b"]
+    phys = _Physics.of(q3, 4000.0, 700.0)
+    ms_per_byte = 1e3 / 4e12
+    for tokens in (1, 4, 64, 4096):
+        assert phys.weight_ms_at(tokens) == pytest.approx(q3.weight_bytes(tokens) * ms_per_byte)
+    assert phys.weight_ms_at(64) > 5 * phys.weight_ms_at(1)
+    dense = _Physics.of(PRESETS["qwen3-8b"], 4000.0, 700.0)
+    assert dense.weight_ms_at(64) == dense.weight_ms_at(1) == dense.weight_ms
+    assert not dense.window_features("decode", 1).any()
+
+
+def test_hybrid_window_layers_read_their_window_in_draft_and_verify() -> None:
+    lat = _fit("gpt-oss-20b")
+    spec = lat.model
+    c = np.array([4096, 16384, 9000])
+    cost = lat.iteration_cost("vegas", 4, 0.05)
+    assert cost(c) == pytest.approx(lat.plan_ms("vegas", 4, c, 0.05), rel=1e-9)
+    van = lat.iteration_cost("vanilla", 1, 1.0)
+    assert van(c) == pytest.approx(lat.plan_ms("vanilla", 1, c, 1.0), rel=1e-9)
+    # a decode row's kv feature: full layers at C + 1, window layers at min(W, C + 1) only
+    phys = lat._physics
+    batch, nq = np.array([2.0, 2.0]), np.array([1.0, 1.0])
+    ctx = np.array([4096, 16384])
+    x = phys.features("decode", batch, nq, 2.0 * (ctx + 1), np.zeros(2),
+                      window_sum=2.0 * np.minimum(spec.sliding_window, ctx + 1))
+    full = spec.full_kv_bytes_per_token() * 1e3 / 4e12
+    window = spec.window_kv_bytes_per_token() * 1e3 / 4e12
+    np.testing.assert_allclose(x[:, 3], 2.0 * (ctx + 1) * full + 2.0 * 128 * window)
+    assert phys.kv_ms_per_token == pytest.approx(full)
+
+
+def test_weight_format_what_ifs_are_labelled_and_cheaper() -> None:
+    lat = _fit("gpt-oss-20b")
+    c = np.full(4, 16384)
+    base = lat.iteration_cost("vanilla", 1, 1.0)(c)
+    mx = lat.with_weight_format("mxfp4")
+    assert mx.iteration_cost("vanilla", 1, 1.0)(c) < base
+    assert "mxfp4 weights (what-if" in mx.gpu_label and mx.is_what_if
+    assert lat.with_weight_format("bf16").iteration_cost("vanilla", 1, 1.0)(c) == base
+    with pytest.raises(UserInputError, match="weight format"):
+        lat.with_weight_format("int3")

@@ -1,0 +1,146 @@
+"""Mixture-of-experts FFN and sliding-window attention for the runtime (runtime.Layer).
+
+MoE FFN (Qwen3-MoE, gpt-oss): a router scores every expert per token, the top-k are kept and
+their softmax over the k logits weights the experts' outputs (Qwen3-MoE's norm_topk_prob and
+gpt-oss's router agree on this). The experts run grouped: the T·k (token, expert) pairs are
+sorted by expert and each expert multiplies its own contiguous group, so the step costs what
+the routed tokens cost — one grouped GEMM (torch._grouped_mm, group offsets on the device: no
+host sync, so a CUDA graph can capture it) or, where that op is missing or the shapes do not
+meet its 16-byte stride rule, one matmul per expert that has tokens (eager only: it reads the
+group sizes on the host).
+
+Sliding-window attention (gpt-oss's even layers): row i of a request whose cache holds
+`cache_lens` tokens (the NQ new ones included) attends the `window` newest keys up to its own
+position, [p_i − window + 1, p_i] with p_i = cache_lens − NQ + i, plus the layer's attention
+sinks when the model has them (a learned logit per query head in the softmax denominator,
+with no value). It gathers only the last window + NQ − 1 positions of the cache, so it reads
+the same bytes in a draft step as in verify, and never a key outside the window.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+GPT_OSS_ALPHA = 1.702  # gpt-oss's clamped SwiGLU: gate · sigmoid(alpha · gate) · (up + 1)
+GPT_OSS_LIMIT = 7.0
+
+
+def route(h: Tensor, router: Tensor, router_bias: Tensor | None, k: int
+          ) -> tuple[Tensor, Tensor]:
+    """h [T, H] -> (weights [T, k] fp32 softmax over the top-k logits, experts [T, k] int64)."""
+    logits = F.linear(h, router, router_bias).float()  # [T, E]
+    top, experts = logits.topk(k, dim=-1)
+    return torch.softmax(top, dim=-1), experts
+
+
+def expert_activation(gate_up: Tensor, kind: str) -> Tensor:
+    """[N, 2F] (gate | up) -> [N, F]: SwiGLU ("silu") or gpt-oss's clamped variant."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if kind == "gpt_oss":
+        gate = gate.clamp(max=GPT_OSS_LIMIT)
+        up = up.clamp(-GPT_OSS_LIMIT, GPT_OSS_LIMIT)
+        return (up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA)
+    return F.silu(gate) * up
+
+
+def grouped_matmul(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
+    """x [N, K] sorted by group, w [E, N_out, K] (rows as F.linear), offsets [E] int32 end of
+    each group in x -> [N, N_out]: group e's rows times w[e]^T."""
+    wt = w.transpose(1, 2)  # [E, K, N_out] view
+    if _grouped_mm_fits(x, w):
+        return torch._grouped_mm(x, wt, offs=offsets)
+    out = x.new_empty(x.shape[0], w.shape[1])
+    ends = offsets.tolist()  # host sync: the eager fallback only
+    start = 0
+    for e, end in enumerate(ends):
+        if end > start:
+            out[start:end] = x[start:end] @ wt[e]
+        start = end
+    return out
+
+
+def _grouped_mm_fits(x: Tensor, w: Tensor) -> bool:
+    """torch._grouped_mm exists for this device and dtype and the rows are 16-byte aligned."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    if x.is_cuda and x.dtype != torch.bfloat16:
+        return False
+    size = x.element_size()
+    return all(d * size % 16 == 0 for d in (x.shape[1], w.shape[1], w.shape[2]))
+
+
+def moe_ffn(
+    h: Tensor, router: Tensor, router_bias: Tensor | None, w13: Tensor, b13: Tensor | None,
+    w2: Tensor, b2: Tensor | None, k: int, activation: str,
+) -> Tensor:
+    """h [..., H] normed -> [..., H]: Σ over the top-k experts of weight · expert(h).
+
+    router [E, H]; w13 [E, 2F, H] (gate | up rows), b13 [E, 2F]; w2 [E, H, F], b2 [E, H]."""
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])  # [T, H]
+    n_experts = w13.shape[0]
+    weights, experts = route(x, router, router_bias, k)  # [T, k]
+    flat = experts.reshape(-1)  # [T·k] expert of each (token, slot) pair
+    order = torch.argsort(flat, stable=True)  # pairs grouped by expert
+    token = order // k  # [T·k] token of each sorted pair
+    expert = flat[order]
+    offsets = torch.cumsum(torch.bincount(flat, minlength=n_experts), 0).to(torch.int32)
+    gate_up = grouped_matmul(x[token], w13, offsets)  # [T·k, 2F]
+    if b13 is not None:
+        gate_up = gate_up + b13[expert]
+    down = grouped_matmul(expert_activation(gate_up, activation), w2, offsets)  # [T·k, H]
+    if b2 is not None:
+        down = down + b2[expert]
+    scaled = down * weights.reshape(-1)[order, None].to(down.dtype)
+    out = torch.zeros_like(x).index_add_(0, token, scaled)
+    return out.reshape(shape)
+
+
+def moe_ffn_reference(
+    h: Tensor, router: Tensor, router_bias: Tensor | None, w13: Tensor, b13: Tensor | None,
+    w2: Tensor, b2: Tensor | None, k: int, activation: str,
+) -> Tensor:
+    """`moe_ffn` one token at a time (a dense loop over its chosen experts): the test oracle."""
+    x = h.reshape(-1, h.shape[-1])
+    weights, experts = route(x, router, router_bias, k)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(k):
+            e = int(experts[t, j])
+            gu = F.linear(x[t], w13[e], None if b13 is None else b13[e])
+            y = F.linear(expert_activation(gu, activation), w2[e], None if b2 is None else b2[e])
+            out[t] += weights[t, j].to(y.dtype) * y
+    return out.reshape(h.shape)
+
+
+def window_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, scale: float, window: int,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """q [B, NQ, Hq, D]; k_cache/v_cache [B, S_max, Hkv, D] with the NQ new tokens written;
+    cache_lens [B] includes them; sinks [Hq] or None -> [B, NQ, Hq, D] (see module doc)."""
+    B, NQ, Hq, D = q.shape
+    hkv = k_cache.shape[2]
+    span = window + NQ - 1  # the union of the rows' windows
+    first = cache_lens.long()[:, None] - NQ - window + 1  # [B, 1] oldest key of row 0
+    pos = first + torch.arange(span, device=q.device)  # [B, span] key positions
+    idx = pos.clamp(0, k_cache.shape[1] - 1)
+    k = torch.gather(k_cache, 1, idx[:, :, None, None].expand(B, span, hkv, D))
+    v = torch.gather(v_cache, 1, idx[:, :, None, None].expand(B, span, hkv, D))
+    group = Hq // hkv
+    k = k.repeat_interleave(group, dim=2).float()  # [B, span, Hq, D]
+    v = v.repeat_interleave(group, dim=2).float()
+    scores = torch.einsum("bqhd,bshd->bhqs", q.float(), k) * scale  # [B, Hq, NQ, span]
+    row = cache_lens.long()[:, None] - NQ + torch.arange(NQ, device=q.device)  # [B, NQ]
+    keep = ((pos[:, None, :] <= row[:, :, None]) & (pos[:, None, :] > row[:, :, None] - window)
+            & (pos[:, None, :] >= 0))  # [B, NQ, span]
+    scores = scores.masked_fill(~keep[:, None], float("-inf"))
+    if sinks is not None:  # one more logit per head, whose value is zero
+        sink = sinks.float()[None, :, None, None].expand(B, Hq, NQ, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhqs,bshd->bqhd", probs, v)
+    return out.to(q.dtype)
