@@ -20,8 +20,8 @@ from vegas_sim.gpus import get_gpu
 from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim import acceptance as acceptance_module
+from vegas_sim.sim import acceptance_dist, latency_features, latency_fit
 from vegas_sim.sim import latency as latency_module
-from vegas_sim.sim import latency_features, latency_fit
 
 WEIGHT_FORMAT_NOTES = {
     "fp8": "1 byte per layer-projection parameter; router and LM head in bf16",
@@ -105,7 +105,8 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
-    key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE, (acceptance_module,))
+    key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE,
+                             (acceptance_module, acceptance_dist))
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
     fitted = fitcache.cached(key, lambda: AcceptanceModel.from_traces(
         trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))

@@ -143,7 +143,7 @@ def test_prompts_are_natural_text_and_waves_rotate() -> None:
 
 
 def test_fixed_sequences_start_every_call_at_the_first_iteration() -> None:
-    from vegas_sim.sim.acceptance import FixedSequences
+    from vegas_sim.sim.acceptance_dist import FixedSequences
 
     fs = FixedSequences(3, [[0, 1, 2, 3, 5], [1]])
     a = fs.sample(np.random.default_rng(0), 3, 3)

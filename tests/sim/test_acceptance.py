@@ -13,13 +13,9 @@ import pandas as pd
 import pytest
 
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.sim.acceptance import (
-    AcceptanceDist,
-    AcceptanceModel,
-    _match_rates,
-    extend_rates,
-    smoother_matrix,
-)
+from vegas_sim.sim.acceptance import AcceptanceModel, smoother_matrix
+from vegas_sim.sim.acceptance_dist import AcceptanceDist, extend_rates
+from vegas_sim.sim.acceptance_dist import match_rates as _match_rates
 from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA
 
 BASE = {0.05: 0.55, 0.1: 0.72, 0.2: 0.86}  # first-position acceptance by sparsity (monotone)

@@ -363,7 +363,7 @@ def test_measured_rates_match_the_distribution() -> None:
 
 
 def test_runs_with_the_real_acceptance_dist() -> None:
-    from vegas_sim.sim.acceptance import AcceptanceDist
+    from vegas_sim.sim.acceptance_dist import AcceptanceDist
 
     dist = AcceptanceDist("vegas", 3, np.array([0.8, 0.6, 0.3]))  # hand-built: independent
     res = simulate(cfg(batch=4, n=8, out=100), LinearCost(), dist, seed=1)
@@ -389,7 +389,7 @@ def test_arrival_joins_at_the_next_iteration_boundary(arrive_ms: float, admit_ms
 def test_window_acceptance_is_tokens_per_running_request_iteration() -> None:
     """A closed batch whose requests accept 0 then 3 drafts per iteration: the window (until
     the first request finishes) sees the early iterations only, the whole-run mean all."""
-    from vegas_sim.sim.acceptance import FixedSequences
+    from vegas_sim.sim.acceptance_dist import FixedSequences
 
     # request 0: 1 + 4 + 4 = 9 tokens in 3 iterations; request 1: 1, 1, 1, 4, 4 (12 tokens)
     seqs = FixedSequences(3, [[0, 3, 3, 3, 3], [0, 0, 0, 3, 3]])

@@ -74,271 +74,40 @@ are computed once per model and cached on it (plain dicts and arrays: picklable)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
+from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
 from vegas_sim.traces.schema import MAX_EXACT_BUCKETS  # more start contexts → log2-wide buckets
 
 ACCEPTANCE_WHERE = "acceptance.parquet"
-DECAY_FIT_POSITIONS = 4  # last traced positions the conditional-rate decay is fitted on
+
+
 # Gaussian-kernel bandwidths of the local-linear smoother of cell rates, in natural-log units of
 # sparsity and of context (chosen by the cross-sample / leave-one-prompt-out CV in the docstring)
 SMOOTH_BW_LOG_SPARSITY = 0.4
+
+
 SMOOTH_BW_LOG_CONTEXT = 0.5
+
+
 _SLOPE_RIDGE = 1e-3  # ridge on the local slopes: a degenerate direction falls back to a mean
 
+
 _CellKey = tuple[str, float, str, float, float, int]  # method, temp, workload, s, bucket, γ_t
+
+
 _GroupKey = tuple[str, float, str, int]  # method, temperature, workload, traced γ
 
+
 _RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
+
+
 _REQUIRED = ("method", "gamma", "sparsity", "context", "temperature", "workload", "request",
              "iteration", "accepted", "accept_prob")
-
-
-# ---- replay sources -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Cell:
-    """All runs of one traced configuration, flattened in run order.
-
-    acc [N] accepted drafts (0..gamma); prob [N, gamma] acceptance probabilities;
-    run_start [N] / run_len [N] the flat index of each position's run start and that run's
-    length; gen [N] tokens the request had generated before
-    the iteration (context − the run's first context).
-    """
-
-    gamma: int
-    sparsity: float
-    bucket: float
-    acc: np.ndarray
-    prob: np.ndarray
-    run_start: np.ndarray
-    run_len: np.ndarray
-    ctx_min: int
-    ctx_max: int
-    gen: np.ndarray
-
-    def head(self, output_len: int) -> _Cell:
-        """The iterations a request of `output_len` tokens runs (gen < output_len): a prefix of
-        every run, so the runs stay consecutive and the bootstrap stays inside them."""
-        keep = self.gen < output_len  # [N]; a run's first iteration (gen 0) is always kept
-        if keep.all():
-            return self
-        new_idx = np.cumsum(keep) - 1  # [N] position in the kept arrays
-        start = new_idx[self.run_start[keep]]  # [M] the kept run start of each kept position
-        length = np.bincount(start, minlength=int(keep.sum()))[start]  # [M]
-        return _Cell(self.gamma, self.sparsity, self.bucket, self.acc[keep], self.prob[keep],
-                     start, length, self.ctx_min, self.ctx_max, self.gen[keep])
-
-    def rates(self) -> np.ndarray:
-        """[gamma] r_i = P(accepted ≥ i), i = 1..gamma, Rao-Blackwellised with accept_prob."""
-        prev = np.ones(len(self.acc))
-        out = np.empty(self.gamma)
-        for i in range(1, self.gamma + 1):
-            out[i - 1] = float(np.mean(prev * self.prob[:, i - 1]))
-            prev = (self.acc >= i).astype(float)
-        # the estimator is unbiased but not forced monotone; rates must be
-        return np.minimum.accumulate(np.clip(out, 0.0, 1.0))
-
-    def outcome_cond(self, gamma: int) -> np.ndarray:
-        """[gamma] P(accepted ≥ i | accepted ≥ i − 1) of the recorded outcomes truncated to
-        `gamma` (what a replay of this cell draws); 0 past the traced γ, 1 where none reach i."""
-        acc = np.minimum(self.acc, gamma)
-        reach = np.array([(acc >= i).sum() for i in range(gamma + 1)], dtype=float)  # [γ+1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(reach[:-1] > 0, reach[1:] / np.where(reach[:-1] > 0, reach[:-1], 1),
-                            1.0)
-
-
-@dataclass(frozen=True)
-class _Source:
-    """One mixture component of a lookup: a cell truncated / extended to γ, or all-accepted.
-
-    Replay draws the cell's recorded accepted counts and then thins / extends each iteration
-    position by position so that the replayed per-position rates are `rates` in expectation
-    (see `_match_rates`): `rates` may be smoothed or Rao-Blackwellised, the outcomes are not.
-    """
-
-    cell: _Cell | None  # None = draft equals target (s = 1): every draft accepted
-    rates: np.ndarray  # [γ] this component's per-position rates (extended past γ_t if γ is)
-    base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
-    # (None only for the all-accepted component, which replays nothing)
-    stretch: float = 1.0  # replayed iterations per traced iteration (see `draw_requests`)
-
-    def draw_requests(self, rng: np.random.Generator, n_requests: int, n_iterations: int,
-                      gamma: int) -> np.ndarray:
-        """[n_requests, n_iterations] accepted drafts for this component: each request replays
-        one traced run from its start.
-
-        Iteration k of a request replays traced iteration ⌊k / stretch⌋ of its run (circular
-        past the run's end). stretch = traced acceptance length / this γ's, so a request walks
-        through the run at the pace its own tokens advance: a γ-2 replay of a γ-12 trace
-        spends ~3 iterations per traced one. This keeps what a request's position in its
-        generation does to acceptance (it rises as the text turns repetitive: on SmolLM2
-        longdoc at T 0.6, γ 12, from ~5.5 in the first iteration to ~8 by the tenth) and a
-        prompt's persistent level; a closed batch's steady window, which ends when its first
-        request finishes, covers the early iterations only.
-        """
-        if self.cell is None:
-            return np.full((n_requests, n_iterations), gamma, dtype=np.int64)
-        cell = self.cell
-        starts = np.unique(cell.run_start)  # [runs]
-        run = starts[rng.integers(0, len(starts), n_requests)]  # [R] flat start of each run
-        length = cell.run_len[run]  # [R]
-        pos = np.floor(np.arange(n_iterations) / self.stretch).astype(np.int64)  # [W]
-        idx = run[:, None] + pos[None, :] % length[:, None]  # [R, W]
-        vals = np.minimum(cell.acc[idx], gamma)
-        assert self.base_cond is not None, "a traced component knows its outcomes' rates"
-        # thins to the smoothed rates and extends past the traced γ (base rate 0 there)
-        return _match_rates(rng, vals, self.base_cond, _cond(self.rates))
-
-
-def _cond(rates: np.ndarray) -> np.ndarray:
-    """[γ] conditional rates a_i = r_i / r_{i−1} (r_0 = 1; 1 where r_{i−1} = 0)."""
-    prev = np.concatenate([[1.0], rates[:-1]])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.clip(np.where(prev > 0, rates / np.where(prev > 0, prev, 1.0), 1.0), 0.0, 1.0)
-
-
-def _match_rates(rng: np.random.Generator, vals: np.ndarray, base: np.ndarray,
-                 target: np.ndarray) -> np.ndarray:
-    """Thin / extend replayed accepted counts so that P(accepted ≥ i) follows `target`.
-
-    vals [...] recorded counts drawn with conditional rates `base` [γ]; target [γ] the wanted
-    conditional rates. Position by position, an iteration that still follows its recording keeps
-    a recorded acceptance with probability min(1, t/b) and turns the recorded rejection into an
-    acceptance with probability max(0, (t − b)/(1 − b)); once turned it continues with fresh
-    draws at rate t. Each step then accepts with probability t exactly, and an iteration whose
-    record already matches (t = b) is replayed unchanged, so the run's correlation is kept
-    wherever the target is close to the record. One uniform per position, [γ, N] drawn at once
-    (a smaller γ uses a prefix of the same draws).
-
-    The uniforms are 16-bit (UNIFORM_LEVELS): drawing them is 3× cheaper than float64, and
-    this pre-draw is a quarter of a long simulation's time; probabilities are rounded to
-    1/65536.
-    """
-    gamma = len(target)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        keep = np.where(base > 0, np.minimum(1.0, target / np.where(base > 0, base, 1.0)), 1.0)
-        flip = np.where(base < 1, np.maximum(0.0, (target - base) / np.where(base < 1, 1 - base,
-                                                                            1.0)), 0.0)
-    if np.all(keep >= 1.0 - 1e-12) and np.all(flip <= 1e-12):
-        return vals  # the record already has the target rates: replay it as it is
-    flat = np.minimum(vals.reshape(-1), gamma).astype(np.int8)  # [N] (γ ≤ 127)
-    n = flat.shape[0]
-    u = np.frombuffer(rng.bytes(2 * n * gamma), dtype=np.uint16).reshape(gamma, n)
-    out = np.zeros(n, dtype=np.int8)
-    following = np.ones(n, dtype=bool)  # alive and still equal to the record
-    free = np.zeros(n, dtype=bool)  # alive after a turned rejection
-    for i in range(1, gamma + 1):
-        ui = u[i - 1]
-        rec_acc = flat >= i
-        k_lvl, f_lvl, t_lvl = (_levels(p) for p in (keep[i - 1], flip[i - 1], target[i - 1]))
-        turned = following & ~rec_acc & (ui < f_lvl) if f_lvl > 0 else None
-        following &= rec_acc
-        if k_lvl < UNIFORM_LEVELS:
-            following &= ui < k_lvl
-        if t_lvl < UNIFORM_LEVELS:
-            free &= ui < t_lvl
-        if turned is not None:
-            free |= turned
-        out += following
-        out += free  # disjoint from following
-    return out.astype(vals.dtype).reshape(vals.shape)
-
-
-UNIFORM_LEVELS = 1 << 16  # _match_rates' uniforms: u in {0, …, 65535}, P(u < k) = k / 65536
-
-
-def _levels(p: float) -> int:
-    """Probability p as a threshold on a 16-bit uniform (0 = never, UNIFORM_LEVELS = always)."""
-    return min(UNIFORM_LEVELS, max(0, round(float(p) * UNIFORM_LEVELS)))
-
-
-@dataclass
-class AcceptanceDist:
-    """Acceptance of one configuration, ready to replay."""
-
-    method: str
-    gamma: int
-    rates: np.ndarray  # [gamma] per-position rates r_i = P(at least i drafts accepted)
-    extrapolated: list[str] = field(default_factory=list)  # human-readable reasons; [] = inside
-    sources: list[_Source] = field(default_factory=list, repr=False)
-    weights: np.ndarray = field(default_factory=lambda: np.ones(0), repr=False)
-
-    @property
-    def mean_length(self) -> float:
-        """Mean acceptance length, bonus token included: 1 + Σ r_i."""
-        return 1.0 + float(np.sum(self.rates))
-
-    @property
-    def is_extrapolated(self) -> bool:
-        return bool(self.extrapolated)
-
-    def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
-        """[n_requests, n_iterations] accepted drafts (0..gamma); column k is a request's k-th
-        iteration.
-
-        Each request replays one traced run from its start (`_Source.draw_requests`); with
-        two or more mixture components (sparsity / context interpolation) each request picks
-        its component with the interpolation weight. Without traced runs (a hand-built dist)
-        iterations are drawn independently from `rates`. Deterministic for the state of `rng`.
-        """
-        if self.gamma == 0 or n_requests == 0 or n_iterations == 0:
-            return np.zeros((n_requests, n_iterations), dtype=np.int64)
-        if not self.sources:
-            u = rng.random((n_requests, n_iterations, 1))
-            return np.asarray((u < self.rates[None, None, :]).sum(axis=2), dtype=np.int64)
-        if len(self.sources) == 1:
-            return self.sources[0].draw_requests(rng, n_requests, n_iterations, self.gamma)
-        pick = rng.choice(len(self.sources), size=n_requests, p=self.weights)  # [R]
-        out = np.empty((n_requests, n_iterations), dtype=np.int64)
-        for k, src in enumerate(self.sources):
-            sel = pick == k
-            out[sel] = src.draw_requests(rng, int(sel.sum()), n_iterations, self.gamma)
-        return out
-
-
-# ---- decay extrapolation ------------------------------------------------------------------
-
-
-def extend_rates(rates: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]:
-    """Extend per-position rates [γ_t] to [gamma] with a fitted decay of conditional rates.
-
-    Conditional rates a_i = r_i / r_{i−1} (r_0 = 1); log a_i is fitted linear in i over the last
-    `DECAY_FIT_POSITIONS` positions with slope forced ≤ 0, continued from the last observed
-    conditional rate (never above it), clamped to [0, 1]. Returns (rates [gamma], the
-    conditional rates of the new positions [gamma − γ_t]).
-    """
-    gt = len(rates)
-    if gamma <= gt:
-        return rates[:gamma].copy(), np.zeros(0)
-    prev = np.concatenate([[1.0], rates[:-1]])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cond = np.where(prev > 0, rates / np.where(prev > 0, prev, 1.0), 0.0)
-    cond = np.clip(cond, 0.0, 1.0)
-    lo = max(0, gt - DECAY_FIT_POSITIONS)
-    pos = np.arange(lo + 1, gt + 1, dtype=float)
-    tail = cond[lo:]
-    ok = tail > 0
-    if gt == 0 or cond[-1] <= 0:
-        ext = np.zeros(gamma - gt)
-    else:
-        slope = 0.0
-        if ok.sum() >= 2:
-            slope = min(0.0, float(np.polyfit(pos[ok], np.log(tail[ok]), 1)[0]))
-        steps = np.arange(1, gamma - gt + 1, dtype=float)
-        ext = np.clip(cond[-1] * np.exp(slope * steps), 0.0, 1.0)  # non-increasing
-    full = np.concatenate([rates, rates[-1] * np.cumprod(ext)]) if gt else np.zeros(gamma)
-    return full, ext
-
-
-# ---- the model ----------------------------------------------------------------------------
 
 
 def _split_runs(df: pd.DataFrame) -> pd.DataFrame:
@@ -416,7 +185,7 @@ class AcceptanceModel:
     trace_set: str = ""
     source: str = ""
 
-    def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, _Cell],
+    def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, TracedCell],
                  smooth: bool = True, min_tokens: int = MIN_TOKENS) -> None:
         self._runs = runs  # one row per run: keys, bucket, start context
         # the draft budget floor the traces were run with: a prediction that replays this
@@ -452,7 +221,7 @@ class AcceptanceModel:
         first = df.groupby("run", sort=True).head(1)  # first iteration of each run
         run_bucket = _workload_buckets(first)  # [runs] bucket centre of each run
         df["bucket"] = run_bucket[df["run"].to_numpy()]
-        cells: dict[_CellKey, _Cell] = {}
+        cells: dict[_CellKey, TracedCell] = {}
         keys = ["method", "temperature", "workload", "sparsity", "bucket", "gamma"]
         for key, rows in df.groupby(keys, sort=True):
             m, temp, wl, s, b, g = (str(v) for v in key)  # type: ignore[union-attr]
@@ -474,7 +243,7 @@ class AcceptanceModel:
         return cached[key]
 
     @staticmethod
-    def _cut(cell: _Cell, output_len: int | None) -> _Cell:
+    def _cut(cell: TracedCell, output_len: int | None) -> TracedCell:
         return cell if output_len is None else cell.head(output_len)
 
     # -- lookup --
@@ -522,7 +291,7 @@ class AcceptanceModel:
                     f"unknown workload {workload!r} for {method} at temperature {temp:g}",
                     where="workload", fix=f"use one of: {', '.join(wls)} (or none to pool all)")
             keys = [k for k in keys if k[2] == workload]
-        comps: list[_Source] = []
+        comps: list[DrawSource] = []
         w: list[float] = []
         for bucket, bucket_w, note in self._context_mixture(keys, context):
             if note:
@@ -565,7 +334,7 @@ class AcceptanceModel:
     def _sparsity_mixture(
         self, keys: list[tuple[str, float, str, float, float, int]], sparsity: float, gamma: int,
         output_len: int | None = None,
-    ) -> tuple[list[_Source], list[float], list[str]]:
+    ) -> tuple[list[DrawSource], list[float], list[str]]:
         notes: list[str] = []
         sps = sorted({k[3] for k in keys})
         if sparsity < sps[0]:
@@ -590,7 +359,7 @@ class AcceptanceModel:
             if w <= 0.0:
                 continue
             if s > 1.0:
-                sources.append(_Source(None, np.ones(gamma)))
+                sources.append(DrawSource(None, np.ones(gamma)))
             else:
                 src, src_notes = self._source(keys, s, gamma, output_len)
                 sources.append(src)
@@ -600,7 +369,7 @@ class AcceptanceModel:
         return sources, [w / total for w in weights], notes
 
     def _source(self, keys: list[tuple[str, float, str, float, float, int]], s: float,
-                gamma: int, output_len: int | None = None) -> tuple[_Source, list[str]]:
+                gamma: int, output_len: int | None = None) -> tuple[DrawSource, list[str]]:
         """Pool the cells at sparsity s (workloads pooled) at the best traced γ for `gamma`,
         restricted to the first `output_len` generated tokens of every run when given."""
         at_s = [k for k in keys if k[3] == s]
@@ -625,7 +394,7 @@ class AcceptanceModel:
         if gamma > gt:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
-        return _Source(cell, rates, cell.outcome_cond(gamma), _stretch(cell, rates)), notes
+        return DrawSource(cell, rates, cell.outcome_cond(gamma), _stretch(cell, rates)), notes
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
@@ -678,7 +447,7 @@ def smoother_matrix(coords: np.ndarray, weights: np.ndarray,
     return out
 
 
-def _stretch(cell: _Cell, rates: np.ndarray) -> float:
+def _stretch(cell: TracedCell, rates: np.ndarray) -> float:
     """Replayed iterations per traced iteration: the traced acceptance length over the
     replayed γ's (1 + Σ rates; exactly 1 when γ is the traced γ and nothing is thinned)."""
     traced = 1.0 + float(cell.acc.mean())
@@ -687,7 +456,7 @@ def _stretch(cell: _Cell, rates: np.ndarray) -> float:
     return traced / replayed
 
 
-def _make_cell(rows: pd.DataFrame, gamma: int, sparsity: float, bucket: float) -> _Cell:
+def _make_cell(rows: pd.DataFrame, gamma: int, sparsity: float, bucket: float) -> TracedCell:
     """Flatten the runs of one cell (rows already in run order)."""
     acc = rows["accepted"].to_numpy(dtype=np.int64)
     probs = rows["accept_prob"].to_numpy()  # [N] object: one array (or list) per row
@@ -706,16 +475,16 @@ def _make_cell(rows: pd.DataFrame, gamma: int, sparsity: float, bucket: float) -
     run_idx = np.cumsum(change) - 1
     ctx = rows["context"].to_numpy()
     gen = ctx - ctx[starts][run_idx]  # [N] tokens generated before each iteration
-    return _Cell(gamma, sparsity, bucket, acc, prob, starts[run_idx], lens[run_idx],
+    return TracedCell(gamma, sparsity, bucket, acc, prob, starts[run_idx], lens[run_idx],
                  int(ctx.min()), int(ctx.max()), gen)
 
 
-def _pool(cells: list[_Cell]) -> _Cell:
+def _pool(cells: list[TracedCell]) -> TracedCell:
     """Concatenate cells of the same γ (workloads pooled), re-basing run starts."""
     if len(cells) == 1:
         return cells[0]
     offsets = np.cumsum([0] + [len(c.acc) for c in cells[:-1]])
-    return _Cell(
+    return TracedCell(
         cells[0].gamma, cells[0].sparsity, cells[0].bucket,
         np.concatenate([c.acc for c in cells]),
         np.concatenate([c.prob for c in cells]),
@@ -724,39 +493,3 @@ def _pool(cells: list[_Cell]) -> _Cell:
         min(c.ctx_min for c in cells), max(c.ctx_max for c in cells),
         np.concatenate([c.gen for c in cells]),
     )
-
-
-# ---- given sequences (common random numbers) -------------------------------------------
-
-
-class FixedSequences:
-    """An `engine.AcceptanceSampler` that replays given per-request sequences.
-
-    `validate` feeds the simulator the accept counts a real run produced (or replayed), so
-    that prediction and measurement see the same acceptance and the difference isolates the
-    latency model and the batching. Row r of every `sample` call is request r's sequence
-    from its start, repeated cyclically past its end; requests beyond the given rows reuse
-    them cyclically.
-    """
-
-    def __init__(self, gamma: int, sequences: list[list[int]]) -> None:
-        if gamma < 1 or not sequences or any(len(s) == 0 for s in sequences):
-            raise UserInputError("FixedSequences needs gamma >= 1 and non-empty sequences",
-                                 where="acceptance sequences",
-                                 fix="give every request at least one accepted count")
-        self.gamma = gamma
-        self._seqs = [np.minimum(np.asarray(s, dtype=np.int64), gamma) for s in sequences]
-
-    @property
-    def mean_length(self) -> float:
-        """1 + mean accepted drafts over all given iterations (bonus included)."""
-        return 1.0 + float(np.concatenate(self._seqs).mean())
-
-    def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
-        """[n_requests, n_iterations] the first columns of each sequence (rng unused)."""
-        cols = np.arange(n_iterations)  # [W]
-        out = np.empty((n_requests, n_iterations), dtype=np.int64)
-        for r in range(n_requests):
-            seq = self._seqs[r % len(self._seqs)]
-            out[r] = seq[cols % len(seq)]
-        return out

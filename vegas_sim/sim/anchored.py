@@ -56,7 +56,8 @@ from scipy.optimize import least_squares
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY
-from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance_dist import AcceptanceDist
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
 N_CONTEXT_NODES = 8  # contexts an anchor's context range is evaluated at

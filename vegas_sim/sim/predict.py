@@ -45,7 +45,8 @@ import pandas as pd
 from vegas_sim.errors import DoesNotFitError, TraceSetError, UserInputError
 from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
-from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance_dist import AcceptanceDist
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import (

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from vegas_sim.sim.acceptance import AcceptanceDist, AcceptanceModel
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance_dist import AcceptanceDist
 from vegas_sim.sim.latency import LatencyModel
 
 Z95 = 1.96

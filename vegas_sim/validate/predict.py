@@ -14,7 +14,7 @@ import numpy as np
 
 from vegas_sim import api
 from vegas_sim.methods import MIN_TOKENS
-from vegas_sim.sim.acceptance import FixedSequences
+from vegas_sim.sim.acceptance_dist import FixedSequences
 from vegas_sim.sim.engine import simulate
 from vegas_sim.sim.metrics import steady_window
 from vegas_sim.sim.metrics import summarize as run_summary
