@@ -39,9 +39,10 @@
   (open loop) or all requests (closed loop). **Queue length**: requests that arrived and wait
   for their first admission, time-averaged over the window (vLLM's num_requests_waiting
   without the preempted ones waiting to resume).
-- **Goodput** (`Slo`): output tokens of the requests that finish in the window and meet every
-  SLO given (TTFT ≤ ``ttft_ms``, TPOT ≤ ``tpot_ms``; a one-token request has no TPOT and meets
-  that one), per second of the window; NaN without an SLO.
+- **Goodput** (`Slo`): the throughput times the share of the output tokens of the requests
+  finishing in the window that belong to requests meeting every SLO given (TTFT ≤
+  ``ttft_ms``, TPOT ≤ ``tpot_ms``; a one-token request has no TPOT and meets that one): the
+  tokens/s of good requests, ≤ the throughput, equal when all meet; NaN without an SLO.
 - **Mean running batch**: running requests per iteration, averaged over the window's
   iterations (vLLM's num_requests_running, sampled per step). **Preemptions**: requests taken
   out of the running batch over the whole run. **KV peak**: most KV blocks held in one
@@ -58,7 +59,6 @@ from typing import Any
 import numpy as np
 
 from vegas_sim.sim.engine import EngineResult
-
 
 WARMUP_FRACTION = 0.1  # open loop: the first 10 % of arrivals warm the empty system up
 SATURATION_SHORTFALL = 0.1  # open loop: completions this far below arrivals → saturated
@@ -216,12 +216,13 @@ def summarize(res: EngineResult, slo: Slo | None = None) -> RunMetrics:
         preemptions=float(res.preemptions),
         kv_peak_blocks=float(res.iter_kv_blocks.max()) if res.iterations else 0.0,
         **_serving_metrics(res, window, arrival_end, span is not None, tpot_all,
-                           slo or Slo()),
+                           slo or Slo(), thr),
     )
 
 
 def _serving_metrics(res: EngineResult, window: tuple[float, float], arrival_end: float,
-                     open_loop: bool, tpot: np.ndarray, slo: Slo) -> dict[str, Any]:
+                     open_loop: bool, tpot: np.ndarray, slo: Slo,
+                     throughput: float) -> dict[str, Any]:
     """TTFT, E2E, queue length, offered/served rates, saturation and goodput (rules above)."""
     t0, t1 = window
     seconds = (t1 - t0) / 1000.0
@@ -238,9 +239,10 @@ def _serving_metrics(res: EngineResult, window: tuple[float, float], arrival_end
     saturated = open_loop and shortfall > max(SATURATION_SHORTFALL * arrived,
                                               2.0 * math.sqrt(arrived))
     good = math.nan
-    if slo.given and seconds > 0:
+    finished_tokens = float(res.output_len[done].sum())
+    if slo.given and finished_tokens > 0:
         ok = done & slo.met(ttft, tpot)
-        good = float(res.output_len[ok].sum()) / seconds
+        good = throughput * float(res.output_len[ok].sum()) / finished_tokens
     return {
         "ttft_ms_p50": float(tt[0]), "ttft_ms_p90": float(tt[1]), "ttft_ms_p99": float(tt[2]),
         "e2e_ms_p50": float(ee[0]), "e2e_ms_p90": float(ee[1]),
