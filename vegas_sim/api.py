@@ -240,10 +240,13 @@ def predict_methods(
     kv_block_size: int = 16,
     gpu_memory_utilization: float = 0.9,
     acceptance_anchors: Sequence[str | Path] = (),
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """Predict one configuration for each method (plus vanilla, the baseline).
 
-    ``output_len``: N, ``lognormal:MEAN,CV`` or ``file:PATH`` (`output_lengths`)."""
+    ``output_len``: N, ``lognormal:MEAN,CV`` or ``file:PATH`` (`output_lengths`). The SLOs
+    set the goodput column (`sim.metrics.Slo`)."""
     from vegas_sim.sim.predict import Scenario, predict
 
     check_gamma(gamma)
@@ -259,7 +262,8 @@ def predict_methods(
                  sparsity=sparsity if m != "vanilla" else 1.0, batch=batch, context=context,
                  output_len=out_mean, requests=requests, arrival=arrival, workload=workload,
                  temperature=temperature, prefill=prefill, output_dist=out_dist,
-                 kv_block_size=kv_block_size, gpu_memory_utilization=gpu_memory_utilization)
+                 kv_block_size=kv_block_size, gpu_memory_utilization=gpu_memory_utilization,
+                 slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms)
         for m in ordered
     ]
     table = predict(scenarios, latency, acceptance, seed=seed, replications=replications,

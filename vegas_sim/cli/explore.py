@@ -25,6 +25,7 @@ from vegas_sim.methods import METHODS
 from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.reports.html import write_report
 from vegas_sim.runs import SweepInterrupted, sweep_to_file
+from vegas_sim.sim.ranking import RANK_BY, best_per_cell, check_rank_by, describe_best
 from vegas_sim.sim.sweep import SweepGrid
 from vegas_sim.sim.tune import TuneConfig
 from vegas_sim.sim.tune import tune as run_tune
@@ -40,6 +41,30 @@ def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...],
 _model_opt = click.option("--model", default=None,
                           help="Model whose latency to use (a preset calibrated in the trace "
                                "set) [default: qwen3-8b, or the model of --traces].")
+_rank_opt = click.option("--rank-by", type=click.Choice(RANK_BY), default=None,
+                         help="Metric to rank by: throughput, goodput (tokens/s of requests "
+                              "meeting the SLOs; needs --slo-*) or tpot (lowest TPOT p50).")
+_arrival_opt = click.option("--arrival", default="closed", show_default=True,
+                            help="'closed', 'closed:USERS' or 'poisson:RATE' (open loop: sim "
+                                 "engine only).")
+_slo_tpot_opt = click.option("--slo-tpot-ms", type=float, default=None,
+                             help="TPOT SLO of goodput, ms.")
+_slo_ttft_opt = click.option("--slo-ttft-ms", type=float, default=None,
+                             help="TTFT SLO of goodput (queueing included), ms.")
+
+
+def _serving_extra(arrival: str, slo_tpot_ms: float | None, slo_ttft_ms: float | None,
+                   requests: int | None = None) -> dict[str, Any]:
+    """The Scenario fields of the serving options, only those that differ from the default
+    (a grid without them keeps its identity, and its checkpoint)."""
+    extra: dict[str, Any] = {"arrival": arrival} if arrival != "closed" else {}
+    for name, value in (("slo_tpot_ms", slo_tpot_ms), ("slo_ttft_ms", slo_ttft_ms),
+                        ("requests", requests)):
+        if value is not None:
+            extra[name] = value
+    return extra
+
+
 _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=None,
                            help="Trace set: a directory, or a packaged set's name (`vegas-sim "
                                 "traces list`) [default: the packaged measured sets].")
@@ -70,6 +95,13 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--replications", type=int, default=5, show_default=True,
               help="Replications per configuration for the sim engine's 95% CIs.")
+@_arrival_opt
+@click.option("--requests", type=int, default=None,
+              help="Requests per simulation [default: predict's: 4 × batch closed loop, "
+                   "max(200, 20 × batch) open loop].")
+@_slo_tpot_opt
+@_slo_ttft_opt
+@_rank_opt
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result table: *.csv, *.parquet or *.json (one row per configuration; "
                    "JSON as predict writes it, with the notes).")
@@ -77,7 +109,8 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
           output_len: str, model: str | None, traces: Path | None,
           acceptance_anchors: tuple[str, ...], weight_format: str, engine: str,
           workers: int | None, scheduler: str | None, seed: int, replications: int,
-          out: Path) -> None:
+          arrival: str, requests: int | None, slo_tpot_ms: float | None,
+          slo_ttft_ms: float | None, rank_by: str | None, out: Path) -> None:
     """Predict every configuration of a grid γ × sparsity × batch × context × method.
 
     Runs in parallel on all local cores (or on a Dask cluster with --scheduler) and writes one
@@ -90,17 +123,29 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
     exits 130; the same command again resumes where it stopped (a different grid, seed or
     trace set for that --out is refused).
 
-    Example:
+    --rank-by prints the best configuration of each (batch, context, output) cell by that
+    metric; goodput needs --slo-tpot-ms and/or --slo-ttft-ms. Open-loop arrivals
+    (--arrival poisson:RATE) need --engine sim.
+
+    Examples:
 
     \b
         vegas-sim sweep --gamma 2..12 --sparsity 0.01,0.03,0.05,0.07,0.1 --batch 1,4,16 \\
             --context 32K,120K -m vegas -m magicdec-stream --out sweep.csv
+
+    \b
+        vegas-sim sweep --gamma 4,7 --sparsity 0.07 --engine sim --replications 1 \\
+            --arrival poisson:0.3 --slo-tpot-ms 8 --rank-by goodput --out serve.csv
     """
     stopped: SweepInterrupted | None = None
     with user_errors():
         check_out(out, (".csv", ".parquet", ".json"))
+        if rank_by is not None:
+            check_rank_by(rank_by, slo_tpot_ms is not None or slo_ttft_ms is not None)
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
-                               context=context, output_len=output_len)
+                               context=context, output_len=output_len,
+                               extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms,
+                                                    requests))
         latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format)
         with progress_bars() as update, sigterm_as_interrupt():
             try:
@@ -118,6 +163,9 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
         click.echo(f"note: {note}", err=True)
     resumed = f", {done.resumed} configurations from the checkpoint" if done.resumed else ""
     click.echo(f"wrote {out} ({len(done.table)} rows{resumed})", err=True)
+    if rank_by is not None:
+        for _, row in best_per_cell(done.table, rank_by).iterrows():
+            click.echo(describe_best(row, rank_by))
 
 
 @click.command()
@@ -135,6 +183,15 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @weight_format_option
 @click.option("--final-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
               show_default=True, help="Engine for the reported numbers (sim: replication CIs).")
+@click.option("--search-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
+              show_default=True,
+              help="Engine the search ranks on (sim: needed for open-loop --arrival; slower).")
+@_arrival_opt
+@_slo_tpot_opt
+@_slo_ttft_opt
+@click.option("--rank-by", type=click.Choice(RANK_BY), default="throughput", show_default=True,
+              help="What 'best' means: throughput, goodput (needs --slo-*) or tpot (lowest "
+                   "TPOT p50).")
 @click.option("--workers", type=int, default=None, help="Local worker processes.")
 @click.option("--scheduler", default=None, help="Dask scheduler address.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -142,7 +199,9 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
               help="Serving table: *.json (best γ per batch size and context).")
 def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
          model: str | None, traces: Path | None, acceptance_anchors: tuple[str, ...],
-         weight_format: str, final_engine: str, workers: int | None, scheduler: str | None,
+         weight_format: str, final_engine: str, search_engine: str, arrival: str,
+         slo_tpot_ms: float | None, slo_ttft_ms: float | None, rank_by: str,
+         workers: int | None, scheduler: str | None,
          seed: int, out: Path) -> None:
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
@@ -159,17 +218,26 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     contexts differ, "by_context_range" [[ctx_lo, ctx_hi, [[lo, hi, K], ...]], ...] with
     each cell's own best K (its sparsity in "sparsity_by_context_range" and "cells").
 
-    Example:
+    --rank-by goodput or tpot makes every "best" above that metric's (goodput: tokens/s of
+    the requests meeting --slo-tpot-ms / --slo-ttft-ms).
+
+    Examples:
 
     \b
         vegas-sim tune --batch 1,4,16 --context 32K,120K --out best_gamma.json
+
+    \b
+        vegas-sim tune --batch 4 --context 32K --slo-tpot-ms 7 --rank-by goodput \\
+            --out slo_gamma.json
     """
     with user_errors():
         check_out(out, (".json",))
         cells = [(b, c) for b in parse_int_grid(batch, "--batch")
                  for c in parse_int_grid(context, "--context")]
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
-                            final_engine=final_engine)
+                            final_engine=final_engine, search_engine=search_engine,
+                            rank_by=rank_by,
+                            extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms))
         latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format)
         with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
@@ -186,6 +254,10 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
             line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} γ="
                      f"{r['baseline_gamma']}" + _ci(r['speedup_vs_baseline_ci_low'],
                                                     r['speedup_vs_baseline_ci_high']))
+        if rank_by == "goodput":
+            line += f"; goodput {r['goodput_tok_s']:.0f} tok/s"
+        elif rank_by == "tpot":
+            line += f"; TPOT p50 {r['tpot_ms_p50']:.2f} ms"
         click.echo(line)
     if final_engine == "analytic":
         click.echo("(analytic engine: no confidence intervals; --final-engine sim gives 95% "

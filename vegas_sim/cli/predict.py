@@ -70,9 +70,17 @@ def _predict_options(f: F) -> F:
                           "CUDA-graph engine would see. Not measured."),
         weight_format_option,
         click.option("--requests", type=int, default=None,
-                     help="Requests to simulate (default: 4 × batch)."),
+                     help="Requests to simulate (default: 4 × batch closed loop; "
+                          "max(200, 20 × batch) for Poisson arrivals, enough for a steady "
+                          "state)."),
         click.option("--arrival", default="closed", show_default=True,
-                     help="'closed' (batch-many users) or 'poisson:RATE' (requests/s)."),
+                     help="'closed' (batch-many users), 'closed:USERS', or 'poisson:RATE' "
+                          "(requests/s, open loop: rows add TTFT with queueing, E2E, queue "
+                          "length, served rate and whether it is saturated)."),
+        click.option("--slo-tpot-ms", type=float, default=None,
+                     help="TPOT SLO for goodput (tokens/s of requests meeting every SLO)."),
+        click.option("--slo-ttft-ms", type=float, default=None,
+                     help="TTFT SLO (queueing included) for goodput."),
         click.option("--workload", default=None,
                      help="Acceptance workload (reasoning, code, chat, longdoc); default all."),
         click.option("--temperature", type=float, default=0.0, show_default=True,
@@ -125,6 +133,9 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
 
     \b
         vegas-sim predict --batch 64 --output-len lognormal:1024,0.5
+
+    \b
+        vegas-sim predict --arrival poisson:0.3 --slo-tpot-ms 8 --slo-ttft-ms 2000
 
     \b
         vegas-sim predict --gamma 6 --workload reasoning --temperature 0.6 --context 4K \

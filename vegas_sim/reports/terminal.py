@@ -9,7 +9,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-PHASE_ORDER = ("decode", "draft_step", "quest_meta", "verify", "collect", "select", "sample")
+PHASE_ORDER = ("decode", "draft_step", "quest_meta", "verify", "collect", "select", "sample",
+               "prefill")
 
 
 def _ci(value: float, low: float, high: float, fmt: str) -> str:
@@ -23,7 +24,14 @@ def _phases_present(df: pd.DataFrame) -> list[str]:
             if f"ms_{p}" in df and (df[f"ms_{p}"].fillna(0) > 0).any()]
 
 
+def is_open_loop(df: pd.DataFrame) -> bool:
+    """Rows of Poisson/trace arrivals (their headline is latency, not throughput)."""
+    return "arrival" in df and bool(df["arrival"].astype(str).str.match("poisson|trace").any())
+
+
 def prediction_table(df: pd.DataFrame) -> Table:
+    if is_open_loop(df):
+        return open_loop_table(df)
     first = df.iloc[0]
     with_ci = (df["throughput_ci_low"] < df["throughput_ci_high"]).any()
     table = Table(title=f"batch {first['batch']}, context {first['context']}, output "
@@ -48,10 +56,67 @@ def prediction_table(df: pd.DataFrame) -> Table:
     return table
 
 
+def _ms(value: float) -> str:
+    """Milliseconds, as seconds from 10 s up (queueing delays past capacity are long)."""
+    if math.isnan(value):
+        return "-"
+    return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.1f}"
+
+
+def open_loop_table(df: pd.DataFrame) -> Table:
+    """Open-loop rows: latency first. The speedup shown is TPOT's (vanilla TPOT / the
+    method's); the throughput is the served rate, whose ratio is ≈ 1 below capacity."""
+    first = df.iloc[0]
+    goodput = "goodput_tok_s" in df and bool(df["goodput_tok_s"].notna().any())
+    table = Table(title=f"{first['arrival']}, batch {first['batch']}, context {first['context']}"
+                        f", output {first['output_len']}, {first['requests']} requests; TPOT ×"
+                        " = vanilla TPOT / method TPOT (the headline); tok/s = served rate; ms unless s")
+    names = ["method", "γ", "s", "TPOT", "TPOT ×", "TTFT p50/p99", "E2E p50", "queue",
+             "tok/s", "tok/s ×", "saturated", *(["goodput"] if goodput else []), "extrap."]
+    for name in names:
+        table.add_column(name, no_wrap=True)
+    for _, row in df.iterrows():
+        spec = row["method"] != "vanilla"
+        table.add_row(
+            str(row["method"]), str(row["gamma"]) if spec else "-",
+            f"{row['sparsity']:.3g}" if spec else "-", f"{row['tpot_ms_p50']:.2f}",
+            _ci(row["tpot_speedup"], row["tpot_speedup_ci_low"], row["tpot_speedup_ci_high"],
+                ".2f"),
+            f"{_ms(row['ttft_ms_p50'])} / {_ms(row['ttft_ms_p99'])}", _ms(row["e2e_ms_p50"]),
+            f"{row['queue_len_mean']:.1f}", f"{row['throughput_tok_s']:.0f}",
+            f"{row['speedup_vs_vanilla']:.2f}", "yes" if row["saturated"] else "no",
+            *([f"{row['goodput_tok_s']:.0f}"] if goodput else []),
+            "yes" if row.get("extrapolated") else "",
+        )
+    return table
+
+
+def serving_lines(df: pd.DataFrame) -> list[str]:
+    """Saturation per method of open-loop rows, and what a throughput ratio means below it."""
+    if not is_open_loop(df):
+        return []
+    lines = []
+    for _, r in df.iterrows():
+        if r["saturated"]:
+            lines.append(f"saturated: {r['method']}: offered {r['offered_rate']:.3g} req/s > "
+                         f"capacity {r['served_rate']:.3g} req/s; TTFT grows without bound "
+                         f"(here over {int(r['requests'])} requests: a longer run waits longer)")
+    if not df["saturated"].all():
+        under = ", ".join(str(m) for m in df.loc[~df["saturated"].astype(bool), "method"])
+        lines.append(f"under capacity ({under}): served ≈ offered load, so the throughput ratio "
+                     "is ≈ 1 whatever the method; the TPOT speedup is the gain")
+    return lines
+
+
 def breakdown_table(df: pd.DataFrame) -> Table:
-    """Mean ms per iteration by phase (and share of the iteration)."""
+    """Mean ms per iteration by phase (and share of the iteration). Co-located prefill is a
+    column of its own: its stalls per decode iteration, its share of iteration + prefill."""
     phases = _phases_present(df)
-    table = Table(title="iteration time by phase, ms (share)")
+    title = "iteration time by phase, ms (share)"
+    if "prefill" in phases:
+        title += "; prefill: co-located prefill stalls per iteration, shares of iteration + " \
+                 "prefill"
+    table = Table(title=title)
     table.add_column("method", no_wrap=True)
     for phase in phases:
         table.add_column(phase.replace("_step", "").replace("_meta", ""), justify="right",
@@ -59,10 +124,11 @@ def breakdown_table(df: pd.DataFrame) -> Table:
     table.add_column("iteration", justify="right")
     for _, row in df.iterrows():
         total = float(row["iter_ms"])
+        whole = total + (float(row.get("ms_prefill") or 0.0) if "prefill" in phases else 0.0)
         cells = []
         for phase in phases:
             ms = float(row.get(f"ms_{phase}") or 0.0)
-            cells.append(f"{ms:.2f} {100 * ms / total:.0f}%" if ms > 0 and total > 0 else "-")
+            cells.append(f"{ms:.2f} {100 * ms / whole:.0f}%" if ms > 0 and whole > 0 else "-")
         table.add_row(str(row["method"]), *cells, f"{total:.2f}")
     return table
 
@@ -110,6 +176,9 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(prediction_table(df))
     console.print(breakdown_table(df))
+    for line in serving_lines(df):
+        console.print(f"[red]{line}[/red]" if line.startswith("saturated") else line,
+                      soft_wrap=True)
     for line in kv_lines(df):
         console.print(f"[yellow]KV cache:[/yellow] {line}", soft_wrap=True)
     # notes are sentences: one line each, never cut at the table's width

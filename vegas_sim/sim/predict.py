@@ -10,7 +10,25 @@ ratios. Everything here is module-level and takes plain picklable arguments, so 
 process pool or on Dask.
 
 Defaults and rules:
-- ``requests`` None → 4 × batch (four waves of a full batch: enough for a steady state).
+- ``requests`` None → closed loop: 4 × batch (four waves of a full batch: enough for a steady
+  state, since every user resubmits at once). Open loop (Poisson): max(200, 20 × batch). The
+  open-loop window drops the first 10 % of arrivals and ends at the last one
+  (`metrics`), so 200 requests leave 180 in it: the served rate's Poisson noise is then
+  1/√180 ≈ 7 %, small against the 10 % shortfall (and 2√n noise) that flags saturation, and
+  20 × batch lets the batch turn over 20 times. A saturated run serves its requests at the
+  capacity for the whole horizon; on this engine's fused iterations 200 requests of 1024
+  tokens take about a second per replication on one core (vanilla, batch 4), so predict stays
+  a few seconds. A trace's requests are its arrival times.
+- Open loop (Poisson arrivals): the rows' throughput is the served rate (min(offered,
+  capacity)), so under light load the throughput ratio is ≈ 1 for every method;
+  ``tpot_speedup`` (vanilla TPOT p50 / the method's, paired per replication) is the
+  latency gain there. Rows add TTFT (queueing included), E2E, the queue length, the offered
+  and served rates and ``saturated`` (metrics docstring). The analytic engine is sim-only
+  for open loops: it is refused (its closed form has no queue); use the sim engine.
+- SLOs (``slo_tpot_ms``, ``slo_ttft_ms``): ``goodput_tok_s``, output tokens per second of the
+  requests that meet them (`metrics.Slo`). The analytic engine's requests are all alike: its
+  goodput is its throughput when its TPOT and TTFT (one iteration: a closed loop does not
+  queue) meet the SLOs, else 0.
 - ``kv_capacity_tokens`` None → (GPU memory − weight bytes) / KV bytes per token, GPU memory
   from the latency model's GPU (the what-if target's datasheet memory for a what-if). No
   activation or fragmentation reserve is subtracted. The engine uses it in whole blocks of
@@ -59,11 +77,13 @@ from vegas_sim.sim.engine import (
     simulate,
 )
 from vegas_sim.sim.latency import IterationCost, LatencyModel
-from vegas_sim.sim.metrics import RunMetrics, mean_ci, summarize
+from vegas_sim.sim.metrics import RunMetrics, Slo, mean_ci, summarize
 from vegas_sim.sim.uncertainty import interval_columns
 
 ENGINES = ("sim", "analytic")
-REQUESTS_PER_SLOT = 4  # default requests = 4 × batch
+REQUESTS_PER_SLOT = 4  # default requests = 4 × batch (closed loop)
+OPEN_LOOP_MIN_REQUESTS = 200  # default requests in open loop: max(200, 20 × batch)
+OPEN_LOOP_PER_SLOT = 20
 
 
 @dataclass(frozen=True)
@@ -89,6 +109,8 @@ class Scenario:
     kv_block_size: int = 16  # tokens per KV block (vLLM's default)
     # share of GPU memory for weights + KV cache (vLLM gpu_memory_utilization, its default)
     gpu_memory_utilization: float = 0.9
+    slo_tpot_ms: float | None = None  # goodput's SLOs (None: not asked for)
+    slo_ttft_ms: float | None = None
 
     @property
     def max_output(self) -> int:
@@ -101,7 +123,19 @@ class Scenario:
 
     @property
     def n_requests(self) -> int:
-        return self.requests if self.requests is not None else REQUESTS_PER_SLOT * self.batch
+        if self.requests is not None:
+            return self.requests
+        if self.is_open_loop:
+            return max(OPEN_LOOP_MIN_REQUESTS, OPEN_LOOP_PER_SLOT * self.batch)
+        return REQUESTS_PER_SLOT * self.batch
+
+    @property
+    def is_open_loop(self) -> bool:
+        return self.arrival.partition(":")[0] in ("poisson", "trace")
+
+    @property
+    def slo(self) -> Slo:
+        return Slo(self.slo_tpot_ms, self.slo_ttft_ms)
 
     def vanilla(self) -> Scenario:
         """The baseline at the same batch/context/output/arrivals."""
@@ -142,6 +176,10 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
                              where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
     if sc.output_dist is not None:
         sc.output_dist.validate()
+    for name, value in (("--slo-tpot-ms", sc.slo_tpot_ms), ("--slo-ttft-ms", sc.slo_ttft_ms)):
+        if value is not None and not value > 0:  # also NaN
+            raise UserInputError(f"an SLO must be > 0 ms, got {value}", where=name,
+                                 fix="pass a positive number of milliseconds, e.g. 50")
     Arrivals.parse(sc.arrival).validate(sc.n_requests)
     if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
@@ -336,8 +374,8 @@ def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | N
     cost = iteration_cost(latency, sc)
     prefill = prefill_fn(latency, sc.method)  # also the recompute of preempted requests
     pre = prefill if sc.prefill == "co-located" else None
-    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre, recompute_fn=prefill))
-            for s in seeds]
+    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre, recompute_fn=prefill),
+                      sc.slo) for s in seeds]
 
 
 def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None
@@ -353,6 +391,8 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     mid = np.full(max(round(batch), 1), sc.context + sc.output_len // 2, np.int64)
     bd = cost.breakdown(mid)
     scale = res.iter_ms / sum(bd.values()) if sum(bd.values()) > 0 else 0.0
+    ttft = res.iter_ms  # a closed loop does not queue: the first token is one iteration in
+    meets = sc.slo.met(np.array([ttft]), np.array([tpot]))[0]
     return RunMetrics(
         throughput_tok_s=res.throughput_tok_s, window_ms=(math.nan, math.nan), window_tokens=0,
         generated_tokens=0, acceptance_length=res.acceptance_length,
@@ -361,6 +401,8 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
         itl_ms_p50=res.iter_ms, itl_ms_p90=res.iter_ms, itl_ms_p99=res.iter_ms, iter_ms=res.iter_ms,
         breakdown_ms={k: v * scale for k, v in bd.items()}, iterations=0, sim_time_s=0.0,
         wall_s=time.perf_counter() - t0, mean_running_batch=batch, preemptions=math.nan,
+        ttft_ms_p50=ttft, ttft_ms_p90=ttft, ttft_ms_p99=ttft,
+        goodput_tok_s=(res.throughput_tok_s if meets else 0.0) if sc.slo.given else math.nan,
     )
 
 
@@ -402,6 +444,7 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     sp, sp_lo, sp_hi = mean_ci([a.throughput_tok_s / b.throughput_tok_s
                                 for a, b in zip(runs, base)])
     rates = np.mean([r.rates for r in runs], axis=0) if runs[0].rates else np.zeros(0)
+    tp, tp_lo, tp_hi = mean_ci([b.tpot_ms_p50 / a.tpot_ms_p50 for a, b in zip(runs, base)])
     row: dict[str, Any] = {
         "method": sc.method, "gamma": sc.gamma, "sparsity": sc.sparsity, "batch": sc.batch,
         "context": sc.context, "output_len": sc.output_len, "output_dist": sc.output_label,
@@ -433,6 +476,8 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     row["iterations_simulated"] = int(sum(r.iterations for r in runs))
     row["sim_time_s"] = float(np.mean([r.sim_time_s for r in runs]))
     row["wall_s"] = wall_s
+    row.update(tpot_speedup=tp, tpot_speedup_ci_low=tp_lo, tpot_speedup_ci_high=tp_hi)
+    row.update(_serving_columns(sc, runs))
     return row
 
 
@@ -446,6 +491,18 @@ def provenance(latency: LatencyModel, acceptance: AcceptanceModel) -> dict[str, 
             "acceptance_source": source or (f"trace set {acc_set}" if acc_set else "")}
 
 
+def _serving_columns(sc: Scenario, runs: list[RunMetrics]) -> dict[str, Any]:
+    """Latency under queueing, rates, saturation (most replications) and goodput."""
+    out: dict[str, Any] = {
+        name: float(np.mean([getattr(r, name) for r in runs]))
+        for name in ("ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "e2e_ms_p50", "e2e_ms_p90",
+                     "queue_len_mean", "offered_rate", "served_rate", "goodput_tok_s")}
+    out["saturated"] = bool(2 * sum(r.saturated for r in runs) > len(runs))
+    out["slo_tpot_ms"] = math.nan if sc.slo_tpot_ms is None else float(sc.slo_tpot_ms)
+    out["slo_ttft_ms"] = math.nan if sc.slo_ttft_ms is None else float(sc.slo_ttft_ms)
+    return out
+
+
 def _check_analytic(sc: Scenario) -> None:
     """The closed form models a saturated closed loop: B requests always running (or the mean
     the KV cache holds), prompt already in the cache (disaggregated)."""
@@ -456,7 +513,8 @@ def _check_analytic(sc: Scenario) -> None:
             "the analytic engine models a full closed-loop batch (users >= batch) with "
             "disaggregated prefill",
             where="--engine",
-            fix="use the sim engine for Poisson arrivals, fewer users or co-located prefill")
+            fix="use the sim engine for Poisson arrivals (open-loop rows are sim-only), fewer "
+                "users or co-located prefill")
 
 
 def _base_key(sc: Scenario) -> tuple[Any, ...]:

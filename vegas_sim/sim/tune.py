@@ -25,6 +25,11 @@ Baselines: each of `baselines` (magicdec-stream, magicdec-quest, specextend by d
 its own best (γ, s) by a full sweep of `baseline_gamma` × the coarse sparsity grid; the best
 baseline is the one with the highest throughput. Ties anywhere go to the smaller γ / sparsity.
 
+**Ranking** (`rank_by`, `vegas_sim.sim.ranking`): "throughput" (default), "goodput" (tokens/s
+of requests meeting the SLOs in `extra`: slo_tpot_ms / slo_ttft_ms; refused without one) or
+"tpot" (lowest TPOT p50). Every "best" above — γ*, s*, the choice, the best baseline, the
+serving γ table — is by that metric; step 1 stays on acceptance.
+
 The search uses `search_engine` (default "analytic": fast and deterministic). The reported
 numbers of the chosen configuration, vanilla and the best baseline come from `final_engine`
 (default the same; "sim" gives replication CIs); the choice itself is always made on the
@@ -51,6 +56,7 @@ import pandas as pd
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
 from vegas_sim.sim.predict import PROVENANCE_COLUMNS, is_extrapolated
+from vegas_sim.sim.ranking import check_rank_by, score
 from vegas_sim.sim.serving import by_context_range, per_batch_size
 from vegas_sim.sim.sweep import Estimate, SweepRunner
 
@@ -86,8 +92,16 @@ class TuneConfig:
     search_engine: str = "analytic"
     final_engine: str = "analytic"
     replications: int = 5
+    rank_by: str = "throughput"  # throughput | goodput | tpot (`ranking`)
 
     def __post_init__(self) -> None:
+        slo = any(self.extra.get(k) is not None for k in ("slo_tpot_ms", "slo_ttft_ms"))
+        check_rank_by(self.rank_by, slo)
+        open_loop = str(self.extra.get("arrival", "closed")).startswith(("poisson", "trace"))
+        if open_loop and "analytic" in (self.search_engine, self.final_engine):
+            raise UserInputError("open-loop arrivals are simulated only: the analytic engine "
+                                 "has no queue", where="--search-engine/--final-engine",
+                                 fix="pass --search-engine sim --final-engine sim")
         if check_method(self.method) not in SPEC_METHODS:
             raise UserInputError(f"cannot tune {self.method!r}: it does not speculate",
                                  where="--method", fix="tune a speculative method, e.g. vegas")
@@ -156,13 +170,14 @@ def widen(lo: float, hi: float, best: float, step: float) -> tuple[float, float]
     return None
 
 
-def argbest(df: pd.DataFrame, metric: str = "throughput_tok_s") -> pd.Series:
-    """Row with the highest metric; ties to the smaller γ, then the smaller sparsity."""
+def argbest(df: pd.DataFrame, rank_by: str = "throughput") -> pd.Series:
+    """Row with the best `rank_by` metric (`ranking.score`); ties to the smaller γ, then the
+    smaller sparsity."""
     if df.empty:
         raise UserInputError("tune evaluated no configuration in a cell",
                              fix="check the grids (--gamma, --sparsity)")
-    best = df[metric].max()
-    tied = df[df[metric] >= best * (1 - 1e-12)]
+    sc = score(df, rank_by)
+    tied = df[sc >= sc.max() * (1 - 1e-12)]
     return tied.sort_values(["gamma", "sparsity"], kind="stable").iloc[0]
 
 
@@ -217,11 +232,12 @@ class TuneResult:
 
     def gamma_by_batch(self) -> dict[int, int]:
         """One γ per batch size across contexts, at the serving sparsity (step 4): the γ whose
-        throughput relative to each context's best is highest on average (it loses least over
-        the tuned contexts). Ties go to the smaller γ."""
+        score (`rank_by`) relative to each context's best is highest on average (it loses
+        least over the tuned contexts). Ties go to the smaller γ."""
         s4 = self.steps[self.steps["step"] == SERVING_STEP]
-        best = s4.groupby(["batch", "context"])["throughput_tok_s"].transform("max")
-        rel = s4.assign(rel=s4["throughput_tok_s"] / best)
+        s4 = s4.assign(_score=score(s4, self.config.rank_by))
+        best = s4.groupby(["batch", "context"])["_score"].transform("max")
+        rel = s4.assign(rel=(s4["_score"] / best.where(best > 0)).fillna(1.0))
         mean = rel.groupby(["batch", "gamma"])["rel"].mean().reset_index()
         out = {}
         for batch, g in mean.groupby("batch"):
@@ -357,19 +373,20 @@ def tune(
                   for c in cells}
         s2 = steps.run("2-gamma", [_scenario(cfg, cfg.method, g, stable[c], c)
                                    for c in cells for g in cfg.gamma])
-        gamma = {c: int(argbest(_cell_rows(s2, c))["gamma"]) for c in cells}
+        gamma = {c: int(argbest(_cell_rows(s2, c), cfg.rank_by)["gamma"]) for c in cells}
         refined = _refine(steps, cells, gamma, stable, notes)
         serving = _mode(refined.values())
         steps.run(SERVING_STEP, [_scenario(cfg, cfg.method, g, serving, c)
                                  for c in cells for g in cfg.gamma])
         evaluated = pd.concat(steps.rows, ignore_index=True)
         evaluated = evaluated[evaluated["method"] == cfg.method]
-        chosen = {c: argbest(_cell_rows(evaluated, c)) for c in cells}
+        chosen = {c: argbest(_cell_rows(evaluated, c), cfg.rank_by) for c in cells}
         notes += _edge_notes(cfg, chosen)
-        best_base = {c: argbest(_cell_rows(base[base["method"] != "vanilla"], c))
+        best_base = {c: argbest(_cell_rows(base[base["method"] != "vanilla"], c), cfg.rank_by)
                      if cfg.baselines else None for c in cells}
         final = _final_rows(steps, cells, chosen, best_base, base)
-    table = pd.DataFrame([_cell_row(c, stable[c], final[c], chosen[c]) for c in cells])
+    table = pd.DataFrame([_cell_row(c, stable[c], final[c], chosen[c], cfg.rank_by)
+                          for c in cells])
     steps_df = pd.concat(steps.rows, ignore_index=True)
     gpu = str(steps_df["gpu"].iloc[0]) if "gpu" in steps_df.columns else ""
     return TuneResult(cells=table, steps=steps_df, config=cfg, model=model, gpu=gpu,
@@ -405,7 +422,8 @@ def _refine(steps: _Steps, cells: list[Cell], gamma: dict[Cell, int],
         for s in window_points(*window[c], cfg.refine_step, stable[c])])
     found = [rows]
     for _ in range(MAX_WIDEN):
-        best = {c: float(argbest(_cell_rows(pd.concat(found), c))["sparsity"]) for c in cells}
+        best = {c: float(argbest(_cell_rows(pd.concat(found), c), cfg.rank_by)["sparsity"])
+                for c in cells}
         nxt = {c: w for c in cells if (w := widen(*window[c], best[c], cfg.refine_step))}
         if not nxt:
             break
@@ -420,7 +438,8 @@ def _refine(steps: _Steps, cells: list[Cell], gamma: dict[Cell, int],
     else:
         notes.append(f"the refine window was widened {MAX_WIDEN} times and the best sparsity "
                      "still sat on its edge in some cell: a wider --sparsity range may help")
-    best = {c: float(argbest(_cell_rows(pd.concat(found), c))["sparsity"]) for c in cells}
+    best = {c: float(argbest(_cell_rows(pd.concat(found), c), cfg.rank_by)["sparsity"])
+            for c in cells}
     for c in cells:
         bound = {cfg.refine_step: "smallest", 1.0: "largest"}.get(round(best[c], _ROUND))
         if bound is not None:
@@ -482,7 +501,7 @@ def _final_rows(steps: _Steps, cells: list[Cell], chosen: dict[Cell, pd.Series],
 
 
 def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None],
-              searched: pd.Series) -> dict[str, Any]:
+              searched: pd.Series, rank_by: str) -> dict[str, Any]:
     ch, van, bl = rows["chosen"], rows["vanilla"], rows["baseline"]
     assert ch is not None and van is not None
     out: dict[str, Any] = {
@@ -523,4 +542,7 @@ def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None],
     for col in ("engine", "gpu", *PROVENANCE_COLUMNS):  # where the numbers came from
         if col in ch.index:
             out[col] = ch[col]
+    out["rank_by"] = rank_by
+    for name in ("tpot_ms_p50", "goodput_tok_s"):  # the other ranking metrics (COLUMN)
+        out[name] = float(ch[name]) if name in ch.index else float("nan")
     return out

@@ -238,6 +238,22 @@ class Arrivals:
     times_s: tuple[float, ...] = ()
     trace_lengths: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def is_open(self) -> bool:
+        """Open loop: requests arrive on their own schedule (Poisson or a trace), whatever the
+        instance's speed, so a queue can grow without bound."""
+        return self.kind in ("poisson", "trace")
+
+    def offered_rate_per_s(self) -> float:
+        """Requests per second offered: the Poisson rate, or the trace's (n − 1) / its span
+        (NaN for a closed loop or a trace without a span)."""
+        if self.kind == "poisson":
+            return self.rate_per_s
+        if self.kind == "trace" and len(self.times_s) > 1:
+            span = self.times_s[-1] - self.times_s[0]
+            return (len(self.times_s) - 1) / span if span > 0 else math.nan
+        return math.nan
+
     @classmethod
     def parse(cls, text: str) -> Arrivals:
         """'closed', 'closed:<users>' or 'poisson:<rate/s>' (the --arrival option)."""
