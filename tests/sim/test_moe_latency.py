@@ -9,7 +9,8 @@ import pytest
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.models import PRESETS
-from vegas_sim.sim.latency import LatencyModel, MeasuredGpu, _Physics
+from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
+from vegas_sim.sim.latency_features import Physics as _Physics
 from vegas_sim.traces.synthetic import _latency_rows
 
 GPU = {"name": "NVIDIA H200", "copy_bandwidth_gbs": 4000.0, "bf16_tflops": 700.0,

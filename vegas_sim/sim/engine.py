@@ -65,7 +65,7 @@ BREAKDOWN_STRIDE = 64  # sample IterationCost.breakdown every this many iteratio
 
 # ---------------------------------------------------------------------------- interfaces
 class CostFn(Protocol):
-    """What the engine needs of `latency.IterationCost`."""
+    """What the engine needs of `iteration_cost.IterationCost`."""
 
     def __call__(self, contexts: np.ndarray) -> float: ...
 

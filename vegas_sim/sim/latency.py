@@ -81,16 +81,17 @@ calibrate that method — except `other` (OPTIONAL_PHASES), which older sets lac
 
 `what_if` rescales the GPU terms by datasheet ratios and keeps h and s (CPU time);
 `without_host_overhead(launch_ms)` replaces them by a per-call launch cost (what a CUDA-graph
-engine would see). Every GPU feature except gemm/logits is linear in Σ kv_read, so
-`IterationCost` evaluates a whole iteration with a few numpy reductions of the context array and
-a max per phase call (closed form over the γ draft steps).
+engine would see); `with_weight_format` rescales the weight bytes (fp8, mxfp4: a what-if along
+the fitted roofline). Mixture-of-experts weight streams and sliding-window layers are in the
+features (`latency_features.Physics`). Every GPU feature except gemm/logits is linear in
+Σ kv_read, so `IterationCost` (`iteration_cost`) evaluates a whole iteration with a few numpy
+reductions of the context array and a max per phase call (closed form over the γ draft steps).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -102,14 +103,17 @@ from vegas_sim.methods import (
     METHODS,
     MIN_TOKENS,
     PHASES,
-    QUEST_PAGE,
     check_gamma,
     check_method,
     check_sparsity,
-    collect_rows,
     iteration_plan,
+    window_kv_read,
 )
-from vegas_sim.models import ModelSpec
+from vegas_sim.models import WEIGHT_FORMATS, ModelSpec
+from vegas_sim.sim.iteration_cost import (
+    IterationCost,
+    _steps_max_sum,  # noqa: F401 (re-exported: tests)
+)
 from vegas_sim.sim.latency_features import (
     ANY_METHOD,
     FEATURES,
@@ -133,199 +137,6 @@ from vegas_sim.sim.latency_fit import (
 )
 
 
-def _steps_max_sum(h: float, a: float, b: float, n: int) -> float:
-    """Σ_{k=1..n} max(h, a + b·k) in closed form (b ≥ 0): the first k* steps sit on the floor."""
-    if b <= 0.0:
-        return n * max(h, a)
-    k_star = min(max(math.floor((h - a) / b), 0), n)  # a + b·k ≤ h  ⇔  k ≤ (h − a) / b
-    return k_star * h + (n - k_star) * a + b * (n * (n + 1) - k_star * (k_star + 1)) / 2
-
-
-@dataclass
-class _Term:
-    """One plan entry: `repeats` calls of a phase, each costing serial + max(host, gpu).
-
-    gpu of one call = intercept(B) + slope · kv_sum where, per kind,
-      "single": kv_sum = a·ΣC + d·B                      (decode, verify, select, sample)
-      "steps":  kv_sum of step k = Σsel + B·k, k=1..γ    (draft_step)
-      "quest":  kv_sum of step k = Σ_b (C_b + k)//16 + B (quest_meta)
-    """
-
-    phase: str
-    group: FittedGroup
-    kind: str
-    repeats: int
-    n_query: int
-    rows: int
-    slope: float  # ms per unit Σ kv_read
-    a: float
-    d: float
-
-
-class IterationCost:
-    """Fast evaluator of one iteration's time for a fixed (method, gamma, sparsity).
-
-    Called once per simulated iteration: a few numpy reductions over the context array, a
-    per-batch-size cache of the GEMM part, and one max(host, gpu) per phase call (closed form
-    over the γ draft steps). Agrees with summing `phase_ms` over `methods.iteration_plan` to
-    rounding.
-    """
-
-    def __init__(
-        self, model: LatencyModel, method: str, gamma: int, sparsity: float, min_tokens: int,
-    ) -> None:
-        self.method = method
-        self.gamma = gamma if method != "vanilla" else 1
-        self.sparsity = sparsity
-        self.min_tokens = min_tokens
-        self._model = model
-        max_len = model.model.max_positions
-        self._hi = max(math.ceil(sparsity * max_len - 1e-9), min_tokens)
-        assert QUEST_PAGE == 16  # _quest_steps uses >> 4 and & 15
-        # [16, γ] (r + k) // 16 for r = C % 16 and draft step k
-        self._quest_m = (
-            (np.arange(QUEST_PAGE)[:, None] + np.arange(1, gamma + 1)[None, :]) // QUEST_PAGE
-        ).astype(np.float64) if method == "magicdec-quest" else None
-        self._terms = self._build_terms()
-        # per batch size, per term: (GPU ms independent of kv_read, host floor ms)
-        self._base: dict[int, list[tuple[float, float]]] = {}
-        self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
-        self._selects = method != "vanilla"
-        self._sel_buf = np.empty(0, dtype=np.float64)  # _selected_sum's scratch [>= B]
-
-    def _build_terms(self) -> list[_Term]:
-        g, m = self.gamma, self.method
-        terms: list[_Term] = []
-
-        def add(phase: str, kind: str, repeats: int, nq: int, rows: int, a: float,
-                d: float) -> None:
-            grp = self._model._group(phase, m)
-            slope = float(self._model._physics.slope_features(phase, nq, rows) @ grp.gpu_coef)
-            terms.append(_Term(phase, grp, kind, repeats, nq, rows, slope, a, d))
-
-        if m == "vanilla":
-            add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
-            add("sample", "single", 1, 1, 0, 1.0, 1.0)
-            return terms
-        if self._model.measures("other", m):
-            add("other", "single", 1, 1, 0, 1.0, 0.0)  # once per iteration, kv_read = C
-        add("draft_step", "steps", g, 1, 0, 0.0, 0.0)  # step k reads sel + k
-        if m == "magicdec-quest":
-            add("quest_meta", "quest", g, 1, 0, 0.0, 0.0)  # step k scores (C + k)//16 + 1 pages
-        rows = collect_rows(m, g)
-        add("verify", "single", 1, g + 1, rows, 1.0, float(g + 1))
-        if rows:
-            add("select", "single", 1, 1, rows, 1.0, 1.0)
-        add("sample", "single", 1, g + 1, 0, 1.0, float(g + 1))
-        return terms
-
-    def _intercepts(self, batch: int) -> list[tuple[float, float]]:
-        """Per term, (ms of the GPU work that does not depend on kv_read (GEMMs, logits), the
-        host floor of one call at this batch)."""
-        base = self._base.get(batch)
-        if base is None:
-            phys = self._model._physics
-            base = [(float(phys.intercept_features(batch, t.n_query, t.rows) @ t.group.gpu_coef),
-                     t.group.floor(batch * t.n_query)) for t in self._terms]
-            self._base[batch] = base
-        return base
-
-    def _selected_sum(self, c: np.ndarray) -> float:
-        """Σ over requests of the draft's selected entries (methods.draft_kv_read minus step).
-
-        Same arithmetic as methods.budget (ceil(s·len − 1e-9), floor, cap, ≤ len) written with
-        in-place ufuncs: this runs once per simulated iteration.
-        """
-        m = self.method
-        if self._sel_buf.shape[0] < c.shape[0]:
-            self._sel_buf = np.empty(c.shape[0], dtype=np.float64)
-        x = self._sel_buf[: c.shape[0]]  # [B] float64, reused: no allocation per iteration
-        np.multiply(c, self.sparsity, out=x)
-        # rankable length c + 1 for the Vegas family (s·(c + 1) = s·c + s), else c
-        x += (self.sparsity if m in ("vegas", "vegas-all", "specextend") else 0.0) - 1e-9
-        np.ceil(x, out=x)
-        np.maximum(x, self.min_tokens, out=x)
-        np.minimum(x, self._hi, out=x)
-        np.minimum(x, c, out=x)  # ≤ len, and the t0 of Vegas/SpecExtend sits in the tail
-        if m == "magicdec-quest":
-            np.floor_divide(x, QUEST_PAGE, out=x)  # top pages + the current page
-            np.maximum(x, 1, out=x)
-            x += 1
-            x *= QUEST_PAGE
-            np.minimum(x, c, out=x)
-        return float(np.add.reduce(x))
-
-    def _quest_steps(self, c: np.ndarray) -> np.ndarray:
-        """[γ] pages scored by quest_meta at draft step k: Σ_b ((C_b + k) // 16 + 1)."""
-        assert self._quest_m is not None
-        hist = np.bincount(c & 15, minlength=QUEST_PAGE).astype(np.float64)  # [16]
-        return np.asarray(float(np.add.reduce(c >> 4) + c.shape[0]) + hist @ self._quest_m)
-
-    def _term_ms(self, t: _Term, base: float, h: float, batch: int, csum: float, c: np.ndarray,
-                 sel: float) -> float:
-        """GPU-or-host part of all `repeats` calls of one term (serial part excluded); h is the
-        host floor of one call."""
-        if t.kind == "single":
-            return max(h, base + t.slope * (t.a * csum + t.d * batch))
-        if t.kind == "steps":
-            return _steps_max_sum(h, base + t.slope * sel, t.slope * batch, t.repeats)
-        # step k scores Σ_b ((C_b + k)//16 + 1) pages, between p16 + B and p16 + B·(1 + ⌈γ/16⌉)
-        p16 = float(np.add.reduce(c >> 4)) + batch
-        if base + t.slope * (p16 + batch * ((t.repeats + 15) // 16)) <= h:
-            return t.repeats * h  # every step host-bound (the usual case: a tiny kernel)
-        gpu = base + t.slope * self._quest_steps(c)  # [γ]
-        return float(np.add.reduce(np.maximum(gpu, h)))
-
-    def __call__(self, contexts: np.ndarray) -> float:
-        """Total iteration time in ms for a batch whose requests hold `contexts` tokens.
-
-        `contexts` must be an integer numpy array [B] (the engine's per-request contexts).
-        """
-        c = contexts  # [B] int64
-        batch = c.shape[0]
-        fast = self._fast.get(batch)
-        if fast is None:
-            fast = self._fast_terms(batch)
-        csum = float(np.add.reduce(c))
-        sel = self._selected_sum(c) if self._selects else 0.0
-        total = 0.0
-        for t, g0, h, per_c, serial, f in fast:
-            if t is None:  # a "single" term, inlined: this is the hot path
-                total += f * (serial + max(g0 + per_c * csum, h))
-            else:
-                total += f * (serial + self._term_ms(t, g0, h, batch, csum, c, sel))
-        return total
-
-    def _fast_terms(self, batch: int
-                    ) -> list[tuple[_Term | None, float, float, float, float, float]]:
-        """Per term at this batch size: (None for a "single" term, else the term; its GPU ms
-        without the Σ C part (single) or its intercept (others); host floor; ms per unit ΣC;
-        serial ms of its repeats; batch residual factor)."""
-        out: list[tuple[_Term | None, float, float, float, float, float]] = []
-        for t, (b, h) in zip(self._terms, self._intercepts(batch)):
-            serial = t.repeats * t.group.serial
-            f = self._model.batch_factor(t.group, batch)
-            if t.kind == "single":
-                out.append((None, b + t.slope * t.d * batch, h, t.slope * t.a, serial, f))
-            else:
-                out.append((t, b, h, 0.0, serial, f))
-        self._fast[batch] = out
-        return out
-
-    def breakdown(self, contexts: np.ndarray) -> dict[str, float]:
-        """ms per phase (draft_step summed over the γ steps, etc.)."""
-        c = np.asarray(contexts, dtype=np.int64)
-        batch = c.shape[0]
-        base = self._intercepts(batch)
-        csum = float(c.sum())
-        sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
-        out: dict[str, float] = {}
-        for t, (b, h) in zip(self._terms, base):
-            ms = t.repeats * t.group.serial + self._term_ms(t, b, h, batch, csum, c, sel)
-            out[t.phase] = out.get(t.phase, 0.0) + ms * self._model.batch_factor(t.group, batch)
-        return out
-
-
 class LatencyModel:
     """Per-(phase, method) roofline fits. Build with `LatencyModel.fit` (or `from_meta`)."""
 
@@ -337,8 +148,10 @@ class LatencyModel:
         self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], FittedGroup],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
         launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
+        weight_format: str = "bf16",
     ) -> None:
         self._model = model
+        self._weight_format = weight_format  # models.WEIGHT_FORMATS; not bf16: a what-if
         self._envelope = envelope  # (batch, longest context measured at it), by batch
         self._measured = measured  # what the trace set measured
         self._gpu = effective or measured  # what the features are computed for
@@ -348,10 +161,11 @@ class LatencyModel:
         # what predictions use: the fitted groups, host terms replaced when launch_ms is given
         self._effective = groups if launch_ms is None else {
             key: with_host(grp, launch_ms) for key, grp in groups.items()}
-        self._physics = Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops)
+        self._physics = Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops,
+                                   weight_format)
         self._loo: pd.DataFrame | None = None
         # the fit's residual by batch describes the measured GPU and host: not a what-if's
-        self._use_residual = what_if is None and launch_ms is None
+        self._use_residual = what_if is None and launch_ms is None and weight_format == "bf16"
 
     # -- construction --
     @classmethod
@@ -410,15 +224,24 @@ class LatencyModel:
         return True
 
     def phase_ms(
-        self, phase: str, method: str, n_query: int, kv_read: np.ndarray, collect_rows: int = 0
+        self, phase: str, method: str, n_query: int, kv_read: np.ndarray, collect_rows: int = 0,
+        contexts: np.ndarray | None = None,
     ) -> float:
-        """Predicted ms of one call of `phase` for a batch with per-request `kv_read`."""
+        """Predicted ms of one call of `phase` for a batch with per-request `kv_read`.
+
+        `contexts` (C per request) sets the sliding-window layers' read of a hybrid model
+        (methods.window_kv_read); without it C is taken as kv_read − n_query (exact for decode
+        and verify)."""
         if phase not in PHASE_FEATURES:
             raise UserInputError(f"unknown phase {phase!r}", fix=f"use one of: {', '.join(PHASES)}")
         grp = self._group(phase, method)
         kv = np.asarray(kv_read)
         x = self._physics.intercept_features(int(kv.shape[0]), n_query, collect_rows)
         x += self._physics.slope_features(phase, n_query, collect_rows) * float(kv.sum())
+        if self._physics.window:
+            c = kv - n_query if contexts is None else np.asarray(contexts)
+            x += self._physics.window_features(phase, n_query) * float(
+                window_kv_read(self._physics.window, c, n_query).sum())
         ms = grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
         return ms * self.batch_factor(grp, int(kv.shape[0]))
 
@@ -444,7 +267,8 @@ class LatencyModel:
         plan = iteration_plan(method, gamma, contexts, sparsity, self._model.max_positions,
                               min_tokens)
         return sum(
-            p.repeats * self.phase_ms(p.phase, method, p.n_query, p.kv_read, p.collect_rows)
+            p.repeats * self.phase_ms(p.phase, method, p.n_query, p.kv_read, p.collect_rows,
+                                      contexts)
             for p in plan
             if p.phase not in OPTIONAL_PHASES or self.measures(p.phase, method)
         )
@@ -526,7 +350,7 @@ class LatencyModel:
             memory_gb=target.memory_gb,
         )
         out = LatencyModel(self._model, self._measured, self._groups, target, scaled,
-                           self._launch_ms, self._envelope)
+                           self._launch_ms, self._envelope, self._weight_format)
         out.trace_set = self.trace_set
         return out
 
@@ -544,9 +368,28 @@ class LatencyModel:
                                  where="--graph-launch-ms",
                                  fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
         out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                           float(launch_ms), self._envelope)
+                           float(launch_ms), self._envelope, self._weight_format)
         out.trace_set = self.trace_set
         return out
+
+    def with_weight_format(self, weight_format: str) -> LatencyModel:
+        """The same fits with the weight bytes of `weight_format` (models.WEIGHT_FORMATS): the
+        weight-stream features (gemm, batched) are recomputed from the rescaled bytes and
+        priced at the fitted (or prior) efficiencies, i.e. moved along the fitted roofline.
+        A what-if: the trace set measured the model's own dtype; dequantisation cost, FLOP
+        rate and host terms are unchanged. "bf16" gives the measured model back."""
+        if weight_format not in WEIGHT_FORMATS:
+            raise UserInputError(f"unknown weight format {weight_format!r}",
+                                 where="--weight-format",
+                                 fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
+        out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
+                           self._launch_ms, self._envelope, weight_format)
+        out.trace_set = self.trace_set
+        return out
+
+    @property
+    def weight_format(self) -> str:
+        return self._weight_format
 
     def loo_pct(self, phase: str, method: str) -> float:
         """Median leave-one-out |error| (%) of the group that predicts `phase` for `method`
@@ -613,7 +456,7 @@ class LatencyModel:
 
     @property
     def is_what_if(self) -> bool:
-        return self._what_if is not None
+        return self._what_if is not None or self._weight_format != "bf16"
 
     @property
     def gpu_label(self) -> str:
@@ -622,6 +465,8 @@ class LatencyModel:
                  else f"{self._gpu.name} (measured)")
         if self._launch_ms is not None:
             label += f", host overhead replaced by {self._launch_ms:g} ms launch"
+        if self._weight_format != "bf16":
+            label += f", {self._weight_format} weights (what-if, not measured)"
         return label
 
     def methods_covered(self) -> list[str]:

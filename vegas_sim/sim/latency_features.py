@@ -61,6 +61,10 @@ FOLD_WEIGHT_STREAMS = 4.0
 KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
 
 
+# Phases whose pass runs the sliding-window layers (their KV read: methods.window_kv_read).
+WINDOW_PHASES = ("decode", "draft_step", "verify", "prefill")
+
+
 # Phases whose kernel does not depend on the method: may borrow a fit pooled over methods.
 METHOD_INDEPENDENT_PHASES = ("sample", "prefill")
 
@@ -173,40 +177,86 @@ class MeasuredGpu:
 
 @dataclass(frozen=True)
 class Physics:
-    """Roofline constants of one (model, GPU): ms per byte / per FLOP and per-entry sizes."""
+    """Roofline constants of one (model, GPU): ms per byte / per FLOP and per-entry sizes.
+
+    Mixture of experts: the weight stream of a step over B·n_query rows is the shared weights
+    plus the experts those rows touch (ModelSpec.experts_touched), so `weight_ms_at(tokens)`
+    grows with the batch; a dense model's is the constant `weight_ms`.
+
+    Hybrid attention: the `kv` and `attn` features count the full-attention layers at the
+    phase's kv_read and the sliding-window layers at their window read
+    (methods.window_kv_read: min(W + n_query − 1, C + n_query) per request, in draft and
+    verify alike); one coefficient scales both, as the same kernels read both. A model
+    without window layers has window_kv_ms_per_token = 0 and its features are as before.
+    """
 
     ms_per_byte: float
     ms_per_flop: float
-    weight_ms: float  # weight_bytes / BW
+    weight_ms: float  # weight_bytes(1 token) / BW
     gemm_flop_ms_per_token: float  # 2·matmul_params / F
     logits_ms_per_row: float  # vocab·4 / BW
-    kv_ms_per_token: float  # kv_bytes_per_token / BW
+    kv_ms_per_token: float  # full-attention layers' kv bytes per token / BW
     page_ms: float  # Quest page metadata (min+max keys, all layers/KV heads) / BW
-    attn_ms_per_row_key: float  # 4·L·Hq·D / F
+    attn_ms_per_row_key: float  # 4·L_full·Hq·D / F
     collect_ms_per_row_key: float  # Hq·L·2 / BW
     rank_ms_per_key: float  # L·4 / BW
+    # MoE: weight_ms_at(t) = shared_weight_ms + expert_ms · experts_touched(t) (0: dense)
+    shared_weight_ms: float = 0.0
+    expert_ms: float = 0.0  # one expert's weights in every layer / BW
+    n_experts: int = 0
+    experts_per_token: int = 0
+    window: int = 0  # sliding window W (0: no window layers)
+    window_kv_ms_per_token: float = 0.0  # window layers' kv bytes per token / BW
+    window_attn_ms_per_row_key: float = 0.0  # 4·L_window·Hq·D / F
 
     @classmethod
-    def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float) -> Physics:
+    def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float,
+           weight_format: str = "bf16") -> Physics:
         ms_per_byte = 1e3 / (bandwidth_gbs * 1e9)
         ms_per_flop = 1e3 / (tflops * 1e12)
+        moe: dict[str, Any] = {}
+        if model.is_moe:
+            one_expert = model.expert_bytes(weight_format)
+            shared = model.weight_bytes(1, weight_format) - one_expert * model.experts_touched(1)
+            moe = {"shared_weight_ms": shared * ms_per_byte,
+                   "expert_ms": one_expert * ms_per_byte, "n_experts": model.n_experts,
+                   "experts_per_token": model.experts_per_token}
+        per_layer_key = 4.0 * model.n_heads * model.head_dim * ms_per_flop
+        if model.window_layers:
+            moe.update(window=model.sliding_window,
+                       window_kv_ms_per_token=model.window_kv_bytes_per_token() * ms_per_byte,
+                       window_attn_ms_per_row_key=model.n_window_layers * per_layer_key)
         return cls(
             ms_per_byte=ms_per_byte,
             ms_per_flop=ms_per_flop,
-            weight_ms=model.weight_bytes() * ms_per_byte,
+            weight_ms=model.weight_bytes(1, weight_format) * ms_per_byte,
             gemm_flop_ms_per_token=model.gemm_flops(1) * ms_per_flop,
             logits_ms_per_row=model.vocab * 4 * ms_per_byte,
-            kv_ms_per_token=model.kv_bytes_per_token() * ms_per_byte,
+            kv_ms_per_token=(model.full_kv_bytes_per_token() if model.window_layers
+                             else model.kv_bytes_per_token()) * ms_per_byte,
             page_ms=2 * model.n_layers * model.n_kv_heads * model.head_dim * model.dtype_bytes
             * ms_per_byte,
-            attn_ms_per_row_key=model.attn_flops(1, 1.0) * ms_per_flop,
+            attn_ms_per_row_key=(model.n_full_layers * per_layer_key if model.window_layers
+                                 else model.attn_flops(1, 1.0) * ms_per_flop),
             collect_ms_per_row_key=model.n_heads * model.n_layers * 2 * ms_per_byte,
             rank_ms_per_key=model.n_layers * 4 * ms_per_byte,
+            **moe,
         )
+
+    def weight_ms_at(self, tokens: Any) -> Any:
+        """Weight-stream ms of a step over `tokens` rows (scalar or array)."""
+        if not self.n_experts:
+            return self.weight_ms if np.ndim(tokens) == 0 else np.full(np.shape(tokens),
+                                                                       self.weight_ms)
+        e, k = self.n_experts, self.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** np.maximum(np.asarray(tokens, dtype=float), 1.0))
+        out = self.shared_weight_ms + self.expert_ms * touched
+        return float(out) if np.ndim(tokens) == 0 else out
 
     def gemm_ms(self, tokens: int | np.ndarray) -> Any:
         """Roofline GEMM time for `tokens` query rows in flight: weight- or FLOP-bound."""
-        return np.maximum(self.weight_ms, self.gemm_flop_ms_per_token * np.asarray(tokens))
+        return np.maximum(self.weight_ms_at(tokens), self.gemm_flop_ms_per_token
+                          * np.asarray(tokens))
 
     def intercept_features(self, batch: int, n_query: int, rows: int = 0) -> np.ndarray:
         """[n_features] the part of the features that does not depend on kv_read."""
@@ -216,8 +266,17 @@ class Physics:
         f[FEATURE_INDEX["gemm"]] = float(self.gemm_ms(tokens))
         f[FEATURE_INDEX["logits"]] = tokens * self.logits_ms_per_row
         f[FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
-        f[FEATURE_INDEX["batched"]] = self.weight_ms if tokens > 1 else 0.0
+        f[FEATURE_INDEX["batched"]] = self.weight_ms_at(tokens) if tokens > 1 else 0.0
         f[FEATURE_INDEX["rows"]] = float(rows)
+        return f
+
+    def window_features(self, phase: str, n_query: int) -> np.ndarray:
+        """[n_features] features per unit of Σ window read (methods.window_kv_read); zero
+        for a model without window layers and for phases that read no window layers' KV."""
+        f = np.zeros(len(FEATURES))
+        if self.window and phase in WINDOW_PHASES:
+            f[FEATURE_INDEX["kv"]] = self.window_kv_ms_per_token
+            f[FEATURE_INDEX["attn"]] = n_query * self.window_attn_ms_per_row_key
         return f
 
     def slope_features(self, phase: str, n_query: int, rows: int) -> np.ndarray:
@@ -231,9 +290,10 @@ class Physics:
 
     def features(
         self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,
-        rows: np.ndarray,
+        rows: np.ndarray, window_sum: np.ndarray | None = None,
     ) -> np.ndarray:
-        """[n_rows, n_features] for rows of measured points (kv_sum = Σ_b kv_read_b)."""
+        """[n_rows, n_features] for rows of measured points (kv_sum = Σ_b kv_read_b;
+        window_sum = Σ_b window read, for a model with window layers)."""
         x = np.zeros((len(batch), len(FEATURES)))
         x[:, FEATURE_INDEX["const"]] = 1.0
         x[:, FEATURE_INDEX["gemm"]] = self.gemm_ms(batch * n_query)
@@ -244,8 +304,11 @@ class Physics:
         x[:, FEATURE_INDEX["rank"]] = kv_sum * self.rank_ms_per_key
         tokens = batch * n_query
         x[:, FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
-        x[:, FEATURE_INDEX["batched"]] = np.where(tokens > 1, self.weight_ms, 0.0)
+        x[:, FEATURE_INDEX["batched"]] = np.where(tokens > 1, self.weight_ms_at(tokens), 0.0)
         x[:, FEATURE_INDEX["rows"]] = rows
+        if window_sum is not None and self.window and phase in WINDOW_PHASES:
+            x[:, FEATURE_INDEX["kv"]] += window_sum * self.window_kv_ms_per_token
+            x[:, FEATURE_INDEX["attn"]] += window_sum * n_query * self.window_attn_ms_per_row_key
         return x
 
 

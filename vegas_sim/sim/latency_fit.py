@@ -15,6 +15,7 @@ import pandas as pd
 from vegas_sim.errors import TraceSetError
 from vegas_sim.methods import (
     PHASES,
+    window_kv_read,
 )
 from vegas_sim.sim.latency_features import (
     FEATURE_INDEX,
@@ -472,7 +473,13 @@ def fit_group(phys: Physics, phase: str, method: str, rows: pd.DataFrame) -> Fit
     batch = rows["batch"].to_numpy(dtype=float)
     n_query = rows["n_query"].to_numpy(dtype=float)
     kv_sum = batch * rows["kv_read"].to_numpy(dtype=float)  # Σ_b kv_read_b, uniform batch
-    x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float))
+    window_sum = None
+    if phys.window:  # a hybrid model's window layers read min(W + n_query − 1, C + n_query)
+        window_sum = batch * window_kv_read(
+            phys.window, rows["context"].to_numpy(dtype=np.int64),
+            rows["n_query"].to_numpy(dtype=np.int64)).astype(float)
+    x = phys.features(phase, batch, n_query, kv_sum, rows["collect_rows"].to_numpy(dtype=float),
+                      window_sum)
     t = rows["ms_median"].to_numpy(dtype=float)
     # the form is chosen on the roofline features alone: KERNEL_FEATURES describe GPU kernels,
     # so they must not explain a host floor away (an eager runtime's ~constant step time would
