@@ -231,3 +231,14 @@ def predict_methods(
     table = predict(scenarios, latency, acceptance, seed=seed, replications=replications,
                     engine=engine)
     return table, list(notes)
+
+
+def latency_loo(trace_set: TraceSet) -> tuple[LatencyModel, pd.DataFrame]:
+    """The latency model of a trace set and its leave-one-out error per phase
+    (`LatencyModel.loo_errors`: phase, n_points, median_pct, max_pct), both cached on disk
+    like `fit_latency`: the leave-one-out refits every group once per measured point."""
+    import vegas_sim.sim.latency as latency_code
+
+    model = fit_latency(trace_set)
+    key = fitcache.cache_key("latency-loo", trace_set.meta, LATENCY_FILE, (latency_code,))
+    return model, fitcache.cached(key, model.loo_errors)
