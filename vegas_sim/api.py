@@ -14,7 +14,7 @@ import pandas as pd
 
 from vegas_sim import fitcache
 from vegas_sim.errors import UserInputError
-from vegas_sim.gpus import get_gpu
+from vegas_sim.gpus import GpuSpec, get_gpu
 from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceModel
@@ -148,7 +148,7 @@ def anchor_acceptance(
 
 @functools.lru_cache(maxsize=8)
 def load_models(
-    model: str | None, traces: Path | None = None, gpu: str | None = None,
+    model: str | None, traces: Path | None = None, gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None, acceptance_anchors: tuple[str, ...] = (),
 ) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
@@ -166,9 +166,11 @@ def load_models(
     model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M
     latency_set, acceptance_set, notes = catalog.resolve(model, traces)
     latency = fit_latency(latency_set)
-    if gpu is not None:
-        latency = latency.what_if(get_gpu(gpu))
-        notes = [*notes, f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
+    if gpu is not None:  # a datasheet name (--gpu) or a GpuSpec (--gpu-spec FILE)
+        target = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        latency = latency.what_if(target)
+        notes = [*notes, target.label() if isinstance(gpu, GpuSpec) else
+                 f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
     if graph_launch_ms is None and latency.host_bound_share() > 0.5:
         notes = [*notes, (f"{latency.host_bound_share():.0%} of the measured latency points are "
                           "host-bound (the host's work per step exceeds the GPU's: an eager "
@@ -195,7 +197,7 @@ def predict_methods(
     methods: Sequence[str] = ("vegas",),
     model: str | None = None,
     traces: Path | None = None,
-    gpu: str | None = None,
+    gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None,
     requests: int | None = None,
     arrival: str = "closed",

@@ -14,6 +14,8 @@ import click
 from vegas_sim import api
 from vegas_sim.cli.common import (
     acceptance_anchor_option,
+    gpu_options,
+    gpu_target,
     progress_bars,
     sigterm_as_interrupt,
     user_errors,
@@ -29,9 +31,11 @@ from vegas_sim.sim.tune import TuneConfig
 from vegas_sim.sim.tune import tune as run_tune
 
 
-def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...]
+def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...],
+            gpu: str | None = None, gpu_spec: Path | None = None
             ) -> tuple[Any, Any, list[str]]:
-    latency, acceptance, notes = api.load_models(model, traces, None, None, tuple(anchors))
+    latency, acceptance, notes = api.load_models(model, traces, gpu_target(gpu, gpu_spec),
+                                                 None, tuple(anchors))
     return latency, acceptance, list(notes)
 
 
@@ -58,6 +62,7 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @_model_opt
 @_traces_opt
 @acceptance_anchor_option
+@gpu_options
 @click.option("--engine", type=click.Choice(["analytic", "sim", "both"]), default="analytic",
               show_default=True, help="Closed form (fast), SimPy engine, or both rows.")
 @click.option("--workers", type=int, default=None,
@@ -72,7 +77,8 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
                    "JSON as predict writes it, with the notes).")
 def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
           output_len: str, model: str | None, traces: Path | None,
-          acceptance_anchors: tuple[str, ...], engine: str, workers: int | None,
+          acceptance_anchors: tuple[str, ...], gpu: str | None, gpu_spec: Path | None,
+          engine: str, workers: int | None,
           scheduler: str | None, seed: int, replications: int, out: Path) -> None:
     """Predict every configuration of a grid γ × sparsity × batch × context × method.
 
@@ -97,7 +103,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
         check_out(out, (".csv", ".parquet", ".json"))
         grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
                                context=context, output_len=output_len)
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors)
+        latency, acceptance, notes = _models(model, traces, acceptance_anchors, gpu, gpu_spec)
         with progress_bars() as update, sigterm_as_interrupt():
             try:
                 done = sweep_to_file(grid, latency, acceptance, out, engine=engine, seed=seed,
@@ -128,6 +134,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @_model_opt
 @_traces_opt
 @acceptance_anchor_option
+@gpu_options
 @click.option("--final-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
               show_default=True, help="Engine for the reported numbers (sim: replication CIs).")
 @click.option("--workers", type=int, default=None, help="Local worker processes.")
@@ -137,7 +144,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
               help="Serving table: *.json (best γ per batch size and context).")
 def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
          model: str | None, traces: Path | None, acceptance_anchors: tuple[str, ...],
-         final_engine: str, workers: int | None, scheduler: str | None, seed: int,
+         gpu: str | None, gpu_spec: Path | None, final_engine: str, workers: int | None, scheduler: str | None, seed: int,
          out: Path) -> None:
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
@@ -165,7 +172,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                  for c in parse_int_grid(context, "--context")]
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine)
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors)
+        latency, acceptance, notes = _models(model, traces, acceptance_anchors, gpu, gpu_spec)
         with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,
