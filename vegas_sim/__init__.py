@@ -31,7 +31,17 @@ _EXPORTS = {
     "report": ("vegas_sim.reports.html", "write_report"),
     "repredict": ("vegas_sim.validate.repredict", "repredict"),
 }
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "check_traces",
+    "load_traces",
+    "predict",
+    "report",
+    "repredict",
+    "show_traces",
+    "sweep",
+    "tune",
+]
 
 
 def __getattr__(name: str) -> Any:
