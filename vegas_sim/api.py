@@ -1,4 +1,8 @@
-"""Notebook-friendly entry points: every CLI command is one of these functions.
+"""Notebook-friendly entry points: the CLI's commands as functions.
+
+predict, sweep, tune, load_traces, check_traces and show_traces are here (re-exported as
+`vegas_sim.predict` etc. with `vegas_sim.report` and `vegas_sim.repredict`, which live with
+the reports and validate code); the fits they share (`load_models`, `fit_latency`) too.
 
     >>> from vegas_sim import api
     >>> table, notes = api.predict_methods(gamma=7, methods=("vegas",), context=32768)
@@ -10,14 +14,21 @@ import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from vegas_sim import fitcache
 from vegas_sim.errors import UserInputError
-from vegas_sim.gpus import get_gpu
-from vegas_sim.methods import MIN_TOKENS, check_gamma, check_method, check_sparsity
+from vegas_sim.gpus import GpuSpec, get_gpu, resolve_gpu
+from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
+from vegas_sim.methods import (
+    DEFAULT_SPARSITY,
+    MIN_TOKENS,
+    check_gamma,
+    check_method,
+    check_sparsity,
+)
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import acceptance_dist, latency_features, latency_fit
@@ -30,6 +41,10 @@ WEIGHT_FORMAT_NOTES = {
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
+from vegas_sim.sim.sweep import SweepGrid
+from vegas_sim.sim.sweep import sweep as run_sweep
+from vegas_sim.sim.tune import TuneConfig, TuneResult
+from vegas_sim.sim.tune import tune as run_tune
 from vegas_sim.sim.workload import OutputLengths
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, packaged_anchor_sets
 from vegas_sim.traces.io import TraceSet
@@ -169,7 +184,7 @@ def anchor_acceptance(
 
 @functools.lru_cache(maxsize=8)
 def load_models(
-    model: str | None, traces: Path | None = None, gpu: str | None = None,
+    model: str | None, traces: Path | None = None, gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None, acceptance_anchors: tuple[str, ...] = (),
     weight_format: str = "bf16",
 ) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
@@ -191,9 +206,11 @@ def load_models(
     model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M
     latency_set, acceptance_set, notes = catalog.resolve(model, traces)
     latency = fit_latency(latency_set)
-    if gpu is not None:
-        latency = latency.what_if(get_gpu(gpu))
-        notes = [*notes, f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
+    if gpu is not None:  # a datasheet name (--gpu) or a GpuSpec (--gpu-spec FILE)
+        target = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        latency = latency.what_if(target)
+        notes = [*notes, target.label() if isinstance(gpu, GpuSpec) else
+                 f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
     if graph_launch_ms is None and latency.host_bound_share() > 0.5:
         notes = [*notes, (f"{latency.host_bound_share():.0%} of the measured latency points are "
                           "host-bound (the host's work per step exceeds the GPU's: an eager "
@@ -226,7 +243,7 @@ def predict_methods(
     methods: Sequence[str] = ("vegas",),
     model: str | None = None,
     traces: Path | None = None,
-    gpu: str | None = None,
+    gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None,
     weight_format: str = "bf16",
     requests: int | None = None,
@@ -269,3 +286,223 @@ def predict_methods(
     table = predict(scenarios, latency, acceptance, seed=seed, replications=replications,
                     engine=engine)
     return table, list(notes)
+
+
+def latency_loo(trace_set: TraceSet) -> tuple[LatencyModel, pd.DataFrame]:
+    """The latency model of a trace set and its leave-one-out error per phase
+    (`LatencyModel.loo_errors`: phase, n_points, median_pct, max_pct), both cached on disk
+    like `fit_latency`: the leave-one-out refits every group once per measured point."""
+    import vegas_sim.sim.latency as latency_code
+
+    model = fit_latency(trace_set)
+    key = fitcache.cache_key("latency-loo", trace_set.meta, LATENCY_FILE, (latency_code,))
+    return model, fitcache.cached(key, model.loo_errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands as functions, with the CLI's options and defaults (`vegas_sim.predict` etc. are
+# these, re-exported by vegas_sim/__init__.py with `report` and `repredict`). They return
+# tables and objects and print nothing; writing files is the caller's (DataFrame.to_csv, or
+# `vegas_sim.reports.csv.write_table` for the CLI's flat layout).
+
+Grid = str | int | float | Sequence[int | float]  # '2..12', '1K,32K', 7, [1, 4, 16]
+
+
+def _grid_text(value: Grid) -> str:
+    """A grid as the CLI writes it: '2..12' stays, 7 → '7', [1, 4, 16] → '1,4,16'."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+
+
+def _one_value(values: list[Any], value: Any, option: str) -> Any:
+    if len(values) != 1:
+        raise UserInputError(f"{value!r} is a grid; one value is expected", where=option,
+                             fix="pass one value (use sweep for grids)")
+    return values[0]
+
+
+def _what_if_gpu(gpu: str | GpuSpec | None, gpu_spec: str | Path | None
+                 ) -> str | GpuSpec | None:
+    if isinstance(gpu, GpuSpec):
+        if gpu_spec is not None:
+            raise UserInputError("gpu and gpu_spec both name a target GPU", where="gpu",
+                                 fix="give one of them")
+        return gpu
+    if gpu is not None and gpu_spec is None:
+        get_gpu(gpu)  # unknown names fail before any fitting
+        return gpu
+    return resolve_gpu(gpu, None if gpu_spec is None else Path(gpu_spec))
+
+
+def predict(
+    *,
+    gamma: int = 7,
+    sparsity: float | str = DEFAULT_SPARSITY,
+    batch: int = 4,
+    context: int | str = "32K",
+    output_len: int | str = 1024,
+    methods: Sequence[str] = ("vegas",),
+    model: str | None = None,
+    traces: str | Path | None = None,
+    gpu: str | GpuSpec | None = None,
+    gpu_spec: str | Path | None = None,
+    graph_launch_ms: float | None = None,
+    requests: int | None = None,
+    arrival: str = "closed",
+    workload: str | None = None,
+    temperature: float = 0.0,
+    prefill: str = "disaggregated",
+    engine: str = "sim",
+    seed: int = 0,
+    replications: int = 5,
+    kv_block_size: int = 16,
+    acceptance_anchors: Sequence[str | Path] = (),
+) -> pd.DataFrame:
+    """`vegas-sim predict` as a function: one row per method (vanilla first), every metric
+    with its 95 % CI (docs/OUTPUTS.md); ``table.attrs["notes"]`` says where the inputs came
+    from and what was extrapolated (the lines the CLI prints as notes).
+
+    context takes 32768 or '32K'; sparsity 0.07 or '7%'; gpu a datasheet name, gpu_spec a
+    JSON/TOML file (`--gpu-spec`).
+
+        >>> import vegas_sim
+        >>> table = vegas_sim.predict(gamma=7, context="32K", engine="analytic")
+        >>> list(table["method"])
+        ['vanilla', 'vegas']
+    """
+    context_tokens = _one_value(parse_int_grid(_grid_text(context), "context"), context,
+                                "context")
+    ratio = _one_value(parse_sparsity_grid(_grid_text(sparsity), "sparsity"), sparsity,
+                       "sparsity")
+    table, notes = predict_methods(
+        gamma=gamma, sparsity=ratio, batch=batch, context=context_tokens,
+        output_len=output_len, methods=methods, model=model,
+        traces=None if traces is None else Path(traces), gpu=_what_if_gpu(gpu, gpu_spec),
+        graph_launch_ms=graph_launch_ms, requests=requests, arrival=arrival,
+        workload=workload, temperature=temperature, prefill=prefill, engine=engine,
+        seed=seed, replications=replications, kv_block_size=kv_block_size,
+        acceptance_anchors=acceptance_anchors)
+    table.attrs["notes"] = notes
+    return table
+
+
+def sweep(
+    *,
+    gamma: Grid = "2..12",
+    sparsity: Grid = "0.01,0.03,0.05,0.07,0.1",
+    batch: Grid = "4",
+    context: Grid = "32K",
+    methods: Sequence[str] = ("vegas",),
+    output_len: Grid = "1024",
+    model: str | None = None,
+    traces: str | Path | None = None,
+    acceptance_anchors: Sequence[str | Path] = (),
+    gpu: str | GpuSpec | None = None,
+    gpu_spec: str | Path | None = None,
+    engine: str = "analytic",
+    workers: int | None = None,
+    scheduler: Any = None,
+    seed: int = 0,
+    replications: int = 5,
+) -> pd.DataFrame:
+    """`vegas-sim sweep` as a function: one row per configuration (and engine), the same
+    rows the CLI writes to --out (without its checkpoint: a stopped call keeps nothing).
+    Grids take the CLI's strings ('2..12', '1K,32K') or lists; ``attrs["notes"]`` has the
+    notes, ``attrs["skipped"]`` the configurations that do not fit.
+
+        >>> import vegas_sim
+        >>> rows = vegas_sim.sweep(gamma=[4, 6], sparsity="0.05,0.1", workers=1)
+        >>> len(rows)  # 2 γ × 2 sparsities of vegas, and vanilla
+        5
+    """
+    grid = SweepGrid.parse(methods=methods, gamma=_grid_text(gamma),
+                           sparsity=_grid_text(sparsity), batch=_grid_text(batch),
+                           context=_grid_text(context), output_len=_grid_text(output_len))
+    latency, acceptance, notes = load_models(
+        model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
+        tuple(str(a) for a in acceptance_anchors))
+    table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
+                      replications=replications, workers=workers, scheduler=scheduler)
+    table.attrs["notes"] = [*notes, *table.attrs.get("skipped", [])]
+    return table
+
+
+def tune(
+    *,
+    batch: Grid = "1,4,16",
+    context: Grid = "32K",
+    method: str = "vegas",
+    output_len: int = 1024,
+    stable_pct: float = 5.0,
+    model: str | None = None,
+    traces: str | Path | None = None,
+    acceptance_anchors: Sequence[str | Path] = (),
+    gpu: str | GpuSpec | None = None,
+    gpu_spec: str | Path | None = None,
+    final_engine: str = "analytic",
+    workers: int | None = None,
+    scheduler: Any = None,
+    seed: int = 0,
+) -> TuneResult:
+    """`vegas-sim tune` as a function: the paper's three-step search per (batch, context).
+    Returns the TuneResult: ``.cells`` (one row per cell: the chosen γ, sparsity, throughput,
+    speedups and CIs), ``.steps`` (every configuration evaluated), ``.notes``, and
+    ``.serving_table()`` (the JSON the CLI writes: vLLM's per-batch-size K).
+
+        >>> import vegas_sim
+        >>> result = vegas_sim.tune(batch=[1, 4], context="32K", workers=1)
+        >>> sorted(result.gamma_by_batch())
+        [1, 4]
+    """
+    cells = [(b, c) for b in parse_int_grid(_grid_text(batch), "batch")
+             for c in parse_int_grid(_grid_text(context), "context")]
+    config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
+                        final_engine=final_engine)
+    latency, acceptance, notes = load_models(
+        model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
+        tuple(str(a) for a in acceptance_anchors))
+    result = run_tune(cells, latency, acceptance, config=config, seed=seed, workers=workers,
+                      scheduler=scheduler, model=latency.model.name)
+    result.notes.extend(notes)
+    return result
+
+
+def load_traces(directory: str | Path) -> TraceSet:
+    """A trace set (a directory, or a packaged set's name: `vegas-sim traces list`), read and
+    checked against its content hash: ``.meta``, ``.latency``, ``.acceptance`` (DataFrames)."""
+    from vegas_sim.traces import io
+
+    return io.load_trace_set(directory)
+
+
+def check_traces(directory: str | Path) -> list[str]:
+    """`vegas-sim traces check` as a function: the checks passed (one line each); a set that
+    breaks its contract raises TraceSetError naming the file, the column and the fix."""
+    from vegas_sim.traces import io
+
+    return io.check(directory)
+
+
+def show_traces(directory: str | Path) -> dict[str, Any]:
+    """`vegas-sim traces show` as a function: what the set covers (model, GPU, grid, methods,
+    ranges; JSON-serialisable) plus, for a set with latency rows, "latency_loo": the latency
+    model's leave-one-out error per phase (DataFrame: phase, n_points, median_pct, max_pct)
+    and "host_bound_share". ``traces.io.format_summary`` prints the first part as the CLI.
+
+        >>> import vegas_sim
+        >>> shown = vegas_sim.show_traces("qwen3-8b-h200")
+        >>> shown["model"]["name"], "verify" in set(shown["latency_loo"]["phase"])
+        ('qwen3-8b', True)
+    """
+    from vegas_sim.traces import io
+
+    trace_set = io.load_trace_set(directory)
+    shown = io.summarize(trace_set)
+    if len(trace_set.latency):
+        model, loo = latency_loo(trace_set)
+        shown["latency_loo"] = loo
+        shown["host_bound_share"] = model.host_bound_share()
+    return shown

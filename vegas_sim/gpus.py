@@ -1,14 +1,27 @@
-"""GPU datasheet numbers for hardware what-ifs (`predict --gpu NAME`).
+"""GPU datasheet numbers for hardware what-ifs (`--gpu NAME`, or `--gpu-spec FILE` for a GPU
+not in the list).
 
 A trace set records the copy bandwidth and bf16 matmul rate *measured* on the GPU it ran on.
 A what-if rescales the fitted latency model by the ratio of datasheet numbers (target GPU over
 the measured GPU's datasheet entry), which keeps the efficiencies that were measured. Outputs
 of a what-if always say that the target GPU was not measured.
+
+A spec file (JSON or TOML) describes another GPU::
+
+    {"name": "mi300x", "memory_gb": 192, "hbm_bandwidth_gbs": 5300, "bf16_tflops": 1307}
+
+hbm_bandwidth_gbs and bf16_tflops are datasheet numbers (dense bf16), scaled by ratio as
+above. copy_bandwidth_gbs instead of (or beside) hbm_bandwidth_gbs is a *measured*
+device-to-device copy rate, as a trace set's meta.json records it: it is used as it is.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from vegas_sim.errors import UserInputError
 
@@ -19,6 +32,14 @@ class GpuSpec:
     memory_gb: float
     bandwidth_gbs: float  # HBM bandwidth, datasheet
     bf16_tflops: float  # dense bf16 tensor-core rate, datasheet
+    # a measured copy bandwidth (spec files only): replaces the datasheet-ratio scaling
+    copy_bandwidth_gbs: float | None = None
+    source: str = "datasheet"  # "datasheet", or "spec file PATH"
+
+    def label(self) -> str:
+        """How a what-if to this GPU is described in outputs."""
+        how = "by datasheet ratios" if self.source == "datasheet" else f"({self.source})"
+        return f"GPU {self.name}: what-if {how} — NOT measured"
 
 
 DATASHEETS: dict[str, GpuSpec] = {
@@ -40,12 +61,82 @@ _DEVICE_NAME_KEYS = (
 
 
 def get_gpu(name: str) -> GpuSpec:
+    """The datasheet entry of a GPU named as --gpu takes it."""
     try:
         return DATASHEETS[name.lower()]
     except KeyError:
         raise UserInputError(
-            f"unknown GPU {name!r}", fix=f"use one of: {', '.join(sorted(DATASHEETS))}"
+            f"unknown GPU {name!r}", where="--gpu",
+            fix=f"use one of: {', '.join(sorted(DATASHEETS))}; for another GPU, describe it "
+                "in a JSON or TOML file and pass --gpu-spec FILE (name, memory_gb, "
+                "hbm_bandwidth_gbs or copy_bandwidth_gbs, bf16_tflops)",
         ) from None
+
+
+SPEC_NUMBERS = ("memory_gb", "hbm_bandwidth_gbs", "copy_bandwidth_gbs", "bf16_tflops")
+
+
+def load_gpu_spec(path: Path) -> GpuSpec:
+    """A GPU described by a JSON or TOML file (see the module's docstring), for --gpu-spec."""
+    where = f"--gpu-spec {path}"
+    try:
+        text = Path(path).read_text()
+        raw: Any = _toml(text) if Path(path).suffix.lower() == ".toml" else json.loads(text)
+    except FileNotFoundError:
+        raise UserInputError("no such file", where=where,
+                             fix="give the path of a JSON or TOML GPU spec") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSON/TOML errors are ValueErrors
+        raise UserInputError(f"not a readable JSON or TOML file: {e}", where=where,
+                             fix='write e.g. {"name": "mi300x", "memory_gb": 192, '
+                                 '"hbm_bandwidth_gbs": 5300, "bf16_tflops": 1307}') from None
+    if not isinstance(raw, dict):
+        raise UserInputError("the spec must be one object (table) of keys", where=where)
+    unknown = sorted(set(raw) - {"name", *SPEC_NUMBERS})
+    if unknown:
+        raise UserInputError(f"unknown key(s) {', '.join(unknown)}", where=where,
+                             fix=f"keys are name, {', '.join(SPEC_NUMBERS)}")
+    numbers = {k: _spec_number(raw, k, where) for k in SPEC_NUMBERS if k in raw}
+    missing = [k for k in ("memory_gb", "bf16_tflops") if k not in numbers]
+    if "hbm_bandwidth_gbs" not in numbers and "copy_bandwidth_gbs" not in numbers:
+        missing.append("hbm_bandwidth_gbs (or copy_bandwidth_gbs)")
+    if not isinstance(raw.get("name"), str) or not raw["name"].strip():
+        missing.insert(0, "name")
+    if missing:
+        raise UserInputError(f"missing {', '.join(missing)}", where=where,
+                             fix="give name, memory_gb, hbm_bandwidth_gbs (datasheet) or "
+                                 "copy_bandwidth_gbs (measured), bf16_tflops (dense, datasheet)")
+    copy = numbers.get("copy_bandwidth_gbs")
+    return GpuSpec(name=raw["name"].strip(), memory_gb=numbers["memory_gb"],
+                   bandwidth_gbs=numbers.get("hbm_bandwidth_gbs", copy or 0.0),
+                   bf16_tflops=numbers["bf16_tflops"], copy_bandwidth_gbs=copy,
+                   source=f"spec file {path}")
+
+
+def _toml(text: str) -> Any:
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        raise UserInputError("reading TOML needs Python 3.11 or later", where="--gpu-spec",
+                             fix="write the spec as JSON") from None
+    return tomllib.loads(text)
+
+
+def _spec_number(raw: dict[str, Any], key: str, where: str) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise UserInputError(f"{key} must be a number > 0, got {value!r}", where=where)
+    return float(value)
+
+
+def resolve_gpu(name: str | None, spec_file: Path | None) -> GpuSpec | None:
+    """The what-if target of --gpu NAME or --gpu-spec FILE (at most one), or None."""
+    if name is not None and spec_file is not None:
+        raise UserInputError("--gpu and --gpu-spec both name a target GPU", where="--gpu",
+                             fix="give one of them")
+    if spec_file is not None:
+        return load_gpu_spec(spec_file)
+    return None if name is None else get_gpu(name)
 
 
 def datasheet_for_device(device_name: str) -> GpuSpec | None:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -21,6 +22,7 @@ from rich.progress import (
 )
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.gpus import GpuSpec, get_gpu, resolve_gpu
 from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
 from vegas_sim.models import WEIGHT_FORMATS
 
@@ -68,6 +70,29 @@ def acceptance_anchor_option(f: Any) -> Any:
     """--acceptance-anchor FILE (repeatable), passed on as `acceptance_anchors`."""
     return click.option("--acceptance-anchor", "acceptance_anchors", multiple=True,
                         metavar="FILE|NAME", help=ACCEPTANCE_ANCHOR_HELP)(f)
+
+
+GPU_HELP = ("Hardware what-if: rescale to this GPU's datasheet (a100, h100-sxm, h100-nvl, "
+            "h200, b200). Not measured.")
+GPU_SPEC_HELP = ("Hardware what-if for a GPU not in --gpu's list: a JSON or TOML file with "
+                 "name, memory_gb, hbm_bandwidth_gbs (datasheet; or copy_bandwidth_gbs, "
+                 "measured), bf16_tflops (dense, datasheet). Not measured.")
+
+
+def gpu_options(f: Any) -> Any:
+    """--gpu NAME and --gpu-spec FILE; `gpu_target` turns them into the what-if target."""
+    f = click.option("--gpu-spec", "gpu_spec", type=click.Path(path_type=Path), default=None,
+                     metavar="FILE", help=GPU_SPEC_HELP)(f)
+    return click.option("--gpu", default=None, help=GPU_HELP)(f)
+
+
+def gpu_target(gpu: str | None, gpu_spec: Path | None) -> str | GpuSpec | None:
+    """What api.load_models takes as `gpu`: the --gpu name, the --gpu-spec file's GpuSpec
+    (checked now), or None."""
+    if gpu_spec is None and gpu is not None:
+        get_gpu(gpu)  # the unknown-GPU error now, before any fitting
+        return gpu
+    return resolve_gpu(gpu, gpu_spec)
 
 
 # ------------------------------------------------------------------------------- one value

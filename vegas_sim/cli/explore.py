@@ -14,6 +14,8 @@ import click
 from vegas_sim import api
 from vegas_sim.cli.common import (
     acceptance_anchor_option,
+    gpu_options,
+    gpu_target,
     progress_bars,
     sigterm_as_interrupt,
     user_errors,
@@ -32,9 +34,10 @@ from vegas_sim.sim.tune import tune as run_tune
 
 
 def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...],
-            weight_format: str = "bf16") -> tuple[Any, Any, list[str]]:
-    latency, acceptance, notes = api.load_models(model, traces, None, None, tuple(anchors),
-                                                 weight_format)
+            weight_format: str = "bf16", gpu: str | None = None, gpu_spec: Path | None = None
+            ) -> tuple[Any, Any, list[str]]:
+    latency, acceptance, notes = api.load_models(model, traces, gpu_target(gpu, gpu_spec),
+                                                 None, tuple(anchors), weight_format)
     return latency, acceptance, list(notes)
 
 
@@ -86,6 +89,7 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @_traces_opt
 @acceptance_anchor_option
 @weight_format_option
+@gpu_options
 @click.option("--engine", type=click.Choice(["analytic", "sim", "both"]), default="analytic",
               show_default=True, help="Closed form (fast), SimPy engine, or both rows.")
 @click.option("--workers", type=int, default=None,
@@ -107,10 +111,11 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
                    "JSON as predict writes it, with the notes).")
 def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
           output_len: str, model: str | None, traces: Path | None,
-          acceptance_anchors: tuple[str, ...], weight_format: str, engine: str,
-          workers: int | None, scheduler: str | None, seed: int, replications: int,
-          arrival: str, requests: int | None, slo_tpot_ms: float | None,
-          slo_ttft_ms: float | None, rank_by: str | None, out: Path) -> None:
+          acceptance_anchors: tuple[str, ...], weight_format: str, gpu: str | None,
+          gpu_spec: Path | None, engine: str, workers: int | None, scheduler: str | None,
+          seed: int, replications: int, arrival: str, requests: int | None,
+          slo_tpot_ms: float | None, slo_ttft_ms: float | None, rank_by: str | None,
+          out: Path) -> None:
     """Predict every configuration of a grid γ × sparsity × batch × context × method.
 
     Runs in parallel on all local cores (or on a Dask cluster with --scheduler) and writes one
@@ -146,7 +151,8 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
                                context=context, output_len=output_len,
                                extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms,
                                                     requests))
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format)
+        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
+                                             gpu_spec)
         with progress_bars() as update, sigterm_as_interrupt():
             try:
                 done = sweep_to_file(grid, latency, acceptance, out, engine=engine, seed=seed,
@@ -181,6 +187,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @_traces_opt
 @acceptance_anchor_option
 @weight_format_option
+@gpu_options
 @click.option("--final-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
               show_default=True, help="Engine for the reported numbers (sim: replication CIs).")
 @click.option("--search-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
@@ -199,9 +206,9 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
               help="Serving table: *.json (best γ per batch size and context).")
 def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
          model: str | None, traces: Path | None, acceptance_anchors: tuple[str, ...],
-         weight_format: str, final_engine: str, search_engine: str, arrival: str,
-         slo_tpot_ms: float | None, slo_ttft_ms: float | None, rank_by: str,
-         workers: int | None, scheduler: str | None,
+         weight_format: str, gpu: str | None, gpu_spec: Path | None, final_engine: str,
+         search_engine: str, arrival: str, slo_tpot_ms: float | None,
+         slo_ttft_ms: float | None, rank_by: str, workers: int | None, scheduler: str | None,
          seed: int, out: Path) -> None:
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
@@ -238,7 +245,8 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                             final_engine=final_engine, search_engine=search_engine,
                             rank_by=rank_by,
                             extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms))
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format)
+        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
+                                             gpu_spec)
         with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,

@@ -15,6 +15,8 @@ import click
 from vegas_sim import api
 from vegas_sim.cli.common import (
     acceptance_anchor_option,
+    gpu_options,
+    gpu_target,
     parse_size,
     parse_sparsity,
     user_errors,
@@ -30,7 +32,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _predict_options(f: F) -> F:
-    options = [
+    options: list[Callable[[Any], Any]] = [
         click.option("--gamma", "-g", type=int, default=7, show_default=True,
                      help="Draft tokens per iteration (γ)."),
         click.option("--sparsity", "-s", default=str(DEFAULT_SPARSITY), show_default=True,
@@ -61,9 +63,7 @@ def _predict_options(f: F) -> F:
         click.option("--traces", type=click.Path(path_type=Path), default=None,
                      help="Trace set: a directory, or a packaged set's name (`vegas-sim "
                           "traces list`) [default: the packaged measured sets]."),
-        click.option("--gpu", default=None,
-                     help="Hardware what-if: rescale to this GPU's datasheet "
-                          "(a100, h100-sxm, h100-nvl, h200, b200). Not measured."),
+        gpu_options,
         click.option("--graph-launch-ms", type=float, default=None,
                      help="What-if: replace the measured per-step host overhead (large "
                           "in sets measured with an eager runtime) by this launch cost, as a "
@@ -150,6 +150,7 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
         context = parse_size(kwargs.pop("context"), "--context")
         sparsity = parse_sparsity(kwargs.pop("sparsity"))
         kwargs["acceptance_anchors"] = tuple(kwargs["acceptance_anchors"])
+        kwargs["gpu"] = gpu_target(kwargs["gpu"], kwargs.pop("gpu_spec"))
         table, notes = api.predict_methods(context=context, sparsity=sparsity, **kwargs)
         # --out alone writes the file and still shows the table; an explicit --format does not
         show = out is not None and not explicit or out is None and fmt == "table"

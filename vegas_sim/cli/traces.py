@@ -81,8 +81,7 @@ def traces_show(directory: Path) -> None:
 def _show_latency_fit(trace_set: Any) -> None:
     """The latency model fitted on this set: leave-one-out error per phase."""
     with user_errors():
-        model = api.fit_latency(trace_set)
-        loo = model.loo_errors()
+        model, loo = api.latency_loo(trace_set)
     click.echo(f"  latency model leave-one-out error ({model.host_bound_share():.0%} of points "
                "host-bound):")
     for phase, n, median, top in zip(loo["phase"], loo["n_points"], loo["median_pct"],

@@ -239,13 +239,15 @@ def _verify_attention_kernel(
         fill = tl.cdiv(tl.cdiv(tl.maximum(S_MAX - f0, 0), SPLITS), BLOCK_N) * BLOCK_N
         f_lo = f0 + split * fill
         f_hi = tl.minimum(f_lo + fill, S_MAX)
+        # -inf made in fp32 and cast: Triton 3.8's CPU interpreter has no bf16 scalar
+        # constant (no get_bf16); the compiler folds the cast
         for start in range(f_lo, f_hi, BLOCK_N):
             n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
             if COLLECT == 1 and C2Q != 0:
-                neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.bfloat16)
+                neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
                 _store_scores(sc_base, c_row, c_ok, n, neg_c, S_MAX, EVEN_S)
             else:
-                neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.bfloat16)
+                neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
                 _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
 
     has = l_i > 0.0

@@ -52,7 +52,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY
@@ -171,6 +170,8 @@ class MethodShift:
 
 
 def _fit_delta(targets: Sequence[_AnchorTarget]) -> float:
+    from scipy.optimize import least_squares  # only when anchoring: `traces show` skips it
+
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.concatenate([t.residuals(float(x[0])) for t in targets])
 

@@ -327,7 +327,8 @@ class LatencyModel:
         return float(np.concatenate(flags).mean()) if flags else 0.0
 
     def what_if(self, target: GpuSpec) -> LatencyModel:
-        """Rescale to an unmeasured GPU by datasheet bandwidth/FLOP ratios.
+        """Rescale to an unmeasured GPU by datasheet bandwidth/FLOP ratios (a spec file's
+        measured copy_bandwidth_gbs, when it has one, replaces the bandwidth ratio).
 
         Only the GPU terms change: the roofline features are recomputed for a GPU whose
         bandwidth / FLOP rate are the measured ones times (target datasheet / measured GPU's
@@ -345,7 +346,10 @@ class LatencyModel:
             )
         scaled = MeasuredGpu(
             name=target.name,
-            copy_bandwidth_gbs=base.copy_bandwidth_gbs * target.bandwidth_gbs / source.bandwidth_gbs,
+            copy_bandwidth_gbs=(target.copy_bandwidth_gbs  # a measured copy rate, as is
+                                if target.copy_bandwidth_gbs is not None else
+                                base.copy_bandwidth_gbs * target.bandwidth_gbs
+                                / source.bandwidth_gbs),
             bf16_tflops=base.bf16_tflops * target.bf16_tflops / source.bf16_tflops,
             memory_gb=target.memory_gb,
         )

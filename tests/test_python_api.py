@@ -1,0 +1,59 @@
+"""The Python API (`vegas_sim.predict` …): the README's "From Python" block and the functions'
+own examples run as written, and the functions return what the CLI prints."""
+
+from __future__ import annotations
+
+import doctest
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import vegas_sim
+import vegas_sim.api
+from vegas_sim.cli import cli
+from vegas_sim.errors import UserInputError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_from_python_block_runs() -> None:
+    block = README.read_text().split("## From Python", 1)[1].split("```python", 1)[1]
+    block = block.split("```", 1)[0]
+    test = doctest.DocTestParser().get_doctest(block, {}, "README From Python", str(README), 0)
+    assert len(test.examples) >= 10
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.failures == 0
+
+
+@pytest.mark.parametrize("module", [vegas_sim, vegas_sim.api])
+def test_docstring_examples_run(module: object) -> None:
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
+    assert tried > 0 and failures == 0
+
+
+def test_exports_are_the_commands() -> None:
+    for name in ("predict", "sweep", "tune", "report", "repredict", "load_traces",
+                 "check_traces", "show_traces"):
+        assert callable(getattr(vegas_sim, name)), name
+    with pytest.raises(AttributeError):
+        vegas_sim.no_such_command  # noqa: B018
+
+
+def test_predict_returns_the_rows_and_notes_the_cli_prints() -> None:
+    args = ["--gamma", "5", "--engine", "analytic", "--context", "16K", "--gpu", "b200"]
+    shown = json.loads(CliRunner().invoke(cli, ["predict", *args, "--format", "json"]).stdout)
+    table = vegas_sim.predict(gamma=5, engine="analytic", context=16384, gpu="b200")
+    assert table.attrs["notes"] == shown["notes"]
+    # the JSON writes 10 significant digits
+    assert list(table["throughput_tok_s"]) == pytest.approx(
+        [r["throughput_tok_s"] for r in shown["rows"]], rel=1e-9)
+
+
+def test_api_errors_name_the_argument() -> None:
+    with pytest.raises(UserInputError, match="--gpu: unknown GPU"):
+        vegas_sim.predict(gpu="mi300x")
+    with pytest.raises(UserInputError, match="is a grid"):
+        vegas_sim.predict(context="4K,8K")
