@@ -82,7 +82,7 @@ def test_no_anchor_method_unchanged_and_said(shape: AcceptanceModel) -> None:
     got = model.lookup("specextend", 6, 0.07, 300, "reasoning", 0.6)
     np.testing.assert_array_equal(got.rates, plain.rates)
     assert any("no acceptance anchor in test-anchors" in r for r in got.extrapolated)
-    assert model.source_for("specextend") == f"traces {SHAPE} (no specextend anchor in " \
+    assert model.source_for("specextend") == f"trace set {SHAPE} (no specextend anchor in " \
                                              "test-anchors)"
     assert model.source_for("vegas") == f"anchors test-anchors on shape {SHAPE}"
     a = shape.lookup("vegas", 6, 0.07, 300).sample(np.random.default_rng(3), 8, 8)
@@ -138,7 +138,7 @@ def test_qwen3_uses_published_anchors_by_default_and_none_turns_them_off() -> No
     rows_off = {r["method"]: r for r in doc_off["rows"]}  # type: ignore[union-attr]
     assert rows_on["vegas"]["acceptance_source"] == (
         "anchors qwen3-8b-published on shape smollm2-135m-real")
-    assert rows_off["vegas"]["acceptance_source"] == "traces smollm2-135m-real"
+    assert rows_off["vegas"]["acceptance_source"] == "trace set smollm2-135m-real"
     assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.5
 
 

@@ -259,10 +259,10 @@ class AnchoredAcceptance(AcceptanceModel):
         if method == "vanilla":
             return ""
         if not self.anchor_sets:
-            return f"traces {self.shape_name}"
+            return f"trace set {self.shape_name}"
         if method in self.shifts:
             return f"anchors {self.anchors_name} on shape {self.shape_name}"
-        return f"traces {self.shape_name} (no {method} anchor in {self.anchors_name})"
+        return f"trace set {self.shape_name} (no {method} anchor in {self.anchors_name})"
 
     def notes(self) -> list[str]:
         """What the anchors did, one line per anchor set plus fit warnings."""
