@@ -172,3 +172,29 @@ def test_bad_slo_is_refused(models: tuple[Any, Any]) -> None:
     with pytest.raises(UserInputError) as err:
         predict([sc(slo_tpot_ms=-1.0)], *models)
     assert err.value.where == "--slo-tpot-ms"
+
+
+def test_a_trace_of_arrivals_is_served_one_request_per_arrival(
+        models: tuple[Any, Any], capacity: float, tmp_path: Any) -> None:
+    """--arrival trace:FILE: the file's times (here a burst of 3× capacity, then silence)
+    set the requests, and the burst is saturated while its queue drains."""
+    gap = 1.0 / (3.0 * capacity)
+    path = tmp_path / "arrivals.txt"
+    path.write_text("\n".join(f"{i * gap:.6f}" for i in range(60)) + "\n")
+    row = predict_one(sc("vanilla", arrival=f"trace:{path}"), *models, replications=1)
+    assert row["requests"] == 60 and row["saturated"]
+    assert row["offered_rate"] == pytest.approx(3.0 * capacity, rel=0.01)
+    csv_path = tmp_path / "arrivals.csv"
+    csv_path.write_text("arrival_s,input_len,output_len\n0.0,1024,16\n0.5,2048,32\n")
+    two = predict_one(sc("vanilla", arrival=f"trace:{csv_path}"), *models, replications=1)
+    assert two["requests"] == 2 and not two["saturated"]
+
+
+def test_a_bad_arrival_trace_names_its_line(tmp_path: Any) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text("0.0\n0.5\nsoon\n")
+    with pytest.raises(UserInputError, match="line 3") as err:
+        Arrivals.parse(f"trace:{path}")
+    assert err.value.where == f"--arrival trace:{path}"
+    with pytest.raises(UserInputError, match="cannot read"):
+        Arrivals.parse(f"trace:{tmp_path / 'missing.txt'}")

@@ -48,8 +48,8 @@ _rank_opt = click.option("--rank-by", type=click.Choice(RANK_BY), default=None,
                          help="Metric to rank by: throughput, goodput (tokens/s of requests "
                               "meeting the SLOs; needs --slo-*) or tpot (lowest TPOT p50).")
 _arrival_opt = click.option("--arrival", default="closed", show_default=True,
-                            help="'closed', 'closed:USERS' or 'poisson:RATE' (open loop: sim "
-                                 "engine only).")
+                            help="'closed', 'closed:USERS', 'poisson:RATE' or 'trace:FILE' "
+                                 "(open loop: sim engine only).")
 _slo_tpot_opt = click.option("--slo-tpot-ms", type=float, default=None,
                              help="TPOT SLO of goodput, ms.")
 _slo_ttft_opt = click.option("--slo-ttft-ms", type=float, default=None,

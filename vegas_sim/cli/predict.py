@@ -74,9 +74,11 @@ def _predict_options(f: F) -> F:
                           "max(200, 20 × batch) for Poisson arrivals, enough for a steady "
                           "state)."),
         click.option("--arrival", default="closed", show_default=True,
-                     help="'closed' (batch-many users), 'closed:USERS', or 'poisson:RATE' "
-                          "(requests/s, open loop: rows add TTFT with queueing, E2E, queue "
-                          "length, served rate and whether it is saturated)."),
+                     help="'closed' (batch-many users), 'closed:USERS', 'poisson:RATE' "
+                          "(requests/s) or 'trace:FILE' (arrival times in seconds, one per "
+                          "line, or a CSV with arrival_s[, input_len, output_len]); open loop: "
+                          "rows add TTFT with queueing, E2E, queue length, served rate and "
+                          "whether it is saturated."),
         click.option("--slo-tpot-ms", type=float, default=None,
                      help="TPOT SLO for goodput (tokens/s of requests meeting every SLO)."),
         click.option("--slo-ttft-ms", type=float, default=None,

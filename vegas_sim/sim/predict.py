@@ -125,6 +125,8 @@ class Scenario:
     def n_requests(self) -> int:
         if self.requests is not None:
             return self.requests
+        if self.arrival.startswith("trace:"):  # one request per arrival of the trace
+            return len(Arrivals.parse(self.arrival).times_s)
         if self.is_open_loop:
             return max(OPEN_LOOP_MIN_REQUESTS, OPEN_LOOP_PER_SLOT * self.batch)
         return REQUESTS_PER_SLOT * self.batch

@@ -8,6 +8,8 @@ draws come from the generator passed in (the engine's length or arrival stream).
 
 from __future__ import annotations
 
+import csv
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -256,8 +258,12 @@ class Arrivals:
 
     @classmethod
     def parse(cls, text: str) -> Arrivals:
-        """'closed', 'closed:<users>' or 'poisson:<rate/s>' (the --arrival option)."""
+        """'closed', 'closed:<users>', 'poisson:<rate/s>' or 'trace:<file>' (the --arrival
+        option; the file as `read_arrival_trace` reads it)."""
         kind, _, arg = text.partition(":")
+        if kind == "trace" and arg:
+            times, lengths = read_arrival_trace(arg)
+            return cls.trace(times, lengths or None)
         try:
             if kind == "closed":
                 return cls("closed", users=int(arg) if arg else None)
@@ -266,7 +272,8 @@ class Arrivals:
         except ValueError:
             pass
         raise UserInputError(f"cannot parse arrival {text!r}", where="--arrival",
-                             fix="use 'closed', 'closed:<users>' or 'poisson:<rate per second>'")
+                             fix="use 'closed', 'closed:<users>', 'poisson:<rate per second>' "
+                                 "or 'trace:<file of arrival times>'")
 
     @classmethod
     def trace(cls, times_s: Sequence[float],
@@ -300,3 +307,48 @@ class Arrivals:
                                  fix="use closed, poisson or trace")
 
 
+TRACE_COLUMNS = ("arrival_s", "input_len", "output_len")  # input/output lengths optional
+
+
+@functools.lru_cache(maxsize=16)
+def read_arrival_trace(path: str) -> tuple[tuple[float, ...], tuple[tuple[int, int], ...]]:
+    """(arrival times in seconds, (input, output) lengths or ()) of an arrival-trace file:
+    one time per line, or a CSV whose header names `arrival_s` and, optionally, `input_len`
+    and `output_len` (then every request carries its own lengths). Times must be sorted."""
+    where = f"--arrival trace:{path}"
+    try:
+        with open(path, newline="") as f:
+            rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+    except OSError as e:
+        raise UserInputError(f"cannot read the arrival trace: {e.strerror or e}", where=where,
+                             fix="pass a file of arrival times (one per line, seconds)") from None
+    if not rows:
+        raise UserInputError("the arrival trace is empty", where=where,
+                             fix="one arrival time per line, or a CSV with an arrival_s column")
+    header = [c.strip() for c in rows[0]]
+    has_header = not _is_number(header[0])
+    if has_header and "arrival_s" not in header:
+        raise UserInputError(f"the header {header} has no arrival_s column", where=where,
+                             fix="name the arrival-time column arrival_s")
+    cols = [header.index(c) if c in header else -1 for c in TRACE_COLUMNS] if has_header \
+        else [0, -1, -1]
+    times, lengths = [], []
+    for line, row in enumerate(rows[1:] if has_header else rows, start=2 if has_header else 1):
+        try:
+            times.append(float(row[cols[0]]))
+            if cols[1] >= 0 and cols[2] >= 0:
+                lengths.append((int(row[cols[1]]), int(row[cols[2]])))
+        except (ValueError, IndexError):
+            what = "an arrival time and lengths" if cols[1] >= 0 else "an arrival time"
+            raise UserInputError(f"line {line} is not {what}: {row}",
+                                 where=where, fix="one number per line (seconds), or the CSV "
+                                 "columns arrival_s, input_len, output_len") from None
+    return tuple(times), tuple(lengths)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
