@@ -33,24 +33,28 @@ from vegas_sim.models import ModelSpec
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import acceptance_dist, latency_features, latency_fit
 from vegas_sim.sim import latency as latency_module
-
-WEIGHT_FORMAT_NOTES = {
-    "fp8": "1 byte per layer-projection parameter; router and LM head in bf16",
-    "mxfp4": "4.25 bits per expert parameter; attention, router and LM head in bf16",
-}
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
+from vegas_sim.sim.predict import Scenario
+from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
 from vegas_sim.sim.sweep import sweep as run_sweep
 from vegas_sim.sim.tune import TuneConfig, TuneResult
 from vegas_sim.sim.tune import tune as run_tune
 from vegas_sim.sim.workload import OutputLengths
+from vegas_sim.traces import catalog, io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, packaged_anchor_sets
 from vegas_sim.traces.io import TraceSet
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, LATENCY_FILE
 
 DEFAULT_MODEL = "qwen3-8b"  # the model predicted when neither --model nor --traces says
+WEIGHT_FORMAT_NOTES = {
+    "fp8": "1 byte per layer-projection parameter; router and LM head in bf16",
+    "mxfp4": "4.25 bits per expert parameter; attention, router and LM head in bf16",
+}
+# The modules whose code a cached latency fit depends on: a change to any refits.
+LATENCY_CODE = (latency_module, latency_features, latency_fit)
 NO_ANCHORS = "none"  # --acceptance-anchor none: the shape set's own acceptance level
 OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "num_output_tokens")
 
@@ -107,8 +111,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
     """The latency model of a trace set's model on its measured GPU (cached on disk by the
     set's content hash: `sim.fitcache`)."""
     spec = ModelSpec.from_dict(trace_set.meta["model"])
-    code = (latency_module, latency_features, latency_fit)  # a change to any refits
-    key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, code)
+    key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, LATENCY_CODE)
 
     def build() -> LatencyModel:
         model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set))
@@ -199,8 +202,6 @@ def load_models(
     weight_format: "fp8" / "mxfp4" rescale the weight bytes along the fitted roofline
     (models.WEIGHT_FORMATS; a what-if, not measured).
     """
-    from vegas_sim.traces import catalog
-
     if model is None and traces is None:
         model = DEFAULT_MODEL
     model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M
@@ -264,8 +265,6 @@ def predict_methods(
 
     ``output_len``: N, ``lognormal:MEAN,CV`` or ``file:PATH`` (`output_lengths`). The SLOs
     set the goodput column (`sim.metrics.Slo`)."""
-    from vegas_sim.sim.predict import Scenario, predict
-
     check_gamma(gamma)
     check_sparsity(sparsity)
     ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
@@ -283,8 +282,8 @@ def predict_methods(
                  slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms)
         for m in ordered
     ]
-    table = predict(scenarios, latency, acceptance, seed=seed, replications=replications,
-                    engine=engine)
+    table = predict_scenarios(scenarios, latency, acceptance, seed=seed,
+                              replications=replications, engine=engine)
     return table, list(notes)
 
 
@@ -292,10 +291,8 @@ def latency_loo(trace_set: TraceSet) -> tuple[LatencyModel, pd.DataFrame]:
     """The latency model of a trace set and its leave-one-out error per phase
     (`LatencyModel.loo_errors`: phase, n_points, median_pct, max_pct), both cached on disk
     like `fit_latency`: the leave-one-out refits every group once per measured point."""
-    import vegas_sim.sim.latency as latency_code
-
     model = fit_latency(trace_set)
-    key = fitcache.cache_key("latency-loo", trace_set.meta, LATENCY_FILE, (latency_code,))
+    key = fitcache.cache_key("latency-loo", trace_set.meta, LATENCY_FILE, LATENCY_CODE)
     return model, fitcache.cached(key, model.loo_errors)
 
 
@@ -473,16 +470,12 @@ def tune(
 def load_traces(directory: str | Path) -> TraceSet:
     """A trace set (a directory, or a packaged set's name: `vegas-sim traces list`), read and
     checked against its content hash: ``.meta``, ``.latency``, ``.acceptance`` (DataFrames)."""
-    from vegas_sim.traces import io
-
     return io.load_trace_set(directory)
 
 
 def check_traces(directory: str | Path) -> list[str]:
     """`vegas-sim traces check` as a function: the checks passed (one line each); a set that
     breaks its contract raises TraceSetError naming the file, the column and the fix."""
-    from vegas_sim.traces import io
-
     return io.check(directory)
 
 
@@ -497,8 +490,6 @@ def show_traces(directory: str | Path) -> dict[str, Any]:
         >>> shown["model"]["name"], "verify" in set(shown["latency_loo"]["phase"])
         ('qwen3-8b', True)
     """
-    from vegas_sim.traces import io
-
     trace_set = io.load_trace_set(directory)
     shown = io.summarize(trace_set)
     if len(trace_set.latency):
