@@ -47,24 +47,24 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from vegas_sim.errors import DoesNotFitError, UserInputError
-from vegas_sim.methods import check_gamma, check_method, check_sparsity
+from vegas_sim.grids import parse_int_grid, parse_name_list, parse_sparsity_grid
+from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import (
     Scenario,
     SkipLog,
     gpu_memory,
+    predict,
     skipped_notes,
     split_fitting,
     validate_scenario,
 )
-
-if TYPE_CHECKING:
-    from vegas_sim.sim.acceptance import AcceptanceModel
-    from vegas_sim.sim.latency import LatencyModel
 
 ENGINES = ("analytic", "sim", "both")
 Progress = Callable[[int, int], None]  # (configurations done, total)
@@ -112,13 +112,6 @@ class SweepGrid:
               context: str, output_len: str, include_vanilla: bool = True,
               extra: dict[str, Any] | None = None) -> SweepGrid:
         """Build a grid from CLI grid strings: '2..12', '0.01,0.03', '1K,32K' (`vegas_sim.grids` syntax)."""
-        from vegas_sim.grids import (
-            parse_int_grid,
-            parse_name_list,
-            parse_sparsity_grid,
-        )
-        from vegas_sim.methods import METHODS
-
         names: list[str] = []
         for text in methods:
             names += [n for n in parse_name_list(text, "--method", METHODS) if n not in names]
@@ -198,8 +191,6 @@ def run_chunk(chunk: Sequence[Item], latency: LatencyModel,
     One `predict` call per engine, so vanilla baselines are shared inside the chunk; every
     scenario gets the same base seed, so the rows do not depend on how the grid was cut.
     """
-    from vegas_sim.sim.predict import predict
-
     orders = [order for order, _ in chunk]
     scenarios = [scenario for _, scenario in chunk]
     frames = []

@@ -48,22 +48,25 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import SPEC_METHODS, check_gamma, check_method, check_sparsity
-from vegas_sim.sim.predict import PROVENANCE_COLUMNS, is_extrapolated
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.latency import LatencyModel
+from vegas_sim.sim.predict import (
+    PROVENANCE_COLUMNS,
+    Scenario,
+    is_extrapolated,
+    skipped_notes,
+    split_fitting,
+)
 from vegas_sim.sim.ranking import check_rank_by, score
 from vegas_sim.sim.serving import by_context_range, per_batch_size
 from vegas_sim.sim.sweep import Estimate, SweepRunner
-
-if TYPE_CHECKING:
-    from vegas_sim.sim.acceptance import AcceptanceModel
-    from vegas_sim.sim.latency import LatencyModel
-    from vegas_sim.sim.predict import Scenario
 
 TuneProgress = Callable[[str, int, int], None]  # (step description, done, total)
 Say = Callable[[str], None]
@@ -200,8 +203,6 @@ Cell = tuple[int, int]  # (batch, context)
 
 
 def _scenario(cfg: TuneConfig, method: str, gamma: int, sparsity: float, cell: Cell) -> Scenario:
-    from vegas_sim.sim.predict import Scenario
-
     return Scenario(method=method, gamma=gamma, sparsity=sparsity, batch=cell[0],
                     context=cell[1], output_len=cfg.output_len, **cfg.extra)
 
@@ -465,8 +466,6 @@ def _fitting_cells(cfg: TuneConfig, cells: list[Cell], latency: LatencyModel,
                    ) -> tuple[list[Cell], list[str]]:
     """The cells whose every searched configuration fits the model and the GPU (the largest γ
     reserves the most KV slots), and a note for each cell left out."""
-    from vegas_sim.sim.predict import skipped_notes, split_fitting
-
     top = max(cfg.probe_gamma, *cfg.gamma, *cfg.baseline_gamma)
     probes = [_scenario(cfg, m, g, 1.0, c) for c in cells
               for m, g in (("vanilla", 1), (cfg.method, top))]
