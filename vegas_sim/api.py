@@ -356,6 +356,10 @@ def predict(
     seed: int = 0,
     replications: int = 5,
     kv_block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    weight_format: str = "bf16",
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
     acceptance_anchors: Sequence[str | Path] = (),
 ) -> pd.DataFrame:
     """`vegas-sim predict` as a function: one row per method (vanilla first), every metric
@@ -381,6 +385,8 @@ def predict(
         graph_launch_ms=graph_launch_ms, requests=requests, arrival=arrival,
         workload=workload, temperature=temperature, prefill=prefill, engine=engine,
         seed=seed, replications=replications, kv_block_size=kv_block_size,
+        gpu_memory_utilization=gpu_memory_utilization, weight_format=weight_format,
+        slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
         acceptance_anchors=acceptance_anchors)
     table.attrs["notes"] = notes
     return table
