@@ -86,7 +86,11 @@ def moe_ffn(
     order = torch.argsort(flat, stable=True)  # pairs grouped by expert
     token = order // k  # [T·k] token of each sorted pair
     expert = flat[order]
-    offsets = torch.cumsum(torch.bincount(flat, minlength=n_experts), 0).to(torch.int32)
+    # pairs per expert by scatter_add, not bincount: bincount syncs with the host to size its
+    # output, which a CUDA graph capture refuses
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
     gate_up = grouped_matmul(x[token], w13, offsets)  # [T·k, 2F]
     if b13 is not None:
         gate_up = gate_up + b13[expert]
