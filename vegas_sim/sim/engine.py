@@ -39,6 +39,9 @@ Model (DESIGN.md, "Simulator" → Engine):
   identical result.
 
 Time inside the engine is in milliseconds (``IterationCost`` returns ms).
+
+Why one module of ~630 lines: the SimPy process, admission and preemption share one run's
+state (the running set, the free blocks, the per-request cursors) inside the hot loop.
 """
 
 from __future__ import annotations
