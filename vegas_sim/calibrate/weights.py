@@ -32,6 +32,7 @@ from torch import Tensor
 from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.calibrate.weights_moe import (
     MOE_ARCHITECTURES,
+    checkpoint_tensor,
     hf_moe_config,
     hf_moe_fields,
     hf_moe_to_ours,
@@ -308,10 +309,7 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
 
 def _hf_to_ours(spec: ModelSpec, hf: dict[str, Tensor], where: str) -> dict[str, Tensor]:
     def get(name: str) -> Tensor:
-        if name not in hf:
-            raise UserInputError(f"checkpoint lacks tensor {name!r}", where=where,
-                                 fix="check that all *.safetensors shards are in the directory")
-        return hf[name]
+        return checkpoint_tensor(hf, name, where)
 
     out = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
     if not spec.tie_embeddings:

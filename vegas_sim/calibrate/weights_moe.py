@@ -67,13 +67,18 @@ def hf_moe_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
     }
 
 
+def checkpoint_tensor(hf: dict[str, Tensor], name: str, where: str) -> Tensor:
+    """The tensor `name` of a Hugging Face checkpoint, or an error naming the missing one."""
+    if name not in hf:
+        raise UserInputError(f"checkpoint lacks tensor {name!r}", where=where,
+                             fix="check that all *.safetensors shards are in the directory")
+    return hf[name]
+
+
 def hf_moe_to_ours(spec: ModelSpec, hf: dict[str, Tensor], where: str) -> dict[str, Tensor]:
     """Per-layer MoE tensors (and gpt-oss's o bias and sinks) in our names."""
     def get(name: str) -> Tensor:
-        if name not in hf:
-            raise UserInputError(f"checkpoint lacks tensor {name!r}", where=where,
-                                 fix="check that all *.safetensors shards are in the directory")
-        return hf[name]
+        return checkpoint_tensor(hf, name, where)
 
     out: dict[str, Tensor] = {}
     for i in range(spec.n_layers):

@@ -225,10 +225,7 @@ def faceted_lines(df: pd.DataFrame, x: str, y: str, title: str, y_title: str) ->
         return skip(title, f"the results have a single {x} ({df[x].iloc[0]})")
     best = best_per_method(df).dropna(subset=[y])
     facets = _facets(best, x)
-    n_cols = min(MAX_FACET_COLUMNS, len(facets))
-    n_rows = math.ceil(len(facets) / n_cols)
-    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f for f, _ in facets],
-                        horizontal_spacing=0.07, vertical_spacing=min(0.15, 0.6 / n_rows))
+    fig, n_rows, n_cols = _facet_grid(facets)
     shown: set[str] = set()
     for k, (_, g) in enumerate(facets):
         r, c = k // n_cols + 1, k % n_cols + 1
@@ -245,6 +242,16 @@ def faceted_lines(df: pd.DataFrame, x: str, y: str, title: str, y_title: str) ->
                          f"{OPEN_MARKERS}")
 
 
+def _facet_grid(facets: list[tuple[str, pd.DataFrame]]) -> tuple[go.Figure, int, int]:
+    """(figure, rows, columns) of small multiples, one panel per facet, at most
+    MAX_FACET_COLUMNS a row."""
+    n_cols = min(MAX_FACET_COLUMNS, len(facets))
+    n_rows = math.ceil(len(facets) / n_cols)
+    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f for f, _ in facets],
+                        horizontal_spacing=0.07, vertical_spacing=min(0.15, 0.6 / n_rows))
+    return fig, n_rows, n_cols
+
+
 def tradeoff(df: pd.DataFrame) -> Chart:
     """Throughput against TPOT: each method's best configuration per batch size, joined in
     batch order (the serving trade-off), one facet per context (and the rest of the cell)."""
@@ -257,10 +264,7 @@ def tradeoff(df: pd.DataFrame) -> Chart:
     if best.empty or best["batch"].nunique() < 2:
         return skip(title, "needs at least 2 batch sizes with a TPOT")
     facets = _facets(best, "batch")
-    n_cols = min(MAX_FACET_COLUMNS, len(facets))
-    n_rows = math.ceil(len(facets) / n_cols)
-    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f for f, _ in facets],
-                        horizontal_spacing=0.07, vertical_spacing=min(0.15, 0.6 / n_rows))
+    fig, n_rows, n_cols = _facet_grid(facets)
     shown: set[str] = set()
     for k, (_, g) in enumerate(facets):
         r, c = k // n_cols + 1, k % n_cols + 1
