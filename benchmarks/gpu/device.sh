@@ -10,11 +10,18 @@
 #                          real-weight tests run when the joined GGUF is there, else skip
 #   quick [MODEL]          vegas-sim calibrate --quick (default qwen3-8b, random weights),
 #                          then traces check and a predict on the set it made
-#   full qwen3-8b|smollm2  the latency grid of the packaged set of that name (8 / 3 GPU-min)
+#   full qwen3-8b|smollm2|gpt-oss-20b|qwen3-30b-a3b
+#                          the latency grid of the packaged set of that name (8 / 3 / 7 / 6
+#                          GPU-min)
 #   validate REGIME [HELDOUT] [TRACES]
-#                          vegas-sim validate; REGIME qwen3_8b (random weights, acceptance
-#                          replayed) or smollm2 (real weights, needs `gguf`); HELDOUT defaults
-#                          to benchmarks/validation/heldout_REGIME.csv
+#                          vegas-sim validate; REGIME qwen3_8b, gpt_oss_20b, qwen3_30b_a3b
+#                          (random weights, acceptance replayed) or smollm2 (real weights,
+#                          needs `gguf`); HELDOUT defaults to
+#                          benchmarks/validation/heldout_REGIME.csv, TRACES to the packaged
+#                          set (or the one `full` just measured in /root/tr)
+#   yarn                   SmolLM2 acceptance past its 8K window (needs `gguf`): RoPE extended
+#                          by YaRN factor 4, the long longdoc / recall windows (12K-31K), every
+#                          method, one process each; packs yarn-METHOD sets for `traces merge`
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
 #                          benchmarks/results/kernels_h200.csv)
 #
@@ -33,6 +40,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
+fi
+# no plotly wheel carried (it costs 10 MB of the 64 MiB a call carries): the CLI imports
+# reports/ at start, but nothing on the device draws
+if ! PYTHONPATH=/tmp/site python3 -c "import plotly" 2> /dev/null; then
+  mkdir -p /tmp/stub/plotly
+  for f in __init__ io graph_objects offline express subplots colors; do
+    echo 'def __getattr__(name): return None' > /tmp/stub/plotly/$f.py
+  done
+  export PYTHONPATH=$PYTHONPATH:/tmp/stub
 fi
 cli=(python3 -c "from vegas_sim.cli import main; main()")
 D=vegas_sim/traces/default
@@ -97,7 +113,15 @@ full)  # the packaged latency sets' grids; a set cut by the timeout resumes if c
       --verify-after-draft --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
     finalize $TR/smollm2-135m-h200
     ;;
-  *) echo "full: qwen3-8b or smollm2"; exit 2 ;;
+  gpt-oss-20b|qwen3-30b-a3b)  # MoE: contexts x4 (their latency is linear in C), B x2
+    model=$1; ctx=1K,4K,16K,64K,128K
+    [ "$model" = qwen3-30b-a3b ] && ctx=1K,4K,16K,40K  # 40960 positions
+    timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model "$model" --weights random \
+      --methods all --batch 1..128:x2 --context $ctx --n-query 1 --gamma 1,3,7,15 \
+      --sparsity 0.01,0.05,0.2 --out $TR/$model-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
+    finalize $TR/$model-h200
+    ;;
+  *) echo "full: qwen3-8b, smollm2, gpt-oss-20b or qwen3-30b-a3b"; exit 2 ;;
   esac
   ;;
 validate)  # --time-budget stops starting rows early enough that the table is still written
@@ -105,15 +129,37 @@ validate)  # --time-budget stops starting rows early enough that the table is st
   heldout=${2:-benchmarks/validation/heldout_$regime.csv}
   case $regime in
   qwen3_8b) model=(--model qwen3-8b --weights random); traces=${3:-$D/qwen3-8b-h200} ;;
+  gpt_oss_20b|qwen3_30b_a3b)
+            [ "$regime" = gpt_oss_20b ] && name=gpt-oss-20b
+            [ "$regime" = qwen3_30b_a3b ] && name=qwen3-30b-a3b
+            model=(--model $name --weights random)
+            traces=${3:-$D/$name-h200}; [ -d "$traces" ] || traces=$TR/$name-h200 ;;
   smollm2)  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
             model=(--model $GGUF --weights real); traces=${3:-$D/smollm2-135m-h200} ;;
-  *) echo "validate: qwen3_8b or smollm2"; exit 2 ;;
+  *) echo "validate: qwen3_8b, gpt_oss_20b, qwen3_30b_a3b or smollm2"; exit 2 ;;
   esac
   name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')
   timeout ${TIMEOUT:-560} "${cli[@]}" validate --traces "$traces" \
     --acceptance-traces $D/smollm2-135m-real --seed 0 "${model[@]}" --heldout "$heldout" \
     --time-budget ${BUDGET:-480} --out "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
   echo "$name rc=$?" | tee -a "$OUT/$name.log"; tail -8 "$OUT/$name.log"
+  ;;
+yarn)
+  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+  for m in vegas vegas-all specextend magicdec-quest magicdec-stream; do
+    timeout ${TIMEOUT:-420} "${cli[@]}" calibrate --model $GGUF --weights real --methods $m \
+      --rope-scaling yarn:4 --long-prompts --workload longdoc,recall --gamma 12 \
+      --sparsity ${SPARSITY:-0.02,0.05,0.1,0.2} --temperature 0,0.6 --iterations 32 \
+      --min-tokens 32 --prompts 16 --acceptance-batch 16 --no-latency --out $TR/yarn-$m \
+      > "$OUT/calibrate-yarn-$m.log" 2>&1 &
+  done
+  wait
+  for m in vegas vegas-all specextend magicdec-quest magicdec-stream; do
+    tail -2 "$OUT/calibrate-yarn-$m.log"
+    python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/yarn-$m')" 2>&1 | tail -1
+    rm -rf $TR/yarn-$m/parts
+  done
+  tar czf "$OUT/yarn_sets.tgz" -C $TR $(cd $TR && ls -d yarn-*)
   ;;
 kernels)  # each kernel against the copy bandwidth measured in the same run
   args=("$@")

@@ -5,11 +5,15 @@
     /work/venv/bin/python benchmarks/validation/make_heldout.py --seed 20261130 --regime smollm2
         # a fresh draw beside them: heldout_smollm2_seed20261130.csv
 
-Two regimes, SEED recorded here and in README.md:
+Regimes, SEED recorded here and in README.md:
 - heldout_smollm2.csv — SmolLM2-135M real weights end to end (8K positions): longdoc prompts
   cut to the context (natural text: validate.prompts_for), contexts 2.5K–6.5K, output 128.
 - heldout_qwen3_8b.csv — Qwen3-8B shape, random weights, acceptance replayed: contexts
   2.5K–120K, output 64, and B × (C + output + 16) × 147 KB ≤ MAX_KV_GB at every point.
+- heldout_gpt_oss_20b.csv / heldout_qwen3_30b_a3b.csv (`--regime gpt_oss_20b`, ...) — the
+  mixture-of-experts shapes, random weights, acceptance replayed, N_MOE rows each, off their
+  own latency grids (B {1..128 ×2} × C {1K, 4K, 16K, 64K, 128K} / {1K, 4K, 16K, 40K}) and
+  inside the KV memory left beside their bf16 weights (MAX_KV_GB_BY_REGIME).
 
 Every configuration is off the calibration grids the lead uses (latency B {1..128 ×2} ×
 C {1K..128K ×2} / SmolLM2 {256, 512, 1K, 2K, 4K, 7K}; acceptance s {0.01, 0.02, 0.03, 0.05,
@@ -35,6 +39,11 @@ SEED = 20261129
 N = 24
 HERE = Path(__file__).resolve().parent
 MAX_KV_GB = 90.0  # next to 16 GB of Qwen3-8B weights on a 141 GB H200, with room for buffers
+N_MOE = 14  # rows per mixture-of-experts regime (issue: >= 12 held-out configurations)
+PRESET = {"qwen3_8b": "qwen3-8b", "gpt_oss_20b": "gpt-oss-20b", "qwen3_30b_a3b": "qwen3-30b-a3b"}
+# KV left on a 141 GB H200 beside the bf16 weights (41 GB / 61 GB) and the runtime's buffers
+MAX_KV_GB_BY_REGIME = {"qwen3_8b": MAX_KV_GB, "gpt_oss_20b": 70.0, "qwen3_30b_a3b": 55.0}
+STREAM = {"smollm2": 0, "qwen3_8b": 1, "gpt_oss_20b": 2, "qwen3_30b_a3b": 3}  # rng per regime
 
 LATENCY_BATCH = [1, 2, 4, 8, 16, 32, 64, 128]
 ACCEPTANCE_SPARSITY = [0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0.15, 0.20]
@@ -43,14 +52,20 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
                 "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
     "qwen3_8b": {"batch": LATENCY_BATCH, "context": [1024 << k for k in range(8)],
                  "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
+    "gpt_oss_20b": {"batch": LATENCY_BATCH, "context": [1024, 4096, 16384, 65536, 131072],
+                    "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
+    "qwen3_30b_a3b": {"batch": LATENCY_BATCH, "context": [1024, 4096, 16384, 40960],
+                      "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
 }
 SPARSITIES = [0.025, 0.04, 0.06, 0.085, 0.12, 0.14]
 BATCHES = [1, 3, 6, 12, 24, 48]
 CONTEXTS = {
     "smollm2": [2560, 3072, 3584, 5120, 6144, 6656],
     "qwen3_8b": [2560, 3072, 6144, 12288, 24576, 49152, 98304, 122880],
+    "gpt_oss_20b": [2560, 6144, 12288, 24576, 49152, 98304, 122880],
+    "qwen3_30b_a3b": [2560, 6144, 12288, 24576, 32768],
 }
-OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64}
+OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64, "gpt_oss_20b": 64, "qwen3_30b_a3b": 64}
 
 
 # Real weights: requests per configuration, at least. One request's acceptance length scatters
@@ -68,13 +83,14 @@ def waves_for(regime: str, batch: int) -> int:
     return -(-MIN_REQUESTS // batch)
 
 
-def kv_gb(batch: int, context: int, output_len: int) -> float:
-    spec = get_preset("qwen3-8b")
+def kv_gb(batch: int, context: int, output_len: int, regime: str = "qwen3_8b") -> float:
+    spec = get_preset(PRESET[regime])
     return batch * (context + output_len + 16) * spec.kv_bytes_per_token() / 1e9
 
 
 def feasible(regime: str, batch: int, context: int) -> bool:
-    return regime != "qwen3_8b" or kv_gb(batch, context, OUTPUT_LEN[regime]) <= MAX_KV_GB
+    return regime == "smollm2" or (kv_gb(batch, context, OUTPUT_LEN[regime], regime)
+                                   <= MAX_KV_GB_BY_REGIME[regime])
 
 
 def draw(regime: str, rng: np.random.Generator) -> list[HeldOut]:
@@ -83,9 +99,10 @@ def draw(regime: str, rng: np.random.Generator) -> list[HeldOut]:
     does not fit next to the context (Qwen3-8B KV memory) becomes the largest that does."""
     out: list[HeldOut] = []
     out_len = OUTPUT_LEN[regime]
-    contexts = [int(c) for c in rng.permutation(np.resize(CONTEXTS[regime], N))]
-    batches = [int(b) for b in rng.permutation(np.resize(BATCHES, N))]
-    for i in range(N):
+    n = N if regime in ("smollm2", "qwen3_8b") else N_MOE
+    contexts = [int(c) for c in rng.permutation(np.resize(CONTEXTS[regime], n))]
+    batches = [int(b) for b in rng.permutation(np.resize(BATCHES, n))]
+    for i in range(n):
         method = METHODS[i % len(METHODS)]
         context = contexts[i]
         batch = max(b for b in BATCHES if b <= batches[i] and feasible(regime, b, context))
@@ -110,7 +127,7 @@ def estimate_s(h: HeldOut, regime: str) -> float:
     if regime == "smollm2":
         fwd_ms, verify_ms = 1.5, 2.0
     else:
-        kv_ms = h.batch * h.context * get_preset("qwen3-8b").kv_bytes_per_token() / 4.2e9
+        kv_ms = h.batch * h.context * get_preset(PRESET[regime]).kv_bytes_per_token() / 4.2e9
         fwd_ms, verify_ms = 5.0 + 0.1 * kv_ms, 5.0 + kv_ms
     if h.method == "vanilla":
         per_wave = h.output_len * verify_ms / 1000.0
@@ -125,18 +142,18 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="print only, write nothing")
     ap.add_argument("--seed", type=int, default=SEED,
                     help=f"another draw, written as heldout_REGIME_seedN.csv (default {SEED})")
-    ap.add_argument("--regime", choices=("smollm2", "qwen3_8b"), action="append",
-                    help="only this regime (repeatable; default both)")
+    ap.add_argument("--regime", choices=tuple(STREAM), action="append",
+                    help="only this regime (repeatable; default smollm2 and qwen3_8b)")
     args = ap.parse_args()
     suffix = "" if args.seed == SEED else f"_seed{args.seed}"
     for regime in args.regime or ("smollm2", "qwen3_8b"):
-        rng = np.random.default_rng([args.seed, 0 if regime == "smollm2" else 1])
+        rng = np.random.default_rng([args.seed, STREAM[regime]])
         hs = draw(regime, rng)
         total = sum(estimate_s(h, regime) for h in hs)
         print(f"{regime}: {len(hs)} configurations, estimated {total:.0f} s on an H200")
         for h in hs:
-            extra = (f"  KV {kv_gb(h.batch, h.context, h.output_len):5.1f} GB"
-                     if regime == "qwen3_8b" else "")
+            extra = (f"  KV {kv_gb(h.batch, h.context, h.output_len, regime):5.1f} GB"
+                     if regime != "smollm2" else "")
             print(f"  {h.label:<45} waves {h.waves}  ~{estimate_s(h, regime):4.1f} s{extra}")
         if not args.check:
             write_heldout(hs, HERE / f"heldout_{regime}{suffix}.csv")
