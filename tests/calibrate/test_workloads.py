@@ -104,3 +104,28 @@ def test_synthetic_prompts_are_seeded_and_in_range() -> None:
     assert a != WL.synthetic_prompts(4, 100, 50, np.random.default_rng(2))
     with pytest.raises(UserInputError):
         WL.synthetic_prompts(0, 10, 50, np.random.default_rng(0))
+
+
+def test_long_windows_are_their_own_file_past_smollm2s_window() -> None:
+    """longdoc and recall at LONG_LENGTHS in <model>.long.npz (the shipped prompts' order,
+    which trace sets' request ids index, is untouched); recall distances span each window."""
+    shipped = WL.workload_prompts("recall")
+    for name in ("longdoc", "recall"):
+        long = WL.workload_prompts(name, long=True)
+        assert sorted({len(p.tokens) for p in long}) == list(WL.LONG_LENGTHS)
+        assert min(len(p.tokens) for p in long) > 8192
+    recall = WL.workload_prompts("recall", long=True)
+    assert all(p.distance is not None and 0 < p.distance < len(p.tokens) for p in recall)
+    assert max(p.distance or 0 for p in recall) > 0.8 * max(WL.LONG_LENGTHS)
+    assert [p.source for p in WL.workload_prompts("recall")] == [p.source for p in shipped]
+    assert WL.load_workload("recall", long=True, max_len=16384) == [
+        p.tokens for p in recall if len(p.tokens) <= 16384]
+
+
+@needs_datasets
+def test_shipped_long_file_is_what_build_produces(tmp_path: Path) -> None:
+    out = WL.build_long_workloads(out_dir=tmp_path)
+    with np.load(out) as new, np.load(WL.WORKLOAD_DIR / "smollm2-135m.long.npz") as shipped:
+        assert sorted(new.files) == sorted(shipped.files)
+        for k in new.files:
+            assert np.array_equal(new[k], shipped[k]), k

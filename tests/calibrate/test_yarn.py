@@ -126,3 +126,44 @@ def test_qwen3_yarn_40k_prefill_and_decode_on_gpu() -> None:
         logits = model.forward(logits.argmax(-1, keepdim=True), cache, last_only=True)[:, 0]
     assert int(cache.lens[0]) == n + 16
     assert bool(torch.isfinite(logits).all()) and float(logits.std()) > 0
+
+
+# ---- calibrate --rope-scaling: positions past the trained window --------------------------
+def test_extend_positions_applies_yarn_over_the_trained_window() -> None:
+    model = tiny_model("llama")
+    trained = model.spec.max_positions
+    before = model(torch.tensor([[1, 2, 3]]), model.new_cache(1, 8))
+    model.extend_positions(4.0)
+    assert model.spec.max_positions == 4 * trained
+    assert model.spec.rope_scaling == yarn_scaling(4.0, trained)
+    after = model(torch.tensor([[1, 2, 3]]), model.new_cache(1, 8))
+    assert not torch.allclose(before, after)  # the rotation changed (rebuilt, not cached)
+    with pytest.raises(UserInputError, match="already scales its RoPE"):
+        model.extend_positions(2.0)
+
+
+def test_rope_extension_option_is_parsed_and_checked() -> None:
+    from vegas_sim.calibrate.plan import parse_rope_extension
+
+    assert parse_rope_extension("yarn:4") == 4.0
+    for bad in ("yarn", "yarn:x", "yarn:1", "llama3:8"):
+        with pytest.raises(UserInputError, match="--rope-scaling"):
+            parse_rope_extension(bad)
+
+
+def test_calibration_records_the_extension_in_the_set(tmp_path: Path) -> None:
+    from tests.calibrate.test_grid import RANDOM_META, tiny_plan
+    from vegas_sim.calibrate.runner import run_calibration
+    from vegas_sim.traces.io import load_trace_set
+
+    model = tiny_model("llama")
+    trained = model.spec.max_positions
+    plan = tiny_plan(methods=("vanilla",), batch=(1,), context=(2 * trained,),
+                     rope_extension=4.0)
+    lines: list[str] = []
+    run_calibration(plan, tmp_path / "ts", model=(model, RANDOM_META), log_fn=lines.append)
+    ts = load_trace_set(tmp_path / "ts")
+    assert ts.model_spec.max_positions == 4 * trained
+    assert ts.model_spec.rope_scaling == yarn_scaling(4.0, trained)
+    assert set(ts.latency["context"]) == {2 * trained}  # past the trained window: measured
+    assert any("YaRN" in x for x in lines)

@@ -56,7 +56,8 @@ def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
     (`cut_prompts`), as `plan.acceptance_cuts` says: "add" both, "none" no cuts, "only"
     the cuts alone (to extend an older set with `traces merge`)."""
     room = spec.max_positions - acceptance_max_new(plan, gamma) - state_headroom(gamma)
-    prompts = [p for p in load_workload(workload, model=spec.name, max_len=room) if len(p) >= 2]
+    prompts = [p for p in load_workload(workload, model=spec.name, max_len=room,
+                                        long=plan.long_prompts) if len(p) >= 2]
     if not prompts:
         raise UserInputError(
             f"workload {workload!r} has no prompt of 2..{room} tokens for {spec.name}",

@@ -101,6 +101,8 @@ class CalibrationPlan:
     latency: bool = True
     acceptance: bool = True
     verify_after_draft: bool = False  # see _verify_samples
+    rope_extension: float | None = None  # YaRN factor past the model's window (rope_extension)
+    long_prompts: bool = False  # acceptance on the long windows (workloads.LONG_LENGTHS)
 
     def __post_init__(self) -> None:
         validate_plan(self)
@@ -160,9 +162,25 @@ def validate_plan(plan: CalibrationPlan) -> None:
                                  fix="pass a positive integer")
     if plan.warmup < 0:
         raise UserInputError("warmup must be >= 0", where="warmup", fix="pass 0 or more")
+    if plan.rope_extension is not None and plan.rope_extension <= 1:
+        raise UserInputError(f"YaRN factor {plan.rope_extension:g} <= 1", where="--rope-scaling",
+                             fix="use e.g. yarn:4 (4x the model's trained positions)")
     if plan.acceptance_cuts not in ACCEPTANCE_CUTS:
         raise UserInputError(f"unknown acceptance cuts {plan.acceptance_cuts!r}",
                              where="--acceptance-cuts", fix=f"use one of {ACCEPTANCE_CUTS}")
+
+
+def parse_rope_extension(text: str) -> float:
+    """'yarn:4' -> 4.0: the YaRN factor calibrate applies past the model's trained window."""
+    kind, _, factor = text.partition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = math.nan
+    if kind != "yarn" or not value > 1:
+        raise UserInputError(f"cannot read {text!r}", where="--rope-scaling",
+                             fix="use yarn:FACTOR with FACTOR > 1, e.g. yarn:4")
+    return value
 
 
 def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",

@@ -264,6 +264,11 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
                                              seed=plan.seed)
     else:
         net, weights_meta = model
+    if plan.rope_extension is not None:
+        trained = net.spec.max_positions
+        net.extend_positions(plan.rope_extension)
+        say(f"RoPE: YaRN factor {plan.rope_extension:g} over {net.spec.name}'s trained {trained} "
+            f"positions (now {net.spec.max_positions}): what lies past them is YaRN-extended")
     spec = net.spec
     lat_points = latency_points(plan)
     usable = [p for p in lat_points if p.context <= spec.max_positions]

@@ -24,6 +24,7 @@ residual stream inside the next layer's first norm.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from vegas_sim.calibrate import moe
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
 from vegas_sim.methods import MAX_VERIFY_ROWS
-from vegas_sim.models import ModelSpec, RopeScaling
+from vegas_sim.models import ModelSpec, RopeScaling, yarn_scaling
 
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -309,6 +310,20 @@ class Transformer(torch.nn.Module):
             self.init_random(seed)
         else:
             self.load_weights(weights)
+
+    def extend_positions(self, factor: float) -> None:
+        """YaRN past the trained window: `factor` x max_positions, the old window as YaRN's
+        original (a model that already scales its RoPE is refused: its window is not the
+        trained one)."""
+        if self.spec.rope_scaling is not None:
+            raise UserInputError(
+                f"{self.spec.name} already scales its RoPE ({self.spec.rope_scaling.type})",
+                where="--rope-scaling", fix="drop --rope-scaling for this model")
+        original = self.spec.max_positions
+        self.spec = dataclasses.replace(self.spec, rope_scaling=yarn_scaling(factor, original),
+                                        max_positions=int(factor * original))
+        self._rope_cos = torch.empty(0, device=self.device)  # rebuilt for the new spec
+        self._rope_sin = torch.empty(0, device=self.device)
 
     # ---- weights -------------------------------------------------------------------------
     def param_names(self) -> list[str]:

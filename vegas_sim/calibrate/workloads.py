@@ -16,6 +16,12 @@
 `build_workloads()` tokenizes the datasets with the model's own tokenizer and writes
 `workloads/<model>.npz` (this is run once, here, and the file is shipped); `load_workload()`
 reads it. Selection is deterministic (seeded numpy Generator).
+
+Long windows (`build_long_workloads()`, `workloads/<model>.long.npz`, `long=True` when
+loading): longdoc and recall at LONG_LENGTHS (12K–32K tokens), past SmolLM2's trained 8K, for
+acceptance traced with the RoPE extended by YaRN (`calibrate --rope-scaling yarn:4
+--long-prompts`). A file of its own, so that the shipped prompts' order, which the request ids
+of existing trace sets index, never changes.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ RECALL_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)  # whole prompt, toke
 # Where the cue starts, as a fraction of the book window: 0.1 is far back, 0.95 recent
 RECALL_DEPTHS: tuple[float, ...] = (0.1, 0.4, 0.7, 0.95)
 RECALL_PER_CELL = 4  # windows per (length, depth); the first of each cell come first
+LONG_LENGTHS: tuple[int, ...] = (12288, 16384, 24576, 31744)  # 31K: room for the output in 32K
+LONG_LONGDOC_PER_LENGTH = 4
+LONG_RECALL_PER_CELL = 1
+LONG_SEED = 1  # its own stream: the long windows never move the shipped prompts' draws
 RECALL_CUE = 24  # cue tokens, copied from the window
 RECALL_ANSWER = 64  # tokens of the window after the cue: the passage to quote
 RECALL_INSTRUCTION = ("\n\n---\nQuote, word for word, the passage of the text above that "
@@ -50,6 +60,7 @@ RECALL_INSTRUCTION = ("\n\n---\nQuote, word for word, the passage of the text ab
 REASONING_PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 CODE_PROMPT = "Complete the following Python function. Reply with the full function in a ```python block.\n\n```python\n{prompt}```"
 BOOKS = ("pg11_alice_in_wonderland.txt", "pg84_frankenstein.txt", "pg1342_pride_and_prejudice.txt")
+LONG_BOOKS = BOOKS[1:]  # Alice (~36K tokens) holds no distinct 32K windows
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,7 @@ def book_body(path: Path) -> str:
 def longdoc_prompts(
     tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
     lengths: tuple[int, ...] = LONGDOC_LENGTHS, per_length: int = LONGDOC_PER_LENGTH,
+    books: tuple[str, ...] = BOOKS,
 ) -> list[Prompt]:
     """Raw-text windows starting at paragraph starts of the books in turn, `per_length` of
     each exact length (the length is part of the source id, book@char+tokens).
@@ -152,7 +164,7 @@ def longdoc_prompts(
     to window by more than it varies with context (SmolLM2, T 0.6: 8 windows per length
     left a ~5 % sampling error on a context's mean), hence more windows than prompts of the
     other workloads."""
-    bodies = {b: book_body(data / "gutenberg" / b) for b in BOOKS}
+    bodies = {b: book_body(data / "gutenberg" / b) for b in books}
     first = max(1, n // len(lengths))
     out: list[Prompt] = []
     taken: set[str] = set()  # source ids so far
@@ -160,7 +172,7 @@ def longdoc_prompts(
     for count in (first, max(0, per_length - first)):
         for length in lengths:
             for _ in range(count):
-                name = BOOKS[k % len(BOOKS)]
+                name = books[k % len(books)]
                 k += 1
                 out.append(_distinct_window(tok, name, bodies[name], length, rng, taken))
                 taken.add(out[-1].source)
@@ -194,14 +206,14 @@ def _book_window(tok: Tokenizer, name: str, body: str, length: int, rng: np.rand
 def recall_prompts(
     tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
     lengths: tuple[int, ...] = RECALL_LENGTHS, depths: tuple[float, ...] = RECALL_DEPTHS,
-    per_cell: int = RECALL_PER_CELL,
+    per_cell: int = RECALL_PER_CELL, books: tuple[str, ...] = BOOKS,
 ) -> list[Prompt]:
     """Book window + RECALL_INSTRUCTION + a RECALL_CUE-token cue copied from the window at
     each depth; the answer is the RECALL_ANSWER window tokens after the cue. Raw text (no chat
     template: the instruct model copies more faithfully without one, and the window is raw
     text as in longdoc). Order: one window per (length, depth) cell, then the next round.
     `n` is ignored: the set is lengths x depths x per_cell."""
-    bodies = {b: book_body(data / "gutenberg" / b) for b in BOOKS}
+    bodies = {b: book_body(data / "gutenberg" / b) for b in books}
     instruction = tok.encode(RECALL_INSTRUCTION)
     out: list[Prompt] = []
     taken: set[str] = set()
@@ -209,7 +221,7 @@ def recall_prompts(
     for _ in range(per_cell):
         for length in lengths:
             for depth in depths:
-                name = BOOKS[k % len(BOOKS)]
+                name = books[k % len(books)]
                 k += 1
                 doc_len = length - len(instruction) - RECALL_CUE
                 window = _distinct_window(tok, name, bodies[name], doc_len, rng, taken)
@@ -265,14 +277,21 @@ def build_workloads(
     workload w: `w.tokens` (concatenated ids; uint16 when the vocabulary fits), `w.offsets`
     [n+1] int64, `w.sources` [n] str.
     """
-    if tokenizer is None:
-        if model != "smollm2-135m":
-            raise UserInputError(f"no tokenizer given for {model!r}",
-                                 fix="pass the model's Tokenizer (load_model returns it)")
-        from vegas_sim.calibrate.loading import smollm2_gguf_path
-
-        tokenizer = Tokenizer.from_gguf(smollm2_gguf_path())
+    tokenizer = tokenizer or _default_tokenizer(model)
     prompts = build_prompts(tokenizer, datasets, n, seed)
+    return _write_prompts(prompts, tokenizer, (out_dir or WORKLOAD_DIR) / f"{model}.npz")
+
+
+def _default_tokenizer(model: str) -> Tokenizer:
+    if model != "smollm2-135m":
+        raise UserInputError(f"no tokenizer given for {model!r}",
+                             fix="pass the model's Tokenizer (load_model returns it)")
+    from vegas_sim.calibrate.loading import smollm2_gguf_path
+
+    return Tokenizer.from_gguf(smollm2_gguf_path())
+
+
+def _write_prompts(prompts: dict[str, list[Prompt]], tokenizer: Tokenizer, out: Path) -> Path:
     dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
     arrays: dict[str, np.ndarray] = {}
     for w, ps in prompts.items():
@@ -282,7 +301,6 @@ def build_workloads(
         if all(p.answer_start is not None for p in ps):
             arrays[f"{w}.answer_start"] = np.asarray([p.answer_start for p in ps], dtype=np.int64)
             arrays[f"{w}.distance"] = np.asarray([p.distance for p in ps], dtype=np.int64)
-    out = (out_dir or WORKLOAD_DIR) / f"{model}.npz"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.npz")
     np.savez_compressed(tmp, **arrays)  # type: ignore[arg-type]
@@ -290,10 +308,34 @@ def build_workloads(
     return out
 
 
-def workload_prompts(name: str, model: str = "smollm2-135m", directory: Path | None = None) -> list[Prompt]:
-    """The shipped prompts of workload `name` for `model`, with their source ids."""
+def build_long_workloads(
+    model: str = "smollm2-135m", tokenizer: Tokenizer | None = None, *,
+    datasets: Path | None = None, out_dir: Path | None = None,
+) -> Path:
+    """Build and write `<out_dir>/<model>.long.npz`: longdoc (LONG_LONGDOC_PER_LENGTH windows)
+    and recall (LONG_RECALL_PER_CELL per length x depth) at LONG_LENGTHS, seeded LONG_SEED."""
+    tokenizer = tokenizer or _default_tokenizer(model)
+    data = datasets or default_datasets_dir()
+    rng = np.random.default_rng(LONG_SEED)
+    prompts = {
+        "longdoc": longdoc_prompts(tokenizer, data, LONG_LONGDOC_PER_LENGTH * len(LONG_LENGTHS),
+                                   rng, LONG_LENGTHS, LONG_LONGDOC_PER_LENGTH, LONG_BOOKS),
+        "recall": recall_prompts(tokenizer, data, 0, rng, LONG_LENGTHS,
+                                 per_cell=LONG_RECALL_PER_CELL, books=LONG_BOOKS),
+    }
+    return _write_prompts(prompts, tokenizer, (out_dir or WORKLOAD_DIR) / f"{model}.long.npz")
+
+
+def _workload_file(model: str, directory: Path | None, long: bool) -> Path:
+    return (directory or WORKLOAD_DIR) / f"{model}{'.long' if long else ''}.npz"
+
+
+def workload_prompts(name: str, model: str = "smollm2-135m", directory: Path | None = None,
+                     long: bool = False) -> list[Prompt]:
+    """The shipped prompts of workload `name` for `model`, with their source ids (`long`: the
+    long windows of `build_long_workloads`)."""
     check_workload(name)
-    path = (directory or WORKLOAD_DIR) / f"{model}.npz"
+    path = _workload_file(model, directory, long)
     if not path.is_file():
         raise UserInputError(f"no workloads built for model {model!r}", where=str(path),
                              fix="run vegas_sim.calibrate.workloads.build_workloads(model, tokenizer)"
@@ -309,10 +351,12 @@ def workload_prompts(name: str, model: str = "smollm2-135m", directory: Path | N
             for i in range(len(sources))]
 
 
-def load_workload(name: str, model: str = "smollm2-135m", max_len: int | None = None) -> list[list[int]]:
+def load_workload(name: str, model: str = "smollm2-135m", max_len: int | None = None,
+                  long: bool = False) -> list[list[int]]:
     """Token ids of each prompt of workload `name` (one of WORKLOADS);
-    `max_len` drops longer prompts (e.g. to leave room for the output)."""
-    prompts = [p.tokens for p in workload_prompts(name, model)]
+    `max_len` drops longer prompts (e.g. to leave room for the output); `long`: the long
+    windows."""
+    prompts = [p.tokens for p in workload_prompts(name, model, long=long)]
     return [p for p in prompts if max_len is None or len(p) <= max_len]
 
 

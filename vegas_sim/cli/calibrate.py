@@ -62,12 +62,23 @@ from vegas_sim.validate.results import compare, summarize
               help="Time verify, acceptance and selection in whole iterations (γ draft steps "
                    "first, as decoding runs them): for host-bound (small) models, at the cost "
                    "of the draft steps.")
+@click.option("--rope-scaling", default=None, metavar="yarn:FACTOR",
+              help="Extend the model past its trained positions with YaRN (e.g. yarn:4: 4x "
+                   "them, the trained window as YaRN's original); the set's model records it.")
+@click.option("--acceptance-batch", type=click.IntRange(min=1), default=None,
+              help="Requests per acceptance generate() call (default 128 on CUDA, halved "
+                   "until the state fits): lower it when several calibrations share a GPU.")
+@click.option("--long-prompts", is_flag=True,
+              help="Acceptance on the long longdoc / recall windows (12K-32K tokens, "
+                   "workloads/<model>.long.npz), e.g. with --rope-scaling.")
 @click.option("--retry-failed", is_flag=True, help="Redo points an earlier run skipped (OOM).")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
               min_tokens: int | None, prompts: int | None, acceptance_cuts: str,
-              latency: bool, acceptance: bool, verify_after_draft: bool, retry_failed: bool,
+              latency: bool, acceptance: bool, verify_after_draft: bool,
+              rope_scaling: str | None, acceptance_batch: int | None, long_prompts: bool,
+              retry_failed: bool,
               out: Path, **grid: Any) -> None:
     """Measure a trace set on the GPU: per-phase latencies of every method and, with real
     weights, per-iteration acceptance.
@@ -76,6 +87,8 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
     it stopped, and a grid point that runs out of GPU memory is recorded and skipped. Copy
     bandwidth and bf16 matmul rate are measured in the same run. On CUDA the draft, verify and
     decode steps are replayed as CUDA graphs (VEGAS_SIM_CUDA_GRAPHS=0 runs them eagerly).
+    --rope-scaling yarn:4 with --long-prompts traces acceptance past a model's trained window
+    (the last example: SmolLM2's 8K to 32K; the set records the extension).
 
     Examples:
 
@@ -88,6 +101,11 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
     \b
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
             --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
+
+    \b
+        vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
+            --rope-scaling yarn:4 --long-prompts --no-latency --methods all --gamma 12 \\
+            --workload longdoc,recall --out traces/smol-yarn
     """
     from vegas_sim.calibrate import plan as plans  # torch
     from vegas_sim.calibrate import runner
@@ -99,7 +117,11 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
                                              quick=quick, **grid)
         extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance,
                                  "acceptance_cuts": acceptance_cuts,
-                                 "verify_after_draft": verify_after_draft}
+                                 "verify_after_draft": verify_after_draft,
+                                 "long_prompts": long_prompts,
+                                 "acceptance_batch": acceptance_batch}
+        if rope_scaling is not None:
+            extra["rope_extension"] = plans.parse_rope_extension(rope_scaling)
         if min_tokens is not None:
             extra["min_tokens"] = min_tokens
         if prompts is not None:
