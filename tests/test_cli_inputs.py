@@ -225,3 +225,16 @@ def test_sweep_without_a_terminal_reports_progress_as_calibrate_does(tmp_path: P
     result = run(["sweep", "--gamma", "2..4", "--out", str(tmp_path / "s.csv")])
     assert result.exit_code == 0, result.output
     assert "sweep (analytic): 16/16 (" in result.stderr
+
+
+def test_acceptance_traces_picks_the_set_and_says_it_is_yarn_extended() -> None:
+    result = run(["predict", "--model", "qwen3-8b", "--engine", "analytic", "--context", "24K",
+                  "--workload", "recall", "--acceptance-traces", "smollm2-135m-real-yarn4",
+                  "--acceptance-anchor", "none"])
+    assert result.exit_code == 0, result.output
+    assert "smollm2-135m-real-yarn4 (real weights, NVIDIA H200 measured, YaRN-extended" \
+        in result.output
+    assert "outside traced" not in result.output  # 24K lies inside the set's 12K-32K
+    assert "draft step / vanilla decode step: vegas" in result.output
+    bad = CliRunner().invoke(cli, ["predict", "--acceptance-traces", "qwen3-8b-h200"])
+    assert bad.exit_code != 0 and "real" in bad.output

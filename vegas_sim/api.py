@@ -189,12 +189,14 @@ def anchor_acceptance(
 def load_models(
     model: str | None, traces: Path | None = None, gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None, acceptance_anchors: tuple[str, ...] = (),
-    weight_format: str = "bf16",
+    weight_format: str = "bf16", acceptance_traces: Path | None = None,
 ) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
 
     model None: the model of `traces`, or DEFAULT_MODEL when no set is given.
     acceptance_anchors: anchor files or packaged names (`anchor_acceptance`).
+    acceptance_traces: the real-weights set whose acceptance to use (a directory or a packaged
+    name, e.g. smollm2-135m-real-yarn4) [default: `catalog.resolve`'s choice].
 
     graph_launch_ms: replace the measured per-step host overhead by this launch cost (what a
     CUDA-graph engine would see); the GPU work keeps its fitted/roofline terms.
@@ -205,7 +207,8 @@ def load_models(
     if model is None and traces is None:
         model = DEFAULT_MODEL
     model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M
-    latency_set, acceptance_set, notes = catalog.resolve(model, traces)
+    latency_set, acceptance_set, notes = catalog.resolve(model, traces,
+                                                         acceptance=acceptance_traces)
     latency = fit_latency(latency_set)
     if gpu is not None:  # a datasheet name (--gpu) or a GpuSpec (--gpu-spec FILE)
         target = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -260,6 +263,7 @@ def predict_methods(
     acceptance_anchors: Sequence[str | Path] = (),
     slo_tpot_ms: float | None = None,
     slo_ttft_ms: float | None = None,
+    acceptance_traces: Path | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """Predict one configuration for each method (plus vanilla, the baseline).
 
@@ -271,7 +275,7 @@ def predict_methods(
     out_mean, out_dist = output_lengths(output_len)
     latency, acceptance, notes = load_models(model, traces, gpu, graph_launch_ms,
                                              tuple(str(a) for a in acceptance_anchors),
-                                             weight_format)
+                                             weight_format, acceptance_traces)
     # vanilla's row says γ 1, sparsity 1 (one token, full attention), as sweep's rows do
     scenarios = [
         Scenario(method=m, gamma=gamma if m != "vanilla" else 1,
@@ -361,6 +365,7 @@ def predict(
     slo_tpot_ms: float | None = None,
     slo_ttft_ms: float | None = None,
     acceptance_anchors: Sequence[str | Path] = (),
+    acceptance_traces: str | Path | None = None,
 ) -> pd.DataFrame:
     """`vegas-sim predict` as a function: one row per method (vanilla first), every metric
     with its 95 % CI (docs/OUTPUTS.md); ``table.attrs["notes"]`` says where the inputs came
@@ -387,7 +392,8 @@ def predict(
         seed=seed, replications=replications, kv_block_size=kv_block_size,
         gpu_memory_utilization=gpu_memory_utilization, weight_format=weight_format,
         slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
-        acceptance_anchors=acceptance_anchors)
+        acceptance_anchors=acceptance_anchors,
+        acceptance_traces=None if acceptance_traces is None else Path(acceptance_traces))
     table.attrs["notes"] = notes
     return table
 
@@ -403,6 +409,7 @@ def sweep(
     model: str | None = None,
     traces: str | Path | None = None,
     acceptance_anchors: Sequence[str | Path] = (),
+    acceptance_traces: str | Path | None = None,
     gpu: str | GpuSpec | None = None,
     gpu_spec: str | Path | None = None,
     engine: str = "analytic",
@@ -426,7 +433,8 @@ def sweep(
                            context=_grid_text(context), output_len=_grid_text(output_len))
     latency, acceptance, notes = load_models(
         model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
-        tuple(str(a) for a in acceptance_anchors))
+        tuple(str(a) for a in acceptance_anchors),
+        acceptance_traces=None if acceptance_traces is None else Path(acceptance_traces))
     table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
                       replications=replications, workers=workers, scheduler=scheduler)
     table.attrs["notes"] = [*notes, *table.attrs.get("skipped", [])]
@@ -443,6 +451,7 @@ def tune(
     model: str | None = None,
     traces: str | Path | None = None,
     acceptance_anchors: Sequence[str | Path] = (),
+    acceptance_traces: str | Path | None = None,
     gpu: str | GpuSpec | None = None,
     gpu_spec: str | Path | None = None,
     final_engine: str = "analytic",
@@ -466,7 +475,8 @@ def tune(
                         final_engine=final_engine)
     latency, acceptance, notes = load_models(
         model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
-        tuple(str(a) for a in acceptance_anchors))
+        tuple(str(a) for a in acceptance_anchors),
+        acceptance_traces=None if acceptance_traces is None else Path(acceptance_traces))
     result = run_tune(cells, latency, acceptance, config=config, seed=seed, workers=workers,
                       scheduler=scheduler, model=latency.model.name)
     result.notes.extend(notes)

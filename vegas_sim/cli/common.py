@@ -72,6 +72,16 @@ def acceptance_anchor_option(f: Any) -> Any:
                         metavar="FILE|NAME", help=ACCEPTANCE_ANCHOR_HELP)(f)
 
 
+def acceptance_traces_option(f: Any) -> Any:
+    """--acceptance-traces PATH|NAME, passed on as `acceptance_traces`."""
+    return click.option(
+        "--acceptance-traces", type=click.Path(path_type=Path), default=None,
+        metavar="PATH|NAME",
+        help="Real-weights trace set whose acceptance to use (a directory or a packaged name, "
+             "e.g. smollm2-135m-real-yarn4 for contexts past 8K) [default: the model's own, "
+             "else the packaged real set].")(f)
+
+
 GPU_HELP = ("Hardware what-if: rescale to this GPU's datasheet (a100, h100-sxm, h100-nvl, "
             "h200, b200). Not measured.")
 GPU_SPEC_HELP = ("Hardware what-if for a GPU not in --gpu's list: a JSON or TOML file with "

@@ -14,6 +14,7 @@ import click
 from vegas_sim import api
 from vegas_sim.cli.common import (
     acceptance_anchor_option,
+    acceptance_traces_option,
     gpu_options,
     gpu_target,
     progress_bars,
@@ -34,10 +35,11 @@ from vegas_sim.sim.tune import tune as run_tune
 
 
 def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...],
-            weight_format: str = "bf16", gpu: str | None = None, gpu_spec: Path | None = None
-            ) -> tuple[Any, Any, list[str]]:
+            weight_format: str = "bf16", gpu: str | None = None, gpu_spec: Path | None = None,
+            acceptance_traces: Path | None = None) -> tuple[Any, Any, list[str]]:
     latency, acceptance, notes = api.load_models(model, traces, gpu_target(gpu, gpu_spec),
-                                                 None, tuple(anchors), weight_format)
+                                                 None, tuple(anchors), weight_format,
+                                                 acceptance_traces)
     return latency, acceptance, list(notes)
 
 
@@ -87,6 +89,7 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
 @click.option("--output-len", default="1024", show_default=True, help="Output length grid.")
 @_model_opt
 @_traces_opt
+@acceptance_traces_option
 @acceptance_anchor_option
 @weight_format_option
 @gpu_options
@@ -111,7 +114,7 @@ _traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=
                    "JSON as predict writes it, with the notes).")
 def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
           output_len: str, model: str | None, traces: Path | None,
-          acceptance_anchors: tuple[str, ...], weight_format: str, gpu: str | None,
+          acceptance_traces: Path | None, acceptance_anchors: tuple[str, ...], weight_format: str, gpu: str | None,
           gpu_spec: Path | None, engine: str, workers: int | None, scheduler: str | None,
           seed: int, replications: int, arrival: str, requests: int | None,
           slo_tpot_ms: float | None, slo_ttft_ms: float | None, rank_by: str | None,
@@ -152,7 +155,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
                                extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms,
                                                     requests))
         latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
-                                             gpu_spec)
+                                             gpu_spec, acceptance_traces)
         with progress_bars() as update, sigterm_as_interrupt():
             try:
                 done = sweep_to_file(grid, latency, acceptance, out, engine=engine, seed=seed,
@@ -185,6 +188,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
               help="Step 1: smallest sparsity whose acceptance is within this % of the max.")
 @_model_opt
 @_traces_opt
+@acceptance_traces_option
 @acceptance_anchor_option
 @weight_format_option
 @gpu_options
@@ -205,7 +209,8 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Serving table: *.json (best γ per batch size and context).")
 def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
-         model: str | None, traces: Path | None, acceptance_anchors: tuple[str, ...],
+         model: str | None, traces: Path | None, acceptance_traces: Path | None,
+         acceptance_anchors: tuple[str, ...],
          weight_format: str, gpu: str | None, gpu_spec: Path | None, final_engine: str,
          search_engine: str, arrival: str, slo_tpot_ms: float | None,
          slo_ttft_ms: float | None, rank_by: str, workers: int | None, scheduler: str | None,
@@ -246,7 +251,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                             rank_by=rank_by,
                             extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms))
         latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
-                                             gpu_spec)
+                                             gpu_spec, acceptance_traces)
         with progress_bars() as update, sigterm_as_interrupt():
             result = run_tune(cells, latency, acceptance, config=config, seed=seed,
                               workers=workers, scheduler=scheduler, progress=update,

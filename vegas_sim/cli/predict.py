@@ -15,6 +15,7 @@ import click
 from vegas_sim import api
 from vegas_sim.cli.common import (
     acceptance_anchor_option,
+    acceptance_traces_option,
     gpu_options,
     gpu_target,
     parse_size,
@@ -63,6 +64,7 @@ def _predict_options(f: F) -> F:
         click.option("--traces", type=click.Path(path_type=Path), default=None,
                      help="Trace set: a directory, or a packaged set's name (`vegas-sim "
                           "traces list`) [default: the packaged measured sets]."),
+        acceptance_traces_option,
         gpu_options,
         click.option("--graph-launch-ms", type=float, default=None,
                      help="What-if: replace the measured per-step host overhead (large "

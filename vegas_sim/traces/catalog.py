@@ -34,7 +34,9 @@ def describe(ts: TraceSet) -> str:
         where = "SYNTHETIC, not measured"
     else:
         where = f"{ts.gpu_name} measured"
-    return f"{ts.name} ({ts.weights_kind} weights, {where})"
+    factor = ts.meta.get("grid", {}).get("rope_extension")
+    extended = f", YaRN-extended x{factor:g} past the trained window" if factor else ""
+    return f"{ts.name} ({ts.weights_kind} weights, {where}{extended})"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def summarize(trace_set: TraceSet) -> dict[str, Any]:
         "synthetic": trace_set.synthetic,
         "model": {"name": model["name"], "architecture": model["architecture"],
                   "n_layers": model["n_layers"], "weights_kind": weights["kind"],
-                  "weights_id": weights["id"]},
+                  "weights_id": weights["id"], "rope": rope_label(meta["grid"], model)},
         "gpu": {k: gpu.get(k) for k in ("name", *GPU_NUMBERS)},
         "date": meta["date"],
         "software": meta["software"],
@@ -67,6 +67,16 @@ def _num(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def rope_label(grid: dict[str, Any], model: dict[str, Any]) -> str:
+    """'' — or, for a set calibrated with `--rope-scaling`, what extended its positions."""
+    factor = grid.get("rope_extension")
+    if not factor:
+        return ""
+    original = (model.get("rope_scaling") or {}).get("original_max_position_embeddings", "?")
+    return (f"YaRN-extended: RoPE scaled x{factor:g} past the trained {original} positions "
+            f"(to {model.get('max_positions')})")
+
+
 def format_summary(d: dict[str, Any]) -> str:
     """Human-readable text of `summarize`'s dict."""
     m, g, lat, acc = d["model"], d["gpu"], d["latency"], d["acceptance"]
@@ -76,6 +86,7 @@ def format_summary(d: dict[str, Any]) -> str:
     lines += [
         (f"  model     {m['name']} ({m['architecture']}, {m['n_layers']} layers), "
         f"{m['weights_kind']} weights ({m['weights_id']})"),
+        *([f"            {m['rope']}"] if m.get("rope") else []),
         (f"  gpu       {g['name']}: copy {_num(g['copy_bandwidth_gbs'])} GB/s, bf16 "
         f"{_num(g['bf16_tflops'])} TFLOP/s measured, {g['sm_count']} SMs, "
         f"{_num(g['memory_gb'])} GB"),
