@@ -70,3 +70,23 @@ def test_weight_format_what_ifs_are_labelled_and_cheaper() -> None:
     assert lat.with_weight_format("bf16").iteration_cost("vanilla", 1, 1.0)(c) == base
     with pytest.raises(UserInputError, match="weight format"):
         lat.with_weight_format("int3")
+
+
+# ---- the packaged H200 sets of the MoE shapes ---------------------------------------------
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "qwen3-30b-a3b"])
+def test_packaged_moe_set_predicts_and_prints_the_draft_step_share(model: str) -> None:
+    """`predict --model M` finds the packaged H200 set, names the proxy acceptance, and each
+    drafting row carries one draft step's time over a vanilla decode step's, as simulated."""
+    import vegas_sim
+
+    table = vegas_sim.predict(model=model, methods=["vegas", "magicdec-stream"],
+                              engine="analytic", context="16K")
+    notes = " ".join(table.attrs["notes"])
+    assert f"latency: {model}-h200 (random weights, NVIDIA H200 measured)" in notes
+    assert "used as a proxy for" in notes
+    van, *spec_rows = table.to_dict("records")
+    assert np.isnan(van["draft_step_vs_decode"])
+    for r in spec_rows:
+        expected = r["ms_draft_step"] / r["gamma"] / van["ms_decode"]
+        assert r["draft_step_vs_decode"] == pytest.approx(expected)
+        assert 0.3 < r["draft_step_vs_decode"] < 1.3

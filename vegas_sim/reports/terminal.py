@@ -133,6 +133,15 @@ def breakdown_table(df: pd.DataFrame) -> Table:
     return table
 
 
+def draft_step_line(df: pd.DataFrame) -> str:
+    """'draft step / vanilla decode step: vegas 0.52, ...' for the rows that draft."""
+    if "draft_step_vs_decode" not in df.columns:
+        return ""
+    parts = [f"{m} {float(v):.2f}" for m, v in zip(df["method"], df["draft_step_vs_decode"])
+             if not pd.isna(v)]
+    return "draft step / vanilla decode step: " + ", ".join(parts) if parts else ""
+
+
 def kv_lines(df: pd.DataFrame) -> list[str]:
     """One line per method whose KV cache held fewer than its max batch, or preempted."""
     if "mean_running_batch" not in df.columns:
@@ -176,6 +185,8 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(prediction_table(df))
     console.print(breakdown_table(df))
+    if line := draft_step_line(df):
+        console.print(line, soft_wrap=True)
     for line in serving_lines(df):
         console.print(f"[red]{line}[/red]" if line.startswith("saturated") else line,
                       soft_wrap=True)

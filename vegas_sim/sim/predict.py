@@ -465,6 +465,7 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
         row[name] = float(np.mean([getattr(r, name) for r in runs]))
     for phase in PHASES:
         row[f"ms_{phase}"] = float(np.mean([r.breakdown_ms.get(phase, 0.0) for r in runs]))
+    row["draft_step_vs_decode"] = draft_step_vs_decode(sc, runs, base)
     reasons = [*(dist.extrapolated if dist is not None else []),
                *latency.outside_measured(sc.batch, sc.context + sc.output_len)]
     row["extrapolated"] = ";".join(reasons)
@@ -481,6 +482,17 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     row.update(tpot_speedup=tp, tpot_speedup_ci_low=tp_lo, tpot_speedup_ci_high=tp_hi)
     row.update(_serving_columns(sc, runs))
     return row
+
+
+def draft_step_vs_decode(sc: Scenario, runs: list[RunMetrics], base: list[RunMetrics]) -> float:
+    """One draft step's time over one vanilla decode step's, as simulated (NaN for vanilla):
+    the ceiling on what sparse drafting saves (the Vegas paper: 0.48 for gpt-oss-20b, whose
+    window layers draft at full cost)."""
+    decode = float(np.mean([b.breakdown_ms.get("decode", 0.0) for b in base]))
+    draft = float(np.mean([r.breakdown_ms.get("draft_step", 0.0) for r in runs]))
+    if sc.method == "vanilla" or decode <= 0 or draft <= 0:
+        return math.nan
+    return draft / sc.gamma / decode
 
 
 def provenance(latency: LatencyModel, acceptance: AcceptanceModel) -> dict[str, str]:
