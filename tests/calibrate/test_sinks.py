@@ -15,7 +15,7 @@ from vegas_sim.calibrate.policies import (
     QuestDraftAttention,
     SparseDraftAttention,
 )
-from vegas_sim.calibrate.runtime import AttentionPolicy, DenseAttention, Transformer
+from vegas_sim.calibrate.runtime import AttentionPolicy, DenseAttention, Layer, Transformer
 from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 from vegas_sim.kernels import ops
 from vegas_sim.methods import QUEST_PAGE, SPEC_METHODS
@@ -25,11 +25,18 @@ from .test_moe import _hybrid_model
 FULL = 1  # the hybrid test model's full-attention layer (0 and 2 are sliding-window)
 
 
+def _layer(model: Transformer, i: int) -> Layer:
+    layer = model.layers[i]
+    assert isinstance(layer, Layer)
+    return layer
+
+
 def _strong_sinks(model: Transformer, seed: int) -> None:
     """Sinks ~ N(0, 2²) on every layer, one head per layer at +4 (most of its mass on the sink)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for layer in model.layers:
+        for i in range(model.spec.n_layers):
+            layer = _layer(model, i)
             assert layer.sinks is not None
             layer.sinks.copy_(torch.randn(layer.sinks.shape, generator=gen) * 2.0)
             layer.sinks[0] = 4.0
@@ -89,9 +96,9 @@ def check_full_layer(nq: int, device: str, dtype: torch.dtype, tol: float) -> No
     model = _hybrid_model(seed=3)
     _strong_sinks(model, seed=4)
     s = model.spec
-    layer = model.layers[FULL]
-    assert layer.window == 0 and layer.sinks is not None
+    layer = _layer(model, FULL)
     layer.to(device=device, dtype=dtype)  # the sinks in the model's dtype, as at run time
+    assert layer.window == 0 and layer.sinks is not None
     gen = torch.Generator().manual_seed(nq)
     B, S = 2, 48
     lens_l = [48, 29]
@@ -135,7 +142,7 @@ def test_collected_weights_are_normalised_with_the_sink() -> None:
     puts 1 − p_sink on the keys, so the weights sum to less than without sinks."""
     model = _hybrid_model(seed=3)
     _strong_sinks(model, seed=4)
-    s, layer = model.spec, model.layers[FULL]
+    s, layer = model.spec, _layer(model, FULL)
     gen = torch.Generator().manual_seed(9)
     B, S, nq = 2, 48, 5
     lens = torch.tensor([48, 29], dtype=torch.int32)
@@ -172,7 +179,7 @@ def test_runtime_hands_each_full_layer_its_sinks() -> None:
     cache = model.new_cache(1, 64)
     model.forward(torch.arange(3, 20)[None], cache, spy)  # type: ignore[arg-type]
     assert [layer for layer, _ in spy.calls] == [FULL]
-    assert spy.calls[0][1] is model.layers[FULL].sinks
+    assert spy.calls[0][1] is _layer(model, FULL).sinks
     plain = Transformer(dataclasses.replace(model.spec, attention_sinks=False), None, seed=0)
     spy = _Spy()
     plain.forward(torch.arange(3, 20)[None], plain.new_cache(1, 64), spy)  # type: ignore[arg-type]
