@@ -97,7 +97,8 @@ def _with_sink_key(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor,
     q [B, Hq, NQ, D] gains channels holding sink_h / scale (as a hi + lo pair, so bf16 keeps
     the logit to ~2^-16), k [B, Hkv, S, D] and v zero channels, plus a key S that is 1 in the
     hi and lo channels and 0 elsewhere, with a zero value: its logit is scale · q·k = sink_h,
-    the other keys' logits are unchanged. Returns q, k, v [.., D + SINK_CHANNELS] and mask [B, NQ, S+1]."""
+    the other keys' logits are unchanged. Returns q, k, v [.., D + SINK_CHANNELS] and mask
+    [B, NQ, S + 1]."""
     B, Hq, NQ, D = q.shape
     target = sinks.float() / scale  # [Hq]
     hi = target.to(q.dtype)
