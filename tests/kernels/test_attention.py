@@ -309,3 +309,270 @@ def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float,
     out = ops.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5)
     ref = reference.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5)
     assert rel_err(out, ref) < 1e-2
+
+
+# ---- attention sinks (gpt-oss): one logit per query head in every softmax denominator ------
+
+def sink_logits(gen: torch.Generator, Hq: int, device: str, dtype: torch.dtype = torch.float32
+                ) -> torch.Tensor:
+    """[Hq] sinks ~ N(0, 2²), head 0's dominating its rows (+12), head 1's vanishing (-30)."""
+    sinks = torch.randn(Hq, generator=gen) * 2.0
+    sinks[0], sinks[1] = 12.0, -30.0
+    return sinks.to(device=device, dtype=dtype)
+
+
+def dense_with_sink_column(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int],
+                           scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """fp64 causal attention of q [B, NQ, Hq, D] with a sink column in every softmax."""
+    B, NQ, Hq, _D = q.shape
+    group = Hq // k.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(B):
+        for i in range(NQ):
+            p = lens[b] - NQ + i  # row i's position: keys [0, p]
+            for h in range(Hq):
+                kk, vv = k[b, : p + 1, h // group].double(), v[b, : p + 1, h // group].double()
+                logits = torch.cat([kk @ q[b, i, h].double() * scale, sinks[h:h + 1].double()])
+                out[b, i, h] = torch.softmax(logits, 0)[:-1] @ vv
+    return out
+
+
+def test_reference_sinks_are_a_softmax_sink_column() -> None:
+    """The references with sinks against an explicit softmax over [scores, sink_h] (fp64),
+    and their lse is log(Σ exp(scale·s) + exp(sink))."""
+    gen = torch.Generator().manual_seed(21)
+    B, NQ, Hq, Hkv, D, S = 2, 5, 8, 2, 16, 30
+    q = torch.randn(B, NQ, Hq, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, S, Hkv, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, S, Hkv, D, generator=gen, dtype=torch.float64)
+    lens = [30, 9]
+    cl = torch.tensor(lens, dtype=torch.int32)
+    sinks = sink_logits(gen, Hq, "cpu")
+    out, lse, _ = reference.verify_attention(q, k, v, cl, 0.25, sinks=sinks)
+    assert torch.allclose(out.double(), dense_with_sink_column(q, k, v, lens, 0.25, sinks),
+                          atol=1e-5)
+    _, plain_lse, _ = reference.verify_attention(q, k, v, cl, 0.25)
+    assert torch.allclose(lse, torch.logaddexp(plain_lse, sinks[None, None]), atol=1e-6)
+    # the sparse reference selecting every position == the last verify row
+    tail = cl - 2
+    idx = torch.stack([torch.arange(28), torch.cat([torch.arange(7), torch.full((21,), -1)])])
+    sparse = reference.sparse_draft_attention(q[:, -1], k, v, idx.int(), tail, tail, cl, 0.25,
+                                              sinks)
+    assert torch.allclose(sparse, out[:, -1], atol=1e-6)
+
+
+def test_sink_normalised_weights_are_the_models_probabilities() -> None:
+    """score_weights with a sink-including lse: per row and head, the key weights sum to
+    1 − p_sink (what the model puts on keys), so the mean over heads sums to 1 − mean p_sink."""
+    gen = torch.Generator().manual_seed(22)
+    B, NQ, Hq, Hkv, D, S = 2, 4, 8, 2, 16, 40
+    q = torch.randn(B, NQ, Hq, D, generator=gen)
+    k, v = make_kv(gen, B, S, Hkv, D, torch.float32, "cpu")
+    cl = torch.tensor([40, 17], dtype=torch.int32)
+    sinks = sink_logits(gen, Hq, "cpu")
+    _, lse, scores = reference.verify_attention(q, k, v, cl, 0.25, "all", sinks)
+    assert scores is not None
+    w = reference.score_weights(scores, lse, 0.25, cl)
+    p_sink = torch.exp(sinks[None, None] - lse)  # [B, NQ, Hq]
+    torch.testing.assert_close(w.sum(-1), 1.0 - p_sink.mean(dim=(1, 2)), rtol=2e-2, atol=1e-4)
+    assert float(p_sink[:, :, 0].min()) > 0.9 and float(p_sink[:, :, 1].max()) < 1e-9
+
+
+SINK_CASES = [
+    # B, NQ, Hq, Hkv, D, S_max, lens, collect, splits; gpt-oss-20b heads at the paper's 12 rows
+    (2, 12, 64, 8, 64, 72, [72, 30], "first_last", 1),  # one split: the sink in the epilogue
+    (2, 12, 64, 8, 64, 72, [72, 30], "all", 3),  # the sink in the combine
+    (1, 1, 64, 8, 64, 40, [33], "none", 2),
+    (2, 4, 8, 2, 32, 80, [70, 5], "first_last", None),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SINK_CASES)
+def test_verify_attention_with_sinks_matches_reference(
+    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
+) -> None:
+    B, NQ, Hq, Hkv, D, S, lens, collect, splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()) + 1)
+    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    sinks = sink_logits(gen, Hq, device, dtype)  # the model's dtype, as the runtime passes it
+    from vegas_sim.kernels import verify_attention as tri
+
+    out, lse, scores = tri.verify_attention(q, k, v, cl, D ** -0.5, collect, splits=splits,
+                                            sinks=sinks)
+    r_out, r_lse, r_scores = reference.verify_attention(q, k, v, cl, D ** -0.5, collect, sinks)
+    assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
+    assert rel_err(out, r_out) < OUT_TOL[dtype]
+    assert (lse - r_lse).abs().max() < 1e-4 * max(1.0, float(r_lse.abs().max()))
+    check_scores(scores, r_scores)  # raw q·k: the sink never enters the scores
+    _, plain_lse, _ = reference.verify_attention(q, k, v, cl, D ** -0.5)
+    assert (lse - plain_lse).abs().max() > 1.0  # the sink is in the lse (head 0's +12)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_minus_inf_sinks_are_bit_identical_to_none(splits: int, device: str,
+                                                   use_triton: None) -> None:
+    """sink = -inf adds 2^-inf = 0 and rescales by 2^0 = 1: out and lse are those of the
+    kernel without sinks to the bit (verify in its epilogue and combine, sparse in combine)."""
+    from vegas_sim.kernels import sparse_attention as sp
+    from vegas_sim.kernels import verify_attention as tri
+
+    gen = torch.Generator().manual_seed(23)
+    B, NQ, Hq, Hkv, D, S = 2, 3, 16, 2, 32, 48
+    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device)
+    k, v = make_kv(gen, B, S, Hkv, D, torch.float32, device)
+    cl = torch.tensor([48, 20], dtype=torch.int32, device=device)
+    none = torch.full((Hq,), float("-inf"), device=device)
+    got = tri.verify_attention(q, k, v, cl, 0.2, "first_last", splits=splits, sinks=none)
+    want = tri.verify_attention(q, k, v, cl, 0.2, "first_last", splits=splits)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    idx = torch.arange(16, dtype=torch.int32, device=device).repeat(B, 1)
+    n, tail = torch.full((B,), 16, dtype=torch.int32, device=device), cl - 4
+    got_s = sp.sparse_draft_attention(q[:, 0], k, v, idx, n, tail, cl, 0.2, splits=splits,
+                                      sinks=none)
+    assert torch.equal(got_s, sp.sparse_draft_attention(q[:, 0], k, v, idx, n, tail, cl, 0.2,
+                                                        splits=splits))
+
+
+SPARSE_SINK_CASES = [
+    # B, Hq, Hkv, D, S_max, lens, tail lengths, n_idx, splits (gpt-oss-20b heads)
+    (2, 64, 8, 64, 96, [96, 50], [4, 2], [30, 48], None),
+    (2, 64, 8, 64, 96, [96, 50], [4, 2], [30, 48], 1),
+    (1, 64, 8, 64, 40, [40], [40], [0], 2),  # tail only
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SPARSE_SINK_CASES)
+def test_sparse_draft_attention_with_sinks_matches_reference(
+    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
+) -> None:
+    B, Hq, Hkv, D, S, lens, tail_len, n, splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()) + 1)
+    q = torch.randn(B, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    cl = torch.tensor(lens, dtype=torch.int32)
+    tail = cl - torch.tensor(tail_len, dtype=torch.int32)
+    idx = random_indices(gen, tail.tolist(), n, max(max(n), 1))
+    i_d, n_d, t_d, c_d = (t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl))
+    sinks = sink_logits(gen, Hq, device, dtype)
+    out = ops.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5, sinks)
+    if splits is not None:
+        from vegas_sim.kernels import sparse_attention as tri
+
+        out = tri.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5, splits=splits,
+                                         sinks=sinks)
+    ref = reference.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5, sinks)
+    assert not torch.isnan(out.float()).any()
+    assert rel_err(out, ref) < OUT_TOL[dtype]
+    plain = reference.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5)
+    assert rel_err(plain, ref) > 0.1  # the sinks change the output
+
+
+def test_ops_rejects_bad_sinks() -> None:
+    q = torch.zeros(1, 2, 4, 16)
+    k = torch.zeros(1, 20, 2, 16)
+    cl = torch.tensor([20], dtype=torch.int32)
+    with pytest.raises(UserInputError, match="sinks"):
+        ops.verify_attention(q, k, k, cl, 0.25, sinks=torch.zeros(5))
+    with pytest.raises(UserInputError, match="sinks"):
+        ops.sparse_draft_attention(q[:, 0], k, k, torch.zeros(1, 1, dtype=torch.int32),
+                                   cl * 0, cl, cl, 0.25, torch.zeros(4, dtype=torch.int64))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B,NQ,C,collect,knobs", [
+    (4, 12, 32768, "first_last", {}), (4, 12, 32768, "all", {}), (2, 12, 32768, "none", {}),
+    (1, 1, 131072, "first_last", {}), (16, 12, 32768, "first_last", {}),
+    (4, 12, 8192, "first_last", {"splits": 1}),  # the sink in the single-split epilogue
+    (4, 12, 131072, "none", {"tma": True}),
+])
+def test_verify_attention_with_sinks_gpu_gpt_oss_shapes(B: int, NQ: int, C: int, collect: str,
+                                                        knobs: dict, poison: None) -> None:
+    """gpt-oss-20b's heads (Hq 64, Hkv 8, D 64), bf16 sinks as the runtime passes them."""
+    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + NQ + 7)
+    Hq, Hkv, D = 64, 8, 64
+    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.randint(C // 2, C + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    lens[0] = C
+    sinks = sink_logits(torch.Generator().manual_seed(B), Hq, "cuda", torch.bfloat16)
+    sinks[2] = 9.0  # comparable to the keys' sum at C 8K: p_sink ~ 1/2
+    if knobs:
+        from vegas_sim.kernels import verify_attention as tri
+
+        out, lse, scores = tri.verify_attention(q, k, v, lens, D ** -0.5, collect, sinks=sinks,
+                                                **knobs)
+    else:
+        out, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, collect, sinks=sinks)
+    r_out, r_lse, r_scores = reference.verify_attention(q, k, v, lens, D ** -0.5, collect,
+                                                        sinks)
+    assert rel_err(out, r_out) < 1e-2
+    assert (lse - r_lse).abs().max() < 1e-3
+    check_scores(scores, r_scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_attention_with_sinks_gpu_graph_replays() -> None:
+    """Verify (first_last) and sparse draft with sinks captured in one CUDA graph, replayed on
+    new queries and new sink values (the sinks are read from the device on every replay)."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    B, NQ, Hq, Hkv, D, C = 2, 12, 64, 8, 64, 16384
+    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([C, C - 999], dtype=torch.int32, device="cuda")
+    idx = torch.stack([torch.randperm(C - 64, generator=gen, device="cuda")[:800]
+                       for _ in range(B)]).int()
+    n = torch.full((B,), 800, dtype=torch.int32, device="cuda")
+    tail = lens - 16
+    sinks = torch.zeros(Hq, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> tuple[torch.Tensor, ...]:
+        out, lse, scores = ops.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
+                                                sinks=sinks)
+        assert scores is not None
+        return out, lse, scores, ops.sparse_draft_attention(q[:, -1], k, v, idx, n, tail, lens,
+                                                            D ** -0.5, sinks)
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse, scores, sparse = step()
+    for i in range(3):
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
+        sinks.copy_(sink_logits(torch.Generator().manual_seed(i), Hq, "cuda", torch.bfloat16))
+        graph.replay()
+        r_out, r_lse, r_scores = reference.verify_attention(q, k, v, lens, D ** -0.5,
+                                                            "first_last", sinks)
+        assert rel_err(out, r_out) < 1e-2 and (lse - r_lse).abs().max() < 1e-3
+        check_scores(scores, r_scores)
+        r_sparse = reference.sparse_draft_attention(q[:, -1], k, v, idx, n, tail, lens,
+                                                    D ** -0.5, sinks)
+        assert rel_err(sparse, r_sparse) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B,C,sparsity", [(16, 32768, 0.05), (4, 131072, 0.07), (1, 7168, 0.2)])
+def test_sparse_attention_with_sinks_gpu_gpt_oss_shapes(B: int, C: int, sparsity: float,
+                                                        poison: None) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(B + 5)
+    Hq, Hkv, D = 64, 8, 64
+    q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    K = math.ceil(sparsity * C)
+    idx = torch.stack([torch.randperm(C, generator=gen, device="cuda")[:K] for _ in range(B)])
+    cl = torch.full((B,), C + 7, dtype=torch.int32, device="cuda")
+    tail = torch.full((B,), C, dtype=torch.int32, device="cuda")
+    n = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    sinks = sink_logits(torch.Generator().manual_seed(B), Hq, "cuda", torch.bfloat16)
+    out = ops.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5, sinks)
+    ref = reference.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5, sinks)
+    assert rel_err(out, ref) < 1e-2

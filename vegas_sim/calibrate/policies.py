@@ -12,6 +12,9 @@
   so their up-to-16-row scores are never kept for all layers.
 
 All attention and selection math goes through kernels.ops (Triton on CUDA, reference on CPU).
+Every `attend` takes the layer's attention sinks ([Hq] logits, gpt-oss; None for models
+without) and hands them to the kernels, so drafts and verify use the model's softmax; the
+collected weights are then normalised with the sink too (kernels/API.md).
 Buffers are allocated once with a fixed capacity and updated in place, so a captured CUDA graph
 (runtime.GraphedForward) keeps reading the current values.
 """
@@ -64,11 +67,11 @@ class SparseDraftAttention:
         self.tail_start.copy_(tail_start)
 
     def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-               cache_lens: Tensor, scale: float) -> Tensor:
+               cache_lens: Tensor, scale: float, sinks: Tensor | None = None) -> Tensor:
         # q [B, 1, Hq, D] -> [B, 1, Hq, D]
         idx = self.indices[0 if self.shared else layer]  # [B, K_cap]
         out = ops.sparse_draft_attention(q[:, 0], k_cache, v_cache, idx, self.n_idx,
-                                         self.tail_start, cache_lens, scale)
+                                         self.tail_start, cache_lens, scale, sinks)
         return out[:, None]
 
 
@@ -89,13 +92,13 @@ class QuestDraftAttention:
         self.n_pages.copy_(n_pages)
 
     def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-               cache_lens: Tensor, scale: float) -> Tensor:
+               cache_lens: Tensor, scale: float, sinks: Tensor | None = None) -> Tensor:
         q1 = q[:, 0]  # [B, Hq, D]
         with self.phase("quest_meta"):
             idx, n_idx = ops.quest_select(q1, self.kmin[layer], self.kmax[layer], self.context,
                                           self.n_pages, self.max_pages)
         out = ops.sparse_draft_attention(q1, k_cache, v_cache, idx, n_idx, self.context,
-                                         cache_lens, scale)
+                                         cache_lens, scale, sinks)
         return out[:, None]
 
 
@@ -147,11 +150,11 @@ class CollectingVerifyAttention:
                                    dtype=torch.float32, device=device)
 
     def attend(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-               cache_lens: Tensor, scale: float) -> Tensor:
+               cache_lens: Tensor, scale: float, sinks: Tensor | None = None) -> Tensor:
         if self.all_scores.numel():
-            return self._attend_fold_all(layer, q, k_cache, v_cache, cache_lens, scale)
+            return self._attend_fold_all(layer, q, k_cache, v_cache, cache_lens, scale, sinks)
         out, lse, scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale,
-                                                self.collect)
+                                                self.collect, sinks=sinks)
         if scores is not None:
             lse_rows = collected_rows(lse, self.collect)  # [B, R, Hq] of the collected rows
             if self.per_row:
@@ -162,7 +165,7 @@ class CollectingVerifyAttention:
         return out
 
     def _attend_fold_all(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor,
-                         cache_lens: Tensor, scale: float) -> Tensor:
+                         cache_lens: Tensor, scale: float, sinks: Tensor | None) -> Tensor:
         """Scores into layer `layer`'s slice of all_scores; after the last layer, one
         score_weights over [L·B, R, Hq, S] → weights [L, B, S] (viewed as [L·B, S])."""
         B, NQ, Hq, _ = q.shape
@@ -171,7 +174,7 @@ class CollectingVerifyAttention:
         scores = self.all_scores[: L * B * R * Hq * S].view(L, B, R, Hq, S)
         lse_all = self.all_lse[: L * B * R * Hq].view(L, B, R, Hq)
         out, lse, _ = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale, self.collect,
-                                           scores_out=scores[layer])
+                                           scores_out=scores[layer], sinks=sinks)
         lse_all[layer].copy_(collected_rows(lse, self.collect))
         if layer == self.fold_layer:
             ops.score_weights(scores.view(L * B, R, Hq, S), lse_all.view(L * B, R, Hq), scale,

@@ -51,26 +51,27 @@ class AttentionPolicy(Protocol):
 
     def attend(
         self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
-        scale: float,
+        scale: float, sinks: Tensor | None = None,
     ) -> Tensor:
         """q [B, NQ, Hq, D] after q-norm and RoPE; k_cache/v_cache [B, S_max, Hkv, D] of this
         layer with the NQ new tokens at cache_lens-NQ .. cache_lens-1; cache_lens [B] int32
-        includes them. Returns [B, NQ, Hq, D]."""
+        includes them; sinks [Hq] the layer's attention-sink logits (gpt-oss) or None.
+        Returns [B, NQ, Hq, D]."""
         ...
 
 
 def masked_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, scale: float,
-    max_len: int | None = None,
+    max_len: int | None = None, sinks: Tensor | None = None,
 ) -> Tensor:
     """Causal attention of NQ new rows per request over its cache, with torch SDPA.
 
     Row i of request b attends keys [0, cache_lens[b] - NQ + i]. Keys are cut at `max_len`, a
     host-side bound on cache_lens, or else at the longest request's length — a host sync per
     call, i.e. per layer, which made eager prefill of long prompts host-bound on the H200.
-    q [B, NQ, Hq, D] -> [B, NQ, Hq, D].
+    sinks [Hq] or None: see `_with_sink_key`. q [B, NQ, Hq, D] -> [B, NQ, Hq, D].
     """
-    _B, NQ, Hq, _D = q.shape
+    _B, NQ, Hq, D = q.shape
     s_max = k_cache.shape[1]
     bound = int(cache_lens.max().item()) if max_len is None else max_len
     kv_len = min(bound, s_max)
@@ -79,11 +80,39 @@ def masked_attention(
     key_pos = torch.arange(kv_len, device=q.device)  # [S]
     row_limit = cache_lens.long()[:, None] - NQ + torch.arange(NQ, device=q.device)  # [B, NQ]
     mask = key_pos[None, None, :] <= row_limit[:, :, None]  # [B, NQ, S]
+    qt = q.transpose(1, 2)  # [B, Hq, NQ, D]
+    if sinks is not None:
+        qt, k, v, mask = _with_sink_key(qt, k, v, mask, sinks, scale)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
-        enable_gqa=Hq != k.shape[1],
+        qt, k, v, attn_mask=mask[:, None], scale=scale, enable_gqa=Hq != k.shape[1],
     )  # [B, Hq, NQ, D]
-    return out.transpose(1, 2)
+    return out[..., :D].transpose(1, 2)  # without the sink channels
+
+
+SINK_CHANNELS = 8  # extra head channels of `_with_sink_key` (keeps D a multiple of 8 for SDPA)
+
+
+def _with_sink_key(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor, scale: float
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The attention sinks as one more key that every row sees, for SDPA (which has no sinks):
+    q [B, Hq, NQ, D] gains channels holding sink_h / scale (as a hi + lo pair, so bf16 keeps
+    the logit to ~2^-16), k [B, Hkv, S, D] and v zero channels, plus a key S that is 1 in the
+    hi and lo channels and 0 elsewhere, with a zero value: its logit is scale · q·k = sink_h,
+    the other keys' logits are unchanged. Returns q, k, v [.., D + SINK_CHANNELS] and mask
+    [B, NQ, S + 1]."""
+    B, Hq, NQ, D = q.shape
+    target = sinks.float() / scale  # [Hq]
+    hi = target.to(q.dtype)
+    lo = (target - hi.float()).to(q.dtype)
+    extra = q.new_zeros(B, Hq, NQ, SINK_CHANNELS)
+    extra[..., 0], extra[..., 1] = hi[None, :, None], lo[None, :, None]
+    sink_key = k.new_zeros(B, k.shape[1], 1, D + SINK_CHANNELS)
+    sink_key[..., D:D + 2] = 1.0
+    pad = (0, SINK_CHANNELS)
+    k = torch.cat([F.pad(k, pad), sink_key], dim=2)  # [B, Hkv, S + 1, D + 8]
+    v = torch.cat([F.pad(v, pad), k.new_zeros(B, v.shape[1], 1, D + SINK_CHANNELS)], dim=2)
+    mask = F.pad(mask, (0, 1), value=True)
+    return torch.cat([q, extra], dim=-1), k, v, mask
 
 
 class DenseAttention:
@@ -101,13 +130,14 @@ class DenseAttention:
 
     def attend(
         self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
-        scale: float,
+        scale: float, sinks: Tensor | None = None,
     ) -> Tensor:
         kernel = q.is_cuda if self.use_kernel is None else self.use_kernel
         if kernel and q.shape[1] <= MAX_VERIFY_ROWS:
-            out, _lse, _scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale)
+            out, _lse, _scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale,
+                                                      sinks=sinks)
             return out
-        return masked_attention(q, k_cache, v_cache, cache_lens, scale, self.max_len)
+        return masked_attention(q, k_cache, v_cache, cache_lens, scale, self.max_len, sinks)
 
 
 # ---- KV cache ----------------------------------------------------------------------------
@@ -277,11 +307,12 @@ class Layer(torch.nn.Module):
     def attend(self, i: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
                scale: float, policy: AttentionPolicy) -> Tensor:
         """A sliding-window layer attends its window (in draft and verify alike); a
-        full-attention layer asks the policy (the method's sparse draft, or verify)."""
+        full-attention layer asks the policy (the method's sparse draft, or verify). Both
+        use the layer's attention sinks (gpt-oss; None for models without)."""
         if self.window:
             return moe.window_attention(q, k_cache, v_cache, cache_lens, scale, self.window,
                                         self.sinks)
-        return policy.attend(i, q, k_cache, v_cache, cache_lens, scale)
+        return policy.attend(i, q, k_cache, v_cache, cache_lens, scale, self.sinks)
 
 
 class Transformer(torch.nn.Module):

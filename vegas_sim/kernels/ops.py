@@ -53,6 +53,14 @@ def _check(cond: bool, op: str, arg: str, problem: str, fix: str) -> None:
         raise UserInputError(problem, where=f"{op}({arg})", fix=fix)
 
 
+def _check_sinks(op: str, q_heads: int, sinks: Tensor | None) -> None:
+    _check(sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q_heads
+                             and sinks.is_floating_point()), op, "sinks",
+           f"sinks must be a float [Hq] = [{q_heads}], got "
+           f"{None if sinks is None else (tuple(sinks.shape), sinks.dtype)}",
+           "pass the layer's attention-sink logits (one per query head) or None")
+
+
 def _check_kv(op: str, q_heads: int, d: int, k_cache: Tensor, v_cache: Tensor) -> None:
     _check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape, op, "k_cache, v_cache",
            f"caches must both be [B, S_max, Hkv, D], got {tuple(k_cache.shape)} and "
@@ -72,12 +80,16 @@ def verify_attention(
     scale: float,
     collect: str = "none",
     scores_out: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Causal attention of NQ (1..16) new rows per request; optional score write-out.
 
     q [B, NQ, Hq, D]; k_cache/v_cache [B, S_max, Hkv, D] with the NQ new tokens written;
     cache_lens [B] int32 (including them). Row i attends keys [0, cache_lens − NQ + i].
-    Returns out [B, NQ, Hq, D], lse [B, NQ, Hq] fp32 (natural log of Σ exp(scale·q·k)),
+    sinks [Hq] (gpt-oss's attention-sink logits) or None: exp(sink_h) joins every row's
+    softmax denominator, with no value.
+    Returns out [B, NQ, Hq, D], lse [B, NQ, Hq] fp32 (natural log of Σ exp(scale·q·k), plus
+    exp(sink) with sinks),
     scores [B, R, Hq, S_max] bf16 raw q·k (-inf where masked) or None; R = 2 (rows 0 and
     NQ−1; 1 if NQ == 1) for collect="first_last", NQ for "all". `scores_out` (contiguous,
     that shape and dtype) receives the scores instead of a new tensor, e.g. one layer's slice
@@ -92,6 +104,7 @@ def verify_attention(
     _check(collect in COLLECT_MODES, op, "collect", f"unknown collect mode {collect!r}",
            f"use one of {', '.join(COLLECT_MODES)}")
     _check_kv(op, q.shape[2], q.shape[3], k_cache, v_cache)
+    _check_sinks(op, q.shape[2], sinks)
     if scores_out is not None:
         B, NQ, Hq, _ = q.shape
         want = (B, len(collect_row_ids(NQ, collect)), Hq, k_cache.shape[1])
@@ -102,8 +115,9 @@ def verify_attention(
     if backend(q) == "triton":
         mod = _triton_module("verify_attention")
         return mod.verify_attention(  # type: ignore[no-any-return]
-            q, k_cache, v_cache, cache_lens, scale, collect, scores_out=scores_out)
-    out, lse, scores = reference.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect)
+            q, k_cache, v_cache, cache_lens, scale, collect, scores_out=scores_out, sinks=sinks)
+    out, lse, scores = reference.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect,
+                                                  sinks)
     if scores_out is not None and scores is not None:
         scores = scores_out.copy_(scores)
     return out, lse, scores
@@ -118,11 +132,13 @@ def sparse_draft_attention(
     tail_start: Tensor,
     cache_lens: Tensor,
     scale: float,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """One query row per request over indices[b, :n_idx[b]] + positions [tail_start, cache_lens).
 
     q [B, Hq, D]; caches [B, S_max, Hkv, D]; indices [B, K] int32 (all < tail_start, shared by
-    the heads of a request). Returns [B, Hq, D] in q's dtype.
+    the heads of a request); sinks [Hq] or None (as verify_attention). Returns [B, Hq, D] in
+    q's dtype.
     """
     op = "sparse_draft_attention"
     _check(q.dim() == 3, op, "q", f"q must be [B, Hq, D], got {tuple(q.shape)}",
@@ -130,11 +146,12 @@ def sparse_draft_attention(
     _check(indices.dim() == 2 and indices.shape[0] == q.shape[0], op, "indices",
            f"indices must be [B, K], got {tuple(indices.shape)}", "pass one index row per request")
     _check_kv(op, q.shape[1], q.shape[2], k_cache, v_cache)
+    _check_sinks(op, q.shape[1], sinks)
     impl: Any = reference
     if backend(q) == "triton":
         impl = _triton_module("sparse_attention")
     return impl.sparse_draft_attention(  # type: ignore[no-any-return]
-        q, k_cache, v_cache, indices, n_idx, tail_start, cache_lens, scale
+        q, k_cache, v_cache, indices, n_idx, tail_start, cache_lens, scale, sinks=sinks
     )
 
 
@@ -146,7 +163,8 @@ def score_weights(
     rows: Tensor | None = None,
     out: Tensor | None = None,
 ) -> Tensor:
-    """Mean over heads (and collected rows) of exp(scale·s − lse): [B, S_max] fp32.
+    """Mean over heads (and collected rows) of exp(scale·s − lse): [B, S_max] fp32 — with the
+    lse of a verify_attention with sinks, the model's sink-normalised probabilities.
 
     scores [B, R, Hq, S_max] bf16 and lse [B, R, Hq] from verify_attention; rank_len [B]:
     positions >= rank_len get 0 (inside: >= reference.WEIGHT_FLOOR, so top-k never prefers the

@@ -5,6 +5,10 @@ speed (loops over requests, math in fp32) and are what `ops` falls back to off-G
 
 Layout (API.md): per layer `k_cache`, `v_cache` are `[B, S_max, Hkv, D]`; request b's token at
 position p lives at `[b, p]`; `cache_lens[b]` tokens are valid.
+
+Attention sinks (gpt-oss): `sinks` [Hq] is one learned logit per query head that joins every
+softmax denominator and has no value: p_j = exp(scale·s_j) / (Σ_j exp(scale·s_j) + exp(sink_h)).
+The returned lse then includes it, so exp(scale·s − lse) are the probabilities the model uses.
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ def verify_attention(
     cache_lens: Tensor,
     scale: float,
     collect: str = "none",
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Causal attention of NQ new rows per request over its KV cache (see API.md).
 
-    q [B, NQ, Hq, D]; caches [B, S_max, Hkv, D]; cache_lens [B] (includes the NQ new tokens).
-    Returns out [B, NQ, Hq, D] (q's dtype), lse [B, NQ, Hq] fp32 and scores
-    [B, R, Hq, S_max] bf16 (raw q·k, -inf where masked) or None.
+    q [B, NQ, Hq, D]; caches [B, S_max, Hkv, D]; cache_lens [B] (includes the NQ new tokens);
+    sinks [Hq] or None (module docstring). Returns out [B, NQ, Hq, D] (q's dtype), lse
+    [B, NQ, Hq] fp32 (with the sink) and scores [B, R, Hq, S_max] bf16 (raw q·k, -inf where
+    masked) or None.
     """
     B, NQ, Hq, _D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -66,6 +72,8 @@ def verify_attention(
         masked = torch.arange(L, device=q.device)[None, :] > limit[:, None]  # [NQ, L]
         s = s.masked_fill(masked[None], float("-inf"))
         row_lse = torch.logsumexp(scale * s, dim=-1)  # [Hq, NQ]
+        if sinks is not None:  # one more term in every row's denominator
+            row_lse = torch.logaddexp(row_lse, sinks.float()[:, None])
         p = torch.exp(scale * s - row_lse[..., None])  # [Hq, NQ, L]
         out[b] = torch.einsum("hnl,lhd->nhd", p, v).to(q.dtype)
         lse[b] = row_lse.transpose(0, 1)
@@ -83,10 +91,12 @@ def sparse_draft_attention(
     tail_start: Tensor,
     cache_lens: Tensor,
     scale: float,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """One query row per request over indices[b, :n_idx[b]] plus positions [tail_start, cache_lens).
 
-    q [B, Hq, D]; caches [B, S_max, Hkv, D]; indices [B, K]. Returns [B, Hq, D] in q's dtype.
+    q [B, Hq, D]; caches [B, S_max, Hkv, D]; indices [B, K]; sinks [Hq] or None (module
+    docstring). Returns [B, Hq, D] in q's dtype.
     """
     B, Hq, _D = q.shape
     group = Hq // k_cache.shape[2]
@@ -99,7 +109,10 @@ def sparse_draft_attention(
         k = _expand_kv(k_cache[b, pos].float(), group)  # [N, Hq, D]
         v = _expand_kv(v_cache[b, pos].float(), group)
         s = scale * torch.einsum("hd,nhd->hn", q[b].float(), k)  # [Hq, N]
-        p = torch.softmax(s, dim=-1)
+        if sinks is not None:  # the sink column joins the softmax, then is dropped
+            p = torch.softmax(torch.cat([s, sinks.float()[:, None]], dim=-1), dim=-1)[:, :-1]
+        else:
+            p = torch.softmax(s, dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", p, v).to(q.dtype)
     return out
 
@@ -117,6 +130,8 @@ def score_weights(
     rows: Tensor | None = None,
 ) -> Tensor:
     """Softmax weights exp(scale·s − lse) averaged over heads (and rows): [B, S_max] fp32.
+    With an lse that includes the attention sink (verify_attention with sinks) these are the
+    model's probabilities, which then sum to less than 1 per row and head.
 
     scores [B, R, Hq, S_max] bf16; lse [B, R, Hq]; rank_len [B]; rows [B] picks one row per
     request (SpecExtend) instead of the mean over all R rows. Zero at positions >= rank_len;

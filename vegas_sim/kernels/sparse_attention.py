@@ -5,7 +5,7 @@ the forced tail [tail_start[b], cache_lens[b]). Virtual position j < n_idx maps 
 j >= n_idx to tail_start + (j − n_idx). One program = (request, KV head, split of j); the G query
 heads of a KV head are packed into an M tile of 16 rows (tensor cores; the padding costs FLOPs,
 not bytes). Each gathered token moves D contiguous elements per KV head. Partials are merged by
-the same `combine` as verify attention.
+the same `combine` as verify attention, which also adds the attention sinks (gpt-oss) when given.
 """
 
 from __future__ import annotations
@@ -154,9 +154,11 @@ def sparse_draft_attention(
     block_n: int | None = None,
     num_warps: int = NUM_WARPS,
     num_stages: int = 3,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Triton launcher; same contract as `reference.sparse_draft_attention` (API.md).
-    `splits` / `block_n` None: `launch_shape`'s (for a given block_n too)."""
+    `splits` / `block_n` None: `launch_shape`'s (for a given block_n too); `sinks` [Hq]
+    attention-sink logits (any float dtype) or None, added in the combine."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
@@ -188,5 +190,6 @@ def sparse_draft_attention(
         G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_D=BLOCK_D, INPUT_PRECISION=precision,
         UPCAST=interpreted(q), num_warps=num_warps, num_stages=num_stages,
     )
-    combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits, BLOCK_M)
+    combine(out.view(B, 1, Hq, D), lse.view(B, 1, Hq), o_part, lse_part, 1, Hkv, splits, BLOCK_M,
+            None if sinks is None else sinks.contiguous())
     return out

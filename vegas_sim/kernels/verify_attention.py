@@ -31,6 +31,10 @@ collected rows, -inf where masked, for every position in [0, S_max).
   over the [B, S_max, Hkv·D] view) for the whole tiles of a split; the tile that holds the
   last key (slots past cache_lens may hold anything, NaN included, and 0·NaN would poison
   the P·V product) always goes by masked pointer loads.
+Attention sinks (gpt-oss, `sinks` [Hq]): one logit per query head in the softmax denominator,
+with no value. Added once per row where the softmax ends: in the epilogue of a single-split
+launch, else in `_combine_kernel` (m = max(m, sink), l = l·2^(m_old − m) + 2^(sink − m), base
+2). HAS_SINKS is a constexpr: without sinks the compiled kernels are the ones before.
 The launch policy (tile sizes, splits, stages, TMA) is `verify_launch`.
 """
 
@@ -138,8 +142,18 @@ def _attend_tile(q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_r
 
 
 @triton.jit
+def _add_sink(m_i, l_i, SINKS, head, row_ok):
+    """Fold the sink logits of rows' heads into their online softmax (base 2): (m, l, alpha),
+    alpha the factor the rows' accumulators are rescaled by."""
+    sink2 = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_new = tl.maximum(m_i, sink2)
+    alpha = tl.exp2(m_i - m_new)  # 0 where no key was seen (m_i -inf)
+    return m_new, l_i * alpha + tl.exp2(sink2 - m_new), alpha
+
+
+@triton.jit
 def _verify_attention_kernel(
-    Q, K, V, K_DESC, V_DESC, LENS, OUT, LSE, O_PART, LSE_PART, SCORES,
+    Q, K, V, K_DESC, V_DESC, LENS, OUT, LSE, O_PART, LSE_PART, SCORES, SINKS,
     qk_scale2,  # scale * log2(e): softmax in base 2
     S_MAX, HQ, HKV, NQ, SPLITS, R,
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
@@ -147,6 +161,7 @@ def _verify_attention_kernel(
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
     C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -250,6 +265,9 @@ def _verify_attention_kernel(
                 neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
                 _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
 
+    if SINGLE and HAS_SINKS:  # one split: the softmax ends here (else in the combine)
+        m_i, l_i, alpha = _add_sink(m_i, l_i, SINKS, head, row_ok)
+        acc = acc * alpha[:, None]
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     o = acc / l_safe[:, None]
@@ -267,12 +285,13 @@ def _verify_attention_kernel(
 
 @triton.jit
 def _combine_kernel(
-    OUT, LSE, O_PART, LSE_PART, HQ, HKV, NQ, SPLITS,
+    OUT, LSE, O_PART, LSE_PART, SINKS, HQ, HKV, NQ, SPLITS,
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """Merge the split partials of one (request, KV head, packed row m):
-    out = Σ_s 2^(lse_s − lse) o_s, all splits loaded at once ([BLOCK_S >= SPLITS, BLOCK_D])."""
+    out = Σ_s 2^(lse_s − lse) o_s, all splits loaded at once ([BLOCK_S >= SPLITS, BLOCK_D]);
+    with sinks, lse includes the row's head's sink, a split with no value."""
     pid_bh = tl.program_id(0)
     m = tl.program_id(1)
     b = pid_bh // HKV
@@ -282,17 +301,22 @@ def _combine_kernel(
     s_ok = offs_s < SPLITS
     part = (pid_bh * SPLITS + offs_s).to(tl.int64) * BLOCK_M + m  # [BLOCK_S]
     lse_s = tl.load(LSE_PART + part, mask=s_ok, other=float("-inf"))
+    head = kvh * G + m % G
     top = tl.max(lse_s, 0)
+    if HAS_SINKS:
+        sink2 = tl.load(SINKS + head).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(top, sink2)
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     w = tl.exp2(lse_s - top_safe)  # 0 for empty splits (lse -inf)
     # every split stored its rows (0 where empty), so this load need not wait for lse_s
     o_s = tl.load(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None],
                   other=0.0)
     l_sum = tl.sum(w, 0)
+    if HAS_SINKS:
+        l_sum += tl.exp2(sink2 - top_safe)
     acc = tl.sum(w[:, None] * o_s, 0)  # [BLOCK_D]
     l_safe = tl.where(l_sum > 0.0, l_sum, 1.0)
     nq = _packed_row(m // G, NQ)
-    head = kvh * G + m % G
     o_off = ((b * NQ + nq) * HQ + head).to(tl.int64) * D
     tl.store(OUT + o_off + offs_d, (acc / l_safe).to(OUT.dtype.element_ty), mask=offs_d < D)
     lse = tl.where(l_sum > 0.0, (top_safe + tl.log2(l_safe)) * 0.6931471805599453,
@@ -301,15 +325,16 @@ def _combine_kernel(
 
 
 def combine(out: Tensor, lse: Tensor, o_part: Tensor, lse_part: Tensor, n_q: int, hkv: int,
-            splits: int, block_m: int) -> None:
+            splits: int, block_m: int, sinks: Tensor | None = None) -> None:
     """Launch `_combine_kernel`: out [B, NQ, Hq, D] / lse [B, NQ, Hq] from the partials
-    ([B·Hkv·splits·BLOCK_M, BLOCK_D] and [B·Hkv·splits·BLOCK_M]) of the NQ·G valid rows."""
+    ([B·Hkv·splits·BLOCK_M, BLOCK_D] and [B·Hkv·splits·BLOCK_M]) of the NQ·G valid rows;
+    sinks [Hq] (contiguous, any float dtype) or None."""
     B, _, Hq, D = out.shape
     G = Hq // hkv
     _combine_kernel[(B * hkv, n_q * G)](
-        out, lse, o_part, lse_part, Hq, hkv, n_q, splits,
+        out, lse, o_part, lse_part, sinks if sinks is not None else lse, Hq, hkv, n_q, splits,
         G=G, D=D, BLOCK_M=block_m, BLOCK_D=o_part.shape[1], BLOCK_S=max(2, next_pow2(splits)),
-        num_warps=4 if splits * o_part.shape[1] >= 4096 else 2,
+        HAS_SINKS=sinks is not None, num_warps=4 if splits * o_part.shape[1] >= 4096 else 2,
     )
 
 
@@ -353,6 +378,7 @@ def verify_attention(
     offs64: bool | None = None,
     scores_out: Tensor | None = None,
     tma: bool | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
@@ -362,13 +388,16 @@ def verify_attention(
     `c2q_dot`); `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
-    `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it).
+    `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it);
+    `sinks` [Hq] attention-sink logits (any float dtype) or None.
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     assert k_cache.stride(3) == 1 and k_cache.stride(2) == D and k_cache.stride() == v_cache.stride()
     q = q.contiguous()
+    if sinks is not None:
+        sinks = sinks.contiguous()
     R = len(collect_row_ids(NQ, collect))
     _check_int32_offsets(k_cache.stride(0), R * Hq * S_max, f"{R}x{Hq}x{S_max}")
     c2q = _store_name(c2q, c2q_dot)
@@ -403,12 +432,13 @@ def verify_attention(
         _verify_attention_kernel[(B * Hkv, c.splits)](
             q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
             scores if scores is not None else lse,  # dummy pointer when nothing is collected
+            sinks if sinks is not None else lse,  # dummy pointer without sinks
             scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1),
             k_cache.stride(0), k_cache.stride(1),
             G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=c.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
             COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
             EVEN_S=S_max % c.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
-            TMA=use_tma,
+            TMA=use_tma, HAS_SINKS=sinks is not None,
             # int32 tile offsets crash (illegal address) on the H200 at B=16 C=128K, the
             # smallest measured cache of >= 2^31 elements, where int64 offsets work. Until it
             # is known where the int32 path overflows, such caches take int64 offsets.
@@ -417,8 +447,8 @@ def verify_attention(
         )
 
     fit_key = ("verify", q.device, q.dtype, D, G, BLOCK_M, BLOCK_C, collect, c2q, single,
-               use_tma, cfg)
+               use_tma, cfg, sinks is not None)
     launch_fitted(fit_key, smaller_configs(cfg), launch, "verify attention")
     if not single:
-        combine(out, lse, o_part, lse_part, NQ, Hkv, cfg.splits, BLOCK_M)
+        combine(out, lse, o_part, lse_part, NQ, Hkv, cfg.splits, BLOCK_M, sinks)
     return out, lse, scores
