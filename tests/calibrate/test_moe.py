@@ -80,7 +80,13 @@ def test_moe_layer_routes_every_token_to_k_experts_and_balances_random_load() ->
 def test_greedy_lossless_on_a_tiny_hybrid_moe_model(method: str) -> None:
     """Every method emits vanilla's greedy tokens with sparse full-attention drafts, window
     layers running their window in draft and verify; drafts are both accepted and rejected."""
-    model = _hybrid_model(seed=2)
+    records = assert_greedy_lossless(_hybrid_model(seed=2), method)
+    assert all(r.budget < r.context for r in records)
+
+
+def assert_greedy_lossless(model: Transformer, method: str) -> list[Any]:
+    """`method` (γ 4, s 0.05) emits vanilla's greedy tokens on three prompts, with drafts both
+    accepted and rejected; returns its iteration records."""
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (40, 63, 52)]
     ref = SpecDecoder(model, SpecConfig("vanilla", 1)).generate(prompts, 16).tokens
@@ -89,7 +95,7 @@ def test_greedy_lossless_on_a_tiny_hybrid_moe_model(method: str) -> None:
     assert res.tokens == ref
     accepted = [r.accepted for r in res.records]
     assert any(a > 0 for a in accepted) and any(a < 4 for a in accepted), accepted
-    assert all(r.budget < r.context for r in res.records)
+    return list(res.records)
 
 
 def _logits_after_perturbing(model: Transformer, prompt: torch.Tensor, lo: int, hi: int,

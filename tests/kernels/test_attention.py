@@ -296,7 +296,18 @@ def test_verify_attention_gpu_graph_replays(c2q: str, tma: bool) -> None:
 ])
 def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float,
                                           heads: tuple[int, int, int], poison: None) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(B)
+    args = sparse_gpu_inputs(torch.Generator(device="cuda").manual_seed(B), B, C, sparsity,
+                             heads)
+    D = heads[2]
+    out = ops.sparse_draft_attention(*args, D ** -0.5)
+    ref = reference.sparse_draft_attention(*args, D ** -0.5)
+    assert rel_err(out, ref) < 1e-2
+
+
+def sparse_gpu_inputs(gen: torch.Generator, B: int, C: int, sparsity: float,
+                      heads: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+    """bf16 q [B, Hq, D], k/v [B, C+16, Hkv, D], ceil(s·C) random indices per request, their
+    count, the tail start C and cache length C + 7: sparse_draft_attention's arguments."""
     Hq, Hkv, D = heads
     q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -306,9 +317,7 @@ def test_sparse_attention_gpu_real_shapes(B: int, C: int, sparsity: float,
     cl = torch.full((B,), C + 7, dtype=torch.int32, device="cuda")
     tail = torch.full((B,), C, dtype=torch.int32, device="cuda")
     n = torch.full((B,), K, dtype=torch.int32, device="cuda")
-    out = ops.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5)
-    ref = reference.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5)
-    assert rel_err(out, ref) < 1e-2
+    return q, k, v, idx.int(), n, tail, cl
 
 
 # ---- attention sinks (gpt-oss): one logit per query head in every softmax denominator ------
@@ -562,17 +571,10 @@ def test_attention_with_sinks_gpu_graph_replays() -> None:
 @pytest.mark.parametrize("B,C,sparsity", [(16, 32768, 0.05), (4, 131072, 0.07), (1, 7168, 0.2)])
 def test_sparse_attention_with_sinks_gpu_gpt_oss_shapes(B: int, C: int, sparsity: float,
                                                         poison: None) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(B + 5)
     Hq, Hkv, D = 64, 8, 64
-    q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, C + 16, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    K = math.ceil(sparsity * C)
-    idx = torch.stack([torch.randperm(C, generator=gen, device="cuda")[:K] for _ in range(B)])
-    cl = torch.full((B,), C + 7, dtype=torch.int32, device="cuda")
-    tail = torch.full((B,), C, dtype=torch.int32, device="cuda")
-    n = torch.full((B,), K, dtype=torch.int32, device="cuda")
+    args = sparse_gpu_inputs(torch.Generator(device="cuda").manual_seed(B + 5), B, C, sparsity,
+                             (Hq, Hkv, D))
     sinks = sink_logits(torch.Generator().manual_seed(B), Hq, "cuda", torch.bfloat16)
-    out = ops.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5, sinks)
-    ref = reference.sparse_draft_attention(q, k, v, idx.int(), n, tail, cl, D ** -0.5, sinks)
+    out = ops.sparse_draft_attention(*args, D ** -0.5, sinks)
+    ref = reference.sparse_draft_attention(*args, D ** -0.5, sinks)
     assert rel_err(out, ref) < 1e-2
