@@ -23,7 +23,8 @@ Writes `benchmarks/results/extrapolation_by_axis.csv` (per axis and regime: rows
 max |error| from the cut sets and from the whole sets, share of rows inside the prediction
 interval) and `benchmarks/results/extrapolation_rows.csv` (every scored row), and
 `benchmarks/results/pi_coverage.csv`: over every validation row predicted from the whole
-sets, the share inside the prediction interval and its median half-width.
+sets (per regime, overall and per table), the share inside the prediction interval, its
+median half-width and how often each part dominates.
 """
 
 from __future__ import annotations
@@ -99,10 +100,15 @@ def _score(axis: Axis, regime: str, rows: pd.DataFrame, where: str) -> dict[str,
 
 
 def coverage(full: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Per regime and overall: rows whose measured throughput lies in [pi_low, pi_high], and
-    the interval's median half-width (% of the prediction)."""
+    """Per regime, overall, then per validation table: rows whose measured throughput lies in
+    [pi_low, pi_high], and the interval's median half-width ((pi_high − pi_low) / 2, % of the
+    prediction)."""
     recs = []
-    frames = [*full.items(), ("all", pd.concat(list(full.values()), ignore_index=True))]
+    every = pd.concat(list(full.values()), ignore_index=True)
+    frames = [*full.items(), ("all", every)]
+    if "table" in every:
+        frames += [(f"{regime}: {name}", t) for regime, r in full.items()
+                   for name, t in r.groupby("table", sort=True)]
     for regime, t in frames:
         inside = (t["measured"] >= t["pi_low"]) & (t["measured"] <= t["pi_high"])
         half = 100.0 * (t["pi_high"] - t["pi_low"]) / 2.0 / t["predicted"]
@@ -126,7 +132,8 @@ def run(tables: list[Path], scratch: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     for regime, paths in by_regime.items():
         full[regime] = pd.concat([
             _repredict(t, Path(LATENCY_SET[regime]), Path(ACCEPTANCE_SET),
-                       scratch / f"full-{t.name}") for t in paths], ignore_index=True)
+                       scratch / f"full-{t.name}").assign(table=t.name) for t in paths],
+            ignore_index=True)
     cov = coverage(full)
     cov.to_csv(RESULTS / "pi_coverage.csv", index=False)
     print(cov.round(2).to_string(index=False), flush=True)

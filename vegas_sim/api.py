@@ -35,7 +35,7 @@ from vegas_sim.sim import acceptance_dist, latency_features, latency_fit
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
-from vegas_sim.sim.latency import LatencyModel, MeasuredGpu
+from vegas_sim.sim.latency import LatencyModel, MeasuredGpu, host_phases_in_loop
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
@@ -114,7 +114,8 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
     key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, LATENCY_CODE)
 
     def build() -> LatencyModel:
-        model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set))
+        model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set),
+                                 host_phases_in_loop(trace_set.meta))
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
         return model
 

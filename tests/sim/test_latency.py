@@ -36,6 +36,7 @@ GPU = MeasuredGpu("NVIDIA H200", copy_bandwidth_gbs=4200.0, bf16_tflops=700.0, m
 TRUE = {
     "const": 0.25, "gemm": 1.15, "logits": 1.6, "kv": 1.25, "attn": 0.6, "collect": 1.4,
     "rank": 2.5, "tokens": 0.8, "batched": 0.3, "rows": 0.05,
+    "tile32": 0.0, "tile64": 0.0,  # a synthetic GPU whose per-key cost is the same on every tile
 }
 
 
@@ -685,3 +686,37 @@ def test_outside_measured_names_batch_and_context_beyond_the_grid(
     assert "batches (up to 256)" in fitted.outside_measured(512, 1024)[0]
     for variant in (fitted.what_if(get_gpu("b200")), fitted.without_host_overhead(0.02)):
         assert variant.outside_measured(16, 33000) == fitted.outside_measured(16, 33000)
+
+
+def test_verify_m_tile_follows_the_kernels_launch_rule() -> None:
+    from vegas_sim.sim.latency_features import verify_m_tile
+
+    # Qwen3-8B (G 4): n_query 2 and 4 pack into 16 rows, 5-8 into 32, 9-16 into 64
+    assert [verify_m_tile(q, 4, q) for q in (2, 4, 5, 8, 9, 16)] == [16, 16, 32, 32, 64, 64]
+    # Collect-2-Query (2 rows of n_query > 2) past 16 packed rows takes the M 64 tile
+    assert verify_m_tile(5, 4, 2) == 64 and verify_m_tile(4, 4, 2) == 16
+    assert verify_m_tile(8, 4, 0) == 32  # no collection: no minimum
+
+
+def test_tile_feature_fits_a_per_key_cost_of_the_m32_tile() -> None:
+    """Points whose verify runs on the M 32 tile cost 20 % more per KV byte: the tile32
+    coefficient recovers it and the n_query between grid points takes its tile's cost."""
+    spec, gpu = MODEL, GPU
+    phys = _Physics.of(spec, gpu.copy_bandwidth_gbs, gpu.bf16_tflops)
+    rows = []
+    for b in (1, 2, 4, 8):
+        for c in (1024, 4096, 16384, 65536):
+            for nq in (2, 4, 8, 16):
+                kv = b * (c + nq)
+                ms = (0.5 + phys.weight_ms + kv * phys.kv_ms_per_token
+                      * (1.0 + 0.2 * (nq == 8)) + kv * nq * phys.collect_ms_per_row_key)
+                rows.append({"phase": "verify", "method": "vegas-all", "batch": b,
+                             "context": c, "n_query": nq, "kv_read": c + nq,
+                             "collect_rows": nq, "ms_median": ms})
+    lm = LatencyModel.fit(pd.DataFrame(rows), spec, gpu)
+    coef = lm.coefficients().set_index(["phase", "method"]).loc[("verify", "vegas-all")]
+    assert abs(coef["tile32"] - 0.2 * coef["kv"]) < 0.05 * coef["kv"]
+    kv = np.full(4, 65536 + 6)  # n_query 6 runs on the M 32 tile, as n_query 8 does
+    want = (0.5 + phys.weight_ms + kv.sum() * phys.kv_ms_per_token * 1.2
+            + kv.sum() * 6 * phys.collect_ms_per_row_key)
+    assert abs(lm.phase_ms("verify", "vegas-all", 6, kv, 6) / want - 1.0) < 0.02

@@ -35,3 +35,31 @@ def test_predict_rows_carry_an_interval_that_widens_beyond_the_measured_batch() 
         assert r["pi_dominant"]
     assert rows["pi_extrapolation_latency_pct"].iloc[0] == 0.0
     assert rows["pi_extrapolation_latency_pct"].iloc[1] > 0.0
+
+
+def test_host_protocol_term_lowers_only_the_low_end() -> None:
+    parts = {"latency-fit": 1.0, "acceptance-sampling": 0.0, "extrapolation-distance": 0.0,
+             "simulation": 0.0}
+    lo, hi, dominant = interval(100.0, parts, slower_pct=6.0)
+    assert math.isclose(hi - 100.0, 1.96)  # the high end is the symmetric parts' alone
+    assert math.isclose(100.0 - lo, math.hypot(1.96, 6.0))
+    assert dominant == "host-protocol"
+
+
+def test_host_protocol_term_only_for_sets_timing_sample_and_select_apart() -> None:
+    """The packaged Qwen3-8B set timed sample/select after verify alone: its speculative rows
+    get a term of their sample + select share; vanilla and the in-loop SmolLM2 set get none."""
+    from vegas_sim.sim.uncertainty import host_protocol_pct
+
+    qwen, acceptance = api.load_models("qwen3-8b")[:2]
+    smol = api.load_models("smollm2-135m")[0]
+    assert not qwen.host_phases_in_loop and smol.host_phases_in_loop
+    sc = Scenario("vegas", 5, 0.05, batch=4, context=8192, output_len=64)
+    row = predict([sc], qwen, acceptance, replications=1).iloc[0]
+    share = 100.0 * (row["ms_sample"] + row["ms_select"]) / sum(
+        row[f"ms_{p}"] for p in ("draft_step", "verify", "select", "sample"))
+    assert 0.0 < row["pi_host_protocol_pct"] and math.isclose(
+        row["pi_host_protocol_pct"], share, rel_tol=0.05)
+    assert row["pi_low"] < row["throughput_tok_s"] * (1 - share / 100.0)
+    assert host_protocol_pct(qwen, "vanilla", {"decode": 8.0, "sample": 0.5}) == 0.0
+    assert host_protocol_pct(smol, "vegas", {"verify": 1.0, "sample": 1.0}) == 0.0

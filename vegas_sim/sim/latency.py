@@ -148,9 +148,12 @@ class LatencyModel:
         self, model: ModelSpec, measured: MeasuredGpu, groups: dict[tuple[str, str], FittedGroup],
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
         launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
-        weight_format: str = "bf16",
+        weight_format: str = "bf16", host_phases_in_loop: bool = True,
     ) -> None:
         self._model = model
+        # whether the set timed the host-bound phases after verify (sample, select) inside
+        # whole iterations, as the decoding loop meets them (calibrate's verify_after_draft)
+        self.host_phases_in_loop = host_phases_in_loop
         self._weight_format = weight_format  # models.WEIGHT_FORMATS; not bf16: a what-if
         self._envelope = envelope  # (batch, longest context measured at it), by batch
         self._measured = measured  # what the trace set measured
@@ -169,10 +172,13 @@ class LatencyModel:
 
     # -- construction --
     @classmethod
-    def fit(cls, latency: pd.DataFrame, model: ModelSpec, gpu: MeasuredGpu) -> LatencyModel:
+    def fit(cls, latency: pd.DataFrame, model: ModelSpec, gpu: MeasuredGpu,
+            host_phases_in_loop: bool = True) -> LatencyModel:
         """Fit every (phase, method) group of `latency` (rows of traces.schema.LATENCY_SCHEMA).
 
-        `model` must be the model the rows were measured on; `gpu` is meta.json's 'gpu'.
+        `model` must be the model the rows were measured on; `gpu` is meta.json's 'gpu';
+        `host_phases_in_loop`: the grid's verify_after_draft (sample and select timed inside
+        whole iterations; False: after verify alone, see `sim.uncertainty`).
         """
         latency = validate_latency_rows(latency)
         phys = Physics.of(model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops)
@@ -185,7 +191,8 @@ class LatencyModel:
                 groups[(phase, POOLED)] = fit_group(phys, phase, POOLED, rows)
         longest = latency.groupby("batch")["context"].max().sort_index()
         envelope = tuple(zip(longest.index.astype(int).tolist(), longest.astype(int).tolist()))
-        return cls(model, gpu, groups, envelope=envelope)
+        return cls(model, gpu, groups, envelope=envelope,
+                   host_phases_in_loop=host_phases_in_loop)
 
     @classmethod
     def from_meta(cls, latency: pd.DataFrame, meta: dict[str, Any]) -> LatencyModel:
@@ -198,7 +205,8 @@ class LatencyModel:
         if "gpu" not in meta:
             raise TraceSetError("no gpu entry", where="meta.json, key gpu",
                                 fix="record the measured GPU in meta.json")
-        return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]))
+        return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]),
+                       host_phases_in_loop(meta))
 
     # -- prediction --
     def _group(self, phase: str, method: str) -> FittedGroup:
@@ -354,7 +362,7 @@ class LatencyModel:
             memory_gb=target.memory_gb,
         )
         out = LatencyModel(self._model, self._measured, self._groups, target, scaled,
-                           self._launch_ms, self._envelope, self._weight_format)
+                           self._launch_ms, self._envelope, self._weight_format, self.host_phases_in_loop)
         out.trace_set = self.trace_set
         return out
 
@@ -372,7 +380,7 @@ class LatencyModel:
                                  where="--graph-launch-ms",
                                  fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
         out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                           float(launch_ms), self._envelope, self._weight_format)
+                           float(launch_ms), self._envelope, self._weight_format, self.host_phases_in_loop)
         out.trace_set = self.trace_set
         return out
 
@@ -387,7 +395,7 @@ class LatencyModel:
                                  where="--weight-format",
                                  fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
         out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                           self._launch_ms, self._envelope, weight_format)
+                           self._launch_ms, self._envelope, weight_format, self.host_phases_in_loop)
         out.trace_set = self.trace_set
         return out
 
@@ -404,6 +412,18 @@ class LatencyModel:
         if hit.empty:  # a pooled fit: the phase's errors over every method
             hit = loo[loo["phase"] == grp.phase]
         return float(hit["median_pct"].median()) if len(hit) else math.nan
+
+    def loo_quantile_pct(self, phase: str, method: str, q: float) -> float:
+        """The q-quantile of the leave-one-out |error| (%) of the group that predicts `phase`
+        for `method` (a pooled fit: over the phase's groups; NaN when none)."""
+        grp = self._group(phase, method)
+        self.loo_errors()
+        assert self._loo is not None
+        loo = self._loo
+        hit = loo[(loo["phase"] == grp.phase) & (loo["method"] == grp.method)]["err"].dropna()
+        if hit.empty:
+            hit = loo[loo["phase"] == grp.phase]["err"].dropna()
+        return 100.0 * float(hit.quantile(q)) if len(hit) else math.nan
 
     def octaves_outside(self, batch: int, longest_context: int, n_query: int = 1
                         ) -> dict[str, float]:
@@ -483,6 +503,12 @@ class LatencyModel:
                 continue
             out.append(m)
         return out
+
+
+def host_phases_in_loop(meta: dict[str, Any]) -> bool:
+    """Whether a set's grid timed sample and select inside whole iterations (meta.json grid
+    'verify_after_draft'; a set without the key: True, nothing known against it)."""
+    return bool(meta.get("grid", {}).get("verify_after_draft", True))
 
 
 LatencyFn = Callable[[np.ndarray], float]

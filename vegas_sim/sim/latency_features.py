@@ -17,7 +17,7 @@ LATENCY_WHERE = "latency.parquet"
 
 
 FEATURES: tuple[str, ...] = ("const", "gemm", "logits", "kv", "attn", "collect", "rank",
-                             "tokens", "batched", "rows")
+                             "tokens", "batched", "rows", "tile32", "tile64")
 
 
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
@@ -26,7 +26,7 @@ FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
 PHASE_FEATURES: dict[str, tuple[str, ...]] = {
     "decode": ("const", "gemm", "kv", "tokens", "batched"),
     "draft_step": ("const", "gemm", "kv", "tokens", "batched"),
-    "verify": ("const", "gemm", "kv", "attn", "collect", "tokens", "batched", "rows"),
+    "verify": ("const", "gemm", "kv", "attn", "collect", "tokens", "batched", "rows", "tile32", "tile64"),
     "prefill": ("const", "gemm", "kv", "attn"),
     "collect": ("const", "collect"),
     "select": ("const", "collect", "rank"),
@@ -45,7 +45,20 @@ PHASE_FEATURES: dict[str, tuple[str, ...]] = {
 #            8.82 ms on the graphed H200 set)
 #   rows     collect_rows, per call: a fixed cost per collected score row (the verify kernel's
 #            extra score stores per row, per layer: vegas-all at 16 rows +3.2 ms at C=1024)
-KERNEL_FEATURES = ("tokens", "batched", "rows")
+#   tile32   the kv feature of a verify call whose attention runs on the M 32 tile
+#            (`verify_m_tile`), else 0: that tile shape (mma.sync, 128-key tiles) is at the
+#            register limit and spills once scores are stored, so its cost per KV byte is
+#            not the M 16 / M 64 tiles' (Qwen3-8B set, collecting all rows: n_query 8 sits
+#            6-14 % above a fit without it at C >= 16K, n_query 16 2-4 % below). The tile
+#            follows n_query·G in powers of two, so γ 4-7 (n_query 5-8, G 4) share n_query
+#            8's tile, not a line between n_query 4 and 16.
+#   tile64   the same for the M 64 tile (wgmma, 64-key tiles; and the launch of long calls,
+#            kernels.verify_launch.wide_config): n_query·G > 32, or Collect-2-Query past 16
+KERNEL_FEATURES = ("tokens", "batched", "rows", "tile32", "tile64")
+
+
+# The tile features and the M tile each marks (the M 16 tile is the kv feature's own cost).
+TILE_FEATURES = {"tile32": 32, "tile64": 64}
 
 
 # A sum-form fixed cost s up to this many weight streams (weight_bytes / BW) is folded into the
@@ -59,6 +72,23 @@ FOLD_WEIGHT_STREAMS = 4.0
 # host floor that grows with batch (an eager or launch-bound small model: 135M parameters) off
 # as GPU work; the max form's batch-dependent floor explains such data instead.
 KERNEL_MAX = {"tokens": 20.0, "batched": FOLD_WEIGHT_STREAMS}
+
+
+# The verify attention kernel's smallest M tile, and its tile for Collect-2-Query (first and last
+# rows collected, 0 < collect_rows < n_query) past 16 packed rows (kernels.verify_launch:
+# MIN_M_COLLECT, default_min_m, launch_config; mirrored here: sim does not import kernels).
+VERIFY_MIN_M = 16
+VERIFY_MIN_M_COLLECT = 64
+
+
+def verify_m_tile(n_query: int, group: int, rows: int) -> int:
+    """The M tile (packed query rows) of one verify attention call: max(16, next_pow2(n_query
+    · G)), at least 64 for Collect-2-Query with n_query·G > 16 (kernels.verify_launch)."""
+    packed = max(1, int(n_query) * max(1, int(group)))
+    m = max(VERIFY_MIN_M, 1 << (packed - 1).bit_length())
+    if 0 < rows < n_query and packed > 16:
+        m = max(m, VERIFY_MIN_M_COLLECT)
+    return m
 
 
 # Phases whose pass runs the sliding-window layers (their KV read: methods.window_kv_read).
@@ -208,6 +238,7 @@ class Physics:
     window: int = 0  # sliding window W (0: no window layers)
     window_kv_ms_per_token: float = 0.0  # window layers' kv bytes per token / BW
     window_attn_ms_per_row_key: float = 0.0  # 4·L_window·Hq·D / F
+    group: int = 1  # G = Hq / Hkv: query heads per KV head (the verify kernel packs n_query·G)
 
     @classmethod
     def of(cls, model: ModelSpec, bandwidth_gbs: float, tflops: float,
@@ -240,6 +271,7 @@ class Physics:
                                  else model.attn_flops(1, 1.0) * ms_per_flop),
             collect_ms_per_row_key=model.n_heads * model.n_layers * 2 * ms_per_byte,
             rank_ms_per_key=model.n_layers * 4 * ms_per_byte,
+            group=max(1, model.n_heads // max(1, model.n_kv_heads)),
             **moe,
         )
 
@@ -286,7 +318,21 @@ class Physics:
         f[FEATURE_INDEX["attn"]] = n_query * self.attn_ms_per_row_key
         f[FEATURE_INDEX["collect"]] = rows * self.collect_ms_per_row_key
         f[FEATURE_INDEX["rank"]] = self.rank_ms_per_key
+        for name in TILE_FEATURES:
+            f[FEATURE_INDEX[name]] = f[FEATURE_INDEX["kv"]] * self.on_tile(name, phase, n_query,
+                                                                        rows)
         return f
+
+    def on_tile(self, feature: str, phase: str, n_query: Any, rows: Any) -> Any:
+        """1 where a call of `phase` runs verify attention on the M tile of `feature`
+        (TILE_FEATURES), else 0 (scalar, or elementwise over arrays)."""
+        m = TILE_FEATURES[feature]
+        if phase != "verify":
+            return np.zeros(np.shape(n_query)) if np.ndim(n_query) else 0.0
+        if np.ndim(n_query) == 0:
+            return float(verify_m_tile(int(n_query), self.group, int(rows)) == m)
+        return np.array([float(verify_m_tile(int(q), self.group, int(r)) == m)
+                         for q, r in zip(np.asarray(n_query), np.asarray(rows))])
 
     def features(
         self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,
@@ -306,6 +352,9 @@ class Physics:
         x[:, FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
         x[:, FEATURE_INDEX["batched"]] = np.where(tokens > 1, self.weight_ms_at(tokens), 0.0)
         x[:, FEATURE_INDEX["rows"]] = rows
+        for name in TILE_FEATURES:
+            x[:, FEATURE_INDEX[name]] = x[:, FEATURE_INDEX["kv"]] * self.on_tile(
+                name, phase, n_query, rows)
         if window_sum is not None and self.window and phase in WINDOW_PHASES:
             x[:, FEATURE_INDEX["kv"]] += window_sum * self.window_kv_ms_per_token
             x[:, FEATURE_INDEX["attn"]] += window_sum * n_query * self.window_attn_ms_per_row_key

@@ -32,6 +32,7 @@ from vegas_sim.sim.latency_features import (
     REQUIRED_COLUMNS,
     ROOFLINE_SLACK,
     SUM_MODE_MARGIN,
+    TILE_FEATURES,
     Physics,
     constant_feature,
     feature_mask,
@@ -65,6 +66,10 @@ def identifiable_mask(phase: str, x: np.ndarray) -> np.ndarray:
     if mask[FEATURE_INDEX["rank"]] and mask[FEATURE_INDEX["collect"]] and constant_feature(
             col["rank"] / np.maximum(col["collect"], 1e-300)):
         mask[FEATURE_INDEX["rank"]] = False
+    for name in TILE_FEATURES:  # every point (or none) on that M tile: the kv feature's
+        if mask[FEATURE_INDEX[name]] and constant_feature(
+                col[name] / np.maximum(col["kv"], 1e-300)):
+            mask[FEATURE_INDEX[name]] = False
     for name in ("tokens", "batched", "rows"):  # one value only: a constant, already counted
         if mask[FEATURE_INDEX[name]] and constant_feature(col[name]):
             mask[FEATURE_INDEX[name]] = False

@@ -203,16 +203,19 @@ def validation_interval(pred: pd.Series, predicted: float, weights: str,
                         run_acceptance_se_pct: float) -> dict[str, Any]:
     """pi_low / pi_high / pi_dominant of `predicted` (sim.uncertainty): real weights add the
     run's own acceptance sampling error to the model's; the replay regime feeds the run's
-    accept counts, so neither acceptance term nor the Monte-Carlo one applies."""
+    accept counts, so neither acceptance term nor the Monte-Carlo one applies. The one-sided
+    host-protocol term (sim.uncertainty) lowers pi_low in both."""
     if "pi_latency_fit_pct" not in pred:
         return {"pi_low": math.nan, "pi_high": math.nan, "pi_dominant": ""}
     se = run_acceptance_se_pct if math.isfinite(run_acceptance_se_pct) else 0.0
     real = weights == "real"
     parts = parts_of(dict(pred), acceptance=real, simulation=real,
                      extra_acceptance_pct=se)
-    lo, hi, dominant = interval(predicted, parts)
+    slower = float(pred.get("pi_host_protocol_pct", 0.0))
+    lo, hi, dominant = interval(predicted, parts, slower)
     return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant,
-            **{f"pi_{k.replace('-', '_')}_pct": v for k, v in parts.items()}}
+            **{f"pi_{k.replace('-', '_')}_pct": v for k, v in parts.items()},
+            "pi_host_protocol_pct": slower}
 
 
 REQUIRED_RESULT_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len",
