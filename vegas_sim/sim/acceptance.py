@@ -44,9 +44,14 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
 - sparsity between traced values: a mixture of the two neighbouring cells with linear weight
   (the mean is linearly interpolated); above the max traced: mixture with "draft = target"
   (s = 1, everything accepted); below the min traced: clamped. The last two are marked.
-- context: the two neighbouring buckets, weights linear in log-context; outside the traced
-  range → nearest, marked. (Before smoothing, a leave-one-prompt-out CV found no context
-  kernel clearly better than this interpolation of the raw cells.)
+- context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
+  leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
+  the raw cells.) Above the traced contexts: the last bucket moved along the context trend of
+  its (method, temperature, workload, γ_t) (`sim.context_trend`: a logit shift per doubling,
+  shrunk by its standard error, capped, held past twice the traced span), marked with a note
+  that says "context trend" and the shift, its sd in `AcceptanceDist.context_trend_sd_pct`
+  (prediction intervals). Below them: the first bucket held, marked (the budget floor makes a
+  short context's draft see more of it, against the trend).
 - output length (`lookup(..., output_len=)`): each run keeps only the iterations a request of
   that many tokens runs (tokens generated before the iteration < output_len), a prefix of the
   run. Acceptance rises along a generation (text turns repetitive): on the SmolLM2 longdoc
@@ -82,14 +87,13 @@ from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
 from vegas_sim.sim.context_trend import (
-    MAX_SPAN_MULTIPLE,
     ContextTrend,
     TrendShift,
     bucket_se,
     fit_trend,
     flat_trend,
-    length_slope,
     shift_rates,
+    trend_note,
 )
 from vegas_sim.traces.schema import MAX_EXACT_BUCKETS  # more start contexts → log2-wide buckets
 
@@ -358,26 +362,9 @@ class AcceptanceModel:
 
     def _trend_note(self, keys: list[_CellKey], context: int, bucket: float,
                     weights: list[float], shifts: list[TrendShift | None], gamma: int) -> str:
-        """What a lookup outside the traced contexts did: the context trend it followed (its
-        slope, the buckets it was fitted on, the shift and what it did to the mean acceptance
-        length), or why it held the nearest bucket."""
+        """What a lookup outside the traced contexts did (`context_trend.trend_note`)."""
         lo, hi = self._traced_range(keys)
-        head = f"context {context} outside traced {lo}..{hi}: context trend"
-        used = [sh for sh in shifts if sh is not None]
-        if all(sh.delta == 0.0 for sh in used):
-            why = "; ".join(sorted({sh.reason for sh in used if sh.reason})) or "none fitted"
-            return f"{head} flat ({why}): using the nearest traced bucket ({bucket:.0f})"
-        # the all-accepted component (sparsity toward 1) has no trend: γ + 1 before and after
-        before = sum(w * (sh.length_before if sh else gamma + 1.0) for w, sh in zip(weights, shifts))
-        after = sum(w * (sh.length_after if sh else gamma + 1.0) for w, sh in zip(weights, shifts))
-        first = next(sh for sh in used if sh.delta != 0.0)
-        delta = sum(w * sh.delta for w, sh in zip(weights, shifts) if sh) / sum(
-            w for w, sh in zip(weights, shifts) if sh)
-        held = ("" if first.held_beyond is None
-                else f" (held beyond {first.held_beyond:.2f}: {MAX_SPAN_MULTIPLE:g}x the traced span)")
-        return (f"{head} {first.slope:+.2f} logit per doubling ({first.fitted_on}) from the "
-                f"{bucket:.0f} bucket, {first.doublings:+.2f} doublings{held}: shift "
-                f"{delta:+.2f}, mean acceptance length {before:.2f} -> {after:.2f}")
+        return trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
 
     def context_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
         """The context trend of one (method, temperature, workload, traced γ) beyond its
@@ -498,6 +485,10 @@ class AcceptanceModel:
         stretch *= (1.0 + float(rates.sum())) / (1.0 + float(moved.sum()))  # the moved pace
         return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch), notes, shift
 
+    def traced_contexts(self, workload: str | None = None) -> tuple[int, int]:
+        """(lowest, highest) context traced, of one workload or of all."""
+        return self._traced_range([k for k in self._cells if workload in (None, k[2])])
+
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
         keys = list(self._cells)
@@ -558,12 +549,9 @@ def _run_lengths(cell: TracedCell) -> np.ndarray:
 
 def _trend_sd_pct(dist: AcceptanceDist, shifts: list[TrendShift | None]) -> float:
     """Relative sd (%) of the mean acceptance length from the context trends followed: each
-    component's sd of δ through its dL/dδ, weighted like the mixture (fully correlated)."""
-    if all(sh is None for sh in shifts) or dist.mean_length <= 0:
-        return 0.0
-    sd = sum(float(w) * sh.sd * length_slope([src.rates], 0.0)
-             for w, src, sh in zip(dist.weights, dist.sources, shifts) if sh is not None)
-    return 100.0 * sd / dist.mean_length
+    component's (`TrendShift.sd_pct`), weighted like the mixture (fully correlated)."""
+    return float(sum(float(w) * sh.sd_pct for w, sh in zip(dist.weights, shifts)
+                     if sh is not None))
 
 
 def _stretch(cell: TracedCell, rates: np.ndarray) -> float:

@@ -25,7 +25,8 @@ context range [lo, hi] is evaluated as vLLM's counters would average it: at N_CO
 contexts spread evenly over the range (a generation spends its tokens evenly over its
 contexts), its mean acceptance length the harmonic mean of the nodes' (tokens / iterations),
 its rates iteration-weighted. An anchor's empty field is evaluated at: sparsity
-DEFAULT_SPARSITY, temperature 0, workload pooled, context the shape set's traced range. One
+DEFAULT_SPARSITY, temperature 0, workload pooled, context the shape set's traced range (of the
+anchor's workload when it names one). One
 anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
 When a method's anchors name two or more workloads, each of those workloads gets its own δ
 (fitted on its anchors); other workloads use the method's joint δ.
@@ -282,8 +283,9 @@ class AnchoredAcceptance(AcceptanceModel):
             note = (f"workload {workload!r} is not in {self.shape_name} "
                     f"({', '.join(workloads)}): fitted on its pooled workloads")
             workload = None
-        span: tuple[int, int] = (context if context is not None
-                                 else cov["context_range"])  # type: ignore[assignment]
+        # no context given: the workload's own traced contexts (beyond them a short-prompt
+        # workload would follow its context trend far out)
+        span = context if context is not None else self.traced_contexts(workload)
         nodes = []
         for c in context_nodes(int(span[0]), int(span[1])):
             dist = AcceptanceModel.lookup(

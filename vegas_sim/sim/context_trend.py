@@ -28,15 +28,20 @@ A group with one traced bucket, or no sparsity traced at all its buckets, has a 
 
 Uncertainty (`ContextTrend.shift_sd`): sd of δ at d doublings beyond the edge,
 sqrt((se × d)² + (CURVATURE_SD × slope × d)²): the slope's sampling error and an allowance for
-the curvature a line cannot see (acceptance saturates: on SmolLM2 greedy longdoc the rise per
-doubling halves from 1-2K to 2-4K), both growing with the log-distance. `AcceptanceDist`
-carries it as a relative sd of the mean acceptance length (`context_trend_sd_pct`), which the
-prediction interval adds to its acceptance extrapolation term.
+the curvature a line cannot see, both growing with the log-distance. CURVATURE_SD: on the
+SmolLM2 real set's longdoc and recall groups (4 buckets, 1-7K) the slope of each single
+doubling differs from the group's line by sd 0.19 of it (median |deviation| 0.16, sampling
+noise included; greedy longdoc's rise per doubling halves from 1-2K to 2-4K); 0.25 allows for
+the larger distances extrapolated. `AcceptanceDist` carries the sd as a relative sd of the mean
+acceptance length (`context_trend_sd_pct`), linearised at the edge bucket (`TrendShift.sd_pct`:
+it keeps growing where the shifted rates saturate), which the prediction interval adds to its
+acceptance extrapolation term.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +52,7 @@ from vegas_sim.sim.acceptance_dist import conditional_rates
 COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
 DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
 MAX_SPAN_MULTIPLE = 2.0  # the trend is followed for at most this many traced spans (doublings)
-CURVATURE_SD = 0.5  # relative sd of an extrapolated shift: the curvature a line cannot see
+CURVATURE_SD = 0.25  # relative sd of an extrapolated shift: the curvature a line cannot see
 SE_FLOOR = 1e-3  # relative: a bucket of identical runs still has some sampling error
 
 
@@ -210,6 +215,7 @@ class TrendShift:
     fitted_on: str  # "longdoc 1024..7168 (4 buckets)", one per workload
     reason: str = ""  # why the (first) workload's trend is flat, shrunk or capped
     held_beyond: float | None = None  # doublings past which the trend is held (when reached)
+    pct_per_delta: float = 0.0  # % of the edge bucket's mean acceptance length per unit δ
 
     @classmethod
     def of(cls, trends: Sequence[ContextTrend], workloads: Sequence[str], share: np.ndarray,
@@ -231,5 +237,53 @@ class TrendShift:
         after = 1.0 + float(shift_rates(rates, delta).sum())
         reach = [MAX_SPAN_MULTIPLE * t.span for t, d in zip(trends, dist)
                  if t.slope and d > MAX_SPAN_MULTIPLE * t.span]
-        return cls(delta, sd, slope, doublings, 1.0 + float(rates.sum()), after, fitted_on,
-                   reason, min(reach) if reach else None)
+        before = 1.0 + float(rates.sum())
+        return cls(delta, sd, slope, doublings, before, after, fitted_on, reason,
+                   min(reach) if reach else None, 100.0 * length_slope([rates], 0.0) / before)
+
+    @property
+    def sd_pct(self) -> float:
+        """The shift's sd as % of the mean acceptance length, linearised at the edge bucket
+        (so it grows with the distance even where the shifted rates saturate)."""
+        return self.sd * self.pct_per_delta
+
+
+def trend_note(context: int, traced: tuple[int, int], bucket: float, weights: Sequence[float],
+               shifts: Sequence[TrendShift | None], gamma: int) -> str:
+    """The `extrapolated` note of a lookup above the traced contexts: the context trend it
+    followed (slope, the buckets it was fitted on, distance, shift and what the shift did to
+    the mean acceptance length, over the mixture `weights`), or why it held the bucket.
+    `parse_trend_note` reads it back (the report's context-trend table)."""
+    head = f"context {context} outside traced {traced[0]}..{traced[1]}: context trend"
+    used = [sh for sh in shifts if sh is not None]
+    if all(sh.delta == 0.0 for sh in used):
+        why = "; ".join(sorted({sh.reason for sh in used if sh.reason})) or "none fitted"
+        return f"{head} flat ({why}): using the nearest traced bucket ({bucket:.0f})"
+    # the all-accepted component (sparsity toward 1) has no trend: γ + 1 before and after
+    before = sum(w * (sh.length_before if sh else gamma + 1.0) for w, sh in zip(weights, shifts))
+    after = sum(w * (sh.length_after if sh else gamma + 1.0) for w, sh in zip(weights, shifts))
+    moved = [(w, sh) for w, sh in zip(weights, shifts) if sh is not None]
+    delta = sum(w * sh.delta for w, sh in moved) / sum(w for w, _ in moved)
+    first = next(sh for sh in used if sh.delta != 0.0)
+    held = ("" if first.held_beyond is None else
+            f" (held beyond {first.held_beyond:.2f}: {MAX_SPAN_MULTIPLE:g}x the traced span)")
+    return (f"{head} {first.slope:+.2f} logit per doubling ({first.fitted_on}) from the "
+            f"{bucket:.0f} bucket, {first.doublings:+.2f} doublings{held}: shift {delta:+.2f}, "
+            f"mean acceptance length {before:.2f} -> {after:.2f}")
+
+
+_NOTE_RE = re.compile(
+    r"context trend (?P<slope>[+-][\d.]+) logit per doubling \((?P<fitted_on>[^)]*)\) from the "
+    r"(?P<bucket>\d+) bucket, (?P<doublings>[+-][\d.]+) doublings(?: \([^)]*\))?: shift "
+    r"(?P<shift>[+-][\d.]+), mean acceptance length (?P<before>[\d.]+) -> (?P<after>[\d.]+)")
+
+
+def parse_trend_note(text: str) -> dict[str, float | str] | None:
+    """The numbers of a `trend_note` inside an `extrapolated` text (None: no trend followed)."""
+    m = _NOTE_RE.search(text)
+    if m is None:
+        return None
+    return {"slope_per_doubling": float(m["slope"]), "fitted_on": m["fitted_on"],
+            "edge_bucket": float(m["bucket"]), "doublings": float(m["doublings"]),
+            "shift": float(m["shift"]), "length_before": float(m["before"]),
+            "length_after": float(m["after"])}

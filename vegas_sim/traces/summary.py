@@ -125,12 +125,12 @@ def format_context_trends(rows: list[dict[str, Any]]) -> str:
     length at the first and last, and the slope followed beyond the last."""
     if not rows:
         return ""
-    lines = ["  acceptance context trend beyond the traced contexts, per workload (logit shift "
-             "of the conditional",
-             "  per-position rates per doubling of context; in % of the last bucket's mean "
-             "acceptance length):",
-             f"    {'workload':<10} {'T':>4} {'method':<16} {'γ':>3}  {'traced contexts':<20} "
-             f"{'length first → last':<20} per doubling"]
+    header = (f"    {'workload':<10} {'T':>4} {'method':<16} {'γ':>3}  "
+              f"{'traced contexts':<20} {'length first → last':<20} per doubling")
+    lines = [("  acceptance context trend beyond the traced contexts, per workload (logit shift "
+              "of the conditional"),
+             ("  per-position rates per doubling of context; in % of the last bucket's mean "
+              "acceptance length):"), header]
     for r in sorted(rows, key=lambda r: (r["workload"], r["temperature"], r["method"],
                                          r["gamma"])):
         traced = f"{r['context_lo']}..{r['context_hi']} ({r['buckets']})"
