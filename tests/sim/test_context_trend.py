@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.anchored import shift_dist
+from vegas_sim.sim.anchored import AnchoredAcceptance, shift_dist
 from vegas_sim.sim.context_trend import (
     MAX_SPAN_MULTIPLE,
     ContextTrend,
@@ -22,6 +22,7 @@ from vegas_sim.sim.context_trend import (
 )
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.uncertainty import interval_columns
+from vegas_sim.traces.anchors import Anchor, AnchorSet
 from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA
 
 CONTEXTS = (1024, 2048, 4096)
@@ -207,3 +208,18 @@ def test_context_trend_rows_for_traces_show(rising: AcceptanceModel) -> None:
     assert row["pct_per_doubling"] > 0
     assert isinstance(rising.context_trend(("vegas", 0.6, "longdoc", GAMMA), 4096.0),
                       ContextTrend)
+
+
+def test_anchors_are_fitted_with_the_last_bucket_held(rising: AcceptanceModel) -> None:
+    anchor = Anchor("vegas", GAMMA, 0.1, (1024, 65536), "longdoc", 0.6, 3.5)
+    anchors = AnchorSet(model="m", source="test", anchors=(anchor,), path="test-anchors")
+    steep = AcceptanceModel.from_traces(trend_traces(0.5), "real")
+    group = ("vegas", 0.6, "longdoc", GAMMA)
+    steep._trends[(group, 4096.0)] = dataclasses.replace(
+        rising.context_trend(group, 4096.0), slope=3.0)
+    a, b = AnchoredAcceptance(rising, "s", [anchors]), AnchoredAcceptance(steep, "s", [anchors])
+    assert a.shifts["vegas"].delta == b.shifts["vegas"].delta  # the trend is not in the fit
+    far_a = a.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
+    far_b = b.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
+    assert far_b.mean_length > far_a.mean_length  # ... but the lookups beyond follow it
+    assert "context trend" in far_a.extrapolated[0]

@@ -272,6 +272,7 @@ class AcceptanceModel:
         workload: str | None = None,
         temperature: float = 0.0,
         output_len: int | None = None,
+        context_trend: bool = True,
     ) -> AcceptanceDist:
         """The acceptance distribution of one configuration (see the module docstring).
 
@@ -279,6 +280,8 @@ class AcceptanceModel:
         iterations such a request runs (tokens generated before the iteration < output_len):
         acceptance rises along a generation (the text turns repetitive), so the traced runs'
         later iterations over-state a short output's acceptance. None uses every iteration.
+        `context_trend=False` holds the last bucket above the traced contexts (the anchors'
+        fit: `sim.anchored`).
         """
         if method == "vanilla":
             return AcceptanceDist("vanilla", 0, np.zeros(0))
@@ -311,6 +314,8 @@ class AcceptanceModel:
         w: list[float] = []
         shifts: list[TrendShift | None] = []  # per component: the context trend it followed
         for bucket, bucket_w, doublings, note in self._context_mixture(keys, context):
+            if doublings and not context_trend:
+                doublings, note = 0.0, self._held_note(keys, context, bucket)
             if note:
                 notes.append(note)
             b_comps, b_w, s_notes, b_shifts = self._sparsity_mixture(
@@ -356,9 +361,13 @@ class AcceptanceModel:
         if context > hi:
             return bucket, 1.0, math.log2(context / max(bucket, 1.0)), ""
         if context < lo:
-            return bucket, 1.0, 0.0, (f"context {context} outside traced {lo}..{hi}: using the "
-                                      f"nearest traced bucket ({bucket:.0f})")
+            return bucket, 1.0, 0.0, self._held_note(keys, context, bucket)
         return bucket, 1.0, 0.0, ""
+
+    def _held_note(self, keys: list[_CellKey], context: int, bucket: float) -> str:
+        lo, hi = self._traced_range(keys)
+        return (f"context {context} outside traced {lo}..{hi}: using the nearest traced bucket "
+                f"({bucket:.0f})")
 
     def _trend_note(self, keys: list[_CellKey], context: int, bucket: float,
                     weights: list[float], shifts: list[TrendShift | None], gamma: int) -> str:
@@ -484,10 +493,6 @@ class AcceptanceModel:
         moved = shift_rates(rates, shift.delta)
         stretch *= (1.0 + float(rates.sum())) / (1.0 + float(moved.sum()))  # the moved pace
         return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch), notes, shift
-
-    def traced_contexts(self, workload: str | None = None) -> tuple[int, int]:
-        """(lowest, highest) context traced, of one workload or of all."""
-        return self._traced_range([k for k in self._cells if workload in (None, k[2])])
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
