@@ -1,20 +1,24 @@
 """Context trend: how acceptance moves with log-context beyond the traced context buckets.
 
-Inside the traced buckets the acceptance model interpolates in log-context; beyond them it
+Inside the traced buckets the acceptance model interpolates in log-context; above them it
 continues each (method, temperature, workload, traced γ) along the trend its own buckets show,
 as a logit shift of the edge bucket's distribution (the transform anchors use, `shift_rates`):
 
-    c_i' = σ(logit(c_i) + δ(C)),  δ(C) = slope × log2(C / edge bucket)
+    c_i' = σ(logit(c_i) + δ(C)),  δ(C) = slope × min(d, MAX_SPAN_MULTIPLE × span),
+    d = log2((C + g) / (edge bucket + g))
 
-so the edge bucket's shape over draft positions and its traced runs are kept, every rate stays
-in (0, 1), and the mean acceptance length moves monotonically with δ.
+(g: the mean tokens generated before a traced iteration of the edge bucket, so that prompt and
+bucket are both placed at their iterations' mean context; span: the doublings the traced
+buckets cover; beyond twice that the trend is held), so the edge bucket's shape over draft
+positions and its traced runs are kept, every rate stays in (0, 1), and the mean acceptance
+length moves monotonically with δ.
 
 Fit (`fit_trend`, per group and edge). Statistic: the logit shift δ_k that carries the edge
 bucket's per-sparsity rates to bucket k's mean acceptance length (mean over the sparsities
 traced at every bucket; δ_edge = 0). Its standard error comes from the prompt-to-prompt spread
 of bucket k's runs (`bucket_se`; the prompt is the sampling unit, its sparsities are
 correlated), carried to δ through dL/dδ. The slope is a weighted least-squares line of δ_k on
-log2(C_k) (weights 1 / se²), then:
+log2(C_k + g_k) (weights 1 / se²), then:
 
 - shrunk toward flat by its own evidence: slope × max(0, 1 − 1/t²), t = slope / se (the moment
   estimate of the true slope's share of the estimate's variance: E[slope²] = β² + se²), so a
