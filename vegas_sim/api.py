@@ -31,7 +31,7 @@ from vegas_sim.methods import (
 )
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim import acceptance as acceptance_module
-from vegas_sim.sim import acceptance_dist, latency_features, latency_fit
+from vegas_sim.sim import acceptance_dist, context_trend, latency_features, latency_fit
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
@@ -125,7 +125,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
     key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE,
-                             (acceptance_module, acceptance_dist))
+                             (acceptance_module, acceptance_dist, context_trend))
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
     fitted = fitcache.cached(key, lambda: AcceptanceModel.from_traces(
         trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))

@@ -16,6 +16,7 @@ from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.sim.acceptance import AcceptanceModel, smoother_matrix
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, extend_rates
 from vegas_sim.sim.acceptance_dist import match_rates as _match_rates
+from vegas_sim.sim.context_trend import parse_trend_note, shift_rates
 from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA
 
 BASE = {0.05: 0.55, 0.1: 0.72, 0.2: 0.86}  # first-position acceptance by sparsity (monotone)
@@ -253,7 +254,12 @@ def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
     assert np.all(np.diff(means) >= -1e-12) or np.all(np.diff(means) <= 1e-12)  # monotone
     far = model.lookup("vegas", 4, 0.1, 200_000)
     assert any("context 200000 outside traced" in n for n in far.extrapolated)
-    np.testing.assert_allclose(far.rates, model.lookup("vegas", 4, 0.1, 32768).rates)
+    # beyond the traced contexts: the last bucket moved along its context trend (a logit
+    # shift, sim.context_trend; tests/sim/test_context_trend.py)
+    moved = parse_trend_note(far.extrapolated[0])
+    assert moved is not None
+    np.testing.assert_allclose(far.rates, shift_rates(
+        model.lookup("vegas", 4, 0.1, 32768).rates, float(moved["shift"])), atol=0.01)
     low = model.lookup("vegas", 4, 0.1, 100)
     assert any("context 100 outside" in n for n in low.extrapolated)
 

@@ -139,7 +139,9 @@ def test_qwen3_uses_published_anchors_by_default_and_none_turns_them_off() -> No
     assert rows_on["vegas"]["acceptance_source"] == (
         "anchors qwen3-8b-published on shape smollm2-135m-real")
     assert rows_off["vegas"]["acceptance_source"] == "trace set smollm2-135m-real"
-    assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.5
+    # the anchors raise vegas's level (at 32K both follow the context trend up, the unanchored
+    # lower level more: a logit shift moves a saturating length less)
+    assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.3
 
 
 def test_smollm2_gets_no_default_anchors() -> None:

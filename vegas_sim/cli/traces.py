@@ -20,6 +20,7 @@ from vegas_sim.traces import io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, write_anchors
 from vegas_sim.traces.merge import merge_trace_sets
 from vegas_sim.traces.subset import WHERE_HELP, subset_trace_set
+from vegas_sim.traces.summary import format_context_trends
 from vegas_sim.traces.vllm_import import FORMATS, ImportOptions, append_to, import_vllm
 from vegas_sim.traces.vllm_traces import write_trace_set
 
@@ -63,6 +64,10 @@ def traces_check(directory: Path) -> None:
 def traces_show(directory: Path) -> None:
     """Show what a trace set covers: model, GPU, grid, methods, γ/sparsity/context ranges.
 
+    A real-weights set also shows its acceptance context trend: per workload, temperature,
+    method and traced γ, the slope (per doubling of context) the acceptance model follows
+    beyond the traced contexts, and the traced range it was fitted on.
+
     DIRECTORY is a trace-set directory or the name of a packaged set.
 
     Example:
@@ -76,6 +81,10 @@ def traces_show(directory: Path) -> None:
     click.echo(io.format_summary(summary))
     if len(trace_set.latency):
         _show_latency_fit(trace_set)
+    if len(trace_set.acceptance) and trace_set.weights_kind == "real":
+        with user_errors():
+            trends = api.fit_acceptance(trace_set).context_trends()
+        click.echo(format_context_trends(trends), nl=False)
 
 
 def _show_latency_fit(trace_set: Any) -> None:

@@ -35,6 +35,7 @@ from vegas_sim.files import check_out, write_atomic
 from vegas_sim.reports import charts as ch
 from vegas_sim.reports import validate_tune as vt
 from vegas_sim.reports.chart import Chart
+from vegas_sim.reports.context_trend import context_trend_table
 from vegas_sim.reports.csv import read_table, spread_rates, to_numbers, write_table
 from vegas_sim.reports.provenance import provenance
 from vegas_sim.reports.templates import GENERATOR, REPORT_TEMPLATE
@@ -173,10 +174,13 @@ def _check_kind(kind: str | None, hint: str | None, df: pd.DataFrame) -> str:
 
 def _charts_for(kind: str, df: pd.DataFrame) -> list[Chart]:
     if kind == "validate":
-        return [vt.parity(df), vt.row_errors(df)]
-    if kind == "tune":
-        return [vt.tune_table(df), vt.tune_speedups(df), vt.tune_gamma_map(df)]
-    return ch.sweep_charts(df)
+        charts = [vt.parity(df), vt.row_errors(df)]
+    elif kind == "tune":
+        charts = [vt.tune_table(df), vt.tune_speedups(df), vt.tune_gamma_map(df)]
+    else:
+        charts = ch.sweep_charts(df)
+    trend = context_trend_table(df)  # rows beyond the traced contexts: the trend they followed
+    return charts if trend is None else [*charts, trend]
 
 
 def _slug(text: str, limit: int = SLUG_CHARS) -> str:

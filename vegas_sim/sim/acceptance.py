@@ -44,9 +44,14 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
 - sparsity between traced values: a mixture of the two neighbouring cells with linear weight
   (the mean is linearly interpolated); above the max traced: mixture with "draft = target"
   (s = 1, everything accepted); below the min traced: clamped. The last two are marked.
-- context: the two neighbouring buckets, weights linear in log-context; outside the traced
-  range → nearest, marked. (Before smoothing, a leave-one-prompt-out CV found no context
-  kernel clearly better than this interpolation of the raw cells.)
+- context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
+  leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
+  the raw cells.) Above the traced contexts: the last bucket moved along the context trend of
+  its (method, temperature, workload, γ_t) (`sim.context_trend`: a logit shift per doubling,
+  shrunk by its standard error, capped, held past twice the traced span), marked with a note
+  that says "context trend" and the shift, its sd in `AcceptanceDist.context_trend_sd_pct`
+  (prediction intervals). Below them: the first bucket held, marked (the budget floor makes a
+  short context's draft see more of it, against the trend).
 - output length (`lookup(..., output_len=)`): each run keeps only the iterations a request of
   that many tokens runs (tokens generated before the iteration < output_len), a prefix of the
   run. Acceptance rises along a generation (text turns repetitive): on the SmolLM2 longdoc
@@ -81,6 +86,15 @@ import pandas as pd
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
+from vegas_sim.sim.context_trend import (
+    ContextTrend,
+    TrendShift,
+    bucket_se,
+    fit_trend,
+    flat_trend,
+    shift_rates,
+    trend_note,
+)
 from vegas_sim.traces.schema import MAX_EXACT_BUCKETS  # more start contexts → log2-wide buckets
 
 ACCEPTANCE_WHERE = "acceptance.parquet"
@@ -207,6 +221,8 @@ class AcceptanceModel:
             self._groups[g] = (members, op)
         # (group, output_len) → {cell key: smoothed rates}; filled lazily by lookups
         self._smoothed: dict[tuple[_GroupKey, int | None], dict[_CellKey, np.ndarray]] = {}
+        # (group, edge bucket) → its context trend (`sim.context_trend`); filled lazily
+        self._trends: dict[tuple[_GroupKey, float], ContextTrend] = {}
 
     @classmethod
     def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str, *,
@@ -256,6 +272,7 @@ class AcceptanceModel:
         workload: str | None = None,
         temperature: float = 0.0,
         output_len: int | None = None,
+        context_trend: bool = True,
     ) -> AcceptanceDist:
         """The acceptance distribution of one configuration (see the module docstring).
 
@@ -263,6 +280,8 @@ class AcceptanceModel:
         iterations such a request runs (tokens generated before the iteration < output_len):
         acceptance rises along a generation (the text turns repetitive), so the traced runs'
         later iterations over-state a short output's acceptance. None uses every iteration.
+        `context_trend=False` holds the last bucket above the traced contexts (the anchors'
+        fit: `sim.anchored`).
         """
         if method == "vanilla":
             return AcceptanceDist("vanilla", 0, np.zeros(0))
@@ -293,48 +312,113 @@ class AcceptanceModel:
             keys = [k for k in keys if k[2] == workload]
         comps: list[DrawSource] = []
         w: list[float] = []
-        for bucket, bucket_w, note in self._context_mixture(keys, context):
+        shifts: list[TrendShift | None] = []  # per component: the context trend it followed
+        for bucket, bucket_w, doublings, note in self._context_mixture(keys, context):
+            if doublings and not context_trend:
+                doublings, note = 0.0, self._held_note(keys, context, bucket)
             if note:
                 notes.append(note)
-            b_comps, b_w, s_notes = self._sparsity_mixture(
-                [k for k in keys if k[4] == bucket], sparsity, gamma, output_len)
+            b_comps, b_w, s_notes, b_shifts = self._sparsity_mixture(
+                [k for k in keys if k[4] == bucket], sparsity, gamma, output_len,
+                context if doublings else None)
+            if doublings:
+                notes.append(self._trend_note(keys, context, bucket, b_w, b_shifts, gamma))
             notes.extend(n for n in s_notes if n not in notes)
             comps += b_comps
             w += [bucket_w * x for x in b_w]
+            shifts += b_shifts
         rates = sum((wi * c.rates for wi, c in zip(w, comps)), np.zeros(gamma))
-        return AcceptanceDist(method, gamma, np.asarray(rates), notes, comps, np.asarray(w))
+        dist = AcceptanceDist(method, gamma, np.asarray(rates), notes, comps, np.asarray(w))
+        dist.context_trend_sd_pct = _trend_sd_pct(dist, shifts)
+        return dist
 
     def _context_mixture(self, keys: list[tuple[str, float, str, float, float, int]],
-                         context: int) -> list[tuple[float, float, str]]:
-        """(bucket, weight, note): inside the traced buckets, the two neighbours with weights
-        linear in log-context (a monotone interpolation of the rates); outside, the nearest
-        bucket alone, labelled extrapolated."""
+                         context: int) -> list[tuple[float, float, float, str]]:
+        """(bucket, weight, doublings, note): inside the traced buckets, the two neighbours
+        with weights linear in log-context (a monotone interpolation of the rates); outside,
+        the nearest bucket alone, labelled extrapolated: above the traced contexts followed
+        `doublings` (log2 of context / bucket) along its context trend, below them held (the
+        budget floor makes a short context's draft see more of it, against the trend)."""
         buckets = sorted({k[4] for k in keys})
         logc = math.log(max(context, 1))
         if len(buckets) == 1 or not (buckets[0] < context < buckets[-1]):
-            bucket, note = self._pick_bucket(keys, context)
-            return [(bucket, 1.0, note)]
+            return [self._pick_bucket(keys, context)]
         j = int(np.searchsorted(buckets, context))
         lo, hi = buckets[j - 1], buckets[j]
         w = (logc - math.log(lo)) / (math.log(hi) - math.log(lo))
-        return [(b, bw, "") for b, bw in ((lo, 1.0 - w), (hi, w)) if bw > 0.0]
+        return [(b, bw, 0.0, "") for b, bw in ((lo, 1.0 - w), (hi, w)) if bw > 0.0]
+
+    def _traced_range(self, keys: list[_CellKey]) -> tuple[int, int]:
+        cells = [self._cells[k] for k in keys]
+        return min(c.ctx_min for c in cells), max(c.ctx_max for c in cells)
 
     def _pick_bucket(self, keys: list[tuple[str, float, str, float, float, int]],
-                     context: int) -> tuple[float, str]:
+                     context: int) -> tuple[float, float, float, str]:
         buckets = sorted({k[4] for k in keys})
         logc = math.log(max(context, 1))
         bucket = min(buckets, key=lambda b: abs(math.log(max(b, 1.0)) - logc))
-        cells = [self._cells[k] for k in keys]
-        lo, hi = min(c.ctx_min for c in cells), max(c.ctx_max for c in cells)
-        if context < lo or context > hi:
-            return bucket, (f"context {context} outside traced {lo}..{hi}: using the nearest "
-                            f"traced bucket ({bucket:.0f})")
-        return bucket, ""
+        lo, hi = self._traced_range(keys)
+        if context > hi:
+            return bucket, 1.0, math.log2(context / max(bucket, 1.0)), ""
+        if context < lo:
+            return bucket, 1.0, 0.0, self._held_note(keys, context, bucket)
+        return bucket, 1.0, 0.0, ""
+
+    def _held_note(self, keys: list[_CellKey], context: int, bucket: float) -> str:
+        lo, hi = self._traced_range(keys)
+        return (f"context {context} outside traced {lo}..{hi}: using the nearest traced bucket "
+                f"({bucket:.0f})")
+
+    def _trend_note(self, keys: list[_CellKey], context: int, bucket: float,
+                    weights: list[float], shifts: list[TrendShift | None], gamma: int) -> str:
+        """What a lookup outside the traced contexts did (`context_trend.trend_note`)."""
+        lo, hi = self._traced_range(keys)
+        return trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
+
+    def context_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
+        """The context trend of one (method, temperature, workload, traced γ) beyond its
+        bucket `edge` (its first or last; `sim.context_trend.fit_trend`), cached."""
+        cached = self._trends.get((group, edge))
+        if cached is not None:
+            return cached
+        members = self._groups[group][0]
+        buckets = sorted({k[4] for k in members})
+        at = {b: {k[3]: k for k in members if k[4] == b} for b in buckets}
+        common = sorted(set.intersection(*(set(v) for v in at.values())))
+        if not common or edge not in (buckets[0], buckets[-1]):
+            trend = flat_trend(edge, "no sparsity traced at every context bucket")
+        else:
+            rates = [[self._cell_rates(at[b][s], None) for s in common] for b in buckets]
+            ses = [bucket_se([_run_lengths(self._cells[at[b][s]]) for s in common])
+                   for b in buckets]
+            # where a bucket's iterations are: its start context + the mean tokens generated
+            generated = [float(np.mean([self._cells[at[b][s]].gen.mean() for s in common]))
+                         for b in buckets]
+            trend = fit_trend(buckets, rates, ses, buckets.index(edge), generated)
+        self._trends[(group, edge)] = trend
+        return trend
+
+    def context_trends(self) -> list[dict[str, object]]:
+        """One row per (method, temperature, workload, traced γ): the trend beyond its last
+        traced bucket (what `traces show` and the report print)."""
+        rows: list[dict[str, object]] = []
+        for group in sorted(self._groups):
+            members = self._groups[group][0]
+            last = max(k[4] for k in members)
+            t = self.context_trend(group, last)
+            rows.append({"method": group[0], "temperature": group[1], "workload": group[2],
+                         "gamma": group[3], "buckets": len(t.buckets),
+                         "context_lo": int(min(t.buckets)), "context_hi": int(last),
+                         "length_lo": t.lengths[0], "length_hi": t.lengths[-1],
+                         "slope_per_doubling": t.slope, "fitted_slope": t.fitted_slope,
+                         "slope_se": t.slope_se, "pct_per_doubling": t.pct_per_doubling,
+                         "note": t.reason})
+        return rows
 
     def _sparsity_mixture(
         self, keys: list[tuple[str, float, str, float, float, int]], sparsity: float, gamma: int,
-        output_len: int | None = None,
-    ) -> tuple[list[DrawSource], list[float], list[str]]:
+        output_len: int | None = None, beyond: int | None = None,
+    ) -> tuple[list[DrawSource], list[float], list[str], list[TrendShift | None]]:
         notes: list[str] = []
         sps = sorted({k[3] for k in keys})
         if sparsity < sps[0]:
@@ -354,24 +438,30 @@ class AcceptanceModel:
                 lo, hi = sps[j - 1], sps[j]
                 w = (sparsity - lo) / (hi - lo)
                 points = [(lo, 1.0 - w), (hi, w)]
-        sources, weights = [], []
+        sources, weights, shifts = [], [], []
         for s, w in points:
             if w <= 0.0:
                 continue
+            shift: TrendShift | None = None
             if s > 1.0:
                 sources.append(DrawSource(None, np.ones(gamma)))
             else:
-                src, src_notes = self._source(keys, s, gamma, output_len)
+                src, src_notes, shift = self._source(keys, s, gamma, output_len, beyond)
                 sources.append(src)
                 notes.extend(n for n in src_notes if n not in notes)
             weights.append(w)
+            shifts.append(shift)
         total = sum(weights)
-        return sources, [w / total for w in weights], notes
+        return sources, [w / total for w in weights], notes, shifts
 
     def _source(self, keys: list[tuple[str, float, str, float, float, int]], s: float,
-                gamma: int, output_len: int | None = None) -> tuple[DrawSource, list[str]]:
+                gamma: int, output_len: int | None = None, beyond: int | None = None,
+                ) -> tuple[DrawSource, list[str], TrendShift | None]:
         """Pool the cells at sparsity s (workloads pooled) at the best traced γ for `gamma`,
-        restricted to the first `output_len` generated tokens of every run when given."""
+        restricted to the first `output_len` generated tokens of every run when given; moved
+        to context `beyond` (given when above the traced contexts) along the context trend of
+        their (method, temperature, workload, γ) (workloads pooled: their trends' shifts
+        weighted by iterations)."""
         at_s = [k for k in keys if k[3] == s]
         gts = sorted({k[5] for k in at_s})
         above = [g for g in gts if g >= gamma]
@@ -394,7 +484,15 @@ class AcceptanceModel:
         if gamma > gt:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
-        return DrawSource(cell, rates, cell.outcome_cond(gamma), _stretch(cell, rates)), notes
+        stretch = _stretch(cell, rates)
+        if beyond is None:
+            return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch), notes, None
+        trends = [self.context_trend((k[0], k[1], k[2], k[5]), k[4]) for k in members]
+        share = n_it / n_it.sum()
+        shift = TrendShift.of(trends, [k[2] for k in members], share, beyond, rates)
+        moved = shift_rates(rates, shift.delta)
+        stretch *= (1.0 + float(rates.sum())) / (1.0 + float(moved.sum()))  # the moved pace
+        return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch), notes, shift
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
@@ -445,6 +543,20 @@ def smoother_matrix(coords: np.ndarray, weights: np.ndarray,
         # the intercept of the weighted fit, as a linear function of the values: e_0ᵀ G⁻¹ Xᵀ W
         out[k] = np.linalg.solve(gram, design.T * kern)[0]
     return out
+
+
+def _run_lengths(cell: TracedCell) -> np.ndarray:
+    """[runs] each traced run's mean acceptance length at its traced γ (runs in request order)."""
+    starts = np.unique(cell.run_start)
+    lengths = np.diff(np.append(starts, len(cell.acc)))
+    return np.asarray(1.0 + np.add.reduceat(cell.acc.astype(float), starts) / lengths)
+
+
+def _trend_sd_pct(dist: AcceptanceDist, shifts: list[TrendShift | None]) -> float:
+    """Relative sd (%) of the mean acceptance length from the context trends followed: each
+    component's (`TrendShift.sd_pct`), weighted like the mixture (fully correlated)."""
+    return float(sum(float(w) * sh.sd_pct for w, sh in zip(dist.weights, shifts)
+                     if sh is not None))
 
 
 def _stretch(cell: TracedCell, rates: np.ndarray) -> float:

@@ -183,6 +183,9 @@ class AcceptanceDist:
     extrapolated: list[str] = field(default_factory=list)  # human-readable reasons; [] = inside
     sources: list[DrawSource] = field(default_factory=list, repr=False)
     weights: np.ndarray = field(default_factory=lambda: np.ones(0), repr=False)
+    # relative sd (%) of the mean acceptance length from following a context trend beyond the
+    # traced contexts (`sim.context_trend`); 0 inside them
+    context_trend_sd_pct: float = 0.0
 
     @property
     def mean_length(self) -> float:

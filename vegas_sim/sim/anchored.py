@@ -25,7 +25,12 @@ context range [lo, hi] is evaluated as vLLM's counters would average it: at N_CO
 contexts spread evenly over the range (a generation spends its tokens evenly over its
 contexts), its mean acceptance length the harmonic mean of the nodes' (tokens / iterations),
 its rates iteration-weighted. An anchor's empty field is evaluated at: sparsity
-DEFAULT_SPARSITY, temperature 0, workload pooled, context the shape set's traced range. One
+DEFAULT_SPARSITY, temperature 0, workload pooled, context the shape set's traced range. The
+shape is evaluated with its last bucket held above the traced contexts (`lookup(...,
+context_trend=False)`): an anchor's range is the KV lengths of a generation, while predictions
+look acceptance up at the prompt's context, so fitting on the context trend would lower a
+short-prompt prediction to pay for a rise it never replays. A lookup beyond the traced contexts
+then follows the trend, and δ adds to it in logit space. One
 anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
 When a method's anchors name two or more workloads, each of those workloads gets its own δ
 (fitted on its anchors); other workloads use the method's joint δ.
@@ -57,11 +62,10 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist
+from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
 N_CONTEXT_NODES = 8  # contexts an anchor's context range is evaluated at
-DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
-COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
 # How far from an anchor a configuration may be and still count as anchored.
 GAMMA_NEAR = 6  # |γ − γ_anchor|: γ 2..12 around an anchor at 6 transfer within 1 % (median) on
 # SmolLM2 (benchmarks/anchor_transfer.py)
@@ -72,22 +76,6 @@ REACH_TOLERANCE = 1e-3  # relative: an anchor matched worse than this is reporte
 
 
 # ------------------------------------------------------------------------------ transform
-def conditional_rates(rates: np.ndarray) -> np.ndarray:
-    """[γ] c_i = r_i / r_{i−1} (r_0 = 1); 1 where r_{i−1} = 0 (nothing reaches position i)."""
-    prev = np.concatenate([[1.0], rates[:-1]])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.clip(np.where(prev > 0, rates / np.where(prev > 0, prev, 1.0), 1.0), 0.0, 1.0)
-
-
-def shift_rates(rates: np.ndarray, delta: float) -> np.ndarray:
-    """Per-position rates with their conditional rates shifted by `delta` in logit space."""
-    if delta == 0.0 or len(rates) == 0:
-        return np.asarray(rates, dtype=float).copy()
-    c = np.clip(conditional_rates(np.asarray(rates, dtype=float)), COND_EPS, 1.0 - COND_EPS)
-    shifted = 1.0 / (1.0 + np.exp(-(np.log(c / (1.0 - c)) + delta)))
-    return np.cumprod(shifted)
-
-
 def shift_dist(dist: AcceptanceDist, delta: float) -> AcceptanceDist:
     """`dist` with every traced source's target rates shifted by `delta` (module docstring)."""
     if delta == 0.0 or dist.gamma == 0:
@@ -104,8 +92,8 @@ def shift_dist(dist: AcceptanceDist, delta: float) -> AcceptanceDist:
         pace = (1.0 + float(np.sum(src.rates))) / (1.0 + float(np.sum(new)))
         sources.append(dataclasses.replace(src, rates=new, stretch=src.stretch * pace))
     rates = sum((w * s.rates for w, s in zip(dist.weights, sources)), np.zeros(dist.gamma))
-    return AcceptanceDist(dist.method, dist.gamma, np.asarray(rates), list(dist.extrapolated),
-                          sources, dist.weights)
+    return dataclasses.replace(dist, rates=np.asarray(rates), extrapolated=list(dist.extrapolated),
+                               sources=sources)
 
 
 def _source_parts(dist: AcceptanceDist) -> list[tuple[float, np.ndarray, bool]]:
@@ -305,7 +293,8 @@ class AnchoredAcceptance(AcceptanceModel):
         for c in context_nodes(int(span[0]), int(span[1])):
             dist = AcceptanceModel.lookup(
                 self, method, gamma, sparsity if sparsity is not None else DEFAULT_SPARSITY,
-                c, workload, temperature if temperature is not None else 0.0)
+                c, workload, temperature if temperature is not None else 0.0,
+                context_trend=False)
             nodes.append(tuple(_source_parts(dist)))
         return nodes, note
 
@@ -327,11 +316,11 @@ class AnchoredAcceptance(AcceptanceModel):
     # -- lookup --
     def lookup(self, method: str, gamma: int, sparsity: float, context: int,
                workload: str | None = None, temperature: float = 0.0,
-               output_len: int | None = None) -> AcceptanceDist:
+               output_len: int | None = None, context_trend: bool = True) -> AcceptanceDist:
         """The shape's distribution, shifted by the method's δ and marked where the
         configuration is far from every anchor (module docstring)."""
         dist = super().lookup(method, gamma, sparsity, context, workload, temperature,
-                              output_len=output_len)
+                              output_len=output_len, context_trend=context_trend)
         if method == "vanilla" or not self.anchor_sets:
             return dist
         shift = self.shifts.get(method)

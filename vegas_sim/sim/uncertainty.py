@@ -14,7 +14,9 @@ standard deviations (%) combined in quadrature:
 - extrapolation-distance: grows with how far the scenario lies beyond what was measured —
   EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
   set's points, EXTRAP_PCT_PER_GAMMA per γ past the traced γ, EXTRAP_PCT_PER_SPARSITY_OCTAVE
-  per octave of sparsity outside the traced ones (distances add);
+  per octave of sparsity outside the traced ones, and beyond the traced contexts the
+  context trend's own sd (`AcceptanceDist.context_trend_sd_pct`, `sim.context_trend`)
+  (distances add);
 - simulation: the Monte-Carlo CI's half-width / 1.96;
 - host-protocol (one-sided: slower only), for a latency set whose grid timed sample and select
   after verify alone (`LatencyModel.host_phases_in_loop` False: calibrate without
@@ -186,7 +188,8 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
         "pi_extrapolation_latency_pct": latency_extrapolation_pct(
             latency, int(row["batch"]), int(row["context"]) + int(row["output_len"]), n_query),
         "pi_extrapolation_acceptance_pct": acceptance_extrapolation_pct(
-            acceptance, method, gamma, float(row["sparsity"])),
+            acceptance, method, gamma, float(row["sparsity"]))
+        + (dist.context_trend_sd_pct if dist is not None else 0.0),  # beyond traced contexts
         "pi_simulation_pct": simulation_pct(float(row["throughput_tok_s"]),
                                             float(row["throughput_ci_low"]),
                                             float(row["throughput_ci_high"])),

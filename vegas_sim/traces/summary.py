@@ -128,3 +128,26 @@ def acceptance_summary(acc: pd.DataFrame, at_gamma: int = 6) -> list[dict[str, A
                 np.minimum(g["accepted"].to_numpy(), at_gamma).mean() + 1)
         out.append(rec)
     return out
+
+
+def format_context_trends(rows: list[dict[str, Any]]) -> str:
+    """The acceptance model's context trends (`AcceptanceModel.context_trends` rows), one line
+    per (workload, temperature, method, traced γ): the traced buckets, the mean acceptance
+    length at the first and last, and the slope followed beyond the last."""
+    if not rows:
+        return ""
+    header = (f"    {'workload':<10} {'T':>4} {'method':<16} {'γ':>3}  "
+              f"{'traced contexts':<20} {'length first → last':<20} per doubling")
+    lines = [("  acceptance context trend beyond the traced contexts, per workload (logit shift "
+              "of the conditional"),
+             ("  per-position rates per doubling of context; in % of the last bucket's mean "
+              "acceptance length):"), header]
+    for r in sorted(rows, key=lambda r: (r["workload"], r["temperature"], r["method"],
+                                         r["gamma"])):
+        traced = f"{r['context_lo']}..{r['context_hi']} ({r['buckets']})"
+        length = f"{r['length_lo']:.2f} → {r['length_hi']:.2f}"
+        slope = f"{r['slope_per_doubling']:+.2f} ({r['pct_per_doubling']:+.1f} %)"
+        note = f"  [{r['note']}]" if r["note"] else ""
+        lines.append(f"    {r['workload']:<10} {r['temperature']:>4g} {r['method']:<16} "
+                     f"{r['gamma']:>3}  {traced:<20} {length:<20} {slope}{note}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,141 @@
+"""Context extrapolation on real traces: fit acceptance on short contexts, predict long ones.
+
+CPU, seconds. Data: the packaged real-weights set `smollm2-135m-real` (whatever its longdoc and
+recall rows hold; prompts at start contexts 1K, 2K, 4K and 7K per workload). The fit set is its
+subset with contexts <= 3K (`vegas_sim.traces.subset`, as `vegas-sim traces subset
+smollm2-135m-real --where 'context<=3K'` writes it): the 1K and 2K prompts, each run whole. Held
+out: every start-context bucket of the full set above the subset's traced contexts (4K, 7K), per
+workload (longdoc, recall), temperature, method and traced γ.
+
+- measured: the full set's mean acceptance length (1 + accepted, as vLLM counts it, bonus
+  included) over the runs starting at the bucket, averaged over the traced sparsities; its
+  standard error `measured_se_pct` from the prompt-to-prompt spread (the prompt is the unit);
+- predicted: the subset's `AcceptanceModel.lookup(...).mean_length` at the bucket's context,
+  same sparsities, averaged: beyond the subset's contexts it follows the context trend
+  (`sim.context_trend`); `trend_sd_pct` is the trend's own uncertainty at that distance;
+- nearest bucket: the rule the trend replaces (the subset's last bucket held), for comparison.
+
+Error: (predicted − measured) / measured. `covered`: |error| within 1.96 × the trend's sd and
+the measurement's standard error combined. Prints the table, median / max |error| per rule,
+and writes benchmarks/results/context_extrapolation.csv (one row per point; the `command`
+column is how to reproduce it).
+
+    PYTHONPATH=. python benchmarks/context_extrapolation.py [--cut 3K] [--out CSV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from vegas_sim.methods import MIN_TOKENS
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.traces.io import load_trace_set
+from vegas_sim.traces.subset import subset_trace_set
+
+SET = "smollm2-135m-real"
+WORKLOADS = ("longdoc", "recall")
+RESULTS = Path(__file__).resolve().parent / "results"
+RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
+
+
+def fit_subset(cut: str) -> tuple[AcceptanceModel, int]:
+    """The acceptance model of the set's rows with context <= `cut`, and its traced max."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = subset_trace_set(SET, Path(tmp) / "short", f"context<={cut}")
+        floor = int(sub.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
+        model = AcceptanceModel.from_traces(sub.acceptance, sub.weights_kind, min_tokens=floor)
+        return model, int(sub.acceptance["context"].max())
+
+
+def measured(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (workload, temperature, method, γ, start context, sparsity, request): the run's
+    mean acceptance length (runs keyed by their request and first context)."""
+    rows = rows.assign(start=rows.groupby(RUN_KEYS)["context"].transform("min"))
+    return (rows.assign(length=rows["accepted"] + 1.0)
+            .groupby(["workload", "temperature", "method", "gamma", "start", "sparsity",
+                      "request"], as_index=False)["length"].mean())
+
+
+def held_out_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int
+                    ) -> list[dict[str, object]]:
+    """One row per held-out (workload, temperature, method, γ, bucket) (module docstring)."""
+    out: list[dict[str, object]] = []
+    keys = ["workload", "temperature", "method", "gamma", "start"]
+    for (wl, temp, method, gamma, start), g in runs[runs.start > traced_max].groupby(keys):
+        sparsities = sorted(g.sparsity.unique())
+        per_prompt = g.groupby("request")["length"].mean()  # over the sparsities
+        truth = float(g.groupby("sparsity")["length"].mean().mean())
+        se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt)))
+        dists = [model.lookup(str(method), int(gamma), float(s), int(start), str(wl),
+                              float(temp)) for s in sparsities]
+        edge = max(b for b in model.coverage()["context_buckets"]  # type: ignore[attr-defined]
+                   if b <= traced_max)
+        nearest = [model.lookup(str(method), int(gamma), float(s), int(edge), str(wl),
+                                float(temp)).mean_length for s in sparsities]
+        out.append({
+            "workload": wl, "temperature": float(temp), "method": method, "gamma": int(gamma),
+            "context": int(start), "doublings": math.log2(int(start) / edge),
+            "prompts": len(per_prompt), "measured": truth, "measured_se_pct": 100 * se / truth,
+            "predicted": float(np.mean([d.mean_length for d in dists])),
+            "trend_sd_pct": float(np.mean([d.context_trend_sd_pct for d in dists])),
+            "nearest_bucket": float(np.mean(nearest)),
+            "note": dists[len(dists) // 2].extrapolated[0] if dists[0].extrapolated else "",
+        })
+    return out
+
+
+def score(points: pd.DataFrame) -> pd.DataFrame:
+    points = points.copy()
+    for col in ("predicted", "nearest_bucket"):
+        points[f"{col}_err_pct"] = 100 * (points[col] - points.measured) / points.measured
+    band = 1.96 * np.hypot(points.trend_sd_pct, points.measured_se_pct)
+    points["covered"] = points.predicted_err_pct.abs() <= band
+    return points
+
+
+def summary_lines(points: pd.DataFrame) -> list[str]:
+    lines = []
+    for label, sel in [("all", points.index == points.index)] + [
+            (f"T {t:g}", points.temperature == t) for t in sorted(points.temperature.unique())
+    ] + [(w, points.workload == w) for w in sorted(points.workload.unique())]:
+        p = points[sel]
+        trend, near = p.predicted_err_pct.abs(), p.nearest_bucket_err_pct.abs()
+        lines.append(f"{label:<8} {len(p):>3} points  context trend |error| median "
+                     f"{trend.median():5.2f} %  max {trend.max():5.2f} %   nearest bucket "
+                     f"(old rule) median {near.median():5.2f} %  max {near.max():5.2f} %   "
+                     f"trend interval covers {p.covered.mean():.0%}")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--cut", default="3K", help="fit on contexts <= this (default 3K)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "context_extrapolation.csv")
+    args = ap.parse_args()
+    full = load_trace_set(SET).acceptance
+    model, traced_max = fit_subset(args.cut)
+    runs = measured(full[full.workload.isin(WORKLOADS)])
+    points = score(pd.DataFrame(held_out_points(model, runs, traced_max)))
+    cols = ["workload", "temperature", "method", "gamma", "context", "prompts", "measured",
+            "measured_se_pct", "predicted", "predicted_err_pct", "trend_sd_pct", "covered",
+            "nearest_bucket", "nearest_bucket_err_pct"]
+    print(f"fit: {SET} contexts <= {args.cut} (traced up to {traced_max}); held out: the "
+          f"full set's {', '.join(WORKLOADS)} buckets above")
+    print(points[cols].round(3).to_string(index=False))
+    print("\n".join(summary_lines(points)))
+    print("e.g.", points.note.iloc[0])
+    command = "PYTHONPATH=. python benchmarks/context_extrapolation.py" + (
+        f" --cut {args.cut}" if args.cut != "3K" else "")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    points[cols + ["note"]].assign(command=command).to_csv(args.out, index=False)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

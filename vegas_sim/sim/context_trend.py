@@ -1,0 +1,293 @@
+"""Context trend: how acceptance moves with log-context beyond the traced context buckets.
+
+Inside the traced buckets the acceptance model interpolates in log-context; above them it
+continues each (method, temperature, workload, traced γ) along the trend its own buckets show,
+as a logit shift of the edge bucket's distribution (the transform anchors use, `shift_rates`):
+
+    c_i' = σ(logit(c_i) + δ(C)),  δ(C) = slope × min(d, MAX_SPAN_MULTIPLE × span),
+    d = log2((C + g) / (edge bucket + g))
+
+(g: the mean tokens generated before a traced iteration of the edge bucket, so that prompt and
+bucket are both placed at their iterations' mean context; span: the doublings the traced
+buckets cover; beyond twice that the trend is held), so the edge bucket's shape over draft
+positions and its traced runs are kept, every rate stays in (0, 1), and the mean acceptance
+length moves monotonically with δ.
+
+Fit (`fit_trend`, per group and edge). Statistic: the logit shift δ_k that carries the edge
+bucket's per-sparsity rates to bucket k's mean acceptance length (mean over the sparsities
+traced at every bucket; δ_edge = 0). Its standard error comes from the prompt-to-prompt spread
+of bucket k's runs (`bucket_se`; the prompt is the sampling unit, its sparsities are
+correlated), carried to δ through dL/dδ. The slope is a weighted least-squares line of δ_k on
+log2(C_k + g_k) (weights 1 / se²), then:
+
+- shrunk toward flat by its own evidence: slope × max(0, 1 − 1/t²), t = slope / se (the moment
+  estimate of the true slope's share of the estimate's variance: E[slope²] = β² + se²), so a
+  slope within one standard error of 0 gives a flat trend, and a clear one passes nearly whole;
+- flat when the line's sign disagrees with the net change from the first to the last bucket
+  (no monotone trend in the data);
+- capped at the traced span's average change per doubling, |δ_last − δ_first| / doublings
+  spanned (an extrapolation never climbs faster than the data did over their whole range).
+
+A group with one traced bucket, or no sparsity traced at all its buckets, has a flat trend.
+
+Uncertainty (`ContextTrend.shift_sd`): sd of δ at d doublings beyond the edge,
+sqrt((se × d)² + (CURVATURE_SD × slope × d)²): the slope's sampling error and an allowance for
+the curvature a line cannot see, both growing with the log-distance. CURVATURE_SD: on the
+SmolLM2 real set's longdoc and recall groups (4 buckets, 1-7K) the slope of each single
+doubling differs from the group's line by sd 0.19 of it (median |deviation| 0.16, sampling
+noise included; greedy longdoc's rise per doubling halves from 1-2K to 2-4K); 0.25 allows for
+the larger distances extrapolated. `AcceptanceDist` carries the sd as a relative sd of the mean
+acceptance length (`context_trend_sd_pct`), linearised at the edge bucket (`TrendShift.sd_pct`:
+it keeps growing where the shifted rates saturate), which the prediction interval adds to its
+acceptance extrapolation term.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vegas_sim.sim.acceptance_dist import conditional_rates
+
+COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
+DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
+MAX_SPAN_MULTIPLE = 2.0  # the trend is followed for at most this many traced spans (doublings)
+CURVATURE_SD = 0.25  # relative sd of an extrapolated shift: the curvature a line cannot see
+SE_FLOOR = 1e-3  # relative: a bucket of identical runs still has some sampling error
+
+
+def shift_rates(rates: np.ndarray, delta: float) -> np.ndarray:
+    """Per-position rates with their conditional rates shifted by `delta` in logit space."""
+    if delta == 0.0 or len(rates) == 0:
+        return np.asarray(rates, dtype=float).copy()
+    c = np.clip(conditional_rates(np.asarray(rates, dtype=float)), COND_EPS, 1.0 - COND_EPS)
+    shifted = 1.0 / (1.0 + np.exp(-(np.log(c / (1.0 - c)) + delta)))
+    return np.cumprod(shifted)
+
+
+def mean_length(rates: Sequence[np.ndarray], delta: float = 0.0) -> float:
+    """Mean over components of the acceptance length 1 + Σ r_i, each shifted by δ."""
+    return float(np.mean([1.0 + shift_rates(r, delta).sum() for r in rates]))
+
+
+def delta_to_length(rates: Sequence[np.ndarray], target: float) -> float:
+    """The δ whose shift of `rates` has mean acceptance length `target` (bisection: the length
+    rises monotonically with δ), clamped to ±DELTA_BOUND."""
+    lo, hi = -DELTA_BOUND, DELTA_BOUND
+    if mean_length(rates, lo) >= target:
+        return lo
+    if mean_length(rates, hi) <= target:
+        return hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if mean_length(rates, mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def length_slope(rates: Sequence[np.ndarray], delta: float, eps: float = 1e-3) -> float:
+    """dL/dδ of the mean acceptance length at δ (central difference)."""
+    return (mean_length(rates, delta + eps) - mean_length(rates, delta - eps)) / (2 * eps)
+
+
+def bucket_se(run_lengths: Sequence[np.ndarray]) -> float:
+    """Standard error of a bucket's mean acceptance length from its runs' lengths, one array
+    per sparsity. When every sparsity has the same runs (the same prompts, in the same order)
+    the prompt is the unit: sd of the prompts' means over the sparsities / √prompts; else the
+    mean of the sparsities' own standard errors (as if fully correlated)."""
+    arrays = [np.asarray(x, dtype=float) for x in run_lengths if len(x)]
+    if not arrays:
+        return 0.0
+    if len({len(x) for x in arrays}) == 1 and len(arrays[0]) > 1:
+        per_prompt = np.mean(np.stack(arrays), axis=0)
+        return float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt)))
+    return float(np.mean([x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else 0.0
+                          for x in arrays]))
+
+
+@dataclass(frozen=True)
+class ContextTrend:
+    """The trend of one (method, temperature, workload, traced γ) beyond one edge bucket."""
+
+    edge: float  # the edge bucket (start context) the shift is applied to
+    slope: float  # δ per doubling of context used for extrapolation (0 = flat)
+    fitted_slope: float  # the weighted least-squares slope before shrinkage and cap
+    slope_se: float
+    buckets: tuple[float, ...]  # traced buckets (start contexts), ascending
+    lengths: tuple[float, ...]  # mean acceptance length per bucket (mean over sparsities)
+    deltas: tuple[float, ...]  # δ per bucket relative to the edge bucket's shape
+    reason: str = ""  # why the trend is flat, shrunk or capped ("" = fitted as is)
+    pct_per_doubling: float = 0.0  # % change of the edge bucket's mean acceptance length
+    # that one doubling along the trend gives
+    generated: float = 0.0  # mean tokens generated before an iteration of the edge bucket
+    span: float = 0.0  # doublings of context the traced buckets' iterations span
+
+    def doublings_to(self, context: int) -> float:
+        """log2 distance of a request of prompt `context` from the edge bucket, both placed
+        at their iterations' mean context (prompt + the tokens generated before them)."""
+        return math.log2((context + self.generated) / (self.edge + self.generated))
+
+    @property
+    def flat(self) -> bool:
+        return self.slope == 0.0
+
+    def shift(self, doublings: float) -> float:
+        """δ at `doublings` (signed log2 distance from the edge bucket), followed for at most
+        MAX_SPAN_MULTIPLE traced spans and held beyond."""
+        reach = MAX_SPAN_MULTIPLE * self.span
+        return self.slope * max(-reach, min(reach, doublings))
+
+    def shift_sd(self, doublings: float) -> float:
+        """sd of δ at `doublings` from the edge (module docstring, Uncertainty)."""
+        d = abs(doublings)
+        return math.hypot(self.slope_se * d, CURVATURE_SD * self.slope * d)
+
+
+def flat_trend(edge: float, reason: str) -> ContextTrend:
+    """No trend beyond `edge` (the nearest bucket is held), and why."""
+    return ContextTrend(edge, 0.0, 0.0, 0.0, (edge,), (), (0.0,), reason)
+
+
+def _flat(edge: float, buckets: Sequence[float], lengths: Sequence[float],
+          deltas: Sequence[float], reason: str, fitted: float = 0.0,
+          se: float = 0.0, generated: float = 0.0, span: float = 0.0) -> ContextTrend:
+    return ContextTrend(edge, 0.0, fitted, se, tuple(buckets), tuple(lengths), tuple(deltas),
+                        reason, 0.0, generated, span)
+
+
+def fit_trend(buckets: Sequence[float], rates: Sequence[Sequence[np.ndarray]],
+              ses: Sequence[float], edge: int,
+              generated: Sequence[float] | None = None) -> ContextTrend:
+    """The trend of a group beyond bucket index `edge` (0 or the last; module docstring).
+
+    buckets [K] ascending start contexts; rates[k] the per-sparsity rates [γ_t] of bucket k (the
+    same sparsities, in the same order, at every bucket); ses[k] the standard error of bucket
+    k's mean acceptance length (`bucket_se`); generated[k] the mean tokens generated before
+    an iteration of bucket k (the line is fitted at the iterations' mean contexts).
+    """
+    gen = list(generated) if generated is not None else [0.0] * len(buckets)
+    edge_c = float(buckets[edge])
+    lengths = [mean_length(r) for r in rates]
+    if len(buckets) < 2:
+        return _flat(edge_c, buckets, lengths, [0.0] * len(buckets), "one traced context bucket")
+    ref = rates[edge]
+    deltas = [0.0 if k == edge else delta_to_length(ref, lengths[k]) for k in range(len(rates))]
+    x = np.log2((np.asarray(buckets, dtype=float) + gen) / (edge_c + gen[edge]))
+    y = np.asarray(deltas)
+    se_d = np.array([max(se, SE_FLOOR * lk) / max(length_slope(ref, d), 1e-9)
+                     for se, lk, d in zip(ses, lengths, deltas)])
+    w = 1.0 / se_d ** 2
+    xm = float(np.sum(w * x) / w.sum())
+    sxx = float(np.sum(w * (x - xm) ** 2))
+    fitted = float(np.sum(w * (x - xm) * y) / sxx)
+    se = 1.0 / math.sqrt(sxx)
+    span = float(x[-1] - x[0])
+    net = (deltas[-1] - deltas[0]) / span  # the traced span's average change per doubling
+    args = (edge_c, buckets, lengths, deltas)
+    if fitted == 0.0 or net == 0.0 or math.copysign(1.0, fitted) != math.copysign(1.0, net):
+        return _flat(*args, "no monotone trend over the traced buckets", fitted, se,
+                     gen[edge], span)
+    t = fitted / se
+    slope = fitted * max(0.0, 1.0 - 1.0 / t ** 2)
+    if slope == 0.0:
+        return _flat(*args, f"slope {fitted:+.2f} within one standard error ({se:.2f}) of 0",
+                     fitted, se, gen[edge], span)
+    reason = f"shrunk by its standard error ({fitted:+.2f} ± {se:.2f})" if t ** 2 < 4 else ""
+    if abs(slope) > abs(net):
+        slope, reason = net, f"capped at the traced span's change per doubling ({net:+.2f})"
+    pct = 100.0 * (mean_length(ref, slope) / lengths[edge] - 1.0)
+    return ContextTrend(edge_c, slope, fitted, se, tuple(buckets), tuple(lengths),
+                        tuple(deltas), reason, pct, gen[edge], span)
+
+
+@dataclass(frozen=True)
+class TrendShift:
+    """The context-trend shift one lookup component got: pooled over its workloads."""
+
+    delta: float  # δ applied
+    sd: float  # sd of δ (`ContextTrend.shift_sd`)
+    slope: float  # δ per doubling (iteration-weighted over the workloads)
+    doublings: float  # log2 distance from the edge bucket (`ContextTrend.doublings_to`)
+    length_before: float  # mean acceptance length of the component before / after the shift
+    length_after: float
+    fitted_on: str  # "longdoc 1024..7168 (4 buckets)", one per workload
+    reason: str = ""  # why the (first) workload's trend is flat, shrunk or capped
+    held_beyond: float | None = None  # doublings past which the trend is held (when reached)
+    pct_per_delta: float = 0.0  # % of the edge bucket's mean acceptance length per unit δ
+
+    @classmethod
+    def of(cls, trends: Sequence[ContextTrend], workloads: Sequence[str], share: np.ndarray,
+           context: int, rates: np.ndarray) -> TrendShift:
+        """The shift of a component pooling `workloads` (iteration shares `share`) at
+        `context`, beyond their common edge bucket."""
+        dist = [t.doublings_to(context) for t in trends]
+        doublings = float(sum(w * d for w, d in zip(share, dist)))
+        delta = float(sum(w * t.shift(d) for w, t, d in zip(share, trends, dist)))
+        sd = float(sum(w * t.shift_sd(d) for w, t, d in zip(share, trends, dist)))
+        slope = float(sum(w * t.slope for w, t in zip(share, trends)))
+        seen: dict[str, ContextTrend] = {}
+        for wl, t in zip(workloads, trends):
+            seen.setdefault(wl, t)
+        fitted_on = ", ".join(
+            f"{wl} {min(t.buckets):.0f}..{max(t.buckets):.0f}, {len(t.buckets)} buckets"
+            for wl, t in seen.items())
+        reason = next((t.reason for t in trends if t.reason), "")
+        after = 1.0 + float(shift_rates(rates, delta).sum())
+        reach = [MAX_SPAN_MULTIPLE * t.span for t, d in zip(trends, dist)
+                 if t.slope and d > MAX_SPAN_MULTIPLE * t.span]
+        before = 1.0 + float(rates.sum())
+        return cls(delta, sd, slope, doublings, before, after, fitted_on, reason,
+                   min(reach) if reach else None, 100.0 * length_slope([rates], 0.0) / before)
+
+    @property
+    def sd_pct(self) -> float:
+        """The shift's sd as % of the mean acceptance length, linearised at the edge bucket
+        (so it grows with the distance even where the shifted rates saturate)."""
+        return self.sd * self.pct_per_delta
+
+
+def trend_note(context: int, traced: tuple[int, int], bucket: float, weights: Sequence[float],
+               shifts: Sequence[TrendShift | None], gamma: int) -> str:
+    """The `extrapolated` note of a lookup above the traced contexts: the context trend it
+    followed (slope, the buckets it was fitted on, distance, shift and what the shift did to
+    the mean acceptance length, over the mixture `weights`), or why it held the bucket.
+    `parse_trend_note` reads it back (the report's context-trend table)."""
+    head = f"context {context} outside traced {traced[0]}..{traced[1]}: context trend"
+    used = [sh for sh in shifts if sh is not None]
+    if all(sh.delta == 0.0 for sh in used):
+        why = "; ".join(sorted({sh.reason for sh in used if sh.reason})) or "none fitted"
+        return f"{head} flat ({why}): using the nearest traced bucket ({bucket:.0f})"
+    # the all-accepted component (sparsity toward 1) has no trend: γ + 1 before and after
+    before = sum(w * (sh.length_before if sh else gamma + 1.0) for w, sh in zip(weights, shifts))
+    after = sum(w * (sh.length_after if sh else gamma + 1.0) for w, sh in zip(weights, shifts))
+    moved = [(w, sh) for w, sh in zip(weights, shifts) if sh is not None]
+    delta = sum(w * sh.delta for w, sh in moved) / sum(w for w, _ in moved)
+    first = next(sh for sh in used if sh.delta != 0.0)
+    held = ("" if first.held_beyond is None else
+            f" (held beyond {first.held_beyond:.2f}: {MAX_SPAN_MULTIPLE:g}x the traced span)")
+    return (f"{head} {first.slope:+.2f} logit per doubling ({first.fitted_on}) from the "
+            f"{bucket:.0f} bucket, {first.doublings:+.2f} doublings{held}: shift {delta:+.2f}, "
+            f"mean acceptance length {before:.2f} -> {after:.2f}")
+
+
+_NOTE_RE = re.compile(
+    r"context trend (?P<slope>[+-][\d.]+) logit per doubling \((?P<fitted_on>[^)]*)\) from the "
+    r"(?P<bucket>\d+) bucket, (?P<doublings>[+-][\d.]+) doublings(?: \([^)]*\))?: shift "
+    r"(?P<shift>[+-][\d.]+), mean acceptance length (?P<before>[\d.]+) -> (?P<after>[\d.]+)")
+
+
+def parse_trend_note(text: str) -> dict[str, float | str] | None:
+    """The numbers of a `trend_note` inside an `extrapolated` text (None: no trend followed)."""
+    m = _NOTE_RE.search(text)
+    if m is None:
+        return None
+    return {"slope_per_doubling": float(m["slope"]), "fitted_on": m["fitted_on"],
+            "edge_bucket": float(m["bucket"]), "doublings": float(m["doublings"]),
+            "shift": float(m["shift"]), "length_before": float(m["before"]),
+            "length_after": float(m["after"])}
