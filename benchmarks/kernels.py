@@ -96,7 +96,7 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     y = torch.empty_like(x)
     for _ in range(50):  # ~0.1 s of copies: clocks up before the first timing
         y.copy_(x)
-    # run 4 read 2772 GB/s from the graph timer right after start vs 4256 eager (run 3):
+    # on the H200 the graph timer once read 2772 GB/s right after start against 4256 eager:
     # keep the larger of the two, so ratios are never inflated by a low denominator
     ms = min(bench(partial(y.copy_, x)), bench(partial(y.copy_, x), graph=False))
     del x, y
@@ -106,8 +106,8 @@ def copy_bandwidth(gib: float = 4.0) -> float:
 def make_cache(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Caches for contexts up to C; S_max = C + 128 (a multiple of 128, as the runtime should
     allocate it: the score write-out then needs no key mask). Filled one request at a time
-    (no single random op over >= 2^31 elements: run 4's crash at B=16 C=128K came at the
-    first sync after such a fill, see docs/KERNELS.md) and synchronised, so a setup failure
+    (no single random op over >= 2^31 elements: an illegal-address crash at B=16 C=128K came at
+    the first sync after such a fill, see docs/KERNELS.md) and synchronised, so a setup failure
     is reported here and not by the next timed kernel."""
     S = C + 128
     k = torch.empty(B, S, HKV, D, device=DEV, dtype=torch.bfloat16)
@@ -327,8 +327,8 @@ VARIANT_SHAPES = [(4, 131072, 8), (16, 32768, 8), (4, 32768, 1)]
 
 def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
     """--tune: the Collect-2-Query implementations (rows of the main tile / separate dot) and
-    the M tile minimum (16: mma.sync, 64: wgmma) at the shapes where run 3 failed, so the next
-    run can confirm or flip the defaults (C2Q_DOT_DEFAULT, MIN_M_DEFAULT). Rows kind=variant."""
+    the M tile minimum (16: mma.sync, 64: wgmma) at the shapes that missed the verify target, so
+    a run can confirm or flip the defaults (C2Q_DOT_DEFAULT, MIN_M_DEFAULT). Rows kind=variant."""
     from vegas_sim.kernels import verify_launch as vl
 
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -619,8 +619,8 @@ C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("slice m16", {"c2q": "slice", "min_m": 16}),
     ("slice m64", {"c2q": "slice", "min_m": 64}),
     ("rows m16 n64", {"c2q": "rows", "min_m": 16, "block_n": 64}),
-    # run 9: deeper pipelines of the M 64 tile (st 4 won the first run-9 sweep: 2.9 / 4.5 /
-    # 10.0 % vs st 3's 6.4 / 12.3 / 15.5 %; w8, st2, n32, n128 lost by 20-70 points)
+    # deeper pipelines of the M 64 tile (st 4 won their first H200 sweep: 2.9 / 4.5 / 10.0 %
+    # vs st 3's 6.4 / 12.3 / 15.5 %; w8, st2, n32, n128 lost by 20-70 points)
     ("rows m64 st4", {"c2q": "rows", "min_m": 64, "num_stages": 4}),
     ("rows m64 st5", {"c2q": "rows", "min_m": 64, "num_stages": 5}),
     ("rows m64 st6", {"c2q": "rows", "min_m": 64, "num_stages": 6}),
@@ -752,10 +752,11 @@ def bench_b1_configs(args: argparse.Namespace, copy_bw: float,
 
 def probe_int32_offsets(args: argparse.Namespace, copy_bw: float,
                         out: list[dict[str, Any]]) -> None:
-    """Run 4's crash, isolated (the last step: a crash here loses nothing): verify at the
+    """The illegal-address crash at the big cache, isolated (the last step: a crash here
+    loses nothing): verify at the
     largest big cache of the grid (B=16 C=128K, NQ 1, collect none) with the int32 tile
     offsets the launcher no longer uses there (offs64=False), against the default int64 path.
-    'ok' means the int32 path is sound on this Triton and run 4's illegal address came from
+    'ok' means the int32 path is sound on this Triton and that illegal address came from
     elsewhere (the >= 2^31-element randn fill, now per request); a crash means the int32
     path itself (keep OFFS64 for such caches). Row kind=probe."""
     from vegas_sim.kernels import verify_attention as va
@@ -941,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="B 1,4,16; C 32K,128K; NQ 1,8,16")
     p.add_argument("--tune", action="store_true", help="also sweep verify launch configs")
     p.add_argument("--sweep", action="store_true",
-                   help="only the variant sweep of run 4 (see sweep()), then exit")
+                   help="only the variant sweep (see sweep()), then exit")
     p.add_argument("--budget-s", type=float, default=150.0,
                    help="--sweep starts no new item after this many seconds")
     p.add_argument("--step-budget-s", type=float, default=120.0,
@@ -975,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
                          "CUDA-graph replays (do_bench_cudagraph), inputs rotated past the L2"))
     print(f"copy bandwidth {copy_bw:.0f} GB/s (read+write)")
     only = set(args.only.split(","))
-    # Caches of >= 2^31 elements (B=16 C=128K) last: an illegal address there (run 4) kills
+    # Caches of >= 2^31 elements (B=16 C=128K) last: an illegal address there (seen once) kills
     # the CUDA context, so everything else is measured first; every step records its
     # failures as `error` rows, and a lost context ends the GPU work but not the report.
     # Order = priority under the time budget: the targets' evidence first, the B=1 configs
@@ -1048,10 +1049,10 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# --sweep: the variants that the one-off H200 sweep (run 4) decided between. Rows kind=sweep,
+# --sweep: the variants that a one-off H200 sweep decided between. Rows kind=sweep,
 # `config` = variant label. Stops starting new items after --budget-s seconds.
 
-SWEEP_VERIFY = [  # (B, C, NQ): the shapes that failed in run 3 + one passing control
+SWEEP_VERIFY = [  # (B, C, NQ): the shapes that once missed the verify target + one control
     (4, 131072, 8), (16, 32768, 8), (4, 32768, 16), (4, 32768, 1), (16, 131072, 16),
     (1, 32768, 8), (1, 131072, 8), (1, 32768, 16),
 ]

@@ -1,7 +1,7 @@
 """The tracked tree stays small: a device call carries it next to a third of the SmolLM2 GGUF
 (33 MB: `split -n 3` of the 98 MB file) under a 64 MiB limit (benchmarks/gpu/device.sh).
 
-Halves (49 MB each) were enough until run 9's 128-window acceptance set took the tree to
+Halves (49 MB each) were enough until the 128-window acceptance set took the tree to
 ~20 MB; thirds cost one more device call per session that loads the real weights."""
 
 from __future__ import annotations

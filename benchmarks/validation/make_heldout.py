@@ -69,8 +69,8 @@ OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64, "gpt_oss_20b": 64, "qwen3_30b_a3b"
 
 
 # Real weights: requests per configuration, at least. One request's acceptance length scatters
-# ~18 % (prompt and sampling); run 6 measured 8 requests at B = 1 (sampling error 6.7-8.7 %,
-# so a 2-sigma miss was 13-17 % of throughput). 32 halves that. The longdoc pool has 8-16
+# ~18 % (prompt and sampling); 8 requests at B = 1 measured a sampling error of 6.7-8.7 %,
+# so a 2-sigma miss was 13-17 % of throughput. 32 halves that. The longdoc pool has 8-16
 # prompts this long, so waves past it repeat prompts with other sampling seeds.
 MIN_REQUESTS = 32
 

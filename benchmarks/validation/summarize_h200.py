@@ -29,7 +29,7 @@ TABLES = (("as run", ".csv"), ("re-predicted", ".repredicted.csv"))
 # (summary column prefix, result column): throughput error, then its two factors
 COLUMNS = (("", "error_pct"), ("iter_time_", "iter_time_error_pct"),
            ("acceptance_", "acceptance_error_pct"))
-# a second draw of held-out rows (run 82; runs 52 and 73 on older runtimes): stem -> (label, table stem)
+# a second draw of held-out rows (measured again on each runtime revision): stem -> (label, table stem)
 FRESH = {"smollm2": ("fresh 24 (seed 20261130)", "smollm2_seed20261130")}
 # the throughput columns say "error" in their names, the factors' do not
 SUFFIX = {"": "abs_error_pct", "iter_time_": "abs_pct", "acceptance_": "abs_pct"}
@@ -65,10 +65,10 @@ def summary_rows() -> list[dict[str, object]]:
 
 TRACES = Path(__file__).resolve().parents[2] / "vegas_sim" / "traces" / "default"
 # (label, measured tables, latency set): each regime's tables measured on the runtime revision
-# of its packaged latency set (runs 79 and 81: revision 3)
+# of its packaged latency set (revision 3)
 SPREAD_TABLES = (
-    ("(a) run 81, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
-    ("(b) run 79, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
+    ("(a) SmolLM2, 27 rows", ("smollm2", "smollm2_span"), "smollm2-135m-h200"),
+    ("(b) Qwen3-8B, 28 rows", ("qwen3_8b", "qwen3_8b_span"), "qwen3-8b-h200"),
 )
 
 
@@ -93,18 +93,18 @@ def seed_spread(seeds: int) -> pd.DataFrame:
 # first three pairs ran on one runtime (but for the sparse launch, 0.5-1 % of a draft step): the
 # measurement's own run-to-run spread. The last three straddle runtime revision 3's sampler.
 REPEATS = (
-    ("(a) run 72 vs run 48", "rev2_smollm2", "rev2_sparse4w_smollm2"),
-    ("(a) run 72 vs run 48", "rev2_smollm2_span", "rev2_sparse4w_smollm2_span"),
-    ("(a) fresh draw, run 73 vs run 52", "rev2_smollm2_seed20261130",
+    ("(a) revision 2, measured twice", "rev2_smollm2", "rev2_sparse4w_smollm2"),
+    ("(a) revision 2, measured twice", "rev2_smollm2_span", "rev2_sparse4w_smollm2_span"),
+    ("(a) fresh draw, revision 2, measured twice", "rev2_smollm2_seed20261130",
      "rev2_sparse4w_smollm2_seed20261130"),
-    ("(b) run 70 vs run 42", "rev2_qwen3_8b", "rev2_sparse4w_qwen3_8b"),
-    ("(b) run 70 vs run 42", "rev2_qwen3_8b_span", "rev2_sparse4w_qwen3_8b_span"),
-    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2", "rev2_smollm2"),
-    ("(a) run 81 vs run 72 (revision 3 vs 2)", "smollm2_span", "rev2_smollm2_span"),
-    ("(a) fresh draw, run 82 vs run 73 (revision 3 vs 2)", "smollm2_seed20261130",
+    ("(b) revision 2, measured twice", "rev2_qwen3_8b", "rev2_sparse4w_qwen3_8b"),
+    ("(b) revision 2, measured twice", "rev2_qwen3_8b_span", "rev2_sparse4w_qwen3_8b_span"),
+    ("(a) revision 3 vs 2", "smollm2", "rev2_smollm2"),
+    ("(a) revision 3 vs 2", "smollm2_span", "rev2_smollm2_span"),
+    ("(a) fresh draw, revision 3 vs 2", "smollm2_seed20261130",
      "rev2_smollm2_seed20261130"),
-    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b", "rev2_qwen3_8b"),
-    ("(b) run 79 vs run 70 (revision 3 vs 2)", "qwen3_8b_span", "rev2_qwen3_8b_span"),
+    ("(b) revision 3 vs 2", "qwen3_8b", "rev2_qwen3_8b"),
+    ("(b) revision 3 vs 2", "qwen3_8b_span", "rev2_qwen3_8b_span"),
 )
 KEYS = ["method", "gamma", "sparsity", "batch", "context"]
 REPEAT_COLUMNS = (("throughput", "measured"), ("iteration time", "measured_iter_ms"),

@@ -517,8 +517,8 @@ def test_sigterm_interrupts_like_ctrl_c() -> None:
 @pytest.mark.gpu
 def test_graphed_calibration_rows_cover_every_plan_phase_on_cuda(tmp_path: Path) -> None:
     """With CUDA graphs Quest's per-step scoring is timed apart (quest_scoring_ms), not nested
-    in the steps: its quest_meta rows must exist all the same (run 8's first SmolLM2 set
-    lacked them), and so must the 'other' rows."""
+    in the steps: its quest_meta rows must exist all the same (an early SmolLM2 set lacked
+    them), and so must the 'other' rows."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from tests.calibrate.conftest import tiny_spec

@@ -247,7 +247,7 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
         if regime == "qwen3_8b":
             assert all(mod.kv_gb(h.batch, h.context, h.output_len) <= mod.MAX_KV_GB for h in hs)
             assert max(h.context for h in hs) > 100_000 and min(h.batch for h in hs) == 1
-    # the second SmolLM2 draw (run 52) is its seed's too, and as far off the grids
+    # the second SmolLM2 draw is its seed's too, and as far off the grids
     fresh = read_heldout(root / "heldout_smollm2_seed20261130.csv")
     check_outside_grid(fresh, mod.GRIDS["smollm2"])
     assert fresh == mod.draw("smollm2", np.random.default_rng([20261130, 0]))
@@ -283,7 +283,7 @@ def test_prompt_index_cycles_through_the_long_prompts() -> None:
 def test_request_prompts_follow_the_workload_the_run_had() -> None:
     from vegas_sim.validate.results import request_prompts
 
-    # longdoc at C 3.5K: the 4K and 7K windows. The first 32 (the workload before run 9)
+    # longdoc at C 3.5K: the 4K and 7K windows. The first 32 (the workload's first version)
     # hold 16 of them, today's 128 hold 64, so 64 requests see each old window 4 times
     h = HeldOut("vegas", 4, 0.1, 64, 3584, 128, workload="longdoc", waves=1)
     old, n_old = request_prompts(h, "real", 32)

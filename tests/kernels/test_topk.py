@@ -168,7 +168,7 @@ def test_constexprs_do_not_follow_the_row_shape(monkeypatch: pytest.MonkeyPatch,
                                                 use_triton: None) -> None:
     """One compiled kernel set serves every row length >= BLOCK_DEFAULT and every row count:
     a calibration calls the top-k at each context and batch of its grid, and a constexpr that
-    follows the shape (PARTS did) recompiles at each one (H200 run 34: 40-68 s a point)."""
+    follows the shape (PARTS did) recompiles at each one (measured on the H200: 40-68 s a point)."""
     from vegas_sim.kernels import topk
 
     seen: set[tuple[tuple[str, object], ...]] = set()

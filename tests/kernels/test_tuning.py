@@ -34,7 +34,7 @@ def vl(use_triton: None):  # type: ignore[no-untyped-def]
 
 
 def test_choose_splits_fills_one_wave(vl, va) -> None:  # type: ignore[no-untyped-def]
-    # Hkv 8 on 132 SMs: B=4 -> 4 splits (128 programs); 5 would need 2 waves (run 2's 0.65)
+    # Hkv 8 on 132 SMs: B=4 -> 4 splits (128 programs); 5 would need 2 waves (0.65 of copy bandwidth, measured)
     assert vl.choose_splits(32, 131072, 128, 132) == 4
     assert vl.split_cost(32, 131072, 5, 128, 132) > 1.5 * vl.split_cost(32, 131072, 4, 128, 132)
     assert vl.choose_splits(8, 32768, 128, 132) == 16  # B=1: 128 programs
@@ -97,12 +97,12 @@ def test_choose_config_table_and_tiles(vl, va) -> None:  # type: ignore[no-untyp
                                            else 64 if block_m <= 64 else 32)
                     assert cfg.tma == (wide or (block_m >= 32 and keys >= vl.TMA_KEYS))
                     assert 1 <= cfg.splits <= vl.MAX_SPLITS
-    # the run-1 table entry for M 32 still applies when asked for M 16 tiles, now with TMA
+    # the first tuned table entry for M 32 still applies when asked for M 16 tiles, now with TMA
     assert (vl.choose_config(4, 8, 8, 4, 131072, 132, min_m=16)
             == vl.VerifyConfig(4, 128, 4, 3, tma=True))
-    # ... and only collect=none takes TMA on the old launch (first_last at M 32 lost, run 23)
+    # ... and only collect=none takes TMA on the old launch (first_last at M 32 lost, measured)
     assert not vl.choose_config(4, 8, 8, 4, 131072, 132, min_m=16, collect="first_last").tma
-    assert not vl.choose_config(4, 8, 1, 4, 131072, 132).tma  # M 16: no gain (run 24)
+    assert not vl.choose_config(4, 8, 1, 4, 131072, 132).tma  # M 16: no gain (measured)
 
 
 def test_int32_offset_guard(va) -> None:  # type: ignore[no-untyped-def]
@@ -201,7 +201,7 @@ def test_default_min_m_per_collection(vl, va, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(vl, "_MIN_M_ENV", None)
     assert vl.default_min_m(8, 4, "first_last") == 64  # NQ 8, G 4: 32 rows
     assert vl.default_min_m(5, 4, "first_last") == 64
-    assert vl.default_min_m(4, 4, "first_last") == 16  # 16 rows: M 16 won in run 4
+    assert vl.default_min_m(4, 4, "first_last") == 16  # 16 rows: M 16 won on the H200
     assert vl.default_min_m(1, 4, "first_last") == 16
     assert vl.default_min_m(8, 4, "none") == 16
     assert vl.default_min_m(8, 4, "all") == 16
@@ -220,7 +220,7 @@ def test_unknown_c2q_store_is_a_user_error(va) -> None:  # type: ignore[no-untyp
 
 
 # Keep this the last test of the last kernel test file: if the >= 2^31-element cache still
-# hits an illegal address (H200 run 4), the CUDA context is lost and nothing after it runs.
+# hits an illegal address (seen once on the H200), the CUDA context is lost and nothing after it runs.
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("NQ,collect", [(1, "none"), (8, "first_last")])
@@ -249,7 +249,7 @@ def test_verify_cache_over_2_31_elements(NQ: int, collect: str) -> None:
 
 
 def test_collecting_m64_tiles_get_four_stages_and_nothing_else_changes(vl, va) -> None:  # type: ignore[no-untyped-def]
-    # run 9: st 4 halved the first_last overhead of the M 64 tile (docs/KERNELS.md)
+    # st 4 halved the first_last overhead of the M 64 tile (docs/KERNELS.md)
     assert vl.default_stages("first_last", 64, 64, 3) == vl.STAGES_COLLECT == 4
     assert vl.default_stages("none", 64, 64, 3) == 3  # plain verify keeps its tuned stages
     assert vl.default_stages("all", 64, 64, 3) == 3

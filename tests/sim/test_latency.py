@@ -554,7 +554,7 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
     assert "logits=FITTED" in coef.loc[("sample", "vegas"), "source"]
     loo = packaged.loo_errors()
     print("\npackaged qwen3-8b-h200 LOO:\n" + loo.to_string())
-    # 'other': the once-per-iteration draft work, recorded apart since run 8 (the set: run 69)
+    # 'other': the once-per-iteration draft work, recorded apart in today's sets
     assert set(loo["phase"]) == {"decode", "draft_step", "verify", "select", "quest_meta",
                                  "sample", "other"}
     med = loo.set_index("phase")["median_pct"]
@@ -569,9 +569,9 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
 def test_packaged_per_token_and_batch1_terms(packaged: LatencyModel) -> None:
     """Graphed decode at C 1K: the forward pass grows with batch even while the GEMM is
     weight-bound (per-token work), beyond the grid too, and the fit follows the measured
-    batch curve, whose slope is not constant (run 69, fused glue: +0.007 ms per added request
-    from B 8 to 16, +0.045 from 16 to 64; run 39: +0.01 / +0.045; the torch glue's run 6 was
-    ~linear)."""
+    batch curve, whose slope is not constant (fused glue: +0.007 ms per added request from B 8
+    to 16, +0.045 from 16 to 64; an earlier measurement +0.01 / +0.045; the unfused torch glue
+    was ~linear)."""
     from vegas_sim.traces.io import load_trace_set
 
     def decode(batch: int) -> float:
@@ -662,8 +662,8 @@ def test_batch_residual_absorbs_a_shape_the_fit_misses() -> None:
 
 
 def test_sets_without_other_rows_keep_their_spread_draft_steps(fitted: LatencyModel) -> None:
-    """'other' (once-per-iteration index work) is optional: a set measured before run 8 has
-    no such rows, and its Quest / stream iterations are the plan without it."""
+    """'other' (once-per-iteration index work) is optional: a set measured before they were
+    recorded apart has no such rows, and its Quest / stream iterations are the plan without it."""
     assert fitted.measures("other", "magicdec-quest") and not fitted.measures("other", "vegas")
     old = LatencyModel.fit(synthetic_latency(np.random.default_rng(41)).query("phase != 'other'"),
                            MODEL, GPU)
