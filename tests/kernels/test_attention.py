@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import Any
 
 import pytest
 import torch
@@ -62,16 +63,25 @@ VERIFY_CASES = [
 ]
 
 
+def verify_case_inputs(case: tuple, dtype: torch.dtype, device: str, salt: int = 0
+                       ) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor]:
+    """(generator, q [B, NQ, Hq, D], k, v [B, S_max, Hkv, D], cache_lens [B]) of a verify case,
+    seeded by the case (+ salt); the generator goes on for whatever the test draws next."""
+    B, NQ, Hq, Hkv, D, S, lens, _collect, _splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()) + salt)
+    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
+    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
+    return gen, q, k, v, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", VERIFY_CASES)
 def test_verify_attention_matches_reference(
     case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
 ) -> None:
-    B, NQ, Hq, Hkv, D, S, lens, collect, splits = case
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
-    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
-    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
-    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    D, collect, splits = case[4], case[7], case[8]
+    _gen, q, k, v, cl = verify_case_inputs(case, dtype, device)
     from vegas_sim.kernels import verify_attention as tri
 
     out, lse, scores = tri.verify_attention(q, k, v, cl, D ** -0.5, collect, splits=splits)
@@ -188,19 +198,28 @@ def random_indices(gen: torch.Generator, tails: list[int], n: list[int], K: int)
     return torch.stack(rows).to(torch.int32)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", SPARSE_CASES)
-def test_sparse_draft_attention_matches_reference(
-    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
-) -> None:
-    B, Hq, Hkv, D, S, lens, tail_len, n, splits = case
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+def sparse_case_inputs(case: tuple, dtype: torch.dtype, device: str, salt: int = 0
+                       ) -> tuple[Any, ...]:
+    """(generator, q [B, Hq, D], k, v, indices, n_idx, tail starts, cache_lens) of a sparse
+    case, seeded by the case (+ salt); the generator goes on for what the test draws next."""
+    B, Hq, Hkv, D, S, lens, tail_len, n, _splits = case
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()) + salt)
     q = torch.randn(B, Hq, D, generator=gen).to(device=device, dtype=dtype)
     k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
     cl = torch.tensor(lens, dtype=torch.int32)
     tail = cl - torch.tensor(tail_len, dtype=torch.int32)
     idx = random_indices(gen, tail.tolist(), n, max(max(n), 1))
-    i_d, n_d, t_d, c_d = (t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl))
+    on_device = (t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl))
+    return (gen, q, k, v, *on_device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_sparse_draft_attention_matches_reference(
+    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
+) -> None:
+    D, splits = case[3], case[8]
+    _gen, q, k, v, i_d, n_d, t_d, c_d = sparse_case_inputs(case, dtype, device)
     from vegas_sim.kernels import sparse_attention as tri
 
     out = tri.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5, splits=splits)
@@ -240,13 +259,9 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
                                           knobs: dict, poison: None) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + NQ)
-    Hq, Hkv, D = 32, 8, 128
-    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    lens = torch.randint(C // 2, C + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
-    lens[0] = C
+    D = 128
+    q, k, v, lens = verify_gpu_inputs(torch.Generator(device="cuda").manual_seed(B * 1000 + NQ),
+                                      B, NQ, C, (32, 8, D))
     if knobs:
         from vegas_sim.kernels import verify_attention as tri
 
@@ -257,6 +272,19 @@ def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
     assert rel_err(out, r_out) < 1e-2
     assert (lse - r_lse).abs().max() < 1e-3
     check_scores(scores, r_scores)
+
+
+def verify_gpu_inputs(gen: torch.Generator, B: int, NQ: int, C: int,
+                      heads: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+    """bf16 q [B, NQ, Hq, D], k/v [B, C+64, Hkv, D] and cache_lens [B] in [C/2, C] (the first
+    at C) on the GPU: verify_attention's inputs at a real shape."""
+    Hq, Hkv, D = heads
+    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    lens = torch.randint(C // 2, C + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    lens[0] = C
+    return q, k, v, lens
 
 
 @pytest.mark.gpu
@@ -401,11 +429,8 @@ SINK_CASES = [
 def test_verify_attention_with_sinks_matches_reference(
     case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
 ) -> None:
-    B, NQ, Hq, Hkv, D, S, lens, collect, splits = case
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()) + 1)
-    q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
-    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
-    cl = torch.tensor(lens, dtype=torch.int32, device=device)
+    Hq, D, collect, splits = case[2], case[4], case[7], case[8]
+    gen, q, k, v, cl = verify_case_inputs(case, dtype, device, salt=1)
     sinks = sink_logits(gen, Hq, device, dtype)  # the model's dtype, as the runtime passes it
     from vegas_sim.kernels import verify_attention as tri
 
@@ -458,14 +483,8 @@ SPARSE_SINK_CASES = [
 def test_sparse_draft_attention_with_sinks_matches_reference(
     case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
 ) -> None:
-    B, Hq, Hkv, D, S, lens, tail_len, n, splits = case
-    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()) + 1)
-    q = torch.randn(B, Hq, D, generator=gen).to(device=device, dtype=dtype)
-    k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
-    cl = torch.tensor(lens, dtype=torch.int32)
-    tail = cl - torch.tensor(tail_len, dtype=torch.int32)
-    idx = random_indices(gen, tail.tolist(), n, max(max(n), 1))
-    i_d, n_d, t_d, c_d = (t.to(device) for t in (idx, torch.tensor(n, dtype=torch.int32), tail, cl))
+    Hq, D, splits = case[1], case[3], case[8]
+    gen, q, k, v, i_d, n_d, t_d, c_d = sparse_case_inputs(case, dtype, device, salt=1)
     sinks = sink_logits(gen, Hq, device, dtype)
     out = ops.sparse_draft_attention(q, k, v, i_d, n_d, t_d, c_d, D ** -0.5, sinks)
     if splits is not None:
@@ -502,13 +521,9 @@ def test_ops_rejects_bad_sinks() -> None:
 def test_verify_attention_with_sinks_gpu_gpt_oss_shapes(B: int, NQ: int, C: int, collect: str,
                                                         knobs: dict, poison: None) -> None:
     """gpt-oss-20b's heads (Hq 64, Hkv 8, D 64), bf16 sinks as the runtime passes them."""
-    gen = torch.Generator(device="cuda").manual_seed(B * 1000 + NQ + 7)
-    Hq, Hkv, D = 64, 8, 64
-    q = torch.randn(B, NQ, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, C + 64, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    lens = torch.randint(C // 2, C + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
-    lens[0] = C
+    Hq, D = 64, 64
+    q, k, v, lens = verify_gpu_inputs(
+        torch.Generator(device="cuda").manual_seed(B * 1000 + NQ + 7), B, NQ, C, (Hq, 8, D))
     sinks = sink_logits(torch.Generator().manual_seed(B), Hq, "cuda", torch.bfloat16)
     sinks[2] = 9.0  # comparable to the keys' sum at C 8K: p_sink ~ 1/2
     if knobs:
