@@ -236,28 +236,32 @@ def difference(before: Dump, after: Dump) -> dict[tuple[str, Labels], Sample]:
 # ---------------------------------------------------------------------------- selection
 def _select(series: dict[tuple[str, Labels], Sample], engine: str | None,
             served_model: str | None, path: Path) -> dict[tuple[str, Labels], Sample]:
-    def label(key: tuple[str, Labels], name: str) -> str | None:
-        return dict(key[1]).get(name)
-
-    engines = sorted({label(k, "engine") or "" for k in series})
     if engine is not None:
-        series = {k: v for k, v in series.items() if label(k, "engine") == engine}
-        if not series:
-            raise UserInputError(f"no spec-decode series with engine=\"{engine}\"",
-                                 where=f"{path} (--engine-label)",
-                                 fix=f"use one of the engines in the dump: {engines}")
-    models = sorted({label(k, "model_name") or "" for k in series})
+        series = _with_label(series, "engine", engine, f"{path} (--engine-label)", "engines")
     if served_model is not None:
-        series = {k: v for k, v in series.items() if label(k, "model_name") == served_model}
-        if not series:
-            raise UserInputError(f"no spec-decode series with model_name=\"{served_model}\"",
-                                 where=f"{path} (--served-model)",
-                                 fix=f"use one of the served models in the dump: {models}")
-    elif len(models) > 1:
+        return _with_label(series, "model_name", served_model, f"{path} (--served-model)",
+                           "served models")
+    models = _label_values(series, "model_name")
+    if len(models) > 1:
         raise UserInputError(f"the dump holds several served models: {models}",
                              where=str(path),
                              fix="pick one with --served-model NAME (their acceptance differs)")
     return series
+
+
+def _label_values(series: dict[tuple[str, Labels], Sample], name: str) -> list[str]:
+    return sorted({dict(key[1]).get(name) or "" for key in series})
+
+
+def _with_label(series: dict[tuple[str, Labels], Sample], name: str, value: str, where: str,
+                what: str) -> dict[tuple[str, Labels], Sample]:
+    """The series whose label `name` is `value`; none is an error naming the values there are."""
+    kept = {k: v for k, v in series.items() if dict(k[1]).get(name) == value}
+    if not kept:
+        raise UserInputError(f"no spec-decode series with {name}=\"{value}\"", where=where,
+                             fix=f"use one of the {what} in the dump: "
+                                 f"{_label_values(series, name)}")
+    return kept
 
 
 def _position(key: tuple[str, Labels], sample: Sample) -> int:
