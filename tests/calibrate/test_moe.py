@@ -4,6 +4,7 @@ layers never read outside their window, and the accounting of the new presets.""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,14 @@ def _hybrid_model(seed: int = 0, **kw: Any) -> Transformer:
 
 
 @pytest.mark.parametrize("activation,bias", [("silu", False), ("gpt_oss", True)])
-def test_moe_ffn_equals_the_dense_reference(activation: str, bias: bool) -> None:
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_moe_ffn_equals_the_dense_reference(activation: str, bias: bool, kernels: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    if kernels == "triton":  # the Triton kernels, under the CPU interpreter without a GPU
+        pytest.importorskip("triton")
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 at import")
+    monkeypatch.setenv("VEGAS_SIM_KERNELS", kernels)
     gen = torch.Generator().manual_seed(0)
     e, h, f, k, t = 8, 16, 24, 3, 37
 

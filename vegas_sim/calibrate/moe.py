@@ -4,10 +4,10 @@ MoE FFN (Qwen3-MoE, gpt-oss): a router scores every expert per token, the top-k 
 their softmax over the k logits weights the experts' outputs (Qwen3-MoE's norm_topk_prob and
 gpt-oss's router agree on this). The experts run grouped: the T·k (token, expert) pairs are
 sorted by expert and each expert multiplies its own contiguous group, so the step costs what
-the routed tokens cost — one grouped GEMM (torch._grouped_mm, group offsets on the device: no
-host sync, so a CUDA graph can capture it) or, where that op is missing or the shapes do not
-meet its 16-byte stride rule, one matmul per expert that has tokens (eager only: it reads the
-group sizes on the host).
+the routed tokens cost — on the GPU one Triton launch per projection (kernels/moe_gemm.py:
+each program streams a slice of one expert's weight once for all its rows), elsewhere the
+torch reference (torch._grouped_mm or a matmul per expert). Routing is device ops only, so
+a CUDA graph captures the whole FFN.
 
 Sliding-window attention (gpt-oss's even layers): row i of a request whose cache holds
 `cache_lens` tokens (the NQ new ones included) attends the `window` newest keys up to its own
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-GPT_OSS_ALPHA = 1.702  # gpt-oss's clamped SwiGLU: gate · sigmoid(alpha · gate) · (up + 1)
-GPT_OSS_LIMIT = 7.0
+from vegas_sim.kernels import ops
+from vegas_sim.kernels.moe import expert_activation
 
 
 def route(h: Tensor, router: Tensor, router_bias: Tensor | None, k: int
@@ -33,42 +33,6 @@ def route(h: Tensor, router: Tensor, router_bias: Tensor | None, k: int
     logits = F.linear(h, router, router_bias).float()  # [T, E]
     top, experts = logits.topk(k, dim=-1)
     return torch.softmax(top, dim=-1), experts
-
-
-def expert_activation(gate_up: Tensor, kind: str) -> Tensor:
-    """[N, 2F] (gate | up) -> [N, F]: SwiGLU ("silu") or gpt-oss's clamped variant."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    if kind == "gpt_oss":
-        gate = gate.clamp(max=GPT_OSS_LIMIT)
-        up = up.clamp(-GPT_OSS_LIMIT, GPT_OSS_LIMIT)
-        return (up + 1) * gate * torch.sigmoid(gate * GPT_OSS_ALPHA)
-    return F.silu(gate) * up
-
-
-def grouped_matmul(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
-    """x [N, K] sorted by group, w [E, N_out, K] (rows as F.linear), offsets [E] int32 end of
-    each group in x -> [N, N_out]: group e's rows times w[e]^T."""
-    wt = w.transpose(1, 2)  # [E, K, N_out] view
-    if _grouped_mm_fits(x, w):
-        return torch._grouped_mm(x, wt, offs=offsets)
-    out = x.new_empty(x.shape[0], w.shape[1])
-    ends = offsets.tolist()  # host sync: the eager fallback only
-    start = 0
-    for e, end in enumerate(ends):
-        if end > start:
-            out[start:end] = x[start:end] @ wt[e]
-        start = end
-    return out
-
-
-def _grouped_mm_fits(x: Tensor, w: Tensor) -> bool:
-    """torch._grouped_mm exists for this device and dtype and the rows are 16-byte aligned."""
-    if not hasattr(torch, "_grouped_mm") or x.dtype not in (torch.bfloat16, torch.float32):
-        return False
-    if x.is_cuda and x.dtype != torch.bfloat16:
-        return False
-    size = x.element_size()
-    return all(d * size % 16 == 0 for d in (x.shape[1], w.shape[1], w.shape[2]))
 
 
 def moe_ffn(
@@ -80,25 +44,12 @@ def moe_ffn(
     router [E, H]; w13 [E, 2F, H] (gate | up rows), b13 [E, 2F]; w2 [E, H, F], b2 [E, H]."""
     shape = h.shape
     x = h.reshape(-1, shape[-1])  # [T, H]
-    n_experts = w13.shape[0]
     weights, experts = route(x, router, router_bias, k)  # [T, k]
-    flat = experts.reshape(-1)  # [T·k] expert of each (token, slot) pair
-    order = torch.argsort(flat, stable=True)  # pairs grouped by expert
-    token = order // k  # [T·k] token of each sorted pair
-    expert = flat[order]
-    # pairs per expert by scatter_add, not bincount: bincount syncs with the host to size its
-    # output, which a CUDA graph capture refuses
-    counts = torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat))
-    offsets = torch.cumsum(counts, 0).to(torch.int32)
-    gate_up = grouped_matmul(x[token], w13, offsets)  # [T·k, 2F]
-    if b13 is not None:
-        gate_up = gate_up + b13[expert]
-    down = grouped_matmul(expert_activation(gate_up, activation), w2, offsets)  # [T·k, H]
-    if b2 is not None:
-        down = down + b2[expert]
-    scaled = down * weights.reshape(-1)[order, None].to(down.dtype)
-    out = torch.zeros_like(x).index_add_(0, token, scaled)
+    routing = ops.moe_routing(experts, w13.shape[0])
+    act = ops.moe_gemm(x, w13, b13, routing, gather=True, activation=activation)  # [T·k, F]
+    down = ops.moe_gemm(act, w2, b2, routing, gather=False,
+                        row_scale=weights.reshape(-1))  # [T·k, H], pair order, router-weighted
+    out = down.view(-1, k, shape[-1]).sum(1, dtype=torch.float32).to(h.dtype)
     return out.reshape(shape)
 
 

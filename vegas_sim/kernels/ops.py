@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.kernels import reference
+from vegas_sim.kernels import moe, reference
 from vegas_sim.methods import MAX_VERIFY_ROWS
 
 ENV = "VEGAS_SIM_KERNELS"
@@ -285,3 +285,45 @@ def qkv_rope_append(
         impl = _triton_module("layer_ops")
     return impl.qkv_rope_append(  # type: ignore[no-any-return]
         qkv, n_heads, q_norm, k_norm, eps, cos_table, sin_table, cache_lens, k_cache, v_cache)
+
+
+
+def moe_routing(experts: Tensor, n_experts: int) -> moe.MoeRouting:
+    """The router's top-k experts [T, k] sorted into expert blocks (kernels/moe.py), once per
+    layer and step, shared by both expert GEMMs."""
+    _check(experts.dim() == 2 and not experts.is_floating_point(), "moe_routing", "experts",
+           f"experts must be an int [T, k], got {tuple(experts.shape)} {experts.dtype}",
+           "pass the indices of the router's top-k")
+    impl: Any = _triton_module("moe_gemm") if backend(experts) == "triton" else moe
+    return impl.moe_routing(experts, n_experts)  # type: ignore[no-any-return]
+
+
+def moe_gemm(x: Tensor, w: Tensor, bias: Tensor | None, routing: moe.MoeRouting, gather: bool,
+             activation: str | None = None, row_scale: Tensor | None = None) -> Tensor:
+    """Every routed pair p times its expert's weight: x [T, K] (gather: pair p = t·k + j reads
+    token t) or [P, K] (rows are pairs); w [E, N, K] (rows as F.linear); bias [E, N] or None
+    -> [P, N] in pair order. `activation` ("silu" or "gpt_oss"): w's rows are gate | up and
+    the output is the activation of both, [P, N/2]; `row_scale` [P] fp32 multiplies each
+    pair's row (the router weight) last."""
+    op = "moe_gemm"
+    rows = x.shape[0] * routing.top_k if gather else x.shape[0]
+    _check(x.dim() == 2 and w.dim() == 3 and w.shape[2] == x.shape[1]
+           and w.shape[0] == routing.n_experts, op, "x, w",
+           f"x {tuple(x.shape)} and w {tuple(w.shape)} are not [rows, K] and "
+           f"[{routing.n_experts}, N, K]", "pass the expert weights stacked [E, N, K]")
+    _check(rows == routing.experts.numel(), op, "x",
+           f"{rows} pairs from x against {routing.experts.numel()} routed",
+           "gather=True for token rows, False for pair rows")
+    _check(bias is None or bias.shape == w.shape[:2], op, "bias",
+           f"bias {None if bias is None else tuple(bias.shape)} is not [E, N]",
+           "pass one bias row per expert or None")
+    _check(activation in (None, *moe.ACTIVATIONS[1:]) and (not activation or w.shape[1] % 2 == 0),
+           op, "activation", f"activation {activation!r} with {w.shape[1]} weight rows",
+           f"use one of {moe.ACTIVATIONS[1:]} on gate | up rows, or None")
+    _check(row_scale is None or row_scale.shape == (rows,), op, "row_scale",
+           f"row_scale {None if row_scale is None else tuple(row_scale.shape)} is not [{rows}]",
+           "pass one weight per routed pair")
+    impl: Any = moe.moe_gemm_reference
+    if backend(x) == "triton" and x.stride(1) == 1 and routing.pair_rows.is_cuda == x.is_cuda:
+        impl = _triton_module("moe_gemm").moe_gemm
+    return impl(x, w, bias, routing, gather, activation, row_scale)  # type: ignore[no-any-return]
