@@ -18,7 +18,10 @@ from vegas_sim.sim.context_trend import (
     ContextTrend,
     fit_trend,
     parse_trend_note,
+    pool_trends,
+    random_effects,
     shift_rates,
+    shrink_to_flat,
 )
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.uncertainty import interval_columns
@@ -109,8 +112,10 @@ def test_slope_is_capped_at_the_traced_span_change() -> None:
     base = np.array([0.7, 0.45, 0.25])
     rates = [[shift_rates(base, d)] for d in (-0.3, -0.3, 0.0)]
     t = fit_trend([1024, 2048, 4096], rates, [0.05, 0.05, 1e-4], 2)
-    assert t.slope == pytest.approx(0.15, abs=1e-6) and "capped" in t.reason
-    assert t.fitted_slope > t.slope
+    assert t.estimate == pytest.approx(0.15, abs=1e-6) and "capped" in t.reason
+    # the capped estimate is then shrunk by its evidence, as an uncapped one is
+    assert t.slope == pytest.approx(shrink_to_flat(0.15, t.slope_se)[0], abs=1e-9)
+    assert t.fitted_slope > 0.15 >= t.slope
 
 
 def test_bounded_far_beyond_the_traced_contexts(rising: AcceptanceModel) -> None:
@@ -226,3 +231,43 @@ def test_anchors_are_fitted_with_the_last_bucket_held(rising: AcceptanceModel) -
     far_b = b.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
     assert far_b.mean_length > far_a.mean_length  # ... but the lookups beyond follow it
     assert "context trend" in far_a.extrapolated[0]
+
+
+def _two_bucket_trend(delta: float, se: float, buckets: tuple[int, int] = (1024, 2048)
+                      ) -> ContextTrend:
+    """A group's own fit over two buckets whose logit shift from the first to the last is
+    `delta`, each bucket's mean known to ±se."""
+    base = np.array([0.7, 0.45, 0.25])
+    rates = [[shift_rates(base, -delta)], [base]]
+    return fit_trend(list(buckets), rates, [se, se], 1)
+
+
+def test_random_effects_pools_agreeing_estimates_and_sees_disagreeing_ones() -> None:
+    agree = random_effects([(0.3, 0.1), (0.3, 0.1), (0.3, 0.1)], correlated=False)
+    assert agree.tau2 == 0.0 and agree.mean == pytest.approx(0.3)
+    assert agree.se == pytest.approx(0.1 / math.sqrt(3))
+    same_prompts = random_effects([(0.3, 0.1), (0.3, 0.1), (0.3, 0.1)], correlated=True)
+    assert same_prompts.se == pytest.approx(0.1)  # correlated: pooling adds no precision
+    apart = random_effects([(-1.0, 0.05), (0.0, 0.05), (1.0, 0.05)], correlated=False)
+    assert apart.tau2 > 0.5 and apart.mean == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_noisy_slope_is_pooled_toward_its_cells_not_held_flat() -> None:
+    noisy = _two_bucket_trend(0.1, 0.6)  # alone: within one standard error of 0 → flat
+    assert noisy.slope == 0.0 and noisy.estimate is not None
+    clear = _two_bucket_trend(0.5, 0.02)
+    trends = {("a", "recall"): noisy, ("b", "recall"): clear, ("c", "recall"): clear,
+              ("a", "longdoc"): clear}
+    pooled = pool_trends(trends, cell_of=lambda k: k[1])
+    got = pooled[("a", "recall")]
+    assert 0.1 < got.slope <= 0.5 + 1e-9 and "pooled" in got.reason
+    assert got.slope_se < noisy.slope_se  # its siblings' evidence narrows it
+    assert got.pct_per_doubling > 0.0
+    # a group alone over its buckets keeps its own rule (shrunk toward flat); a group without
+    # an estimate (one bucket) stays flat
+    alone = _two_bucket_trend(0.1, 0.6, (512, 1024))
+    one = ContextTrend(2048.0, 0.0, 0.0, 0.0, (2048.0,), (3.0,), (0.0,), "one traced bucket")
+    out = pool_trends({**trends, ("a", "chat"): alone, ("a", "code"): one},
+                      cell_of=lambda k: k[1])
+    assert out[("a", "chat")] == alone and out[("a", "code")] == one
+    assert out[("a", "recall")] == got  # other buckets' groups do not enter its pool

@@ -92,6 +92,8 @@ from vegas_sim.sim.context_trend import (
     bucket_se,
     fit_trend,
     flat_trend,
+    pool_trends,
+    run_lengths,
     shift_rates,
     trend_note,
 )
@@ -377,26 +379,32 @@ class AcceptanceModel:
 
     def context_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
         """The context trend of one (method, temperature, workload, traced γ) beyond its
-        bucket `edge` (its first or last; `sim.context_trend.fit_trend`), cached."""
-        cached = self._trends.get((group, edge))
-        if cached is not None:
-            return cached
+        bucket `edge` (its first or last; `sim.context_trend.fit_trend`), cached. Beyond the
+        last bucket every group's slope is partially pooled with its workload and
+        temperature's (`sim.context_trend.pool_trends`), so the first such call fits them all."""
+        last = {g: max(k[4] for k in members) for g, (members, _) in self._groups.items()}
+        if (group, edge) not in self._trends and edge != last[group]:
+            self._trends[(group, edge)] = self._own_trend(group, edge)
+        elif (group, edge) not in self._trends:
+            own = {g: self._trends.get((g, b)) or self._own_trend(g, b) for g, b in last.items()}
+            for g, t in pool_trends(own, cell_of=lambda g: (g[1], g[2])).items():
+                self._trends.setdefault((g, last[g]), t)
+        return self._trends[(group, edge)]
+
+    def _own_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
+        """One group's trend fitted on its own buckets alone."""
         members = self._groups[group][0]
         buckets = sorted({k[4] for k in members})
         at = {b: {k[3]: k for k in members if k[4] == b} for b in buckets}
         common = sorted(set.intersection(*(set(v) for v in at.values())))
         if not common or edge not in (buckets[0], buckets[-1]):
-            trend = flat_trend(edge, "no sparsity traced at every context bucket")
-        else:
-            rates = [[self._cell_rates(at[b][s], None) for s in common] for b in buckets]
-            ses = [bucket_se([_run_lengths(self._cells[at[b][s]]) for s in common])
-                   for b in buckets]
-            # where a bucket's iterations are: its start context + the mean tokens generated
-            generated = [float(np.mean([self._cells[at[b][s]].gen.mean() for s in common]))
-                         for b in buckets]
-            trend = fit_trend(buckets, rates, ses, buckets.index(edge), generated)
-        self._trends[(group, edge)] = trend
-        return trend
+            return flat_trend(edge, "no sparsity traced at every context bucket")
+        rates = [[self._cell_rates(at[b][s], None) for s in common] for b in buckets]
+        ses = [bucket_se([run_lengths(self._cells[at[b][s]]) for s in common]) for b in buckets]
+        # where a bucket's iterations are: its start context + the mean tokens generated
+        generated = [float(np.mean([self._cells[at[b][s]].gen.mean() for s in common]))
+                     for b in buckets]
+        return fit_trend(buckets, rates, ses, buckets.index(edge), generated)
 
     def context_trends(self) -> list[dict[str, object]]:
         """One row per (method, temperature, workload, traced γ): the trend beyond its last
@@ -543,13 +551,6 @@ def smoother_matrix(coords: np.ndarray, weights: np.ndarray,
         # the intercept of the weighted fit, as a linear function of the values: e_0ᵀ G⁻¹ Xᵀ W
         out[k] = np.linalg.solve(gram, design.T * kern)[0]
     return out
-
-
-def _run_lengths(cell: TracedCell) -> np.ndarray:
-    """[runs] each traced run's mean acceptance length at its traced γ (runs in request order)."""
-    starts = np.unique(cell.run_start)
-    lengths = np.diff(np.append(starts, len(cell.acc)))
-    return np.asarray(1.0 + np.add.reduceat(cell.acc.astype(float), starts) / lengths)
 
 
 def _trend_sd_pct(dist: AcceptanceDist, shifts: list[TrendShift | None]) -> float:
