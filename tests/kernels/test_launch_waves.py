@@ -1,8 +1,9 @@
 """Verify attention's wide launch fills one wave, and the packaged latency sets still describe it.
 
 `wide_config` takes the most splits that fit one wave of two programs per SM
-(`splits_one_wave`); the packaged latency sets were measured with the split count rounded to
-two programs per SM. These tests pin that the two agree at every shape those sets' grids ran,
+(`splits_one_wave`), or the wave model's count where the heads alone exceed one wave
+(`wide_splits`); the packaged latency sets were measured with the split count rounded to two
+programs per SM. These tests pin that the two agree at every shape those sets' grids ran,
 so their latency rows describe the launch the product runs; and that the one-wave count never
 leaves a second, partial wave where the rounded one did.
 """
@@ -69,7 +70,7 @@ def test_launch_unchanged_at_every_calibrated_shape(
     calls = list(grid_calls(meta))
     now = [vl.launch_config(*call) for call in calls]
     with monkeypatch.context() as m:
-        m.setattr(vl, "splits_one_wave", rounded_splits)
+        m.setattr(vl, "wide_splits", lambda heads, max_len, sms: rounded_splits(heads, sms, 2))
         measured = [vl.launch_config(*call) for call in calls]
     changed = [(call, old, new) for call, old, new in zip(calls, measured, now) if old != new]
     assert not changed, f"{name}: launch differs from the measured one at {changed[:5]}"
@@ -84,8 +85,15 @@ def test_wide_launch_is_one_wave_with_every_sm_busy() -> None:
     for n_heads in range(1, slots + 1):
         programs = n_heads * vl.wide_config(n_heads, n_sms).splits
         assert slots // 2 < programs <= slots, n_heads
-    for n_heads in (slots + 1, 384, 1024):  # more heads than slots: one program per head
-        assert vl.wide_config(n_heads, n_sms).splits == 1
+    # more heads than slots: the wave model over the slots. B 48 Hkv 8: 1 split is 384
+    # programs, 1.45 waves; 2 splits fill 2.9. B 64 and 128 (grid batches): 1 split, 1.94 and
+    # 3.88 waves, as measured
+    assert [vl.wide_config(h, n_sms, 32768).splits for h in (384, 512, 1024)] == [2, 1, 1]
+    for n_heads in (slots + 1, 300, 384, 456, 700, 2048):
+        for max_len in (8192, 131072):
+            splits = vl.wide_config(n_heads, n_sms, max_len).splits
+            assert (vl.split_cost(n_heads, max_len, splits, vl.WIDE_BLOCK_N, slots)
+                    <= vl.split_cost(n_heads, max_len, 1, vl.WIDE_BLOCK_N, slots))
 
 
 def test_batches_where_the_rounded_count_left_a_second_wave() -> None:
@@ -94,6 +102,6 @@ def test_batches_where_the_rounded_count_left_a_second_wave() -> None:
     block_m, cfg = vl.launch_config(12, 8, 7, 4, 49152 + 64, 132, "first_last")
     assert block_m == 64 and cfg == vl.VerifyConfig(2, 32, 4, 4, tma=True)
     assert rounded_splits(96, 132, 2) == 3
-    moved = [b for b in range(1, 33)
-             if vl.wide_config(8 * b, 132).splits != rounded_splits(8 * b, 132, 2)]
-    assert moved == [5, 6, 7, 9, 12, 13, 17, 18, 19, 20, 21, 22]
+    moved = [b for b in range(1, 65)
+             if vl.wide_config(8 * b, 132, 32768).splits != rounded_splits(8 * b, 132, 2)]
+    assert moved == [5, 6, 7, 9, 12, 13, 17, 18, 19, 20, 21, 22, *range(34, 63)]

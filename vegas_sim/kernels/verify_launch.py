@@ -70,19 +70,31 @@ TMA_KEYS = 2**20
 WIDE_KEYS = 2**22
 
 
-# Programs of the wide launch resident on one SM at a time (its shared memory: 85 KB each).
+# Programs of the wide launch resident on one SM at a time (its shared memory: 85 KB each),
+# and its key tile.
 WIDE_PER_SM = 2
+WIDE_BLOCK_N = 32
 
 
-def wide_config(n_heads: int, n_sms: int) -> VerifyConfig:
+def wide_config(n_heads: int, n_sms: int, max_len: int = 1) -> VerifyConfig:
     """The M 64 launch for long calls: 32-key tiles at 4 stages (85 KB of shared memory, two
-    programs per SM), K/V by TMA, splits for one wave of up to two programs on every SM
-    (`splits_one_wave`). On the H200, against
+    programs per SM), K/V by TMA, splits by `wide_splits`. On the H200, against
     the TUNED/heuristic launch: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K),
     -7.7 % (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K is -1.4 in a
     repeat), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it loses (first_last B=4 C=32K NQ 16 +3 %,
     B=1 C=128K +4 %)."""
-    return VerifyConfig(splits_one_wave(n_heads, n_sms, WIDE_PER_SM), 32, 4, 4, tma=True)
+    return VerifyConfig(wide_splits(n_heads, max_len, n_sms), WIDE_BLOCK_N, 4, 4, tma=True)
+
+
+def wide_splits(n_heads: int, max_len: int, n_sms: int) -> int:
+    """Split count of the wide launch (n_heads = B·Hkv programs per split): one wave of up to
+    WIDE_PER_SM programs on every SM where the heads fit in one (`splits_one_wave`), else the
+    wave model of `choose_splits` over those slots (more heads than slots: 1 split left a
+    partial last wave, e.g. 384 programs, 1.45 waves, at B 48 Hkv 8; 2 splits fill 2.9)."""
+    slots = WIDE_PER_SM * n_sms
+    if n_heads <= slots:
+        return splits_one_wave(n_heads, n_sms, WIDE_PER_SM)
+    return choose_splits(n_heads, max_len, WIDE_BLOCK_N, slots)
 
 
 def splits_one_wave(n_heads: int, n_sms: int, per_sm: int) -> int:
@@ -99,6 +111,7 @@ def splits_one_wave(n_heads: int, n_sms: int, per_sm: int) -> int:
     which the packaged SmolLM2 latency set (C <= 7K) never runs on this launch
     (tests/kernels/test_launch_waves.py checks every packaged grid shape)."""
     return max(1, per_sm * n_sms // n_heads)
+
 
 # Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
 # 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
@@ -165,7 +178,7 @@ def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
     block_m = max(min_m, 16, next_pow2(n_q * group))
     keys = batch * hkv * max(1, max_len)
     if block_m == 64 and collect != "all" and keys >= WIDE_KEYS:
-        return wide_config(batch * hkv, n_sms)
+        return wide_config(batch * hkv, n_sms, max(1, max_len))
     key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
     if key in TUNED:
         cfg = TUNED[key]
