@@ -256,6 +256,9 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
     (1, 1, 32768, "first_last", {"c2q": "slice"}), (2, 16, 8192, "first_last", {"c2q": "dot"}),
     # long calls: wide_config (M 64, 32-key TMA tiles, two programs per SM) and TMA at M 32
     (16, 8, 32768, "first_last", {}), (4, 16, 131072, "none", {}), (4, 8, 131072, "none", {}),
+    # ... at batches whose split count is not the rounded one: one wave (2, not 3), and more
+    # heads than slots (2, not 1)
+    (12, 7, 49152, "first_last", {}), (48, 7, 12288, "first_last", {}),
 ])
 def test_verify_attention_gpu_real_shapes(B: int, NQ: int, C: int, collect: str,
                                           knobs: dict, poison: None) -> None:

@@ -261,7 +261,7 @@ def test_launch_config_resolves_the_launchers_defaults(vl, va) -> None:  # type:
     """What verify_attention runs and what the benchmarks label rows with: the M tile by
     collection, the wide launch of long calls, the stages of the *final* key tile, TMA."""
     assert vl.launch_config(16, 8, 8, 4, 32768, 132, "first_last") == (
-        64, vl.wide_config(128, 132))
+        64, vl.wide_config(128, 132, 32768))
     assert vl.launch_config(16, 8, 8, 4, 32768, 132) == (
         32, vl.choose_config(16, 8, 8, 4, 32768, 132))
     # a caller's 128-key tile on M 64 keeps 3 stages (4 are out of shared memory) and gets

@@ -37,6 +37,7 @@ TRUE = {
     "const": 0.25, "gemm": 1.15, "logits": 1.6, "kv": 1.25, "attn": 0.6, "collect": 1.4,
     "rank": 2.5, "tokens": 0.8, "batched": 0.3, "rows": 0.05,
     "tile32": 0.0, "tile64": 0.0,  # a synthetic GPU whose per-key cost is the same on every tile
+    "per_request": 2.0,  # quest_meta: a cost per page of one request (its top-k), at any batch
 }
 
 
@@ -52,8 +53,8 @@ def true_ms(phase: str, batch: int, n_query: int, kv_read: float, rows: int,
             phys: _Physics | None = None) -> float:
     """Noise-free synthetic time of one call with uniform kv_read per request."""
     phys = phys or _Physics.of(MODEL, GPU.copy_bandwidth_gbs, GPU.bf16_tflops)
-    x = phys.intercept_features(batch, n_query) + phys.slope_features(phase, n_query, rows) * (
-        batch * kv_read)
+    x = phys.intercept_features(batch, n_query) + phys.slope_features(
+        phase, n_query, rows, batch) * (batch * kv_read)
     return float(x @ true_coef(phase))
 
 
@@ -720,3 +721,35 @@ def test_tile_feature_fits_a_per_key_cost_of_the_m32_tile() -> None:
     want = (0.5 + phys.weight_ms + kv.sum() * phys.kv_ms_per_token * 1.2
             + kv.sum() * 6 * phys.collect_ms_per_row_key)
     assert abs(lm.phase_ms("verify", "vegas-all", 6, kv, 6) / want - 1.0) < 0.02
+
+
+def quest_meta_rows(batches: tuple[int, ...], per_page: float, per_request_page: float
+                    ) -> pd.DataFrame:
+    """quest_meta points whose time is 2.5 ms + per_page µs a page of the batch +
+    per_request_page µs a page of one request."""
+    rows = []
+    for b in batches:
+        for c in (1024, 8192, 32768, 131072):
+            pages = c // 16 + 1
+            ms = 2.5 + 1e-3 * (per_page * b * pages + per_request_page * pages)
+            rows.append({"phase": "quest_meta", "method": "magicdec-quest", "batch": b,
+                         "context": c, "n_query": 1, "kv_read": pages, "collect_rows": 0,
+                         "ms_median": ms})
+    return pd.DataFrame(rows)
+
+
+def test_quest_meta_prices_a_requests_pages_apart_from_the_batchs() -> None:
+    """A page cost that does not shrink with the batch (Quest's per-request top-k) is fitted as
+    per_request, and predicted at batches between and beyond the measured ones (the iteration
+    cost's per-batch slope: test_iteration_cost_equals_plan_sum, whose truth has one)."""
+    lm = LatencyModel.fit(quest_meta_rows((1, 2, 8, 32), 0.05, 0.15), MODEL, GPU)
+    for b, c in ((4, 65536), (128, 16384), (1, 98304)):
+        pages = c // 16 + 1
+        want = 2.5 + 1e-3 * (0.05 * b * pages + 0.15 * pages)
+        got = lm.phase_ms("quest_meta", "magicdec-quest", 1, np.full(b, pages))
+        assert got == pytest.approx(want, rel=0.01), (b, c)
+    # one batch only: a request's pages and the batch's are the same feature
+    one = LatencyModel.fit(quest_meta_rows((4,), 0.05, 0.15), MODEL, GPU)
+    fitted = one.coefficients().set_index(["phase", "method"]).loc[
+        ("quest_meta", "magicdec-quest"), "fitted"]
+    assert "per_request" not in fitted.split(",")

@@ -70,19 +70,48 @@ TMA_KEYS = 2**20
 WIDE_KEYS = 2**22
 
 
-def wide_config(n_heads: int, n_sms: int) -> VerifyConfig:
+# Programs of the wide launch resident on one SM at a time (its shared memory: 85 KB each),
+# and its key tile.
+WIDE_PER_SM = 2
+WIDE_BLOCK_N = 32
+
+
+def wide_config(n_heads: int, n_sms: int, max_len: int = 1) -> VerifyConfig:
     """The M 64 launch for long calls: 32-key tiles at 4 stages (85 KB of shared memory, two
-    programs per SM), K/V by TMA, splits for two programs on every SM. On the H200, against
+    programs per SM), K/V by TMA, splits by `wide_splits`. On the H200, against
     the TUNED/heuristic launch: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K),
     -7.7 % (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K is -1.4 in a
     repeat), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it loses (first_last B=4 C=32K NQ 16 +3 %,
     B=1 C=128K +4 %)."""
-    return VerifyConfig(splits_per_sm(n_heads, n_sms, 2), 32, 4, 4, tma=True)
+    return VerifyConfig(wide_splits(n_heads, max_len, n_sms), WIDE_BLOCK_N, 4, 4, tma=True)
 
 
-def splits_per_sm(n_heads: int, n_sms: int, per_sm: int) -> int:
-    """Splits that put ~per_sm programs on every SM (n_heads = B·Hkv programs per split)."""
-    return max(1, round(per_sm * n_sms / n_heads))
+def wide_splits(n_heads: int, max_len: int, n_sms: int) -> int:
+    """Split count of the wide launch (n_heads = B·Hkv programs per split): one wave of up to
+    WIDE_PER_SM programs on every SM where the heads fit in one (`splits_one_wave`), else the
+    wave model of `choose_splits` over those slots (more heads than slots: 1 split left a
+    partial last wave, e.g. 384 programs, 1.45 waves, at B 48 Hkv 8; 2 splits fill 2.9)."""
+    slots = WIDE_PER_SM * n_sms
+    if n_heads <= slots:
+        return splits_one_wave(n_heads, n_sms, WIDE_PER_SM)
+    return choose_splits(n_heads, max_len, WIDE_BLOCK_N, slots)
+
+
+def splits_one_wave(n_heads: int, n_sms: int, per_sm: int) -> int:
+    """The most splits whose n_heads·splits programs (n_heads = B·Hkv programs per split) fit
+    in one wave of per_sm programs on every SM; 1 when n_heads alone exceeds it.
+
+    One wave, not the nearest count: a split count rounded to ~per_sm programs per SM can
+    overshoot the slots by up to n_heads / 2 programs, a second wave whose few programs each
+    read a full chunk at one program's rate. On the H200 (Qwen3-8B, Hkv 8, first_last, NQ 7)
+    B=12 C=48K with 3 splits (288 programs on 264 slots) measured verify 39.2 ms against the
+    27.4 ms that whole waves predict, while one wave with fewer programs than slots costs what
+    whole waves predict (B=24, 1 split, 192 programs: 1.02 ×). At power-of-two batches with
+    Hkv 4 or 8 on 132 SMs the count is the rounded one's; with Hkv 3 it differs at B 16 and 32,
+    which the packaged SmolLM2 latency set (C <= 7K) never runs on this launch
+    (tests/kernels/test_launch_waves.py checks every packaged grid shape)."""
+    return max(1, per_sm * n_sms // n_heads)
+
 
 # Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
 # 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
@@ -149,7 +178,7 @@ def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
     block_m = max(min_m, 16, next_pow2(n_q * group))
     keys = batch * hkv * max(1, max_len)
     if block_m == 64 and collect != "all" and keys >= WIDE_KEYS:
-        return wide_config(batch * hkv, n_sms)
+        return wide_config(batch * hkv, n_sms, max(1, max_len))
     key = (n_sms, batch * hkv, block_m, max(1, max_len).bit_length() - 1)
     if key in TUNED:
         cfg = TUNED[key]

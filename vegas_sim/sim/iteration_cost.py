@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vegas_sim.methods import QUEST_PAGE, collect_rows, window_kv_read
+from vegas_sim.sim.latency_features import FEATURE_INDEX
 from vegas_sim.sim.latency_fit import FittedGroup
 
 if TYPE_CHECKING:
@@ -47,6 +48,11 @@ class _Term:
     a: float
     d: float
     window_slope: float = 0.0  # ms per unit Σ window read (hybrid models' window layers)
+    per_request_slope: float = 0.0  # ms per unit Σ kv_read / B (the per_request feature)
+
+    def slope_at(self, batch: int) -> float:
+        """ms per unit Σ kv_read for a batch of `batch` requests."""
+        return self.slope + self.per_request_slope / max(1, batch)
 
 
 class IterationCost:
@@ -90,9 +96,11 @@ class IterationCost:
                 d: float) -> None:
             grp = self._model._group(phase, m)
             phys = self._model._physics
-            slope = float(phys.slope_features(phase, nq, rows) @ grp.gpu_coef)
+            f = phys.slope_features(phase, nq, rows) * grp.gpu_coef  # [n_features], B = 1
+            per_request = float(f[FEATURE_INDEX["per_request"]])
             wslope = float(phys.window_features(phase, nq) @ grp.gpu_coef)
-            terms.append(_Term(phase, grp, kind, repeats, nq, rows, slope, a, d, wslope))
+            terms.append(_Term(phase, grp, kind, repeats, nq, rows, float(f.sum()) - per_request,
+                               a, d, wslope, per_request))
 
         if m == "vanilla":
             add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
@@ -156,15 +164,16 @@ class IterationCost:
                  sel: float) -> float:
         """GPU-or-host part of all `repeats` calls of one term (serial part excluded); h is the
         host floor of one call."""
+        slope = t.slope_at(batch)
         if t.kind == "single":
-            return max(h, base + t.slope * (t.a * csum + t.d * batch))
+            return max(h, base + slope * (t.a * csum + t.d * batch))
         if t.kind == "steps":
-            return _steps_max_sum(h, base + t.slope * sel, t.slope * batch, t.repeats)
+            return _steps_max_sum(h, base + slope * sel, slope * batch, t.repeats)
         # step k scores Σ_b ((C_b + k)//16 + 1) pages, between p16 + B and p16 + B·(1 + ⌈γ/16⌉)
         p16 = float(np.add.reduce(c >> 4)) + batch
-        if base + t.slope * (p16 + batch * ((t.repeats + 15) // 16)) <= h:
+        if base + slope * (p16 + batch * ((t.repeats + 15) // 16)) <= h:
             return t.repeats * h  # every step host-bound (the usual case: a tiny kernel)
-        gpu = base + t.slope * self._quest_steps(c)  # [γ]
+        gpu = base + slope * self._quest_steps(c)  # [γ]
         return float(np.add.reduce(np.maximum(gpu, h)))
 
     def __call__(self, contexts: np.ndarray) -> float:
@@ -199,7 +208,8 @@ class IterationCost:
             serial = t.repeats * t.group.serial
             f = self._model.batch_factor(t.group, batch)
             if t.kind == "single":
-                out.append((None, b + t.slope * t.d * batch, h, t.slope * t.a, serial, f))
+                slope = t.slope_at(batch)
+                out.append((None, b + slope * t.d * batch, h, slope * t.a, serial, f))
             else:
                 out.append((t, b, h, 0.0, serial, f))
         self._fast[batch] = out

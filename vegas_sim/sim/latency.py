@@ -245,7 +245,8 @@ class LatencyModel:
         grp = self._group(phase, method)
         kv = np.asarray(kv_read)
         x = self._physics.intercept_features(int(kv.shape[0]), n_query, collect_rows)
-        x += self._physics.slope_features(phase, n_query, collect_rows) * float(kv.sum())
+        x += self._physics.slope_features(phase, n_query, collect_rows,
+                                          int(kv.shape[0])) * float(kv.sum())
         if self._physics.window:
             c = kv - n_query if contexts is None else np.asarray(contexts)
             x += self._physics.window_features(phase, n_query) * float(

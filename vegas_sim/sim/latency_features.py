@@ -17,7 +17,7 @@ LATENCY_WHERE = "latency.parquet"
 
 
 FEATURES: tuple[str, ...] = ("const", "gemm", "logits", "kv", "attn", "collect", "rank",
-                             "tokens", "batched", "rows", "tile32", "tile64")
+                             "tokens", "batched", "rows", "tile32", "tile64", "per_request")
 
 
 FEATURE_INDEX = {name: i for i, name in enumerate(FEATURES)}
@@ -30,7 +30,7 @@ PHASE_FEATURES: dict[str, tuple[str, ...]] = {
     "prefill": ("const", "gemm", "kv", "attn"),
     "collect": ("const", "collect"),
     "select": ("const", "collect", "rank"),
-    "quest_meta": ("const", "kv"),
+    "quest_meta": ("const", "kv", "per_request"),
     "sample": ("const", "logits"),
     "other": ("const", "gemm", "kv", "tokens", "batched"),
 }
@@ -54,7 +54,13 @@ PHASE_FEATURES: dict[str, tuple[str, ...]] = {
 #            8's tile, not a line between n_query 4 and 16.
 #   tile64   the same for the M 64 tile (wgmma, 64-key tiles; and the launch of long calls,
 #            kernels.verify_launch.wide_config): n_query·G > 32, or Collect-2-Query past 16
-KERNEL_FEATURES = ("tokens", "batched", "rows", "tile32", "tile64")
+#   per_request  the kv feature over the batch (Σ_b kv_read_b / B: one request's read): work
+#            done per request in series, which more requests run beside, not after. Quest's
+#            page scoring ends in a top-k over each request's pages (torch.topk, one row per
+#            request), whose time grows with the pages of a row at any batch: the Qwen3-8B set
+#            measures 0.19 µs a page at B 1, 0.13 at B 2 (quest_meta, C 32K → 131K), where
+#            one cost per Σ pages gave B 1 0.76-0.82 × its measured time past 16K
+KERNEL_FEATURES = ("tokens", "batched", "rows", "tile32", "tile64", "per_request")
 
 
 # The tile features and the M tile each marks (the M 16 tile is the kv feature's own cost).
@@ -311,10 +317,13 @@ class Physics:
             f[FEATURE_INDEX["attn"]] = n_query * self.window_attn_ms_per_row_key
         return f
 
-    def slope_features(self, phase: str, n_query: int, rows: int) -> np.ndarray:
-        """[n_features] features per unit of Σ kv_read (all linear in it)."""
+    def slope_features(self, phase: str, n_query: int, rows: int, batch: int = 1
+                       ) -> np.ndarray:
+        """[n_features] features per unit of Σ kv_read (all linear in it) for a batch of
+        `batch` requests (per_request is the kv feature over the batch)."""
         f = np.zeros(len(FEATURES))
         f[FEATURE_INDEX["kv"]] = self.page_ms if phase == "quest_meta" else self.kv_ms_per_token
+        f[FEATURE_INDEX["per_request"]] = f[FEATURE_INDEX["kv"]] / max(1, int(batch))
         f[FEATURE_INDEX["attn"]] = n_query * self.attn_ms_per_row_key
         f[FEATURE_INDEX["collect"]] = rows * self.collect_ms_per_row_key
         f[FEATURE_INDEX["rank"]] = self.rank_ms_per_key
@@ -352,6 +361,7 @@ class Physics:
         x[:, FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
         x[:, FEATURE_INDEX["batched"]] = np.where(tokens > 1, self.weight_ms_at(tokens), 0.0)
         x[:, FEATURE_INDEX["rows"]] = rows
+        x[:, FEATURE_INDEX["per_request"]] = x[:, FEATURE_INDEX["kv"]] / np.maximum(batch, 1)
         for name in TILE_FEATURES:
             x[:, FEATURE_INDEX[name]] = x[:, FEATURE_INDEX["kv"]] * self.on_tile(
                 name, phase, n_query, rows)

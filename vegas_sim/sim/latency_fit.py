@@ -70,6 +70,9 @@ def identifiable_mask(phase: str, x: np.ndarray) -> np.ndarray:
         if mask[FEATURE_INDEX[name]] and constant_feature(
                 col[name] / np.maximum(col["kv"], 1e-300)):
             mask[FEATURE_INDEX[name]] = False
+    if mask[FEATURE_INDEX["per_request"]] and constant_feature(  # one batch only: it is kv
+            col["per_request"] / np.maximum(col["kv"], 1e-300)):
+        mask[FEATURE_INDEX["per_request"]] = False
     for name in ("tokens", "batched", "rows"):  # one value only: a constant, already counted
         if mask[FEATURE_INDEX[name]] and constant_feature(col[name]):
             mask[FEATURE_INDEX[name]] = False
