@@ -9,7 +9,8 @@ For T tokens (decode B = T, or verify B·(γ+1) = T) routed by a near-uniform ra
 graph, the bytes of the expert weights it touched (experts with ≥ 1 routed token) over that
 time, the ratio to the copy bandwidth measured in the same run, and triton / reference.
 --sweep adds each expert GEMM alone (gate/up with its fused activation, down) under every
-launch config of a small grid at gpt-oss-20b's shape and prints the best per (T, projection). Nothing runs at import.
+launch config of a small grid at gpt-oss-20b's shape and prints the best per (T, projection).
+--window times gpt-oss-20b's sliding-window attention (torch, per layer, B 1–128, NQ 1 / 8). Nothing runs at import.
 """
 
 from __future__ import annotations
@@ -140,6 +141,29 @@ def bench_sweep(name: str, copy_bw: float, gen: torch.Generator, out: list[dict[
             print(f"best {name} T{T} {text}")
 
 
+def bench_window(copy_bw: float, gen: torch.Generator, out: list[dict[str, Any]]) -> None:
+    """gpt-oss-20b's sliding-window attention (calibrate/moe.window_attention, torch) per
+    layer: the phase that decode and drafting share on its 12 window layers."""
+    s = get_preset("gpt-oss-20b")
+    hq, hkv, d, window = s.n_heads, s.n_kv_heads, s.head_dim, s.sliding_window
+    for B in (1, 8, 32, 128):
+        for nq in (1, 8):
+            k = torch.randn(B, 4096, hkv, d, generator=gen).to("cuda", torch.bfloat16)
+            v = torch.randn_like(k)
+            q = torch.randn(B, nq, hq, d, generator=gen).to("cuda", torch.bfloat16)
+            lens = torch.full((B,), 4096, dtype=torch.int32, device="cuda")
+            sinks = torch.zeros(hq, device="cuda")
+            t = bench(partial(moe.window_attention, q, k, v, lens, d ** -0.5, window, sinks))
+            nbytes = 2.0 * B * (window + nq - 1) * hkv * d * 2
+            out.append({"kind": "window", "model": "gpt-oss-20b", "tokens": B * nq,
+                        "backend": "torch", "config": f"B{B} NQ{nq}", "ms": round(t, 4),
+                        "experts_touched": "", "gbps": round(nbytes / t / 1e6, 1),
+                        "ratio_copy": round(nbytes / t / 1e6 / copy_bw, 3),
+                        "triton_over_reference": ""})
+            print(f"window gpt-oss-20b B{B} NQ{nq}: {t:.4f} ms per layer, "
+                  f"{12 * t:.2f} ms over the 12 window layers")
+
+
 def print_row(r: dict[str, Any]) -> None:
     print(f"{r['kind']:5} {r['model']:14} T{r['tokens']:<5} {r['backend']:9} "
           f"{r['ms']:8.4f} ms  {r['experts_touched']:3} experts  {r['gbps']:7.1f} GB/s "
@@ -151,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--window", action="store_true",
+                   help="also time gpt-oss-20b's sliding-window attention (torch) per layer")
     args = p.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     copy_bw = copy_bandwidth()
@@ -161,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_ffn(name, copy_bw, gen, out)
             if args.sweep and name == MODELS[0]:
                 bench_sweep(name, copy_bw, gen, out)
+        if args.window:
+            bench_window(copy_bw, gen, out)
     finally:
         with args.out.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=FIELDS)
