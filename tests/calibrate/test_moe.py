@@ -208,7 +208,7 @@ def test_hf_checkpoint_round_trip_of_moe_models(arch: str, tmp_path: Any) -> Non
     assert torch.equal(model.forward(tokens, cache_a), back.forward(tokens, cache_b))
 
 
-def test_hf_spec_of_the_public_configs_and_mxfp4_refusal() -> None:
+def test_hf_spec_of_the_public_configs_and_quantised_checkpoints() -> None:
     from vegas_sim.calibrate.weights import hf_spec
 
     oss = PRESETS["gpt-oss-20b"]
@@ -219,8 +219,10 @@ def test_hf_spec_of_the_public_configs_and_mxfp4_refusal() -> None:
            "attention_bias": True, "num_local_experts": 32, "num_experts_per_tok": 4,
            "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12}
     assert hf_spec(cfg) == oss
-    with pytest.raises(UserInputError, match="quantised \\(mxfp4\\)"):
-        hf_spec({**cfg, "quantization_config": {"quant_method": "mxfp4"}})
+    # the official checkpoint's MXFP4 experts are dequantised on load; other methods refused
+    assert hf_spec({**cfg, "quantization_config": {"quant_method": "mxfp4"}}) == oss
+    with pytest.raises(UserInputError, match="quantised \\(fp8\\)"):
+        hf_spec({**cfg, "quantization_config": {"quant_method": "fp8"}})
     q3 = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
           "intermediate_size": 6144, "moe_intermediate_size": 768, "vocab_size": 151936,
@@ -228,3 +230,72 @@ def test_hf_spec_of_the_public_configs_and_mxfp4_refusal() -> None:
           "tie_word_embeddings": False, "num_experts": 128, "num_experts_per_tok": 8,
           "norm_topk_prob": True}
     assert hf_spec(q3) == PRESETS["qwen3-30b-a3b"]
+    with pytest.raises(UserInputError, match="quantised \\(mxfp4\\)"):
+        hf_spec({**q3, "quantization_config": {"quant_method": "mxfp4"}})
+
+
+def random_mxfp4(gen: torch.Generator, *rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+    """(blocks, scales, dense): random e2m1 codes and e8m0 scales of a [*rows, cols] weight,
+    and its value computed code by code from the OCP MX definition (sign, exponent, mantissa)."""
+    codes = torch.randint(0, 16, (*rows, cols // 32, 32), generator=gen)
+    scales = torch.randint(120, 134, (*rows, cols // 32), generator=gen, dtype=torch.uint8)
+    sign = 1.0 - 2.0 * (codes >> 3)
+    exp, man = (codes >> 1) & 3, (codes & 1).double()
+    magnitude = torch.where(exp == 0, 0.5 * man, 2.0 ** (exp.double() - 1) * (1 + 0.5 * man))
+    dense = sign * magnitude * 2.0 ** (scales.double()[..., None] - 127)
+    blocks = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)
+    return blocks, scales, dense.reshape(*rows, cols)
+
+
+def test_mxfp4_blocks_dequantise_to_their_values() -> None:
+    from vegas_sim.calibrate.weights_moe import dequantize_mxfp4
+
+    blocks, scales, dense = random_mxfp4(torch.Generator().manual_seed(0), 3, 5, cols=96)
+    assert torch.equal(dequantize_mxfp4(blocks, scales, torch.float64), dense)
+    assert torch.equal(dequantize_mxfp4(blocks, scales).double(), dense)  # bf16 holds them
+
+
+def test_mxfp4_gpt_oss_checkpoint_loads_as_its_dense_twin(tmp_path: Any) -> None:
+    """The official gpt-oss layout (experts as _blocks/_scales, quant_method mxfp4) loads to
+    the same model as a bf16 checkpoint holding the dequantised values."""
+    import json
+
+    from vegas_sim.calibrate import weights as W
+    from vegas_sim.calibrate.loading import load_model, save_hf_dir
+
+    model = _hybrid_model(seed=3, ffn=32)
+    dense_dir, mx_dir = tmp_path / "dense", tmp_path / "mxfp4"
+    save_hf_dir(model, dense_dir, dtype=torch.float32)
+    save_hf_dir(model, mx_dir, dtype=torch.float32)
+    dense = W.read_safetensors(dense_dir / "model.safetensors")
+    mx = dict(dense)
+    gen = torch.Generator().manual_seed(4)
+    s = model.spec
+    for i in range(s.n_layers):
+        for name, (n_out, n_in) in {"gate_up_proj": (2 * s.expert_ffn, s.hidden),
+                                    "down_proj": (s.hidden, s.expert_ffn)}.items():
+            key = f"model.layers.{i}.mlp.experts.{name}"
+            blocks, scales, values = random_mxfp4(gen, s.n_experts, n_out, cols=n_in)
+            del mx[key]
+            # weights of a realistic size: 2^-4 folded into the e8m0 exponents of both
+            mx[key + "_blocks"], mx[key + "_scales"] = blocks, scales - 4
+            dense[key] = (values * 2.0 ** -4).float().transpose(1, 2).contiguous()  # [E, in, out]
+    W.write_safetensors(dense_dir / "model.safetensors", dense)
+    W.write_safetensors(mx_dir / "model.safetensors", mx)
+    cfg = json.loads((mx_dir / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (mx_dir / "config.json").write_text(json.dumps(cfg))
+    a, _, _ = load_model(str(dense_dir), dtype=torch.float32)
+    b, _, _ = load_model(str(mx_dir), dtype=torch.float32)
+    tokens = torch.arange(3, 30)[None]
+    assert torch.equal(a.forward(tokens, a.new_cache(1, 64)), b.forward(tokens, b.new_cache(1, 64)))
+
+
+def test_mxfp4_dequantisation_matches_transformers() -> None:
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    from vegas_sim.calibrate.weights_moe import _expert_weight
+
+    blocks, scales, _ = random_mxfp4(torch.Generator().manual_seed(1), 4, 64, cols=96)
+    hf = {"w_blocks": blocks, "w_scales": scales}
+    want = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
+    assert torch.equal(_expert_weight(hf, "w", "test"), want)

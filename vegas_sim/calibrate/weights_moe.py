@@ -10,9 +10,13 @@ bo [H] (output-projection bias), sinks [Hq].
 - gpt-oss: mlp.router.{weight,bias}; mlp.experts.gate_up_proj [E, H, 2F] with gate and up
   interleaved along the last axis (columns 0, 2, ... gate; 1, 3, ... up) and its bias
   [E, 2F]; mlp.experts.down_proj [E, F, H] and bias [E, H]; self_attn.sinks [Hq];
-  layer_types names the sliding-window layers. A checkpoint that ships its experts in MXFP4
-  (quantization_config.quant_method "mxfp4", the official openai/gpt-oss-20b) is refused:
-  dequantising its blocks is not implemented; a bf16 conversion loads.
+  layer_types names the sliding-window layers. The official openai/gpt-oss-20b ships its
+  experts in MXFP4 (quantization_config.quant_method "mxfp4"): gate_up_proj_blocks
+  [E, 2F, H/32, 16] uint8 (two e2m1 codes a byte, low nibble first) with gate_up_proj_scales
+  [E, 2F, H/32] (e8m0: 2^(s − 127) per 32 values), down_proj_blocks / _scales likewise over F.
+  They are dequantised on load (`dequantize_mxfp4`) into the bf16 layout, so the runtime runs
+  them in bf16 (the MXFP4 latency is a what-if, `--weight-format mxfp4`). Other quantisation
+  methods are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.models import ModelSpec
 
 MOE_ARCHITECTURES = ("qwen3_moe", "gpt_oss")
+# the 16 values of an OCP MX e2m1 (FP4) code: sign bit 3, exponent bits 2-1, mantissa bit 0
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+E8M0_BIAS = 127
 _HF_CLASS = {"qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 
 
@@ -33,12 +40,12 @@ def hf_moe_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
     """The ModelSpec fields a qwen3_moe / gpt_oss config.json adds to the dense ones."""
     arch = str(config["model_type"])
     quant = (config.get("quantization_config") or {}).get("quant_method")
-    if quant is not None:
+    if quant is not None and not (arch == "gpt_oss" and quant == "mxfp4"):
         raise UserInputError(
-            f"the checkpoint's weights are quantised ({quant}); dequantising them is not "
-            "implemented", where=where,
-            fix="use a bf16 checkpoint of the model (e.g. a bf16 conversion of gpt-oss), or "
-                "the preset with random weights for latency")
+            f"the checkpoint's weights are quantised ({quant}); only gpt-oss's MXFP4 experts "
+            "are dequantised on load", where=where,
+            fix="use a bf16 checkpoint of the model, or the preset with random weights for "
+                "latency")
     if arch == "qwen3_moe":
         if int(config.get("decoder_sparse_step", 1)) != 1 or config.get("mlp_only_layers"):
             raise UserInputError("dense MLP layers between MoE layers are not supported",
@@ -95,12 +102,42 @@ def hf_moe_to_ours(spec: ModelSpec, hf: dict[str, Tensor], where: str) -> dict[s
         out[q + "sinks"] = get(p + "self_attn.sinks")
         out[q + "router"], out[q + "brouter"] = get(p + "mlp.router.weight"), get(
             p + "mlp.router.bias")
-        gu, gub = get(p + "mlp.experts.gate_up_proj"), get(p + "mlp.experts.gate_up_proj_bias")
+        gu = _expert_weight(hf, p + "mlp.experts.gate_up_proj", where)  # [E, H, 2F]
+        gub = get(p + "mlp.experts.gate_up_proj_bias")
         out[q + "w13"] = torch.cat([gu[..., ::2], gu[..., 1::2]], dim=-1).transpose(1, 2)
         out[q + "b13"] = torch.cat([gub[..., ::2], gub[..., 1::2]], dim=-1)
-        out[q + "w2"] = get(p + "mlp.experts.down_proj").transpose(1, 2)
+        out[q + "w2"] = _expert_weight(hf, p + "mlp.experts.down_proj", where).transpose(1, 2)
         out[q + "b2"] = get(p + "mlp.experts.down_proj_bias")
     return out
+
+
+def _expert_weight(hf: dict[str, Tensor], name: str, where: str) -> Tensor:
+    """gpt-oss's stacked expert weight `name` in the bf16 checkpoint layout [E, in, out]: the
+    tensor itself, or its MXFP4 `_blocks` / `_scales` ([E, out, in/32, 16], [E, out, in/32])
+    dequantised."""
+    if name in hf or name + "_blocks" not in hf:
+        return checkpoint_tensor(hf, name, where)
+    blocks = hf[name + "_blocks"]
+    scales = checkpoint_tensor(hf, name + "_scales", where)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 4 or blocks.shape[-1] != 16 \
+            or tuple(scales.shape) != tuple(blocks.shape[:-1]):
+        raise UserInputError(
+            f"{name}_blocks {tuple(blocks.shape)} {blocks.dtype} and _scales "
+            f"{tuple(scales.shape)} are not MXFP4 blocks [E, out, in/32, 16] uint8 with scales "
+            "[E, out, in/32]", where=where, fix="use the checkpoint's original safetensors")
+    return torch.stack([dequantize_mxfp4(b, s) for b, s in zip(blocks, scales, strict=True)]
+                       ).transpose(1, 2)
+
+
+def dequantize_mxfp4(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.bfloat16
+                     ) -> Tensor:
+    """blocks uint8 [..., G, 16] (32 e2m1 codes, low nibble first), scales uint8 [..., G]
+    (e8m0) -> [..., G·32]: code value · 2^(scale − 127), exact in fp32 (bf16 holds every
+    e2m1 value times a power of two in its range)."""
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(*blocks.shape[:-1], 32)
+    values = torch.tensor(FP4_E2M1, dtype=torch.float32)[codes.long()]  # [..., G, 32]
+    exponent = scales.to(torch.int32)[..., None] - E8M0_BIAS
+    return torch.ldexp(values, exponent).reshape(*blocks.shape[:-2], -1).to(dtype)
 
 
 def ours_to_hf_moe(spec: ModelSpec, ours: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -21,8 +21,9 @@ from vegas_sim.validate.results import compare, summarize
 
 @click.command()
 @click.option("--model", required=True,
-              help="Preset name (qwen3-8b, qwen3-4b, llama-3.1-8b, smollm2-135m), a .gguf "
-                   "file, or a Hugging Face checkpoint directory.")
+              help="Preset name (qwen3-8b, qwen3-4b, llama-3.1-8b, smollm2-135m, "
+                   "qwen3-30b-a3b, gpt-oss-20b), a .gguf file, or a Hugging Face checkpoint "
+                   "directory (bf16/fp32; gpt-oss's MXFP4 experts are dequantised on load).")
 @click.option("--weights", type=click.Choice(["real", "random"]), default=None,
               help="real: load the checkpoint (latency + acceptance); random: latency only. "
                    "Default: random for presets, real for files.")
