@@ -68,6 +68,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
+from scipy.optimize import brentq
 
 from vegas_sim.sim.acceptance_dist import TracedCell, conditional_rates
 
@@ -84,8 +85,7 @@ def shift_rates(rates: np.ndarray, delta: float) -> np.ndarray:
     """Per-position rates with their conditional rates shifted by `delta` in logit space."""
     if delta == 0.0 or len(rates) == 0:
         return np.asarray(rates, dtype=float).copy()
-    c = np.clip(conditional_rates(np.asarray(rates, dtype=float)), COND_EPS, 1.0 - COND_EPS)
-    shifted = 1.0 / (1.0 + np.exp(-(np.log(c / (1.0 - c)) + delta)))
+    shifted = 1.0 / (1.0 + np.exp(-(_cond_logits(rates) + delta)))
     return np.cumprod(shifted)
 
 
@@ -95,20 +95,25 @@ def mean_length(rates: Sequence[np.ndarray], delta: float = 0.0) -> float:
 
 
 def delta_to_length(rates: Sequence[np.ndarray], target: float) -> float:
-    """The δ whose shift of `rates` has mean acceptance length `target` (bisection: the length
-    rises monotonically with δ), clamped to ±DELTA_BOUND."""
+    """The δ whose shift of `rates` has mean acceptance length `target` (the length rises
+    monotonically with δ: Brent's root), clamped to ±DELTA_BOUND."""
     lo, hi = -DELTA_BOUND, DELTA_BOUND
     if mean_length(rates, lo) >= target:
         return lo
     if mean_length(rates, hi) <= target:
         return hi
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if mean_length(rates, mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    logits = [_cond_logits(r) for r in rates]  # fixed: only δ moves inside the search
+
+    def excess(delta: float) -> float:
+        return float(np.mean([1.0 + np.cumprod(1.0 / (1.0 + np.exp(-(z + delta)))).sum()
+                              for z in logits])) - target
+    return float(brentq(excess, lo, hi, xtol=1e-12))
+
+
+def _cond_logits(rates: np.ndarray) -> np.ndarray:
+    """Logits of the conditional per-position rates, clipped as `shift_rates` clips them."""
+    c = np.clip(conditional_rates(np.asarray(rates, dtype=float)), COND_EPS, 1.0 - COND_EPS)
+    return np.asarray(np.log(c / (1.0 - c)))
 
 
 def length_slope(rates: Sequence[np.ndarray], delta: float, eps: float = 1e-3) -> float:
