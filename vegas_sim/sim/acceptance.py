@@ -382,13 +382,15 @@ class AcceptanceModel:
         bucket `edge` (its first or last; `sim.context_trend.fit_trend`), cached. Beyond the
         last bucket every group's slope is partially pooled with its workload and
         temperature's (`sim.context_trend.pool_trends`), so the first such call fits them all."""
+        if (group, edge) in self._trends:
+            return self._trends[(group, edge)]
         last = {g: max(k[4] for k in members) for g, (members, _) in self._groups.items()}
-        if (group, edge) not in self._trends and edge != last[group]:
+        if edge != last[group]:
             self._trends[(group, edge)] = self._own_trend(group, edge)
-        elif (group, edge) not in self._trends:
-            own = {g: self._trends.get((g, b)) or self._own_trend(g, b) for g, b in last.items()}
+        else:  # no last-bucket trend is cached yet: pool them all at once
+            own = {g: self._own_trend(g, b) for g, b in last.items()}
             for g, t in pool_trends(own, cell_of=lambda g: (g[1], g[2])).items():
-                self._trends.setdefault((g, last[g]), t)
+                self._trends[(g, last[g])] = t
         return self._trends[(group, edge)]
 
     def _own_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
