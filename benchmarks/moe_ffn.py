@@ -55,10 +55,6 @@ def layer_weights(name: str, gen: torch.Generator) -> dict[str, Any]:
             "k": s.experts_per_token, "activation": s.moe_activation}
 
 
-def expert_bytes(w: dict[str, Any]) -> float:
-    return float((w["w13"][0].numel() + w["w2"][0].numel()) * 2)
-
-
 def ffn_call(w: dict[str, Any], h: torch.Tensor) -> Any:
     return lambda: moe.moe_ffn(h, w["router"], w["router_bias"], w["w13"], w["b13"], w["w2"],
                                w["b2"], w["k"], w["activation"])
@@ -73,13 +69,13 @@ def bench_ffn(name: str, copy_bw: float, gen: torch.Generator, out: list[dict[st
               ) -> None:
     # weight copies rotated so a call's experts have left the L2 when they come back
     s = get_preset(name)
-    one_expert = (3 * s.expert_ffn * s.hidden) * 2.0
+    one_expert = 3 * s.expert_ffn * s.hidden * 2.0  # bf16 gate, up and down of one expert
     copies = [layer_weights(name, gen) for _ in range(n_copies(one_expert * s.experts_per_token))]
     H = s.hidden
     for T in TOKENS:
         hs = [torch.randn(T, H, generator=gen).to("cuda", torch.bfloat16) for _ in copies]
         n_touched = touched(copies[0], hs[0])
-        nbytes = n_touched * expert_bytes(copies[0])
+        nbytes = n_touched * one_expert
         ms = {}
         for backend in ("triton", "reference"):
             fn = rotating([ffn_call(w, h) for w, h in zip(copies, hs, strict=True)])

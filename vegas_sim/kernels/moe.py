@@ -47,21 +47,32 @@ def block_m_for(n_pairs: int, n_experts: int) -> int:
     return 16 if n_pairs / max(n_experts, 1) <= 24 else 64
 
 
+def max_blocks(n_pairs: int, n_experts: int, block_m: int) -> int:
+    """Blocks of `block_m` slots that any routing of `n_pairs` pairs over `n_experts` experts
+    fits in: every group padded by at most block_m − 1 slots."""
+    return (n_pairs + n_experts * (block_m - 1) + block_m - 1) // block_m
+
+
+def expert_counts(flat: Tensor, n_experts: int) -> Tensor:
+    """[E] pairs routed to each expert, by scatter_add (bincount syncs with the host to size
+    its output, which a CUDA graph capture refuses)."""
+    return torch.zeros(n_experts, dtype=flat.dtype, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))
+
+
 def moe_routing(experts: Tensor, n_experts: int, block_m: int | None = None) -> MoeRouting:
     """experts [T, k] int (the router's top-k) -> MoeRouting."""
     top_k = experts.shape[-1]
     flat = experts.reshape(-1)  # [P]
     n_pairs = flat.numel()
     bm = block_m or block_m_for(n_pairs, n_experts)
-    # pairs per expert by scatter_add, not bincount: bincount syncs with the host
-    counts = torch.zeros(n_experts, dtype=flat.dtype, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat))  # [E]
+    counts = expert_counts(flat, n_experts)  # [E]
     padded = (counts + bm - 1) // bm * bm
     pad_end = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)  # [P] pairs grouped by expert
     sorted_e = flat[order]
     rank = torch.arange(n_pairs, device=flat.device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
-    n_blocks = (n_pairs + n_experts * (bm - 1) + bm - 1) // bm  # the most any routing needs
+    n_blocks = max_blocks(n_pairs, n_experts, bm)
     pair_rows = torch.full((n_blocks * bm,), -1, dtype=torch.int32, device=flat.device)
     pair_rows[(pad_end - padded)[sorted_e] + rank] = order.to(torch.int32)
     starts = torch.arange(n_blocks, device=flat.device, dtype=pad_end.dtype) * bm
@@ -100,9 +111,7 @@ def _grouped_pairs(x: Tensor, w: Tensor, routing: MoeRouting, gather: bool) -> T
     flat = routing.experts
     rows = x.repeat_interleave(routing.top_k, dim=0) if gather else x  # [P, K]
     order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(routing.n_experts, dtype=flat.dtype, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat))
-    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    offsets = torch.cumsum(expert_counts(flat, routing.n_experts), 0).to(torch.int32)
     out = torch.empty(rows.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
     out[order] = grouped_matmul(rows[order], w, offsets)
     return out

@@ -24,7 +24,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from vegas_sim.kernels.moe import ACTIVATIONS, GPT_OSS_ALPHA, GPT_OSS_LIMIT, MoeRouting, block_m_for
+from vegas_sim.kernels.moe import (
+    ACTIVATIONS,
+    GPT_OSS_ALPHA,
+    GPT_OSS_LIMIT,
+    MoeRouting,
+    block_m_for,
+    max_blocks,
+)
 from vegas_sim.kernels.verify_launch import interpreted
 
 PAIR_BLOCK = 1024  # pairs per program of the count and place kernels
@@ -70,7 +77,7 @@ def moe_routing(experts: Tensor, n_experts: int, block_m: int | None = None) -> 
     flat = experts.reshape(-1).to(torch.int32)  # [P]
     n_pairs = flat.numel()
     bm = block_m or block_m_for(n_pairs, n_experts)
-    n_blocks = (n_pairs + n_experts * (bm - 1) + bm - 1) // bm
+    n_blocks = max_blocks(n_pairs, n_experts, bm)
     counts = torch.zeros(n_experts, dtype=torch.int32, device=flat.device)
     rank = torch.empty_like(flat)
     start = torch.empty_like(counts)

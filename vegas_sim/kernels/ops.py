@@ -287,7 +287,6 @@ def qkv_rope_append(
         qkv, n_heads, q_norm, k_norm, eps, cos_table, sin_table, cache_lens, k_cache, v_cache)
 
 
-
 def moe_routing(experts: Tensor, n_experts: int) -> moe.MoeRouting:
     """The router's top-k experts [T, k] sorted into expert blocks (kernels/moe.py), once per
     layer and step, shared by both expert GEMMs."""
