@@ -10,7 +10,8 @@ graph, the bytes of the expert weights it touched (experts with ≥ 1 routed tok
 time, the ratio to the copy bandwidth measured in the same run, and triton / reference.
 --sweep adds each expert GEMM alone (gate/up with its fused activation, down) under every
 launch config of a small grid at gpt-oss-20b's shape and prints the best per (T, projection).
---window times gpt-oss-20b's sliding-window attention (torch, per layer, B 1–128, NQ 1 / 8). Nothing runs at import.
+--window times gpt-oss-20b's sliding-window attention per layer, the kernel against the torch
+gather (B 1–128, NQ 1 / 8). Nothing runs at import.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ def bench_sweep(name: str, copy_bw: float, gen: torch.Generator, out: list[dict[
 
 
 def bench_window(copy_bw: float, gen: torch.Generator, out: list[dict[str, Any]]) -> None:
-    """gpt-oss-20b's sliding-window attention (calibrate/moe.window_attention, torch) per
-    layer: the phase that decode and drafting share on its 12 window layers."""
+    """gpt-oss-20b's sliding-window attention per layer (calibrate/moe.window_attention): the
+    verify kernel with its window mask against the torch gather, same inputs, one run; the
+    phase that decode and drafting share on its 12 window layers."""
     s = get_preset("gpt-oss-20b")
     hq, hkv, d, window = s.n_heads, s.n_kv_heads, s.head_dim, s.sliding_window
     for B in (1, 8, 32, 128):
@@ -149,15 +151,19 @@ def bench_window(copy_bw: float, gen: torch.Generator, out: list[dict[str, Any]]
             q = torch.randn(B, nq, hq, d, generator=gen).to("cuda", torch.bfloat16)
             lens = torch.full((B,), 4096, dtype=torch.int32, device="cuda")
             sinks = torch.zeros(hq, device="cuda")
-            t = bench(partial(moe.window_attention, q, k, v, lens, d ** -0.5, window, sinks))
+            args = (q, k, v, lens, d ** -0.5, window, sinks)
+            t_kernel = bench(partial(moe.window_attention, *args))
+            t_torch = bench(partial(moe.gathered_window_attention, *args))
             nbytes = 2.0 * B * (window + nq - 1) * hkv * d * 2
-            out.append({"kind": "window", "model": "gpt-oss-20b", "tokens": B * nq,
-                        "backend": "torch", "config": f"B{B} NQ{nq}", "ms": round(t, 4),
-                        "experts_touched": "", "gbps": round(nbytes / t / 1e6, 1),
-                        "ratio_copy": round(nbytes / t / 1e6 / copy_bw, 3),
-                        "triton_over_reference": ""})
-            print(f"window gpt-oss-20b B{B} NQ{nq}: {t:.4f} ms per layer, "
-                  f"{12 * t:.2f} ms over the 12 window layers")
+            for backend, t in (("triton", t_kernel), ("torch", t_torch)):
+                out.append({"kind": "window", "model": "gpt-oss-20b", "tokens": B * nq,
+                            "backend": backend, "config": f"B{B} NQ{nq}", "ms": round(t, 4),
+                            "experts_touched": "", "gbps": round(nbytes / t / 1e6, 1),
+                            "ratio_copy": round(nbytes / t / 1e6 / copy_bw, 3),
+                            "triton_over_reference": round(t_kernel / t_torch, 3)})
+            print(f"window gpt-oss-20b B{B} NQ{nq}: kernel {t_kernel:.4f} ms, torch "
+                  f"{t_torch:.4f} ms per layer (kernel/torch {t_kernel / t_torch:.2f}); "
+                  f"{12 * t_kernel:.2f} vs {12 * t_torch:.2f} ms over the 12 window layers")
 
 
 def print_row(r: dict[str, Any]) -> None:
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--window", action="store_true",
-                   help="also time gpt-oss-20b's sliding-window attention (torch) per layer")
+                   help="also time gpt-oss-20b's sliding-window attention per layer (kernel, torch)")
     args = p.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     copy_bw = copy_bandwidth()

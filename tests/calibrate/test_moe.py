@@ -133,7 +133,8 @@ def test_window_layers_never_read_outside_their_window() -> None:
     assert (base - after).abs().max() > 1e-3
 
 
-def test_window_attention_rows_and_sinks_match_a_dense_mask() -> None:
+@pytest.mark.parametrize("use_kernel", [None, True])  # torch gather; ops (its reference here)
+def test_window_attention_rows_and_sinks_match_a_dense_mask(use_kernel: bool | None) -> None:
     gen = torch.Generator().manual_seed(5)
     b, nq, hq, hkv, d, s_max, w = 2, 3, 4, 2, 8, 40, 6
     q = torch.randn(b, nq, hq, d, generator=gen)
@@ -141,7 +142,7 @@ def test_window_attention_rows_and_sinks_match_a_dense_mask() -> None:
     v = torch.randn(b, s_max, hkv, d, generator=gen)
     lens = torch.tensor([4, 30], dtype=torch.int32)  # request 0: shorter than the window
     sinks = torch.randn(hq, generator=gen)
-    got = moe.window_attention(q, k, v, lens, 0.3, w, sinks)
+    got = moe.window_attention(q, k, v, lens, 0.3, w, sinks, use_kernel=use_kernel)
     for bi in range(b):
         for i in range(nq):
             p = int(lens[bi]) - nq + i

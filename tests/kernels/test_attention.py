@@ -596,3 +596,105 @@ def test_sparse_attention_with_sinks_gpu_gpt_oss_shapes(B: int, C: int, sparsity
     out = ops.sparse_draft_attention(*args, D ** -0.5, sinks)
     ref = reference.sparse_draft_attention(*args, D ** -0.5, sinks)
     assert rel_err(out, ref) < 1e-2
+
+
+# ---- sliding window (gpt-oss's even layers): each row its `window` newest keys ------------
+
+WINDOW_CASES = [
+    # B, NQ, Hq, Hkv, D, S_max, lens, window, splits, sinks; gpt-oss heads (G 8, D 64)
+    (2, 1, 64, 8, 64, 96, [96, 5], 8, None, True),  # decode; request 1 shorter than the window
+    (2, 8, 64, 8, 64, 96, [90, 40], 16, 1, True),  # verify rows, one split: the sink in the epilogue
+    (2, 8, 64, 8, 64, 96, [90, 40], 16, 3, True),  # the sink in the combine, splits inside it
+    (3, 4, 8, 2, 32, 80, [80, 17, 6], 5, 2, False),  # windows across a tile edge, no sinks
+]
+
+
+def window_case_inputs(case: tuple, dtype: torch.dtype, device: str
+                       ) -> tuple[torch.Tensor, ...]:
+    B, NQ, Hq, Hkv, D, S, lens, window, splits, with_sinks = case
+    _gen, q, k, v, cl = verify_case_inputs((B, NQ, Hq, Hkv, D, S, lens, "none", splits), dtype,
+                                           device, salt=window)
+    sinks = sink_logits(_gen, Hq, device, dtype) if with_sinks else None
+    return q, k, v, cl, sinks
+
+
+def test_reference_window_is_the_dense_mask_cut_below() -> None:
+    """The reference's window against an explicit softmax over each row's window keys (and
+    the sink), fp64: row i of request b sees keys [p − W + 1, p], p = len − NQ + i."""
+    q, k, v, cl, sinks = window_case_inputs(WINDOW_CASES[1], torch.float32, "cpu")
+    window, scale = WINDOW_CASES[1][7], 0.125
+    out, lse, scores = reference.verify_attention(q, k, v, cl, scale, sinks=sinks, window=window)
+    assert scores is None
+    G = q.shape[2] // k.shape[2]
+    for b in range(q.shape[0]):
+        for i in range(q.shape[1]):
+            p = int(cl[b]) - q.shape[1] + i
+            keys = torch.arange(max(0, p - window + 1), p + 1)
+            for h in (0, 5, 63):
+                kk, vv = k[b, keys, h // G].double(), v[b, keys, h // G].double()
+                logits = torch.cat([kk @ q[b, i, h].double() * scale, sinks[h:h + 1].double()])
+                torch.testing.assert_close(out[b, i, h].double(),
+                                           torch.softmax(logits, 0)[:-1] @ vv, atol=1e-5,
+                                           rtol=1e-5)
+                torch.testing.assert_close(lse[b, i, h].double(), torch.logsumexp(logits, 0),
+                                           atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", WINDOW_CASES)
+def test_verify_attention_with_window_matches_reference(
+    case: tuple, dtype: torch.dtype, device: str, use_triton: None, poison: None
+) -> None:
+    D, window, splits = case[4], case[7], case[8]
+    q, k, v, cl, sinks = window_case_inputs(case, dtype, device)
+    from vegas_sim.kernels import verify_attention as tri
+
+    out, lse, _ = tri.verify_attention(q, k, v, cl, D ** -0.5, splits=splits, sinks=sinks,
+                                       window=window)
+    r_out, r_lse, _ = reference.verify_attention(q, k, v, cl, D ** -0.5, sinks=sinks,
+                                                 window=window)
+    assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
+    assert rel_err(out, r_out) < OUT_TOL[dtype]
+    assert (lse - r_lse).abs().max() < 1e-4 * max(1.0, float(r_lse.abs().max()))
+    full, _, _ = reference.verify_attention(q, k, v, cl, D ** -0.5, sinks=sinks)
+    assert rel_err(out, full) > 0.05  # the window does cut keys the full row would see
+
+
+def test_verify_attention_with_window_never_reads_older_keys(device: str,
+                                                             use_triton: None) -> None:
+    """Every slot older than the oldest row's window rewritten (random × 50): the kernel's
+    output is bit-identical (it skips whole tiles below the window and masks the rest)."""
+    q, k, v, cl, _sinks = window_case_inputs(WINDOW_CASES[3], torch.float32, device)
+    NQ, window = q.shape[1], WINDOW_CASES[3][7]
+    from vegas_sim.kernels import verify_attention as tri
+
+    want, _, _ = tri.verify_attention(q, k, v, cl, 0.2, splits=2, window=window)
+    for b, L in enumerate(cl.tolist()):
+        first = max(0, L - NQ - window + 1)
+        k[b, :first] = torch.randn_like(k[b, :first]) * 50
+        v[b, :first] = torch.randn_like(v[b, :first]) * 50
+    got, _, _ = tri.verify_attention(q, k, v, cl, 0.2, splits=2, window=window)
+    assert torch.equal(got, want)
+
+
+def test_ops_refuses_window_with_collection() -> None:
+    q = torch.randn(1, 2, 4, 8)
+    k = v = torch.randn(1, 16, 2, 8)
+    cl = torch.tensor([16], dtype=torch.int32)
+    for collect, window in (("first_last", 4), ("none", -1)):
+        with pytest.raises(UserInputError, match="window"):
+            ops.verify_attention(q, k, v, cl, 0.3, collect, window=window)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B,NQ,C", [(1, 1, 4096), (128, 1, 1024), (32, 8, 32768), (4, 12, 131072)])
+def test_verify_attention_with_window_gpu_gpt_oss_shapes(B: int, NQ: int, C: int,
+                                                         poison: None) -> None:
+    q, k, v, lens = verify_gpu_inputs(torch.Generator(device="cuda").manual_seed(B + NQ), B, NQ,
+                                      C, (64, 8, 64))
+    sinks = torch.randn(64, device="cuda", dtype=torch.bfloat16)
+    out, lse, _ = ops.verify_attention(q, k, v, lens, 0.125, sinks=sinks, window=128)
+    r_out, r_lse, _ = reference.verify_attention(q, k, v, lens, 0.125, sinks=sinks, window=128)
+    assert rel_err(out, r_out) < 1e-2
+    assert (lse - r_lse).abs().max() < 1e-3

@@ -13,8 +13,10 @@ Sliding-window attention (gpt-oss's even layers): row i of a request whose cache
 `cache_lens` tokens (the NQ new ones included) attends the `window` newest keys up to its own
 position, [p_i − window + 1, p_i] with p_i = cache_lens − NQ + i, plus the layer's attention
 sinks when the model has them (a learned logit per query head in the softmax denominator,
-with no value). It gathers only the last window + NQ − 1 positions of the cache, so it reads
-the same bytes in a draft step as in verify, and never a key outside the window.
+with no value). It reads only the last window + NQ − 1 positions of the cache, so a draft
+step reads the same bytes as verify, and never a key outside the window: on the GPU with
+NQ <= 16 the verify kernel with its `window` mask (one launch, bf16 K/V read once per KV
+head), else (prefill chunks, CPU) a gather of those positions and a masked softmax in torch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from vegas_sim.kernels import ops
 from vegas_sim.kernels.moe import expert_activation
+from vegas_sim.methods import MAX_VERIFY_ROWS
 
 
 def route(h: Tensor, router: Tensor, router_bias: Tensor | None, k: int
@@ -72,10 +75,25 @@ def moe_ffn_reference(
 
 def window_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, scale: float, window: int,
-    sinks: Tensor | None = None,
+    sinks: Tensor | None = None, use_kernel: bool | None = None,
 ) -> Tensor:
     """q [B, NQ, Hq, D]; k_cache/v_cache [B, S_max, Hkv, D] with the NQ new tokens written;
-    cache_lens [B] includes them; sinks [Hq] or None -> [B, NQ, Hq, D] (see module doc)."""
+    cache_lens [B] includes them; sinks [Hq] or None -> [B, NQ, Hq, D] (see module doc).
+    use_kernel None: the kernel on CUDA; True forces ops (e.g. the CPU interpreter)."""
+    kernel = q.is_cuda if use_kernel is None else use_kernel
+    if kernel and q.shape[1] <= MAX_VERIFY_ROWS:
+        out, _lse, _ = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale,
+                                            sinks=sinks, window=window)
+        return out
+    return gathered_window_attention(q, k_cache, v_cache, cache_lens, scale, window, sinks)
+
+
+def gathered_window_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor, scale: float, window: int,
+    sinks: Tensor | None = None,
+) -> Tensor:
+    """`window_attention` in torch for any NQ: the union of the rows' windows gathered, fp32
+    scores, each row's mask. Same shapes."""
     B, NQ, Hq, D = q.shape
     hkv = k_cache.shape[2]
     span = window + NQ - 1  # the union of the rows' windows

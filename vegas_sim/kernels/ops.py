@@ -81,13 +81,15 @@ def verify_attention(
     collect: str = "none",
     scores_out: Tensor | None = None,
     sinks: Tensor | None = None,
+    window: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Causal attention of NQ (1..16) new rows per request; optional score write-out.
 
     q [B, NQ, Hq, D]; k_cache/v_cache [B, S_max, Hkv, D] with the NQ new tokens written;
     cache_lens [B] int32 (including them). Row i attends keys [0, cache_lens − NQ + i].
     sinks [Hq] (gpt-oss's attention-sink logits) or None: exp(sink_h) joins every row's
-    softmax denominator, with no value.
+    softmax denominator, with no value. window > 0 (a sliding-window layer): row i attends
+    only keys [cache_lens − NQ + i − window + 1, cache_lens − NQ + i]; no collection.
     Returns out [B, NQ, Hq, D], lse [B, NQ, Hq] fp32 (natural log of Σ exp(scale·q·k), plus
     exp(sink) with sinks),
     scores [B, R, Hq, S_max] bf16 raw q·k (-inf where masked) or None; R = 2 (rows 0 and
@@ -105,6 +107,9 @@ def verify_attention(
            f"use one of {', '.join(COLLECT_MODES)}")
     _check_kv(op, q.shape[2], q.shape[3], k_cache, v_cache)
     _check_sinks(op, q.shape[2], sinks)
+    _check(window >= 0 and (window == 0 or collect == "none"), op, "window",
+           f"window={window} with collect={collect!r}",
+           "a sliding window is >= 0 and collects no scores (collect='none')")
     if scores_out is not None:
         B, NQ, Hq, _ = q.shape
         want = (B, len(collect_row_ids(NQ, collect)), Hq, k_cache.shape[1])
@@ -115,9 +120,10 @@ def verify_attention(
     if backend(q) == "triton":
         mod = _triton_module("verify_attention")
         return mod.verify_attention(  # type: ignore[no-any-return]
-            q, k_cache, v_cache, cache_lens, scale, collect, scores_out=scores_out, sinks=sinks)
+            q, k_cache, v_cache, cache_lens, scale, collect, scores_out=scores_out, sinks=sinks,
+            window=window)
     out, lse, scores = reference.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect,
-                                                  sinks)
+                                                  sinks, window)
     if scores_out is not None and scores is not None:
         scores = scores_out.copy_(scores)
     return out, lse, scores

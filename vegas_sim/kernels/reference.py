@@ -43,11 +43,13 @@ def verify_attention(
     scale: float,
     collect: str = "none",
     sinks: Tensor | None = None,
+    window: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Causal attention of NQ new rows per request over its KV cache (see API.md).
 
     q [B, NQ, Hq, D]; caches [B, S_max, Hkv, D]; cache_lens [B] (includes the NQ new tokens);
-    sinks [Hq] or None (module docstring). Returns out [B, NQ, Hq, D] (q's dtype), lse
+    sinks [Hq] or None (module docstring); window > 0: row i sees only its `window` newest
+    keys (a sliding-window layer; no collection). Returns out [B, NQ, Hq, D] (q's dtype), lse
     [B, NQ, Hq] fp32 (with the sink) and scores [B, R, Hq, S_max] bf16 (raw q·k, -inf where
     masked) or None.
     """
@@ -69,7 +71,10 @@ def verify_attention(
         s = torch.einsum("nhd,lhd->hnl", q[b].float(), k)  # [Hq, NQ, L] raw q·k
         # row i is position L - NQ + i and sees keys [0, L - NQ + i]
         limit = L - NQ + torch.arange(NQ, device=q.device)  # [NQ]
-        masked = torch.arange(L, device=q.device)[None, :] > limit[:, None]  # [NQ, L]
+        key = torch.arange(L, device=q.device)[None, :]
+        masked = key > limit[:, None]  # [NQ, L]
+        if window:
+            masked |= key <= limit[:, None] - window
         s = s.masked_fill(masked[None], float("-inf"))
         row_lse = torch.logsumexp(scale * s, dim=-1)  # [Hq, NQ]
         if sinks is not None:  # one more term in every row's denominator

@@ -35,6 +35,10 @@ Attention sinks (gpt-oss, `sinks` [Hq]): one logit per query head in the softmax
 with no value. Added once per row where the softmax ends: in the epilogue of a single-split
 launch, else in `_combine_kernel` (m = max(m, sink), l = l·2^(m_old − m) + 2^(sink − m), base
 2). HAS_SINKS is a constexpr: without sinks the compiled kernels are the ones before.
+Sliding window (gpt-oss's even layers, `window` W > 0): row m also masks keys below
+limit − W + 1, and the splits cover only [round_down(L − NQ − W + 1, BLOCK_N), L), so a
+window layer reads W + NQ − 1 keys (plus tile alignment), whatever the context. HAS_WINDOW is
+a constexpr: without a window the compiled kernels are the ones before.
 The launch policy (tile sizes, splits, stages, TMA) is `verify_launch`.
 """
 
@@ -107,13 +111,14 @@ def _store_scores(sc_base, row_off, row_ok, n, vals, S_MAX, EVEN_S: tl.constexpr
 
 
 @triton.jit
-def _attend_tile(q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok,
-                 c_row, c_ok, qk_scale2, S_MAX, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
+def _attend_tile(q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_base, m_row,
+                 m_ok, c_row, c_ok, qk_scale2, S_MAX, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
                  C2Q: tl.constexpr, EVEN_S: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
+                 UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """One K/V tile (keys start..start+BLOCK_N) of the online softmax, plus the score store
-    of the collected rows: returns the new (m_i, l_i, acc)."""
+    of the collected rows: returns the new (m_i, l_i, acc). Row m sees keys [floor, limit]
+    (floor only with a sliding window)."""
     offs_n = tl.arange(0, BLOCK_N)
     n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
     if UPCAST:
@@ -123,6 +128,8 @@ def _attend_tile(q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_r
     s = tl.dot(q, kt, input_precision=INPUT_PRECISION)  # [BLOCK_M, BLOCK_N]
     # n <= limit < L also masks the tile's keys past hi (only the split holding L-1 has any)
     s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
+    if HAS_WINDOW:
+        s = tl.where(n[None, :] >= floor[:, None], s, float("-inf"))
     if COLLECT == 1 and C2Q != 0:
         if C2Q == 1:
             sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
@@ -155,13 +162,13 @@ def _add_sink(m_i, l_i, SINKS, head, row_ok):
 def _verify_attention_kernel(
     Q, K, V, K_DESC, V_DESC, LENS, OUT, LSE, O_PART, LSE_PART, SCORES, SINKS,
     qk_scale2,  # scale * log2(e): softmax in base 2
-    S_MAX, HQ, HKV, NQ, SPLITS, R,
+    S_MAX, HQ, HKV, NQ, SPLITS, R, WINDOW,
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
     C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -178,6 +185,7 @@ def _verify_attention_kernel(
     row_ok = offs_m < NQ * G
     d_ok = offs_d < D
     limit = L - NQ + nq  # last key row m may see (causal inside the new rows)
+    floor = limit - WINDOW + 1  # its first key in a sliding-window layer
 
     # q [B, NQ, HQ, D] contiguous -> tile [BLOCK_M, BLOCK_D]
     q_off = ((b * NQ + nq) * HQ + head).to(tl.int64) * D
@@ -212,9 +220,13 @@ def _verify_attention_kernel(
         qc = tl.load(Q + qc_off[:, None] + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
                      other=0.0).to(q.dtype)
 
-    # this split's key range [lo, hi): whole BLOCK_N tiles aligned to multiples of BLOCK_N
-    chunk = tl.cdiv(tl.cdiv(L, SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
+    # this split's key range [lo, hi): whole BLOCK_N tiles aligned to multiples of BLOCK_N,
+    # from the tile that holds row 0's first key (0 without a window)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(L - NQ - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(L - first, SPLITS), BLOCK_N) * BLOCK_N
+    lo = first + split * chunk
     hi = tl.minimum(lo + chunk, L)
 
     k_base = K + (b.to(tl.int64) * stride_kb + kvh * D)
@@ -228,9 +240,9 @@ def _verify_attention_kernel(
             k = tl.reshape(K_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
             v = tl.reshape(V_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
             m_i, l_i, acc = _attend_tile(
-                q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok,
-                c_row, c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q, EVEN_S,
-                INPUT_PRECISION, UPCAST)
+                q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_base, m_row,
+                m_ok, c_row, c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q,
+                EVEN_S, INPUT_PRECISION, UPCAST, HAS_WINDOW)
         lo_ptr = hi_tma
     else:
         lo_ptr = lo
@@ -244,9 +256,9 @@ def _verify_attention_kernel(
         k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         m_i, l_i, acc = _attend_tile(
-            q, qc, k, v, start, limit, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok, c_row,
-            c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q, EVEN_S,
-            INPUT_PRECISION, UPCAST)
+            q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok,
+            c_row, c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q, EVEN_S,
+            INPUT_PRECISION, UPCAST, HAS_WINDOW)
 
     if COLLECT != 0:
         # -inf for keys [round_up(L, BLOCK_N), S_MAX): each split fills its share, store-only
@@ -379,6 +391,7 @@ def verify_attention(
     scores_out: Tensor | None = None,
     tma: bool | None = None,
     sinks: Tensor | None = None,
+    window: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
@@ -389,7 +402,9 @@ def verify_attention(
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
     `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it);
-    `sinks` [Hq] attention-sink logits (any float dtype) or None.
+    `sinks` [Hq] attention-sink logits (any float dtype) or None; `window` > 0 a sliding
+    window (each row its `window` newest keys; ops refuses collection with it), whose keys
+    alone size the split count.
     """
     B, NQ, Hq, D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -403,6 +418,8 @@ def verify_attention(
     c2q = _store_name(c2q, c2q_dot)
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
+    if window:
+        max_len = min(max_len, window + NQ - 1)
     BLOCK_M, cfg = launch_config(B, Hkv, NQ, G, max_len, num_sms(q.device), collect,
                                  min_m=min_m, splits=splits, block_n=block_n,
                                  num_warps=num_warps, num_stages=num_stages, tma=tma)
@@ -433,12 +450,12 @@ def verify_attention(
             q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
             scores if scores is not None else lse,  # dummy pointer when nothing is collected
             sinks if sinks is not None else lse,  # dummy pointer without sinks
-            scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1),
+            scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1), window,
             k_cache.stride(0), k_cache.stride(1),
             G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=c.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
             COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
             EVEN_S=S_max % c.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
-            TMA=use_tma, HAS_SINKS=sinks is not None,
+            TMA=use_tma, HAS_SINKS=sinks is not None, HAS_WINDOW=window > 0,
             # int32 tile offsets crash (illegal address) on the H200 at B=16 C=128K, the
             # smallest measured cache of >= 2^31 elements, where int64 offsets work. Until it
             # is known where the int32 path overflows, such caches take int64 offsets.
@@ -447,7 +464,7 @@ def verify_attention(
         )
 
     fit_key = ("verify", q.device, q.dtype, D, G, BLOCK_M, BLOCK_C, collect, c2q, single,
-               use_tma, cfg, sinks is not None)
+               use_tma, cfg, sinks is not None, window > 0)
     launch_fitted(fit_key, smaller_configs(cfg), launch, "verify attention")
     if not single:
         combine(out, lse, o_part, lse_part, NQ, Hkv, cfg.splits, BLOCK_M, sinks)
