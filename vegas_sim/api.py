@@ -35,7 +35,7 @@ from vegas_sim.sim import acceptance_dist, context_trend, latency_features, late
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
-from vegas_sim.sim.latency import LatencyModel, MeasuredGpu, host_phases_in_loop
+from vegas_sim.sim.latency import LatencyModel, MeasuredGpu, graphed_phases, host_phases_in_loop
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
@@ -115,7 +115,8 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 
     def build() -> LatencyModel:
         model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set),
-                                 host_phases_in_loop(trace_set.meta))
+                                 host_phases_in_loop(trace_set.meta),
+                                 graphed_phases(trace_set.meta))
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
         return model
 

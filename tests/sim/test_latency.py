@@ -400,9 +400,9 @@ def test_max_form_recovers_host_floor_and_gpu_slopes() -> None:
     assert loo.loc["decode", "median_pct"] < 3.0, loo
 
 
-def test_max_form_floor_grows_with_batch() -> None:
-    """A host (or launch-latency) floor that steps up past batch 1 and grows per request, as the
-    graphed SmolLM2 set shows, is fitted as such and not passed off as GPU work."""
+def growing_floor_latency() -> pd.DataFrame:
+    """decode rows on a floor 30 + 2·[B > 1] + 0.25·B ms (B 1–32) that the GPU work (gemm, kv at
+    GPU_TRUE) crosses at long contexts; sample rows 1 + 0.01·B."""
     phys = _Physics.of(MODEL, GPU.copy_bandwidth_gbs, GPU.bf16_tflops)
     rng = np.random.default_rng(27)
     recs = []
@@ -418,7 +418,13 @@ def test_max_form_floor_grows_with_batch() -> None:
             recs.append({**recs[-1], "phase": "sample", "ms_median": 1.0 + 0.01 * b})
     df = pd.DataFrame(recs)
     df["ms_p10"], df["ms_p90"], df["n"] = df["ms_median"], df["ms_median"], 5
-    lm = LatencyModel.fit(df, MODEL, GPU)
+    return df
+
+
+def test_max_form_floor_grows_with_batch() -> None:
+    """A host (or launch-latency) floor that steps up past batch 1 and grows per request, as an
+    eager runtime shows, is fitted as such and not passed off as GPU work."""
+    lm = LatencyModel.fit(growing_floor_latency(), MODEL, GPU)
     row = lm.coefficients().set_index("phase").loc["decode"]
     assert row["mode"] == "max" and row["tokens"] == 0.0 and row["batched"] == 0.0
     assert row["host_ms"] == pytest.approx(30.0, rel=0.03)
@@ -436,6 +442,20 @@ def test_max_form_floor_grows_with_batch() -> None:
         ctx = np.full(b, 2048)
         assert lm.iteration_cost("vanilla", 1, 1.0)(ctx) == pytest.approx(
             lm.plan_ms("vanilla", 1, ctx, 1.0), rel=1e-12)
+
+
+def test_graphed_phases_take_a_constant_floor() -> None:
+    """A set whose forward phases replay CUDA graphs (one launch whatever the batch) gets no
+    floor that grows with the batch there: that growth is GPU work, fitted by GPU features, so
+    a what-if that shrinks the GPU work shrinks it too. Phases outside the graph keep theirs."""
+    lm = LatencyModel.fit(growing_floor_latency(), MODEL, GPU, graphed=True)
+    row = lm.coefficients().set_index("phase").loc["decode"]
+    assert row["host_batched_ms"] == 0.0 and row["host_per_token_ms"] == 0.0
+    assert row["mode"] == "sum" or row["host_ms"] > 0.0
+    eager = LatencyModel.fit(growing_floor_latency(), MODEL, GPU)
+    ctx = np.full(32, 1024)
+    assert lm.phase_ms("decode", "vanilla", 1, ctx) == pytest.approx(
+        eager.phase_ms("decode", "vanilla", 1, ctx), rel=0.05)  # both describe the data
 
 
 def test_host_bound_set_keeps_priors_and_extrapolates_along_kv_bytes() -> None:

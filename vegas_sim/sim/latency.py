@@ -26,7 +26,9 @@ One call of a phase on a batch of B requests (uniform n_query, per-request kv_re
 - h, the host floor: the CPU time to issue the phase's kernels (Python + launch overhead of an
   eager runtime, or launch-latency-bound tiny kernels). The host runs ahead of the GPU, so the
   step takes whichever is longer. It may grow with the batch: h = h0 + h_batched·[B·n_query > 1]
-  + h_per_token·B·n_query (a per-token term only where no GPU feature of the group is ∝ tokens).
+  + h_per_token·B·n_query (a per-token term only where no GPU feature of the group is ∝ tokens),
+  except in the GRAPHED_PHASES of a set that replays them from CUDA graphs (`graphed`): one
+  launch whatever the batch, so h = h0 there and growth with the batch is GPU work.
 - s (the `const` coefficient), a serial fixed cost added on top (launch + sync that does not
   overlap GPU work).
 
@@ -173,18 +175,20 @@ class LatencyModel:
     # -- construction --
     @classmethod
     def fit(cls, latency: pd.DataFrame, model: ModelSpec, gpu: MeasuredGpu,
-            host_phases_in_loop: bool = True) -> LatencyModel:
+            host_phases_in_loop: bool = True, graphed: bool = False) -> LatencyModel:
         """Fit every (phase, method) group of `latency` (rows of traces.schema.LATENCY_SCHEMA).
 
         `model` must be the model the rows were measured on; `gpu` is meta.json's 'gpu';
         `host_phases_in_loop`: the grid's verify_after_draft (sample and select timed inside
-        whole iterations; False: after verify alone, see `sim.uncertainty`).
+        whole iterations; False: after verify alone, see `sim.uncertainty`); `graphed`: the
+        grid's cuda_graphs (the forward phases replayed from CUDA graphs: constant floors).
         """
         latency = validate_latency_rows(latency)
         phys = Physics.of(model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops)
         groups: dict[tuple[str, str], FittedGroup] = {}
         for (phase, method), rows in latency.groupby(["phase", "method"], sort=True):
-            groups[(str(phase), str(method))] = fit_group(phys, str(phase), str(method), rows)
+            groups[(str(phase), str(method))] = fit_group(phys, str(phase), str(method), rows,
+                                                          graphed)
         for phase in METHOD_INDEPENDENT_PHASES:
             rows = latency[latency["phase"] == phase]
             if len(rows):
@@ -206,7 +210,7 @@ class LatencyModel:
             raise TraceSetError("no gpu entry", where="meta.json, key gpu",
                                 fix="record the measured GPU in meta.json")
         return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]),
-                       host_phases_in_loop(meta))
+                       host_phases_in_loop(meta), graphed_phases(meta))
 
     # -- prediction --
     def _group(self, phase: str, method: str) -> FittedGroup:
@@ -510,6 +514,12 @@ def host_phases_in_loop(meta: dict[str, Any]) -> bool:
     """Whether a set's grid timed sample and select inside whole iterations (meta.json grid
     'verify_after_draft'; a set without the key: True, nothing known against it)."""
     return bool(meta.get("grid", {}).get("verify_after_draft", True))
+
+
+def graphed_phases(meta: dict[str, Any]) -> bool:
+    """Whether a set's grid replayed its forward phases from CUDA graphs (meta.json grid
+    'cuda_graphs'; a set without the key: False, the floor may grow with the batch)."""
+    return bool(meta.get("grid", {}).get("cuda_graphs", False))
 
 
 LatencyFn = Callable[[np.ndarray], float]

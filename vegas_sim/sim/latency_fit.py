@@ -21,6 +21,7 @@ from vegas_sim.sim.latency_features import (
     FEATURE_INDEX,
     FEATURES,
     FOLD_WEIGHT_STREAMS,
+    GRAPHED_PHASES,
     KERNEL_FEATURES,
     KERNEL_MAX,
     LATENCY_WHERE,
@@ -499,10 +500,12 @@ def validate_latency_rows(latency: pd.DataFrame) -> pd.DataFrame:
     return latency
 
 
-def fit_group(phys: Physics, phase: str, method: str, rows: pd.DataFrame) -> FittedGroup:
+def fit_group(phys: Physics, phase: str, method: str, rows: pd.DataFrame,
+              graphed: bool = False) -> FittedGroup:
     """Fit one group in both forms and keep one by the SUM_MODE_MARGIN rule (module doc).
 
-    Rows are measured points with a uniform batch (kv_read per request).
+    Rows are measured points with a uniform batch (kv_read per request); `graphed`: the set
+    replayed GRAPHED_PHASES from CUDA graphs, whose max-form floor is then a constant.
     """
     batch = rows["batch"].to_numpy(dtype=float)
     n_query = rows["n_query"].to_numpy(dtype=float)
@@ -530,7 +533,8 @@ def fit_group(phys: Physics, phase: str, method: str, rows: pd.DataFrame) -> Fit
     roofline = dataclasses.replace(sum_group(phase, method, x, t, kernel_terms=False),
                                    tokens=tokens)
     summed = dataclasses.replace(sum_group(phase, method, x, t), point=point, tokens=tokens)
-    maxed = _max_group(phase, method, x, t, roofline.coef, tokens)
+    maxed = _max_group(phase, method, x, t, roofline.coef, tokens,
+                       floor_terms=not (graphed and phase in GRAPHED_PHASES))
     if maxed.host == 0.0 or (  # no point on a host floor: the sum form nests the max form
             _median_log_error(summed) <= SUM_MODE_MARGIN * _median_log_error(maxed)):
         chosen = summed
