@@ -101,9 +101,10 @@ def verify_m_tile(n_query: int, group: int, rows: int) -> int:
 WINDOW_PHASES = ("decode", "draft_step", "verify", "prefill")
 
 
-# Phases a CUDA-graphed set replays from one graph per call (calibrate's GraphedForward): one
-# launch whatever the batch, so their max form's floor is one constant, h0 (a floor that grew
-# with B·n_query would be GPU work, which the sum form's kernel features count as such).
+# Phases a CUDA-graphed set replays from one graph per call (calibrate's GraphedForward; the
+# draft step adds its token's sampling, a fixed handful of eager kernels): the host issues the
+# same launches whatever the batch, so their max form's floor is one constant, h0 (a floor that
+# grew with B·n_query would be GPU work, which the sum form's kernel features count as such).
 GRAPHED_PHASES = ("decode", "draft_step", "verify")
 
 
