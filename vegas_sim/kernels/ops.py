@@ -107,9 +107,11 @@ def verify_attention(
            f"use one of {', '.join(COLLECT_MODES)}")
     _check_kv(op, q.shape[2], q.shape[3], k_cache, v_cache)
     _check_sinks(op, q.shape[2], sinks)
-    _check(window >= 0 and (window == 0 or collect == "none"), op, "window",
-           f"window={window} with collect={collect!r}",
-           "a sliding window is >= 0 and collects no scores (collect='none')")
+    _check(window >= 0, op, "window", f"window={window} is negative",
+           "pass 0 for full attention or the layer's sliding-window size")
+    _check(window == 0 or collect == "none", op, "collect",
+           f"collect={collect!r} with window={window}: sliding-window layers collect no scores",
+           "pass collect='none' with a window")
     if scores_out is not None:
         B, NQ, Hq, _ = q.shape
         want = (B, len(collect_row_ids(NQ, collect)), Hq, k_cache.shape[1])
