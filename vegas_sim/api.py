@@ -29,13 +29,12 @@ from vegas_sim.methods import (
     check_method,
     check_sparsity,
 )
-from vegas_sim.models import ModelSpec
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import acceptance_dist, context_trend, latency_features, latency_fit
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
-from vegas_sim.sim.latency import LatencyModel, MeasuredGpu, graphed_phases, host_phases_in_loop
+from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
@@ -102,21 +101,13 @@ def _read_lengths(where: str) -> list[int]:
                              fix="one integer per line, or a CSV column of integers") from None
 
 
-def measured_gpu(trace_set: TraceSet) -> MeasuredGpu:
-    """The GPU the set was measured on, read (and checked) as the latency model reads it."""
-    return MeasuredGpu.from_meta(trace_set.meta["gpu"])
-
-
 def fit_latency(trace_set: TraceSet) -> LatencyModel:
     """The latency model of a trace set's model on its measured GPU (cached on disk by the
     set's content hash: `sim.fitcache`)."""
-    spec = ModelSpec.from_dict(trace_set.meta["model"])
     key = fitcache.cache_key("latency", trace_set.meta, LATENCY_FILE, LATENCY_CODE)
 
     def build() -> LatencyModel:
-        model = LatencyModel.fit(trace_set.latency, spec, measured_gpu(trace_set),
-                                 host_phases_in_loop(trace_set.meta),
-                                 graphed_phases(trace_set.meta))
+        model = LatencyModel.from_meta(trace_set.latency, trace_set.meta)
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
         return model
 

@@ -677,7 +677,7 @@ def test_verify_attention_with_window_never_reads_older_keys(device: str,
     assert torch.equal(got, want)
 
 
-def test_ops_refuses_window_with_collection() -> None:
+def test_ops_refuses_a_negative_window_and_collection_with_a_window() -> None:
     q = torch.randn(1, 2, 4, 8)
     k = v = torch.randn(1, 16, 2, 8)
     cl = torch.tensor([16], dtype=torch.int32)

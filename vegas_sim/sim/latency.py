@@ -27,8 +27,8 @@ One call of a phase on a batch of B requests (uniform n_query, per-request kv_re
   eager runtime, or launch-latency-bound tiny kernels). The host runs ahead of the GPU, so the
   step takes whichever is longer. It may grow with the batch: h = h0 + h_batched·[B·n_query > 1]
   + h_per_token·B·n_query (a per-token term only where no GPU feature of the group is ∝ tokens),
-  except in the GRAPHED_PHASES of a set that replays them from CUDA graphs (`graphed`): one
-  launch whatever the batch, so h = h0 there and growth with the batch is GPU work.
+  except in the GRAPHED_PHASES of a set that replays them from CUDA graphs (`graphed`): the
+  same launches whatever the batch, so h = h0 there and growth with the batch is GPU work.
 - s (the `const` coefficient), a serial fixed cost added on top (launch + sync that does not
   overlap GPU work).
 
@@ -210,7 +210,7 @@ class LatencyModel:
             raise TraceSetError("no gpu entry", where="meta.json, key gpu",
                                 fix="record the measured GPU in meta.json")
         return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]),
-                       host_phases_in_loop(meta), graphed_phases(meta))
+                       host_phases_in_loop(meta), forward_phases_graphed(meta))
 
     # -- prediction --
     def _group(self, phase: str, method: str) -> FittedGroup:
@@ -516,7 +516,7 @@ def host_phases_in_loop(meta: dict[str, Any]) -> bool:
     return bool(meta.get("grid", {}).get("verify_after_draft", True))
 
 
-def graphed_phases(meta: dict[str, Any]) -> bool:
+def forward_phases_graphed(meta: dict[str, Any]) -> bool:
     """Whether a set's grid replayed its forward phases from CUDA graphs (meta.json grid
     'cuda_graphs'; a set without the key: False, the floor may grow with the batch)."""
     return bool(meta.get("grid", {}).get("cuda_graphs", False))
