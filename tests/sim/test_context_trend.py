@@ -218,7 +218,9 @@ def test_context_trend_rows_for_traces_show(rising: AcceptanceModel) -> None:
                       ContextTrend)
 
 
-def test_anchors_are_fitted_with_the_last_bucket_held(rising: AcceptanceModel) -> None:
+def test_anchors_are_fitted_along_the_trend(rising: AcceptanceModel) -> None:
+    """An anchor over 1K–64K sees the trend beyond the traced 4K: a steeper trend needs a
+    smaller shift, and both anchored models still meet the anchor over its range."""
     anchor = Anchor("vegas", GAMMA, 0.1, (1024, 65536), "longdoc", 0.6, 3.5)
     anchors = AnchorSet(model="m", source="test", anchors=(anchor,), path="test-anchors")
     steep = AcceptanceModel.from_traces(trend_traces(0.5), "real")
@@ -226,10 +228,13 @@ def test_anchors_are_fitted_with_the_last_bucket_held(rising: AcceptanceModel) -
     steep._trends[(group, 4096.0)] = dataclasses.replace(
         rising.context_trend(group, 4096.0), slope=3.0)
     a, b = AnchoredAcceptance(rising, "s", [anchors]), AnchoredAcceptance(steep, "s", [anchors])
-    assert a.shifts["vegas"].delta == b.shifts["vegas"].delta  # the trend is not in the fit
+    assert b.shifts["vegas"].delta < a.shifts["vegas"].delta
+    for model in (a, b):
+        assert model.range_length("vegas", GAMMA, 0.1, (1024, 65536), "longdoc",
+                                  0.6) == pytest.approx(3.5, rel=1e-6)
     far_a = a.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
     far_b = b.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
-    assert far_b.mean_length > far_a.mean_length  # ... but the lookups beyond follow it
+    assert far_b.mean_length > far_a.mean_length  # the steeper trend still rises farther out
     assert "context trend" in far_a.extrapolated[0]
 
 

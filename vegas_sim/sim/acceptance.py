@@ -274,7 +274,6 @@ class AcceptanceModel:
         workload: str | None = None,
         temperature: float = 0.0,
         output_len: int | None = None,
-        context_trend: bool = True,
     ) -> AcceptanceDist:
         """The acceptance distribution of one configuration (see the module docstring).
 
@@ -282,8 +281,6 @@ class AcceptanceModel:
         iterations such a request runs (tokens generated before the iteration < output_len):
         acceptance rises along a generation (the text turns repetitive), so the traced runs'
         later iterations over-state a short output's acceptance. None uses every iteration.
-        `context_trend=False` holds the last bucket above the traced contexts (the anchors'
-        fit: `sim.anchored`).
         """
         if method == "vanilla":
             return AcceptanceDist("vanilla", 0, np.zeros(0))
@@ -316,8 +313,6 @@ class AcceptanceModel:
         w: list[float] = []
         shifts: list[TrendShift | None] = []  # per component: the context trend it followed
         for bucket, bucket_w, doublings, note in self._context_mixture(keys, context):
-            if doublings and not context_trend:
-                doublings, note = 0.0, self._held_note(keys, context, bucket)
             if note:
                 notes.append(note)
             b_comps, b_w, s_notes, b_shifts = self._sparsity_mixture(
@@ -480,12 +475,11 @@ class AcceptanceModel:
         cuts = [self._cut(self._cells[k], output_len) for k in members]
         cell = _pool(cuts)
         notes: list[str] = []
-        if output_len is not None:
-            last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
-            traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
-            if output_len > traced:
-                notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
-                             "request (median): past its run, a request replays it again")
+        last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
+        traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
+        if output_len is not None and output_len > traced:
+            notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
+                         "request (median): past its run, a request replays it again")
         # pooled workloads: the iteration-weighted mean, as the pooled raw estimate would be
         n_it = np.array([len(c.acc) for c in cuts], dtype=float)
         cell_rates = np.stack([self._cell_rates(k, output_len) for k in members])  # [W, γ_t]
@@ -496,13 +490,18 @@ class AcceptanceModel:
                          "extrapolated by a fitted decay")
         stretch = _stretch(cell, rates)
         if beyond is None:
-            return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch), notes, None
+            return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch, traced), notes, None
         trends = [self.context_trend((k[0], k[1], k[2], k[5]), k[4]) for k in members]
         share = n_it / n_it.sum()
         shift = TrendShift.of(trends, [k[2] for k in members], share, beyond, rates)
         moved = shift_rates(rates, shift.delta)
         stretch *= (1.0 + float(rates.sum())) / (1.0 + float(moved.sum()))  # the moved pace
-        return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch), notes, shift
+        return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch, traced), notes, shift
+
+    def traced_contexts(self, method: str, workload: str | None = None) -> tuple[int, int]:
+        """(min, max) context the traces of `method` on `workload` (None: any) cover."""
+        keys = [k for k in self._cells if k[0] == method and workload in (None, k[2])]
+        return self._traced_range(keys or list(self._cells))
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""

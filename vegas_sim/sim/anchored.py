@@ -25,12 +25,12 @@ context range [lo, hi] is evaluated as vLLM's counters would average it: at N_CO
 contexts spread evenly over the range (a generation spends its tokens evenly over its
 contexts), its mean acceptance length the harmonic mean of the nodes' (tokens / iterations),
 its rates iteration-weighted. An anchor's empty field is evaluated at: sparsity
-DEFAULT_SPARSITY, temperature 0, workload pooled, context the shape set's traced range. The
-shape is evaluated with its last bucket held above the traced contexts (`lookup(...,
-context_trend=False)`): an anchor's range is the KV lengths of a generation, while predictions
-look acceptance up at the prompt's context, so fitting on the context trend would lower a
-short-prompt prediction to pay for a rise it never replays. A lookup beyond the traced contexts
-then follows the trend, and δ adds to it in logit space. One
+DEFAULT_SPARSITY, temperature 0, workload pooled, context the range the shape set traced the
+method's workload over (all its workloads when none is named). Above
+the traced contexts the nodes follow the shape's context trend, as predictions do: a
+prediction looks acceptance up at the contexts its generations reach (`sim.generation`), so a
+prediction of the anchor's own setting (a generation over the anchor's range) reproduces the
+anchor, and δ adds to the trend in logit space. One
 anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
 When a method's anchors name two or more workloads, each of those workloads gets its own δ
 (fitted on its anchors); other workloads use the method's joint δ.
@@ -287,14 +287,12 @@ class AnchoredAcceptance(AcceptanceModel):
             note = (f"workload {workload!r} is not in {self.shape_name} "
                     f"({', '.join(workloads)}): fitted on its pooled workloads")
             workload = None
-        span: tuple[int, int] = (context if context is not None
-                                 else cov["context_range"])  # type: ignore[assignment]
+        span = context if context is not None else self.traced_contexts(method, workload)
         nodes = []
         for c in context_nodes(int(span[0]), int(span[1])):
             dist = AcceptanceModel.lookup(
                 self, method, gamma, sparsity if sparsity is not None else DEFAULT_SPARSITY,
-                c, workload, temperature if temperature is not None else 0.0,
-                context_trend=False)
+                c, workload, temperature if temperature is not None else 0.0)
             nodes.append(tuple(_source_parts(dist)))
         return nodes, note
 
@@ -316,11 +314,11 @@ class AnchoredAcceptance(AcceptanceModel):
     # -- lookup --
     def lookup(self, method: str, gamma: int, sparsity: float, context: int,
                workload: str | None = None, temperature: float = 0.0,
-               output_len: int | None = None, context_trend: bool = True) -> AcceptanceDist:
+               output_len: int | None = None) -> AcceptanceDist:
         """The shape's distribution, shifted by the method's δ and marked where the
         configuration is far from every anchor (module docstring)."""
         dist = super().lookup(method, gamma, sparsity, context, workload, temperature,
-                              output_len=output_len, context_trend=context_trend)
+                              output_len=output_len)
         if method == "vanilla" or not self.anchor_sets:
             return dist
         shift = self.shifts.get(method)
