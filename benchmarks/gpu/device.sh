@@ -22,6 +22,9 @@
 #   yarn                   SmolLM2 acceptance past its 8K window (needs `gguf`): RoPE extended
 #                          by YaRN factor 4, the long longdoc / recall windows (12K-31K), every
 #                          method, one process each; packs yarn-METHOD sets for `traces merge`
+#   longgen                SmolLM2 acceptance over ~4K-token generations (needs `gguf`): γ 6,
+#                          s 0.07, T 0.6, reasoning / code / longdoc, 900 iterations a run;
+#                          packs longgen-METHOD sets for `traces merge`
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
 #                          benchmarks/results/kernels_h200.csv)
 #
@@ -160,6 +163,22 @@ yarn)
     rm -rf $TR/yarn-$m/parts
   done
   tar czf "$OUT/yarn_sets.tgz" -C $TR $(cd $TR && ls -d yarn-*)
+  ;;
+longgen)  # SmolLM2 acceptance over ~4K-token generations (900 iterations), one process a method
+  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+  for m in magicdec-stream magicdec-quest specextend vegas; do
+    timeout ${TIMEOUT:-420} "${cli[@]}" calibrate --model $GGUF --weights real --methods $m \
+      --workload reasoning,code,longdoc --gamma 6 --sparsity 0.07 --temperature 0.6 \
+      --iterations 900 --min-tokens 32 --prompts 8 --acceptance-batch 8 --acceptance-cuts none \
+      --no-latency --out $TR/longgen-$m > "$OUT/calibrate-longgen-$m.log" 2>&1 &
+  done
+  wait
+  for m in magicdec-stream magicdec-quest specextend vegas; do
+    tail -2 "$OUT/calibrate-longgen-$m.log"
+    python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/longgen-$m')" 2>&1 | tail -1
+    rm -rf $TR/longgen-$m/parts
+  done
+  tar czf "$OUT/longgen_sets.tgz" -C $TR $(cd $TR && ls -d longgen-*)
   ;;
 kernels)  # each kernel against the copy bandwidth measured in the same run
   args=("$@")

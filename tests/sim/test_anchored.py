@@ -144,6 +144,21 @@ def test_qwen3_uses_published_anchors_by_default_and_none_turns_them_off() -> No
     assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.3
 
 
+def test_predicting_the_anchors_own_setting_gives_them_back() -> None:
+    """The paper's setting (182-token prompts, long outputs): the simulated acceptance of
+    every anchored method is its packaged anchor, up to the replay's sampling noise."""
+    args = ["predict", "--gamma", "6", "--sparsity", "0.07", "--context", "182",
+            "--output-len", "2048", "--batch", "4", "--workload", "reasoning",
+            "--temperature", "0.6", "--replications", "1", "--format", "json",
+            "-m", "magicdec-stream", "-m", "magicdec-quest", "-m", "specextend", "-m", "vegas"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rows = {r["method"]: r for r in _json(result)["rows"]}  # type: ignore[union-attr]
+    want = {"magicdec-stream": 4.92, "magicdec-quest": 5.43, "specextend": 5.24, "vegas": 6.24}
+    for method, length in want.items():
+        assert rows[method]["acceptance_length"] == pytest.approx(length, rel=0.04), method
+
+
 def test_smollm2_gets_no_default_anchors() -> None:
     result = CliRunner().invoke(cli, [*FAST, "--model", "smollm2-135m", "--context", "4K"])
     assert result.exit_code == 0, result.output

@@ -219,8 +219,8 @@ def test_context_trend_rows_for_traces_show(rising: AcceptanceModel) -> None:
 
 
 def test_anchors_are_fitted_along_the_trend(rising: AcceptanceModel) -> None:
-    """An anchor over 1K–64K sees the trend beyond the traced 4K: a steeper trend needs a
-    smaller shift, and both anchored models still meet the anchor over its range."""
+    """Prompts of 1K–64K: the anchor sees the trend beyond the traced 4K, so a steeper trend
+    needs a smaller shift, and both anchored models still give the anchor back there."""
     anchor = Anchor("vegas", GAMMA, 0.1, (1024, 65536), "longdoc", 0.6, 3.5)
     anchors = AnchorSet(model="m", source="test", anchors=(anchor,), path="test-anchors")
     steep = AcceptanceModel.from_traces(trend_traces(0.5), "real")
@@ -232,10 +232,8 @@ def test_anchors_are_fitted_along_the_trend(rising: AcceptanceModel) -> None:
     for model in (a, b):
         assert model.range_length("vegas", GAMMA, 0.1, (1024, 65536), "longdoc",
                                   0.6) == pytest.approx(3.5, rel=1e-6)
-    far_a = a.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
-    far_b = b.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
-    assert far_b.mean_length > far_a.mean_length  # the steeper trend still rises farther out
-    assert "context trend" in far_a.extrapolated[0]
+    far = a.lookup("vegas", GAMMA, 0.1, 32768, "longdoc", 0.6)
+    assert "context trend" in far.extrapolated[0]
 
 
 def _two_bucket_trend(delta: float, se: float, buckets: tuple[int, int] = (1024, 2048)

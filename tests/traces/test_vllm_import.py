@@ -103,8 +103,8 @@ def test_label_values_unescape() -> None:
 
 def test_responses_context_comes_from_usage() -> None:
     imported = import_vllm(FIX / "responses.jsonl", None, ImportOptions("vegas", 3))
-    # prompts 120, 300, 64; completions 26, 16, 13: shortest prompt .. longest prompt + output
-    assert imported.anchor_set.anchors[0].context == (64, 316)
+    # prompts 120, 300, 64 (completions 26, 16, 13): shortest prompt .. longest prompt
+    assert imported.anchor_set.anchors[0].context == (64, 300)
     assert len(imported.requests) == 3  # the streaming chunk without metrics is skipped
 
 

@@ -211,8 +211,8 @@ def traces_list() -> None:
               help="The server's num_speculative_tokens; must match the data's positions.")
 @click.option("--sparsity", default=None, help="The draft's sparsity ratio, e.g. 0.07 or 7%.")
 @click.option("--context", default=None,
-              help="KV lengths the counts cover: a range LO..HI (e.g. 1K..32K) or one size; "
-                   "responses: taken from their usage when left out.")
+              help="Prompt lengths of the requests the counts cover: a range LO..HI (e.g. "
+                   "1K..32K) or one size; responses: taken from their usage when left out.")
 @click.option("--workload", default=None, help="Workload name, e.g. reasoning, code, chat.")
 @click.option("--temperature", type=float, default=None, help="Sampling temperature (0: greedy).")
 @click.option("--model", default=None, help="vegas-sim model preset, e.g. qwen3-8b.")

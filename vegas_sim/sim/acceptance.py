@@ -475,11 +475,12 @@ class AcceptanceModel:
         cuts = [self._cut(self._cells[k], output_len) for k in members]
         cell = _pool(cuts)
         notes: list[str] = []
-        last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
-        traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
-        if output_len is not None and output_len > traced:
-            notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
-                         "request (median): past its run, a request replays it again")
+        if output_len is not None:
+            last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
+            traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
+            if output_len > traced:
+                notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
+                             "request (median): past its run, a request replays it again")
         # pooled workloads: the iteration-weighted mean, as the pooled raw estimate would be
         n_it = np.array([len(c.acc) for c in cuts], dtype=float)
         cell_rates = np.stack([self._cell_rates(k, output_len) for k in members])  # [W, γ_t]
@@ -490,13 +491,13 @@ class AcceptanceModel:
                          "extrapolated by a fitted decay")
         stretch = _stretch(cell, rates)
         if beyond is None:
-            return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch, traced), notes, None
+            return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch), notes, None
         trends = [self.context_trend((k[0], k[1], k[2], k[5]), k[4]) for k in members]
         share = n_it / n_it.sum()
         shift = TrendShift.of(trends, [k[2] for k in members], share, beyond, rates)
         moved = shift_rates(rates, shift.delta)
         stretch *= (1.0 + float(rates.sum())) / (1.0 + float(moved.sum()))  # the moved pace
-        return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch, traced), notes, shift
+        return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch), notes, shift
 
     def traced_contexts(self, method: str, workload: str | None = None) -> tuple[int, int]:
         """(min, max) context the traces of `method` on `workload` (None: any) cover."""

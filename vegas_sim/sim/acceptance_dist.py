@@ -82,12 +82,11 @@ class DrawSource:
     base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
     # (None only for the all-accepted component, which replays nothing)
     stretch: float = 1.0  # replayed iterations per traced iteration (see `draw_requests`)
-    traced_tokens: int = 0  # tokens a traced run covers, median over the runs (0: none)
 
     def draw_requests(self, rng: np.random.Generator, n_requests: int, n_iterations: int,
-                      gamma: int, first: int = 0) -> np.ndarray:
-        """[n_requests, n_iterations − first] accepted drafts for this component, iterations
-        `first`.. of each request: each request replays one traced run from its start.
+                      gamma: int) -> np.ndarray:
+        """[n_requests, n_iterations] accepted drafts for this component: each request replays
+        one traced run from its start.
 
         Iteration k of a request replays traced iteration ⌊k / stretch⌋ of its run (circular
         past the run's end). stretch = traced acceptance length / this γ's, so a request walks
@@ -99,12 +98,12 @@ class DrawSource:
         request finishes, covers the early iterations only.
         """
         if self.cell is None:
-            return np.full((n_requests, n_iterations - first), gamma, dtype=np.int64)
+            return np.full((n_requests, n_iterations), gamma, dtype=np.int64)
         cell = self.cell
         starts = np.unique(cell.run_start)  # [runs]
         run = starts[rng.integers(0, len(starts), n_requests)]  # [R] flat start of each run
         length = cell.run_len[run]  # [R]
-        pos = np.floor(np.arange(first, n_iterations) / self.stretch).astype(np.int64)  # [W]
+        pos = np.floor(np.arange(n_iterations) / self.stretch).astype(np.int64)  # [W]
         idx = run[:, None] + pos[None, :] % length[:, None]  # [R, W]
         vals = np.minimum(cell.acc[idx], gamma)
         assert self.base_cond is not None, "a traced component knows its outcomes' rates"
@@ -197,29 +196,27 @@ class AcceptanceDist:
     def is_extrapolated(self) -> bool:
         return bool(self.extrapolated)
 
-    def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int,
-               first: int = 0) -> np.ndarray:
-        """[n_requests, n_iterations − first] accepted drafts (0..gamma); column k is a
-        request's (first + k)-th iteration.
+    def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
+        """[n_requests, n_iterations] accepted drafts (0..gamma); column k is a request's k-th
+        iteration.
 
         Each request replays one traced run from its start (`DrawSource.draw_requests`); with
         two or more mixture components (sparsity / context interpolation) each request picks
         its component with the interpolation weight. Without traced runs (a hand-built dist)
         iterations are drawn independently from `rates`. Deterministic for the state of `rng`.
         """
-        width = n_iterations - first
-        if self.gamma == 0 or n_requests == 0 or width <= 0:
-            return np.zeros((n_requests, max(width, 0)), dtype=np.int64)
+        if self.gamma == 0 or n_requests == 0 or n_iterations == 0:
+            return np.zeros((n_requests, n_iterations), dtype=np.int64)
         if not self.sources:
-            u = rng.random((n_requests, width, 1))
+            u = rng.random((n_requests, n_iterations, 1))
             return np.asarray((u < self.rates[None, None, :]).sum(axis=2), dtype=np.int64)
         if len(self.sources) == 1:
-            return self.sources[0].draw_requests(rng, n_requests, n_iterations, self.gamma, first)
+            return self.sources[0].draw_requests(rng, n_requests, n_iterations, self.gamma)
         pick = rng.choice(len(self.sources), size=n_requests, p=self.weights)  # [R]
-        out = np.empty((n_requests, width), dtype=np.int64)
+        out = np.empty((n_requests, n_iterations), dtype=np.int64)
         for k, src in enumerate(self.sources):
             sel = pick == k
-            out[sel] = src.draw_requests(rng, int(sel.sum()), n_iterations, self.gamma, first)
+            out[sel] = src.draw_requests(rng, int(sel.sum()), n_iterations, self.gamma)
         return out
 
 

@@ -20,17 +20,17 @@ Fit. δ of a method minimises, with scipy's least squares over all anchors of th
     Σ_a [(L_a(δ) − L*_a) / L*_a]²  +  Σ_a Σ_i [(R_ai(δ) − r*_ai) / L*_a]²   (rates when given)
 
 where L*_a, r*_a are the anchor's mean acceptance length and per-position rates and L_a(δ),
-R_a(δ) the shape's, shifted by δ, at the anchor's configuration. An anchor measured over a
-context range [lo, hi] is evaluated as vLLM's counters would average it: at N_CONTEXT_NODES
-contexts spread evenly over the range (a generation spends its tokens evenly over its
-contexts), its mean acceptance length the harmonic mean of the nodes' (tokens / iterations),
-its rates iteration-weighted. An anchor's empty field is evaluated at: sparsity
-DEFAULT_SPARSITY, temperature 0, workload pooled, context the range the shape set traced the
-method's workload over (all its workloads when none is named). Above
-the traced contexts the nodes follow the shape's context trend, as predictions do: a
-prediction looks acceptance up at the contexts its generations reach (`sim.generation`), so a
-prediction of the anchor's own setting (a generation over the anchor's range) reproduces the
-anchor, and δ adds to the trend in logit space. One
+R_a(δ) the shape's, shifted by δ, at the anchor's configuration. An anchor's context is the
+prompt length of the requests its counts cover (a range [lo, hi]: prompts spread over it), the
+context a prediction looks acceptance up at: the anchor is evaluated at N_CONTEXT_NODES
+contexts spread evenly over its range, each looked up as a prediction of that prompt looks it
+up (whole traced runs; beyond the traced contexts along the context trend), its mean
+acceptance length the harmonic mean of the nodes' (tokens / iterations, as vLLM's counters
+pool them), its rates iteration-weighted. So a prediction of an anchor's own setting gives the
+anchor back (for outputs as long as the traced runs; a shorter one replays their first tokens). An anchor's empty field is evaluated at: sparsity
+DEFAULT_SPARSITY, temperature 0, workload pooled, context the prompt contexts the shape set
+traced the method's workload over (all its workloads when none is named). δ adds to the
+context trend in logit space. One
 anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
 When a method's anchors name two or more workloads, each of those workloads gets its own δ
 (fitted on its anchors); other workloads use the method's joint δ.

@@ -76,7 +76,6 @@ from vegas_sim.sim.engine import (
     PrefillFn,
     simulate,
 )
-from vegas_sim.sim.generation import generation_dist
 from vegas_sim.sim.latency import IterationCost, LatencyModel
 from vegas_sim.sim.metrics import RunMetrics, Slo, mean_ci, summarize
 from vegas_sim.sim.uncertainty import interval_columns
@@ -366,14 +365,9 @@ def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
     if sc.method == "vanilla":
         return None
     # Acceptance rises along a generation (the traces' later iterations accept more), so the
-    # traced runs are cut to the iterations a request of this output length runs; a generation
-    # long next to its prompt is looked up at the contexts it reaches (`sim.generation`).
-    def at(context: int) -> AcceptanceDist:
-        return acceptance.lookup(sc.method, sc.gamma, sc.sparsity, context, sc.workload,
-                                 sc.temperature, output_len=sc.output_len)
-
-    longest = sc.max_output if sc.max_output > 0 else sc.output_len
-    return generation_dist(at, sc.context, sc.output_len, longest)
+    # traced runs are cut to the iterations a request of this output length runs.
+    return acceptance.lookup(sc.method, sc.gamma, sc.sparsity, sc.context, sc.workload,
+                             sc.temperature, output_len=sc.output_len)
 
 
 def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,

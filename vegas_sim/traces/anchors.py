@@ -64,7 +64,7 @@ class Anchor:
     method: str  # one of methods.SPEC_METHODS
     gamma: int  # vLLM num_speculative_tokens
     sparsity: float | None  # None = any / not applicable
-    context: tuple[int, int] | None  # inclusive KV-length range the counts were taken over
+    context: tuple[int, int] | None  # inclusive range of the counted requests' prompt lengths
     workload: str | None  # reasoning, code, chat, longdoc, ...; None = any
     temperature: float | None
     mean_acceptance_length: float  # 1 + accepted / drafts (bonus included), in [1, gamma + 1]
@@ -76,7 +76,7 @@ class Anchor:
         _check_anchor(self)
 
     def describe(self) -> str:
-        """E.g. 'vegas γ6 s0.07 reasoning T0.6 ctx 128-32768: 6.24'."""
+        """E.g. 'vegas γ6 s0.07 reasoning T0.6 ctx 182-182: 6.24'."""
         parts = [self.method, f"γ{self.gamma}"]
         if self.sparsity is not None:
             parts.append(f"s{self.sparsity:g}")
@@ -155,7 +155,7 @@ def _check_context(context: object) -> None:
     if not ok:
         raise _FieldError("context", f"context must be an inclusive token range [lo, hi] "
                           f"with 0 <= lo <= hi, or empty; got {context!r}",
-                          "give the KV lengths the counts were taken over, e.g. [128, 32768]")
+                          "give the prompt lengths of the requests counted, e.g. [1024, 4096]")
 
 
 def _check_length(a: Anchor) -> None:
@@ -214,7 +214,7 @@ def _anchor_from_dict(d: object) -> Anchor:
     if ctx is not None:
         if not (isinstance(ctx, list) and len(ctx) == 2):
             raise _FieldError("context", f"context must be [lo, hi] or null, got {ctx!r}",
-                              "e.g. [128, 32768]")
+                              "e.g. [1024, 4096]: the prompts' shortest and longest")
         ctx = tuple(ctx)
     rates = d.get("per_position_rates")
     if rates is not None:

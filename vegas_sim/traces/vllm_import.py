@@ -479,12 +479,12 @@ def to_anchor(c: SpecCounts, opts: ImportOptions, where: str) -> Anchor:
 
 
 def _response_context(requests: tuple[RequestRecord, ...]) -> tuple[int, int] | None:
-    """The KV lengths the requests decoded over: first prompt to longest prompt + output."""
-    if any(r.prompt_tokens is None or r.completion_tokens is None for r in requests):
+    """The requests' prompt lengths: shortest to longest (the context a prediction looks
+    acceptance up at, `sim.anchored`)."""
+    if any(r.prompt_tokens is None for r in requests):
         return None
-    lo = min(r.prompt_tokens or 0 for r in requests)
-    hi = max((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in requests)
-    return (lo, hi)
+    return (min(r.prompt_tokens or 0 for r in requests),
+            max(r.prompt_tokens or 0 for r in requests))
 
 
 def import_vllm(first: Path, second: Path | None, opts: ImportOptions,
@@ -509,7 +509,7 @@ def import_vllm(first: Path, second: Path | None, opts: ImportOptions,
         if opts.context is None and (ctx := _response_context(requests)) is not None:
             opts = replace(opts, context=ctx)
             notes.append(f"context {ctx[0]}..{ctx[1]}: from the responses' usage (shortest "
-                         "prompt to longest prompt + completion)")
+                         "to longest prompt)")
     if counts.accepted_per_pos is None:
         notes.append("the data has no per-position counts: the anchor gives the mean "
                      "acceptance length only")
