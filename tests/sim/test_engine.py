@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vegas_sim.errors import UserInputError
@@ -256,16 +256,21 @@ def test_invariants(method: str, gamma: int, batch: int, n: int, out: int, seed:
 @given(gamma=st.integers(1, 6), k=st.integers(0, 6), batch=st.integers(1, 12),
        waves=st.integers(1, 5), out=st.integers(1, 60), cap_a=st.integers(0, 12),
        extra=st.integers(0, 12))
+@example(gamma=1, k=0, batch=8, waves=2, out=22, cap_a=5, extra=1)
 def test_more_kv_capacity_never_lowers_closed_loop_throughput(
         gamma: int, k: int, batch: int, waves: int, out: int, cap_a: int, extra: int) -> None:
+    """Over the whole run (every token over the makespan). The steady window is not monotone
+    in the room: it ends at the first departure after the last (re)admission, and more room
+    can move that readmission later, past a slow stretch (the example: room for 6 → 7
+    requests, the run 2225 → 2312 tok/s, its window 2530 → 2312)."""
     k = min(k, gamma)
     need = 64 + out + gamma + 1
     thr = []
     for fits in (1 + cap_a, 1 + cap_a + extra):  # requests that fit the KV cache at once
         c = EngineConfig("vegas", gamma, batch, waves * batch, Lengths(64, out),
                          kv_capacity_tokens=fits * need, kv_block_size=1)
-        thr.append(summarize(simulate(c, LinearCost(2.0, 0.001), FixedDist(gamma, k)))
-                   .throughput_tok_s)
+        res = simulate(c, LinearCost(2.0, 0.001), FixedDist(gamma, k))
+        thr.append(float(res.output_len.sum()) / res.sim_time_ms)
     assert thr[1] >= thr[0] * (1 - 1e-9)
 
 
