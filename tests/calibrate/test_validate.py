@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -209,7 +210,6 @@ def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
 
 
 def test_empty_temperature_resolves_to_the_latency_grids(tmp_path: Path) -> None:
-    import dataclasses
 
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
     from vegas_sim.validate.predict import load_models, resolve_temperature
@@ -242,8 +242,12 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
         assert len(hs) >= 22
         check_outside_grid(hs, mod.GRIDS[regime])
         assert {h.method for h in hs} == set(mod.METHODS)
-        # the committed file is what the recorded seed regenerates
-        assert hs == mod.draw(regime, np.random.default_rng([mod.SEED, 0 if regime == "smollm2" else 1]))
+        # the committed file is what the recorded seed regenerates (the first replay draw ran
+        # one wave a row, before MIN_REQUESTS_REPLAY: its waves are the protocol of then)
+        drawn = mod.draw(regime, np.random.default_rng([mod.SEED, 0 if regime == "smollm2" else 1]))
+        if regime == "qwen3_8b":
+            drawn = [dataclasses.replace(h, waves=1) for h in drawn]
+        assert hs == drawn
         if regime == "qwen3_8b":
             assert all(mod.kv_gb(h.batch, h.context, h.output_len) <= mod.MAX_KV_GB for h in hs)
             assert max(h.context for h in hs) > 100_000 and min(h.batch for h in hs) == 1
@@ -252,6 +256,12 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
     check_outside_grid(fresh, mod.GRIDS["smollm2"])
     assert fresh == mod.draw("smollm2", np.random.default_rng([20261130, 0]))
     assert fresh != read_heldout(root / "heldout_smollm2.csv")
+    # the third draw, both regimes, waves included
+    for regime, stream in (("smollm2", 0), ("qwen3_8b", 1)):
+        third = read_heldout(root / f"heldout_{regime}_seed20261202.csv")
+        check_outside_grid(third, mod.GRIDS[regime])
+        assert third == mod.draw(regime, np.random.default_rng([20261202, stream]))
+        assert all(h.batch * h.waves >= 16 for h in third)
 
 
 def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
