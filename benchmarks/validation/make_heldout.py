@@ -4,6 +4,8 @@
     /work/venv/bin/python benchmarks/validation/make_heldout.py --check  # prints, writes nothing
     /work/venv/bin/python benchmarks/validation/make_heldout.py --seed 20261130 --regime smollm2
         # a fresh draw beside them: heldout_smollm2_seed20261130.csv
+    /work/venv/bin/python benchmarks/validation/make_heldout.py --far --seed 20261203
+        # batches 80-128, past every seeded row: heldout_REGIME_far_seed20261203.csv
 
 Regimes, SEED recorded here and in README.md:
 - heldout_smollm2.csv — SmolLM2-135M real weights end to end (8K positions): longdoc prompts
@@ -66,6 +68,10 @@ CONTEXTS = {
     "qwen3_30b_a3b": [2560, 6144, 12288, 24576, 32768],
 }
 OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64, "gpt_oss_20b": 64, "qwen3_30b_a3b": 64}
+# `--far`: batches past every seeded row's 48 and the span rows' 64 (SmolLM2: past its latency
+# set's 64 too), at the regime's contexts that fit beside them.
+FAR_BATCHES = [80, 96, 112, 128]
+N_FAR = 12
 
 
 # Real weights: requests per configuration, at least. One request's acceptance length scatters
@@ -95,19 +101,22 @@ def feasible(regime: str, batch: int, context: int) -> bool:
                                    <= MAX_KV_GB_BY_REGIME[regime])
 
 
-def draw(regime: str, rng: np.random.Generator) -> list[HeldOut]:
-    """N configurations. Methods cycle; contexts and batches are stratified (each listed
-    value used in turn, shuffled) so that both ends of the ranges are covered; a batch that
-    does not fit next to the context (Qwen3-8B KV memory) becomes the largest that does."""
+def draw(regime: str, rng: np.random.Generator, far: bool = False) -> list[HeldOut]:
+    """N configurations (N_FAR at FAR_BATCHES with `far`). Methods cycle; contexts and batches
+    are stratified (each listed value used in turn, shuffled) so that both ends of the ranges
+    are covered; a batch that does not fit next to the context (Qwen3-8B KV memory) becomes
+    the largest that does."""
     out: list[HeldOut] = []
     out_len = OUTPUT_LEN[regime]
-    n = N if regime in ("smollm2", "qwen3_8b") else N_MOE
-    contexts = [int(c) for c in rng.permutation(np.resize(CONTEXTS[regime], n))]
-    batches = [int(b) for b in rng.permutation(np.resize(BATCHES, n))]
+    n = N_FAR if far else N if regime in ("smollm2", "qwen3_8b") else N_MOE
+    allowed = FAR_BATCHES if far else BATCHES
+    fitting = [c for c in CONTEXTS[regime] if feasible(regime, allowed[0], c)]
+    contexts = [int(c) for c in rng.permutation(np.resize(fitting, n))]
+    batches = [int(b) for b in rng.permutation(np.resize(allowed, n))]
     for i in range(n):
         method = METHODS[i % len(METHODS)]
         context = contexts[i]
-        batch = max(b for b in BATCHES if b <= batches[i] and feasible(regime, b, context))
+        batch = max(b for b in allowed if b <= batches[i] and feasible(regime, b, context))
         gamma = 1 if method == "vanilla" else int(rng.integers(2, 13))
         h = HeldOut(
             method=method, gamma=gamma,
@@ -116,7 +125,7 @@ def draw(regime: str, rng: np.random.Generator) -> list[HeldOut]:
             workload="longdoc" if regime == "smollm2" else None,
             temperature=None, waves=waves_for(regime, batch))
         while h in out:  # a repeat (same draws twice): another batch that fits
-            b = max(x for x in BATCHES if feasible(regime, x, context) and x != h.batch)
+            b = max(x for x in allowed if feasible(regime, x, context) and x != h.batch)
             h = HeldOut(**{**h.__dict__, "batch": b, "waves": waves_for(regime, b)})
         out.append(h)
     check_outside_grid(out, GRIDS[regime])
@@ -146,11 +155,14 @@ def main() -> None:
                     help=f"another draw, written as heldout_REGIME_seedN.csv (default {SEED})")
     ap.add_argument("--regime", choices=tuple(STREAM), action="append",
                     help="only this regime (repeatable; default smollm2 and qwen3_8b)")
+    ap.add_argument("--far", action="store_true",
+                    help=f"{N_FAR} rows at batches {FAR_BATCHES}: heldout_REGIME_far_seedN.csv")
     args = ap.parse_args()
-    suffix = "" if args.seed == SEED else f"_seed{args.seed}"
+    suffix = "" if args.seed == SEED and not args.far else f"_seed{args.seed}"
+    suffix = f"_far{suffix}" if args.far else suffix
     for regime in args.regime or ("smollm2", "qwen3_8b"):
         rng = np.random.default_rng([args.seed, STREAM[regime]])
-        hs = draw(regime, rng)
+        hs = draw(regime, rng, far=args.far)
         total = sum(estimate_s(h, regime) for h in hs)
         print(f"{regime}: {len(hs)} configurations, estimated {total:.0f} s on an H200")
         for h in hs:

@@ -262,6 +262,14 @@ def test_committed_heldout_sets_are_valid_and_off_grid() -> None:
         check_outside_grid(third, mod.GRIDS[regime])
         assert third == mod.draw(regime, np.random.default_rng([20261202, stream]))
         assert all(h.batch * h.waves >= 16 for h in third)
+    # the far-end draw: every batch past the seeded rows', each fitting the KV memory
+    for regime, stream in (("smollm2", 0), ("qwen3_8b", 1)):
+        far = read_heldout(root / f"heldout_{regime}_far_seed20261203.csv")
+        assert far == mod.draw(regime, np.random.default_rng([20261203, stream]), far=True)
+        check_outside_grid(far, mod.GRIDS[regime])
+        assert len(far) == mod.N_FAR and min(h.batch for h in far) > 64
+        assert {h.method for h in far} == set(mod.METHODS)
+        assert all(mod.feasible(regime, h.batch, h.context) for h in far)
 
 
 def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
