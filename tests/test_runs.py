@@ -122,8 +122,11 @@ def _alive(pid: int) -> bool:
 def _sweep(out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     main = "from vegas_sim.cli import main; main()"  # the console script, this checkout
+    # SIGINT at its default, so that Python installs its Ctrl-C handler in the child even when
+    # the tests run in the background, where the shell starts them with SIGINT ignored
     return subprocess.Popen([sys.executable, "-c", main, "sweep", *HUGE, "--out", str(out)],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                            env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _interrupt_once_working(proc: subprocess.Popen[str], out: Path) -> tuple[float, list[int]]:

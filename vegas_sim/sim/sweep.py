@@ -204,6 +204,10 @@ def run_chunk(chunk: Sequence[Item], latency: LatencyModel,
 _WORKER_MODELS: tuple[Any, Any] | None = None
 
 
+# The longest the consumer blocks: a process-directed SIGINT may land on one of the pool's
+# threads, and the main thread runs Python's handler (KeyboardInterrupt) only once it wakes;
+# an untimed wait woke only when a chunk finished (tens of seconds on a loaded machine).
+SIGNAL_POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -426,7 +430,7 @@ class SweepRunner:
             for key, chunk in itertools.islice(chunks, limit):
                 pending[pool.submit(_run_chunk_in_worker, chunk, job)] = key
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                finished, _ = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     key = pending.pop(fut)
                     yield key, fut.result()  # re-raises a worker's UserInputError here
