@@ -474,13 +474,18 @@ def _read_safetensors_fallback(path: Path) -> dict[str, Tensor]:
     return out
 
 
-def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
-    """Write contiguous CPU tensors as one .safetensors file (atomically)."""
-    save_file: Any
+def _safetensors_writer() -> Any:
+    """safetensors' save_file where the package is installed, else None (our own writer)."""
     try:
         from safetensors.torch import save_file
     except ImportError:
-        save_file = None  # type: ignore[assignment]
+        return None
+    return save_file
+
+
+def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    """Write contiguous CPU tensors as one .safetensors file (atomically)."""
+    save_file = _safetensors_writer()
     tmp = path.with_suffix(path.suffix + ".tmp")
     if save_file is not None:
         save_file(tensors, str(tmp))
