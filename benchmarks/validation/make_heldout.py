@@ -158,8 +158,8 @@ def main() -> None:
     ap.add_argument("--far", action="store_true",
                     help=f"{N_FAR} rows at batches {FAR_BATCHES}: heldout_REGIME_far_seedN.csv")
     args = ap.parse_args()
-    suffix = "" if args.seed == SEED and not args.far else f"_seed{args.seed}"
-    suffix = f"_far{suffix}" if args.far else suffix
+    seed_part = f"_seed{args.seed}" if args.far or args.seed != SEED else ""
+    suffix = ("_far" if args.far else "") + seed_part
     for regime in args.regime or ("smollm2", "qwen3_8b"):
         rng = np.random.default_rng([args.seed, STREAM[regime]])
         hs = draw(regime, rng, far=args.far)

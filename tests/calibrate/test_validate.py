@@ -210,7 +210,6 @@ def test_repredict_keeps_measurements_and_recomputes(tmp_path: Path) -> None:
 
 
 def test_empty_temperature_resolves_to_the_latency_grids(tmp_path: Path) -> None:
-
     from vegas_sim.traces.synthetic import make_synthetic_trace_set
     from vegas_sim.validate.predict import load_models, resolve_temperature
 

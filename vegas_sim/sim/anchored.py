@@ -27,10 +27,10 @@ contexts spread evenly over its range, each looked up as a prediction of that pr
 up (whole traced runs; beyond the traced contexts along the context trend), its mean
 acceptance length the harmonic mean of the nodes' (tokens / iterations, as vLLM's counters
 pool them), its rates iteration-weighted. So a prediction of an anchor's own setting gives the
-anchor back (for outputs as long as the traced runs; a shorter one replays their first tokens). An anchor's empty field is evaluated at: sparsity
-DEFAULT_SPARSITY, temperature 0, workload pooled, context the prompt contexts the shape set
-traced the method's workload over (all its workloads when none is named). δ adds to the
-context trend in logit space. One
+anchor back (for outputs as long as the traced runs; a shorter one replays their first
+tokens). An anchor's empty field is evaluated at: sparsity DEFAULT_SPARSITY, temperature 0,
+workload pooled, context the prompt contexts the shape set traced the method's workload over
+(all its workloads when none is named). δ adds to the context trend in logit space. One
 anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
 When a method's anchors name two or more workloads, each of those workloads gets its own δ
 (fitted on its anchors); other workloads use the method's joint δ.

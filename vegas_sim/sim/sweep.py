@@ -71,6 +71,10 @@ Progress = Callable[[int, int], None]  # (configurations done, total)
 MAX_CHUNK = 64
 CHUNKS_PER_WORKER = 8  # enough chunks per worker for load balance and a smooth progress bar
 INFLIGHT_PER_WORKER = 2  # chunks submitted ahead per worker: one running, one queued
+# The longest the consumer blocks at a time: a process-directed SIGINT may land on one of the
+# pool's threads, and Python raises KeyboardInterrupt in the main thread only once it wakes;
+# an untimed wait would wake only when a chunk finishes.
+SIGNAL_POLL_S = 0.2
 Item = tuple[int, Scenario]  # (position in the run, configuration)
 K = TypeVar("K")
 
@@ -204,10 +208,6 @@ def run_chunk(chunk: Sequence[Item], latency: LatencyModel,
 _WORKER_MODELS: tuple[Any, Any] | None = None
 
 
-# The longest the consumer blocks: a process-directed SIGINT may land on one of the pool's
-# threads, and the main thread runs Python's handler (KeyboardInterrupt) only once it wakes;
-# an untimed wait woke only when a chunk finished (tens of seconds on a loaded machine).
-SIGNAL_POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 

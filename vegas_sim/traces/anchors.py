@@ -320,7 +320,8 @@ def _anchor_from_row(row: dict[str, str], rate_cols: list[str]) -> Anchor:
     if (lo is None) != (hi is None):
         raise _FieldError("context_lo" if lo is None else "context_hi",
                           "give both context_lo and context_hi, or neither",
-                          "the shortest and longest prompt of the requests counted, e.g. 1024 and 4096")
+                          "the shortest and longest prompt of the requests counted, "
+                          "e.g. 1024 and 4096")
     rates = [_cell_float(row, c) for c in rate_cols]
     given = [r for r in rates if r is not None]
     if given and (gamma is None or len(given) != gamma or rates[:gamma] != given):
