@@ -25,6 +25,8 @@
 #   longgen                SmolLM2 acceptance over ~4K-token generations (needs `gguf`): γ 6,
 #                          s 0.07, T 0.6, reasoning / code / longdoc, 900 iterations a run;
 #                          packs longgen-METHOD sets for `traces merge`
+#   sampling               python benchmarks/sampling.py: the top-k-slot sampler against the
+#                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
 #                          benchmarks/results/kernels_h200.csv)
 #
@@ -179,6 +181,10 @@ longgen)  # SmolLM2 acceptance over ~4K-token generations (900 iterations), one 
     rm -rf $TR/longgen-$m/parts
   done
   tar czf "$OUT/longgen_sets.tgz" -C $TR $(cd $TR && ls -d longgen-*)
+  ;;
+sampling)
+  timeout 300 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.csv" 2>&1 \
+    | tee "$OUT/sampling.log"
   ;;
 kernels)  # each kernel against the copy bandwidth measured in the same run
   args=("$@")

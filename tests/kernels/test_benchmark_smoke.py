@@ -76,7 +76,8 @@ def bk(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "k.csv"
-    assert bk.main(["--quick", "--out", str(out)]) == 0
+    # a step budget no slow machine reaches: which steps run must not depend on the wall clock
+    assert bk.main(["--quick", "--out", str(out), "--step-budget-s", "1e9"]) == 0
     rows = list(csv.DictReader(out.open()))
     kinds = [r["kind"] for r in rows]
     text = capsys.readouterr().out
@@ -182,3 +183,29 @@ def test_summary_of_the_committed_table_needs_no_gpu(capsys: pytest.CaptureFixtu
     assert "| target | measured | goal | verdict |" in out
     assert "verify, B=1: t = F + bytes / BW" in out
     assert out.count(" GB/s (") == 3  # NQ 1, 8, 16
+
+
+def test_sampling_benchmark_times_both_layouts(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/sampling.py on the CPU with a stand-in timer: both layouts of both phases run
+    and their ratio is printed; without a GPU its main refuses with a clear message."""
+    spec = importlib.util.spec_from_file_location("bench_sampling",
+                                                  ROOT / "benchmarks/sampling.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    calls: list[Any] = []
+
+    def timer(fn: Any) -> float:  # each layout from the same uniforms
+        torch.manual_seed(0)
+        calls.append(fn())
+        return 1.0 + len(calls)
+
+    monkeypatch.setattr(mod, "median_ms", timer)
+    rows = mod.measure(300, 3, 2, device="cpu")
+    assert [r["phase"] for r in rows] == ["draft step", "acceptance"] and len(calls) == 4
+    assert rows[0]["dense_over_slots"] == round(3.0 / 2.0, 2)
+    assert torch.equal(calls[0], calls[1])  # same tokens from either layout
+    assert "dense/slots 1.50" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert mod.main(["--out", "/nonexistent/x.csv"]) == 2

@@ -8,6 +8,7 @@ in 2.6 GPU-minutes; one point at a time: 17.1)."""
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -146,6 +147,11 @@ def measure_acceptance_group(model: Any, plan: CalibrationPlan, group: list[Acce
                 generator=gen, sparsity=[p.sparsity for _, p in chunk])
             for _ in range(plan.iterations):
                 dec.step(state)
+        if overflows := dec.tie_overflow_rows(state):
+            warnings.warn(f"{group_key}: {overflows} sampled rows had more tokens tied at the "
+                          f"top-{top_k} logit than the sampler's slots hold (calibrate/"
+                          "sampling.py TIE_SLACK_MIN): those rows sampled from the tie group's "
+                          "first members only", stacklevel=2)
         for r in state.records:
             if r.iteration >= plan.iterations:
                 continue

@@ -60,7 +60,7 @@ from vegas_sim.calibrate.plan import (
     latency_temperature,
 )
 from vegas_sim.calibrate.runtime import DenseAttention, GraphedForward, capture_cuda_graph
-from vegas_sim.calibrate.sampling import probs_from_logits, sampling_args
+from vegas_sim.calibrate.sampling import sampling_args, token_probs
 from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder, state_headroom
 from vegas_sim.calibrate.timers import PhaseTimer
 from vegas_sim.errors import UserInputError
@@ -517,7 +517,7 @@ def _verify_iteration(dec: Any, state: Any) -> None:
 
 def fill_drafts(dec: Any, state: Any, seed: int) -> None:
     """Stand-in drafts for timing verify and acceptance: under sampling a random draft
-    distribution q [B, γ, V] (through the decoder's own top-p/top-k) and its argmax tokens;
+    distribution q ([B, γ] rows, through the decoder's own top-p/top-k) and its argmax tokens;
     under greedy random tokens. Verify's cost does not depend on the drafted values, and really
     drafting γ ≤ 15 tokens per configuration would double the GPU time of the verify sweep."""
     drafts = state.drafts  # [B, γ] int64
@@ -529,8 +529,8 @@ def fill_drafts(dec: Any, state: Any, seed: int) -> None:
         drafts.copy_(torch.randint(0, V, (B, gamma), generator=gen, device=drafts.device))
         return
     logits = torch.randn(B, gamma, V, generator=gen, device=drafts.device)
-    q = probs_from_logits(logits, cfg.temperature, cfg.top_p, cfg.top_k)  # [B, γ, V]
-    drafts.copy_(q.argmax(-1))
+    q = token_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k)  # [B, γ] rows
+    drafts.copy_(q.argmax())
     state.draft_probs = q
 
 

@@ -83,12 +83,14 @@ from vegas_sim.calibrate.policies import (
 from vegas_sim.calibrate.replay import AcceptanceReplay
 from vegas_sim.calibrate.runtime import DenseAttention, GraphedForward, KVCache, Transformer
 from vegas_sim.calibrate.sampling import (
+    TokenProbs,
+    TopKProbs,
     check_sampling,
-    draw,
     greedy_accept,
-    probs_from_logits,
     rejection_accept,
     sample,
+    stack_rows,
+    token_probs,
 )
 from vegas_sim.calibrate.timers import PhaseTimer
 from vegas_sim.errors import UserInputError
@@ -172,12 +174,15 @@ class BatchState:
     ctx_host: np.ndarray  # [B] int64 host mirror of `context` (budgets, records)
     t0: Tensor  # [B] int64 token at position C, not in the cache
     drafts: Tensor  # [B, γ] int64
-    draft_probs: Tensor | None  # [B, γ, V] fp32 q_j (sampling only)
+    draft_probs: TokenProbs | None  # [B, γ] rows of q_j (sampling only)
     draft_policy: Any  # SparseDraftAttention | QuestDraftAttention | None (vanilla)
     verify_policy: CollectingVerifyAttention
     kmin: Tensor | None = None  # [L, B, P, Hkv, D] Quest page metadata
     kmax: Tensor | None = None
     target_logits: Tensor | None = None  # [B, γ+1, V] of the last verify
+    # sampled rows whose tie group at the k-th logit ran past the slots (TopKProbs.overflow),
+    # counted on the device: read once with SpecDecoder.tie_overflow_rows
+    tie_overflows: Tensor | None = None
     accepted: Tensor | None = None  # [B] int64 of the last acceptance
     collect_ctx: np.ndarray | None = None  # [B] C of the last verify (selection rank_len − 1)
     budget_host: np.ndarray | None = None  # [B] budget of the current draft selection
@@ -203,6 +208,12 @@ class BatchState:
 def graphs_default(device: torch.device) -> bool:
     """CUDA graphs on CUDA unless VEGAS_SIM_CUDA_GRAPHS=0 (eager runs, e.g. for debugging)."""
     return device.type == "cuda" and os.environ.get("VEGAS_SIM_CUDA_GRAPHS", "1") != "0"
+
+
+def _count_overflow(state: BatchState, dist: TokenProbs) -> None:
+    if isinstance(dist, TopKProbs):
+        n = dist.overflow.sum()
+        state.tie_overflows = n if state.tie_overflows is None else state.tie_overflows + n
 
 
 class SpecDecoder:
@@ -451,7 +462,7 @@ class SpecDecoder:
         c = self.config
         with self.timer.phase("other"):
             self._prepare_draft(state)
-        probs: list[Tensor] = []
+        probs: list[TokenProbs] = []
         tok = state.t0[:, None]  # [B, 1]
         for j in range(c.gamma):
             with self.timer.phase("draft_step"):
@@ -460,12 +471,13 @@ class SpecDecoder:
                 if c.greedy:
                     d = logits.argmax(-1)  # [B]
                 else:
-                    q = probs_from_logits(logits, c.temperature, c.top_p, c.top_k)  # [B, V]
-                    d = draw(q, state.generator)
+                    q = token_probs(logits, c.temperature, c.top_p, c.top_k)  # [B] rows
+                    d = q.draw(state.generator)
                     probs.append(q)
+                    _count_overflow(state, q)
                 state.drafts[:, j] = d
             tok = state.drafts[:, j:j + 1]
-        state.draft_probs = torch.stack(probs, dim=1) if probs else None  # [B, γ, V]
+        state.draft_probs = stack_rows(probs) if probs else None  # [B, γ] rows
 
     def verify(self, state: BatchState) -> None:
         """Roll back to C, verify [t0, d1..dγ] with full attention and score collection."""
@@ -531,20 +543,21 @@ class SpecDecoder:
         assert state.req_iteration is not None
         a = self._dev(state.replay.batch(list(state.req_iteration), c.gamma), torch.long)
         rows = torch.arange(state.batch, device=self.device)
-        nxt = logits[rows, a].argmax(-1) if p is None else draw(p[rows, a], state.generator)
+        nxt = logits[rows, a].argmax(-1) if p is None else p.rows(rows, a).draw(state.generator)
         prob = (torch.arange(c.gamma, device=self.device)[None, :] < a[:, None]).float()
         return a, nxt, prob
 
     def _accept(self, state: BatchState, logits: Tensor
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                ) -> tuple[Tensor, Tensor, Tensor, TokenProbs | None]:
         """The lossless acceptance rule: greedy match, or rejection sampling against q.
-        Returns accepted, next token, accept probabilities, and the target probabilities
-        [B, γ+1, V] it sampled from (None when greedy)."""
+        Returns accepted, next token, accept probabilities, and the target distributions
+        ([B, γ+1] rows) it sampled from (None when greedy)."""
         c = self.config
         if c.greedy:
             return (*greedy_accept(state.drafts, logits), None)
         assert state.draft_probs is not None
-        p = probs_from_logits(logits, c.temperature, c.top_p, c.top_k)  # [B, γ+1, V]
+        p = token_probs(logits, c.temperature, c.top_p, c.top_k)  # [B, γ+1] rows
+        _count_overflow(state, p)
         return (*rejection_accept(state.drafts, state.draft_probs, p, state.generator), p)
 
     def _emit(self, state: BatchState, old_ctx: np.ndarray, a_h: np.ndarray,
@@ -637,6 +650,12 @@ class SpecDecoder:
         self.select(state)
 
     # ---- end to end -----------------------------------------------------------------------
+    @staticmethod
+    def tie_overflow_rows(state: BatchState) -> int:
+        """How many sampled rows of `state` so far had a tie group at the k-th logit longer
+        than the slots (0 for real logits in practice; a host sync)."""
+        return 0 if state.tie_overflows is None else int(state.tie_overflows)
+
     @torch.no_grad()
     def generate(self, prompts: list[Tensor], max_new_tokens: int, *,
                  generator: torch.Generator | None = None,

@@ -76,8 +76,10 @@ WEIGHT_KINDS = ("real", "random")
 # key): the glue between the GEMMs as ~58 torch ops per layer; "2":
 # three fused Triton ops (kernels/layer_ops.py), a 0.685x Qwen3-8B decode step at B 4, C 32K;
 # "3": top-k then top-p sampling over the k survivors instead of a sort of the whole vocabulary
-# (calibrate/sampling.py; the same distribution, 1/1.5-1/3 of the sort's GPU time at V 152K).
-RUNTIME_REVISION = "3"
+# (calibrate/sampling.py; the same distribution, 1/1.5-1/3 of the sort's GPU time at V 152K);
+# "4": that distribution held on top-k + slack slots through drawing, p(d) / q(d) and the
+# rejection residual (a draft step's sampling 0.94 -> ~0.1 ms at V 152K, B 42 on the H200).
+RUNTIME_REVISION = "4"
 
 # meta.json: optional keys that the writer / generator add.
 OPTIONAL_META_KEYS = {
