@@ -587,6 +587,25 @@ def test_packaged_graphed_set_is_fitted_from_data(packaged: LatencyModel) -> Non
     assert by_method.loc[("verify", "vegas-all"), "median_pct"] < 4.0  # all rows collected
 
 
+def test_verify_counts_the_query_rows_of_its_m_tile(packaged: LatencyModel) -> None:
+    """Verify attention runs whole M tiles (n_query·G packed rows padded to 16 / 32 / 64): a
+    collect-all verify costs no less at n_query 9 (the M 64 tile) than at 8 (M 32), and no
+    more than at 16, where a fit per n_query put 9 below 8 (19.5 against 21.2 ms at B 3,
+    C 96K; measured 21.1)."""
+    physics = packaged._physics  # Qwen3-8B: G = 32 / 8
+    assert [physics.tile_query_rows("verify", q, q) for q in (1, 2, 4, 5, 8, 9, 16)] == \
+        [4.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0]
+    assert physics.tile_query_rows("prefill", 9, 0) == 9
+    assert list(physics.tile_query_rows("verify", np.array([3, 9]), np.array([2, 9]))) == \
+        [4.0, 16.0]
+
+    def verify(n_query: int) -> float:
+        return packaged.phase_ms("verify", "specextend", n_query, np.full(3, 98304 + n_query),
+                                 collect_rows=n_query)
+    ms = {q: verify(q) for q in (8, 9, 16)}
+    assert ms[8] <= ms[9] <= ms[16], ms
+
+
 def test_packaged_per_token_and_batch1_terms(packaged: LatencyModel) -> None:
     """Graphed decode at C 1K: the forward pass grows with batch even while the GEMM is
     weight-bound (per-token work), beyond the grid too, and the fit follows the measured

@@ -331,13 +331,27 @@ class Physics:
         f = np.zeros(len(FEATURES))
         f[FEATURE_INDEX["kv"]] = self.page_ms if phase == "quest_meta" else self.kv_ms_per_token
         f[FEATURE_INDEX["per_request"]] = f[FEATURE_INDEX["kv"]] / max(1, int(batch))
-        f[FEATURE_INDEX["attn"]] = n_query * self.attn_ms_per_row_key
-        f[FEATURE_INDEX["collect"]] = rows * self.collect_ms_per_row_key
+        padded = self.tile_query_rows(phase, n_query, rows)
+        f[FEATURE_INDEX["attn"]] = padded * self.attn_ms_per_row_key
+        f[FEATURE_INDEX["collect"]] = (padded if rows >= n_query else rows) \
+            * self.collect_ms_per_row_key
         f[FEATURE_INDEX["rank"]] = self.rank_ms_per_key
         for name in TILE_FEATURES:
             f[FEATURE_INDEX[name]] = f[FEATURE_INDEX["kv"]] * self.on_tile(name, phase, n_query,
                                                                         rows)
         return f
+
+    def tile_query_rows(self, phase: str, n_query: Any, rows: Any) -> Any:
+        """Query rows a call's attention computes: n_query, but for verify the rows of its M
+        tile (M / G: packed rows padded to the tile), since the kernel runs whole tiles —
+        specextend at n_query 9 (G 4, M 64) measured as n_query 8-16 do, not between 4 and 8
+        (B 3, C 96K: 21.1 ms, n_query 8 21.2, 16 22.1). Collecting every row stores the
+        tile's rows too (scalar, or elementwise over arrays)."""
+        if phase != "verify":
+            return n_query
+        tile = np.vectorize(lambda q, r: verify_m_tile(int(q), self.group, int(r)))
+        out = tile(n_query, rows) / max(1, self.group)
+        return float(out) if np.ndim(out) == 0 else out
 
     def on_tile(self, feature: str, phase: str, n_query: Any, rows: Any) -> Any:
         """1 where a call of `phase` runs verify attention on the M tile of `feature`
@@ -361,8 +375,10 @@ class Physics:
         x[:, FEATURE_INDEX["gemm"]] = self.gemm_ms(batch * n_query)
         x[:, FEATURE_INDEX["logits"]] = batch * n_query * self.logits_ms_per_row
         x[:, FEATURE_INDEX["kv"]] = kv_sum * (self.page_ms if phase == "quest_meta" else self.kv_ms_per_token)
-        x[:, FEATURE_INDEX["attn"]] = kv_sum * n_query * self.attn_ms_per_row_key
-        x[:, FEATURE_INDEX["collect"]] = kv_sum * rows * self.collect_ms_per_row_key
+        padded = self.tile_query_rows(phase, n_query, rows)
+        x[:, FEATURE_INDEX["attn"]] = kv_sum * padded * self.attn_ms_per_row_key
+        x[:, FEATURE_INDEX["collect"]] = kv_sum * np.where(rows >= n_query, padded, rows) \
+            * self.collect_ms_per_row_key
         x[:, FEATURE_INDEX["rank"]] = kv_sum * self.rank_ms_per_key
         tokens = batch * n_query
         x[:, FEATURE_INDEX["tokens"]] = tokens * self.gemm_flop_ms_per_token
