@@ -14,6 +14,9 @@ import os
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _has_cuda() -> bool:
@@ -23,11 +26,6 @@ def _has_cuda() -> bool:
         return False
     return bool(torch.cuda.is_available())
 
-
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    import torch
-
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -474,7 +474,6 @@ class SpecDecoder:
                     q = token_probs(logits, c.temperature, c.top_p, c.top_k)  # [B] rows
                     d = q.draw(state.generator)
                     probs.append(q)
-                    _count_overflow(state, q)
                 state.drafts[:, j] = d
             tok = state.drafts[:, j:j + 1]
         state.draft_probs = stack_rows(probs) if probs else None  # [B, γ] rows
@@ -557,7 +556,8 @@ class SpecDecoder:
             return (*greedy_accept(state.drafts, logits), None)
         assert state.draft_probs is not None
         p = token_probs(logits, c.temperature, c.top_p, c.top_k)  # [B, γ+1] rows
-        _count_overflow(state, p)
+        for dist in (state.draft_probs, p):  # once per iteration, not in the draft loop
+            _count_overflow(state, dist)
         return (*rejection_accept(state.drafts, state.draft_probs, p, state.generator), p)
 
     def _emit(self, state: BatchState, old_ctx: np.ndarray, a_h: np.ndarray,

@@ -341,6 +341,14 @@ class Physics:
                                                                         rows)
         return f
 
+    def m_tile(self, n_query: Any, rows: Any) -> Any:
+        """The verify attention call's M tile (`verify_m_tile`; scalar, or elementwise over
+        arrays)."""
+        if np.ndim(n_query) == 0:
+            return verify_m_tile(int(n_query), self.group, int(rows))
+        return np.array([verify_m_tile(int(q), self.group, int(r))
+                         for q, r in zip(np.asarray(n_query), np.asarray(rows))])
+
     def tile_query_rows(self, phase: str, n_query: Any, rows: Any) -> Any:
         """Query rows a call's attention computes: n_query, but for verify the rows of its M
         tile (M / G: packed rows padded to the tile), since the kernel runs whole tiles —
@@ -349,20 +357,15 @@ class Physics:
         tile's rows too (scalar, or elementwise over arrays)."""
         if phase != "verify":
             return n_query
-        tile = np.vectorize(lambda q, r: verify_m_tile(int(q), self.group, int(r)))
-        out = tile(n_query, rows) / max(1, self.group)
-        return float(out) if np.ndim(out) == 0 else out
+        return self.m_tile(n_query, rows) / max(1, self.group)
 
     def on_tile(self, feature: str, phase: str, n_query: Any, rows: Any) -> Any:
         """1 where a call of `phase` runs verify attention on the M tile of `feature`
         (TILE_FEATURES), else 0 (scalar, or elementwise over arrays)."""
-        m = TILE_FEATURES[feature]
         if phase != "verify":
             return np.zeros(np.shape(n_query)) if np.ndim(n_query) else 0.0
-        if np.ndim(n_query) == 0:
-            return float(verify_m_tile(int(n_query), self.group, int(rows)) == m)
-        return np.array([float(verify_m_tile(int(q), self.group, int(r)) == m)
-                         for q, r in zip(np.asarray(n_query), np.asarray(rows))])
+        on = self.m_tile(n_query, rows) == TILE_FEATURES[feature]
+        return float(on) if np.ndim(on) == 0 else on.astype(float)
 
     def features(
         self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,

@@ -78,7 +78,8 @@ WEIGHT_KINDS = ("real", "random")
 # "3": top-k then top-p sampling over the k survivors instead of a sort of the whole vocabulary
 # (calibrate/sampling.py; the same distribution, 1/1.5-1/3 of the sort's GPU time at V 152K);
 # "4": that distribution held on top-k + slack slots through drawing, p(d) / q(d) and the
-# rejection residual (a draft step's sampling 0.94 -> ~0.1 ms at V 152K, B 42 on the H200).
+# rejection residual (draft-step sampling 0.52 -> 0.22 ms, acceptance 1.24 -> 0.72 ms at V 152K,
+# B 42, γ 8 on the H200: benchmarks/sampling.py).
 RUNTIME_REVISION = "4"
 
 # meta.json: optional keys that the writer / generator add.
