@@ -240,6 +240,17 @@ class ModelSpec:
         per_param = {"bf16": float(self.dtype_bytes), "fp8": 1.0, "mxfp4": MXFP4_BYTES}
         return float(self.n_layers * self.expert_params() * per_param[weight_format])
 
+    def resident_weight_bytes(self, weight_format: str = "bf16") -> float:
+        """Bytes the weights occupy in GPU memory (every expert, embedding and LM head), with
+        the projections and experts in `weight_format` as `weight_bytes` counts them."""
+        db = float(self.dtype_bytes)
+        proj_b = 1.0 if weight_format == "fp8" else db
+        tables = (self.param_count() - self.n_layers * self.layer_params()) * db
+        if self.is_moe:
+            layer = self.attention_params() * proj_b + self.router_params() * db
+            return self.n_layers * layer + self.n_experts * self.expert_bytes(weight_format) + tables
+        return self.n_layers * self.layer_params() * proj_b + tables
+
     def gemm_flops(self, tokens: int) -> float:
         """FLOPs of the dense part (projections, active experts, LM head) for `tokens` rows."""
         return 2.0 * self.matmul_params() * tokens
@@ -264,6 +275,16 @@ class ModelSpec:
     def window_kv_bytes_per_token(self) -> int:
         """K and V bytes of one token over the sliding-window layers."""
         return 2 * self.n_window_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    def window_cache_bytes(self, new_tokens: int, block_size: int) -> int:
+        """KV-cache bytes one running request's sliding-window layers hold: the window's last
+        W − 1 keys plus a step's `new_tokens`, in whole blocks plus the one the window
+        straddles, as vLLM's hybrid KV cache manager allocates them (0 for a dense model)."""
+        if not self.window_layers:
+            return 0
+        tokens = min(self.sliding_window - 1 + new_tokens, self.max_positions)
+        blocks = -(-tokens // block_size) + 1
+        return blocks * block_size * self.window_kv_bytes_per_token()
 
     def kv_bytes_per_token(self) -> int:
         """K and V bytes of one token over all layers."""

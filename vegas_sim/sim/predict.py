@@ -29,9 +29,11 @@ Defaults and rules:
   requests that meet them (`metrics.Slo`). The analytic engine's requests are all alike: its
   goodput is its throughput when its TPOT and TTFT (one iteration: a closed loop does not
   queue) meet the SLOs, else 0.
-- ``kv_capacity_tokens`` None → (GPU memory − weight bytes) / KV bytes per token, GPU memory
-  from the latency model's GPU (the what-if target's datasheet memory for a what-if). No
-  activation or fragmentation reserve is subtracted. The engine uses it in whole blocks of
+- ``kv_capacity_tokens`` None → (share of GPU memory − resident weight bytes in the latency
+  model's weight format − sliding-window blocks) / full-attention KV bytes per token, GPU
+  memory from the latency model's GPU (the what-if target's datasheet memory for a what-if).
+  Sliding-window layers hold only their window (vLLM's hybrid KV cache manager), reserved for
+  ``batch`` requests. No activation or fragmentation reserve is subtracted. The engine uses it in whole blocks of
   ``kv_block_size`` tokens and admits/preempts as vLLM V1 does (see `engine`); ``batch`` is
   the maximum number of running sequences (vLLM's max_num_seqs). A scenario is refused only
   when one request — prompt + its longest output + γ + 1 — cannot fit the cache alone.
@@ -145,7 +147,8 @@ class Scenario:
 
 
 # ---------------------------------------------------------------------------- validation
-def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | None) -> None:
+def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | None,
+                      weight_format: str = "bf16") -> None:
     """Raise UserInputError naming the option and the fix for an impossible scenario."""
     sc = resolve_output(sc, model)
     check_method(sc.method)
@@ -186,7 +189,7 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
-        _check_memory(sc, model, gpu_memory_gb)
+        _check_memory(sc, model, gpu_memory_gb, weight_format)
 
 
 def split_fitting(scenarios: Sequence[Scenario], latency: LatencyModel,
@@ -198,7 +201,7 @@ def split_fitting(scenarios: Sequence[Scenario], latency: LatencyModel,
     skipped: list[tuple[Scenario, DoesNotFitError]] = []
     for sc in scenarios:
         try:
-            validate_scenario(sc, latency.model, mem)
+            validate_scenario(sc, latency.model, mem, weight_format_of(latency))
         except DoesNotFitError as e:
             skipped.append((sc, e))
         else:
@@ -259,11 +262,26 @@ def _slack(sc: Scenario) -> int:
     return 1 if sc.method == "vanilla" else sc.gamma + 1
 
 
-def kv_capacity(model: ModelSpec, gpu_memory_gb: float, utilization: float = 1.0) -> int:
+def kv_capacity(model: ModelSpec, gpu_memory_gb: float, utilization: float = 1.0, *,
+                weight_format: str = "bf16", running: int = 0, new_tokens: int = 1,
+                block_size: int = 16) -> int:
     """KV-cache tokens that fit next to the weights in `utilization` of the GPU's memory
-    (vLLM's gpu_memory_utilization): (utilization · memory − weights) / bytes per token."""
-    free = utilization * gpu_memory_gb * 1e9 - model.param_count() * model.dtype_bytes
-    return max(int(free // model.kv_bytes_per_token()), 0)
+    (vLLM's gpu_memory_utilization): (utilization · memory − weights − window blocks) / bytes
+    per token. A token costs its full-attention layers' K and V; sliding-window layers hold
+    only their window per request (vLLM's hybrid KV cache manager), reserved here for
+    `running` requests (max_num_seqs) stepping `new_tokens` at a time."""
+    window = running * model.window_cache_bytes(new_tokens, block_size)
+    free = (utilization * gpu_memory_gb * 1e9 - model.resident_weight_bytes(weight_format)
+            - window)
+    return max(int(free // model.full_kv_bytes_per_token()), 0)
+
+
+def scenario_capacity(sc: Scenario, model: ModelSpec, gpu_memory_gb: float,
+                      weight_format: str) -> int:
+    """`kv_capacity` for the scenario's memory share, batch, step and block size."""
+    return kv_capacity(model, gpu_memory_gb, sc.gpu_memory_utilization,
+                       weight_format=weight_format, running=sc.batch, new_tokens=_slack(sc),
+                       block_size=sc.kv_block_size)
 
 
 def resolve_output(sc: Scenario, model: ModelSpec) -> Scenario:
@@ -274,19 +292,21 @@ def resolve_output(sc: Scenario, model: ModelSpec) -> Scenario:
     return replace(sc, output_dist=sc.output_dist.clipped(model.max_positions - sc.context))
 
 
-def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float) -> None:
+def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float,
+                  weight_format: str) -> None:
     """Refuse only a request that cannot fit the KV cache alone: prompt + longest output +
     one step's slack, in whole blocks. A batch that outgrows the cache is admitted and
     preempted as vLLM does."""
     longest = sc.max_output if sc.max_output > 0 else model.max_positions - sc.context
     bs = sc.kv_block_size
     per_request = -(-(sc.context + longest + _slack(sc)) // bs) * bs  # KV slots in blocks
-    cap = kv_capacity(model, gpu_memory_gb, sc.gpu_memory_utilization) // bs * bs
+    cap = scenario_capacity(sc, model, gpu_memory_gb, weight_format) // bs * bs
     if per_request > cap:
+        per_token = model.full_kv_bytes_per_token()
         raise DoesNotFitError(
             f"one request of {sc.context} + {longest} tokens needs "
-            f"{per_request * model.kv_bytes_per_token() / 1e9:.1f} GB of KV cache, but only "
-            f"{max(cap, 0) * model.kv_bytes_per_token() / 1e9:.1f} GB is left next to the "
+            f"{per_request * per_token / 1e9:.1f} GB of KV cache, but only "
+            f"{max(cap, 0) * per_token / 1e9:.1f} GB is left next to the "
             f"weights in {sc.gpu_memory_utilization:g} of a {gpu_memory_gb:g} GB GPU",
             where="--context", fix="shorten --context/--output-len or use a larger GPU (--gpu)")
 
@@ -294,12 +314,16 @@ def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float) -> None:
 # ---------------------------------------------------------------------------- prefill
 def roofline_prefill_ms(model: ModelSpec, bandwidth_gbs: float, tflops: float,
                         input_len: int) -> float:
-    """Roofline time of prefilling one prompt: GEMMs (weights read once, 2·params·L FLOPs) plus
-    causal attention (L²/2 query-key pairs) and writing the prompt's KV, each max(bytes/BW,
+    """Roofline time of prefilling one prompt: GEMMs (the weights the prompt's tokens touch
+    read once, 2·active params·L FLOPs) plus causal attention (L²/2 query-key pairs; min(W,
+    L/2) on a sliding-window layer) and writing the prompt's KV, each max(bytes/BW,
     FLOPs/rate). No fixed overhead: a lower bound, used only when prefill was not traced."""
     bw, fl = bandwidth_gbs * 1e9, tflops * 1e12
-    gemm = max(model.weight_bytes() / bw, model.gemm_flops(input_len) / fl)
-    attn_flops = model.attn_flops(input_len, input_len / 2.0)
+    gemm = max(model.weight_bytes(input_len) / bw, model.gemm_flops(input_len) / fl)
+    window_share = model.n_window_layers / model.n_layers
+    attn_flops = ((1.0 - window_share) * model.attn_flops(input_len, input_len / 2.0)
+                  + window_share * model.attn_flops(input_len,
+                                                    min(model.sliding_window, input_len / 2.0)))
     attn = max(input_len * model.kv_bytes_per_token() / bw, attn_flops / fl)
     return 1000.0 * (gemm + attn)
 
@@ -352,7 +376,14 @@ def scenario_kv_capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     if sc.kv_capacity_tokens is not None:
         return sc.kv_capacity_tokens
     mem = gpu_memory(latency)
-    return None if mem is None else kv_capacity(latency.model, mem, sc.gpu_memory_utilization)
+    if mem is None:
+        return None
+    return scenario_capacity(sc, latency.model, mem, weight_format_of(latency))
+
+
+def weight_format_of(latency: LatencyModel) -> str:
+    """The weight format the latency model prices (bf16 for one that has none)."""
+    return str(getattr(latency, "weight_format", "bf16"))
 
 
 def iteration_cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
@@ -552,7 +583,8 @@ def predict_one(
     if scenario.min_tokens is None:
         scenario = replace(scenario, min_tokens=acceptance.min_tokens)
     scenario = resolve_output(scenario, latency.model)
-    validate_scenario(scenario, latency.model, gpu_memory(latency))
+    validate_scenario(scenario, latency.model, gpu_memory(latency),
+                      weight_format_of(latency))
     if engine == "analytic":
         _check_analytic(scenario)
     seeds = _seeds(seed, replications)
@@ -593,7 +625,7 @@ def predict(
     """
     mem = gpu_memory(latency)
     for sc in scenarios:
-        validate_scenario(sc, latency.model, mem)
+        validate_scenario(sc, latency.model, mem, weight_format_of(latency))
     cache: dict[tuple[Any, ...], list[RunMetrics]] = {}
     rows = []
     for i, sc in enumerate(scenarios):

@@ -64,6 +64,7 @@ from vegas_sim.sim.predict import (
     skipped_notes,
     split_fitting,
     validate_scenario,
+    weight_format_of,
 )
 
 ENGINES = ("analytic", "sim", "both")
@@ -244,7 +245,7 @@ def fitting(scenarios: Iterable[Scenario], latency: LatencyModel,
     order = 0
     for sc in scenarios:
         try:
-            validate_scenario(sc, latency.model, mem)
+            validate_scenario(sc, latency.model, mem, weight_format_of(latency))
         except DoesNotFitError as e:
             skipped.add(sc, e)
             continue

@@ -87,7 +87,7 @@ def run_validation(
     mem = (torch.cuda.get_device_properties(torch_device).total_memory
            if torch_device.type == "cuda" else 16 << 30)
     spec = latency.model
-    max_tokens = int(0.8 * (mem - spec.weight_bytes()) / spec.kv_bytes_per_token())
+    max_tokens = int(0.8 * (mem - spec.resident_weight_bytes()) / spec.kv_bytes_per_token())
     # draw only what both sets can predict: a method neither calibrated would fail mid-run
     acc_methods = {"vanilla", *(str(m) for m in acceptance.coverage()["methods"])}
     covered = [m for m in latency.methods_covered() if m in acc_methods]
