@@ -145,7 +145,8 @@ def current(rows: pd.DataFrame) -> pd.Series:
     return ~stale
 
 
-def run(tables: list[Path], scratch: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run(tables: list[Path], scratch: Path, coverage_out: Path,
+        ) -> tuple[pd.DataFrame, pd.DataFrame]:
     cache: dict[tuple[str, str], Path] = {}
     by_regime: dict[str, list[Path]] = {}
     for t in tables:
@@ -161,7 +162,7 @@ def run(tables: list[Path], scratch: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         keep[regime] = current(every)
         full[regime] = every[keep[regime]].reset_index(drop=True)
     cov = coverage(full)
-    cov.to_csv(RESULTS / "pi_coverage.csv", index=False)
+    cov.to_csv(coverage_out, index=False)
     print(cov.round(2).to_string(index=False), flush=True)
     summary, scored = [], []
     for axis in AXES:
@@ -198,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated validation tables (default: the committed ones)")
     ap.add_argument("--out", type=Path, default=RESULTS / "extrapolation_by_axis.csv")
     ap.add_argument("--rows-out", type=Path, default=RESULTS / "extrapolation_rows.csv")
+    ap.add_argument("--coverage-out", type=Path, default=RESULTS / "pi_coverage.csv")
     args = ap.parse_args(argv)
     tables = [Path(t) for t in args.tables.split(",")]
     with tempfile.TemporaryDirectory(prefix="vegas-extrap-") as tmp:
-        summary, rows = run(tables, Path(tmp))
+        summary, rows = run(tables, Path(tmp), args.coverage_out)
     summary.to_csv(args.out, index=False)
     rows.to_csv(args.rows_out, index=False)
-    print(f"wrote {args.out} and {args.rows_out}")
+    print(f"wrote {args.out}, {args.rows_out} and {args.coverage_out}")
     return 0
 
 
