@@ -248,7 +248,8 @@ class ModelSpec:
         tables = (self.param_count() - self.n_layers * self.layer_params()) * db
         if self.is_moe:
             layer = self.attention_params() * proj_b + self.router_params() * db
-            return self.n_layers * layer + self.n_experts * self.expert_bytes(weight_format) + tables
+            experts = self.n_experts * self.expert_bytes(weight_format)
+            return self.n_layers * layer + experts + tables
         return self.n_layers * self.layer_params() * proj_b + tables
 
     def gemm_flops(self, tokens: int) -> float:

@@ -33,10 +33,11 @@ Defaults and rules:
   model's weight format − sliding-window blocks) / full-attention KV bytes per token, GPU
   memory from the latency model's GPU (the what-if target's datasheet memory for a what-if).
   Sliding-window layers hold only their window (vLLM's hybrid KV cache manager), reserved for
-  ``batch`` requests. No activation or fragmentation reserve is subtracted. The engine uses it in whole blocks of
-  ``kv_block_size`` tokens and admits/preempts as vLLM V1 does (see `engine`); ``batch`` is
-  the maximum number of running sequences (vLLM's max_num_seqs). A scenario is refused only
-  when one request — prompt + its longest output + γ + 1 — cannot fit the cache alone.
+  ``batch`` requests. No activation or fragmentation reserve is subtracted. The engine uses
+  it in whole blocks of ``kv_block_size`` tokens and admits/preempts as vLLM V1 does (see
+  `engine`); ``batch`` is the maximum number of running sequences (vLLM's max_num_seqs). A
+  scenario is refused only when one request — prompt + its longest output + γ + 1 — cannot
+  fit the cache alone.
 - ``output_dist`` None → every request generates ``output_len`` tokens; else the draws come
   from it (``output_len`` is then its mean, used for the acceptance lookup and the analytic
   engine). A lognormal is clipped to the model's positions left after the prompt.
