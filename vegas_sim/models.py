@@ -221,19 +221,24 @@ class ModelSpec:
         """Bytes of weights one forward over `tokens` query rows reads (the GEMM weights):
         attention + router + the experts those tokens touch + LM head. A dense model reads
         the same whatever `tokens`. `weight_format` rescales them (WEIGHT_FORMATS: a what-if)."""
-        if weight_format not in WEIGHT_FORMATS:
-            raise UserInputError(f"unknown weight format {weight_format!r}",
-                                 where="--weight-format", fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
+        layer = self._layer_weight_bytes(weight_format)
         if not self.is_moe and weight_format == "bf16":
             return self.matmul_params() * self.dtype_bytes  # int-valued, as before
+        experts = self.experts_touched(tokens) * self.expert_bytes(weight_format)
+        return self.n_layers * layer + experts + self.vocab * self.hidden * float(self.dtype_bytes)
+
+    def _layer_weight_bytes(self, weight_format: str) -> float:
+        """One layer's weight bytes outside its experts (the whole layer when dense): the
+        projections in `weight_format`, the router in the model's dtype."""
+        if weight_format not in WEIGHT_FORMATS:
+            raise UserInputError(f"unknown weight format {weight_format!r}",
+                                 where="--weight-format",
+                                 fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
         db = float(self.dtype_bytes)
         proj_b = 1.0 if weight_format == "fp8" else db
         if self.is_moe:
-            layer = self.attention_params() * proj_b + self.router_params() * db
-            experts = self.experts_touched(tokens) * self.expert_bytes(weight_format)
-        else:
-            layer, experts = self.layer_params() * proj_b, 0.0
-        return self.n_layers * layer + experts + self.vocab * self.hidden * db
+            return self.attention_params() * proj_b + self.router_params() * db
+        return self.layer_params() * proj_b
 
     def expert_bytes(self, weight_format: str = "bf16") -> float:
         """Bytes of one expert over all layers in `weight_format` (0 for a dense model)."""
@@ -244,13 +249,9 @@ class ModelSpec:
         """Bytes the weights occupy in GPU memory (every expert, embedding and LM head), with
         the projections and experts in `weight_format` as `weight_bytes` counts them."""
         db = float(self.dtype_bytes)
-        proj_b = 1.0 if weight_format == "fp8" else db
-        tables = (self.param_count() - self.n_layers * self.layer_params()) * db
-        if self.is_moe:
-            layer = self.attention_params() * proj_b + self.router_params() * db
-            experts = self.n_experts * self.expert_bytes(weight_format)
-            return self.n_layers * layer + experts + tables
-        return self.n_layers * self.layer_params() * proj_b + tables
+        tables = (self.param_count() - self.n_layers * self.layer_params()) * db  # embed, head
+        experts = self.n_experts * self.expert_bytes(weight_format)
+        return self.n_layers * self._layer_weight_bytes(weight_format) + experts + tables
 
     def gemm_flops(self, tokens: int) -> float:
         """FLOPs of the dense part (projections, active experts, LM head) for `tokens` rows."""

@@ -277,7 +277,7 @@ def kv_capacity(model: ModelSpec, gpu_memory_gb: float, utilization: float = 1.0
     return max(int(free // model.full_kv_bytes_per_token()), 0)
 
 
-def scenario_capacity(sc: Scenario, model: ModelSpec, gpu_memory_gb: float,
+def _scenario_cache_tokens(sc: Scenario, model: ModelSpec, gpu_memory_gb: float,
                       weight_format: str) -> int:
     """`kv_capacity` for the scenario's memory share, batch, step and block size."""
     return kv_capacity(model, gpu_memory_gb, sc.gpu_memory_utilization,
@@ -301,7 +301,7 @@ def _check_memory(sc: Scenario, model: ModelSpec, gpu_memory_gb: float,
     longest = sc.max_output if sc.max_output > 0 else model.max_positions - sc.context
     bs = sc.kv_block_size
     per_request = -(-(sc.context + longest + _slack(sc)) // bs) * bs  # KV slots in blocks
-    cap = scenario_capacity(sc, model, gpu_memory_gb, weight_format) // bs * bs
+    cap = _scenario_cache_tokens(sc, model, gpu_memory_gb, weight_format) // bs * bs
     if per_request > cap:
         per_token = model.full_kv_bytes_per_token()
         raise DoesNotFitError(
@@ -379,7 +379,7 @@ def scenario_kv_capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     mem = gpu_memory(latency)
     if mem is None:
         return None
-    return scenario_capacity(sc, latency.model, mem, weight_format_of(latency))
+    return _scenario_cache_tokens(sc, latency.model, mem, weight_format_of(latency))
 
 
 def weight_format_of(latency: LatencyModel) -> str:
