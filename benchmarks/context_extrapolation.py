@@ -51,13 +51,20 @@ RESULTS = Path(__file__).resolve().parent / "results"
 RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
 
 
-def fit_subset(cut: str) -> tuple[AcceptanceModel, int]:
-    """The acceptance model of the set's rows with context <= `cut`, and its traced max."""
+def fit_where(where: str, source: str = SET) -> tuple[AcceptanceModel, pd.DataFrame]:
+    """The acceptance model of `source`'s rows that pass `where` (`vegas-sim traces subset`
+    conditions), and those rows."""
     with tempfile.TemporaryDirectory() as tmp:
-        sub = subset_trace_set(SET, Path(tmp) / "short", f"context<={cut}")
+        sub = subset_trace_set(source, Path(tmp) / "subset", where)
         floor = int(sub.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
         model = AcceptanceModel.from_traces(sub.acceptance, sub.weights_kind, min_tokens=floor)
-        return model, int(sub.acceptance["context"].max())
+        return model, sub.acceptance
+
+
+def fit_subset(cut: str) -> tuple[AcceptanceModel, int]:
+    """The acceptance model of the set's rows with context <= `cut`, and its traced max."""
+    model, rows = fit_where(f"context<={cut}")
+    return model, int(rows["context"].max())
 
 
 def measured(rows: pd.DataFrame) -> pd.DataFrame:
