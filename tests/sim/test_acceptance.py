@@ -228,12 +228,20 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
     assert model.lookup("vegas", 6, 1.0, 8192).mean_length == pytest.approx(7.0)
     lo = model.lookup("vegas", 6, 0.05, 8192)
     hi = model.lookup("vegas", 6, 0.1, 8192)
-    mid = model.lookup("vegas", 6, 0.075, 8192)
+    # between traced sparsities the weight is linear in log s: the log-midpoint is the mean
+    mid = model.lookup("vegas", 6, math.sqrt(0.05 * 0.1), 8192)
     assert mid.extrapolated == [] and mid.mean_length == pytest.approx(
         (lo.mean_length + hi.mean_length) / 2)
+    w = math.log(0.075 / 0.05) / math.log(2.0)  # 0.585, not the linear-in-s 0.5
+    assert model.lookup("vegas", 6, 0.075, 8192).mean_length == pytest.approx(
+        (1 - w) * lo.mean_length + w * hi.mean_length)
     assert any("below traced min" in n for n in model.lookup("vegas", 6, 0.02, 8192).extrapolated)
+    # above the traced max: the s = 0.2 cell moved along its sparsity trend, below γ + 1
+    top = model.lookup("vegas", 6, 0.2, 8192).mean_length
     above = model.lookup("vegas", 6, 0.6, 8192)
-    assert any("toward s = 1" in n for n in above.extrapolated)
+    assert any("above traced max 0.2: extrapolated along the sparsity trend" in n
+               for n in above.extrapolated)
+    assert top < above.mean_length < 7.0
     # replay of the mixture has the interpolated mean
     smp = mid.sample(np.random.default_rng(2), 400, 200)
     assert abs(smp.mean() - (mid.mean_length - 1)) < 4 * request_se(smp) + 0.02
@@ -463,7 +471,7 @@ def test_output_len_truncation_and_mixture_stay_exact(traces: pd.DataFrame,
     first = rows.groupby(["workload", "request"])["context"].transform("min")
     acc = np.minimum(rows.loc[rows["context"] - first < 20, "accepted"].to_numpy(), 3)
     np.testing.assert_allclose(d3.rates, [(acc >= i).mean() for i in (1, 2, 3)], rtol=1e-12)
-    mid = model.lookup("vegas", 6, 0.075, 8192, output_len=20)
+    mid = model.lookup("vegas", 6, np.sqrt(0.05 * 0.1), 8192, output_len=20)  # log-midpoint
     lo = model.lookup("vegas", 6, 0.05, 8192, output_len=20)
     hi = model.lookup("vegas", 6, 0.1, 8192, output_len=20)
     assert mid.mean_length == pytest.approx((lo.mean_length + hi.mean_length) / 2)

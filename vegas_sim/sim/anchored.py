@@ -41,7 +41,7 @@ replaces each traced source's target rates by the shifted ones, so the replay ke
 correlation along a generation and reaches the anchored level in expectation. Each source's
 `stretch` (traced iterations per replayed one) is divided by the shifted over the unshifted
 acceptance length, so a request still walks through its run at its own tokens' pace. The
-all-accepted source (sparsity above the traced max, toward s = 1) stays all-accepted.
+all-accepted source (s = 1: the draft is the target) stays all-accepted.
 
 Outputs. A method without an anchor keeps the shape set's level, and its rows say so in
 `extrapolated`. A configuration far from every anchor of its method (another workload or
