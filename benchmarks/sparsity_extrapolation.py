@@ -8,9 +8,10 @@ Two cuts (`vegas_sim.traces.subset`, as `vegas-sim traces subset --where` writes
 - beyond: the subset with s <= 0.07, predicted at 0.1, 0.15, 0.2.
 
 One point per (case, workload, temperature, method, traced γ, held-out sparsity), pooled over
-context buckets: the sparsity rule mixes the same neighbours with the same weights in every
-bucket, so pooling loses nothing about it, while a single bucket holds 3-16 prompts (a grid
-measured twice differs by ~5 % per bucket, as large as the errors to be told apart).
+context buckets (each run predicted at its own start context, where its budget sets the
+sparsity rule's weights, and averaged like the measurement): a single bucket holds 3-16
+prompts (a grid measured twice differs by ~5 % per bucket, as large as the errors to be told
+apart).
 
 - measured: the full set's mean acceptance length (1 + accepted, as vLLM counts it, bonus
   included) over the point's runs; `measured_se_pct` its standard error from the

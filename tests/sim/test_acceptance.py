@@ -228,11 +228,12 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
     assert model.lookup("vegas", 6, 1.0, 8192).mean_length == pytest.approx(7.0)
     lo = model.lookup("vegas", 6, 0.05, 8192)
     hi = model.lookup("vegas", 6, 0.1, 8192)
-    # between traced sparsities the weight is linear in log s: the log-midpoint is the mean
+    # between traced sparsities the weight is linear in log budget, here (8K prompts, off the
+    # floor) ∝ s: the log-midpoint is the mean
     mid = model.lookup("vegas", 6, math.sqrt(0.05 * 0.1), 8192)
     assert mid.extrapolated == [] and mid.mean_length == pytest.approx(
         (lo.mean_length + hi.mean_length) / 2)
-    w = math.log(0.075 / 0.05) / math.log(2.0)  # 0.585, not the linear-in-s 0.5
+    w = math.log(0.075 / 0.05) / math.log(2.0)  # 0.585, not the linear-in-s 0.5 (budget ∝ s)
     assert model.lookup("vegas", 6, 0.075, 8192).mean_length == pytest.approx(
         (1 - w) * lo.mean_length + w * hi.mean_length)
     assert any("below traced min" in n for n in model.lookup("vegas", 6, 0.02, 8192).extrapolated)
@@ -245,6 +246,29 @@ def test_sparsity_interpolation_monotone_and_labelled(model: AcceptanceModel) ->
     # replay of the mixture has the interpolated mean
     smp = mid.sample(np.random.default_rng(2), 400, 200)
     assert abs(smp.mean() - (mid.mean_length - 1)) < 4 * request_se(smp) + 0.02
+
+
+def test_sparsity_follows_the_draft_budget_at_the_floor(traces: pd.DataFrame,
+                                                        model: AcceptanceModel) -> None:
+    """Acceptance depends on the budget clamp(s·C, min_tokens, C): a short prompt drafts at the
+    floor until s·C passes it, so between traced sparsities it stays at the lower cell there
+    (linear in log budget, not in log s), and above them nothing is seen to follow."""
+    floored = AcceptanceModel.from_traces(traces, "real", min_tokens=192)
+    # 1K prompts (contexts 1024..~1.2K): 0.1 and 0.15 draft at the floor, 0.2 above it
+    lo = floored.lookup("vegas", 6, 0.1, 1024).mean_length
+    hi = floored.lookup("vegas", 6, 0.2, 1024).mean_length
+    assert lo != pytest.approx(hi)
+    assert floored.lookup("vegas", 6, 0.15, 1024).mean_length == pytest.approx(lo)
+    assert lo < floored.lookup("vegas", 6, 0.19, 1024).mean_length < hi
+    # 8K prompts: budget ∝ s, the log-midpoint is the mean of the two
+    lo8, hi8 = (floored.lookup("vegas", 6, s, 8192).mean_length for s in (0.05, 0.1))
+    assert floored.lookup("vegas", 6, math.sqrt(0.05 * 0.1), 8192).mean_length == \
+        pytest.approx((lo8 + hi8) / 2)
+    # every traced sparsity at the floor (min_tokens 256 at 1K): the top cell held
+    above = model.lookup("vegas", 6, 0.6, 1024)
+    assert above.mean_length == pytest.approx(model.lookup("vegas", 6, 0.2, 1024).mean_length)
+    assert any("sparsity trend flat (every traced sparsity drafts at the budget floor (256))"
+               in n for n in above.extrapolated)
 
 
 def test_context_buckets_and_labels(model: AcceptanceModel) -> None:

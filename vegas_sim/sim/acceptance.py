@@ -42,18 +42,27 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   conditional rates a_i = r_i / r_{i−1} extrapolated by a decay fitted to the last traced
   positions (log a_i linear in i, slope ≤ 0, clamped to [0, 1]). Marked extrapolated.
 - sparsity between traced values: a mixture of the two neighbouring cells with a weight linear
-  in log s (acceptance is close to linear in log-sparsity: a budget that doubles helps about
-  equally wherever it starts; on the SmolLM2 real set cut to s ∈ {0.01, 0.05, 0.2}, the
-  held-out sparsities' mean acceptance length |error| median / max 3.8 / 16.7 % → 2.6 /
-  20.5 %, longdoc and recall 4.7 / 14.9 → 2.3 / 10.2 %; `benchmarks/sparsity_extrapolation.py`).
-  Above the max traced: its cell moved along the sparsity trend of its top traced sparsities
-  (`sim.sparsity_trend`: a logit shift per doubling, shrunk by its standard error, capped,
-  never falling, held past twice the span fitted), marked with a note that names the trend
-  and the shift; cut to s ≤ 0.07 and predicted at 0.1–0.2, |error| 7.2 / 29.7 % (the old
-  mixture toward s = 1 linear in s) → 5.7 / 28.2 %. At s = 1 the draft is the target: all
-  accepted. Below the min traced: clamped, marked. Short prompts (chat, code, reasoning)
-  sit at the draft budget's floor at low s, where acceptance is flat in s and rises only
-  once s·C passes the floor: there neither rule sees the rise coming.
+  in log budget (`sim.sparsity_trend.budget_weight`): acceptance depends on the draft's budget
+  clamp(s·C, min_tokens, C), not on s, and is close to linear in its log (a budget that
+  doubles helps about equally wherever it starts). Both cells' budgets and the budget of s are
+  means over the same iterations (the two cells' contexts; `AcceptanceModel.min_tokens`): a
+  long prompt's budget is ∝ s (the weight is linear in log s), a short prompt's stays at the
+  floor until s·C passes it (the weight stays 0: acceptance flat in s there); two cells at the
+  floor are one draft, weighted linearly in log s. On the SmolLM2 real set cut to
+  s ∈ {0.01, 0.05, 0.2}, the held-out sparsities' mean acceptance length |error| median /
+  max, linear in s → log s → log budget: 3.8 / 16.7 → 2.6 / 20.5 → 2.1 / 16.2 %; short
+  prompts (chat, code, reasoning) 2.9 / 16.7 → 3.8 / 20.5 → 2.6 / 16.2 %, longdoc and
+  recall 4.7 / 14.9 → 2.3 / 10.2 → 1.8 / 9.7 % (`benchmarks/sparsity_extrapolation.py`).
+  Above the max traced: its cell moved along the sparsity trend of its (method, temperature,
+  workload, γ_t, bucket) in log budget (`sim.sparsity_trend`: a logit shift per doubling of
+  the budget over every traced sparsity, shrunk by its standard error, capped, never falling,
+  held past twice the span fitted, flat where every traced sparsity drafts at the floor),
+  marked with a note that names the trend, the budget doublings and the shift; cut to
+  s ≤ 0.07 and predicted at 0.1–0.2, |error| 7.2 / 29.7 % (a mixture toward s = 1 linear in
+  s) → 5.7 / 28.2 % (a trend in log s over the top 3) → 4.9 / 27.2 %; short prompts 6.7 /
+  27.2 → 6.9 / 27.2 %: their traced budgets sit (mostly) at the floor up to s 0.07, so no
+  rise is seen to follow (held). At s = 1 the draft is the target: all accepted. Below the
+  min traced: clamped, marked.
 - context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
   leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
   the raw cells.) Above the traced contexts: the last bucket moved along the context trend of
@@ -107,7 +116,14 @@ from vegas_sim.sim.context_trend import (
     shift_rates,
     trend_note,
 )
-from vegas_sim.sim.sparsity_trend import fit_sparsity_trend, sparsity_doublings, sparsity_note
+from vegas_sim.sim.sparsity_trend import (
+    IterationContexts,
+    budget_doublings,
+    budget_weight,
+    fit_sparsity_trend,
+    mean_budget,
+    sparsity_note,
+)
 from vegas_sim.traces.schema import MAX_EXACT_BUCKETS  # more start contexts → log2-wide buckets
 
 ACCEPTANCE_WHERE = "acceptance.parquet"
@@ -213,8 +229,10 @@ class AcceptanceModel:
     source: str = ""
 
     def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, TracedCell],
-                 smooth: bool = True, min_tokens: int = MIN_TOKENS) -> None:
+                 contexts: dict[_CellKey, IterationContexts], smooth: bool = True,
+                 min_tokens: int = MIN_TOKENS) -> None:
         self._runs = runs  # one row per run: keys, bucket, start context
+        self._contexts = contexts  # per cell: its iterations' contexts (the budget axis)
         # the draft budget floor the traces were run with: a prediction that replays this
         # acceptance drafts with the same floor (at short contexts it sets what drafts see)
         self.min_tokens = min_tokens
@@ -253,13 +271,15 @@ class AcceptanceModel:
         run_bucket = _workload_buckets(first)  # [runs] bucket centre of each run
         df["bucket"] = run_bucket[df["run"].to_numpy()]
         cells: dict[_CellKey, TracedCell] = {}
+        contexts: dict[_CellKey, IterationContexts] = {}
         keys = ["method", "temperature", "workload", "sparsity", "bucket", "gamma"]
         for key, rows in df.groupby(keys, sort=True):
             m, temp, wl, s, b, g = (str(v) for v in key)  # type: ignore[union-attr]
-            cells[(m, float(temp), wl, float(s), float(b), int(g))] = _make_cell(
-                rows, int(g), float(s), float(b))
+            cell_key = (m, float(temp), wl, float(s), float(b), int(g))
+            cells[cell_key] = _make_cell(rows, int(g), float(s), float(b))
+            contexts[cell_key] = IterationContexts.of(rows["context"].to_numpy())
         runs = first.assign(bucket=run_bucket)[keys + ["run", "context"]]
-        return cls(runs.reset_index(drop=True), cells, smooth, min_tokens)
+        return cls(runs.reset_index(drop=True), cells, contexts, smooth, min_tokens)
 
     def _cell_rates(self, key: _CellKey, output_len: int | None) -> np.ndarray:
         """[γ_t] the (smoothed) rates of one cell, its runs cut to `output_len` tokens."""
@@ -438,9 +458,9 @@ class AcceptanceModel:
         output_len: int | None = None, beyond: int | None = None,
     ) -> tuple[list[DrawSource], list[float], list[str], list[TrendShift | None]]:
         """(sources, weights, notes, context shifts) at `sparsity`: between traced sparsities
-        the two neighbours, weights linear in log s; above the traced max its cell moved along
-        the sparsity trend (`sim.sparsity_trend`); at s = 1 all accepted; below the traced
-        min the min clamped."""
+        the two neighbours, weights linear in log budget (`sim.sparsity_trend.budget_weight`);
+        above the traced max its cell moved along the sparsity trend (`sim.sparsity_trend`); at
+        s = 1 all accepted; below the traced min the min clamped."""
         sps = sorted({k[3] for k in keys})
         if sparsity >= 1.0 > sps[-1]:  # the draft is the target: every draft is accepted
             note = f"sparsity 1 above traced max {sps[-1]:g}: draft = target, all accepted"
@@ -459,7 +479,9 @@ class AcceptanceModel:
                 points = [(sps[j], 1.0)]
             else:
                 lo, hi = sps[j - 1], sps[j]
-                w = math.log(sparsity / lo) / math.log(hi / lo)
+                at = self._iteration_contexts(self._members(keys, lo, gamma)
+                                              + self._members(keys, hi, gamma))
+                w = budget_weight(sparsity, lo, hi, at, self.min_tokens)
                 points = [(lo, 1.0 - w), (hi, w)]
         sources, weights, shifts = [], [], []
         for s, w in points:
@@ -484,25 +506,34 @@ class AcceptanceModel:
         n_it = np.array([len(self._cells[k].acc) for k in members], dtype=float)
         share = n_it / n_it.sum()
         trends = [self.sparsity_trend(k) for k in members]
-        d = sparsity_doublings(sparsity, edge)
-        delta = float(sum(w * t.shift(d) for w, t in zip(share, trends)))
+        ds = [budget_doublings(sparsity, edge, self._contexts[k], self.min_tokens)
+              for k in members]
+        delta = float(sum(w * t.shift(d) for w, t, d in zip(share, trends, ds)))
         moved = shift_rates(src.rates, delta)
         before, after = 1.0 + float(src.rates.sum()), 1.0 + float(moved.sum())
-        note = sparsity_note(sparsity, edge, trends, list(share), delta, before, after)
+        note = sparsity_note(sparsity, edge, trends, list(share), float(np.dot(share, ds)),
+                             delta, before, after)
         stretch = src.stretch * before / after  # the moved pace
         return (DrawSource(src.cell, moved, src.base_cond, stretch), [note] + notes, shift)
 
     def sparsity_trend(self, key: _CellKey) -> ContextTrend:
         """The trend above the traced sparsities of the cell `key`'s (method, temperature,
-        workload, traced γ, context bucket) (`sim.sparsity_trend`), cached."""
+        workload, traced γ, context bucket) in log budget (`sim.sparsity_trend`; every
+        sparsity's budget over the top cell's iterations), cached."""
         at = (key[0], key[1], key[2], key[4], key[5])
         if at not in self._sparsity_trends:
             cells = sorted((k for k in self._groups[(key[0], key[1], key[2], key[5])][0]
                             if k[4] == key[4]), key=lambda k: k[3])
+            top = self._contexts[cells[-1]]
             self._sparsity_trends[at] = fit_sparsity_trend(
-                [k[3] for k in cells], [self._cell_rates(k, None) for k in cells],
+                [k[3] for k in cells], [mean_budget(k[3], top, self.min_tokens) for k in cells],
+                [self._cell_rates(k, None) for k in cells],
                 [bucket_se([run_lengths(self._cells[k])]) for k in cells])
         return self._sparsity_trends[at]
+
+    def _iteration_contexts(self, members: list[_CellKey]) -> IterationContexts:
+        """The contexts of the iterations of these cells, pooled."""
+        return IterationContexts.pooled([self._contexts[k] for k in members])
 
     def _members(self, keys: list[_CellKey], s: float, gamma: int) -> list[_CellKey]:
         """The cells a source at sparsity s pools: every workload's, at the smallest traced
