@@ -30,7 +30,13 @@ from vegas_sim.methods import (
     check_sparsity,
 )
 from vegas_sim.sim import acceptance as acceptance_module
-from vegas_sim.sim import acceptance_dist, context_trend, latency_features, latency_fit
+from vegas_sim.sim import (
+    acceptance_dist,
+    context_trend,
+    latency_features,
+    latency_fit,
+    sparsity_trend,
+)
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
@@ -117,7 +123,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
     key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE,
-                             (acceptance_module, acceptance_dist, context_trend))
+                             (acceptance_module, acceptance_dist, context_trend, sparsity_trend))
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
     fitted = fitcache.cached(key, lambda: AcceptanceModel.from_traces(
         trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))
