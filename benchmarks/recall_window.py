@@ -8,10 +8,12 @@ CPU, seconds. Reads the packaged real-weights sets `smollm2-135m-real` (recall p
 x4), and the recall workload files that say where each prompt's passage lies
 (vegas_sim/calibrate/workloads: `recall.distance`, tokens from the passage to the prompt's end).
 
-Two tables, both mean acceptance length (accepted draft tokens + the bonus token, vLLM's
+Three tables, all mean acceptance length (accepted draft tokens + the bonus token, vLLM's
 convention) at γ 12:
 1. by method x prompt length, over each request's whole run (every sparsity pooled);
-2. by method x "passage distance / draft budget" (budget: the keys a draft step reads, the
+2. by method x (prompt length, cue depth: where in the window the quoted passage starts,
+   0.1 far back, 0.95 recent), whole runs, the packaged 1K-7K set;
+3. by method x "passage distance / draft budget" (budget: the keys a draft step reads, the
    window size of Stream), over the answer span only (a request's first ANSWER_ITERATIONS
    iterations, while the quoted passage is being produced). Distance <= budget means the
    passage lies inside Stream's window. Rows pool prompts and sparsities; `n` counts
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vegas_sim.calibrate.workloads import workload_prompts
+from vegas_sim.calibrate.workloads import RECALL_DEPTHS, workload_prompts
 from vegas_sim.traces.io import load_trace_set
 
 SETS = {"smollm2-135m-real": False, "smollm2-135m-real-yarn4": True}  # name: long windows
@@ -46,6 +48,8 @@ def recall_rows(name: str, long: bool) -> pd.DataFrame:
     distance = {i: p.distance for i, p in enumerate(prompts)}
     acc["length"] = acc["request"].map(length)
     acc["distance"] = acc["request"].map(distance)
+    # recall_prompts' order: rounds of (length, depth) cells, depth fastest
+    acc["depth"] = acc["request"].map(lambda i: RECALL_DEPTHS[i % len(RECALL_DEPTHS)])
     first = acc[acc["iteration"] == 0]
     if (first["context"] != first["length"]).any():  # the request ids must index the prompts
         raise SystemExit(f"{name}: request ids do not match the recall prompts' lengths")
@@ -57,6 +61,13 @@ def recall_rows(name: str, long: bool) -> pd.DataFrame:
 def by_length(rows: pd.DataFrame) -> pd.DataFrame:
     return (rows.groupby(["temperature", "length", "method"])["acceptance_length"]
             .agg(["mean", "size"]).rename(columns={"size": "n"}).reset_index())
+
+
+def by_depth(rows: pd.DataFrame) -> pd.DataFrame:
+    one = rows[rows["set"] == next(iter(SETS))]
+    return (one.groupby(["temperature", "length", "depth", "method"])["acceptance_length"]
+            .agg(["mean", "size"]).rename(columns={"size": "n"}).reset_index()
+            .assign(cell=lambda d: d["length"].astype(str) + "@" + d["depth"].astype(str)))
 
 
 def by_window(rows: pd.DataFrame) -> pd.DataFrame:
@@ -89,12 +100,15 @@ def main() -> int:
         except FileNotFoundError:
             print(f"{name}: not packaged, skipped")
     rows = pd.concat(parts, ignore_index=True)
-    lengths, window = by_length(rows), by_window(rows)
+    lengths, depths, window = by_length(rows), by_depth(rows), by_window(rows)
     print_table("mean acceptance length by prompt length (whole runs)", lengths, "length")
+    print_table("mean acceptance length by prompt length @ cue depth (whole runs)", depths,
+                "cell")
     print_table(f"mean acceptance length over the answer span (first {ANSWER_ITERATIONS} "
                 "iterations) by passage distance / draft budget", window, "ratio")
     if a.out:
         out = pd.concat([lengths.assign(table="length", bucket=lengths["length"].astype(str)),
+                         depths.assign(table="depth", bucket=depths["cell"]),
                          window.assign(table="window", bucket=window["ratio"].astype(str))])
         out[["table", "temperature", "bucket", "method", "mean", "n"]].to_csv(
             a.out, index=False, float_format="%.4f")

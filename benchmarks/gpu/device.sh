@@ -22,6 +22,11 @@
 #   yarn                   SmolLM2 acceptance past its 8K window (needs `gguf`): RoPE extended
 #                          by YaRN factor 4, the long longdoc / recall windows (12K-31K), every
 #                          method, one process each; packs yarn-METHOD sets for `traces merge`
+#   recall                 SmolLM2 recall acceptance (needs `gguf`): every recall prompt (1K-7K),
+#                          the packaged grid (γ 12, 8 sparsities, T 0 and 0.6, 32 iterations),
+#                          one process per method; beside them the copy rate of every prompt
+#                          (benchmarks/recall_copy_rate.py); packs recall-METHOD sets for
+#                          `traces merge`
 #   longgen                SmolLM2 acceptance over ~4K-token generations (needs `gguf`): γ 6,
 #                          s 0.07, T 0.6, reasoning / code / longdoc, 900 iterations a run;
 #                          packs longgen-METHOD sets for `traces merge`
@@ -32,8 +37,8 @@
 #
 # Carry .whl (wheels the image lacks, e.g. simpy and gguf: `pip download --no-deps -d .whl`)
 # on every call. A call carries at most 64 MiB with the tracked tree, so the 98 MB GGUF goes
-# in thirds (`split -n 3 .model/smollm2.gguf .model/smollm2.gguf.part.`): part.aa with `part`,
-# part.ab with `part`, part.ac with `gguf`. An idle machine is given back, /root with it:
+# in quarters (`split -n 4 .model/smollm2.gguf .model/smollm2.gguf.part.`): part.aa, part.ab
+# and part.ac each with `part`, part.ad with `gguf`. An idle machine is given back, /root with it:
 # make the calls back to back. `timeout` keeps each stage under the 10-minute call limit.
 set -u
 stage=${1:?stage: part, gguf, tests, quick, full, validate or kernels (see the header)}
@@ -165,6 +170,33 @@ yarn)
     rm -rf $TR/yarn-$m/parts
   done
   tar czf "$OUT/yarn_sets.tgz" -C $TR $(cd $TR && ls -d yarn-*)
+  ;;
+recall)  # replaces the recall rows of smollm2-135m-real (docs/RESULTS.md, Long context)
+  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+  # METHODS / TEMPERATURES / COPY_RATE=0: measure again what a run left out (a point that
+  # ran out of memory beside the others is marked oom and skipped)
+  methods=${METHODS:-vegas vegas-all specextend magicdec-quest magicdec-stream}
+  for m in $methods; do
+    timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real --methods $m \
+      --workload recall --gamma 12 --sparsity 0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2 \
+      --temperature ${TEMPERATURES:-0,0.6} --iterations 32 --min-tokens 32 \
+      --prompts ${PROMPTS:-160} --no-latency --out $TR/recall-$m \
+      > "$OUT/calibrate-recall-$m.log" 2>&1 &
+  done
+  if [ "${COPY_RATE:-1}" = 1 ]; then
+    timeout ${TIMEOUT:-480} python3 benchmarks/recall_copy_rate.py --new 48 \
+      --out "$OUT/recall_copy_rate_h200.csv" > "$OUT/recall_copy_rate_h200.log" 2>&1
+    tail -16 "$OUT/recall_copy_rate_h200.log"
+  fi
+  wait
+  for m in $methods; do
+    tail -2 "$OUT/calibrate-recall-$m.log"
+    python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/recall-$m')" 2>&1 | tail -1
+    rm -rf $TR/recall-$m/parts
+  done
+  tar czf "$OUT/recall_sets.tgz" -C $TR $(cd $TR && ls -d recall-*)
+  tar czf "$OUT/recall_logs.tgz" -C "$OUT" $(cd "$OUT" && ls calibrate-recall-*.log) \
+    && rm -f "$OUT"/calibrate-recall-*.log
   ;;
 longgen)  # SmolLM2 acceptance over ~4K-token generations (900 iterations), one process a method
   [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }

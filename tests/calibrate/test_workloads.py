@@ -57,7 +57,9 @@ def test_recall_prompts_quote_a_cue_from_far_back() -> None:
     its window, whose answer (the window tokens after the cue) lies `distance` from the end;
     distances span the window (far at depth 0.1, recent at 0.95)."""
     prompts = WL.workload_prompts("recall")
-    assert [len(p.tokens) for p in prompts[:16]] == [n for n in WL.RECALL_LENGTHS for _ in range(4)]
+    depths = len(WL.RECALL_DEPTHS)  # the first round: one prompt per (length, depth) cell
+    assert ([len(p.tokens) for p in prompts[:len(WL.RECALL_LENGTHS) * depths]]
+            == [n for n in WL.RECALL_LENGTHS for _ in range(depths)])
     for p in prompts:
         assert p.answer_start is not None and p.distance is not None
         cue = p.tokens[-WL.RECALL_CUE:]

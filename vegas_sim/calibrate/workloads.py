@@ -11,7 +11,8 @@
                that follows a cue copied from the window, then the cue; the answer lies at a
                recorded distance from the prompt's end (RECALL_DEPTHS of the window), so a
                draft that sees only recent tokens cannot find it. Prompts of exactly
-               RECALL_LENGTHS tokens; `recall.answer_start` / `recall.distance` per prompt
+               RECALL_LENGTHS tokens (1K-7K), 32 of each; `recall.answer_start` /
+               `recall.distance` per prompt
 
 `build_workloads()` tokenizes the datasets with the model's own tokenizer and writes
 `workloads/<model>.npz` (this is run once, here, and the file is shipped); `load_workload()`
@@ -21,7 +22,8 @@ Long windows (`build_long_workloads()`, `workloads/<model>.long.npz`, `long=True
 loading): longdoc and recall at LONG_LENGTHS (12K–32K tokens), past SmolLM2's trained 8K, for
 acceptance traced with the RoPE extended by YaRN (`calibrate --rope-scaling yarn:4
 --long-prompts`). A file of its own, so that the shipped prompts' order, which the request ids
-of existing trace sets index, never changes.
+of existing trace sets index, never changes. A change to a workload's shipped prompts goes with
+its rows of every packaged set measured again (tests check request ids against prompt lengths).
 """
 
 from __future__ import annotations
@@ -44,10 +46,14 @@ LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
 LONGDOC_PER_LENGTH = 32  # windows of each length (longdoc_prompts)
 MAX_WINDOW_DRAWS = 100  # redraws of a window whose start another window of its length took
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
-RECALL_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)  # whole prompt, tokens
+# Whole prompt, tokens. 3K gives a context trend fitted on <= 3K three buckets, not two
+RECALL_LENGTHS: tuple[int, ...] = (1024, 2048, 3072, 4096, 7168)
 # Where the cue starts, as a fraction of the book window: 0.1 is far back, 0.95 recent
 RECALL_DEPTHS: tuple[float, ...] = (0.1, 0.4, 0.7, 0.95)
-RECALL_PER_CELL = 4  # windows per (length, depth); the first of each cell come first
+# Windows per (length, depth), one round of cells after another. A recall prompt's acceptance
+# varies far more than a longdoc window's (the 135M model copies some passages, not others):
+# 3 per cell left 4-14 % standard error on a length's mean acceptance length
+RECALL_PER_CELL = 8
 LONG_LENGTHS: tuple[int, ...] = (12288, 16384, 24576, 31744)  # 31K: room for the output in 32K
 LONG_LONGDOC_PER_LENGTH = 4
 LONG_RECALL_PER_CELL = 1

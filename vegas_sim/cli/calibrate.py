@@ -34,7 +34,7 @@ from vegas_sim.validate.results import compare, summarize
 @click.option("--context", default=None, help="Context grid, e.g. '1K..128K:x2'.")
 @click.option("--n-query", default=None, help="Verify query rows grid, e.g. '1,4,8,16'.")
 @click.option("--workload", default=None,
-              help="Acceptance workloads: reasoning, code, chat, longdoc (real weights).")
+              help="Acceptance workloads: reasoning, code, chat, longdoc, recall (real weights).")
 @click.option("--iterations", type=int, default=None,
               help="Spec-decode iterations per acceptance run.")
 @click.option("--temperature", default=None,

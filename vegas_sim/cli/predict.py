@@ -86,7 +86,8 @@ def _predict_options(f: F) -> F:
         click.option("--slo-ttft-ms", type=float, default=None,
                      help="TTFT SLO (queueing included) for goodput."),
         click.option("--workload", default=None,
-                     help="Acceptance workload (reasoning, code, chat, longdoc); default all."),
+                     help="Acceptance workload (reasoning, code, chat, longdoc, recall); "
+                          "default all, pooled."),
         click.option("--temperature", type=float, default=0.0, show_default=True,
                      help="Sampling temperature whose acceptance to replay (0 = greedy)."),
         click.option("--prefill", type=click.Choice(["disaggregated", "co-located"]),
