@@ -43,7 +43,7 @@ import pandas as pd
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.traces.io import load_trace_set
-from vegas_sim.traces.subset import subset_trace_set
+from vegas_sim.traces.subset import parse_where, subset_trace_set
 
 SET = "smollm2-135m-real"
 WORKLOADS = ("longdoc", "recall")
@@ -61,23 +61,36 @@ def fit_where(where: str, source: str = SET) -> tuple[AcceptanceModel, pd.DataFr
         return model, sub.acceptance
 
 
-def fit_subset(cut: str) -> tuple[AcceptanceModel, int]:
-    """The acceptance model of the set's rows with context <= `cut`, and its traced max."""
-    model, rows = fit_where(f"context<={cut}")
-    return model, int(rows["context"].max())
+def fit_subset(cut: str, runs: pd.DataFrame) -> tuple[AcceptanceModel, int, dict[str, int]]:
+    """The acceptance model of the set's runs whose prompt is <= `cut` tokens, each run whole
+    (to the prompt plus the most any of `runs` generated), its traced max, and each workload's last
+    traced bucket (its longest prompt there: the nearest-bucket rule's).
+
+    Whole runs: a run starting at the cut goes on past it, and its first iterations alone
+    would make a biased bucket (acceptance rises along a generation)."""
+    prompt_max = int(parse_where(f"context<={cut}")[0].values[0])
+    reach = prompt_max + int((runs["end"] - runs["start"]).max())
+    if ((runs["start"] > prompt_max) & (runs["start"] <= reach)).any():
+        raise SystemExit(f"a prompt above {cut} starts before the cut's runs end ({reach}): "
+                         "its first iterations would enter the fit; choose another --cut")
+    model, rows = fit_where(f"context<={reach}")
+    edges = measured(rows).groupby("workload")["start"].max().astype(int).to_dict()
+    return model, int(rows["context"].max()), edges
 
 
 def measured(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (workload, temperature, method, γ, start context, sparsity, request): the run's
     mean acceptance length (runs keyed by their request and first context)."""
-    rows = rows.assign(start=rows.groupby(RUN_KEYS)["context"].transform("min"))
+    by_run = rows.groupby(RUN_KEYS)["context"]
+    rows = rows.assign(start=by_run.transform("min"), end=by_run.transform("max"))
     return (rows.assign(length=rows["accepted"] + 1.0)
             .groupby(["workload", "temperature", "method", "gamma", "start", "sparsity",
-                      "request"], as_index=False)["length"].mean())
+                      "request"], as_index=False).agg(length=("length", "mean"),
+                                                      end=("end", "max")))
 
 
-def held_out_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int
-                    ) -> list[dict[str, object]]:
+def held_out_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int,
+                    edges: dict[str, int]) -> list[dict[str, object]]:
     """One row per held-out (workload, temperature, method, γ, bucket) (module docstring)."""
     out: list[dict[str, object]] = []
     keys = ["workload", "temperature", "method", "gamma", "start"]
@@ -88,8 +101,7 @@ def held_out_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int
         se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt)))
         dists = [model.lookup(str(method), int(gamma), float(s), int(start), str(wl),
                               float(temp)) for s in sparsities]
-        edge = max(b for b in model.coverage()["context_buckets"]  # type: ignore[attr-defined]
-                   if b <= traced_max)
+        edge = edges[str(wl)]
         nearest = [model.lookup(str(method), int(gamma), float(s), int(edge), str(wl),
                                 float(temp)).mean_length for s in sparsities]
         out.append({
@@ -145,9 +157,9 @@ def main() -> None:
                     help=f"the set whose buckets above the fit are predicted (default {SET})")
     args = ap.parse_args()
     full = load_trace_set(args.held_out).acceptance
-    model, traced_max = fit_subset(args.cut)
     runs = measured(full[full.workload.isin(WORKLOADS)])
-    points = score(pd.DataFrame(held_out_points(model, runs, traced_max)))
+    model, traced_max, edges = fit_subset(args.cut, runs)
+    points = score(pd.DataFrame(held_out_points(model, runs, traced_max, edges)))
     cols = ["workload", "temperature", "method", "gamma", "context", "prompts", "measured",
             "measured_se_pct", "predicted", "predicted_err_pct", "err_over_measured_se",
             "within_2_measured_se", "trend_sd_pct", "covered", "nearest_bucket",

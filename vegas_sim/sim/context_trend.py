@@ -27,8 +27,10 @@ line of δ_k on log2(C_k + g_k) (weights 1 / se²), then:
 
 Pooling (`pool_trends`, beyond the last bucket). One group's slope from two buckets is noisy
 (recall: ±0.3 logit per doubling from 12 prompts), so each group's own estimate b ± se is
-partially pooled (normal empirical Bayes) with the groups fitted over the same traced buckets
-(a slope per doubling depends on where it is measured, so only equal ranges are compared):
+partially pooled (normal empirical Bayes) with the groups fitted over the same span of context
+(first to last traced bucket: a slope per doubling depends on where it is measured, so only
+equal spans are compared; a bucket inside the span one group has and another lacks does not
+move it):
 
 - a cell (same workload and temperature: the methods and traced γ run on the same prompts)
   pools its groups: random-effects mean, τ² by DerSimonian-Laird's moment estimate from the
@@ -298,15 +300,17 @@ def posterior(estimate: float, se: float, tau2: float, prior_mean: float,
 def pool_trends(trends: Mapping[_K, ContextTrend],
                 cell_of: Callable[[_K], Hashable]) -> dict[_K, ContextTrend]:
     """Partial pooling of the groups' own slopes (module docstring, Pooling). Groups fitted
-    over the same traced buckets form a range; a cell (`cell_of`: e.g. workload and
-    temperature) pools its groups as correlated estimates, the range pools its cells, and the
+    over the same span (first to last traced bucket) form a range; a cell (`cell_of`: e.g.
+    workload and temperature) pools its groups as correlated estimates, the range pools its
+    cells, and the
     range's mean is shrunk toward flat by its own evidence. Groups without an estimate keep
     their trend; a range of one group gets `shrink_to_flat` of its own slope."""
     out = dict(trends)
-    ranges: dict[tuple[float, ...], dict[Hashable, list[_K]]] = {}
+    ranges: dict[tuple[float, float], dict[Hashable, list[_K]]] = {}
     for k, t in trends.items():
         if t.estimate is not None:
-            ranges.setdefault(t.buckets, {}).setdefault(cell_of(k), []).append(k)
+            span = (min(t.buckets), max(t.buckets))
+            ranges.setdefault(span, {}).setdefault(cell_of(k), []).append(k)
     for cells in ranges.values():
         own = {k: (float(trends[k].estimate or 0.0), trends[k].slope_se)
                for ks in cells.values() for k in ks}
@@ -330,7 +334,7 @@ def _with_slope(t: ContextTrend, slope: float, sd: float, in_cell: int, cells: i
     ref = [np.asarray(r) for r in t.edge_rates]
     pct = 100.0 * (mean_length(ref, slope) / mean_length(ref) - 1.0)
     reason = (f"pooled: own {t.estimate:+.2f} ± {t.slope_se:.2f} -> {slope:+.2f} ± {sd:.2f} "
-              f"(its cell's {in_cell} trends, {cells} cells over these buckets)")
+              f"(its cell's {in_cell} trends, {cells} cells over this span)")
     return replace(t, slope=slope, slope_se=sd, pct_per_doubling=pct, reason=reason)
 
 
