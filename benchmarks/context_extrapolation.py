@@ -1,11 +1,12 @@
 """Context extrapolation on real traces: fit acceptance on short contexts, predict long ones.
 
 CPU, seconds. Data: the packaged real-weights set `smollm2-135m-real` (whatever its longdoc and
-recall rows hold; prompts at start contexts 1K, 2K, 4K and 7K per workload). The fit set is its
-subset with contexts <= 3K (`vegas_sim.traces.subset`, as `vegas-sim traces subset
-smollm2-135m-real --where 'context<=3K'` writes it): the 1K and 2K prompts, each run whole. Held
-out: every start-context bucket of the full set above the subset's traced contexts (4K, 7K), per
-workload (longdoc, recall), temperature, method and traced γ.
+recall rows hold; prompts at start contexts 1K, 2K, 4K and 7K, recall also 3K). The fit set is
+the runs of its prompts <= 3K, each run whole (`vegas_sim.traces.subset`, as `vegas-sim traces
+subset smollm2-135m-real --where 'context<=3488'` writes it: 3K plus the most tokens a run
+generates; longdoc's 1K and 2K prompts, recall's 1K, 2K and 3K). Held out: every start-context
+bucket of the full set above the subset's traced contexts (4K, 7K), per workload (longdoc,
+recall), temperature, method and traced γ.
 
 - measured: the full set's mean acceptance length (1 + accepted, as vLLM counts it, bonus
   included) over the runs starting at the bucket, averaged over the traced sparsities; its
@@ -151,7 +152,8 @@ def summary_lines(points: pd.DataFrame) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--cut", default="3K", help="fit on contexts <= this (default 3K)")
+    ap.add_argument("--cut", default="3K",
+                    help="fit on the runs of prompts <= this, whole (default 3K)")
     ap.add_argument("--out", type=Path, default=RESULTS / "context_extrapolation.csv")
     ap.add_argument("--held-out", default=SET,
                     help=f"the set whose buckets above the fit are predicted (default {SET})")
@@ -164,8 +166,8 @@ def main() -> None:
             "measured_se_pct", "predicted", "predicted_err_pct", "err_over_measured_se",
             "within_2_measured_se", "trend_sd_pct", "covered", "nearest_bucket",
             "nearest_bucket_err_pct"]
-    print(f"fit: {SET} contexts <= {args.cut} (traced up to {traced_max}); held out: "
-          f"{args.held_out}'s {', '.join(WORKLOADS)} buckets above")
+    print(f"fit: {SET} runs of prompts <= {args.cut}, whole (traced up to {traced_max}); "
+          f"held out: {args.held_out}'s {', '.join(WORKLOADS)} buckets above")
     print(points[cols].round(3).to_string(index=False))
     print("\n".join(summary_lines(points)))
     print("e.g.", points.note.iloc[0])
