@@ -48,21 +48,17 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   means over the same iterations (the two cells' contexts; `AcceptanceModel.min_tokens`): a
   long prompt's budget is ∝ s (the weight is linear in log s), a short prompt's stays at the
   floor until s·C passes it (the weight stays 0: acceptance flat in s there); two cells at the
-  floor are one draft, weighted linearly in log s. On the SmolLM2 real set cut to
-  s ∈ {0.01, 0.05, 0.2}, the held-out sparsities' mean acceptance length |error| median /
-  max, linear in s → log s → log budget: 3.8 / 16.7 → 2.6 / 20.5 → 2.1 / 16.2 %; short
-  prompts (chat, code, reasoning) 2.9 / 16.7 → 3.8 / 20.5 → 2.6 / 16.2 %, longdoc and
-  recall 4.7 / 14.9 → 2.3 / 10.2 → 1.8 / 9.7 % (`benchmarks/sparsity_extrapolation.py`).
-  Above the max traced: its cell moved along the sparsity trend of its (method, temperature,
-  workload, γ_t, bucket) in log budget (`sim.sparsity_trend`: a logit shift per doubling of
-  the budget over every traced sparsity, shrunk by its standard error, capped, never falling,
-  held past twice the span fitted, flat where every traced sparsity drafts at the floor),
-  marked with a note that names the trend, the budget doublings and the shift; cut to
-  s ≤ 0.07 and predicted at 0.1–0.2, |error| 7.2 / 29.7 % (a mixture toward s = 1 linear in
-  s) → 5.7 / 28.2 % (a trend in log s over the top 3) → 4.9 / 27.2 %; short prompts 6.7 /
-  27.2 → 6.9 / 27.2 %: their traced budgets sit (mostly) at the floor up to s 0.07, so no
-  rise is seen to follow (held). At s = 1 the draft is the target: all accepted. Below the
-  min traced: clamped, marked.
+  floor are one draft, weighted linearly in log s. Above the max traced: its cell moved
+  along the sparsity trend of its (method, temperature, workload, γ_t, bucket) in log budget
+  (`sim.sparsity_trend`: a logit shift per doubling of the budget over every traced sparsity,
+  shrunk by its standard error, capped, never falling, held past twice the span fitted, flat
+  where every traced sparsity drafts at the floor), marked with a note that names the trend,
+  the budget doublings and the shift. At s = 1 the draft is the target: all accepted. Below
+  the min traced: clamped, marked. Checked by `benchmarks/sparsity_extrapolation.py` (the
+  SmolLM2 real set cut to s ∈ {0.01, 0.05, 0.2} and to s ≤ 0.07; mean acceptance length
+  |error| median 2.1 % between, 4.3 % beyond, against 3.8 and 7.1 % for a weight linear in s
+  and a mix toward s = 1; docs/RESULTS.md). Short prompts' rise past the floor is not in
+  cells below it: beyond the traced sparsities they stay under-predicted.
 - context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
   leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
   the raw cells.) Above the traced contexts: the last bucket moved along the context trend of
