@@ -109,7 +109,7 @@ from vegas_sim.sim.context_trend import (
     flat_trend,
     pool_trends,
     run_lengths,
-    shift_rates,
+    shift_source,
     trend_note,
 )
 from vegas_sim.sim.sparsity_trend import (
@@ -505,12 +505,11 @@ class AcceptanceModel:
         ds = [budget_doublings(sparsity, edge, self._contexts[k], self.min_tokens)
               for k in members]
         delta = float(sum(w * t.shift(d) for w, t, d in zip(share, trends, ds)))
-        moved = shift_rates(src.rates, delta)
-        before, after = 1.0 + float(src.rates.sum()), 1.0 + float(moved.sum())
+        moved = shift_source(src, delta)
+        before, after = 1.0 + float(src.rates.sum()), 1.0 + float(moved.rates.sum())
         note = sparsity_note(sparsity, edge, trends, list(share), float(np.dot(share, ds)),
                              delta, before, after)
-        stretch = src.stretch * before / after  # the moved pace
-        return (DrawSource(src.cell, moved, src.base_cond, stretch), [note] + notes, shift)
+        return moved, [note] + notes, shift
 
     def sparsity_trend(self, key: _CellKey) -> ContextTrend:
         """The trend above the traced sparsities of the cell `key`'s (method, temperature,
@@ -573,9 +572,8 @@ class AcceptanceModel:
         trends = [self.context_trend((k[0], k[1], k[2], k[5]), k[4]) for k in members]
         share = n_it / n_it.sum()
         shift = TrendShift.of(trends, [k[2] for k in members], share, beyond, rates)
-        moved = shift_rates(rates, shift.delta)
-        stretch *= (1.0 + float(rates.sum())) / (1.0 + float(moved.sum()))  # the moved pace
-        return DrawSource(cell, moved, cell.outcome_cond(gamma), stretch), notes, shift
+        source = DrawSource(cell, rates, cell.outcome_cond(gamma), stretch)
+        return shift_source(source, shift.delta), notes, shift
 
     def traced_contexts(self, method: str, workload: str | None = None) -> tuple[int, int]:
         """(min, max) context the traces of `method` on `workload` (None: any) cover."""

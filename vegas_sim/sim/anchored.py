@@ -62,7 +62,7 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist
-from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates
+from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates, shift_source
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
 N_CONTEXT_NODES = 8  # contexts an anchor's context range is evaluated at
@@ -88,9 +88,7 @@ def shift_dist(dist: AcceptanceDist, delta: float) -> AcceptanceDist:
         if src.cell is None:  # draft = target: every draft accepted, at any δ
             sources.append(src)
             continue
-        new = shift_rates(src.rates, delta)
-        pace = (1.0 + float(np.sum(src.rates))) / (1.0 + float(np.sum(new)))
-        sources.append(dataclasses.replace(src, rates=new, stretch=src.stretch * pace))
+        sources.append(shift_source(src, delta))
     rates = sum((w * s.rates for w, s in zip(dist.weights, sources)), np.zeros(dist.gamma))
     return dataclasses.replace(dist, rates=np.asarray(rates), extrapolated=list(dist.extrapolated),
                                sources=sources)

@@ -72,7 +72,7 @@ from typing import TypeVar
 import numpy as np
 from scipy.optimize import brentq
 
-from vegas_sim.sim.acceptance_dist import TracedCell, conditional_rates
+from vegas_sim.sim.acceptance_dist import DrawSource, TracedCell, conditional_rates
 
 COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
 DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
@@ -89,6 +89,15 @@ def shift_rates(rates: np.ndarray, delta: float) -> np.ndarray:
         return np.asarray(rates, dtype=float).copy()
     shifted = 1.0 / (1.0 + np.exp(-(_cond_logits(rates) + delta)))
     return np.cumprod(shifted)
+
+
+def shift_source(source: DrawSource, delta: float) -> DrawSource:
+    """`source` with its rates shifted by `delta` (`shift_rates`) and its pace moved with them:
+    `stretch` (traced iterations per replayed one) times the unshifted over the shifted mean
+    acceptance length, so a request still walks through its run at its own tokens' pace."""
+    moved = shift_rates(source.rates, delta)
+    pace = (1.0 + float(np.sum(source.rates))) / (1.0 + float(np.sum(moved)))
+    return replace(source, rates=moved, stretch=source.stretch * pace)
 
 
 def mean_length(rates: Sequence[np.ndarray], delta: float = 0.0) -> float:
