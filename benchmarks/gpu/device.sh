@@ -27,6 +27,11 @@
 #                          one process per method; beside them the copy rate of every prompt
 #                          (benchmarks/recall_copy_rate.py); packs recall-METHOD sets for
 #                          `traces merge`
+#   longdoc                SmolLM2 longdoc acceptance on the windows appended to the workload
+#                          (needs `gguf`; --first-prompt 128: the 32 3K windows), as the
+#                          packaged longdoc was measured: γ 12 (32 iterations) at T 0 and 0.6,
+#                          γ 4 (64 iterations) at T 0.6, 8 sparsities, one process per method;
+#                          packs longdoc-METHOD sets for `traces merge`
 #   longgen                SmolLM2 acceptance over ~4K-token generations (needs `gguf`): γ 6,
 #                          s 0.07, T 0.6, reasoning / code / longdoc, 900 iterations a run;
 #                          packs longgen-METHOD sets for `traces merge`
@@ -197,6 +202,30 @@ recall)  # replaces the recall rows of smollm2-135m-real (docs/RESULTS.md, Long 
   tar czf "$OUT/recall_sets.tgz" -C $TR $(cd $TR && ls -d recall-*)
   tar czf "$OUT/recall_logs.tgz" -C "$OUT" $(cd "$OUT" && ls calibrate-recall-*.log) \
     && rm -f "$OUT"/calibrate-recall-*.log
+  ;;
+longdoc)  # adds longdoc's appended windows to smollm2-135m-real (docs/RESULTS.md, Context extrapolation)
+  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+  methods=${METHODS:-vegas vegas-all specextend magicdec-quest magicdec-stream}
+  sparsity=0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2
+  for m in $methods; do
+    ( timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real --methods $m \
+        --workload longdoc --gamma 12 --iterations 32 --temperature 0,0.6 --sparsity $sparsity \
+        --min-tokens 32 --first-prompt ${FIRST:-128} --prompts ${PROMPTS:-32} --no-latency \
+        --out $TR/longdoc-$m
+      timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real --methods $m \
+        --workload longdoc --gamma 4 --iterations 64 --temperature 0.6 --sparsity $sparsity \
+        --min-tokens 32 --first-prompt ${FIRST:-128} --prompts ${PROMPTS:-32} --no-latency \
+        --out $TR/longdoc4-$m ) > "$OUT/calibrate-longdoc-$m.log" 2>&1 &
+  done
+  wait
+  for m in $methods; do
+    tail -2 "$OUT/calibrate-longdoc-$m.log"
+    for d in longdoc-$m longdoc4-$m; do
+      python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/$d')" 2>&1 | tail -1
+      rm -rf $TR/$d/parts
+    done
+  done
+  tar czf "$OUT/longdoc_sets.tgz" -C $TR $(cd $TR && ls -d longdoc-* longdoc4-*)
   ;;
 longgen)  # SmolLM2 acceptance over ~4K-token generations (900 iterations), one process a method
   [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }

@@ -564,6 +564,22 @@ def test_longdoc_acceptance_prompts_add_the_cuts_after_the_natural_windows() -> 
         assert all(p in [q[:n] for q in natural if len(q) >= n] for p in at_n)
 
 
+def test_first_prompt_runs_the_later_prompts_under_their_workload_ids() -> None:
+    """--first-prompt 128 runs longdoc's appended 3K windows: the prompts from the 128th on,
+    and (measure_acceptance_group) requests numbered from 128."""
+    spec = get_preset("smollm2-135m")
+    every = measure_acceptance.acceptance_prompts(_plan(acceptance_prompts=1000), spec,
+                                                  "longdoc", 12)
+    later = measure_acceptance.acceptance_prompts(
+        _plan(acceptance_prompts=32, acceptance_first_prompt=128), spec, "longdoc", 12)
+    assert later == every[128:160] and {len(p) for p in later} == {3072}
+    with pytest.raises(UserInputError, match="number 160"):
+        measure_acceptance.acceptance_prompts(_plan(acceptance_first_prompt=160), spec,
+                                              "longdoc", 12)
+    with pytest.raises(UserInputError, match="--first-prompt"):
+        _plan(acceptance_first_prompt=128, acceptance_cuts="add")
+
+
 def test_free_form_workloads_are_not_cut() -> None:
     spec = get_preset("smollm2-135m")
     plan = _plan(acceptance_prompts=4, acceptance_cuts="add")  # 4 chat prompts: not windows

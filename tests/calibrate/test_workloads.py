@@ -23,7 +23,7 @@ def test_shipped_smollm2_workloads() -> None:
     vocab = get_preset("smollm2-135m").vocab
     for name in WL.WORKLOADS:
         prompts = WL.workload_prompts(name)
-        n = {"longdoc": len(WL.LONGDOC_LENGTHS) * WL.LONGDOC_PER_LENGTH,
+        n = {"longdoc": len(WL.LONGDOC_LENGTHS + WL.LONGDOC_ADDED_LENGTHS) * WL.LONGDOC_PER_LENGTH,
              "recall": len(WL.RECALL_LENGTHS) * len(WL.RECALL_DEPTHS) * WL.RECALL_PER_CELL
              }.get(name, 32)
         assert len(prompts) == n
@@ -32,11 +32,14 @@ def test_shipped_smollm2_workloads() -> None:
             assert p.tokens and max(p.tokens) < vocab and min(p.tokens) >= 0
     longdoc = WL.load_workload("longdoc")
     lengths = sorted({len(p) for p in longdoc})
-    assert lengths == list(WL.LONGDOC_LENGTHS)
+    assert lengths == sorted(WL.LONGDOC_LENGTHS + WL.LONGDOC_ADDED_LENGTHS)
     # the first 32 are the 8-per-length set the first trace sets index, by length
     assert [len(p) for p in longdoc[:32]] == [n for n in WL.LONGDOC_LENGTHS for _ in range(8)]
     assert all(sum(len(p) == n for p in longdoc) == WL.LONGDOC_PER_LENGTH
-               for n in WL.LONGDOC_LENGTHS)
+               for n in WL.LONGDOC_LENGTHS + WL.LONGDOC_ADDED_LENGTHS)
+    # the added lengths come after every window of the first ones, whose ids they keep
+    first = len(WL.LONGDOC_LENGTHS) * WL.LONGDOC_PER_LENGTH
+    assert {len(p) for p in longdoc[first:]} == set(WL.LONGDOC_ADDED_LENGTHS)
     assert max(lengths) + 512 <= get_preset("smollm2-135m").max_positions  # room for output
     assert WL.load_workload("longdoc", max_len=2048) == [p for p in longdoc if len(p) <= 2048]
     sources = {p.source.split(":")[0] for p in WL.workload_prompts("reasoning")}

@@ -19,11 +19,13 @@ from vegas_sim.traces.merge import merge_trace_sets, union_seconds
 from vegas_sim.traces.synthetic import synthetic_meta
 
 
-def _acceptance(workload: str, temperature: float, accepted: int, n: int = 4) -> pd.DataFrame:
+def _acceptance(workload: str, temperature: float, accepted: int, n: int = 4,
+                first_request: int = 0) -> pd.DataFrame:
     return pd.DataFrame({
         "method": ["vegas"] * n, "gamma": [3] * n, "sparsity": [0.07] * n,
         "budget": [256] * n, "context": [2048] * n, "temperature": [temperature] * n,
-        "workload": [workload] * n, "request": range(n), "iteration": [0] * n,
+        "workload": [workload] * n, "request": range(first_request, first_request + n),
+        "iteration": [0] * n,
         "accepted": [accepted] * n, "accept_prob": [[1.0, 1.0, 0.0]] * n,
         "model_weights": ["real"] * n,
     })
@@ -40,7 +42,7 @@ def _latency(batch: int) -> pd.DataFrame:
 def _make_set(path: Path, workload: str, temperature: float, accepted: int,
               batch: int | None = None, model: str = "smollm2-135m",
               gpu_name: str | None = None, minutes: float = 1.0,
-              acceptance: bool = True) -> Path:
+              acceptance: bool = True, first_request: int = 0) -> Path:
     grid: dict[str, Any] = {"workloads": [workload], "temperatures": [temperature],
                             "batch": [batch] if batch else []}
     meta = synthetic_meta(get_preset(model), grid=grid, workloads=[workload])
@@ -48,7 +50,8 @@ def _make_set(path: Path, workload: str, temperature: float, accepted: int,
         meta["gpu"] = {**meta["gpu"], "name": gpu_name}
     w = io.TraceSetWriter(path, meta, durable=False)
     if acceptance:
-        w.append_acceptance(_acceptance(workload, temperature, accepted))
+        w.append_acceptance(_acceptance(workload, temperature, accepted,
+                                        first_request=first_request))
     if batch is not None:
         w.append_latency(_latency(batch))
     w.finalize()
@@ -80,6 +83,20 @@ def test_merge_refuses_a_point_measured_twice(tmp_path: Path) -> None:
     b = _make_set(tmp_path / "b", "chat", 0.0, accepted=2)
     with pytest.raises(TraceSetError, match="count twice"):
         merge_trace_sets(tmp_path / "m", [a, b])
+
+
+def test_a_point_run_on_other_requests_merges_with_its_request_ids(tmp_path: Path) -> None:
+    """calibrate --first-prompt 4 ran the workload's prompts 4-7 of a point the first set ran
+    on 0-3: the merged point has all 8, each under its own id; one request run twice is
+    still refused."""
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
+    b = _make_set(tmp_path / "b", "chat", 0.0, accepted=2, first_request=4)
+    acc = merge_trace_sets(tmp_path / "m", [a, b]).acceptance
+    assert acc.groupby("request")["accepted"].first().to_dict() == {
+        **{r: 1 for r in range(4)}, **{r: 2 for r in range(4, 8)}}
+    c = _make_set(tmp_path / "c", "chat", 0.0, accepted=2, first_request=3)
+    with pytest.raises(TraceSetError, match="'request': 3.*count twice"):
+        merge_trace_sets(tmp_path / "m2", [a, c])
 
 
 def test_replicates_pool_a_points_requests_renumbered(tmp_path: Path) -> None:

@@ -52,10 +52,13 @@ def acceptance_max_new(plan: CalibrationPlan, gamma: int) -> int:
 
 def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
                        gamma: int) -> list[list[int]]:
-    """The prompts of the workload's acceptance runs (a run's `request` is its index here):
-    the first `acceptance_prompts` that leave room for the output, then their cuts
-    (`cut_prompts`), as `plan.acceptance_cuts` says: "add" both, "none" no cuts, "only"
-    the cuts alone (to extend an older set with `traces merge`)."""
+    """The prompts of the workload's acceptance runs (a run's `request` is
+    `acceptance_first_prompt` + its index here): `acceptance_prompts` of those that leave room
+    for the output, from the `acceptance_first_prompt`-th on, then their cuts (`cut_prompts`),
+    as `plan.acceptance_cuts` says: "add" both, "none" no cuts, "only" the cuts alone (to
+    extend an older set with `traces merge`). A first prompt past 0 runs a workload's later
+    prompts (windows appended to it) under their own request ids, so `traces merge` adds them
+    to a set that ran the earlier ones."""
     room = spec.max_positions - acceptance_max_new(plan, gamma) - state_headroom(gamma)
     prompts = [p for p in load_workload(workload, model=spec.name, max_len=room,
                                         long=plan.long_prompts) if len(p) >= 2]
@@ -63,7 +66,13 @@ def acceptance_prompts(plan: CalibrationPlan, spec: ModelSpec, workload: str,
         raise UserInputError(
             f"workload {workload!r} has no prompt of 2..{room} tokens for {spec.name}",
             where="--workload", fix="lower --iterations or --gamma, or pick another workload")
-    natural = prompts[:plan.acceptance_prompts]
+    first = plan.acceptance_first_prompt
+    if first >= len(prompts):
+        raise UserInputError(
+            f"workload {workload!r} has {len(prompts)} prompts of 2..{room} tokens; the first "
+            f"one asked for is number {first}", where="--first-prompt",
+            fix=f"pass a number below {len(prompts)}")
+    natural = prompts[first:first + plan.acceptance_prompts]
     windows = len({len(p) for p in prompts}) <= MAX_CUT_LEVELS
     cuts = cut_prompts(natural) if windows and plan.acceptance_cuts != "none" else []
     if plan.acceptance_cuts == "only":
@@ -159,7 +168,7 @@ def measure_acceptance_group(model: Any, plan: CalibrationPlan, group: list[Acce
             rows[point.key].append({
                 "method": point.method, "gamma": point.gamma, "sparsity": point.sparsity,
                 "budget": r.budget, "context": r.context, "temperature": point.temperature,
-                "workload": point.workload, "request": prompt,
+                "workload": point.workload, "request": plan.acceptance_first_prompt + prompt,
                 "iteration": r.iteration, "accepted": r.accepted,
                 "accept_prob": [float(x) for x in r.accept_prob], "model_weights": "real",
             })

@@ -93,6 +93,7 @@ class CalibrationPlan:
     reps: int = 5
     min_tokens: int = MIN_TOKENS
     acceptance_prompts: int = 16  # prompts per workload for acceptance runs
+    acceptance_first_prompt: int = 0  # skip the workload's first prompts (acceptance_prompts)
     acceptance_cuts: str = "none"  # one of ACCEPTANCE_CUTS (acceptance_prompts)
     acceptance_batch: int | None = None  # requests per generate() call (requests_per_call)
     top_p: float = QWEN3_TOP_P  # for temperature > 0 (greedy ignores them)
@@ -168,6 +169,13 @@ def validate_plan(plan: CalibrationPlan) -> None:
     if plan.acceptance_cuts not in ACCEPTANCE_CUTS:
         raise UserInputError(f"unknown acceptance cuts {plan.acceptance_cuts!r}",
                              where="--acceptance-cuts", fix=f"use one of {ACCEPTANCE_CUTS}")
+    if plan.acceptance_first_prompt < 0:
+        raise UserInputError(f"must be >= 0, got {plan.acceptance_first_prompt}",
+                             where="--first-prompt", fix="pass 0 or more")
+    if plan.acceptance_first_prompt and plan.acceptance_cuts != "none":
+        raise UserInputError("--first-prompt with cuts: a cut's request id would name "
+                             "another prompt of the workload", where="--first-prompt",
+                             fix="use --acceptance-cuts none with --first-prompt")
 
 
 def parse_rope_extension(text: str) -> float:

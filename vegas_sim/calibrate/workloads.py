@@ -6,7 +6,8 @@
     chat       MT-Bench first turns (all 8 categories), chat-templated
     longdoc    Project Gutenberg book text (body between the *** START/END OF markers) as raw
                continuation windows of 1K, 2K, 4K and 7K tokens, 32 of each (SmolLM2 holds
-               8192 positions, so 7K leaves room for the output)
+               8192 positions, so 7K leaves room for the output), then 32 of 3K
+               (LONGDOC_ADDED_LENGTHS, drawn after the others from a stream of their own)
     recall     long-range recall: a book window, then an instruction to quote the passage
                that follows a cue copied from the window, then the cue; the answer lies at a
                recorded distance from the prompt's end (RECALL_DEPTHS of the window), so a
@@ -44,6 +45,11 @@ from vegas_sim.errors import UserInputError
 WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc", "recall")
 LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
 LONGDOC_PER_LENGTH = 32  # windows of each length (longdoc_prompts)
+# Appended after the LONGDOC_LENGTHS windows, from their own seeded stream, so that the earlier
+# windows (and every workload drawn after longdoc) keep their draws and request ids. 3K gives
+# longdoc's context trend fitted on <= 3K a third bucket, as recall has
+LONGDOC_ADDED_LENGTHS: tuple[int, ...] = (3072,)
+LONGDOC_ADDED_SEED = 2
 MAX_WINDOW_DRAWS = 100  # redraws of a window whose start another window of its length took
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
 # Whole prompt, tokens. 3K gives a context trend fitted on <= 3K three buckets, not two
@@ -267,7 +273,11 @@ def build_prompts(
     """Every workload's prompts, tokenized with `tok` (in memory)."""
     data = datasets or default_datasets_dir()
     rng = np.random.default_rng(seed)
-    return {w: BUILDERS[w](tok, data, n, rng) for w in WORKLOADS}
+    prompts = {w: BUILDERS[w](tok, data, n, rng) for w in WORKLOADS}
+    added = np.random.default_rng(LONGDOC_ADDED_SEED)
+    prompts["longdoc"] += longdoc_prompts(tok, data, LONGDOC_PER_LENGTH * len(LONGDOC_ADDED_LENGTHS),
+                                          added, LONGDOC_ADDED_LENGTHS)
+    return prompts
 
 
 # ---- the shipped files -------------------------------------------------------------------

@@ -48,6 +48,10 @@ from vegas_sim.validate.results import compare, summarize
 @click.option("--prompts", type=int, default=None,
               help="Prompts per workload in acceptance runs (default 16; 4 with --quick). On "
                    "CUDA, up to 128 (prompt, sparsity) requests decode as one batch.")
+@click.option("--first-prompt", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Skip each workload's first N prompts in acceptance runs; requests keep "
+                   "the workload's numbering, so `vegas-sim traces merge` adds the rows to a "
+                   "set that ran the first N (e.g. 128 for longdoc's 3K windows).")
 @click.option("--acceptance-cuts", type=click.Choice(grids.ACCEPTANCE_CUTS), default="none",
               show_default=True,
               help="For workloads of text windows (longdoc): also trace every window cut to "
@@ -76,7 +80,8 @@ from vegas_sim.validate.results import compare, summarize
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Trace-set directory; an existing one is resumed where it stopped.")
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
-              min_tokens: int | None, prompts: int | None, acceptance_cuts: str,
+              min_tokens: int | None, prompts: int | None, first_prompt: int,
+              acceptance_cuts: str,
               latency: bool, acceptance: bool, verify_after_draft: bool,
               rope_scaling: str | None, acceptance_batch: int | None, long_prompts: bool,
               retry_failed: bool,
@@ -118,6 +123,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
                                              quick=quick, **grid)
         extra: dict[str, Any] = {"latency": latency, "acceptance": acceptance,
                                  "acceptance_cuts": acceptance_cuts,
+                                 "acceptance_first_prompt": first_prompt,
                                  "verify_after_draft": verify_after_draft,
                                  "long_prompts": long_prompts,
                                  "acceptance_batch": acceptance_batch}

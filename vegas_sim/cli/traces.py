@@ -132,7 +132,8 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
 
     For calibrations run as parallel processes or over several sessions. Refused when the
     sets differ in model, weights or GPU, or when two of them measured the same latency row
-    or acceptance point (it would count twice) — unless --replicates: then an acceptance
+    or acceptance run (a point on one request: it would count twice); a point that two sets
+    ran on different requests (`calibrate --first-prompt`) keeps both. With --replicates an acceptance
     point measured in several sets keeps all their requests (renumbered), which lowers its
     sampling error. A set named twice, or two copies of one measurement (identical data),
     is refused: a copy is no independent replicate. Grid lists and workloads are unioned;

@@ -3,9 +3,11 @@ into one.
 
 The sources must describe the same model (all of meta['model'], weights included) on the
 same GPU model, and must not measure the same thing twice: a latency row key (phase, method,
-batch, context, n_query, kv_read, collect_rows) or an acceptance group (method, γ, sparsity,
-temperature, workload) found in two sources is refused, since the merged set would weight
-it double. The merged meta keeps the first source's meta, with every list-valued grid entry
+batch, context, n_query, kv_read, collect_rows) or an acceptance run (method, γ, sparsity,
+temperature, workload, request) found in two sources is refused, since the merged set would
+weight it double. One acceptance group in two sources with different requests is the group
+run on more prompts (`calibrate --first-prompt`: a workload's later prompts, under their own
+request ids) and merges as such. The merged meta keeps the first source's meta, with every list-valued grid entry
 the sorted union over the sources, the workload list the union, the latest date, and
 `merged_from` naming each source. run_log.json lists every source's sessions.
 
@@ -48,7 +50,7 @@ from vegas_sim.traces.schema import (
 )
 
 LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
-ACCEPTANCE_KEY = list(ACCEPTANCE_POINT_KEYS)
+ACCEPTANCE_KEY = [*ACCEPTANCE_POINT_KEYS, "request"]  # one run: the group on one prompt
 
 
 def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
