@@ -1,10 +1,10 @@
 """Context extrapolation on real traces: fit acceptance on short contexts, predict long ones.
 
 CPU, seconds. Data: the packaged real-weights set `smollm2-135m-real` (whatever its longdoc and
-recall rows hold; prompts at start contexts 1K, 2K, 4K and 7K, recall also 3K). The fit set is
-the runs of its prompts <= 3K, each run whole (`vegas_sim.traces.subset`, as `vegas-sim traces
-subset smollm2-135m-real --where 'context<=3488'` writes it: 3K plus the most tokens a run
-generates; longdoc's 1K and 2K prompts, recall's 1K, 2K and 3K). Held out: every start-context
+recall rows hold; prompts at start contexts 1K, 2K, 3K, 4K and 7K). The fit set is the runs of
+its prompts <= 3K, each run whole (`vegas_sim.traces.subset`, as `vegas-sim traces subset
+smollm2-135m-real --where 'context<=3488'` writes it: 3K plus the most tokens a run generates;
+the 1K, 2K and 3K prompts of longdoc and recall). Held out: every start-context
 bucket of the full set above the subset's traced contexts (4K, 7K), per workload (longdoc,
 recall), temperature, method and traced γ.
 

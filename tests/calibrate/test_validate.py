@@ -301,12 +301,19 @@ def test_request_prompts_follow_the_workload_the_run_had() -> None:
     from vegas_sim.validate.results import request_prompts
 
     # longdoc at C 3.5K: the 4K and 7K windows. The first 32 (the workload's first version)
-    # hold 16 of them, today's 128 hold 64, so 64 requests see each old window 4 times
+    # hold 16 of them, so 64 requests see each old window 4 times; the first 128 hold 64, and
+    # today's 160 too (the 3K windows appended last are shorter than 3.5K)
     h = HeldOut("vegas", 4, 0.1, 64, 3584, 128, workload="longdoc", waves=1)
     old, n_old = request_prompts(h, "real", 32)
-    new, n_new = request_prompts(h, "real", None)  # today's workload: all 128
-    assert old is not None and new is not None and (n_old, n_new) == (32, 128)
+    new, n_new = request_prompts(h, "real", None)  # today's workload: all 160
+    assert old is not None and new is not None and (n_old, n_new) == (32, 160)
     assert len(set(old[0])) == 16 and len(set(new[0])) == 64
+    # at C 2.5K the 3K windows count: 96 long enough today, 64 of the first 128
+    short = HeldOut("vegas", 4, 0.1, 128, 2560, 128, workload="longdoc", waves=1)
+    first, _ = request_prompts(short, "real", 128)
+    today, _ = request_prompts(short, "real", None)
+    assert first is not None and today is not None
+    assert len(set(first[0])) == 64 and len(set(today[0])) == 96
     assert request_prompts(h, "random", 32) == (None, None)  # replay: no prompts
 
 
