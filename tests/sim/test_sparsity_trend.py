@@ -11,9 +11,11 @@ import pytest
 from vegas_sim.sim.context_trend import shift_rates
 from vegas_sim.sim.sparsity_trend import (
     IterationContexts,
+    borrowed_trend,
     budget_doublings,
     budget_weight,
     fit_sparsity_trend,
+    informs_slope,
     mean_budget,
     sparsity_note,
 )
@@ -70,6 +72,31 @@ def test_a_falling_floor_or_single_sparsity_is_held_flat() -> None:
     # short prompts: every traced sparsity at the floor (acceptance flat in s): nothing seen
     floor = fit_sparsity_trend(sps, [32.0] * 3, _rates(0.5, [32.0, 64.0, 128.0]), [1e-4] * 3)
     assert floor.slope == 0.0 and "drafts at the budget floor (32)" in floor.reason
+
+
+def test_a_cell_that_saw_no_budget_change_borrows_the_slope_of_those_that_did() -> None:
+    sps = [0.05, 0.1, 0.2]
+    floor = fit_sparsity_trend(sps, [32.0] * 3, [BASE] * 3, [1e-4] * 3)
+    assert not informs_slope(floor)
+    donors = [fit_sparsity_trend(sps, b, _rates(slope, b), [1e-3] * 3)
+              for slope, b in ((0.4, [50.0, 100.0, 200.0]), (0.6, [100.0, 200.0, 400.0]))]
+    assert all(informs_slope(t) for t in donors)
+    borrowed = borrowed_trend(floor, donors)
+    # the random-effects mean of 0.4 and 0.6 (equal se: 0.5); its sd predicts a new cell: the
+    # mean's se (τ/√2, their se being ~0) and the between-cell τ = 0.1414 (sd of 0.4 and 0.6)
+    assert borrowed.slope == pytest.approx(0.5, rel=1e-2)
+    assert borrowed.slope_se == pytest.approx(math.hypot(0.1, 0.1414), rel=0.05)
+    assert borrowed.span == pytest.approx(2.0) and borrowed.shift(1.0) == borrowed.slope
+    assert borrowed.shift(10.0) == pytest.approx(borrowed.shift(4.0))  # their reach, held
+    assert "slope of the 2 cells of this method and temperature" in borrowed.reason
+    note = sparsity_note(0.4, 0.2, [borrowed], [1.0], 1.0, borrowed.shift(1.0), 3.0, 3.4)
+    assert "drafts at the budget floor (32): slope of the 2 cells" in note
+    # falling donors lend no fall; no donors, nothing borrowed
+    falling = borrowed_trend(floor, [fit_sparsity_trend(sps, [50.0, 100.0, 200.0],
+                                                        _rates(-0.4, [50.0, 100.0, 200.0]),
+                                                        [1e-3] * 3)])
+    assert falling.slope == 0.0
+    assert borrowed_trend(floor, []) is floor
 
 
 def test_note_says_what_was_followed() -> None:

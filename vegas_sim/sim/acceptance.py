@@ -51,14 +51,16 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   floor are one draft, weighted linearly in log s. Above the max traced: its cell moved
   along the sparsity trend of its (method, temperature, workload, γ_t, bucket) in log budget
   (`sim.sparsity_trend`: a logit shift per doubling of the budget over every traced sparsity,
-  shrunk by its standard error, capped, never falling, held past twice the span fitted, flat
-  where every traced sparsity drafts at the floor), marked with a note that names the trend,
-  the budget doublings and the shift. At s = 1 the draft is the target: all accepted. Below
-  the min traced: clamped, marked. Checked by `benchmarks/sparsity_extrapolation.py` (the
-  SmolLM2 real set cut to s ∈ {0.01, 0.05, 0.2} and to s ≤ 0.07; mean acceptance length
-  |error| median 2.1 % between, 4.3 % beyond, against 3.8 and 7.1 % for a weight linear in s
-  and a mix toward s = 1; docs/RESULTS.md). Short prompts' rise past the floor is not in
-  cells below it: beyond the traced sparsities they stay under-predicted.
+  shrunk by its standard error, capped, never falling, held past twice the span fitted; where
+  every traced sparsity drafts at the floor, the cell has seen nothing and takes the mean slope
+  of the cells of its method, temperature and γ_t that saw their budget change:
+  `sparsity_trend.borrowed_trend`), marked with a note that names the trend, the budget
+  doublings and the shift. At s = 1 the draft is the target: all accepted. Below the min
+  traced: clamped, marked. Checked by `benchmarks/sparsity_extrapolation.py` (the SmolLM2
+  real set cut to s ∈ {0.01, 0.05, 0.2} and to s ≤ 0.07; mean acceptance length |error|
+  median 1.9 % between, 3.3 % beyond, against 3.8 and 7.1 % for a weight linear in s and a
+  mix toward s = 1; docs/RESULTS.md). Short prompts beyond the traced sparsities are still
+  under-predicted (bias −3 %): the slope they borrow is mostly the long prompts'.
 - context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
   leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
   the raw cells.) Above the traced contexts: the last bucket moved along the context trend of
@@ -114,9 +116,11 @@ from vegas_sim.sim.context_trend import (
 )
 from vegas_sim.sim.sparsity_trend import (
     IterationContexts,
+    borrowed_trend,
     budget_doublings,
     budget_weight,
     fit_sparsity_trend,
+    informs_slope,
     mean_budget,
     sparsity_note,
 )
@@ -514,11 +518,25 @@ class AcceptanceModel:
     def sparsity_trend(self, key: _CellKey) -> ContextTrend:
         """The trend above the traced sparsities of the cell `key`'s (method, temperature,
         workload, traced γ, context bucket) in log budget (`sim.sparsity_trend`; every
-        sparsity's budget over the top cell's iterations), cached."""
-        at = (key[0], key[1], key[2], key[4], key[5])
+        sparsity's budget over the top cell's iterations); where its traced sparsities all
+        drafted at one budget, borrowed from the cells of its method, temperature and traced
+        γ that saw the budget change (`borrowed_trend`)."""
+        own = self._own_sparsity_trend((key[0], key[1], key[2], key[4], key[5]))
+        if informs_slope(own):
+            return own
+        donors = [t for t in (self._own_sparsity_trend((g[0], g[1], g[2], b, g[3]))
+                              for g, (members, _) in self._groups.items()
+                              if (g[0], g[1], g[3]) == (key[0], key[1], key[5])
+                              for b in sorted({k[4] for k in members}))
+                  if informs_slope(t)]
+        return borrowed_trend(own, donors)
+
+    def _own_sparsity_trend(self, at: tuple[str, float, str, float, int]) -> ContextTrend:
+        """One (method, temperature, workload, context bucket, traced γ)'s trend fitted on
+        its own traced sparsities, cached."""
         if at not in self._sparsity_trends:
-            cells = sorted((k for k in self._groups[(key[0], key[1], key[2], key[5])][0]
-                            if k[4] == key[4]), key=lambda k: k[3])
+            cells = sorted((k for k in self._groups[(at[0], at[1], at[2], at[4])][0]
+                            if k[4] == at[3]), key=lambda k: k[3])
             top = self._contexts[cells[-1]]
             self._sparsity_trends[at] = fit_sparsity_trend(
                 [k[3] for k in cells], [mean_budget(k[3], top, self.min_tokens) for k in cells],

@@ -24,7 +24,9 @@ context:
   span's average change per doubling, flat when its sign disagrees with that change, shrunk
   toward flat by its own standard error (`context_trend.fit_trend`), and held flat when it
   falls (a larger budget attends to a superset of the tokens: in expectation it does not draft
-  worse); flat when every traced sparsity drafts at the floor (nothing to fit, nothing seen);
+  worse). A cell whose traced sparsities all draft at one budget (the floor: a short prompt at
+  low s) saw nothing to fit: it takes the random-effects mean slope of the cells of its
+  method and temperature that did (`borrowed_trend`), with their spread as its sd;
 - followed for at most MAX_SPAN_MULTIPLE times the span of budget doublings it was fitted over,
   held beyond.
 
@@ -41,7 +43,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vegas_sim.sim.context_trend import MAX_SPAN_MULTIPLE, ContextTrend, fit_trend, flat_trend
+from vegas_sim.sim.context_trend import (
+    MAX_SPAN_MULTIPLE,
+    ContextTrend,
+    fit_trend,
+    flat_trend,
+    random_effects,
+)
 
 # Budgets closer than this (relative) are the same draft: the floor for both, or a context too
 # short for s·C to differ (a weight in log budget would divide by ~0).
@@ -121,6 +129,30 @@ def fit_sparsity_trend(sparsities: Sequence[float], budgets: Sequence[float],
     return replace(trend, reason=reason)
 
 
+def informs_slope(trend: ContextTrend) -> bool:
+    """Whether a cell's own fit saw its budget change (at least two traced budgets)."""
+    return trend.span > 0.0
+
+
+def borrowed_trend(own: ContextTrend, donors: Sequence[ContextTrend]) -> ContextTrend:
+    """The trend of a cell whose traced sparsities all draft at one budget (`own`: flat,
+    nothing seen) from the cells of its method and temperature that did see the budget change
+    (`donors`): their random-effects mean slope (held at 0 if it falls), its predictive sd
+    (the mean's se and the between-cell spread τ), followed for their median span. A short
+    prompt traced only at the floor still drafts with more keys once s·C passes it; how much
+    that helps is what the other cells measured. `own` unchanged without donors."""
+    if not donors:
+        return own
+    pooled = random_effects([(t.slope, t.slope_se) for t in donors], correlated=False)
+    slope = max(0.0, pooled.mean)
+    span = float(np.median([t.span for t in donors]))
+    reason = (f"{own.reason}: slope of the {pooled.n} cells of this method and temperature "
+              f"that saw the budget change ({pooled.mean:+.2f} ± {math.sqrt(pooled.tau2):.2f}"
+              " between cells)")
+    return replace(own, slope=slope, slope_se=math.hypot(pooled.se, math.sqrt(pooled.tau2)),
+                   reason=reason, span=span, buckets=own.buckets or (own.edge,))
+
+
 def sparsity_note(sparsity: float, edge: float, trends: Sequence[ContextTrend],
                   share: Sequence[float], doublings: float, delta: float, before: float,
                   after: float) -> str:
@@ -137,7 +169,8 @@ def sparsity_note(sparsity: float, edge: float, trends: Sequence[ContextTrend],
     reach = MAX_SPAN_MULTIPLE * first.span
     held = f" (held beyond {reach:.2f}: {MAX_SPAN_MULTIPLE:g}x the fitted span)" \
         if doublings > reach else ""
+    fitted = (f"fitted on budgets {min(first.buckets):.0f}..{first.edge:.0f}"
+              if len(first.buckets) > 1 else first.reason)
     return (f"{head} extrapolated along the sparsity trend, {slope:+.2f} logit per doubling of "
-            f"the draft budget (fitted on budgets {min(first.buckets):.0f}..{first.edge:.0f}), "
-            f"{doublings:+.2f} budget doublings{held}: shift {delta:+.2f}, mean acceptance "
-            f"length {before:.2f} -> {after:.2f}")
+            f"the draft budget ({fitted}), {doublings:+.2f} budget doublings{held}: shift "
+            f"{delta:+.2f}, mean acceptance length {before:.2f} -> {after:.2f}")
