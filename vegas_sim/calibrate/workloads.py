@@ -275,8 +275,8 @@ def build_prompts(
     rng = np.random.default_rng(seed)
     prompts = {w: BUILDERS[w](tok, data, n, rng) for w in WORKLOADS}
     added = np.random.default_rng(LONGDOC_ADDED_SEED)
-    prompts["longdoc"] += longdoc_prompts(tok, data, LONGDOC_PER_LENGTH * len(LONGDOC_ADDED_LENGTHS),
-                                          added, LONGDOC_ADDED_LENGTHS)
+    n_added = LONGDOC_PER_LENGTH * len(LONGDOC_ADDED_LENGTHS)
+    prompts["longdoc"] += longdoc_prompts(tok, data, n_added, added, LONGDOC_ADDED_LENGTHS)
     return prompts
 
 

@@ -133,10 +133,10 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
     For calibrations run as parallel processes or over several sessions. Refused when the
     sets differ in model, weights or GPU, or when two of them measured the same latency row
     or acceptance run (a point on one request: it would count twice); a point that two sets
-    ran on different requests (`calibrate --first-prompt`) keeps both. With --replicates an acceptance
-    point measured in several sets keeps all their requests (renumbered), which lowers its
-    sampling error. A set named twice, or two copies of one measurement (identical data),
-    is refused: a copy is no independent replicate. Grid lists and workloads are unioned;
+    ran on different requests (`calibrate --first-prompt`) keeps both. With --replicates an
+    acceptance point measured in several sets keeps all their requests (renumbered), which
+    lowers its sampling error. A set named twice, or two copies of one measurement (identical
+    data), is refused: a copy is no independent replicate. Grid lists and workloads are unioned;
     the run log keeps every source's sessions, counting GPU time that overlapped (parallel
     processes on one GPU) once.
 

@@ -256,6 +256,8 @@ class AcceptanceModel:
         self._trends: dict[tuple[_GroupKey, float], ContextTrend] = {}
         # (method, temperature, workload, bucket, γ_t) → its sparsity trend; filled lazily
         self._sparsity_trends: dict[tuple[str, float, str, float, int], ContextTrend] = {}
+        # the same cells' trends as used: own, or borrowed where own saw no budget change
+        self._borrowed_trends: dict[tuple[str, float, str, float, int], ContextTrend] = {}
 
     @classmethod
     def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str, *,
@@ -520,16 +522,18 @@ class AcceptanceModel:
         workload, traced γ, context bucket) in log budget (`sim.sparsity_trend`; every
         sparsity's budget over the top cell's iterations); where its traced sparsities all
         drafted at one budget, borrowed from the cells of its method, temperature and traced
-        γ that saw the budget change (`borrowed_trend`)."""
-        own = self._own_sparsity_trend((key[0], key[1], key[2], key[4], key[5]))
-        if informs_slope(own):
-            return own
-        donors = [t for t in (self._own_sparsity_trend((g[0], g[1], g[2], b, g[3]))
-                              for g, (members, _) in self._groups.items()
-                              if (g[0], g[1], g[3]) == (key[0], key[1], key[5])
-                              for b in sorted({k[4] for k in members}))
-                  if informs_slope(t)]
-        return borrowed_trend(own, donors)
+        γ that saw the budget change (`borrowed_trend`), cached."""
+        at = (key[0], key[1], key[2], key[4], key[5])
+        if at not in self._borrowed_trends:
+            own = self._own_sparsity_trend(at)
+            donors = [] if informs_slope(own) else [
+                t for t in (self._own_sparsity_trend((g[0], g[1], g[2], b, g[3]))
+                            for g, (members, _) in self._groups.items()
+                            if (g[0], g[1], g[3]) == (key[0], key[1], key[5])
+                            for b in sorted({k[4] for k in members}))
+                if informs_slope(t)]
+            self._borrowed_trends[at] = borrowed_trend(own, donors)
+        return self._borrowed_trends[at]
 
     def _own_sparsity_trend(self, at: tuple[str, float, str, float, int]) -> ContextTrend:
         """One (method, temperature, workload, context bucket, traced γ)'s trend fitted on

@@ -150,7 +150,7 @@ def borrowed_trend(own: ContextTrend, donors: Sequence[ContextTrend]) -> Context
               f"that saw the budget change ({pooled.mean:+.2f} ± {math.sqrt(pooled.tau2):.2f}"
               " between cells)")
     return replace(own, slope=slope, slope_se=math.hypot(pooled.se, math.sqrt(pooled.tau2)),
-                   reason=reason, span=span, buckets=own.buckets or (own.edge,))
+                   reason=reason, span=span)
 
 
 def sparsity_note(sparsity: float, edge: float, trends: Sequence[ContextTrend],

@@ -7,9 +7,9 @@ batch, context, n_query, kv_read, collect_rows) or an acceptance run (method, γ
 temperature, workload, request) found in two sources is refused, since the merged set would
 weight it double. One acceptance group in two sources with different requests is the group
 run on more prompts (`calibrate --first-prompt`: a workload's later prompts, under their own
-request ids) and merges as such. The merged meta keeps the first source's meta, with every list-valued grid entry
-the sorted union over the sources, the workload list the union, the latest date, and
-`merged_from` naming each source. run_log.json lists every source's sessions.
+request ids) and merges as such. The merged meta keeps the first source's meta, with every
+list-valued grid entry the sorted union over the sources, the workload list the union, the
+latest date, and `merged_from` naming each source. run_log.json lists every source's sessions.
 
 `replicates=True` pools repeated calibrations of the same acceptance grid instead: an
 acceptance group found in several sources keeps every source's requests, renumbered so that
