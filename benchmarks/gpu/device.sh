@@ -18,7 +18,9 @@
 #                          (random weights, acceptance replayed) or smollm2 (real weights,
 #                          needs `gguf`); HELDOUT defaults to
 #                          benchmarks/validation/heldout_REGIME.csv, TRACES to the packaged
-#                          set (or the one `full` just measured in /root/tr)
+#                          set (or the one `full` just measured in /root/tr); PASSES=N
+#                          measures the list N times in turn, RESUME=TABLE continues a table
+#                          an earlier call brought back
 #   yarn                   SmolLM2 acceptance past its 8K window (needs `gguf`): RoPE extended
 #                          by YaRN factor 4, the long longdoc / recall windows (12K-31K), every
 #                          method, one process each; packs yarn-METHOD sets for `traces merge`
@@ -154,9 +156,13 @@ validate)  # --time-budget stops starting rows early enough that the table is st
   *) echo "validate: qwen3_8b, gpt_oss_20b, qwen3_30b_a3b or smollm2"; exit 2 ;;
   esac
   name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')
+  # PASSES=N measures the list N times in turn; RESUME=TABLE continues a table an earlier
+  # call brought back (carried in the tree), adding the passes it did not reach
+  resume=(); [ -n "${RESUME:-}" ] && { cp "$RESUME" "$OUT/$name.csv"; resume=(--resume); }
   timeout ${TIMEOUT:-560} "${cli[@]}" validate --traces "$traces" \
     --acceptance-traces $D/smollm2-135m-real --seed 0 "${model[@]}" --heldout "$heldout" \
-    --time-budget ${BUDGET:-480} --out "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
+    --passes ${PASSES:-1} "${resume[@]}" --time-budget ${BUDGET:-480} \
+    --out "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
   echo "$name rc=$?" | tee -a "$OUT/$name.log"; tail -8 "$OUT/$name.log"
   ;;
 yarn)

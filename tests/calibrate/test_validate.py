@@ -349,3 +349,70 @@ def test_repredict_names_the_row_a_wrong_latency_set_cannot_hold(tmp_path: Path)
         repredict(tmp_path / "old.csv", traces=traces, acceptance_traces=None,
                   out=tmp_path / "new.csv")
     assert e.value.fix is not None and "measured against" in e.value.fix
+
+
+def test_passes_pool_and_resume_keeps_what_an_interrupted_run_measured(tmp_path: Path) -> None:
+    """--passes measures the list again in turn and pools it; --resume adds only the passes a
+    table lacks, keeping the ones it has, and refuses a table of other configurations."""
+    import pandas as pd
+
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.run import run_validation
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    write_heldout([HeldOut("vegas", 2, 0.5, 2, 80, output_len=8),
+                   HeldOut("vanilla", 1, 1.0, 1, 100, 8)], tmp_path / "h.csv")
+    out = tmp_path / "val.csv"
+    args = dict(traces=traces, acceptance_traces=None, heldout_file=tmp_path / "h.csv",
+                n_random=None, model="smollm2-135m", weights="random", max_batch=2,
+                contexts=(64, 256), output_len=8, device="cpu", seed=0, out=out,
+                replications=2, phase_wave=False)
+    one = run_validation(**args)  # type: ignore[arg-type]
+    assert list(one["measured_passes"]) == [1, 1] and one["measured_pass_se_pct"].isna().all()
+    two = run_validation(**args, passes=2, resume=True)  # type: ignore[arg-type]
+    assert list(two["measured_passes"]) == [2, 2]
+    for (_, a), (_, b) in zip(one.iterrows(), two.iterrows(), strict=True):
+        first, second = map(int, str(b["measured_pass_tokens"]).split(";"))
+        assert first == a["measured_tokens"]  # kept, not measured again
+        assert b["measured_tokens"] == first + second
+        seconds = sum(map(float, str(b["measured_pass_seconds"]).split(";")))
+        assert b["measured"] == pytest.approx(b["measured_tokens"] / seconds)
+        assert b["error_first_pass_pct"] == pytest.approx(
+            100 * (b["predicted"] - a["measured"]) / a["measured"], rel=1e-6)
+        assert b["measured_pass_se_pct"] >= 0
+    assert pd.read_csv(out)["measured_passes"].tolist() == [2, 2]
+
+    write_heldout([HeldOut("vegas", 2, 0.5, 2, 90, output_len=8)], tmp_path / "other.csv")
+    with pytest.raises(UserInputError, match="not among the held-out configurations"):
+        run_validation(**{**args, "heldout_file": tmp_path / "other.csv"},  # type: ignore[arg-type]
+                       resume=True)
+
+
+def test_repredict_keeps_the_passes_and_scores_the_first_alone(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.repredict import repredict
+    from vegas_sim.validate.results import Measurement, pass_columns, passes_from_row
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    passes = [Measurement(42, 0.08, 9, 2.0), Measurement(42, 0.12, 9, 2.0)]
+    cols = pass_columns(passes, predicted=1.0)
+    # 525 and 350 tok/s: sd 175/√2 around 437.5, its standard error /√2 more: 20 %
+    assert cols["measured_pass_se_pct"] == pytest.approx(100 * 175 / 2 / 437.5)
+    row = {"method": "vanilla", "gamma": 1, "sparsity": 1.0, "batch": 2, "context": 80,
+           "output_len": 24, "workload": None, "temperature": 0.0, "waves": 1,
+           "regime": "random-weights+replay", "predicted": 1.0, "measured": 84 / 0.2,
+           "measured_iterations": 18, "measured_seconds": 0.2, "measured_tokens": 84, **cols}
+    assert [m.throughput for m in passes_from_row(row)] == [m.throughput for m in passes]
+    pd.DataFrame([row]).to_csv(tmp_path / "old.csv", index=False)
+    _, after = repredict(tmp_path / "old.csv", traces=traces, acceptance_traces=None,
+                         out=tmp_path / "new.csv", seed=0, replications=2)
+    new = after.iloc[0]
+    assert new["measured_passes"] == 2 and new["measured_pass_tokens"] == "42;42"
+    assert new["error_first_pass_pct"] == pytest.approx(
+        100 * (new["predicted"] - 525.0) / 525.0)

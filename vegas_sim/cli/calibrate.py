@@ -184,6 +184,12 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--time-budget", type=float, default=None,
               help="Seconds after which no new configuration starts (the table so far is "
                    "kept), for a bounded GPU call.")
+@click.option("--passes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Measure the held-out list this many times in turn (same prompts and "
+                   "seeds); a row pools its passes and records their spread.")
+@click.option("--resume", is_flag=True,
+              help="Keep what an interrupted run with the same held-out configurations "
+                   "wrote to --out, and measure only the rest.")
 @click.option("--phase-wave/--no-phase-wave", default=True, show_default=True,
               help="One more wave per configuration with per-phase timers (not measured "
                    "throughput): measured vs predicted ms per phase in the table.")
@@ -195,7 +201,8 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              n_random: int | None, repredict: Path | None, model: str | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
              device: str, seed: int, replications: int, time_budget: float | None,
-             phase_wave: bool, acceptance_anchors: tuple[str, ...], out: Path) -> None:
+             passes: int, resume: bool, phase_wave: bool, acceptance_anchors: tuple[str, ...],
+             out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
@@ -203,6 +210,11 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
     configurations that are calibration grid points. `vegas-sim report` turns the CSV into a
     parity plot. With --repredict, no decoding runs: the predictions of an earlier result
     table are recomputed with the current simulator and the before/after errors printed.
+
+    A small model's decoding loop is bound by the host, whose speed can drift for stretches
+    of seconds: --passes 3 measures the whole list three times in turn, so that a row pools
+    three stretches, and reports the pass-to-pass spread beside the error. An interrupted
+    run (Ctrl-C, --time-budget) continues with the same command and --resume.
 
     Examples:
 
@@ -214,6 +226,10 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
             --acceptance-traces traces/smol --random 20 --out val-q8b.csv
 
     \b
+        vegas-sim validate --traces traces/smol --model smollm2.gguf \\
+            --heldout heldout.csv --passes 3 --time-budget 480 --resume --out val.csv
+
+    \b
         vegas-sim validate --repredict val-q8b.csv --traces traces/q8b \\
             --acceptance-traces traces/smol --out val-q8b-new.csv
     """
@@ -223,8 +239,9 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
             raise click.UsageError("--out would overwrite the --repredict table: name a new "
                                    "file (the before/after comparison needs both)")
         if repredict is not None:
-            if heldout is not None or n_random is not None or model is not None:
-                raise click.UsageError("--repredict runs nothing: drop --heldout/--random/--model")
+            if heldout is not None or n_random is not None or model is not None or resume:
+                raise click.UsageError(
+                    "--repredict runs nothing: drop --heldout/--random/--model/--resume")
             before, after = repredict_table(
                 repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
                 seed=seed, replications=replications,
@@ -251,6 +268,6 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                 contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
                 progress=progress, replications=replications, time_budget_s=time_budget,
                 log=lambda line: click.echo(line, err=True), phase_wave=phase_wave,
-                acceptance_anchors=acceptance_anchors)
+                acceptance_anchors=acceptance_anchors, passes=passes, resume=resume)
     click.echo(summarize(table))
     click.echo(f"wrote {out}")

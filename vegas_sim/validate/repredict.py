@@ -22,10 +22,10 @@ from vegas_sim.validate.predict import (
     scenario,
 )
 from vegas_sim.validate.results import (
-    Measurement,
-    decode_accepted,
-    parse_phases,
+    pass_columns,
+    passes_from_row,
     pct_error,
+    pool_passes,
     read_results,
     result_row,
 )
@@ -62,14 +62,10 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
                 f"predicted with {models.latency.model.name}'s latency set: {e.problem}",
                 where=str(results),
                 fix="pass as --traces the latency set these rows were measured against") from None
-        accepted = decode_accepted(row.get("measured_accepted"))
-        rep, rep_iter = (predict_replayed(sc, models.latency, accepted, h.waves, seed)
-                         if accepted or h.method == "vanilla" else (math.nan, math.nan))
-        m = Measurement(int(row.get("measured_tokens", 0) or 0),
-                        float(row.get("measured_seconds", math.nan)),
-                        int(row.get("measured_iterations", 0) or 0),
-                        float(row.get("measured_acceptance_length", math.nan)), accepted,
-                        parse_phases(row.get("measured_phase_ms")))
+        passes = passes_from_row(row)
+        m = pool_passes(passes)
+        rep, rep_iter = (predict_replayed(sc, models.latency, m.accepted, h.waves, seed)
+                         if m.accepted or h.method == "vanilla" else (math.nan, math.nan))
         notes = row.get("notes")
         new = result_row(h, pred, m, weights, rep, rep_iter,
                           "" if notes is None or pd.isna(notes) else str(notes),
@@ -80,6 +76,8 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
         for pred_col, err_col in (("predicted", "error_pct"), ("predicted_sim", "error_sim_pct"),
                                   ("predicted_replay", "error_replay_pct")):
             new[err_col] = pct_error(new[pred_col], new["measured"])
+        if "measured_passes" in row:
+            new.update(pass_columns(passes, new["predicted"]))
         if "measured_iter_ms" in row and not pd.isna(row["measured_iter_ms"]):
             new["measured_iter_ms"] = float(row["measured_iter_ms"])
             new["iter_time_error_pct"] = pct_error(rep_iter, new["measured_iter_ms"])

@@ -49,6 +49,64 @@ def pool(measurements: Sequence[Measurement]) -> Measurement:
                        sum(m.iterations for m in measurements), acceptance_length(waves), waves)
 
 
+def pool_passes(passes: Sequence[Measurement]) -> Measurement:
+    """Passes of one configuration pooled (the same prompts and seeds each pass): tokens,
+    seconds and iterations summed, like one longer window spread over time; the acceptance,
+    accept counts and phases are the first pass's (the pass that ran the phase wave)."""
+    first = passes[0]
+    return dataclasses.replace(first, tokens=sum(m.tokens for m in passes),
+                               seconds=sum(m.seconds for m in passes),
+                               iterations=sum(m.iterations for m in passes))
+
+
+def pass_columns(passes: Sequence[Measurement], predicted: float) -> dict[str, Any]:
+    """What each pass measured, and the two numbers they give:
+
+    - `measured_pass_se_pct`: the standard error of the pooled throughput from the spread of
+      the passes, % of it (NaN with one pass) — the measurement's own timing noise: a host
+      that runs host-bound code slower for stretches of seconds (docs/RESULTS.md, Validation)
+      moves a small model's throughput between passes although nothing of the
+      configuration changed;
+    - `error_first_pass_pct`: the prediction's error against the first pass alone, what a
+      single pass would have scored."""
+    tok_s = np.asarray([m.throughput for m in passes])
+    se = (100.0 * float(tok_s.std(ddof=1)) / float(tok_s.mean()) / math.sqrt(len(tok_s))
+          if len(tok_s) > 1 else math.nan)
+    return {
+        "measured_passes": len(passes),
+        "measured_pass_tokens": ";".join(str(m.tokens) for m in passes),
+        "measured_pass_seconds": ";".join(f"{m.seconds:.9g}" for m in passes),
+        "measured_pass_iterations": ";".join(str(m.iterations) for m in passes),
+        "measured_pass_se_pct": se,
+        "error_first_pass_pct": pct_error(predicted, float(tok_s[0])),
+    }
+
+
+def passes_from_row(row: dict[str, Any]) -> list[Measurement]:
+    """The measurements a result row recorded, one per pass (a table from before passes: its
+    pooled window as one pass); the first carries the row's acceptance, accept counts and
+    phases."""
+    accepted = decode_accepted(row.get("measured_accepted"))
+    first = Measurement(int(row.get("measured_tokens", 0) or 0),
+                        float(row.get("measured_seconds", math.nan)),
+                        int(row.get("measured_iterations", 0) or 0),
+                        float(row.get("measured_acceptance_length", math.nan)), accepted,
+                        parse_phases(row.get("measured_phase_ms")))
+    if _missing(row.get("measured_pass_tokens")):
+        return [first]
+    parts = [str(row[f"measured_pass_{k}"]).split(";")
+             for k in ("tokens", "seconds", "iterations")]
+    passes = [Measurement(int(float(t)), float(s), int(float(i)), first.acceptance_length)
+              for t, s, i in zip(*parts, strict=True)]
+    passes[0] = dataclasses.replace(first, tokens=passes[0].tokens, seconds=passes[0].seconds,
+                                    iterations=passes[0].iterations)
+    return passes
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def acceptance_length(waves: Sequence[Sequence[Sequence[int]]]) -> float:
     """1 + mean accepted drafts over every (wave, request, iteration); 1 with none (vanilla
     records nothing)."""
@@ -253,6 +311,12 @@ def summarize(table: pd.DataFrame, column: str = "error_pct") -> str:
             if extra != column and extra in g and g[extra].notna().any():
                 e = g[extra].abs().dropna()
                 lines.append(f"  {extra}: median {e.median():.1f} %, max {e.max():.1f} %")
+        if "measured_pass_se_pct" in g and g["measured_pass_se_pct"].notna().any():
+            first = g["error_first_pass_pct"].abs().dropna()
+            lines.append(f"  measured in {int(g['measured_passes'].min())}–"
+                         f"{int(g['measured_passes'].max())} passes: pass-to-pass SE median "
+                         f"{g['measured_pass_se_pct'].median():.1f} %; against the first pass "
+                         f"alone |error| median {first.median():.1f} %, max {first.max():.1f} %")
         if "acceptance_se_pct" in g and g["acceptance_se_pct"].notna().any():
             se = g["acceptance_se_pct"].dropna()
             within = (g["acceptance_error_pct"].abs() <= 2 * g["acceptance_se_pct"]).sum()

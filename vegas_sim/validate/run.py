@@ -1,8 +1,9 @@
 """`vegas-sim validate`: measure and predict every held-out configuration, and write the
-result table as it goes (nothing is lost if the run is interrupted)."""
+result table as it goes (nothing is lost if the run is interrupted; `resume` continues it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,11 +15,13 @@ import torch
 
 from vegas_sim.calibrate import loading
 from vegas_sim.calibrate.runner import check_device
+from vegas_sim.errors import UserInputError
 from vegas_sim.methods import METHODS
 from vegas_sim.sim.predict import predict
 from vegas_sim.validate.heldout import (
     HeldOut,
     check_outside_grid,
+    heldout_from_record,
     random_heldout,
     read_heldout,
     write_heldout,
@@ -32,7 +35,16 @@ from vegas_sim.validate.predict import (
     resolve_temperature,
     scenario,
 )
-from vegas_sim.validate.results import phase_line, result_row
+from vegas_sim.validate.results import (
+    Measurement,
+    pass_columns,
+    passes_from_row,
+    pct_error,
+    phase_line,
+    pool_passes,
+    read_results,
+    result_row,
+)
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -63,8 +75,19 @@ def run_validation(
     progress: ProgressFn | None = None, replications: int = 5,
     time_budget_s: float | None = None, log: Callable[[str], None] | None = None,
     phase_wave: bool = True, acceptance_anchors: Sequence[str | Path] = (),
+    passes: int = 1, resume: bool = False,
 ) -> pd.DataFrame:
     """Measure and predict every held-out configuration; write and return the result table.
+
+    `passes`: the held-out list is measured this many times in turn (every configuration
+    once, then every configuration again, ...), with the same prompts and seeds each pass;
+    a row's `measured` pools its passes. The host a small model's loop is bound by can run
+    slower for stretches (docs/RESULTS.md, Validation); passes spread each configuration
+    over them instead of letting one stretch land whole on one row, and their spread
+    (`measured_pass_se_pct`) is the measurement's own timing noise.
+
+    `resume`: keep the passes an earlier, interrupted run wrote to `out` (the same held-out
+    configurations) and measure only the rest.
 
     `phase_wave`: one more wave per configuration with per-phase timers (not part of the
     measured throughput), compared phase by phase with the latency model in the table's
@@ -96,35 +119,101 @@ def run_validation(
                              max_tokens=max_tokens, workloads=workloads, methods=covered)
     write_heldout(heldout, out.with_suffix(".heldout.csv"))
 
+    resolved = [resolve_temperature(h0, models) for h0 in heldout]
+    configs = [h for h, _ in resolved]
+    done = resumed_passes(out, configs) if resume else {}
     runtime_model, _tokenizer, _ = loading.load_model(model, weights=weights, device=device, seed=seed)
-    rows: list[dict[str, Any]] = []
-    for i, h0 in enumerate(heldout):
+    runs = {i: done.get(i) or _ConfigRun(*resolved[i], passes=[]) for i in range(len(configs))}
+    rows: dict[int, dict[str, Any]] = {}
+    total, step = len(configs) * passes, 0
+    for p, (i, run) in ((p, item) for p in range(passes) for item in runs.items()):
+        if len(run.passes) > p:  # measured by the run this one resumes
+            if i not in rows:
+                rows[i] = run.row(latency, models, weights, seed, replications)
+            step += 1
+            continue
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
             if log:
-                log(f"time budget {time_budget_s:g} s spent: skipped {len(heldout) - i} "
-                    f"configuration(s) from {h0.label}")
+                log(f"time budget {time_budget_s:g} s spent: {total - step} of {total} "
+                    f"measurements not started (from {run.h.label}, pass {p + 1}); --resume "
+                    "continues")
             break
-        h, note = resolve_temperature(h0, models)
         if progress:
-            progress(i, len(heldout), h.label)
-        sc = scenario(h, weights, models.min_tokens)
-        pred = predict([sc], latency, acceptance, seed=seed,
-                       replications=prediction_replications(h, replications)).iloc[0]
+            progress(step, total, run.h.label + (f" (pass {p + 1})" if passes > 1 else ""))
         t_cfg = time.perf_counter()
-        m, prompt_note = measure_config(runtime_model, h, acceptance, weights, seed, i, models,
-                                  phase_wave)
-        rep, rep_iter = predict_replayed(sc, latency, m.accepted, h.waves, seed)
-        notes = ";".join(n for n in (note, prompt_note) if n)
-        rows.append(result_row(h, pred, m, weights, rep, rep_iter, notes,
-                                time.perf_counter() - t_cfg,
-                                predicted_phases(h, latency, m, models.min_tokens)))
+        m, prompt_note = measure_config(runtime_model, run.h, acceptance, weights, seed, i,
+                                        models, phase_wave and p == 0)
+        run.add(m, prompt_note, time.perf_counter() - t_cfg)
+        rows[i] = run.row(latency, models, weights, seed, replications)
+        step += 1
         if log:
-            log(f"{h.label}: measured {m.throughput:.1f} tok/s, predicted "
-                f"{rows[-1]['predicted']:.1f} ({rows[-1]['error_pct']:+.1f} %), "
-                f"{rows[-1]['wall_s']:.1f} s" + phase_line(rows[-1]))
-        pd.DataFrame(rows).to_csv(out, index=False)  # nothing lost if interrupted
+            log(f"{run.h.label}{f' pass {p + 1}' if passes > 1 else ''}: measured "
+                f"{m.throughput:.1f} tok/s, predicted {rows[i]['predicted']:.1f} "
+                f"({pct_error(rows[i]['predicted'], m.throughput):+.1f} %), "
+                f"{time.perf_counter() - t_cfg:.1f} s" + (phase_line(rows[i]) if p == 0 else ""))
+        _write(rows, out)  # nothing lost if interrupted
     if progress:
-        progress(len(heldout), len(heldout), "done")
-    table = pd.DataFrame(rows)
+        progress(total, total, "done")
+    return _write(rows, out)
+
+
+def resumed_passes(out: Path, configs: Sequence[HeldOut]) -> dict[int, _ConfigRun]:
+    """What an interrupted `validate --out OUT` measured, by configuration index (nothing if
+    OUT does not exist yet). Refuses a table written for other configurations."""
+    if not out.exists():
+        return {}
+    index = {dataclasses.astuple(h): i for i, h in enumerate(configs)}
+    done = {}
+    for rec in read_results(out).to_dict(orient="records"):
+        row = {str(k): v for k, v in rec.items()}
+        h = heldout_from_record(row)
+        if dataclasses.astuple(h) not in index:
+            raise UserInputError(
+                f"the table holds {h.label}, which is not among the held-out configurations "
+                "of this run", where=str(out),
+                fix="resume with the --heldout (or --random and --seed) of the run that wrote "
+                    "it, or name a new --out")
+        notes = row.get("notes")
+        done[index[dataclasses.astuple(h)]] = _ConfigRun(
+            h, "" if not isinstance(notes, str) else notes, passes_from_row(row),
+            wall_s=float(row.get("wall_s", 0.0) or 0.0))
+    return done
+
+
+def _write(rows: dict[int, dict[str, Any]], out: Path) -> pd.DataFrame:
+    """The result table in held-out order, written whole."""
+    table = pd.DataFrame([rows[i] for i in sorted(rows)])
     table.to_csv(out, index=False)
     return table
+
+
+@dataclasses.dataclass
+class _ConfigRun:
+    """One held-out configuration: its passes so far, and its result row from them. The
+    prediction is made once, on the first row asked for."""
+
+    h: HeldOut
+    note: str
+    passes: list[Measurement]
+    prompt_note: str = ""
+    wall_s: float = 0.0
+    pred: pd.Series | None = None
+
+    def add(self, m: Measurement, prompt_note: str, wall_s: float) -> None:
+        self.passes.append(m)
+        self.prompt_note = self.prompt_note or prompt_note
+        self.wall_s += wall_s
+
+    def row(self, latency: Any, models: Any, weights: str, seed: int, replications: int
+            ) -> dict[str, Any]:
+        sc = scenario(self.h, weights, models.min_tokens)
+        if self.pred is None:
+            self.pred = predict([sc], latency, models.acceptance, seed=seed,
+                                replications=prediction_replications(self.h, replications)
+                                ).iloc[0]
+        m = pool_passes(self.passes)
+        rep, rep_iter = predict_replayed(sc, latency, m.accepted, self.h.waves, seed)
+        notes = ";".join(n for n in (self.note, self.prompt_note) if n)
+        row = result_row(self.h, self.pred, m, weights, rep, rep_iter, notes, self.wall_s,
+                         predicted_phases(self.h, latency, m, models.min_tokens))
+        return {**row, **pass_columns(self.passes, row["predicted"])}
