@@ -90,10 +90,33 @@ def test_the_examples_are_found() -> None:
     assert any("sweep" in e for e in readme_examples()) and len(readme_examples()) >= 5
 
 
-@pytest.mark.parametrize("source", ["--help", "README"])
-def test_every_example_works_as_written(source: str, scratch: Path) -> None:
-    examples = help_examples() if source == "--help" else readme_examples()
+def example_groups(examples: list[str]) -> list[list[str]]:
+    """The examples in run order, one group each, except that an example reading a file
+    (`report sweep.csv`) joins the group of the example that wrote it (`--out sweep.csv`):
+    each group runs in a scratch directory of its own, so the groups can run in parallel."""
+    groups: list[list[str]] = []
+    writer: dict[str, list[str]] = {}
     for example in run_order(examples):
+        args = shlex.split(example)
+        group = next((writer[a] for a in args[1:] if a in writer), None)
+        if group is None:
+            group = []
+            groups.append(group)
+        group.append(example)
+        if "--out" in args[:-1]:
+            writer[args[args.index("--out") + 1]] = group
+    return groups
+
+
+GROUPS = [(source, group) for source, found in (("--help", help_examples()),
+                                                 ("README", readme_examples()))
+          for group in example_groups(found)]
+
+
+@pytest.mark.parametrize(("source", "group"), GROUPS,
+                         ids=[f"{s}:{g[-1][10:60]}" for s, g in GROUPS])
+def test_every_example_works_as_written(source: str, group: list[str], scratch: Path) -> None:
+    for example in group:
         name, command, args = command_of(shlex.split(example)[1:])
         assert not unknown_options(command, args), (
             f"{source} example `{example}` uses options `vegas-sim {name}` does not have: "
