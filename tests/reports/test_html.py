@@ -127,6 +127,29 @@ def test_error_table_median_max_per_regime() -> None:
     assert t.loc["all", "n"] == 8
 
 
+def test_a_table_measured_in_passes_shows_its_measurement_noise() -> None:
+    """validate --passes: the summary adds the first pass alone and the pass-to-pass SE, the
+    row table the pass columns, and the parity plot horizontal bars of ±2 SE."""
+    from vegas_sim.reports import validate_tune
+
+    df = fake_validate(np.random.default_rng(6))
+    first = df["error_pct"] * 2
+    df = df.assign(measured_passes=[3] * 7 + [1], measured_pass_se_pct=[1.0] * 7 + [np.nan],
+                   error_first_pass_pct=first)
+    t = charts.error_table(df).set_index("regime")
+    assert t.loc["all", "max_abs_error_first_pass_pct"] == pytest.approx(first.abs().max())
+    assert t.loc["all", "median_pass_se_pct"] == pytest.approx(1.0)
+    rows = validate_tune.row_errors(df).table
+    assert rows is not None and "measured_pass_se_pct" in rows.columns
+    chart = validate_tune.parity(df)
+    bars = [list(tr.error_x.array) for tr in chart.fig.data if tr.error_x.array is not None]
+    assert sorted(np.round(np.concatenate(bars), 6))[0] == 0.0  # the one-pass row: no bar
+    assert max(np.concatenate(bars)) == pytest.approx(2 * 0.01 * df["measured"][:7].max())
+    assert "over its passes" in chart.caption
+    plain = validate_tune.parity(fake_validate(np.random.default_rng(6)))
+    assert "passes" not in plain.caption and "median_pass_se_pct" not in plain.table.columns
+
+
 def test_report_writes_csvs_beside(tmp_path: Path) -> None:
     out = write_report(fake_validate(np.random.default_rng(5)), tmp_path / "v.html")
     names = [p.name for p in out.csvs]

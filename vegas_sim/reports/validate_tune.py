@@ -30,18 +30,36 @@ def _with_error(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def error_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Median and max |error| % per regime (and overall): the protocol's summary."""
+    """Median and max |error| % per regime (and overall): the protocol's summary. A table
+    measured in passes (`validate --passes`) adds the same against the first pass alone and
+    the median pass-to-pass standard error of the measurement."""
     d = _with_error(df)
-    d = d.assign(abs_err=d["error_pct"].abs())
-    rows = [{"regime": r, "n": len(g), "median_abs_error_pct": g["abs_err"].median(),
-             "max_abs_error_pct": g["abs_err"].max(),
-             "n_extrapolated": int(extrapolated_mask(g).sum())}
-            for r, g in d.groupby("regime", sort=True)]
+    groups = [*d.groupby("regime", sort=True)]
     if d["regime"].nunique() > 1:
-        rows.append({"regime": "all", "n": len(d), "median_abs_error_pct": d["abs_err"].median(),
-                     "max_abs_error_pct": d["abs_err"].max(),
-                     "n_extrapolated": int(extrapolated_mask(d).sum())})
-    return pd.DataFrame(rows)
+        groups.append(("all", d))
+    return pd.DataFrame([{"regime": r, **_error_summary(g)} for r, g in groups])
+
+
+def _error_summary(g: pd.DataFrame) -> dict[str, float | int]:
+    err = g["error_pct"].abs()
+    out: dict[str, float | int] = {
+        "n": len(g), "median_abs_error_pct": err.median(), "max_abs_error_pct": err.max(),
+        "n_extrapolated": int(extrapolated_mask(g).sum())}
+    if _has_passes(g):
+        first = g["error_first_pass_pct"].abs()
+        out |= {"median_abs_error_first_pass_pct": first.median(),
+                "max_abs_error_first_pass_pct": first.max(),
+                "median_pass_se_pct": g["measured_pass_se_pct"].median()}
+    return out
+
+
+PASS_COLUMNS = ("measured_passes", "measured_pass_se_pct", "error_first_pass_pct")
+
+
+def _has_passes(d: pd.DataFrame) -> bool:
+    """True for a table with some row measured in more than one pass."""
+    return all(c in d.columns for c in PASS_COLUMNS) and bool(
+        d["measured_pass_se_pct"].notna().any())
 
 
 def row_errors(df: pd.DataFrame) -> Chart:
@@ -49,7 +67,8 @@ def row_errors(df: pd.DataFrame) -> Chart:
     title = "Error per configuration"
     d = _with_error(df)
     cols = [c for c in (*CONFIG, "regime") if c in d.columns]
-    table = d[[*cols, "measured", "predicted", "error_pct"]].assign(
+    passes = list(PASS_COLUMNS) if _has_passes(d) else []
+    table = d[[*cols, "measured", "predicted", "error_pct", *passes]].assign(
         extrapolated=mark_column(d)).sort_values("error_pct", key=lambda s: -s.abs())
     return Chart(title, None, caption="largest |error| first", table=table, slug="row-errors",
                  table_only=True)
@@ -106,6 +125,7 @@ def parity(df: pd.DataFrame) -> Chart:
         shape = REGIME_SYMBOLS[k % len(REGIME_SYMBOLS)]
         fig.add_trace(go.Scatter(
             x=g["measured"], y=g["predicted"], mode="markers", name=str(regime), error_y=err,
+            error_x=_measurement_bars(g),
             text=[", ".join(f"{c}={r[c]}" for c in config) for _, r in g.iterrows()],
             customdata=g["error_pct"],
             marker={"size": 9, "symbol": [s.replace("circle", shape) for s in symbols(ex)]},
@@ -118,9 +138,19 @@ def parity(df: pd.DataFrame) -> Chart:
     fig.update_yaxes(type=kind, range=rng, scaleanchor="x", scaleratio=1, constrain="domain")
     caption = ("open markers: extrapolated (outside the calibrated grid); "
                + (f"error bars: {bars}" if bars else "no interval in the table")
+               + ("; horizontal bars: ±2 standard errors of the measurement over its passes"
+                  if _has_passes(d) else "")
                + ("; log axes (the values span more than "
                   f"{WIDE_RANGE:g}×)" if kind == "log" else "; axes from zero"))
     return Chart(title, fig, caption=caption, table=error_table(d), slug="errors")
+
+
+def _measurement_bars(g: pd.DataFrame) -> dict[str, object] | None:
+    """±2 standard errors of each measured throughput from its passes (none for one pass)."""
+    if not _has_passes(g):
+        return None
+    se = (g["measured"] * g["measured_pass_se_pct"] / 100.0).fillna(0.0)
+    return {"type": "data", "array": 2.0 * se, "thickness": 1}
 
 
 # ---- tune ------------------------------------------------------------------------------------
