@@ -212,6 +212,20 @@ def test_an_interrupted_calibration_says_how_much_it_kept(
     assert "run the same command again to resume" in result.output
 
 
+def test_an_interrupted_validation_says_how_to_continue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vegas_sim.validate import run
+
+    def ctrl_c(**_: object) -> None:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run, "run_validation", ctrl_c)
+    result = CliRunner().invoke(cli, ["validate", "--traces", "smollm2-135m-h200", "--model",
+                                      "smollm2-135m", "--random", "2", "--passes", "3",
+                                      "--device", "cpu", "--out", str(tmp_path / "v.csv")])
+    assert result.exit_code == 1
+    assert "the same command with --resume continues it" in result.output
+
+
 def test_repredict_will_not_overwrite_its_input(tmp_path: Path) -> None:
     table = tmp_path / "val.csv"
     table.write_text("method\nvegas\n")

@@ -262,12 +262,18 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
         from vegas_sim.validate.run import run_validation  # torch
 
         with progress_task("validating") as progress:
-            table = run_validation(
-                traces=traces, acceptance_traces=acceptance_traces, heldout_file=heldout,
-                n_random=n_random, model=model, weights=weights, max_batch=max_batch,
-                contexts=(lo, hi), output_len=output_len, device=device, seed=seed, out=out,
-                progress=progress, replications=replications, time_budget_s=time_budget,
-                log=lambda line: click.echo(line, err=True), phase_wave=phase_wave,
-                acceptance_anchors=acceptance_anchors, passes=passes, resume=resume)
+            try:
+                table = run_validation(
+                    traces=traces, acceptance_traces=acceptance_traces, heldout_file=heldout,
+                    n_random=n_random, model=model, weights=weights, max_batch=max_batch,
+                    contexts=(lo, hi), output_len=output_len, device=device, seed=seed,
+                    out=out, progress=progress, replications=replications,
+                    time_budget_s=time_budget, log=lambda line: click.echo(line, err=True),
+                    phase_wave=phase_wave, acceptance_anchors=acceptance_anchors,
+                    passes=passes, resume=resume)
+            except KeyboardInterrupt:
+                click.echo(f"\nvalidate: what was measured is in {out}; the same command with "
+                           "--resume continues it", err=True)
+                raise
     click.echo(summarize(table))
     click.echo(f"wrote {out}")

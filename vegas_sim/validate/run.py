@@ -98,38 +98,25 @@ def run_validation(
     """
     t_start = time.perf_counter()
     models = load_models(traces, acceptance_traces, log, acceptance_anchors)
-    latency, acceptance = models.latency, models.acceptance
-    spec_max = int(latency.model.max_positions)
-    lo, hi = contexts[0], min(contexts[1], spec_max - output_len - 64)
-    # Real runs decode real prompts: the acceptance predicted is that workload's. Random
-    # weights replay acceptance pooled over the traced workloads.
-    traced = [str(w) for w in acceptance.coverage()["workloads"]]
-    workloads: list[str | None] = (
-        [None] if weights == "random" else list(traced) or ["longdoc"])
-    torch_device = check_device(device)
-    mem = (torch.cuda.get_device_properties(torch_device).total_memory
-           if torch_device.type == "cuda" else 16 << 30)
-    spec = latency.model
-    max_tokens = int(0.8 * (mem - spec.resident_weight_bytes()) / spec.kv_bytes_per_token())
-    # draw only what both sets can predict: a method neither calibrated would fail mid-run
-    acc_methods = {"vanilla", *(str(m) for m in acceptance.coverage()["methods"])}
-    covered = [m for m in latency.methods_covered() if m in acc_methods]
-    heldout = choose_heldout(heldout_file, n_random, models.grid, seed=seed,
-                             max_batch=max_batch, contexts=(lo, hi), output_len=output_len,
-                             max_tokens=max_tokens, workloads=workloads, methods=covered)
+    heldout = _heldout_for(models, heldout_file, n_random, weights=weights, seed=seed,
+                           max_batch=max_batch, contexts=contexts, output_len=output_len,
+                           device=device)
     write_heldout(heldout, out.with_suffix(".heldout.csv"))
-
     resolved = [resolve_temperature(h0, models) for h0 in heldout]
-    configs = [h for h, _ in resolved]
-    done = resumed_passes(out, configs) if resume else {}
+    done = resumed_passes(out, [h for h, _ in resolved]) if resume else {}
     runtime_model, _tokenizer, _ = loading.load_model(model, weights=weights, device=device, seed=seed)
-    runs = {i: done.get(i) or _ConfigRun(*resolved[i], passes=[]) for i in range(len(configs))}
+    runs = {i: done.get(i) or _ConfigRun(h, note, passes=[])
+            for i, (h, note) in enumerate(resolved)}
     rows: dict[int, dict[str, Any]] = {}
-    total, step = len(configs) * passes, 0
+
+    def row_of(run: _ConfigRun) -> dict[str, Any]:
+        return run.row(models.latency, models, weights, seed, replications)
+
+    total, step = len(runs) * passes, 0
     for p, (i, run) in ((p, item) for p in range(passes) for item in runs.items()):
         if len(run.passes) > p:  # measured by the run this one resumes
             if i not in rows:
-                rows[i] = run.row(latency, models, weights, seed, replications)
+                rows[i] = row_of(run)
             step += 1
             continue
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
@@ -138,23 +125,48 @@ def run_validation(
                     f"measurements not started (from {run.h.label}, pass {p + 1}); --resume "
                     "continues")
             break
+        label = run.h.label + (f" (pass {p + 1})" if passes > 1 else "")
         if progress:
-            progress(step, total, run.h.label + (f" (pass {p + 1})" if passes > 1 else ""))
+            progress(step, total, label)
         t_cfg = time.perf_counter()
-        m, prompt_note = measure_config(runtime_model, run.h, acceptance, weights, seed, i,
-                                        models, phase_wave and p == 0)
+        m, prompt_note = measure_config(runtime_model, run.h, models.acceptance, weights, seed,
+                                        i, models, phase_wave and p == 0)
         run.add(m, prompt_note, time.perf_counter() - t_cfg)
-        rows[i] = run.row(latency, models, weights, seed, replications)
+        rows[i] = row_of(run)
         step += 1
         if log:
-            log(f"{run.h.label}{f' pass {p + 1}' if passes > 1 else ''}: measured "
-                f"{m.throughput:.1f} tok/s, predicted {rows[i]['predicted']:.1f} "
-                f"({pct_error(rows[i]['predicted'], m.throughput):+.1f} %), "
-                f"{time.perf_counter() - t_cfg:.1f} s" + (phase_line(rows[i]) if p == 0 else ""))
+            log(f"{label}: measured {m.throughput:.1f} tok/s, predicted "
+                f"{rows[i]['predicted']:.1f} ({pct_error(rows[i]['predicted'], m.throughput):+.1f}"
+                f" %), {time.perf_counter() - t_cfg:.1f} s"
+                + (phase_line(rows[i]) if p == 0 else ""))
         _write(rows, out)  # nothing lost if interrupted
     if progress:
         progress(total, total, "done")
     return _write(rows, out)
+
+
+def _heldout_for(models: Any, heldout_file: Path | None, n_random: int | None, *,
+                 weights: str, seed: int, max_batch: int, contexts: tuple[int, int],
+                 output_len: int, device: str) -> list[HeldOut]:
+    """The held-out configurations of a run: a file's, or drawn within what the device's memory
+    holds and both sets can predict (a method neither calibrated would fail mid-run)."""
+    latency, acceptance = models.latency, models.acceptance
+    spec = latency.model
+    lo, hi = contexts[0], min(contexts[1], int(spec.max_positions) - output_len - 64)
+    # Real runs decode real prompts: the acceptance predicted is that workload's. Random
+    # weights replay acceptance pooled over the traced workloads.
+    traced = [str(w) for w in acceptance.coverage()["workloads"]]
+    workloads: list[str | None] = (
+        [None] if weights == "random" else list(traced) or ["longdoc"])
+    torch_device = check_device(device)
+    mem = (torch.cuda.get_device_properties(torch_device).total_memory
+           if torch_device.type == "cuda" else 16 << 30)
+    max_tokens = int(0.8 * (mem - spec.resident_weight_bytes()) / spec.kv_bytes_per_token())
+    acc_methods = {"vanilla", *(str(m) for m in acceptance.coverage()["methods"])}
+    covered = [m for m in latency.methods_covered() if m in acc_methods]
+    return choose_heldout(heldout_file, n_random, models.grid, seed=seed,
+                          max_batch=max_batch, contexts=(lo, hi), output_len=output_len,
+                          max_tokens=max_tokens, workloads=workloads, methods=covered)
 
 
 def resumed_passes(out: Path, configs: Sequence[HeldOut]) -> dict[int, _ConfigRun]:
