@@ -110,7 +110,7 @@ def run_validation(
     rows: dict[int, dict[str, Any]] = {}
 
     def row_of(run: _ConfigRun) -> dict[str, Any]:
-        return run.row(models.latency, models, weights, seed, replications)
+        return run.row(models, weights, seed, replications)
 
     total, step = len(runs) * passes, 0
     for p, (i, run) in ((p, item) for p in range(passes) for item in runs.items()):
@@ -188,7 +188,7 @@ def resumed_passes(out: Path, configs: Sequence[HeldOut]) -> dict[int, _ConfigRu
         notes = row.get("notes")
         done[index[dataclasses.astuple(h)]] = _ConfigRun(
             h, "" if not isinstance(notes, str) else notes, passes_from_row(row),
-            wall_s=float(row.get("wall_s", 0.0) or 0.0))
+            wall_s=float(np.nan_to_num(row.get("wall_s", 0.0))))
     return done
 
 
@@ -216,8 +216,8 @@ class _ConfigRun:
         self.prompt_note = self.prompt_note or prompt_note
         self.wall_s += wall_s
 
-    def row(self, latency: Any, models: Any, weights: str, seed: int, replications: int
-            ) -> dict[str, Any]:
+    def row(self, models: Any, weights: str, seed: int, replications: int) -> dict[str, Any]:
+        latency = models.latency
         sc = scenario(self.h, weights, models.min_tokens)
         if self.pred is None:
             self.pred = predict([sc], latency, models.acceptance, seed=seed,
