@@ -201,8 +201,9 @@ def _write(rows: dict[int, dict[str, Any]], out: Path) -> pd.DataFrame:
 
 @dataclasses.dataclass
 class _ConfigRun:
-    """One held-out configuration: its passes so far, and its result row from them. The
-    prediction is made once, on the first row asked for."""
+    """One held-out configuration: its passes so far, and its result row from them. Both
+    predictions are made once, on the first row asked for: the replayed one replays the first
+    pass's accept counts, which later passes (same prompts and seeds) do not change."""
 
     h: HeldOut
     note: str
@@ -210,6 +211,7 @@ class _ConfigRun:
     prompt_note: str = ""
     wall_s: float = 0.0
     pred: pd.Series | None = None
+    replayed: tuple[float, float] | None = None  # (throughput, iteration ms)
 
     def add(self, m: Measurement, prompt_note: str, wall_s: float) -> None:
         self.passes.append(m)
@@ -224,7 +226,9 @@ class _ConfigRun:
                                 replications=prediction_replications(self.h, replications)
                                 ).iloc[0]
         m = pool_passes(self.passes)
-        rep, rep_iter = predict_replayed(sc, latency, m.accepted, self.h.waves, seed)
+        if self.replayed is None:
+            self.replayed = predict_replayed(sc, latency, m.accepted, self.h.waves, seed)
+        rep, rep_iter = self.replayed
         notes = ";".join(n for n in (self.note, self.prompt_note) if n)
         row = result_row(self.h, self.pred, m, weights, rep, rep_iter, notes, self.wall_s,
                          predicted_phases(self.h, latency, m, models.min_tokens))
