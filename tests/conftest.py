@@ -30,11 +30,13 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Fitted-model cache (vegas_sim.fitcache): tests never touch the user's ~/.cache.
+# Fitted-model cache (vegas_sim.fitcache): tests never touch the user's ~/.cache or its key.
 if "VEGAS_SIM_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["VEGAS_SIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="vegas-sim-test-cache-")
+    os.environ.setdefault("VEGAS_SIM_CACHE_KEY",
+                          os.path.join(tempfile.mkdtemp(prefix="vegas-sim-test-key-"), "cache.key"))
 
 # `VEGAS_SIM_TEST_SHARED_MEM=101376 pytest -m gpu tests/kernels tests/calibrate` runs the GPU
 # tests as on a GPU with that much shared memory per block (101376 B: an L4 / L40S): Triton

@@ -64,12 +64,14 @@ def _umask_mode() -> int:
     return 0o666 & ~_umask()
 
 
-def atomic_write(path: Path, write: Writer, *, durable: bool = False) -> Path:
+def atomic_write(path: Path, write: Writer, *, durable: bool = False,
+                 mode: int | None = None) -> Path:
     """Write `path` through `write(tmp)` to a hidden temp file beside it, then rename it over.
 
     The rename alone makes the write all-or-nothing for a killed process; `durable` adds the
     fsyncs that make it survive a power loss too (trace sets; not throwaway outputs). The file
-    gets the mode a plain `open` would (mkstemp makes it 0600). OSError propagates.
+    gets `mode`, else the mode a plain `open` would (mkstemp makes it 0600). OSError
+    propagates.
     """
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-", suffix=".tmp")
     os.close(fd)
@@ -79,7 +81,7 @@ def atomic_write(path: Path, write: Writer, *, durable: bool = False) -> Path:
         if durable:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.chmod(tmp, _umask_mode())
+        os.chmod(tmp, _umask_mode() if mode is None else mode)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
