@@ -267,6 +267,9 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
             line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} γ="
                      f"{r['baseline_gamma']}" + _ci(r['speedup_vs_baseline_ci_low'],
                                                     r['speedup_vs_baseline_ci_high']))
+        if "roofline_pct" in r.index:
+            line += (f"; roofline bound {r['roofline_ms']:.2f} ms = {r['roofline_pct']:.0f} % "
+                     "of its iteration")
         if rank_by == "goodput":
             line += f"; goodput {r['goodput_tok_s']:.0f} tok/s"
         elif rank_by == "tpot":

@@ -112,6 +112,10 @@ def reference_cell(df: pd.DataFrame) -> pd.DataFrame:
     return df[mask]
 
 
+# The roofline columns a phase table shows (sim.roofline; docs/OUTPUTS.md)
+ROOFLINE_SHOWN = ("roofline_ms", "roofline_pct", "roofline_binds", "verify_compute_batch")
+
+
 def phase_breakdown(df: pd.DataFrame) -> Chart:
     """Iteration time by phase, stacked, for each method's best row in one cell (Fig. 10b)."""
     title = "Iteration time by phase"
@@ -132,12 +136,21 @@ def phase_breakdown(df: pd.DataFrame) -> Chart:
                              marker={"color": phase_color(p), "pattern": patterns(ex)},
                              hovertemplate=f"{p}: %{{y:.3f}} ms<extra>%{{x}}</extra>"))
     label = cell_label(cell.iloc[0], cell_columns(df)) or "all rows"
+    roof = [c for c in ROOFLINE_SHOWN if c in best.columns]
+    if "roofline_ms" in roof:  # the iteration's bound from its bytes and FLOPs (sim.roofline)
+        fig.add_trace(go.Scatter(x=labels, y=best["roofline_ms"], name="roofline bound",
+                                 mode="markers", marker={"symbol": "line-ew-open", "size": 28,
+                                                         "color": "black"},
+                                 hovertemplate="roofline bound %{y:.3f} ms<extra>%{x}</extra>"))
     fig.update_layout(**LAYOUT, title=f"{title} — {label}", barmode="stack",
                       yaxis_title="ms per iteration", xaxis_title="")
     cols = [c for c in ("method", "gamma", "sparsity") if c in best.columns]
     cols += [f"ms_{p}" for p in phases] + (["iter_ms"] if "iter_ms" in best.columns else [])
+    cols += roof
+    bound = "; black bar: the roofline bound (bytes at copy bandwidth, FLOPs at the matmul " \
+        "rate)" if roof else ""
     return Chart(title, fig, caption=f"each method at its best (γ, s) in {label}; hatched, '*': "
-                                     "extrapolated",
+                                     f"extrapolated{bound}",
                  table=best[cols].assign(extrapolated=mark_column(best)), slug="phases")
 
 

@@ -142,6 +142,34 @@ def draft_step_line(df: pd.DataFrame) -> str:
     return "draft step / vanilla decode step: " + ", ".join(parts) if parts else ""
 
 
+def roofline_lines(df: pd.DataFrame) -> list[str]:
+    """One line per method: the iteration's bound from its bytes and FLOPs (sim.roofline), the
+    predicted iteration's share of it, what binds each phase, and where verify turns
+    compute-bound; a heading line with the GPU rates first."""
+    if "roofline_ms" not in df.columns or df.empty:
+        return []
+    first = df.iloc[0]
+    lines = [f"roofline (bytes at {float(first['roofline_bandwidth_gbs']):.0f} GB/s copy, FLOPs "
+             f"at {float(first['roofline_tflops']):.0f} TFLOP/s bf16; each request halfway "
+             "through its output):"]
+    for _, r in df.iterrows():
+        binds = str(r["roofline_binds"] or "")
+        by_kind: dict[str, list[str]] = {}
+        for part in filter(None, binds.split(",")):
+            phase, kind = part.split(":")
+            by_kind.setdefault(kind, []).append(phase.replace("_step", "").replace("_meta", ""))
+        where = "; ".join(f"{kind}-bound: {', '.join(p)}" for kind, p in by_kind.items())
+        turn = float(r["verify_compute_batch"])
+        phase = "decode" if r["method"] == "vanilla" else f"verify (γ {int(r['gamma'])})"
+        crossing = (f"{phase} compute-bound from B {turn:.0f}" if math.isfinite(turn)
+                    else f"{phase} memory-bound at any batch")
+        lines.append(f"  {r['method']}: bound {float(r['roofline_ms']):.2f} ms per iteration "
+                     f"({float(r['roofline_gb']):.1f} GB, {float(r['roofline_tflop']):.2f} "
+                     f"TFLOP), {float(r['roofline_pct']):.0f} % of the predicted; {where}; "
+                     f"{crossing}")
+    return lines
+
+
 def kv_lines(df: pd.DataFrame) -> list[str]:
     """One line per method whose KV cache held fewer than its max batch, or preempted."""
     if "mean_running_batch" not in df.columns:
@@ -190,6 +218,8 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     for line in serving_lines(df):
         console.print(f"[red]{line}[/red]" if line.startswith("saturated") else line,
                       soft_wrap=True)
+    for line in roofline_lines(df):
+        console.print(line, soft_wrap=True)
     for line in kv_lines(df):
         console.print(f"[yellow]KV cache:[/yellow] {line}", soft_wrap=True)
     # notes are sentences: one line each, never cut at the table's width

@@ -213,6 +213,9 @@ def tune_table(df: pd.DataFrame) -> Chart:
         for c in ("baseline_tok_s", "speedup_vs_baseline"):
             if c in d.columns:
                 table[c] = d[c]
+    for c in ("roofline_pct", "roofline_binds"):  # the chosen configuration's (sim.roofline)
+        if c in d.columns:
+            table[c] = d[c]
     table["extrapolated"] = mark_column(d)
     return Chart(title, None, caption="baseline: the best of the other methods at its own best "
                                       "(γ, s) in that cell", table=table, slug="tuned",

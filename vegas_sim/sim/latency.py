@@ -474,6 +474,11 @@ class LatencyModel:
         return self._model
 
     @property
+    def physics(self) -> Physics:
+        """The roofline constants the features are computed with (this GPU's rates)."""
+        return self._physics
+
+    @property
     def measured_gpu(self) -> MeasuredGpu:
         """The GPU the trace set measured (unchanged by what-ifs)."""
         return self._measured

@@ -367,6 +367,33 @@ class Physics:
         on = self.m_tile(n_query, rows) == TILE_FEATURES[feature]
         return float(on) if np.ndim(on) == 0 else on.astype(float)
 
+    def roofline_ms(self, phase: str, batch: int, n_query: int, kv_sum: float, rows: int = 0,
+                    window_sum: float = 0.0) -> tuple[float, float]:
+        """(ms of the bytes at the bandwidth, ms of the FLOPs at the matmul rate) that one call
+        of `phase` must move and compute at least (ROOFLINE_TERMS), for `batch` requests of
+        `n_query` rows reading kv_sum = Σ_b kv_read_b (window_sum: Σ_b window read). The
+        same constants as the features, each at efficiency 1."""
+        terms = ROOFLINE_TERMS[phase]
+        tokens = batch * n_query
+        byte_ms = flop_ms = 0.0
+        if "weights" in terms:
+            byte_ms += float(self.weight_ms_at(tokens))
+        if "gemm_flops" in terms:
+            flop_ms += tokens * self.gemm_flop_ms_per_token
+        if "kv" in terms:
+            per_entry = self.page_ms if phase == "quest_meta" else self.kv_ms_per_token
+            byte_ms += kv_sum * per_entry + window_sum * self.window_kv_ms_per_token
+        if "attn_flops" in terms:
+            flop_ms += n_query * (kv_sum * self.attn_ms_per_row_key
+                                  + window_sum * self.window_attn_ms_per_row_key)
+        if "collect" in terms:
+            byte_ms += kv_sum * rows * self.collect_ms_per_row_key
+        if "rank" in terms:
+            byte_ms += kv_sum * self.rank_ms_per_key
+        if "logits" in terms:
+            byte_ms += tokens * self.logits_ms_per_row
+        return byte_ms, flop_ms
+
     def features(
         self, phase: str, batch: np.ndarray, n_query: np.ndarray, kv_sum: np.ndarray,
         rows: np.ndarray, window_sum: np.ndarray | None = None,
@@ -395,6 +422,30 @@ class Physics:
             x[:, FEATURE_INDEX["kv"]] += window_sum * self.window_kv_ms_per_token
             x[:, FEATURE_INDEX["attn"]] += window_sum * n_query * self.window_attn_ms_per_row_key
         return x
+
+
+# The roofline of one phase call (`Physics.roofline_ms`): what its kernels must move through
+# device memory and compute at least, each term the physical part of a feature above
+#   weights  the weight stream (gemm's bytes; MoE: the experts the rows touch)
+#   kv       the KV read (quest_meta: the page metadata scored), window layers included
+#   collect  the bf16 scores written (verify) or read (select)
+#   rank     the fp32 per-layer weights the top-k ranks
+#   logits   the fp32 logits sampling reads
+#   gemm_flops, attn_flops  the dense layers' and attention's FLOPs (the physical rows, not
+#            the kernel's padded M tile)
+# 'other' (index lists, page counts, the metadata update after acceptance) moves a few bytes
+# per request: no term.
+ROOFLINE_TERMS: dict[str, tuple[str, ...]] = {
+    "decode": ("weights", "kv", "gemm_flops", "attn_flops"),
+    "draft_step": ("weights", "kv", "gemm_flops", "attn_flops"),
+    "verify": ("weights", "kv", "collect", "gemm_flops", "attn_flops"),
+    "prefill": ("weights", "kv", "gemm_flops", "attn_flops"),
+    "collect": ("collect",),
+    "select": ("collect", "rank"),
+    "quest_meta": ("kv",),
+    "sample": ("logits",),
+    "other": (),
+}
 
 
 def feature_mask(phase: str) -> np.ndarray:

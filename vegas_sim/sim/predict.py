@@ -50,6 +50,10 @@ Defaults and rules:
   (``roofline_prefill_ms``); the admitted requests are prefilled one after another.
 - Acceptance is looked up at the scenario's context (the prompt length), not the context grown
   by the output.
+- Roofline columns (``roofline_*``, ``verify_compute_batch``; `sim.roofline`): the iteration's
+  bound from its bytes and FLOPs at the latency model's GPU rates, at the mean running batch
+  with every request halfway through its output, beside the latency model's own prediction at
+  that point.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ from vegas_sim.sim.engine import (
 )
 from vegas_sim.sim.latency import IterationCost, LatencyModel
 from vegas_sim.sim.metrics import RunMetrics, Slo, mean_ci, summarize
+from vegas_sim.sim.roofline import roofline_columns
 from vegas_sim.sim.uncertainty import interval_columns
 
 ENGINES = ("sim", "analytic")
@@ -516,6 +521,15 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     return row
 
 
+def roofline_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]) -> dict[str, Any]:
+    """The roofline columns (sim.roofline) at the row's mean running batch, every request
+    halfway through its output (the closed form's midpoint)."""
+    running = float(row.get("mean_running_batch", math.nan))
+    batch = max(1, round(running)) if math.isfinite(running) else sc.batch
+    return roofline_columns(latency, iteration_cost(latency, sc), batch,
+                            int(sc.context + sc.output_len // 2))
+
+
 def draft_step_vs_decode(sc: Scenario, runs: list[RunMetrics], base: list[RunMetrics]) -> float:
     """One draft step's time over one vanilla decode step's, as simulated (NaN for vanilla):
     the ceiling on what sparse drafting saves (the Vegas paper: 0.48 for gpt-oss-20b, whose
@@ -604,6 +618,7 @@ def predict_one(
                acceptance_source(acceptance, scenario.method))
     row.update(interval_columns(row, latency, acceptance, dist,
                                 {p: row[f"ms_{p}"] for p in PHASES}))
+    row.update(roofline_at(scenario, latency, row))
     # a column the row already has (an anchored acceptance's own source) is kept
     return {**row, **{k: v for k, v in provenance(latency, acceptance).items() if k not in row}}
 

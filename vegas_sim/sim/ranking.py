@@ -62,4 +62,6 @@ def describe_best(row: pd.Series, rank_by: str) -> str:
     unit = "ms TPOT p50" if rank_by == "tpot" else f"tok/s {rank_by}"
     return (f"best by {rank_by}: B={row['batch']} C={row['context']} out={row['output_len']}: "
             f"{row['method']} γ={row['gamma']} s={row['sparsity']:g} — {value:.2f} {unit}, "
-            f"{float(row['throughput_tok_s']):.0f} tok/s")
+            f"{float(row['throughput_tok_s']):.0f} tok/s"
+            + (f", roofline bound {float(row['roofline_pct']):.0f} % of its iteration"
+               if "roofline_pct" in row.index and pd.notna(row["roofline_pct"]) else ""))

@@ -65,6 +65,7 @@ from vegas_sim.sim.predict import (
     split_fitting,
 )
 from vegas_sim.sim.ranking import check_rank_by, score
+from vegas_sim.sim.roofline import ROOFLINE_COLUMNS
 from vegas_sim.sim.serving import by_context_range, per_batch_size
 from vegas_sim.sim.sweep import Estimate, SweepRunner
 
@@ -539,6 +540,9 @@ def _cell_row(cell: Cell, stable: float, rows: dict[str, pd.Series | None],
     out["extrapolated"] = bool(reasons)
     out["extrapolated_reasons"] = "; ".join(reasons)
     for col in ("engine", "gpu", *PROVENANCE_COLUMNS):  # where the numbers came from
+        if col in ch.index:
+            out[col] = ch[col]
+    for col in ROOFLINE_COLUMNS:  # the chosen configuration's roofline (sim.roofline)
         if col in ch.index:
             out[col] = ch[col]
     out["rank_by"] = rank_by
