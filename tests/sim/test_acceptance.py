@@ -274,6 +274,26 @@ def test_sparsity_follows_the_draft_budget_at_the_floor(traces: pd.DataFrame,
                and "that saw the budget change" in n for n in above.extrapolated)
 
 
+def test_below_the_traced_sparsities_acceptance_falls_with_the_budget(
+        model: AcceptanceModel) -> None:
+    """Below the traced min (0.05) the min's cell moves down its sparsity trend by the budget
+    doublings lost at the request's context: never flat while the budget (and the draft's
+    cost) falls, monotone in s, continuous at the traced min; at a context where both budgets
+    are the floor the draft is the same, and so is its acceptance."""
+    at_min = model.lookup("vegas", 6, 0.05, 32768).mean_length
+    lengths = [model.lookup("vegas", 6, s, 32768).mean_length for s in (0.04, 0.02, 0.005)]
+    assert at_min > lengths[0] > lengths[1] > lengths[2] >= 1.0
+    near = model.lookup("vegas", 6, 0.0499, 32768).mean_length
+    assert near == pytest.approx(at_min, abs=0.02)
+    low = model.lookup("vegas", 6, 0.02, 32768)
+    assert any("below traced min 0.05: extrapolated down the sparsity trend" in n
+               and "-1.32 budget doublings" in n for n in low.extrapolated)
+    # 500 tokens: 0.05 and 0.01 both draft MIN_TOKENS (the floor): held
+    floor = model.lookup("vegas", 6, 0.01, 500)
+    assert floor.mean_length == pytest.approx(model.lookup("vegas", 6, 0.05, 500).mean_length)
+    assert any("the same draft budget (the floor)" in n for n in floor.extrapolated)
+
+
 def test_context_buckets_and_labels(model: AcceptanceModel) -> None:
     # Between traced buckets the rates are interpolated linearly in log-context.
     buckets = sorted(model.coverage()["context_buckets"])  # type: ignore[call-overload]

@@ -14,8 +14,9 @@ import pytest
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance, shift_dist
 from vegas_sim.sim.context_trend import (
-    MAX_SPAN_MULTIPLE,
+    OWN_SPAN_FACTOR,
     ContextTrend,
+    covering_trend,
     fit_trend,
     parse_trend_note,
     pool_trends,
@@ -128,8 +129,9 @@ def test_bounded_far_beyond_the_traced_contexts(rising: AcceptanceModel) -> None
         assert np.all((d.rates >= 0.0) & (d.rates <= 1.0))
         assert np.all(np.diff(d.rates) <= 1e-12)  # P(accepted ≥ i) never rises with i
         assert d.mean_length <= GAMMA + 1
-    # past MAX_SPAN_MULTIPLE traced spans the trend is held
-    reach = MAX_SPAN_MULTIPLE * steep.span
+    # past OWN_SPAN_FACTOR traced spans, with nothing traced there to cover it, it is held
+    reach = OWN_SPAN_FACTOR * steep.span
+    assert steep.reach == pytest.approx(reach) and steep.covering is None
     assert math.log2((2**20 + steep.generated) / (4096 + steep.generated)) > reach
     np.testing.assert_allclose(dists[1].rates, dists[2].rates)
     assert "held beyond" in dists[2].extrapolated[0]
@@ -274,3 +276,33 @@ def test_a_noisy_slope_is_pooled_toward_its_cells_not_held_flat() -> None:
                       cell_of=lambda k: k[1])
     assert out[("a", "chat")] == alone and out[("a", "code")] == one
     assert out[("a", "recall")] == got  # other buckets' groups do not enter its pool
+
+
+def _line(lo: float, hi: float, slope: float, se: float) -> ContextTrend:
+    """A trend fitted over lo..hi (two buckets) with this slope: what `covering_trend` reads."""
+    span = math.log2(hi / lo)
+    return ContextTrend(hi, slope, slope, se, (lo, hi), (2.0, 3.0), (-slope * span, 0.0),
+                        span=span, estimate=slope, reach_spans=OWN_SPAN_FACTOR)
+
+
+def test_beyond_its_reach_a_short_trend_follows_the_evidence_that_covers_it() -> None:
+    """A cell traced over 128..512 follows its own slope for OWN_SPAN_FACTOR spans (to 2K),
+    then the pooled slope of the groups traced past that (to their last bucket, 8K), then is
+    held; its sd grows with the distance, faster beyond its reach (the evidence's spread)."""
+    short = _line(128.0, 512.0, -1.0, 0.1)
+    far = [_line(1024.0, 8192.0, 0.4, 0.05), _line(1024.0, 8192.0, 0.2, 0.05),
+           _line(64.0, 256.0, 3.0, 0.1)]  # the last is traced short: it covers nothing
+    t = covering_trend(short, far, ["longdoc", "recall", "chat"])
+    assert t.covering is not None and "chat" not in t.covering.fitted_on
+    assert t.reach == pytest.approx(3.5) and t.covering.end == pytest.approx(4.0)
+    pooled = random_effects([(0.4, 0.05), (0.2, 0.05)], correlated=False)
+    assert t.covering.slope == pytest.approx(pooled.mean)
+    assert t.covering.sd == pytest.approx(math.hypot(pooled.se, math.sqrt(pooled.tau2)))
+    assert t.shift(2.0) == pytest.approx(-2.0)  # inside the reach: own
+    assert t.shift(3.8) == pytest.approx(-3.5 + 0.3 * pooled.mean)
+    assert t.shift(9.0) == t.shift(4.0)  # past the evidence: held
+    sds = [t.shift_sd(d) for d in (1.0, 3.5, 4.0, 9.0)]
+    assert all(b > a for a, b in zip(sds, sds[1:]))
+    assert "then covering" in t.source(3.8) and t.source(2.0) == "own"
+    # nothing traced past the reach: unchanged (held past the reach)
+    assert covering_trend(short, far[2:], ["chat"]) == short

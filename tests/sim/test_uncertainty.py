@@ -63,3 +63,20 @@ def test_host_protocol_term_only_for_sets_timing_sample_and_select_apart() -> No
     assert row["pi_low"] < row["throughput_tok_s"] * (1 - share / 100.0)
     assert host_protocol_pct(qwen, "vanilla", {"decode": 8.0, "sample": 0.5}) == 0.0
     assert host_protocol_pct(smol, "vegas", {"verify": 1.0, "sample": 1.0}) == 0.0
+
+
+def test_interval_is_clipped_into_zero_and_the_all_accepted_bound() -> None:
+    from vegas_sim.sim.uncertainty import bounded, physical_bound
+
+    row = {"method": "vegas", "gamma": 7, "acceptance_length": 4.0, "throughput_tok_s": 100.0}
+    assert math.isclose(physical_bound(row), 200.0)  # every draft accepted: 8 of 4 tokens
+    assert bounded(-30.0, 250.0, physical_bound(row)) == (0.0, 200.0)
+    assert physical_bound({**row, "method": "vanilla", "gamma": 0}) == math.inf
+
+
+def test_dominant_extrapolation_names_its_axis() -> None:
+    from vegas_sim.sim.uncertainty import dominant_axis
+
+    axes = {"batch": 0.0, "gamma": 3.0, "sparsity": 8.0, "context": 2.0}
+    assert dominant_axis("extrapolation-distance", axes) == "extrapolation-distance (sparsity)"
+    assert dominant_axis("latency-fit", axes) == "latency-fit"

@@ -56,7 +56,10 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   of the cells of its method, temperature and γ_t that saw their budget change:
   `sparsity_trend.borrowed_trend`), marked with a note that names the trend, the budget
   doublings and the shift. At s = 1 the draft is the target: all accepted. Below the min
-  traced: clamped, marked. Checked by `benchmarks/sparsity_extrapolation.py` (the SmolLM2
+  traced: its cell moved down the same trend (the donors' where its own is flat) by the
+  budget doublings the request loses at its own context, followed without a hold (acceptance
+  never stays flat while the draft's budget, and its cost, fall; where both budgets are the
+  floor the draft is the same and so is its acceptance), marked. Checked by `benchmarks/sparsity_extrapolation.py` (the SmolLM2
   real set cut to s ∈ {0.01, 0.05, 0.2} and to s ≤ 0.07; mean acceptance length |error|
   median 1.9 % between, 3.3 % beyond, against 3.8 and 7.1 % for a weight linear in s and a
   mix toward s = 1; docs/RESULTS.md). Short prompts beyond the traced sparsities are still
@@ -96,6 +99,8 @@ are computed once per model and cached on it (plain dicts and arrays: picklable)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -104,9 +109,11 @@ from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
 from vegas_sim.sim.context_trend import (
+    OWN_SPAN_FACTOR,
     ContextTrend,
     TrendShift,
     bucket_se,
+    covering_trend,
     fit_trend,
     flat_trend,
     pool_trends,
@@ -121,6 +128,7 @@ from vegas_sim.sim.sparsity_trend import (
     budget_weight,
     fit_sparsity_trend,
     informs_slope,
+    below_note,
     mean_budget,
     sparsity_note,
 )
@@ -352,7 +360,7 @@ class AcceptanceModel:
                 notes.append(note)
             b_comps, b_w, s_notes, b_shifts = self._sparsity_mixture(
                 [k for k in keys if k[4] == bucket], sparsity, gamma, output_len,
-                context if doublings else None)
+                context if doublings else None, context)
             if doublings:
                 notes.append(self._trend_note(keys, context, bucket, b_w, b_shifts, gamma))
             notes.extend(n for n in s_notes if n not in notes)
@@ -418,9 +426,13 @@ class AcceptanceModel:
         if edge != last[group]:
             self._trends[(group, edge)] = self._own_trend(group, edge)
         else:  # no last-bucket trend is cached yet: pool them all at once
-            own = {g: self._own_trend(g, b) for g, b in last.items()}
-            for g, t in pool_trends(own, cell_of=lambda g: (g[1], g[2])).items():
-                self._trends[(g, last[g])] = t
+            own = {g: replace(self._own_trend(g, b), reach_spans=OWN_SPAN_FACTOR)
+                   for g, b in last.items()}
+            pooled = pool_trends(own, cell_of=lambda g: (g[1], g[2]))
+            for g, t in pooled.items():
+                peers = _covering_peers(g, pooled)
+                self._trends[(g, last[g])] = covering_trend(
+                    t, [pooled[h] for h in peers], [h[2] for h in peers])
         return self._trends[(group, edge)]
 
     def _own_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
@@ -457,12 +469,13 @@ class AcceptanceModel:
 
     def _sparsity_mixture(
         self, keys: list[tuple[str, float, str, float, float, int]], sparsity: float, gamma: int,
-        output_len: int | None = None, beyond: int | None = None,
+        output_len: int | None = None, beyond: int | None = None, context: int | None = None,
     ) -> tuple[list[DrawSource], list[float], list[str], list[TrendShift | None]]:
         """(sources, weights, notes, context shifts) at `sparsity`: between traced sparsities
         the two neighbours, weights linear in log budget (`sim.sparsity_trend.budget_weight`);
         above the traced max its cell moved along the sparsity trend (`sim.sparsity_trend`); at
-        s = 1 all accepted; below the traced min the min clamped."""
+        s = 1 all accepted; below the traced min the min's cell moved down the same trend by
+        the budget doublings lost at the request's `context` (`_below_source`)."""
         sps = sorted({k[3] for k in keys})
         if sparsity >= 1.0 > sps[-1]:  # the draft is the target: every draft is accepted
             note = f"sparsity 1 above traced max {sps[-1]:g}: draft = target, all accepted"
@@ -471,20 +484,20 @@ class AcceptanceModel:
             src, src_notes, shift = self._trend_source(keys, sparsity, gamma, output_len,
                                                        beyond)
             return [src], [1.0], src_notes, [shift]
-        notes: list[str] = []
         if sparsity < sps[0]:
-            notes.append(f"sparsity {sparsity:g} below traced min {sps[0]:g}: clamped")
-            points = [(sps[0], 1.0)]
+            src, src_notes, shift = self._below_source(keys, sparsity, gamma, output_len,
+                                                       beyond, context)
+            return [src], [1.0], src_notes, [shift]
+        notes: list[str] = []
+        j = int(np.searchsorted(sps, sparsity))
+        if sps[j] == sparsity:
+            points = [(sps[j], 1.0)]
         else:
-            j = int(np.searchsorted(sps, sparsity))
-            if sps[j] == sparsity:
-                points = [(sps[j], 1.0)]
-            else:
-                lo, hi = sps[j - 1], sps[j]
-                at = self._iteration_contexts(self._members(keys, lo, gamma)
-                                              + self._members(keys, hi, gamma))
-                w = budget_weight(sparsity, lo, hi, at, self.min_tokens)
-                points = [(lo, 1.0 - w), (hi, w)]
+            lo, hi = sps[j - 1], sps[j]
+            at = self._iteration_contexts(self._members(keys, lo, gamma)
+                                          + self._members(keys, hi, gamma))
+            w = budget_weight(sparsity, lo, hi, at, self.min_tokens)
+            points = [(lo, 1.0 - w), (hi, w)]
         sources, weights, shifts = [], [], []
         for s, w in points:
             if w <= 0.0:
@@ -517,6 +530,46 @@ class AcceptanceModel:
                              delta, before, after)
         return moved, [note] + notes, shift
 
+    def _below_source(self, keys: list[_CellKey], sparsity: float, gamma: int,
+                      output_len: int | None, beyond: int | None, context: int | None,
+                      ) -> tuple[DrawSource, list[str], TrendShift | None]:
+        """The traced min sparsity's source moved down its cells' sparsity trend (`falling_trend`:
+        never flat while some cell saw the budget matter) by the doublings of draft budget the
+        request loses at its own context: log2(b(s, C) / b(s_min, C)) ≤ 0, followed all the way
+        (no hold: a smaller budget keeps drafting worse; the logit shift keeps every rate in
+        (0, 1)); 0 where both budgets are the floor (the same draft, at the same cost), noted."""
+        edge = min(k[3] for k in keys)
+        src, notes, shift = self._source(keys, edge, gamma, output_len, beyond)
+        members = self._members(keys, edge, gamma)
+        n_it = np.array([len(self._cells[k].acc) for k in members], dtype=float)
+        share = n_it / n_it.sum()
+        at = IterationContexts.of(np.array([context])) if context is not None else \
+            self._iteration_contexts(members)
+        lost = budget_doublings(sparsity, edge, at, self.min_tokens)  # ≤ 0
+        trends = [self.falling_trend(k) for k in members]
+        delta = float(sum(w * t.slope * lost for w, t in zip(share, trends)))
+        moved = shift_source(src, delta)
+        before, after = 1.0 + float(src.rates.sum()), 1.0 + float(moved.rates.sum())
+        note = below_note(sparsity, edge, trends, list(share), lost, delta, before, after)
+        return moved, [note] + notes, shift
+
+    def falling_trend(self, key: _CellKey) -> ContextTrend:
+        """The trend below the traced sparsities of cell `key`: its sparsity trend
+        (`sparsity_trend`) where that rises with the budget, else the donors' (the cells of its
+        method, temperature and traced γ that saw the budget change, `borrowed_trend`), so
+        acceptance falls with the budget wherever any traced cell saw it matter."""
+        own = self.sparsity_trend(key)
+        return own if own.slope > 0.0 else borrowed_trend(own, self._slope_donors(key))
+
+    def _slope_donors(self, key: _CellKey) -> list[ContextTrend]:
+        """The own sparsity trends of the cells of `key`'s method, temperature and traced γ
+        that saw their budget change (any workload, any context bucket)."""
+        return [t for t in (self._own_sparsity_trend((g[0], g[1], g[2], b, g[3]))
+                            for g, (members, _) in self._groups.items()
+                            if (g[0], g[1], g[3]) == (key[0], key[1], key[5])
+                            for b in sorted({k[4] for k in members}))
+                if informs_slope(t)]
+
     def sparsity_trend(self, key: _CellKey) -> ContextTrend:
         """The trend above the traced sparsities of the cell `key`'s (method, temperature,
         workload, traced γ, context bucket) in log budget (`sim.sparsity_trend`; every
@@ -526,12 +579,7 @@ class AcceptanceModel:
         at = (key[0], key[1], key[2], key[4], key[5])
         if at not in self._borrowed_trends:
             own = self._own_sparsity_trend(at)
-            donors = [] if informs_slope(own) else [
-                t for t in (self._own_sparsity_trend((g[0], g[1], g[2], b, g[3]))
-                            for g, (members, _) in self._groups.items()
-                            if (g[0], g[1], g[3]) == (key[0], key[1], key[5])
-                            for b in sorted({k[4] for k in members}))
-                if informs_slope(t)]
+            donors = [] if informs_slope(own) else self._slope_donors(key)
             self._borrowed_trends[at] = borrowed_trend(own, donors)
         return self._borrowed_trends[at]
 
@@ -626,6 +674,20 @@ class AcceptanceModel:
             "n_runs": len(self._runs),
             "n_iterations": int(sum(len(c.acc) for c in cells)),
         }
+
+
+def _covering_peers(group: _GroupKey, trends: Mapping[_GroupKey, ContextTrend]
+                    ) -> list[_GroupKey]:
+    """The groups whose trends may cover the contexts beyond `group`'s reach: the other
+    workloads of its method and temperature (other prompts: independent evidence), one group
+    each, at the traced γ nearest its own."""
+    best: dict[str, _GroupKey] = {}
+    for h in sorted(trends):
+        if (h[0], h[1]) != (group[0], group[1]) or h[2] == group[2]:
+            continue
+        if h[2] not in best or abs(h[3] - group[3]) < abs(best[h[2]][3] - group[3]):
+            best[h[2]] = h
+    return [best[w] for w in sorted(best)]
 
 
 def smoother_matrix(coords: np.ndarray, weights: np.ndarray,

@@ -76,7 +76,11 @@ from vegas_sim.sim.acceptance_dist import DrawSource, TracedCell, conditional_ra
 
 COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
 DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
-MAX_SPAN_MULTIPLE = 2.0  # the trend is followed for at most this many traced spans (doublings)
+MAX_SPAN_MULTIPLE = 2.0  # the sparsity trend is followed for at most this many fitted spans
+# A group's own context trend is followed for at most this many traced spans (doublings) past
+# its edge: the farthest the packaged hold-outs reach (fit on 1-2K, predict 7K: 1.75 spans),
+# where the own trend still beat the held bucket on every workload (docs/RESULTS.md)
+OWN_SPAN_FACTOR = 1.75
 CURVATURE_SD = 0.25  # relative sd of a shift: single doublings vs the line, 1-7K set
 SE_FLOOR = 1e-3  # relative: a bucket of identical runs still has some sampling error
 
@@ -174,6 +178,8 @@ class ContextTrend:
     # edge bucket's per-sparsity rates, which partial pooling (`pool_trends`) starts from
     estimate: float | None = None
     edge_rates: tuple[tuple[float, ...], ...] = ()
+    reach_spans: float = MAX_SPAN_MULTIPLE  # own trend followed for this many spans, then...
+    covering: CoveringTrend | None = None  # ...the evidence that covers the contexts beyond
 
     def doublings_to(self, context: int) -> float:
         """log2 distance of a request of prompt `context` from the edge bucket, both placed
@@ -184,16 +190,78 @@ class ContextTrend:
     def flat(self) -> bool:
         return self.slope == 0.0
 
+    @property
+    def reach(self) -> float:
+        """Doublings past the edge the own trend is followed (`reach_spans` traced spans)."""
+        return self.reach_spans * self.span
+
     def shift(self, doublings: float) -> float:
-        """δ at `doublings` (signed log2 distance from the edge bucket), followed for at most
-        MAX_SPAN_MULTIPLE traced spans and held beyond."""
-        reach = MAX_SPAN_MULTIPLE * self.span
-        return self.slope * max(-reach, min(reach, doublings))
+        """δ at `doublings` (signed log2 distance from the edge bucket): the own slope for at
+        most `reach` doublings; beyond, the covering evidence's slope (`covering`) up to where
+        it ends, held past that (held past `reach` when nothing covers)."""
+        own = self.slope * max(-self.reach, min(self.reach, doublings))
+        if self.covering is None or doublings <= self.reach:
+            return own
+        return own + self.covering.slope * self.covering.followed(doublings)
 
     def shift_sd(self, doublings: float) -> float:
-        """sd of δ at `doublings` from the edge (module docstring, Uncertainty)."""
+        """sd of δ at `doublings` from the edge (module docstring, Uncertainty): the own
+        slope's over the whole distance up to `reach`, the covering slope's (its spread
+        included) beyond, added (both grow with the distance)."""
         d = abs(doublings)
-        return math.hypot(self.slope_se * d, CURVATURE_SD * self.slope * d)
+        near = min(d, self.reach) if self.covering is not None else d
+        own = math.hypot(self.slope_se * near, CURVATURE_SD * self.slope * near)
+        if self.covering is None or d <= self.reach:
+            return own
+        far = d - self.reach
+        return own + math.hypot(self.covering.sd * far, CURVATURE_SD * self.covering.slope * far)
+
+    def source(self, doublings: float) -> str:
+        """Which trend a shift at `doublings` followed: 'own' or 'own, then covering'."""
+        if self.covering is None or doublings <= self.reach:
+            return "own"
+        return f"own for {self.reach:+.2f}, then {self.covering.describe()}"
+
+
+@dataclass(frozen=True)
+class CoveringTrend:
+    """The context trend beyond a group's own reach, from evidence that covers those contexts:
+    the slopes of the groups (other workloads, or another set of the same model's acceptance)
+    traced at longer contexts, pooled (random effects) with their spread."""
+
+    slope: float  # δ per doubling, the pooled mean
+    sd: float  # predictive sd of the slope: the mean's se and the between-evidence spread τ
+    start: float  # doublings past the edge where it takes over (the own trend's reach)
+    end: float  # doublings past the edge where the evidence ends (its own reach): held beyond
+    fitted_on: str  # "longdoc 1024..7168, recall 1024..7168"
+
+    def followed(self, doublings: float) -> float:
+        """Doublings followed along this slope at `doublings` past the edge."""
+        return max(0.0, min(doublings, self.end) - self.start)
+
+    def describe(self) -> str:
+        return f"covering {self.slope:+.2f} ± {self.sd:.2f} ({self.fitted_on}, to {self.end:+.2f})"
+
+
+def covering_trend(trend: ContextTrend, evidence: Sequence[ContextTrend],
+                   labels: Sequence[str]) -> ContextTrend:
+    """`trend` with the evidence beyond its own reach attached (`CoveringTrend`): of
+    `evidence` (trends of independent prompts: other workloads, another set; `labels` name
+    them), those whose last traced bucket lies past the contexts `trend` reaches, their slopes
+    pooled as independent estimates, sd √(se² + τ²), followed up to the farthest of their last
+    traced buckets (held beyond: their own extrapolation is no evidence). `trend` unchanged
+    where none covers (it is then held past its reach)."""
+    reach_ctx = (trend.edge + trend.generated) * 2.0 ** trend.reach - trend.generated
+    cover = [(t, lab) for t, lab in zip(evidence, labels)
+             if len(t.buckets) > 1 and max(t.buckets) > reach_ctx]  # traced there, not reached
+    if not cover:
+        return trend
+    pooled = random_effects([(t.slope, t.slope_se) for t, _ in cover], correlated=False)
+    end = max(math.log2((max(t.buckets) + t.generated) / (trend.edge + trend.generated))
+              for t, _ in cover)  # the evidence's own last bucket: past it nothing covers
+    names = ", ".join(f"{lab} {min(t.buckets):.0f}..{max(t.buckets):.0f}" for t, lab in cover)
+    sd = math.hypot(pooled.se, math.sqrt(pooled.tau2))
+    return replace(trend, covering=CoveringTrend(pooled.mean, sd, trend.reach, end, names))
 
 
 def flat_trend(edge: float, reason: str) -> ContextTrend:
@@ -361,6 +429,7 @@ class TrendShift:
     reason: str = ""  # why the (first) workload's trend is flat, shrunk or capped
     held_beyond: float | None = None  # doublings past which the trend is held (when reached)
     pct_per_delta: float = 0.0  # % of the edge bucket's mean acceptance length per unit δ
+    covered_by: str = ""  # beyond the own reach: the covering evidence followed ('' = own)
 
     @classmethod
     def of(cls, trends: Sequence[ContextTrend], workloads: Sequence[str], share: np.ndarray,
@@ -380,17 +449,28 @@ class TrendShift:
             for wl, t in seen.items())
         reason = next((t.reason for t in trends if t.reason), "")
         after = 1.0 + float(shift_rates(rates, delta).sum())
-        reach = [MAX_SPAN_MULTIPLE * t.span for t, d in zip(trends, dist)
-                 if t.slope and d > MAX_SPAN_MULTIPLE * t.span]
+        held = [_held_at(t) for t, d in zip(trends, dist) if _held_at(t) < d
+                and (t.slope or (t.covering is not None and t.covering.slope))]
+        covered = next((f"beyond {t.reach:+.2f} doublings ({t.reach_spans:g}x its traced span) "
+                        f"the trend of the evidence that covers it, {t.covering.describe()}"
+                        for t, d in zip(trends, dist) if t.covering is not None and d > t.reach),
+                       "")
         before = 1.0 + float(rates.sum())
         return cls(delta, sd, slope, doublings, before, after, fitted_on, reason,
-                   min(reach) if reach else None, 100.0 * length_slope([rates], 0.0) / before)
+                   min(held) if held else None, 100.0 * length_slope([rates], 0.0) / before,
+                   covered)
 
     @property
     def sd_pct(self) -> float:
         """The shift's sd as % of the mean acceptance length, linearised at the edge bucket
         (so it grows with the distance even where the shifted rates saturate)."""
         return self.sd * self.pct_per_delta
+
+
+def _held_at(t: ContextTrend) -> float:
+    """Doublings past the edge beyond which `t` is held: its covering evidence's end, else
+    its own reach."""
+    return t.covering.end if t.covering is not None else t.reach
 
 
 def trend_note(context: int, traced: tuple[int, int], bucket: float, weights: Sequence[float],
@@ -411,10 +491,12 @@ def trend_note(context: int, traced: tuple[int, int], bucket: float, weights: Se
     delta = sum(w * sh.delta for w, sh in moved) / sum(w for w, _ in moved)
     first = next(sh for sh in used if sh.delta != 0.0)
     held = ("" if first.held_beyond is None else
-            f" (held beyond {first.held_beyond:.2f}: {MAX_SPAN_MULTIPLE:g}x the traced span)")
+            f" (held beyond {first.held_beyond:.2f}: past the evidence)")
+    # (`extrapolated` joins notes with ';': none inside a note)
+    covered = f", {first.covered_by}" if first.covered_by else ", own trend only"
     return (f"{head} {first.slope:+.2f} logit per doubling ({first.fitted_on}) from the "
             f"{bucket:.0f} bucket, {first.doublings:+.2f} doublings{held}: shift {delta:+.2f}, "
-            f"mean acceptance length {before:.2f} -> {after:.2f}")
+            f"mean acceptance length {before:.2f} -> {after:.2f}{covered}")
 
 
 _NOTE_RE = re.compile(

@@ -174,3 +174,22 @@ def sparsity_note(sparsity: float, edge: float, trends: Sequence[ContextTrend],
     return (f"{head} extrapolated along the sparsity trend, {slope:+.2f} logit per doubling of "
             f"the draft budget ({fitted}), {doublings:+.2f} budget doublings{held}: shift "
             f"{delta:+.2f}, mean acceptance length {before:.2f} -> {after:.2f}")
+
+
+def below_note(sparsity: float, edge: float, trends: Sequence[ContextTrend],
+               share: Sequence[float], doublings: float, delta: float, before: float,
+               after: float) -> str:
+    """The `extrapolated` note of a lookup below the traced sparsities: the budget doublings
+    lost at the request's context, the trend followed down and what it did to the mean
+    acceptance length, or why it held the traced min (the same draft budget: the floor)."""
+    head = f"sparsity {sparsity:g} below traced min {edge:g}:"
+    if doublings == 0.0:
+        return f"{head} the same draft budget (the floor) at this context: held at {edge:g}"
+    if delta == 0.0:
+        why = "; ".join(sorted({t.reason for t in trends if t.reason})) or "none fitted"
+        return (f"{head} draft budget {doublings:+.2f} doublings, no traced cell saw the budget "
+                f"matter ({why}): held at {edge:g}")
+    slope = float(sum(w * t.slope for w, t in zip(share, trends)))
+    return (f"{head} extrapolated down the sparsity trend, {slope:+.2f} logit per doubling of "
+            f"the draft budget, {doublings:+.2f} budget doublings at this context: shift "
+            f"{delta:+.2f}, mean acceptance length {before:.2f} -> {after:.2f}")

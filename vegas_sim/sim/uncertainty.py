@@ -27,8 +27,11 @@ standard deviations (%) combined in quadrature:
   iteration, taken as a 95 % bound.
 
 pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval, its low end then lowered by the
-host-protocol term (in quadrature with the symmetric half-width); `pi_dominant` names the
-largest part.
+host-protocol term (in quadrature with the symmetric half-width), then clipped into [0, the
+physical bound] (`physical_bound`: every draft accepted, γ + 1 tokens per iteration);
+`pi_dominant` names the largest part, and when that is the extrapolation distance the axis
+whose term is largest: 'extrapolation-distance (context)' (axes: batch, kv_length, n_query,
+gamma, sparsity, context).
 The per-octave rates are the error growth seen in the range hold-outs of the packaged sets
 (`benchmarks/extrapolation.py`: rows beyond a cut range err by ≈ 4 % per octave of batch or
 context, ≈ 8 % per octave of sparsity past the traced ones); a scenario inside every
@@ -118,29 +121,59 @@ def acceptance_sampling_pct(dist: AcceptanceDist | None) -> float:
     return 100.0 * math.sqrt(var) / mean if mean > 0 else 0.0
 
 
-def latency_extrapolation_pct(latency: LatencyModel, batch: int, longest_context: int,
-                              n_query: int) -> float:
+def latency_extrapolation_axes(latency: LatencyModel, batch: int, longest_context: int,
+                               n_query: int) -> dict[str, float]:
+    """{axis: % sd} of the latency extrapolation: EXTRAP_PCT_PER_OCTAVE per octave of batch,
+    KV length ('kv_length') and verify query rows past the latency set's points."""
     octaves = latency.octaves_outside(batch, longest_context, n_query)
-    return EXTRAP_PCT_PER_OCTAVE * sum(octaves.values())
+    names = {"batch": "batch", "context": "kv_length", "n_query": "n_query"}
+    return {names.get(k, k): EXTRAP_PCT_PER_OCTAVE * v for k, v in octaves.items()}
 
 
-def acceptance_extrapolation_pct(acceptance: AcceptanceModel, method: str, gamma: int,
-                                 sparsity: float) -> float:
-    """γ past the method's traced γ, octaves of sparsity outside its traced ones."""
+def acceptance_extrapolation_axes(acceptance: AcceptanceModel, method: str, gamma: int,
+                                  sparsity: float) -> dict[str, float]:
+    """{axis: % sd} of the acceptance extrapolation on the γ and sparsity axes: γ past the
+    method's traced γ, octaves of sparsity outside its traced ones (the context axis is the
+    context trend's own sd, `AcceptanceDist.context_trend_sd_pct`)."""
     if method == "vanilla":
-        return 0.0
+        return {"gamma": 0.0, "sparsity": 0.0}
     cov = acceptance.coverage()["per_method"]
     traced: dict[str, list[float]] = cov.get(method, {})  # type: ignore[attr-defined]
     gammas, sparsities = traced.get("gamma", []), traced.get("sparsity", [])
-    pct = 0.0
+    out = {"gamma": 0.0, "sparsity": 0.0}
     if gammas:
-        pct += EXTRAP_PCT_PER_GAMMA * max(0.0, gamma - max(gammas))
+        out["gamma"] = EXTRAP_PCT_PER_GAMMA * max(0.0, gamma - max(gammas))
     if sparsities:
         lo, hi = min(sparsities), max(sparsities)
         outside = math.log2(sparsity / hi) if sparsity > hi else (
             math.log2(lo / sparsity) if sparsity < lo else 0.0)
-        pct += EXTRAP_PCT_PER_SPARSITY_OCTAVE * outside
-    return pct
+        out["sparsity"] = EXTRAP_PCT_PER_SPARSITY_OCTAVE * outside
+    return out
+
+
+def physical_bound(row: dict[str, Any]) -> float:
+    """The most a speculative row's throughput can be: every draft accepted, acceptance length
+    γ + 1 in the same iterations (throughput × (γ + 1) / its acceptance length); inf for
+    vanilla and rows without an acceptance length (no acceptance bound applies)."""
+    gamma = int(row.get("gamma", 0) or 0)
+    length = float(row.get("acceptance_length", math.nan) or math.nan)
+    if row.get("method") == "vanilla" or gamma <= 0 or not (length >= 1.0):
+        return math.inf
+    return float(row["throughput_tok_s"]) * (gamma + 1.0) / length
+
+
+def bounded(lo: float, hi: float, upper: float) -> tuple[float, float]:
+    """An interval clipped into [0, upper]: a throughput is never negative nor above the
+    physical bound (`physical_bound`)."""
+    return max(0.0, lo), min(hi, upper)
+
+
+def dominant_axis(dominant: str, axes: dict[str, float]) -> str:
+    """`dominant` with the axis named when the extrapolation distance dominates:
+    'extrapolation-distance (context)'."""
+    if dominant != "extrapolation-distance" or not axes or max(axes.values()) <= 0.0:
+        return dominant
+    return f"{dominant} ({max(axes, key=lambda k: axes[k])})"
 
 
 def simulation_pct(mean: float, low: float, high: float) -> float:
@@ -182,14 +215,17 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     """The pi_* columns of one predict row (see the module docstring)."""
     method, gamma = str(row["method"]), int(row["gamma"])
     n_query = 1 if method == "vanilla" else gamma + 1
+    lat_axes = latency_extrapolation_axes(latency, int(row["batch"]),
+                                          int(row["context"]) + int(row["output_len"]), n_query)
+    acc_axes = {**acceptance_extrapolation_axes(acceptance, method, gamma,
+                                                float(row["sparsity"])),
+                "context": dist.context_trend_sd_pct if dist is not None else 0.0}
+    axes = {**lat_axes, **acc_axes}
     out: dict[str, Any] = {
         "pi_latency_fit_pct": latency_fit_pct(latency, method, breakdown),
         "pi_acceptance_pct": acceptance_sampling_pct(dist),
-        "pi_extrapolation_latency_pct": latency_extrapolation_pct(
-            latency, int(row["batch"]), int(row["context"]) + int(row["output_len"]), n_query),
-        "pi_extrapolation_acceptance_pct": acceptance_extrapolation_pct(
-            acceptance, method, gamma, float(row["sparsity"]))
-        + (dist.context_trend_sd_pct if dist is not None else 0.0),  # beyond traced contexts
+        "pi_extrapolation_latency_pct": sum(lat_axes.values()),
+        "pi_extrapolation_acceptance_pct": sum(acc_axes.values()),
         "pi_simulation_pct": simulation_pct(float(row["throughput_tok_s"]),
                                             float(row["throughput_ci_low"]),
                                             float(row["throughput_ci_high"])),
@@ -197,4 +233,5 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     }
     lo, hi, dominant = interval(float(row["throughput_tok_s"]), parts_of(out),
                                 out["pi_host_protocol_pct"])
-    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant, **out}
+    lo, hi = bounded(lo, hi, physical_bound(row))
+    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant_axis(dominant, axes), **out}

@@ -271,7 +271,7 @@ def validation_interval(pred: pd.Series, predicted: float, weights: str,
                      extra_acceptance_pct=se)
     slower = float(pred.get("pi_host_protocol_pct", 0.0))
     lo, hi, dominant = interval(predicted, parts, slower)
-    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant,
+    return {"pi_low": max(0.0, lo), "pi_high": hi, "pi_dominant": dominant,
             **{f"pi_{k.replace('-', '_')}_pct": v for k, v in parts.items()},
             "pi_host_protocol_pct": slower}
 
