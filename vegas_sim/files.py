@@ -1,18 +1,26 @@
-"""Files on disk, one way: atomic writes, content hashes, and output-path checks.
+"""Files on disk, one way: atomic writes, content hashes, output-path checks and output locks.
 
 Every file vegas-sim writes (trace-set parts and meta, result tables, reports, run logs, the
 fit cache) goes through `atomic_write`: a temp file beside the target, then a rename, so a
 reader never sees half a file and a failed write leaves the old one intact. Output paths are
-checked before any work (`check_out`), so that a long run is not lost to a typo.
+checked before any work (`check_out`), so that a long run is not lost to a typo. An output
+has one writer at a time (`output_lock`): a second command writing the same path is refused
+and told which process holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import fcntl
 import hashlib
 import json
 import os
+import shlex
+import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +170,90 @@ def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> P
                              where=option, fix=f"name the file *{', *'.join(suffixes)}")
     check_writable(path, option)
     return path
+
+
+# ------------------------------------------------------------------------------ output locks
+LOCK_SUFFIX = ".lock"
+_held = threading.local()  # the locks this thread holds: a nested lock of one path is free
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of output `path` (a file or a directory): `<path>.lock` beside it."""
+    return path.with_name(path.name + LOCK_SUFFIX)
+
+
+def _holder_text(fd: int) -> str:
+    """Who holds a lock, from what its holder wrote into the lock file."""
+    try:
+        info = json.loads(os.pread(fd, 1 << 16, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another process (it has not said which yet)"
+    return (f"process {info['pid']} ({info.get('command', '?')}, since "
+            f"{info.get('started', '?')})")
+
+
+def _open_locked(lock: Path, option: str, path: Path) -> int:
+    """An fd of `lock`, flock'ed; the lock file a last holder unlinked between our open and
+    our flock is opened again. A lock held by a live process is a UserInputError."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as e:
+            raise _cannot_write(path, e, option) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_text(fd)
+            os.close(fd)
+            raise UserInputError(
+                f"{str(path)!r} is being written by {holder}", where=option,
+                fix=f"wait for it to finish, or choose another {option} (its lock is "
+                    f"{lock}; a lock of a process that has died is taken over)") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path, option: str = "--out", *, make: bool = True
+                ) -> Iterator[Path]:
+    """Hold `path`'s lock (`lock_path`) while the block writes `path` and its companions
+    (a sweep's checkpoint, a report's CSVs). A second writer, in another process or thread,
+    gets a UserInputError naming the first. The lock is the kernel's (flock): a process that
+    dies releases it, so its leftover lock file is taken over, not obeyed. Nested locks of one
+    path in one thread are free. `make`: create `path`'s directory for the lock (else a path
+    whose directory is missing, which nothing can be written into, takes no lock)."""
+    path = Path(path)
+    key = str(path.resolve())
+    held: set[str] = _held.__dict__.setdefault("paths", set())
+    if key in held:
+        yield lock_path(path)
+        return
+    lock = lock_path(path)
+    if make:
+        make_parent(lock, option)
+    elif not lock.parent.is_dir():
+        yield lock
+        return
+    fd = _open_locked(lock, option, path)
+    info = {"pid": os.getpid(), "command": shlex.join(["vegas-sim", *sys.argv[1:]]),
+            "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except OSError:
+        pass  # the lock holds without the note of who holds it
+    held.add(key)
+    try:
+        yield lock
+    finally:
+        held.discard(key)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # still locked: no one else can have it
+        os.close(fd)

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.files import write_atomic, write_json
+from vegas_sim.files import output_lock, write_atomic, write_json
 from vegas_sim.reports.csv import table_format, write_json_doc, write_table
 from vegas_sim.sim.predict import SkipLog
 from vegas_sim.sim.sweep import (
@@ -211,7 +211,19 @@ def sweep_to_file(grid: SweepGrid, latency: Any, acceptance: Any, out: Path, *,
     """Sweep `grid` into `out` (*.csv, *.parquet or *.json), checkpointed and resumable (see
     the module docstring). `progress(done, total)` is called at once and as chunks finish;
     `say` gets the time estimate of a grid longer than a minute and the resume line.
-    Raises SweepInterrupted on Ctrl-C (KeyboardInterrupt) after writing the partial table."""
+    Raises SweepInterrupted on Ctrl-C (KeyboardInterrupt) after writing the partial table.
+    `out` and its checkpoint have one writer: a second sweep to it is a UserInputError
+    naming the first (`files.output_lock`)."""
+    with output_lock(out):
+        return _sweep_locked(grid, latency, acceptance, out, engine=engine, seed=seed,
+                             replications=replications, workers=workers, scheduler=scheduler,
+                             progress=progress, say=say, notes=notes)
+
+
+def _sweep_locked(grid: SweepGrid, latency: Any, acceptance: Any, out: Path, *, engine: str,
+                  seed: int, replications: int, workers: int | None, scheduler: Any,
+                  progress: Progress | None, say: Say | None,
+                  notes: tuple[str, ...]) -> SweepFile:
     run = _FileSweep(grid, latency, acceptance, out, engine=engine, seed=seed,
                      replications=replications, notes=notes)
     try:

@@ -22,7 +22,7 @@ from vegas_sim.cli.common import (
     user_errors,
     weight_format_option,
 )
-from vegas_sim.files import check_out
+from vegas_sim.files import check_out, output_lock
 from vegas_sim.grids import parse_int_grid
 from vegas_sim.methods import METHODS
 from vegas_sim.reports.csv import write_json_doc
@@ -146,7 +146,7 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
             --arrival poisson:0.3 --slo-tpot-ms 8 --rank-by goodput --out serve.csv
     """
     stopped: SweepInterrupted | None = None
-    with user_errors():
+    with user_errors(), output_lock(out):
         check_out(out, (".csv", ".parquet", ".json"))
         if rank_by is not None:
             check_rank_by(rank_by, slo_tpot_ms is not None or slo_ttft_ms is not None)
@@ -242,7 +242,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
         vegas-sim tune --batch 4 --context 32K --slo-tpot-ms 7 --rank-by goodput \\
             --out slo_gamma.json
     """
-    with user_errors():
+    with user_errors(), output_lock(out):
         check_out(out, (".json",))
         cells = [(b, c) for b in parse_int_grid(batch, "--batch")
                  for c in parse_int_grid(context, "--context")]
@@ -315,7 +315,7 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     \b
         vegas-sim report sweep.csv --out sweep.html
     """
-    with user_errors():
+    with user_errors(), output_lock(out):
         written = write_report(results, out, kind, title=title)
     for skipped in written.skipped:
         click.echo(f"skipped {skipped}", err=True)

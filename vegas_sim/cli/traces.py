@@ -5,6 +5,7 @@ Each command's docstring is its --help text and carries an example.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import click
 from vegas_sim import api
 from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
 from vegas_sim.errors import UserInputError
-from vegas_sim.files import check_out
+from vegas_sim.files import check_out, output_lock
 from vegas_sim.methods import SPEC_METHODS
 from vegas_sim.traces import io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, write_anchors
@@ -116,7 +117,7 @@ def traces_finalize(directory: Path) -> None:
     \b
         vegas-sim traces finalize ./my-traces
     """
-    with user_errors():
+    with user_errors(), output_lock(directory, "DIRECTORY", make=False):
         trace_set = io.finalize_trace_set(directory)
     click.echo(io.format_summary(io.summarize(trace_set)))
 
@@ -148,7 +149,7 @@ def traces_merge(out: Path, sources: tuple[Path, ...], replicates: bool) -> None
     \b
         vegas-sim traces merge --replicates ./smollm2-acc ./acc-seed1 ./acc-seed2
     """
-    with user_errors():
+    with user_errors(), output_lock(out, "OUT"):
         merged = merge_trace_sets(out, list(sources), replicates=replicates)
     click.echo(io.format_summary(io.summarize(merged)))
 
@@ -177,7 +178,7 @@ def traces_subset(source: Path, where: str, out: Path) -> None:
     \b
         vegas-sim traces subset smollm2-135m-real --where 'gamma<=7' --out ./short-gamma
     """
-    with user_errors():
+    with user_errors(), output_lock(out):
         subset = subset_trace_set(source, out, where)
     click.echo(f"{out}: rows where {subset.meta['where']}")
     click.echo(io.format_summary(io.summarize(subset)))
@@ -256,7 +257,10 @@ def traces_import_vllm(source: Path, after: Path | None, method: str, gamma: int
             --gamma 6 --sparsity 0.07 --context 1K..32K --workload reasoning \\
             --temperature 0.6 --model qwen3-8b --out anchors.json
     """
-    with user_errors():
+    with user_errors(), contextlib.ExitStack() as locks:
+        for path, option in ((out, "--out"), (trace_set, "--trace-set")):
+            if path is not None:
+                locks.enter_context(output_lock(path, option))
         opts = ImportOptions(
             method=method, gamma=gamma,
             sparsity=None if sparsity is None else parse_sparsity(sparsity),
