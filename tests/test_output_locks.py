@@ -87,9 +87,13 @@ COMMANDS = {
     "traces subset": lambda out: ["traces", "subset", "smollm2-135m-h200", "--where",
                                   "batch<=4", "--out", str(out / "sub")],
     "traces finalize": lambda out: ["traces", "finalize", str(out / "set")],
+    "calibrate": lambda out: ["calibrate", "--model", "smollm2-135m", "--out", str(out / "ts")],
+    "validate": lambda out: ["validate", "--traces", "smollm2-135m-h200", "--model",
+                             "smollm2-135m", "--random", "2", "--out", str(out / "v.csv")],
 }
 LOCKED = {"sweep": "s.csv", "tune": "t.json", "report": "r.html", "traces merge": "merged",
-          "traces subset": "sub", "traces finalize": "set"}
+          "traces subset": "sub", "traces finalize": "set", "calibrate": "ts",
+          "validate": "v.csv"}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

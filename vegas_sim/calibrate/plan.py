@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from vegas_sim import grids
-from vegas_sim.calibrate.specdec import state_headroom
 from vegas_sim.calibrate.workloads import WORKLOADS
 from vegas_sim.errors import UserInputError
 from vegas_sim.grids import ACCEPTANCE_CUTS
@@ -321,4 +320,6 @@ def latency_temperature(plan: CalibrationPlan) -> float:
 def effective_context(plan: CalibrationPlan, spec: ModelSpec, context: int) -> int:
     """The context actually measured: capped so that context + 2γ_max + 2 fits the model."""
     gamma = max([DRAFT_GAMMA, *(q - 1 for q in plan.verify_n_query())])
+    from vegas_sim.calibrate.specdec import state_headroom  # torch: plan.py itself has none
+
     return min(context, spec.max_positions - state_headroom(gamma))

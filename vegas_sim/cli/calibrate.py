@@ -1,7 +1,8 @@
 """`vegas-sim calibrate` and `vegas-sim validate`: the commands that need a GPU (or are slow on CPU).
 
 torch is imported only when a command measures something (calibrate, validate without
---repredict), so a CPU-only install still has their --help and `validate --repredict`.
+--repredict), so a CPU-only install still has their --help and `validate --repredict`; their
+options and files are checked first, and a missing torch then says how to install it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,32 @@ from typing import Any
 import click
 
 from vegas_sim import grids
-from vegas_sim.cli.common import acceptance_anchor_option, progress_task, user_errors
-from vegas_sim.files import check_out
+from vegas_sim.calibrate import plan as plans
+from vegas_sim.cli.common import acceptance_anchor_option, gpu_import, progress_task, user_errors
+from vegas_sim.errors import UserInputError
+from vegas_sim.files import check_out, check_writable, output_lock
+from vegas_sim.models import PRESETS
+from vegas_sim.traces import io
+from vegas_sim.validate.heldout import read_heldout
 from vegas_sim.validate.repredict import repredict as repredict_table
 from vegas_sim.validate.results import compare, summarize
+
+
+def check_model(model: str, option: str = "--model") -> None:
+    """A --model is a preset name or an existing file or directory."""
+    if model not in PRESETS and not Path(model).exists():
+        raise UserInputError(f"{model!r} is neither a preset nor an existing file or directory",
+                             where=option,
+                             fix=f"pass a .gguf file, a Hugging Face checkpoint directory or "
+                                 f"one of: {', '.join(sorted(PRESETS))}")
+
+
+def _check_out_dir(out: Path) -> None:
+    """A trace-set --out is a directory that exists or can be made beside writable others."""
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"{str(out)!r} is a file", where="--out",
+                             fix="name a directory for the trace set (new, or one to resume)")
+    check_writable(out)
 
 
 @click.command()
@@ -113,10 +136,8 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
             --rope-scaling yarn:4 --long-prompts --no-latency --methods all --gamma 12 \\
             --workload longdoc,recall --out traces/smol-yarn
     """
-    from vegas_sim.calibrate import plan as plans  # torch
-    from vegas_sim.calibrate import runner
-
     with user_errors():
+        check_model(model)
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
         plan = plans.plan_from_options(model, weights=weights, device=device, seed=seed,
@@ -135,6 +156,9 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
             extra["acceptance_prompts"] = prompts
         plan = dataclasses.replace(plan, **extra)
         plans.validate_plan(plan)
+        _check_out_dir(out)
+    with user_errors(), output_lock(out):
+        runner = gpu_import("calibrate", "vegas_sim.calibrate.runner")
         seen = [0, 0]  # points done, of total: what an interrupt keeps
 
         with progress_task("calibrating") as bar:
@@ -235,6 +259,8 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
     """
     with user_errors():
         check_out(out, (".csv",))
+        _check_validate_inputs(traces, acceptance_traces, heldout, model, replications,
+                               time_budget)
         if repredict is not None and out.resolve() == repredict.resolve():
             raise click.UsageError("--out would overwrite the --repredict table: name a new "
                                    "file (the before/after comparison needs both)")
@@ -242,11 +268,12 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
             if heldout is not None or n_random is not None or model is not None or resume:
                 raise click.UsageError(
                     "--repredict runs nothing: drop --heldout/--random/--model/--resume")
-            before, after = repredict_table(
-                repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
-                seed=seed, replications=replications,
-                log=lambda line: click.echo(line, err=True),
-                acceptance_anchors=acceptance_anchors)
+            with output_lock(out):
+                before, after = repredict_table(
+                    repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
+                    seed=seed, replications=replications,
+                    log=lambda line: click.echo(line, err=True),
+                    acceptance_anchors=acceptance_anchors)
             click.echo(compare(before, after))
             click.echo(summarize(after))
             click.echo(f"wrote {out}")
@@ -259,8 +286,8 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
         lo, hi = grids.parse_int_grid(context_range, "--context-range")
         if weights is None:
             weights = "real" if Path(model).exists() else "random"
-        from vegas_sim.validate.run import run_validation  # torch
-
+    with user_errors(), output_lock(out):
+        run_validation = gpu_import("validate", "vegas_sim.validate.run").run_validation
         with progress_task("validating") as progress:
             try:
                 table = run_validation(
@@ -277,3 +304,26 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                 raise
     click.echo(summarize(table))
     click.echo(f"wrote {out}")
+
+
+def _check_validate_inputs(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
+                           model: str | None, replications: int,
+                           time_budget: float | None) -> None:
+    """validate's files and numbers, checked before torch is imported (and any GPU work)."""
+    for path, option in ((traces, "--traces"), (acceptance_traces, "--acceptance-traces")):
+        if path is not None:
+            try:
+                io.read_meta(io.trace_set_dir(path))
+            except UserInputError as e:
+                raise UserInputError(e.problem, where=f"{option} {e.where or path}",
+                                     fix=e.fix) from None
+    if heldout is not None:
+        read_heldout(heldout)
+    if model is not None:
+        check_model(model)
+    if replications < 1:
+        raise UserInputError(f"must be >= 1, got {replications}", where="--replications",
+                             fix="pass a positive integer (e.g. 5)")
+    if time_budget is not None and not 0 < time_budget < float("inf"):
+        raise UserInputError(f"must be a positive number of seconds, got {time_budget:g}",
+                             where="--time-budget", fix="e.g. --time-budget 480")

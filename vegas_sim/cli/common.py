@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
+from types import ModuleType
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +40,23 @@ def user_errors() -> Iterator[None]:
         yield
     except UserInputError as e:
         raise click.ClickException(e.message()) from None
+
+
+GPU_PACKAGES = ("torch", "triton", "gguf", "tokenizers")  # pyproject's `gpu` extra
+
+
+def gpu_import(command: str, module: str) -> ModuleType:
+    """Import `module` of the GPU half for `command`, or a UserInputError saying how to install
+    the `gpu` extra when one of its packages is missing (a CPU-only install)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in GPU_PACKAGES:
+            raise
+        raise UserInputError(f"{command} measures on a GPU and needs {e.name}, which is not "
+                             "installed", where=command,
+                             fix="pip install 'vegas-sim[gpu]' (torch, triton, gguf, "
+                                 "tokenizers; docs/INSTALL.md)") from None
 
 
 @contextmanager
