@@ -20,8 +20,9 @@ import pandas as pd
 
 from vegas_sim import fitcache
 from vegas_sim.errors import UserInputError
-from vegas_sim.gpus import GpuSpec, get_gpu, resolve_gpu
+from vegas_sim.gpus import GpuSpec, datasheet_for_device, get_gpu, resolve_gpu
 from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
+from vegas_sim.models import get_preset
 from vegas_sim.methods import (
     DEFAULT_SPARSITY,
     MIN_TOKENS,
@@ -41,6 +42,7 @@ from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.latency import LatencyModel
+from vegas_sim.sim.parallel import TensorParallel
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
@@ -189,6 +191,7 @@ def load_models(
     model: str | None, traces: Path | None = None, gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None, acceptance_anchors: tuple[str, ...] = (),
     weight_format: str = "bf16", acceptance_traces: Path | None = None,
+    tensor_parallel: int = 1, model_what_if: str | None = None,
 ) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
 
@@ -202,6 +205,10 @@ def load_models(
 
     weight_format: "fp8" / "mxfp4" rescale the weight bytes along the fitted roofline
     (models.WEIGHT_FORMATS; a what-if, not measured).
+
+    tensor_parallel: GPUs in one tensor-parallel group (`sim.parallel`; > 1 is a what-if whose
+    collectives are modelled, not measured). model_what_if: a preset whose shape to price at
+    the latency set's fits (`LatencyModel.for_model`; a what-if).
     """
     if model is None and traces is None:
         model = DEFAULT_MODEL
@@ -209,11 +216,22 @@ def load_models(
     latency_set, acceptance_set, notes = catalog.resolve(model, traces,
                                                          acceptance=acceptance_traces)
     latency = fit_latency(latency_set)
+    if model_what_if is not None:
+        latency = latency.for_model(get_preset(model_what_if.lower()))
+        notes = [*notes, (f"model {latency.model.name}: its shape priced at the efficiencies "
+                          f"fitted on {latency_set.model_name} ({latency_set.name}) — NOT "
+                          "measured")]
+    target = None
     if gpu is not None:  # a datasheet name (--gpu) or a GpuSpec (--gpu-spec FILE)
         target = get_gpu(gpu) if isinstance(gpu, str) else gpu
         latency = latency.what_if(target)
         notes = [*notes, target.label() if isinstance(gpu, GpuSpec) else
                  f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
+    if tensor_parallel != 1:
+        link = target or datasheet_for_device(latency.measured_gpu.name)
+        tp = TensorParallel.of(latency.model, tensor_parallel, link)
+        latency = latency.with_tensor_parallel(tp)
+        notes = [*notes, tp.label]
     if graph_launch_ms is None and latency.host_bound_share() > 0.5:
         notes = [*notes, (f"{latency.host_bound_share():.0%} of the measured latency points are "
                           "host-bound (the host's work per step exceeds the GPU's: an eager "
@@ -231,7 +249,7 @@ def load_models(
                           "weight-stream efficiency; dequantisation cost not modelled — NOT "
                           "measured")]
     acceptance, anchor_notes = anchor_acceptance(
-        fit_acceptance(acceptance_set), acceptance_set, latency_set.model_name,
+        fit_acceptance(acceptance_set), acceptance_set, latency.model.name,
         acceptance_anchors)
     return latency, acceptance, (*notes, *anchor_notes)
 

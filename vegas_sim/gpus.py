@@ -26,6 +26,9 @@ from typing import Any
 from vegas_sim.errors import UserInputError
 
 
+DEFAULT_ALLREDUCE_LATENCY_US = 10.0  # assumed, not measured: see docs/DESIGN.md, Tensor parallelism
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     name: str
@@ -35,6 +38,11 @@ class GpuSpec:
     # a measured copy bandwidth (spec files only): replaces the datasheet-ratio scaling
     copy_bandwidth_gbs: float | None = None
     source: str = "datasheet"  # "datasheet", or "spec file PATH"
+    # GPU-to-GPU link for tensor parallelism: bandwidth per direction per GPU (datasheet NVLink
+    # figure halved; 0 = unknown) and the fixed cost of one all-reduce call (an assumption:
+    # NCCL / custom all-reduce launch + synchronisation across the node)
+    link_gbs: float = 0.0
+    allreduce_latency_us: float = DEFAULT_ALLREDUCE_LATENCY_US
 
     def label(self) -> str:
         """How a what-if to this GPU is described in outputs."""
@@ -42,12 +50,14 @@ class GpuSpec:
         return f"GPU {self.name}: what-if {how} — NOT measured"
 
 
+# NVLink per direction: A100 SXM 600 GB/s total, H100 / H200 SXM 900, H100 NVL 600 (bridged
+# pairs), B200 1800 (vendors' datasheets).
 DATASHEETS: dict[str, GpuSpec] = {
-    "a100": GpuSpec("a100", 80.0, 2039.0, 312.0),  # A100 SXM 80GB
-    "h100-sxm": GpuSpec("h100-sxm", 80.0, 3350.0, 989.0),
-    "h100-nvl": GpuSpec("h100-nvl", 94.0, 3900.0, 835.0),
-    "h200": GpuSpec("h200", 141.0, 4800.0, 989.0),
-    "b200": GpuSpec("b200", 180.0, 8000.0, 2250.0),
+    "a100": GpuSpec("a100", 80.0, 2039.0, 312.0, link_gbs=300.0),  # A100 SXM 80GB
+    "h100-sxm": GpuSpec("h100-sxm", 80.0, 3350.0, 989.0, link_gbs=450.0),
+    "h100-nvl": GpuSpec("h100-nvl", 94.0, 3900.0, 835.0, link_gbs=300.0),
+    "h200": GpuSpec("h200", 141.0, 4800.0, 989.0, link_gbs=450.0),
+    "b200": GpuSpec("b200", 180.0, 8000.0, 2250.0, link_gbs=900.0),
 }
 
 # Names a measured trace set may carry (torch.cuda.get_device_name) → datasheet key.
@@ -73,7 +83,8 @@ def get_gpu(name: str) -> GpuSpec:
         ) from None
 
 
-SPEC_NUMBERS = ("memory_gb", "hbm_bandwidth_gbs", "copy_bandwidth_gbs", "bf16_tflops")
+SPEC_NUMBERS = ("memory_gb", "hbm_bandwidth_gbs", "copy_bandwidth_gbs", "bf16_tflops",
+                "link_bandwidth_gbs", "allreduce_latency_us")
 
 
 def load_gpu_spec(path: Path) -> GpuSpec:
@@ -109,7 +120,9 @@ def load_gpu_spec(path: Path) -> GpuSpec:
     return GpuSpec(name=raw["name"].strip(), memory_gb=numbers["memory_gb"],
                    bandwidth_gbs=numbers.get("hbm_bandwidth_gbs", copy or 0.0),
                    bf16_tflops=numbers["bf16_tflops"], copy_bandwidth_gbs=copy,
-                   source=f"spec file {path}")
+                   source=f"spec file {path}", link_gbs=numbers.get("link_bandwidth_gbs", 0.0),
+                   allreduce_latency_us=numbers.get("allreduce_latency_us",
+                                                    DEFAULT_ALLREDUCE_LATENCY_US))
 
 
 def _toml(text: str) -> Any:

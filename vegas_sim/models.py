@@ -253,6 +253,19 @@ class ModelSpec:
         experts = self.n_experts * self.expert_bytes(weight_format)
         return self.n_layers * self._layer_weight_bytes(weight_format) + experts + tables
 
+    def tensor_shard(self, tp: int) -> ModelSpec:
+        """The part of the model one GPU of a `tp`-way tensor-parallel group holds, divided as
+        vLLM divides it: query heads, the MLP / expert width and the vocabulary (embedding, LM
+        head) split `tp` ways; KV heads split too, or replicated one per GPU when `tp` exceeds
+        them; the residual width, norms and router whole on every GPU. `tp` = 1 is the model."""
+        check_tensor_parallel(self, tp)
+        if tp == 1:
+            return self
+        return dataclasses.replace(
+            self, name=f"{self.name} (1/{tp} tensor shard)", n_heads=self.n_heads // tp,
+            n_kv_heads=max(1, self.n_kv_heads // tp), ffn=self.ffn // tp,
+            expert_ffn=self.expert_ffn // tp, vocab=-(-self.vocab // tp))
+
     def gemm_flops(self, tokens: int) -> float:
         """FLOPs of the dense part (projections, active experts, LM head) for `tokens` rows."""
         return 2.0 * self.matmul_params() * tokens
@@ -321,6 +334,26 @@ class ModelSpec:
 _MOE_HYBRID_FIELDS = tuple(f for f in dataclasses.fields(ModelSpec) if f.name in (
     "n_experts", "experts_per_token", "expert_ffn", "sliding_window", "window_layers",
     "attention_sinks", "o_bias", "moe_bias", "moe_activation"))
+
+
+def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """Refuse a tensor-parallel size the model's heads and widths cannot be split by (vLLM
+    refuses the same: query heads, MLP / expert width divisible by tp; KV heads divisible by
+    tp, or tp a multiple of them)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise UserInputError(f"tensor-parallel size must be a whole number >= 1, got {tp!r}",
+                             where="--tp", fix="give e.g. --tp 2, 4 or 8")
+    widths = {"attention heads": model.n_heads, "MLP width": model.ffn}
+    if model.is_moe:
+        widths["expert width"] = model.expert_ffn
+    bad = [f"{name} {n}" for name, n in widths.items() if n % tp]
+    kv = model.n_kv_heads
+    if kv % tp and tp % kv:
+        bad.append(f"KV heads {kv} (neither divisible by {tp} nor dividing it)")
+    if bad:
+        raise UserInputError(f"{model.name} cannot be split {tp} ways: {', '.join(bad)}",
+                             where="--tp", fix="use a size that divides the attention heads "
+                             f"({model.n_heads}) and the MLP width")
 
 
 PRESETS: dict[str, ModelSpec] = {

@@ -99,8 +99,10 @@ class IterationCost:
             f = phys.slope_features(phase, nq, rows) * grp.gpu_coef  # [n_features], B = 1
             per_request = float(f[FEATURE_INDEX["per_request"]])
             wslope = float(phys.window_features(phase, nq) @ grp.gpu_coef)
-            terms.append(_Term(phase, grp, kind, repeats, nq, rows, float(f.sum()) - per_request,
-                               a, d, wslope, per_request))
+            comm_per_key = self._model.comm_ms(phase, nq)[1]  # tensor parallel; 0 on one GPU
+            terms.append(_Term(phase, grp, kind, repeats, nq, rows,
+                               float(f.sum()) - per_request + comm_per_key, a, d, wslope,
+                               per_request))
 
         if m == "vanilla":
             add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
@@ -124,7 +126,8 @@ class IterationCost:
         base = self._base.get(batch)
         if base is None:
             phys = self._model._physics
-            base = [(float(phys.intercept_features(batch, t.n_query, t.rows) @ t.group.gpu_coef),
+            base = [(float(phys.intercept_features(batch, t.n_query, t.rows) @ t.group.gpu_coef)
+                     + self._model.comm_ms(t.phase, batch * t.n_query)[0],
                      t.group.floor(batch * t.n_query)) for t in self._terms]
             self._base[batch] = base
         return base

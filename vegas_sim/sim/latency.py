@@ -131,6 +131,7 @@ from vegas_sim.sim.latency_features import (
     Physics,
     prior_coef,
 )
+from vegas_sim.sim.parallel import TensorParallel, shard_physics
 from vegas_sim.sim.latency_fit import (
     FittedGroup,
     fit_group,
@@ -151,8 +152,11 @@ class LatencyModel:
         what_if: GpuSpec | None = None, effective: MeasuredGpu | None = None,
         launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
         weight_format: str = "bf16", host_phases_in_loop: bool = True,
+        tensor_parallel: TensorParallel | None = None, measured_model: ModelSpec | None = None,
     ) -> None:
         self._model = model
+        self._measured_model = measured_model or model  # the model the set measured
+        self._tp = tensor_parallel or TensorParallel(1, 0.0, 0.0)
         # whether the set timed the host-bound phases after verify (sample, select) inside
         # whole iterations, as the decoding loop meets them (calibrate's verify_after_draft)
         self.host_phases_in_loop = host_phases_in_loop
@@ -166,11 +170,12 @@ class LatencyModel:
         # what predictions use: the fitted groups, host terms replaced when launch_ms is given
         self._effective = groups if launch_ms is None else {
             key: with_host(grp, launch_ms) for key, grp in groups.items()}
-        self._physics = Physics.of(model, self._gpu.copy_bandwidth_gbs, self._gpu.bf16_tflops,
-                                   weight_format)
+        self._physics = shard_physics(model, self._tp.size, self._gpu.copy_bandwidth_gbs,
+                                      self._gpu.bf16_tflops, weight_format)
         self._loo: pd.DataFrame | None = None
         # the fit's residual by batch describes the measured GPU and host: not a what-if's
-        self._use_residual = what_if is None and launch_ms is None and weight_format == "bf16"
+        self._use_residual = (what_if is None and launch_ms is None and weight_format == "bf16"
+                              and self._tp.size == 1 and model == self._measured_model)
 
     # -- construction --
     @classmethod
@@ -255,8 +260,15 @@ class LatencyModel:
             c = kv - n_query if contexts is None else np.asarray(contexts)
             x += self._physics.window_features(phase, n_query) * float(
                 window_kv_read(self._physics.window, c, n_query).sum())
-        ms = grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), float(x @ grp.gpu_coef))
+        comm, comm_per_key = self.comm_ms(phase, int(kv.shape[0]) * n_query)
+        gpu = float(x @ grp.gpu_coef) + comm + comm_per_key * float(kv.sum())
+        ms = grp.serial + max(grp.floor(int(kv.shape[0]) * n_query), gpu)
         return ms * self.batch_factor(grp, int(kv.shape[0]))
+
+    def comm_ms(self, phase: str, rows: int) -> tuple[float, float]:
+        """Tensor-parallel collectives of one call of `phase` over `rows` query rows: (ms per
+        call, ms per key of Σ kv_read); (0, 0) on one GPU (`parallel.TensorParallel`)."""
+        return self._tp.phase_comm(phase, self._model, rows)
 
     def batch_factor(self, grp: FittedGroup, batch: int) -> float:
         """The group's residual factor at this batch (1 for a what-if GPU or launch cost)."""
@@ -366,10 +378,7 @@ class LatencyModel:
             bf16_tflops=base.bf16_tflops * target.bf16_tflops / source.bf16_tflops,
             memory_gb=target.memory_gb,
         )
-        out = LatencyModel(self._model, self._measured, self._groups, target, scaled,
-                           self._launch_ms, self._envelope, self._weight_format, self.host_phases_in_loop)
-        out.trace_set = self.trace_set
-        return out
+        return self._variant(what_if=target, effective=scaled)
 
     def without_host_overhead(self, launch_ms: float) -> LatencyModel:
         """The same model with every group's host term replaced by `launch_ms` per phase call.
@@ -384,10 +393,7 @@ class LatencyModel:
             raise UserInputError(f"launch cost must be a finite number of ms >= 0, got {launch_ms}",
                                  where="--graph-launch-ms",
                                  fix="give the per-step CUDA-graph launch cost, e.g. 0.02")
-        out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                           float(launch_ms), self._envelope, self._weight_format, self.host_phases_in_loop)
-        out.trace_set = self.trace_set
-        return out
+        return self._variant(launch_ms=float(launch_ms))
 
     def with_weight_format(self, weight_format: str) -> LatencyModel:
         """The same fits with the weight bytes of `weight_format` (models.WEIGHT_FORMATS): the
@@ -399,8 +405,43 @@ class LatencyModel:
             raise UserInputError(f"unknown weight format {weight_format!r}",
                                  where="--weight-format",
                                  fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
-        out = LatencyModel(self._model, self._measured, self._groups, self._what_if, self._gpu,
-                           self._launch_ms, self._envelope, weight_format, self.host_phases_in_loop)
+        return self._variant(weight_format=weight_format)
+
+    def with_tensor_parallel(self, tp: TensorParallel) -> LatencyModel:
+        """The same fits priced for one GPU of a tensor-parallel group (`parallel`): the
+        features of the model's shard at the fitted efficiencies, plus the group's modelled
+        collectives. A what-if unless `tp.size` is 1."""
+        return self._variant(tensor_parallel=tp)
+
+    def for_model(self, target: ModelSpec) -> LatencyModel:
+        """Another model's shape priced at these fits: its roofline features (weights, KV,
+        FLOPs, heads) at the efficiencies measured on this set's model; host floors kept.
+        A what-if for a model of the same kind that was not measured (a dense GQA model from a
+        dense GQA set); refused across kinds (dense / MoE, with / without window layers)."""
+        base = self._measured_model
+        if (target.is_moe != base.is_moe or bool(target.window_layers)
+                != bool(base.window_layers)):
+            raise UserInputError(
+                f"{target.name} is not of the kind of {base.name}, whose set would price it",
+                where="--model-what-if", fix="price a dense model from a dense model's set, a "
+                "mixture of experts from a mixture of experts', hybrid attention from hybrid")
+        return self._variant(model=target)
+
+    @property
+    def shape_what_if(self) -> bool:
+        """Whether the model priced is not the one the set measured (`for_model`)."""
+        return self._model != self._measured_model
+
+    def _variant(self, **changes: Any) -> LatencyModel:
+        """This model with some of its what-if settings changed (the fits are shared)."""
+        args: dict[str, Any] = dict(
+            model=self._model, measured=self._measured, groups=self._groups,
+            what_if=self._what_if, effective=self._gpu, launch_ms=self._launch_ms,
+            envelope=self._envelope, weight_format=self._weight_format,
+            host_phases_in_loop=self.host_phases_in_loop, tensor_parallel=self._tp,
+            measured_model=self._measured_model)
+        args.update(changes)
+        out = LatencyModel(**args)
         out.trace_set = self.trace_set
         return out
 
@@ -489,8 +530,18 @@ class LatencyModel:
         return self._gpu
 
     @property
+    def tensor_parallel(self) -> TensorParallel:
+        return self._tp
+
+    @property
+    def gpu_model(self) -> ModelSpec:
+        """What one GPU holds: the model, or its tensor shard (`ModelSpec.tensor_shard`)."""
+        return self._model.tensor_shard(self._tp.size)
+
+    @property
     def is_what_if(self) -> bool:
-        return self._what_if is not None or self._weight_format != "bf16"
+        return (self._what_if is not None or self._weight_format != "bf16"
+                or self._tp.size > 1 or self.shape_what_if)
 
     @property
     def gpu_label(self) -> str:
@@ -501,6 +552,11 @@ class LatencyModel:
             label += f", host overhead replaced by {self._launch_ms:g} ms launch"
         if self._weight_format != "bf16":
             label += f", {self._weight_format} weights (what-if, not measured)"
+        if self._tp.size > 1:
+            label += f", ×{self._tp.size} tensor parallel (what-if, not measured)"
+        if self.shape_what_if:
+            label += (f", {self._model.name} priced at {self._measured_model.name}'s fits "
+                      "(what-if, not measured)")
         return label
 
     def methods_covered(self) -> list[str]:

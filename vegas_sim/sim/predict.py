@@ -207,7 +207,7 @@ def split_fitting(scenarios: Sequence[Scenario], latency: LatencyModel,
     skipped: list[tuple[Scenario, DoesNotFitError]] = []
     for sc in scenarios:
         try:
-            validate_scenario(sc, latency.model, mem, weight_format_of(latency))
+            validate_scenario(sc, latency.gpu_model, mem, weight_format_of(latency))
         except DoesNotFitError as e:
             skipped.append((sc, e))
         else:
@@ -349,7 +349,9 @@ class _PrefillTime:
         if self.traced:
             return self.latency.phase_ms("prefill", self.method, n, np.array([n], np.int64))
         gpu = self.latency.gpu
-        return roofline_prefill_ms(self.latency.model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops, n)
+        return (roofline_prefill_ms(self.latency.gpu_model, gpu.copy_bandwidth_gbs,
+                                    gpu.bf16_tflops, n)
+                + self.latency.comm_ms("prefill", n)[0])
 
 
 def prefill_fn(latency: LatencyModel, method: str) -> PrefillFn:
@@ -384,7 +386,7 @@ def scenario_kv_capacity(sc: Scenario, latency: LatencyModel) -> int | None:
     mem = gpu_memory(latency)
     if mem is None:
         return None
-    return _scenario_cache_tokens(sc, latency.model, mem, weight_format_of(latency))
+    return _scenario_cache_tokens(sc, latency.gpu_model, mem, weight_format_of(latency))
 
 
 def weight_format_of(latency: LatencyModel) -> str:
@@ -598,7 +600,7 @@ def predict_one(
     if scenario.min_tokens is None:
         scenario = replace(scenario, min_tokens=acceptance.min_tokens)
     scenario = resolve_output(scenario, latency.model)
-    validate_scenario(scenario, latency.model, gpu_memory(latency),
+    validate_scenario(scenario, latency.gpu_model, gpu_memory(latency),
                       weight_format_of(latency))
     if engine == "analytic":
         _check_analytic(scenario)
@@ -641,7 +643,7 @@ def predict(
     """
     mem = gpu_memory(latency)
     for sc in scenarios:
-        validate_scenario(sc, latency.model, mem, weight_format_of(latency))
+        validate_scenario(sc, latency.gpu_model, mem, weight_format_of(latency))
     cache: dict[tuple[Any, ...], list[RunMetrics]] = {}
     rows = []
     for i, sc in enumerate(scenarios):

@@ -245,7 +245,7 @@ def fitting(scenarios: Iterable[Scenario], latency: LatencyModel,
     order = 0
     for sc in scenarios:
         try:
-            validate_scenario(sc, latency.model, mem, weight_format_of(latency))
+            validate_scenario(sc, latency.gpu_model, mem, weight_format_of(latency))
         except DoesNotFitError as e:
             skipped.add(sc, e)
             continue
