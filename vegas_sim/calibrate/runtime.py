@@ -440,7 +440,7 @@ class Transformer(torch.nn.Module):
                 fix="create the cache with a larger max_seq",
             )
         new_lens = cache.lens + NQ  # [B] int32, includes the new tokens
-        x = F.embedding(tokens, self.embed)  # [B, NQ, H] residual stream
+        x = self._embed(tokens)  # [B, NQ, H] residual stream
         delta: Tensor | None = None  # the last block's output, not yet added to x
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, Layer)
@@ -448,10 +448,24 @@ class Transformer(torch.nn.Module):
         if last_only:
             x, delta = x[:, -1:], (delta[:, -1:] if delta is not None else None)
         h, _ = ops.add_rms_norm(x, delta, self.norm, self.spec.rms_eps)
-        head = self.embed if self.lm_head is None else self.lm_head
-        logits = F.linear(h, head).float()  # [B, NQ or 1, V]
+        logits = self._logits(h)  # [B, NQ or 1, V] fp32
         cache.lens.copy_(new_lens)
         return logits
+
+    # Where a tensor-parallel shard (calibrate/tensor_parallel.py) joins its GPUs' parts; on
+    # one GPU each is the plain operation.
+    def _embed(self, tokens: Tensor) -> Tensor:
+        """tokens [B, NQ] -> embeddings [B, NQ, H]."""
+        return F.embedding(tokens, self.embed)
+
+    def _logits(self, h: Tensor) -> Tensor:
+        """Final-normed h [B, NQ, H] -> fp32 logits [B, NQ, V]."""
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(h, head).float()
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        """Sum of `x` over the GPUs of a tensor-parallel group (in place; `x` on one GPU)."""
+        return x
 
     def _block(
         self, i: int, layer: Layer, x: Tensor, delta: Tensor | None, cache: KVCache,
@@ -466,9 +480,9 @@ class Transformer(torch.nn.Module):
                                   cache.lens)
         attn = layer.attend(i, q, cache.k[i], cache.v[i], new_lens, self.scale,
                             policy)  # [B, NQ, Hq, D]
-        h, x = ops.add_rms_norm(x, F.linear(attn.reshape(B, NQ, -1), layer.wo, layer.bo),
-                                layer.mlp_norm, eps)
-        return x, layer.mlp(h)
+        out = self.all_reduce(F.linear(attn.reshape(B, NQ, -1), layer.wo, layer.bo))
+        h, x = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
+        return x, self.all_reduce(layer.mlp(h))
 
     @torch.no_grad()
     def prefill(

@@ -606,7 +606,8 @@ class SpecDecoder:
         with self.timer.phase("select"):
             rank_len = state.collect_ctx + 1  # positions [0, C] of the selecting iteration
             b = self._budget(state, rank_len)
-            weights = state.verify_policy.weights  # [L, B, S] or [L, B, R, S]
+            # [L, B, S] or [L, B, R, S]; a tensor-parallel shard's weights cover its own heads
+            weights = self.model.all_reduce(state.verify_policy.weights)
             if c.method == "specextend":
                 assert state.accepted is not None
                 rows = torch.arange(state.batch, device=self.device)
