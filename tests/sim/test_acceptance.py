@@ -646,3 +646,23 @@ def test_fitted_model_pickles(model: AcceptanceModel) -> None:
     d = model.lookup("vegas", 5, 0.07, 3000, output_len=40)
     back = pickle.loads(pickle.dumps(model))
     np.testing.assert_allclose(back.lookup("vegas", 5, 0.07, 3000, output_len=40).rates, d.rates)
+
+
+def test_acceptance_follows_the_running_context(model: AcceptanceModel) -> None:
+    """A request whose context doubles while it generates is looked up again per doubling:
+    it replays the prompt's acceptance until its generated tokens reach the next stage, then
+    the next stage's; a request that never doubles is the prompt's lookup alone."""
+    from vegas_sim.sim.acceptance_dist import RunningLengthDist, running_stages
+
+    assert running_stages(1024, 512) == [(0, 1024)]
+    assert running_stages(1000, 7000) == [(0, 1000), (1000, 2000), (3000, 4000)]
+    low = model.lookup("vegas", 4, 0.1, 1024, "chat", 0.6)
+    high = model.lookup("vegas", 4, 0.1, 32768, "chat", 0.6)
+    run = RunningLengthDist.of([0, 40], [low, high], 80, [1024, 32768])
+    assert run.mean_length == pytest.approx((low.mean_length + high.mean_length) / 2)
+    assert "running context" in run.extrapolated[0]
+    acc = run.sample(np.random.default_rng(0), 64, 30)
+    before = np.cumsum(acc + 1, axis=1) - (acc + 1)  # [R, W] tokens generated before
+    first = run.stages[0].sample(np.random.default_rng(0), 64, 30)
+    np.testing.assert_array_equal(acc[before < 40], first[before < 40])  # the prompt's stage
+    assert acc.max() <= 4

@@ -145,10 +145,12 @@ def test_qwen3_uses_published_anchors_by_default_and_none_turns_them_off() -> No
 
 
 def test_predicting_the_anchors_own_setting_gives_them_back() -> None:
-    """The paper's setting (182-token prompts, long outputs): the simulated acceptance of
-    every anchored method is its packaged anchor, up to the replay's sampling noise."""
+    """The paper's setting (182-token prompts, 19,680-token outputs, the anchors' own
+    output_len): the simulated acceptance of every anchored method, following the running
+    context over the whole generation as the anchors' counts do, is its packaged anchor, up
+    to the replay's sampling noise."""
     args = ["predict", "--gamma", "6", "--sparsity", "0.07", "--context", "182",
-            "--output-len", "2048", "--batch", "4", "--workload", "reasoning",
+            "--output-len", "19680", "--batch", "4", "--workload", "reasoning",
             "--temperature", "0.6", "--replications", "1", "--format", "json",
             "-m", "magicdec-stream", "-m", "magicdec-quest", "-m", "specextend", "-m", "vegas"]
     result = CliRunner().invoke(cli, args)

@@ -22,7 +22,8 @@ from vegas_sim.traces.anchors import (
 def _set() -> AnchorSet:
     return AnchorSet(model="m", source="a run, with, commas", anchors=(
         Anchor("vegas", 3, 0.07, (128, 4096), "reasoning", 0.6, 2.7,
-               per_position_rates=(0.8, 0.55, 0.35), num_drafts=1000, source="x"),
+               per_position_rates=(0.8, 0.55, 0.35), num_drafts=1000, source="x",
+               output_len=19680),
         Anchor("magicdec-stream", 6, None, None, None, None, 4.92),
     ))
 
@@ -45,6 +46,7 @@ def test_packaged_qwen3_published() -> None:
     assert all(a.gamma == 6 and a.sparsity == 0.07 and a.workload == "reasoning"
                and a.temperature == 0.6 for a in s.anchors)
     assert "Figure 10a" in s.source
+    assert all(a.output_len == 19680 for a in s.anchors)  # whole AIME25 generations
 
 
 def _json(tmp_path: Path, anchor: dict[str, object], **doc: object) -> Path:
@@ -75,6 +77,7 @@ GOOD = {"method": "vegas", "gamma": 4, "sparsity": 0.07, "context": [1, 9],
     ({"per_position_rates": [0.5, 0.6, 0.5, 0.4]}, "per_position_rates", "non-increasing"),
     ({"per_position_rates": [0.9, 0.5, 0.3, 0.1]}, "per_position_rates", "must agree"),
     ({"num_drafts": 0}, "num_drafts", ">= 1"),
+    ({"output_len": 0}, "output_len", ">= 1"),
     ({"gamme": 4}, "gamme", "unknown field"),
 ])
 def test_bad_json_field(tmp_path: Path, change: dict[str, object], field: str,

@@ -6,6 +6,7 @@ them from a trace set is `acceptance`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -281,4 +282,69 @@ class FixedSequences:
         for r in range(n_requests):
             seq = self._seqs[r % len(self._seqs)]
             out[r] = seq[cols % len(seq)]
+        return out
+
+
+RUNNING_STAGE_RATIO = 2.0  # a request's acceptance is looked up again each time its context
+# (prompt + generated) grows by this factor: the context buckets are about a doubling apart
+
+
+def running_stages(prompt: int, output_len: int) -> list[tuple[int, int]]:
+    """[(tokens generated when the stage starts, the context looked up)] for a request of
+    `prompt` tokens generating `output_len`: one stage per RUNNING_STAGE_RATIO of context,
+    each looked up at its first context, the first at the prompt. One stage when the
+    request's context grows by less than the ratio."""
+    out = [(0, prompt)]
+    start = max(prompt, 1) * RUNNING_STAGE_RATIO
+    while start < prompt + output_len:
+        out.append((int(math.ceil(start)) - prompt, int(math.ceil(start))))
+        start *= RUNNING_STAGE_RATIO
+    return out
+
+
+@dataclass
+class RunningLengthDist(AcceptanceDist):
+    """Acceptance that follows each request's running context: stage j (from `starts[j]`
+    generated tokens on) replays `stages[j]`, the acceptance looked up at that stage's context.
+    A request enters a stage at the iteration its generated tokens reach the stage's start and
+    replays the stage's traced runs from their start from there. `rates`, `sources`, `weights`,
+    `extrapolated` and `context_trend_sd_pct` summarise the stages weighted by the share of a
+    request's output generated in each (`of`)."""
+
+    starts: tuple[int, ...] = ()
+    stages: tuple[AcceptanceDist, ...] = ()
+
+    @classmethod
+    def of(cls, starts: list[int], stages: list[AcceptanceDist], output_len: int,
+           contexts: list[int]) -> RunningLengthDist:
+        bounds = np.minimum(np.array([*starts, output_len], dtype=float), output_len)
+        share = np.diff(bounds) / max(output_len, 1)  # [S] share of the output in each stage
+        rates = sum((w * d.rates for w, d in zip(share, stages)), np.zeros(stages[0].gamma))
+        notes = [f"acceptance follows the running context: {len(stages)} stages at contexts "
+                 f"{', '.join(str(c) for c in contexts)} (prompt + generated; shares of the "
+                 f"output {', '.join(f'{w:.2f}' for w in share)})"]
+        for d in stages:
+            notes.extend(n for n in d.extrapolated if n not in notes)
+        sources = [s for d in stages for s in d.sources]
+        weights = np.concatenate([w * np.asarray(d.weights, dtype=float)
+                                  for w, d in zip(share, stages)]) if sources else np.ones(0)
+        return cls(stages[0].method, stages[0].gamma, np.asarray(rates), notes, sources,
+                   weights, float(sum(w * d.context_trend_sd_pct for w, d in zip(share, stages))),
+                   tuple(starts), tuple(stages))
+
+    def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
+        """[n_requests, n_iterations] accepted drafts: the first stage's draws, then from the
+        iteration at which a request's generated tokens (accepted + 1 per iteration) reach
+        stage j's start, stage j's draws replayed from their first column."""
+        out = self.stages[0].sample(rng, n_requests, n_iterations)
+        cols = np.arange(n_iterations)  # [W]
+        for start, stage in zip(self.starts[1:], self.stages[1:]):
+            before = np.cumsum(out + 1, axis=1) - (out + 1)  # [R, W] generated before column k
+            enter = np.sum(before < start, axis=1)  # [R] first column in this stage
+            if np.all(enter >= n_iterations):
+                break
+            draws = stage.sample(rng, n_requests, n_iterations)  # [R, W]
+            rel = cols[None, :] - enter[:, None]  # [R, W] column inside the stage
+            take = rel >= 0
+            out[take] = draws[np.nonzero(take)[0], rel[take]]
         return out

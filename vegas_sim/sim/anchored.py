@@ -61,7 +61,7 @@ import numpy as np
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.acceptance_dist import AcceptanceDist
+from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
 from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates, shift_source
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
@@ -274,10 +274,13 @@ class AnchoredAcceptance(AcceptanceModel):
     # -- fit --
     def _nodes(self, method: str, gamma: int, sparsity: float | None,
                context: tuple[int, int] | None, workload: str | None,
-               temperature: float | None) -> tuple[list[_Node], str]:
+               temperature: float | None, output_len: int | None = None
+               ) -> tuple[list[_Node], str]:
         """The shape's unshifted components at the context nodes of a configuration given as
         an anchor gives it (empty fields: module docstring), and a note on a workload the
-        shape set lacks."""
+        shape set lacks. With `output_len` each node is a request of that prompt generating
+        that many tokens, its acceptance following its running context as a prediction's
+        does (`acceptance_dist.running_stages`)."""
         cov = self.coverage()
         workloads = [str(w) for w in cov["workloads"]]  # type: ignore[attr-defined]
         note = ""
@@ -287,16 +290,23 @@ class AnchoredAcceptance(AcceptanceModel):
             workload = None
         span = context if context is not None else self.traced_contexts(method, workload)
         nodes = []
+        s = sparsity if sparsity is not None else DEFAULT_SPARSITY
+        t = temperature if temperature is not None else 0.0
         for c in context_nodes(int(span[0]), int(span[1])):
-            dist = AcceptanceModel.lookup(
-                self, method, gamma, sparsity if sparsity is not None else DEFAULT_SPARSITY,
-                c, workload, temperature if temperature is not None else 0.0)
+            if output_len is None:
+                dist = AcceptanceModel.lookup(self, method, gamma, s, c, workload, t)
+            else:
+                stages = running_stages(c, output_len)
+                dists = [AcceptanceModel.lookup(self, method, gamma, s, ctx, workload, t,
+                                                output_len=output_len) for _, ctx in stages]
+                dist = dists[0] if len(dists) == 1 else RunningLengthDist.of(
+                    [g for g, _ in stages], dists, output_len, [ctx for _, ctx in stages])
             nodes.append(tuple(_source_parts(dist)))
         return nodes, note
 
     def _target(self, a: Anchor) -> _AnchorTarget:
         nodes, note = self._nodes(a.method, a.gamma, a.sparsity, a.context, a.workload,
-                                  a.temperature)
+                                  a.temperature, a.output_len)
         return _AnchorTarget(a, tuple(nodes), f"anchor {a.describe()}: {note}" if note else "")
 
     def range_length(self, method: str, gamma: int, sparsity: float | None,

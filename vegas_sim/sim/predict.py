@@ -48,8 +48,10 @@ Defaults and rules:
 - Co-located prefill: one request's prefill time is the latency model's 'prefill' phase at
   n_query = kv_read = input length when the trace set measured it, else a roofline estimate
   (``roofline_prefill_ms``); the admitted requests are prefilled one after another.
-- Acceptance is looked up at the scenario's context (the prompt length), not the context grown
-  by the output.
+- Acceptance follows each request's running context (prompt + generated so far): looked up
+  at the prompt, and again each time the context doubles (`acceptance_dist.running_stages`,
+  `RunningLengthDist`); a request enters the next stage at the iteration its generated
+  tokens reach it.
 - Roofline columns (``roofline_*``, ``verify_compute_batch``; `sim.roofline`): the iteration's
   bound from its bytes and FLOPs at the latency model's GPU rates, at the mean running batch
   with every request halfway through its output, beside the latency model's own prediction at
@@ -71,7 +73,7 @@ from vegas_sim.errors import DoesNotFitError, TraceSetError, UserInputError
 from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.acceptance_dist import AcceptanceDist
+from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import (
@@ -404,9 +406,16 @@ def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
     if sc.method == "vanilla":
         return None
     # Acceptance rises along a generation (the traces' later iterations accept more), so the
-    # traced runs are cut to the iterations a request of this output length runs.
-    return acceptance.lookup(sc.method, sc.gamma, sc.sparsity, sc.context, sc.workload,
-                             sc.temperature, output_len=sc.output_len)
+    # traced runs are cut to the iterations a request of this output length runs; it follows
+    # the request's running context (prompt + generated), a lookup per doubling of it.
+    stages = running_stages(sc.context, sc.output_len)
+    dists = [acceptance.lookup(sc.method, sc.gamma, sc.sparsity, context, sc.workload,
+                               sc.temperature, output_len=sc.output_len)
+             for _, context in stages]
+    if len(dists) == 1:
+        return dists[0]
+    return RunningLengthDist.of([g for g, _ in stages], dists, sc.output_len,
+                                [c for _, c in stages])
 
 
 def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,

@@ -37,11 +37,11 @@ RATE_SUM_TOLERANCE = 1e-3  # relative: mean_acceptance_length vs 1 + sum(per_pos
 
 FIELDS: tuple[str, ...] = (
     "method", "gamma", "sparsity", "context", "workload", "temperature",
-    "mean_acceptance_length", "per_position_rates", "num_drafts", "source",
+    "mean_acceptance_length", "per_position_rates", "num_drafts", "source", "output_len",
 )
 CSV_COLUMNS: tuple[str, ...] = (
     "method", "gamma", "sparsity", "context_lo", "context_hi", "workload", "temperature",
-    "mean_acceptance_length", "num_drafts", "source",
+    "mean_acceptance_length", "num_drafts", "source", "output_len",
 )
 _REQUIRED = ("method", "gamma", "mean_acceptance_length")
 _DOC = "see docs/ACCEPTANCE_ANCHORS.md"
@@ -71,6 +71,9 @@ class Anchor:
     per_position_rates: tuple[float, ...] | None = None  # accepted_per_pos[i] / drafts
     num_drafts: int | None = None  # sample size, if known
     source: str = ""
+    # mean tokens each counted request generated (the counts pool its whole generation, its
+    # context growing from the prompt); None = as long as the shape set's traced runs
+    output_len: int | None = None
 
     def __post_init__(self) -> None:
         _check_anchor(self)
@@ -142,6 +145,10 @@ def _check_anchor(a: Anchor) -> None:
     if a.num_drafts is not None and not (_is_int(a.num_drafts) and a.num_drafts >= 1):
         raise _FieldError("num_drafts", f"num_drafts must be an integer >= 1 or empty, "
                           f"got {a.num_drafts!r}", "give vLLM's num_drafts, or leave it out")
+    if a.output_len is not None and not (_is_int(a.output_len) and a.output_len >= 1):
+        raise _FieldError("output_len", f"output_len must be an integer >= 1 or empty, "
+                          f"got {a.output_len!r}",
+                          "give the mean tokens generated per counted request, or leave it out")
     if not isinstance(a.source, str):
         raise _FieldError("source", f"source must be text, got {a.source!r}",
                           "say where the number was measured")
@@ -227,7 +234,8 @@ def _anchor_from_dict(d: object) -> Anchor:
         context=ctx, workload=d.get("workload"),
         temperature=_opt_float(d.get("temperature"), "temperature"),
         mean_acceptance_length=d["mean_acceptance_length"], per_position_rates=rates,
-        num_drafts=d.get("num_drafts"), source=d.get("source") or "")
+        num_drafts=d.get("num_drafts"), source=d.get("source") or "",
+        output_len=d.get("output_len"))
 
 
 def _make_anchor(**kw: Any) -> Anchor:
@@ -275,7 +283,7 @@ def _anchor_to_dict(a: Anchor) -> dict[str, Any]:
         "workload": a.workload, "temperature": a.temperature,
         "mean_acceptance_length": a.mean_acceptance_length,
         "per_position_rates": list(a.per_position_rates) if a.per_position_rates else None,
-        "num_drafts": a.num_drafts, "source": a.source,
+        "num_drafts": a.num_drafts, "source": a.source, "output_len": a.output_len,
     }
 
 
@@ -335,7 +343,8 @@ def _anchor_from_row(row: dict[str, str], rate_cols: list[str]) -> Anchor:
         temperature=_cell_float(row, "temperature"),
         mean_acceptance_length=_cell_float(row, "mean_acceptance_length"),
         per_position_rates=tuple(given) if given else None,
-        num_drafts=_cell_int(row, "num_drafts"), source=(row.get("source") or "").strip())
+        num_drafts=_cell_int(row, "num_drafts"), source=(row.get("source") or "").strip(),
+        output_len=_cell_int(row, "output_len"))
 
 
 def _split_header(text: str) -> tuple[dict[str, str], int, str]:
@@ -407,6 +416,7 @@ def _csv_text(anchor_set: AnchorSet) -> str:
             a.method, a.gamma, _fmt(a.sparsity), *(a.context or ("", "")), a.workload or "",
             _fmt(a.temperature), repr(float(a.mean_acceptance_length)),
             a.num_drafts if a.num_drafts is not None else "", a.source,
+            a.output_len if a.output_len is not None else "",
             *(repr(float(r)) for r in rates), *([""] * (k - len(rates))),
         ])
     return out.getvalue()
