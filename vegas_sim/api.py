@@ -475,11 +475,17 @@ def tune(
     workers: int | None = None,
     scheduler: Any = None,
     seed: int = 0,
+    gamma: tuple[int, int] | None = None,
+    sparsity: tuple[float, float] | None = None,
+    outside_evidence: str = "pi_low",
+    tie_pct: float = 1.0,
 ) -> TuneResult:
     """`vegas-sim tune` as a function: the paper's three-step search per (batch, context).
     Returns the TuneResult: ``.cells`` (one row per cell: the chosen γ, sparsity, throughput,
     speedups and CIs), ``.steps`` (every configuration evaluated), ``.notes``, and
-    ``.serving_table()`` (the JSON the CLI writes: vLLM's per-batch-size K).
+    ``.serving_table()`` (the JSON the CLI writes: vLLM, SGLang, TensorRT-LLM sections).
+    gamma / sparsity: the search box (LO, HI) [default: the traces' span]; outside_evidence
+    and tie_pct as `--outside-evidence` / `--tie-pct`.
 
         >>> import vegas_sim
         >>> result = vegas_sim.tune(batch=[1, 4], context="32K", workers=1)
@@ -489,7 +495,8 @@ def tune(
     cells = [(b, c) for b in parse_int_grid(_grid_text(batch), "batch")
              for c in parse_int_grid(_grid_text(context), "context")]
     config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
-                        final_engine=final_engine)
+                        final_engine=final_engine, gamma_range=gamma, sparsity_range=sparsity,
+                        outside_evidence=outside_evidence, tie_pct=tie_pct)
     latency, acceptance, notes = load_models(
         model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
         tuple(str(a) for a in acceptance_anchors),

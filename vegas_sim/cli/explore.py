@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import pandas as pd
 
 from vegas_sim import api
 from vegas_sim.cli.common import (
@@ -22,15 +23,16 @@ from vegas_sim.cli.common import (
     user_errors,
     weight_format_option,
 )
+from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, output_lock
-from vegas_sim.grids import parse_int_grid
+from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
 from vegas_sim.methods import METHODS
 from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.reports.html import write_report
 from vegas_sim.runs import SweepInterrupted, sweep_to_file
 from vegas_sim.sim.ranking import RANK_BY, best_per_cell, check_rank_by, describe_best
 from vegas_sim.sim.sweep import SweepGrid
-from vegas_sim.sim.tune import TuneConfig
+from vegas_sim.sim.tune import OUTSIDE_EVIDENCE, TuneConfig, TuneResult
 from vegas_sim.sim.tune import tune as run_tune
 
 
@@ -184,6 +186,17 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @click.option("--method", default="vegas", show_default=True, type=click.Choice(METHODS[1:]),
               help="Method to tune.")
 @click.option("--output-len", type=int, default=1024, show_default=True)
+@click.option("--gamma", "-g", "gamma_range", default=None,
+              help="γ box LO..HI [default: 1 to the largest traced γ].")
+@click.option("--sparsity", "-s", "sparsity_range", default=None,
+              help="Sparsity box LO..HI, e.g. 0.01..0.2 [default: the traced sparsities' "
+                   "span].")
+@click.option("--outside-evidence", type=click.Choice(OUTSIDE_EVIDENCE), default="pi_low",
+              show_default=True,
+              help="Points of the box outside the traced γ/sparsity span: ranked by their "
+                   "prediction interval's low end (pi_low), or not searched (exclude).")
+@click.option("--tie-pct", type=float, default=1.0, show_default=True,
+              help="Tie band: configurations within this % of the best go to the smaller K.")
 @click.option("--stable-pct", type=float, default=5.0, show_default=True,
               help="Step 1: smallest sparsity whose acceptance is within this % of the max.")
 @_model_opt
@@ -208,7 +221,8 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Serving table: *.json (best γ per batch size and context).")
-def tune(batch: str, context: str, method: str, output_len: int, stable_pct: float,
+def tune(batch: str, context: str, method: str, output_len: int, gamma_range: str | None,
+         sparsity_range: str | None, outside_evidence: str, tie_pct: float, stable_pct: float,
          model: str | None, traces: Path | None, acceptance_traces: Path | None,
          acceptance_anchors: tuple[str, ...],
          weight_format: str, gpu: str | None, gpu_spec: Path | None, final_engine: str,
@@ -219,16 +233,26 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
 
     (1) sweep sparsity at a large γ and take the smallest sparsity where acceptance has
     stabilised, (2) sweep γ there for throughput, (3) with γ fixed, refine sparsity, widening
-    the window while the best sits on its edge. Each cell's choice is the best configuration
-    evaluated in any step. Prints the choice, the speedup over vanilla and over the best
-    baseline (MagicDec, SpecExtend at their own best γ, s) with 95% CIs. A grid longer than a
-    minute first says how many configurations and about how long.
+    the window while the best sits on its edge. The search stays in the box --gamma LO..HI ×
+    --sparsity LO..HI, by default the span the acceptance traces support; a point of a wider
+    box outside that span is ranked by its prediction interval's low end (pi_low) or, with
+    --outside-evidence exclude, not searched. Where the choice lies on the box's edge, the
+    model is asked past it and a note says by how much a wider box could matter.
 
-    The JSON is a serving table: "sparsity" (the one most cells chose) with vLLM's
-    "num_speculative_tokens_per_batch_size" at it, [[lo, hi, K], ...] (inclusive batch
-    ranges from 1 to the largest tuned batch, K = num_speculative_tokens), and, where
-    contexts differ, "by_context_range" [[ctx_lo, ctx_hi, [[lo, hi, K], ...]], ...] with
-    each cell's own best K (its sparsity in "sparsity_by_context_range" and "cells").
+    Selection: the best by --rank-by among every configuration evaluated; those within
+    --tie-pct % of the best go to the smaller K (then sparsity); K = 0 (no speculation) where
+    no speculative configuration's pi_low beats vanilla. Where the KV cache binds, the final
+    ranking and the reported numbers come from the SimPy engine (the analytic one leaves
+    preemption out). Prints the choice, the speedup over vanilla (with pi_low) and over the
+    best baseline (MagicDec, SpecExtend at their own best γ, s). A grid longer than a minute
+    first says how many configurations and about how long.
+
+    The JSON holds, per engine, what it reads: vLLM's speculative_config (method,
+    num_speculative_tokens, num_speculative_tokens_per_batch_size [[lo, hi, K], ...] over
+    1..max_num_seqs) and the per-context 5-item table of its unmerged proposal; SGLang's
+    batch-keyed adaptive config; TensorRT-LLM's draft_len_schedule; and our Vegas sparsity
+    per range. A format that cannot express the table (K = 0 for SGLang) is null with the
+    reason. Every section is checked against the engine's rules before it is written.
 
     --rank-by goodput or tpot makes every "best" above that metric's (goodput: tokens/s of
     the requests meeting --slo-tpot-ms / --slo-ttft-ms).
@@ -237,6 +261,10 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
 
     \b
         vegas-sim tune --batch 1,4,16 --context 32K,120K --out best_gamma.json
+
+    \b
+        vegas-sim tune --batch 1,64 --context 4K --gamma 1..16 --sparsity 0.005..0.3 \\
+            --out wide_box.json
 
     \b
         vegas-sim tune --batch 4 --context 32K --slo-tpot-ms 7 --rank-by goodput \\
@@ -248,7 +276,9 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                  for c in parse_int_grid(context, "--context")]
         config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
                             final_engine=final_engine, search_engine=search_engine,
-                            rank_by=rank_by,
+                            rank_by=rank_by, outside_evidence=outside_evidence,
+                            tie_pct=tie_pct, gamma_range=_int_box(gamma_range),
+                            sparsity_range=_sparsity_box(sparsity_range),
                             extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms))
         latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
                                              gpu_spec, acceptance_traces)
@@ -259,21 +289,7 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
                               say=lambda text: click.echo(text, err=True))
         result.notes.extend(notes)
         write_json_doc(result.serving_table(), out)
-    for _, r in result.cells.iterrows():
-        line = (f"B={r['batch']:>4} C={r['context']:>7}: γ={r['gamma']}, s={r['sparsity']:g} "
-                f"{r['throughput_tok_s']:.0f} tok/s, {r['speedup_vs_vanilla']:.2f}× vanilla"
-                + _ci(r['speedup_ci_low'], r['speedup_ci_high']))
-        if "speedup_vs_baseline" in r.index:
-            line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} γ="
-                     f"{r['baseline_gamma']}" + _ci(r['speedup_vs_baseline_ci_low'],
-                                                    r['speedup_vs_baseline_ci_high']))
-        if "roofline_pct" in r.index:
-            line += (f"; roofline bound {r['roofline_ms']:.2f} ms = {r['roofline_pct']:.0f} % "
-                     "of its iteration")
-        if rank_by == "goodput":
-            line += f"; goodput {r['goodput_tok_s']:.0f} tok/s"
-        elif rank_by == "tpot":
-            line += f"; TPOT p50 {r['tpot_ms_p50']:.2f} ms"
+    for line in tune_lines(result):
         click.echo(line)
     if final_engine == "analytic":
         click.echo("(analytic engine: no confidence intervals; --final-engine sim gives 95% "
@@ -281,6 +297,64 @@ def tune(batch: str, context: str, method: str, output_len: int, stable_pct: flo
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out}", err=True)
+
+
+def tune_lines(result: TuneResult) -> list[str]:
+    """The terminal summary of a tune: the box, the rule, one line per cell."""
+    box = result.box
+    ev = box["evidence"]
+    lines = [f"search box: γ {box['gamma'][0]}..{box['gamma'][1]}, sparsity "
+             f"{box['sparsity'][0]:g}..{box['sparsity'][1]:g} ({box['source']}; traced span: "
+             f"γ <= {ev['gamma_max']}, sparsity {ev['sparsity'][0]:g}..{ev['sparsity'][1]:g})",
+             f"selection: {result.selection}"]
+    for _, r in result.cells.iterrows():
+        head = f"B={r['batch']:>4} C={r['context']:>7}: "
+        found = (f"γ={r['gamma']}, s={r['sparsity']:g} {r['throughput_tok_s']:.0f} tok/s, "
+                 f"{r['speedup_vs_vanilla']:.2f}× vanilla"
+                 + _ci(r['speedup_ci_low'], r['speedup_ci_high'])
+                 + f" (pi_low {r['speedup_pi_low']:.2f}×)")
+        if not r["on_evidence"]:
+            found += " [outside the traced span: ranked by pi_low]"
+        if r["speculate"]:
+            line = head + "K=" + str(r["k"]) + ": " + found
+            if "speedup_vs_baseline" in r.index and not pd.isna(r["speedup_vs_baseline"]):
+                line += (f", {r['speedup_vs_baseline']:.2f}× {r['baseline_method']} γ="
+                         f"{r['baseline_gamma']}" + _ci(r['speedup_vs_baseline_ci_low'],
+                                                        r['speedup_vs_baseline_ci_high']))
+        else:
+            line = (head + f"K=0 (vanilla {r['vanilla_tok_s']:.0f} tok/s): best speculative "
+                    + found + f"; {r['k_reason']}")
+        if "roofline_pct" in r.index:
+            line += (f"; roofline bound {r['roofline_ms']:.2f} ms = {r['roofline_pct']:.0f} % "
+                     "of its iteration")
+        if r["rank_by"] == "goodput":
+            line += f"; goodput {r['goodput_tok_s']:.0f} tok/s"
+        elif r["rank_by"] == "tpot":
+            line += f"; TPOT p50 {r['tpot_ms_p50']:.2f} ms"
+        if r["engine"] != result.config.search_engine:
+            line += f" [{r['engine']} engine: {r['ranked_with']}]"
+        lines.append(line)
+    return lines
+
+
+def _int_box(text: str | None) -> tuple[int, int] | None:
+    """--gamma LO..HI (or one value) → (LO, HI)."""
+    if text is None:
+        return None
+    values = parse_int_grid(text, "--gamma")
+    return min(values), max(values)
+
+
+def _sparsity_box(text: str | None) -> tuple[float, float] | None:
+    """--sparsity LO..HI (or one value; % allowed) → (LO, HI)."""
+    if text is None:
+        return None
+    parts = text.split("..")
+    if len(parts) > 2 or ":" in text or "," in text:
+        raise UserInputError(f"--sparsity {text!r} is not a range", where="--sparsity",
+                             fix="write LO..HI, e.g. 0.01..0.2 or 1%..20%")
+    values = [parse_sparsity_grid(p, "--sparsity")[0] for p in parts]
+    return min(values), max(values)
 
 
 def _ci(low: float, high: float) -> str:
