@@ -143,7 +143,7 @@ def test_inside_the_traced_contexts_nothing_changes(rising: AcceptanceModel) -> 
     other._trends[(group, 4096.0)] = dataclasses.replace(
         rising.context_trend(group, 4096.0), slope=-3.0)
     hi = max(int(x) for x in rising.coverage()["context_range"])  # type: ignore[attr-defined]
-    for c in (1024, 1500, 2048, 3000, 4096, hi):
+    for c in (1024, 1500, 2048, 3000, 4096):
         a = rising.lookup("vegas", GAMMA, 0.07, c, "longdoc", 0.6)
         b = other.lookup("vegas", GAMMA, 0.07, c, "longdoc", 0.6)
         np.testing.assert_array_equal(a.rates, b.rates)
@@ -151,6 +151,12 @@ def test_inside_the_traced_contexts_nothing_changes(rising: AcceptanceModel) -> 
         assert not any("context trend" in n for n in a.extrapolated)
         np.testing.assert_array_equal(a.sample(np.random.default_rng(3), 5, 20),
                                       b.sample(np.random.default_rng(3), 5, 20))
+    # a prompt past the longest traced one follows the trend, though the traced runs'
+    # iterations reached its length
+    past = rising.lookup("vegas", GAMMA, 0.07, hi, "longdoc", 0.6)
+    assert any(f"context {hi} outside traced prompts 1024..4096: context trend" in n
+               for n in past.extrapolated)
+    assert past.context_trend_sd_pct > 0.0
     below = rising.lookup("vegas", GAMMA, 0.1, 100, "longdoc", 0.6)  # below: held, as before
     np.testing.assert_array_equal(below.rates,
                                   rising.lookup("vegas", GAMMA, 0.1, 1024, "longdoc", 0.6).rates)

@@ -66,9 +66,12 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   under-predicted (bias −3 %): the slope they borrow is mostly the long prompts'.
 - context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
   leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
-  the raw cells.) Above the traced contexts: the last bucket moved along the context trend of
-  its (method, temperature, workload, γ_t) (`sim.context_trend`: a logit shift per doubling,
-  shrunk by its standard error, capped, held past twice the traced span), marked with a note
+  the raw cells.) Above the last bucket (a prompt longer than any traced, even where the
+  traced runs' iterations reached its length): the last bucket moved along the context trend
+  of its (method, temperature, workload, γ_t) (`sim.context_trend`: a logit shift per
+  doubling, shrunk by its standard error, capped, its own slope followed for OWN_SPAN_FACTOR
+  traced spans, then the slope of the evidence that covers the contexts beyond, held past
+  all evidence), marked with a note
   that says "context trend" and the shift, its sd in `AcceptanceDist.context_trend_sd_pct`
   (prediction intervals). Below them: the first bucket held, marked (the budget floor makes a
   short context's draft see more of it, against the trend).
@@ -398,7 +401,7 @@ class AcceptanceModel:
         logc = math.log(max(context, 1))
         bucket = min(buckets, key=lambda b: abs(math.log(max(b, 1.0)) - logc))
         lo, hi = self._traced_range(keys)
-        if context > hi:
+        if context > buckets[-1]:  # a prompt longer than any traced (its iterations may not be)
             return bucket, 1.0, math.log2(context / max(bucket, 1.0)), ""
         if context < lo:
             return bucket, 1.0, 0.0, self._held_note(keys, context, bucket)
@@ -413,6 +416,9 @@ class AcceptanceModel:
                     weights: list[float], shifts: list[TrendShift | None], gamma: int) -> str:
         """What a lookup outside the traced contexts did (`context_trend.trend_note`)."""
         lo, hi = self._traced_range(keys)
+        if context <= hi:  # inside the iterations' contexts, past the longest traced prompt
+            return trend_note(context, (lo, int(bucket)), bucket, weights, shifts, gamma,
+                              "traced prompts")
         return trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
 
     def context_trend(self, group: _GroupKey, edge: float) -> ContextTrend:

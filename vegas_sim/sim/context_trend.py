@@ -474,12 +474,12 @@ def _held_at(t: ContextTrend) -> float:
 
 
 def trend_note(context: int, traced: tuple[int, int], bucket: float, weights: Sequence[float],
-               shifts: Sequence[TrendShift | None], gamma: int) -> str:
+               shifts: Sequence[TrendShift | None], gamma: int, label: str = "traced") -> str:
     """The `extrapolated` note of a lookup above the traced contexts: the context trend it
     followed (slope, the buckets it was fitted on, distance, shift and what the shift did to
     the mean acceptance length, over the mixture `weights`), or why it held the bucket.
     `parse_trend_note` reads it back (the report's context-trend table)."""
-    head = f"context {context} outside traced {traced[0]}..{traced[1]}: context trend"
+    head = f"context {context} outside {label} {traced[0]}..{traced[1]}: context trend"
     used = [sh for sh in shifts if sh is not None]
     if all(sh.delta == 0.0 for sh in used):
         why = "; ".join(sorted({sh.reason for sh in used if sh.reason})) or "none fitted"

@@ -1,0 +1,163 @@
+"""Acceptance hold-outs per workload on real traces, scored on mean acceptance length.
+
+CPU, about a minute. Data: the packaged real-weights set `smollm2-135m-real`. For each workload W
+in turn the fit is the whole set less W's runs whose prompt lies above a cut, each run kept
+whole (a run belongs to its prompt), and the held-out runs are predicted with
+`AcceptanceModel.lookup` at their bucket's context (W's own buckets: exact prompt lengths when it
+has few, else log2 bins, as the model buckets them), averaged over the traced sparsities:
+
+- `--design third` (default): the cut is the shortest third of W's traced prompt contexts (its
+  distinct bucket centres, ceil(K / 3) of them): the context hold-out;
+- `--design workload`: the cut keeps only W's shortest bucket: W's long prompts removed, predicted
+  from its shortest bucket and the rest of the set (the other workloads' trends cover the
+  contexts W's own cannot reach: `sim.context_trend.covering_trend`): the workload hold-out.
+
+measured: the mean over the held-out bucket's runs of 1 + accepted (vLLM's count, bonus
+included) averaged over the sparsities; its standard error from the prompt-to-prompt spread.
+nearest: the fit's last bucket of W held (no trend). Error: (predicted − measured) / measured;
+`covered`: |error| within 1.96 × the trend's sd and the measurement's standard error combined.
+`trend` says which trend the prediction followed ('own' or 'covering' beyond the own reach).
+Prints per-point rows and per-workload median / max |error|, writes a CSV (the `command` column
+reproduces it).
+
+    PYTHONPATH=. python benchmarks/acceptance_holdout.py [--design third|workload] [--out CSV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vegas_sim.methods import MIN_TOKENS
+from vegas_sim.sim.acceptance import AcceptanceModel, _split_runs, _workload_buckets
+from vegas_sim.traces.io import load_trace_set
+
+SET = "smollm2-135m-real"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_table(acceptance: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows with a run id and its bucket, one row per run: keys, bucket, mean length)."""
+    df = _split_runs(acceptance)
+    first = df.groupby("run", sort=True).head(1)
+    bucket = _workload_buckets(first)  # [runs] as the model buckets them
+    df["bucket"] = bucket[df["run"].to_numpy()]
+    runs = (df.assign(length=df["accepted"] + 1.0)
+            .groupby("run", as_index=False)
+            .agg(workload=("workload", "first"), temperature=("temperature", "first"),
+                 method=("method", "first"), gamma=("gamma", "first"),
+                 sparsity=("sparsity", "first"), request=("request", "first"),
+                 bucket=("bucket", "first"), length=("length", "mean")))
+    return df, runs
+
+
+def cut_of(buckets: list[float], design: str) -> float:
+    """The largest bucket the fit keeps of a workload's sorted buckets."""
+    keep = 1 if design == "workload" else math.ceil(len(buckets) / 3)
+    return buckets[keep - 1]
+
+
+def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
+               floor: int) -> list[dict[str, object]]:
+    """Fit without `workload`'s runs above its cut, predict its held-out buckets."""
+    buckets = sorted(runs.loc[runs.workload == workload, "bucket"].unique())
+    if len(buckets) < 2:
+        return []
+    cut = cut_of(buckets, design)
+    held_runs = runs[(runs.workload == workload) & (runs.bucket > cut)]
+    fit_rows = df[~df["run"].isin(held_runs["run"])]
+    model = AcceptanceModel.from_traces(fit_rows.drop(columns=["run", "bucket"]), "real",
+                                        min_tokens=floor)
+    out: list[dict[str, object]] = []
+    keys = ["temperature", "method", "gamma", "bucket"]
+    for key, g in held_runs.groupby(keys):
+        k: tuple[Any, ...] = tuple(key)  # type: ignore[arg-type]
+        temp, method, gamma, bucket = float(k[0]), str(k[1]), int(k[2]), float(k[3])
+        sparsities = sorted(g.sparsity.unique())
+        per_prompt = g.groupby("request")["length"].mean()  # over the sparsities
+        truth = float(g.groupby("sparsity")["length"].mean().mean())
+        se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt))) \
+            if len(per_prompt) > 1 else 0.0
+        dists = [model.lookup(str(method), int(gamma), float(s), int(round(bucket)), workload,
+                              float(temp)) for s in sparsities]
+        nearest = [model.lookup(str(method), int(gamma), float(s), int(round(cut)), workload,
+                                float(temp)).mean_length for s in sparsities]
+        note = next((n for n in dists[0].extrapolated if "context trend" in n), "")
+        out.append({
+            "design": design, "workload": workload, "temperature": float(temp),
+            "method": method, "gamma": int(gamma), "fit_up_to": int(round(cut)),
+            "context": int(round(bucket)), "spans_beyond": _spans(buckets, cut, bucket),
+            "prompts": len(per_prompt), "measured": truth, "measured_se_pct": 100 * se / truth,
+            "predicted": float(np.mean([d.mean_length for d in dists])),
+            "trend_sd_pct": float(np.mean([d.context_trend_sd_pct for d in dists])),
+            "nearest_bucket": float(np.mean(nearest)),
+            "trend": "covering" if "covering" in note else ("own" if note else "none"),
+            "note": note,
+        })
+    return out
+
+
+def _spans(buckets: list[float], cut: float, bucket: float) -> float:
+    """Doublings of the held-out bucket past the cut, in units of the fitted span (inf when the
+    fit holds one bucket of the workload)."""
+    fitted = [b for b in buckets if b <= cut]
+    span = math.log2(fitted[-1] / fitted[0]) if len(fitted) > 1 else 0.0
+    return math.log2(bucket / cut) / span if span > 0 else math.inf
+
+
+def score(points: pd.DataFrame) -> pd.DataFrame:
+    points = points.copy()
+    for col in ("predicted", "nearest_bucket"):
+        points[f"{col}_err_pct"] = 100 * (points[col] - points.measured) / points.measured
+    band = 1.96 * np.hypot(points.trend_sd_pct, points.measured_se_pct)
+    points["covered"] = points.predicted_err_pct.abs() <= band
+    return points
+
+
+def summary(points: pd.DataFrame) -> list[str]:
+    lines = []
+    groups = [("all", points.index == points.index)] + [
+        (w, points.workload == w) for w in sorted(points.workload.unique())]
+    for label, sel in groups:
+        p = points[sel]
+        err, near = p.predicted_err_pct.abs(), p.nearest_bucket_err_pct.abs()
+        lines.append(f"{label:<10} {len(p):>3} points  |error| median {err.median():5.2f} %  "
+                     f"max {err.max():5.2f} %   nearest bucket median {near.median():5.2f} %  "
+                     f"max {near.max():5.2f} %   interval covers {p.covered.mean():.0%}   "
+                     f"trend {', '.join(f'{k} {v}' for k, v in p.trend.value_counts().items())}")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--design", choices=("third", "workload"), default="third")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="CSV (default benchmarks/results/acceptance_holdout_<design>.csv)")
+    args = ap.parse_args()
+    out = args.out or RESULTS / f"acceptance_holdout_{args.design}.csv"
+    ts = load_trace_set(SET)
+    floor = int(ts.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
+    df, runs = run_table(ts.acceptance)
+    rows: list[dict[str, object]] = []
+    for wl in sorted(runs.workload.unique()):
+        rows += points_for(str(wl), df, runs, args.design, floor)
+        print(f"{wl}: {sum(r['workload'] == wl for r in rows)} held-out points", flush=True)
+    points = score(pd.DataFrame(rows))
+    cols = ["workload", "temperature", "method", "gamma", "fit_up_to", "context",
+            "spans_beyond", "prompts", "measured", "measured_se_pct", "predicted",
+            "predicted_err_pct", "trend_sd_pct", "covered", "nearest_bucket_err_pct", "trend"]
+    print(points[cols].round(3).to_string(index=False))
+    print("\n".join(summary(points)))
+    command = f"PYTHONPATH=. python benchmarks/acceptance_holdout.py --design {args.design}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    points.assign(command=command).to_csv(out, index=False)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
