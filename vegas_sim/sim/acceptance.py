@@ -104,6 +104,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -151,10 +152,51 @@ SMOOTH_BW_LOG_CONTEXT = 0.5
 _SLOPE_RIDGE = 1e-3  # ridge on the local slopes: a degenerate direction falls back to a mean
 
 
-_CellKey = tuple[str, float, str, float, float, int]  # method, temp, workload, s, bucket, γ_t
+class CellKey(NamedTuple):
+    """One acceptance cell: all runs of one traced configuration and context bucket."""
+
+    method: str
+    temperature: float
+    workload: str
+    sparsity: float
+    bucket: float  # the runs' start-context bucket centre (tokens)
+    gamma: int  # traced γ
+
+    @property
+    def group(self) -> GroupKey:
+        """The smoothing / context-trend group the cell belongs to."""
+        return GroupKey(self.method, self.temperature, self.workload, self.gamma)
+
+    @property
+    def at_bucket(self) -> BucketKey:
+        """The (group, bucket) whose traced sparsities one sparsity trend is fitted over."""
+        return BucketKey(self.method, self.temperature, self.workload, self.bucket, self.gamma)
 
 
-_GroupKey = tuple[str, float, str, int]  # method, temperature, workload, traced γ
+class GroupKey(NamedTuple):
+    """The cells of one (method, temperature, workload, traced γ): smoothed together in
+    (log s, log C), one context trend."""
+
+    method: str
+    temperature: float
+    workload: str
+    gamma: int
+
+
+class BucketKey(NamedTuple):
+    """A group's cells at one context bucket: one sparsity trend."""
+
+    method: str
+    temperature: float
+    workload: str
+    bucket: float
+    gamma: int
+
+    @property
+    def group(self) -> GroupKey:
+        return GroupKey(self.method, self.temperature, self.workload, self.gamma)
+
+
 
 
 _RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
@@ -239,8 +281,8 @@ class AcceptanceModel:
     trace_set: str = ""
     source: str = ""
 
-    def __init__(self, runs: pd.DataFrame, cells: dict[_CellKey, TracedCell],
-                 contexts: dict[_CellKey, IterationContexts], smooth: bool = True,
+    def __init__(self, runs: pd.DataFrame, cells: dict[CellKey, TracedCell],
+                 contexts: dict[CellKey, IterationContexts], smooth: bool = True,
                  min_tokens: int = MIN_TOKENS) -> None:
         self._runs = runs  # one row per run: keys, bucket, start context
         self._contexts = contexts  # per cell: its iterations' contexts (the budget axis)
@@ -249,26 +291,26 @@ class AcceptanceModel:
         self.min_tokens = min_tokens
         # key: (method, temperature, workload, sparsity, bucket, gamma)
         self._cells = cells
-        self._buckets = sorted({k[4] for k in cells})
+        self._buckets = sorted({k.bucket for k in cells})
         self.smooth = smooth
         # per (method, temperature, workload, γ_t): its cells and the [K, K] linear smoother
-        self._groups: dict[_GroupKey, tuple[list[_CellKey], np.ndarray]] = {}
+        self._groups: dict[GroupKey, tuple[list[CellKey], np.ndarray]] = {}
         for key in sorted(cells):
-            self._groups.setdefault((key[0], key[1], key[2], key[5]), ([], np.zeros(0)))[0].append(
-                key)
+            self._groups.setdefault(key.group, ([], np.zeros(0)))[0].append(key)
         for g, (members, _) in self._groups.items():
-            coords = np.array([[math.log(k[3]), math.log(max(k[4], 1.0))] for k in members])
+            coords = np.array([[math.log(k.sparsity), math.log(max(k.bucket, 1.0))]
+                               for k in members])
             n_runs = np.array([len(np.unique(cells[k].run_start)) for k in members], dtype=float)
             op = smoother_matrix(coords, n_runs) if smooth else np.eye(len(members))
             self._groups[g] = (members, op)
         # (group, output_len) → {cell key: smoothed rates}; filled lazily by lookups
-        self._smoothed: dict[tuple[_GroupKey, int | None], dict[_CellKey, np.ndarray]] = {}
+        self._smoothed: dict[tuple[GroupKey, int | None], dict[CellKey, np.ndarray]] = {}
         # (group, edge bucket) → its context trend (`sim.context_trend`); filled lazily
-        self._trends: dict[tuple[_GroupKey, float], ContextTrend] = {}
+        self._trends: dict[tuple[GroupKey, float], ContextTrend] = {}
         # (method, temperature, workload, bucket, γ_t) → its sparsity trend; filled lazily
-        self._sparsity_trends: dict[tuple[str, float, str, float, int], ContextTrend] = {}
+        self._sparsity_trends: dict[BucketKey, ContextTrend] = {}
         # the same cells' trends as used: own, or borrowed where own saw no budget change
-        self._borrowed_trends: dict[tuple[str, float, str, float, int], ContextTrend] = {}
+        self._borrowed_trends: dict[BucketKey, ContextTrend] = {}
 
     @classmethod
     def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str, *,
@@ -283,20 +325,20 @@ class AcceptanceModel:
         first = df.groupby("run", sort=True).head(1)  # first iteration of each run
         run_bucket = _workload_buckets(first)  # [runs] bucket centre of each run
         df["bucket"] = run_bucket[df["run"].to_numpy()]
-        cells: dict[_CellKey, TracedCell] = {}
-        contexts: dict[_CellKey, IterationContexts] = {}
+        cells: dict[CellKey, TracedCell] = {}
+        contexts: dict[CellKey, IterationContexts] = {}
         keys = ["method", "temperature", "workload", "sparsity", "bucket", "gamma"]
         for key, rows in df.groupby(keys, sort=True):
             m, temp, wl, s, b, g = (str(v) for v in key)  # type: ignore[union-attr]
-            cell_key = (m, float(temp), wl, float(s), float(b), int(g))
+            cell_key = CellKey(m, float(temp), wl, float(s), float(b), int(g))
             cells[cell_key] = _make_cell(rows, int(g), float(s), float(b))
             contexts[cell_key] = IterationContexts.of(rows["context"].to_numpy())
         runs = first.assign(bucket=run_bucket)[keys + ["run", "context"]]
         return cls(runs.reset_index(drop=True), cells, contexts, smooth, min_tokens)
 
-    def _cell_rates(self, key: _CellKey, output_len: int | None) -> np.ndarray:
+    def _cell_rates(self, key: CellKey, output_len: int | None) -> np.ndarray:
         """[γ_t] the (smoothed) rates of one cell, its runs cut to `output_len` tokens."""
-        group = (key[0], key[1], key[2], key[5])
+        group = key.group
         cached = self._smoothed.get((group, output_len))
         if cached is None:
             members, op = self._groups[group]
@@ -330,7 +372,7 @@ class AcceptanceModel:
         """
         if method == "vanilla":
             return AcceptanceDist("vanilla", 0, np.zeros(0))
-        traced = sorted({k[0] for k in self._cells})
+        traced = sorted({k.method for k in self._cells})
         if method not in METHODS or method not in traced:
             raise TraceSetError(
                 f"method {method!r} has no acceptance traces (traced: {', '.join(traced)})",
@@ -342,19 +384,19 @@ class AcceptanceModel:
             raise UserInputError(f"output length must be >= 1, got {output_len}",
                                  where="output_len", fix="give the tokens each request generates")
         notes: list[str] = []
-        keys = [k for k in self._cells if k[0] == method]
-        temps = sorted({k[1] for k in keys})
+        keys = [k for k in self._cells if k.method == method]
+        temps = sorted({k.temperature for k in keys})
         temp = min(temps, key=lambda t: (abs(t - temperature), t))
         if temp != temperature:
             notes.append(f"temperature {temperature:g} not traced for {method}: using {temp:g}")
-        keys = [k for k in keys if k[1] == temp]
-        wls = sorted({k[2] for k in keys})
+        keys = [k for k in keys if k.temperature == temp]
+        wls = sorted({k.workload for k in keys})
         if workload is not None:
             if workload not in wls:
                 raise UserInputError(
                     f"unknown workload {workload!r} for {method} at temperature {temp:g}",
                     where="workload", fix=f"use one of: {', '.join(wls)} (or none to pool all)")
-            keys = [k for k in keys if k[2] == workload]
+            keys = [k for k in keys if k.workload == workload]
         comps: list[DrawSource] = []
         w: list[float] = []
         shifts: list[TrendShift | None] = []  # per component: the context trend it followed
@@ -362,7 +404,7 @@ class AcceptanceModel:
             if note:
                 notes.append(note)
             b_comps, b_w, s_notes, b_shifts = self._sparsity_mixture(
-                [k for k in keys if k[4] == bucket], sparsity, gamma, output_len,
+                [k for k in keys if k.bucket == bucket], sparsity, gamma, output_len,
                 context if doublings else None, context)
             if doublings:
                 notes.append(self._trend_note(keys, context, bucket, b_w, b_shifts, gamma))
@@ -375,14 +417,14 @@ class AcceptanceModel:
         dist.context_trend_sd_pct = _trend_sd_pct(dist, shifts)
         return dist
 
-    def _context_mixture(self, keys: list[tuple[str, float, str, float, float, int]],
+    def _context_mixture(self, keys: list[CellKey],
                          context: int) -> list[tuple[float, float, float, str]]:
         """(bucket, weight, doublings, note): inside the traced buckets, the two neighbours
         with weights linear in log-context (a monotone interpolation of the rates); outside,
         the nearest bucket alone, labelled extrapolated: above the traced contexts followed
         `doublings` (log2 of context / bucket) along its context trend, below them held (the
         budget floor makes a short context's draft see more of it, against the trend)."""
-        buckets = sorted({k[4] for k in keys})
+        buckets = sorted({k.bucket for k in keys})
         logc = math.log(max(context, 1))
         if len(buckets) == 1 or not (buckets[0] < context < buckets[-1]):
             return [self._pick_bucket(keys, context)]
@@ -391,13 +433,13 @@ class AcceptanceModel:
         w = (logc - math.log(lo)) / (math.log(hi) - math.log(lo))
         return [(b, bw, 0.0, "") for b, bw in ((lo, 1.0 - w), (hi, w)) if bw > 0.0]
 
-    def _traced_range(self, keys: list[_CellKey]) -> tuple[int, int]:
+    def _traced_range(self, keys: list[CellKey]) -> tuple[int, int]:
         cells = [self._cells[k] for k in keys]
         return min(c.ctx_min for c in cells), max(c.ctx_max for c in cells)
 
-    def _pick_bucket(self, keys: list[tuple[str, float, str, float, float, int]],
+    def _pick_bucket(self, keys: list[CellKey],
                      context: int) -> tuple[float, float, float, str]:
-        buckets = sorted({k[4] for k in keys})
+        buckets = sorted({k.bucket for k in keys})
         logc = math.log(max(context, 1))
         bucket = min(buckets, key=lambda b: abs(math.log(max(b, 1.0)) - logc))
         lo, hi = self._traced_range(keys)
@@ -407,12 +449,12 @@ class AcceptanceModel:
             return bucket, 1.0, 0.0, self._held_note(keys, context, bucket)
         return bucket, 1.0, 0.0, ""
 
-    def _held_note(self, keys: list[_CellKey], context: int, bucket: float) -> str:
+    def _held_note(self, keys: list[CellKey], context: int, bucket: float) -> str:
         lo, hi = self._traced_range(keys)
         return (f"context {context} outside traced {lo}..{hi}: using the nearest traced bucket "
                 f"({bucket:.0f})")
 
-    def _trend_note(self, keys: list[_CellKey], context: int, bucket: float,
+    def _trend_note(self, keys: list[CellKey], context: int, bucket: float,
                     weights: list[float], shifts: list[TrendShift | None], gamma: int) -> str:
         """What a lookup outside the traced contexts did (`context_trend.trend_note`)."""
         lo, hi = self._traced_range(keys)
@@ -421,31 +463,31 @@ class AcceptanceModel:
                               "traced prompts")
         return trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
 
-    def context_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
+    def context_trend(self, group: GroupKey, edge: float) -> ContextTrend:
         """The context trend of one (method, temperature, workload, traced γ) beyond its
         bucket `edge` (its first or last; `sim.context_trend.fit_trend`), cached. Beyond the
         last bucket every group's slope is partially pooled with its workload and
         temperature's (`sim.context_trend.pool_trends`), so the first such call fits them all."""
         if (group, edge) in self._trends:
             return self._trends[(group, edge)]
-        last = {g: max(k[4] for k in members) for g, (members, _) in self._groups.items()}
+        last = {g: max(k.bucket for k in members) for g, (members, _) in self._groups.items()}
         if edge != last[group]:
             self._trends[(group, edge)] = self._own_trend(group, edge)
         else:  # no last-bucket trend is cached yet: pool them all at once
             own = {g: replace(self._own_trend(g, b), reach_spans=OWN_SPAN_FACTOR)
                    for g, b in last.items()}
-            pooled = pool_trends(own, cell_of=lambda g: (g[1], g[2]))
+            pooled = pool_trends(own, cell_of=lambda g: (g.temperature, g.workload))
             for g, t in pooled.items():
                 peers = _covering_peers(g, pooled)
                 self._trends[(g, last[g])] = covering_trend(
-                    t, [pooled[h] for h in peers], [h[2] for h in peers])
+                    t, [pooled[h] for h in peers], [h.workload for h in peers])
         return self._trends[(group, edge)]
 
-    def _own_trend(self, group: _GroupKey, edge: float) -> ContextTrend:
+    def _own_trend(self, group: GroupKey, edge: float) -> ContextTrend:
         """One group's trend fitted on its own buckets alone."""
         members = self._groups[group][0]
-        buckets = sorted({k[4] for k in members})
-        at = {b: {k[3]: k for k in members if k[4] == b} for b in buckets}
+        buckets = sorted({k.bucket for k in members})
+        at = {b: {k.sparsity: k for k in members if k.bucket == b} for b in buckets}
         common = sorted(set.intersection(*(set(v) for v in at.values())))
         if not common or edge not in (buckets[0], buckets[-1]):
             return flat_trend(edge, "no sparsity traced at every context bucket")
@@ -462,10 +504,11 @@ class AcceptanceModel:
         rows: list[dict[str, object]] = []
         for group in sorted(self._groups):
             members = self._groups[group][0]
-            last = max(k[4] for k in members)
+            last = max(k.bucket for k in members)
             t = self.context_trend(group, last)
-            rows.append({"method": group[0], "temperature": group[1], "workload": group[2],
-                         "gamma": group[3], "buckets": len(t.buckets),
+            rows.append({"method": group.method, "temperature": group.temperature,
+                         "workload": group.workload, "gamma": group.gamma,
+                         "buckets": len(t.buckets),
                          "context_lo": int(min(t.buckets)), "context_hi": int(last),
                          "length_lo": t.lengths[0], "length_hi": t.lengths[-1],
                          "slope_per_doubling": t.slope, "fitted_slope": t.fitted_slope,
@@ -474,7 +517,7 @@ class AcceptanceModel:
         return rows
 
     def _sparsity_mixture(
-        self, keys: list[tuple[str, float, str, float, float, int]], sparsity: float, gamma: int,
+        self, keys: list[CellKey], sparsity: float, gamma: int,
         output_len: int | None = None, beyond: int | None = None, context: int | None = None,
     ) -> tuple[list[DrawSource], list[float], list[str], list[TrendShift | None]]:
         """(sources, weights, notes, context shifts) at `sparsity`: between traced sparsities
@@ -482,7 +525,7 @@ class AcceptanceModel:
         above the traced max its cell moved along the sparsity trend (`sim.sparsity_trend`); at
         s = 1 all accepted; below the traced min the min's cell moved down the same trend by
         the budget doublings lost at the request's `context` (`_below_source`)."""
-        sps = sorted({k[3] for k in keys})
+        sps = sorted({k.sparsity for k in keys})
         if sparsity >= 1.0 > sps[-1]:  # the draft is the target: every draft is accepted
             note = f"sparsity 1 above traced max {sps[-1]:g}: draft = target, all accepted"
             return [DrawSource(None, np.ones(gamma))], [1.0], [note], [None]
@@ -516,12 +559,12 @@ class AcceptanceModel:
         total = sum(weights)
         return sources, [w / total for w in weights], notes, shifts
 
-    def _trend_source(self, keys: list[_CellKey], sparsity: float, gamma: int,
+    def _trend_source(self, keys: list[CellKey], sparsity: float, gamma: int,
                       output_len: int | None, beyond: int | None,
                       ) -> tuple[DrawSource, list[str], TrendShift | None]:
         """The traced max sparsity's source moved along the sparsity trend of its cells
         (workloads pooled: their shifts weighted by iterations), noted."""
-        edge = max(k[3] for k in keys)
+        edge = max(k.sparsity for k in keys)
         src, notes, shift = self._source(keys, edge, gamma, output_len, beyond)
         members = self._members(keys, edge, gamma)
         n_it = np.array([len(self._cells[k].acc) for k in members], dtype=float)
@@ -536,7 +579,7 @@ class AcceptanceModel:
                              delta, before, after)
         return moved, [note] + notes, shift
 
-    def _below_source(self, keys: list[_CellKey], sparsity: float, gamma: int,
+    def _below_source(self, keys: list[CellKey], sparsity: float, gamma: int,
                       output_len: int | None, beyond: int | None, context: int | None,
                       ) -> tuple[DrawSource, list[str], TrendShift | None]:
         """The traced min sparsity's source moved down its cells' sparsity trend (`falling_trend`:
@@ -544,7 +587,7 @@ class AcceptanceModel:
         request loses at its own context: log2(b(s, C) / b(s_min, C)) ≤ 0, followed all the way
         (no hold: a smaller budget keeps drafting worse; the logit shift keeps every rate in
         (0, 1)); 0 where both budgets are the floor (the same draft, at the same cost), noted."""
-        edge = min(k[3] for k in keys)
+        edge = min(k.sparsity for k in keys)
         src, notes, shift = self._source(keys, edge, gamma, output_len, beyond)
         members = self._members(keys, edge, gamma)
         n_it = np.array([len(self._cells[k].acc) for k in members], dtype=float)
@@ -559,7 +602,7 @@ class AcceptanceModel:
         note = below_note(sparsity, edge, trends, list(share), lost, delta, before, after)
         return moved, [note] + notes, shift
 
-    def falling_trend(self, key: _CellKey) -> ContextTrend:
+    def falling_trend(self, key: CellKey) -> ContextTrend:
         """The trend below the traced sparsities of cell `key`: its sparsity trend
         (`sparsity_trend`) where that rises with the budget, else the donors' (the cells of its
         method, temperature and traced γ that saw the budget change, `borrowed_trend`), so
@@ -567,55 +610,58 @@ class AcceptanceModel:
         own = self.sparsity_trend(key)
         return own if own.slope > 0.0 else borrowed_trend(own, self._slope_donors(key))
 
-    def _slope_donors(self, key: _CellKey) -> list[ContextTrend]:
+    def _slope_donors(self, key: CellKey) -> list[ContextTrend]:
         """The own sparsity trends of the cells of `key`'s method, temperature and traced γ
         that saw their budget change (any workload, any context bucket)."""
-        return [t for t in (self._own_sparsity_trend((g[0], g[1], g[2], b, g[3]))
+        return [t for t in (self._own_sparsity_trend(
+                                BucketKey(g.method, g.temperature, g.workload, b, g.gamma))
                             for g, (members, _) in self._groups.items()
-                            if (g[0], g[1], g[3]) == (key[0], key[1], key[5])
-                            for b in sorted({k[4] for k in members}))
+                            if (g.method, g.temperature, g.gamma)
+                            == (key.method, key.temperature, key.gamma)
+                            for b in sorted({k.bucket for k in members}))
                 if informs_slope(t)]
 
-    def sparsity_trend(self, key: _CellKey) -> ContextTrend:
+    def sparsity_trend(self, key: CellKey) -> ContextTrend:
         """The trend above the traced sparsities of the cell `key`'s (method, temperature,
         workload, traced γ, context bucket) in log budget (`sim.sparsity_trend`; every
         sparsity's budget over the top cell's iterations); where its traced sparsities all
         drafted at one budget, borrowed from the cells of its method, temperature and traced
         γ that saw the budget change (`borrowed_trend`), cached."""
-        at = (key[0], key[1], key[2], key[4], key[5])
+        at = key.at_bucket
         if at not in self._borrowed_trends:
             own = self._own_sparsity_trend(at)
             donors = [] if informs_slope(own) else self._slope_donors(key)
             self._borrowed_trends[at] = borrowed_trend(own, donors)
         return self._borrowed_trends[at]
 
-    def _own_sparsity_trend(self, at: tuple[str, float, str, float, int]) -> ContextTrend:
+    def _own_sparsity_trend(self, at: BucketKey) -> ContextTrend:
         """One (method, temperature, workload, context bucket, traced γ)'s trend fitted on
         its own traced sparsities, cached."""
         if at not in self._sparsity_trends:
-            cells = sorted((k for k in self._groups[(at[0], at[1], at[2], at[4])][0]
-                            if k[4] == at[3]), key=lambda k: k[3])
+            cells = sorted((k for k in self._groups[at.group][0] if k.bucket == at.bucket),
+                           key=lambda k: k.sparsity)
             top = self._contexts[cells[-1]]
             self._sparsity_trends[at] = fit_sparsity_trend(
-                [k[3] for k in cells], [mean_budget(k[3], top, self.min_tokens) for k in cells],
+                [k.sparsity for k in cells],
+                [mean_budget(k.sparsity, top, self.min_tokens) for k in cells],
                 [self._cell_rates(k, None) for k in cells],
                 [bucket_se([run_lengths(self._cells[k])]) for k in cells])
         return self._sparsity_trends[at]
 
-    def _iteration_contexts(self, members: list[_CellKey]) -> IterationContexts:
+    def _iteration_contexts(self, members: list[CellKey]) -> IterationContexts:
         """The contexts of the iterations of these cells, pooled."""
         return IterationContexts.pooled([self._contexts[k] for k in members])
 
-    def _members(self, keys: list[_CellKey], s: float, gamma: int) -> list[_CellKey]:
+    def _members(self, keys: list[CellKey], s: float, gamma: int) -> list[CellKey]:
         """The cells a source at sparsity s pools: every workload's, at the smallest traced
         γ_t ≥ γ (else the largest)."""
-        at_s = [k for k in keys if k[3] == s]
-        gts = sorted({k[5] for k in at_s})
+        at_s = [k for k in keys if k.sparsity == s]
+        gts = sorted({k.gamma for k in at_s})
         above = [g for g in gts if g >= gamma]
         gt = above[0] if above else gts[-1]
-        return [k for k in at_s if k[5] == gt]
+        return [k for k in at_s if k.gamma == gt]
 
-    def _source(self, keys: list[tuple[str, float, str, float, float, int]], s: float,
+    def _source(self, keys: list[CellKey], s: float,
                 gamma: int, output_len: int | None = None, beyond: int | None = None,
                 ) -> tuple[DrawSource, list[str], TrendShift | None]:
         """Pool the cells at sparsity s (workloads pooled) at the best traced γ for `gamma`,
@@ -624,7 +670,7 @@ class AcceptanceModel:
         their (method, temperature, workload, γ) (workloads pooled: their trends' shifts
         weighted by iterations)."""
         members = self._members(keys, s, gamma)
-        gt = members[0][5]
+        gt = members[0].gamma
         cuts = [self._cut(self._cells[k], output_len) for k in members]
         cell = _pool(cuts)
         notes: list[str] = []
@@ -645,54 +691,56 @@ class AcceptanceModel:
         stretch = _stretch(cell, rates)
         if beyond is None:
             return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch), notes, None
-        trends = [self.context_trend((k[0], k[1], k[2], k[5]), k[4]) for k in members]
+        trends = [self.context_trend(k.group, k.bucket) for k in members]
         share = n_it / n_it.sum()
-        shift = TrendShift.of(trends, [k[2] for k in members], share, beyond, rates)
+        shift = TrendShift.of(trends, [k.workload for k in members], share, beyond, rates)
         source = DrawSource(cell, rates, cell.outcome_cond(gamma), stretch)
         return shift_source(source, shift.delta), notes, shift
 
     def traced_contexts(self, method: str, workload: str | None = None) -> tuple[int, int]:
         """(min, max) context the traces of `method` on `workload` (None: any) cover."""
-        keys = [k for k in self._cells if k[0] == method and workload in (None, k[2])]
+        keys = [k for k in self._cells if k.method == method and workload in (None, k.workload)]
         return self._traced_range(keys or list(self._cells))
 
     def coverage(self) -> dict[str, object]:
         """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
         keys = list(self._cells)
         per_method: dict[str, dict[str, object]] = {}
-        for m in sorted({k[0] for k in keys}):
-            mk = [k for k in keys if k[0] == m]
+        for m in sorted({k.method for k in keys}):
+            mk = [k for k in keys if k.method == m]
             per_method[m] = {
-                "gamma": sorted({k[5] for k in mk}),
-                "sparsity": sorted({k[3] for k in mk}),
-                "temperature": sorted({k[1] for k in mk}),
+                "gamma": sorted({k.gamma for k in mk}),
+                "sparsity": sorted({k.sparsity for k in mk}),
+                "temperature": sorted({k.temperature for k in mk}),
             }
         cells = list(self._cells.values())
         return {
             "methods": sorted(per_method),
-            "gamma_max": max(k[5] for k in keys),
-            "sparsities": sorted({k[3] for k in keys}),
+            "gamma_max": max(k.gamma for k in keys),
+            "sparsities": sorted({k.sparsity for k in keys}),
             "context_range": (min(c.ctx_min for c in cells), max(c.ctx_max for c in cells)),
             "context_buckets": [float(b) for b in self._buckets],
-            "workloads": sorted({k[2] for k in keys}),
-            "temperatures": sorted({k[1] for k in keys}),
+            "workloads": sorted({k.workload for k in keys}),
+            "temperatures": sorted({k.temperature for k in keys}),
             "per_method": per_method,
             "n_runs": len(self._runs),
             "n_iterations": int(sum(len(c.acc) for c in cells)),
         }
 
 
-def _covering_peers(group: _GroupKey, trends: Mapping[_GroupKey, ContextTrend]
-                    ) -> list[_GroupKey]:
+def _covering_peers(group: GroupKey, trends: Mapping[GroupKey, ContextTrend]
+                    ) -> list[GroupKey]:
     """The groups whose trends may cover the contexts beyond `group`'s reach: the other
     workloads of its method and temperature (other prompts: independent evidence), one group
     each, at the traced γ nearest its own."""
-    best: dict[str, _GroupKey] = {}
+    best: dict[str, GroupKey] = {}
     for h in sorted(trends):
-        if (h[0], h[1]) != (group[0], group[1]) or h[2] == group[2]:
+        if (h.method, h.temperature) != (group.method, group.temperature) or \
+                h.workload == group.workload:
             continue
-        if h[2] not in best or abs(h[3] - group[3]) < abs(best[h[2]][3] - group[3]):
-            best[h[2]] = h
+        if h.workload not in best or abs(h.gamma - group.gamma) < abs(
+                best[h.workload].gamma - group.gamma):
+            best[h.workload] = h
     return [best[w] for w in sorted(best)]
 
 
