@@ -157,3 +157,19 @@ def test_names_and_suffixes(tmp_path: Path) -> None:
 def test_constructor_checks() -> None:
     with pytest.raises(UserInputError, match="anchor field 'gamma'"):
         Anchor("vegas", 0, None, None, None, None, 1.0)
+
+
+def test_packaged_magicdec_long_context_acceptance() -> None:
+    """MagicDec's published Llama-3.1-8B self-speculation acceptance rates (StreamingLLM budget
+    512, 4K-100K) as anchors: position i accepted with α^i, mean length 1 + Σ α^i, sparsity the
+    512-token budget over the sequence length."""
+    s = load_anchors("llama-3.1-8b-magicdec")
+    assert s.model == "llama-3.1-8b" and "MagicDec" in s.source
+    alpha = {4000: 0.84, 8000: 0.83, 16000: 0.82, 32000: 0.81, 64000: 0.79, 100000: 0.79}
+    assert {a.context[0]: a.context[1] for a in s.anchors if a.context} == {c: c for c in alpha}
+    for a in s.anchors:
+        assert a.context is not None and a.per_position_rates is not None
+        c = a.context[0]
+        assert a.sparsity == pytest.approx(512 / c)
+        assert a.per_position_rates == pytest.approx([alpha[c] ** i for i in range(1, 5)])
+        assert a.mean_acceptance_length == pytest.approx((1 - alpha[c] ** 5) / (1 - alpha[c]))
