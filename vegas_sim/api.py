@@ -276,6 +276,8 @@ def predict_methods(
     seed: int = 0,
     replications: int = 5,
     kv_block_size: int = 16,
+    prefill_gpus: int = 1,
+    kv_link_gbs: float = 50.0,
     gpu_memory_utilization: float = 0.9,
     acceptance_anchors: Sequence[str | Path] = (),
     slo_tpot_ms: float | None = None,
@@ -300,7 +302,8 @@ def predict_methods(
                  output_len=out_mean, requests=requests, arrival=arrival, workload=workload,
                  temperature=temperature, prefill=prefill, output_dist=out_dist,
                  kv_block_size=kv_block_size, gpu_memory_utilization=gpu_memory_utilization,
-                 slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms)
+                 slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms, prefill_gpus=prefill_gpus,
+                 kv_link_gbs=kv_link_gbs)
         for m in ordered
     ]
     table = predict_scenarios(scenarios, latency, acceptance, seed=seed,
@@ -377,6 +380,8 @@ def predict(
     seed: int = 0,
     replications: int = 5,
     kv_block_size: int = 16,
+    prefill_gpus: int = 1,
+    kv_link_gbs: float = 50.0,
     gpu_memory_utilization: float = 0.9,
     weight_format: str = "bf16",
     slo_tpot_ms: float | None = None,
@@ -407,6 +412,7 @@ def predict(
         graph_launch_ms=graph_launch_ms, requests=requests, arrival=arrival,
         workload=workload, temperature=temperature, prefill=prefill, engine=engine,
         seed=seed, replications=replications, kv_block_size=kv_block_size,
+        prefill_gpus=prefill_gpus, kv_link_gbs=kv_link_gbs,
         gpu_memory_utilization=gpu_memory_utilization, weight_format=weight_format,
         slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
         acceptance_anchors=acceptance_anchors,

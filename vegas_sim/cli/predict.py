@@ -92,8 +92,15 @@ def _predict_options(f: F) -> F:
                      help="Sampling temperature whose acceptance to replay (0 = greedy)."),
         click.option("--prefill", type=click.Choice(["disaggregated", "co-located"]),
                      default="disaggregated", show_default=True,
-                     help="Where admitted requests are prefilled: on other GPUs, or on this "
-                          "instance between decode iterations (co-located)."),
+                     help="Where admitted requests are prefilled: on a prefill stage of its "
+                          "own GPUs, the KV then sent over --kv-link-gbs, or on this instance "
+                          "between decode iterations (co-located). TTFT includes the prefill "
+                          "either way (the ttft_includes column says how)."),
+        click.option("--prefill-gpus", type=int, default=1, show_default=True,
+                     help="Disaggregated: GPUs of the prefill stage (FCFS, a prompt each)."),
+        click.option("--kv-link-gbs", type=float, default=50.0, show_default=True,
+                     help="Disaggregated: prefill → decode KV link, GB/s (50: one 400 Gb/s "
+                          "RDMA NIC)."),
         click.option("--engine", type=click.Choice(["sim", "analytic"]), default="sim",
                      show_default=True, help="SimPy engine or closed form."),
         click.option("--seed", type=int, default=0, show_default=True),

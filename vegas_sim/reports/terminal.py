@@ -105,7 +105,21 @@ def serving_lines(df: pd.DataFrame) -> list[str]:
         under = ", ".join(str(m) for m in df.loc[~df["saturated"].astype(bool), "method"])
         lines.append(f"under capacity ({under}): served ≈ offered load, so the throughput ratio "
                      "is ≈ 1 whatever the method; the TPOT speedup is the gain")
-    return lines
+    return lines + ttft_lines(df)
+
+
+def ttft_lines(df: pd.DataFrame) -> list[str]:
+    """One line per row: what its TTFT p50 is made of (the first token is the prefill's)."""
+    if "ttft_includes" not in df.columns:
+        return []
+    out = []
+    for _, r in df.iterrows():
+        pre, hand = float(r["prefill_ms"]), float(r["kv_transfer_ms"])
+        rest = float(r["ttft_ms_p50"]) - pre - hand
+        out.append(f"TTFT {r['method']}: p50 {_ms(r['ttft_ms_p50'])} ms = prefill "
+                   f"{_ms(pre)} + KV transfer {_ms(hand)} + waiting {_ms(max(rest, 0.0))} ms; "
+                   f"{r['ttft_includes']}")
+    return out
 
 
 def breakdown_table(df: pd.DataFrame) -> Table:

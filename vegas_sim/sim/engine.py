@@ -29,11 +29,23 @@ Model (DESIGN.md, "Simulator" → Engine):
   afterwards from the iteration log and the running segments (`segments.Segments`).
 - **Arrivals.** Closed loop (N users; a user submits its next request the instant its previous
   one finishes, zero think time), Poisson, or a trace of arrival times.
-- **Prefill.** ``"disaggregated"``: requests arrive with the prompt already in the KV cache; no
-  prefill time here. ``"co-located"``: newly admitted requests are prefilled on this instance,
+- **Prefill.** ``"co-located"``: newly admitted requests are prefilled on this instance,
   one after the other, stalling decoding; the time is ``prefill_ms(input_lens)`` (see
   ``predict.prefill_fn``: the latency model's 'prefill' phase when traced, else a roofline).
-  The prefill fills the KV cache only; all ``output_len`` tokens come from decode iterations.
+  ``"disaggregated"``: a prefill stage of its own, ``prefill_gpus`` GPUs serving prompts FCFS
+  (each prompt on one GPU, ``prefill_ms`` of it), then the prompt's KV cache crosses to this
+  instance in ``kv_transfer_ms_per_token`` × its length; open loop, a request joins the decode
+  queue when its KV has arrived. A closed loop keeps this instance as the paper measures a
+  decode GPU: the prefill stage runs ahead (a user's next prompt is prefilled while its
+  previous request decodes), so admissions are not delayed and the request's prefill +
+  transfer (``handoff_ms``) is counted before its admission.
+- **First token** (``first_output_ms``): the prefill's own token, which no draft waits for,
+  streamed once this instance holds the request: co-located, the end of the request's
+  prefill here; disaggregated, its admission here (after the prefill stage's queue, the
+  prefill and the transfer, and any wait for a decode slot or KV blocks). TTFT is that
+  minus the arrival, plus ``handoff_ms`` (metrics). The decode iterations then produce
+  the ``output_len`` tokens counted in throughput and TPOT (``first_token_ms`` is the end of
+  the first decode iteration: the first decode chunk).
 - **Determinism.** SimPy orders events by (time, priority, insertion counter), a total order;
   all randomness comes from generators seeded by ``np.random.SeedSequence``. Same seed ⇒
   identical result.
@@ -46,6 +58,7 @@ state (the running set, the free blocks, the per-request cursors) inside the hot
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
@@ -104,6 +117,8 @@ class EngineConfig:
     kv_capacity_tokens: int | None = None
     prefill: str = "disaggregated"
     kv_block_size: int = 16  # vLLM's default block size (tokens per KV block)
+    prefill_gpus: int = 1  # disaggregated: GPUs of the prefill stage
+    kv_transfer_ms_per_token: float = 0.0  # disaggregated: prefill → decode KV hand-over
 
     @property
     def kv_capacity_blocks(self) -> int | None:
@@ -142,6 +157,12 @@ class EngineConfig:
         if self.kv_block_size < 1:
             raise UserInputError(f"KV block size must be >= 1, got {self.kv_block_size}",
                                  where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
+        if self.prefill_gpus < 1:
+            raise UserInputError(f"prefill GPUs must be >= 1, got {self.prefill_gpus}",
+                                 where="--prefill-gpus", fix="pass --prefill-gpus 1 or more")
+        if not self.kv_transfer_ms_per_token >= 0:
+            raise UserInputError("the KV transfer time must be >= 0",
+                                 where="--kv-link-gbs", fix="pass a positive bandwidth")
         self.lengths.validate()
         self.arrivals.validate(self.n_requests)
 
@@ -160,7 +181,7 @@ class EngineResult:
     first_iter: np.ndarray  # global index of the request's first iteration
     last_iter: np.ndarray  # global index of its last iteration
     n_iters: np.ndarray  # iterations the request took part in (all its running segments)
-    first_token_ms: np.ndarray  # end of its first iteration
+    first_token_ms: np.ndarray  # end of its first decode iteration (first decode chunk)
     finish_ms: np.ndarray  # end of its last iteration
     emitted: np.ndarray  # tokens it produced, over all its segments (= output_len)
     # per iteration [I]
@@ -183,6 +204,12 @@ class EngineResult:
     preemptions: int  # requests taken out of the running batch because the KV cache was full
     recompute_ms_total: float  # re-prefilling preempted requests (prompt + generated so far)
     last_admission_ms: float  # latest (re)admission, resumptions after preemption included
+    # [R] when its first output token exists: the prefill's token (module docstring)
+    first_output_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # [R] prefill + KV transfer counted before its arrival (closed loop, disaggregated)
+    handoff_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # [R] when it joined this instance's queue (after the prefill stage, disaggregated)
+    queued_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def iterations(self) -> int:
@@ -270,6 +297,7 @@ class _DecodeInstance:
         self.mem_blocked = False
         self.done = 0
         self.admit_ms = np.full(n_req, np.nan)
+        self.prefilled_ms = np.full(n_req, np.nan)  # co-located: end of its prefill here
         self.first_iter = np.full(n_req, -1, np.int64)
         self.last_admission = math.nan
         self.segments: list[tuple[int, int, int, int]] = []  # (request, start, j0, iterations)
@@ -411,6 +439,10 @@ class _DecodeInstance:
         ms = 0.0
         if self.prefill_fn is not None and fresh:
             ms_new = float(self.prefill_fn(self.inp[fresh]))
+            done = 0.0
+            for r in fresh:  # one after another: each one's token exists at its own end
+                done += float(self.prefill_fn(self.inp[[r]]))
+                self.prefilled_ms[r] = self.env.now + done
             self.prefill_total += ms_new
             ms += ms_new
         if resumed:
@@ -490,14 +522,46 @@ class _DecodeInstance:
         self.bd_iter_ms += dt
 
 
-def _arrival_process(env: simpy.Environment, inst: _DecodeInstance,
-                     times_ms: np.ndarray, arrival_ms: np.ndarray
-                     ) -> Generator[simpy.Event, Any, None]:
-    for r, t in enumerate(times_ms):
+def _arrival_process(env: simpy.Environment, inst: _DecodeInstance, ready_ms: np.ndarray,
+                     submitted_ms: np.ndarray) -> Generator[simpy.Event, Any, None]:
+    """Submit each request to the decode queue when it is ready there (its arrival, or its
+    KV hand-over from the prefill stage), in the order they become ready; `submitted_ms`
+    gets the clock at each submission."""
+    for r in np.argsort(ready_ms, kind="stable"):
+        t = float(ready_ms[r])
         if t > env.now:
-            yield env.timeout(float(t) - env.now)
-        arrival_ms[r] = env.now
-        inst.submit(r)
+            yield env.timeout(t - env.now)
+        submitted_ms[r] = env.now
+        inst.submit(int(r))
+
+
+def prefill_stage(arrival_ms: np.ndarray, input_len: np.ndarray, prefill_ms: PrefillFn | None,
+                  gpus: int, transfer_ms_per_token: float) -> np.ndarray:
+    """[R] when each request's KV reaches the decode instance: FCFS in arrival order over
+    `gpus` prefill GPUs (a prompt on the first GPU free), then the transfer."""
+    free = [0.0] * gpus  # heap of the times each GPU is next free
+    ready = np.zeros(arrival_ms.shape[0])
+    one = _memo(prefill_ms)
+    for r in np.argsort(arrival_ms, kind="stable"):
+        start = max(float(arrival_ms[r]), heapq.heappop(free))
+        done = start + one(int(input_len[r]))
+        heapq.heappush(free, done)
+        ready[r] = done + transfer_ms_per_token * float(input_len[r])
+    return ready
+
+
+def _memo(prefill_ms: PrefillFn | None) -> Callable[[int], float]:
+    """One prompt's prefill time by its length, each length computed once (0 without one)."""
+    cache: dict[int, float] = {}
+
+    def one(n: int) -> float:
+        if prefill_ms is None:
+            return 0.0
+        if n not in cache:
+            cache[n] = float(prefill_ms(np.array([n], np.int64)))
+        return cache[n]
+
+    return one
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -515,8 +579,9 @@ def simulate(
     The seed's SeedSequence spawns three streams — lengths, arrivals, acceptance — so a
     vanilla run and a speculative run with the same seed see the same requests at the same
     times (common random numbers). ``acceptance`` is None for vanilla. ``prefill_fn`` is
-    required for ``prefill="co-located"``. ``recompute_fn`` (default ``prefill_fn``) is the
-    time to recompute resumed requests' KV (their prompt + generated tokens) on this
+    required for ``prefill="co-located"``; with ``"disaggregated"`` it times the prefill
+    stage (none given: the stage takes no time, the transfer alone remains).
+    ``recompute_fn`` (default ``prefill_fn``) is the time to recompute resumed requests' KV (their prompt + generated tokens) on this
     instance, in either prefill mode; with neither given, recompute takes no time.
     """
     cfg.validate()
@@ -542,6 +607,12 @@ def simulate(
                            recompute_fn if recompute_fn is not None else prefill_fn,
                            inp, n_iters, inc)
     arrival_ms = np.zeros(n)
+    handoff = np.zeros(n)
+    staged = cfg.prefill == "disaggregated"
+    if staged and cfg.arrivals.kind == "closed":  # the prefill stage runs ahead (docstring)
+        one = _memo(prefill_fn)
+        handoff = np.array([one(int(x)) + cfg.kv_transfer_ms_per_token * float(x)
+                            for x in inp])
     if cfg.arrivals.kind == "closed":
         users = min(cfg.arrivals.users or cfg.max_batch, n)
         submitted = [users]
@@ -556,10 +627,22 @@ def simulate(
         for r in range(users):
             inst.submit(r)
     else:
-        env.process(_arrival_process(env, inst, _arrival_times_ms(cfg, rng_arr), arrival_ms))
+        times = _arrival_times_ms(cfg, rng_arr)
+        ready = (prefill_stage(times, inp, prefill_fn, cfg.prefill_gpus,
+                               cfg.kv_transfer_ms_per_token) if staged else times)
+        stamped = np.zeros(n)
+        env.process(_arrival_process(env, inst, ready, stamped))
     env.process(inst.run())
     env.run()
-    return _collect(cfg, inst, hist, inc, inp, out, arrival_ms, time.perf_counter() - wall0)
+    if cfg.arrivals.kind != "closed":  # arrivals on the clock, as the process saw them
+        arrival_ms[:] = times if staged else stamped
+    res = _collect(cfg, inst, hist, inc, inp, out, arrival_ms, time.perf_counter() - wall0)
+    # the prefill's token, streamed once the decode instance holds the request
+    res.first_output_ms = (inst.prefilled_ms if cfg.prefill == "co-located"
+                           else inst.admit_ms).copy()
+    res.handoff_ms = handoff
+    res.queued_ms = stamped if cfg.arrivals.kind != "closed" else arrival_ms.copy()
+    return res
 
 
 def _request_lengths(cfg: EngineConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -11,8 +11,9 @@
   Counted as the verifier accepted them, before truncation at the output length (vLLM counts
   acceptance in the rejection sampler, before max_tokens truncation).
 - **Per-position rate r_i**: fraction of (request, iteration) drafts with at least i accepted.
-- **TPOT** per request: (finish − first token) / (output tokens − 1), requests with > 1 token;
-  first token = end of the request's first iteration (its first streamed chunk).
+- **TPOT** per request: (finish − first decode chunk) / (output tokens − 1), requests with > 1
+  token; first decode chunk = end of the request's first decode iteration (the decode's pace,
+  without the prefill's first token or the wait for admission).
 - **ITL**: gaps between consecutive chunks of a request = gaps between consecutive iteration
   ends, one sample per request per iteration after its first. A preempted request's wait
   until it resumes is in its TPOT but not in the ITL samples (the gap is counted as the one
@@ -33,9 +34,12 @@
   the backlog grew, so the offered rate exceeds the capacity and queueing delay grows
   without bound with the horizon. Runs with fewer than two distinct arrival times use the
   closed-loop rule.
-- **TTFT** per request: first token − arrival, so queueing (and a co-located prefill) is in
-  it; a disaggregated prefill instance's own time is not (the prompt arrives prefilled).
-  **E2E latency**: finish − arrival. Percentiles over the requests arriving in the window
+- **TTFT** per request, as engines report it: the time its first token exists (the
+  prefill's own token, no draft waits for it: `engine` docstring) − arrival. Co-located:
+  queueing + its prefill on the decode GPU. Disaggregated: queueing at the prefill stage +
+  prefill + KV transfer + the wait for a decode slot; in a closed loop (the prefill stage
+  runs ahead) the wait for decode admission + prefill + transfer. **E2E latency**: finish − arrival (+ the hand-over run
+  ahead, closed loop disaggregated). Percentiles over the requests arriving in the window
   (open loop) or all requests (closed loop). **Queue length**: requests that arrived and wait
   for their first admission, time-averaged over the window (vLLM's num_requests_waiting
   without the preempted ones waiting to resume).
@@ -227,11 +231,14 @@ def _serving_metrics(res: EngineResult, window: tuple[float, float], arrival_end
     t0, t1 = window
     seconds = (t1 - t0) / 1000.0
     arr, fin = res.arrival_ms, res.finish_ms
-    ttft, e2e = res.first_token_ms - arr, fin - arr
+    first = res.first_output_ms if res.first_output_ms.size else res.first_token_ms
+    ahead = res.handoff_ms if res.handoff_ms.size else 0.0
+    ttft, e2e = first - arr + ahead, fin - arr + ahead
     pick = arr >= t0 if open_loop else np.ones(arr.shape[0], bool)
     tt = np.percentile(ttft[pick], [50, 90, 99]) if pick.any() else np.full(3, math.nan)
     ee = np.percentile(e2e[pick], [50, 90]) if pick.any() else np.full(2, math.nan)
-    waited = np.clip(np.minimum(res.admit_ms, t1) - np.maximum(arr, t0), 0.0, None)
+    queued = res.queued_ms if res.queued_ms.size else arr  # joined this instance's queue
+    waited = np.clip(np.minimum(res.admit_ms, t1) - np.maximum(queued, t0), 0.0, None)
     done = (fin > t0) & (fin <= t1)
     served = float(done.sum())
     arrived = float(((arr > t0) & (arr <= arrival_end)).sum())

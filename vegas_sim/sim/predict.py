@@ -91,6 +91,7 @@ from vegas_sim.sim.roofline import roofline_columns
 from vegas_sim.sim.uncertainty import interval_columns
 
 ENGINES = ("sim", "analytic")
+KV_LINK_GBS = 50.0  # one 400 Gb/s RDMA NIC between the prefill and the decode GPU
 REQUESTS_PER_SLOT = 4  # default requests = 4 × batch (closed loop)
 OPEN_LOOP_MIN_REQUESTS = 200  # default requests in open loop: max(200, 20 × batch)
 OPEN_LOOP_PER_SLOT = 20
@@ -111,6 +112,8 @@ class Scenario:
     workload: str | None = None
     temperature: float = 0.0
     prefill: str = "disaggregated"  # "disaggregated" | "co-located"
+    prefill_gpus: int = 1  # disaggregated: GPUs of the prefill stage
+    kv_link_gbs: float = KV_LINK_GBS  # disaggregated: the prefill → decode link, GB/s
     kv_capacity_tokens: int | None = None  # None: GPU memory − weights
     # budget floor of the draft selection (methods.budget); None: the floor the acceptance
     # traces were run with (AcceptanceModel.min_tokens), so drafts and acceptance agree
@@ -187,6 +190,12 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if sc.kv_block_size < 1:
         raise UserInputError(f"KV block size must be >= 1, got {sc.kv_block_size}",
                              where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
+    if sc.prefill_gpus < 1:
+        raise UserInputError(f"prefill GPUs must be >= 1, got {sc.prefill_gpus}",
+                             where="--prefill-gpus", fix="pass --prefill-gpus 1 or more")
+    if not sc.kv_link_gbs > 0:  # also NaN
+        raise UserInputError(f"the KV link bandwidth must be > 0 GB/s, got {sc.kv_link_gbs}",
+                             where="--kv-link-gbs", fix=f"e.g. {KV_LINK_GBS:g} (GB/s)")
     if sc.output_dist is not None:
         sc.output_dist.validate()
     for name, value in (("--slo-tpot-ms", sc.slo_tpot_ms), ("--slo-ttft-ms", sc.slo_ttft_ms)):
@@ -367,13 +376,36 @@ def prefill_fn(latency: LatencyModel, method: str) -> PrefillFn:
 
 
 # ---------------------------------------------------------------------------- running
-def engine_config(sc: Scenario, kv_capacity_tokens: int | None) -> EngineConfig:
+def engine_config(sc: Scenario, kv_capacity_tokens: int | None,
+                  model: ModelSpec | None = None) -> EngineConfig:
     return EngineConfig(
         method=sc.method, gamma=sc.gamma, max_batch=sc.batch, n_requests=sc.n_requests,
         lengths=Lengths(sc.context, sc.output_len, output=sc.output_dist),
         arrivals=Arrivals.parse(sc.arrival), kv_capacity_tokens=kv_capacity_tokens,
-        prefill=sc.prefill, kv_block_size=sc.kv_block_size,
+        prefill=sc.prefill, kv_block_size=sc.kv_block_size, prefill_gpus=sc.prefill_gpus,
+        kv_transfer_ms_per_token=0.0 if model is None else transfer_ms_per_token(sc, model),
     )
+
+
+def transfer_ms_per_token(sc: Scenario, model: ModelSpec) -> float:
+    """ms to move one prompt token's KV (its full-attention layers' K and V) from the prefill
+    GPU to the decode GPU over `kv_link_gbs`; 0 when co-located."""
+    if sc.prefill != "disaggregated":
+        return 0.0
+    return model.full_kv_bytes_per_token() / (sc.kv_link_gbs * 1e9) * 1e3
+
+
+def ttft_includes(sc: Scenario) -> str:
+    """What a row's TTFT is made of, in words (the `ttft_includes` column)."""
+    if sc.prefill == "co-located":
+        return "queueing + the prompt's prefill on the decode GPU (the prefill's token)"
+    gpus = f"{sc.prefill_gpus} prefill GPU" + ("s" if sc.prefill_gpus > 1 else "")
+    hand = f"prefill on {gpus} + KV transfer at {sc.kv_link_gbs:g} GB/s"
+    if sc.is_open_loop:
+        return (f"queueing at the prefill stage + {hand} + the wait for a decode slot "
+                f"(the prefill's token)")
+    return (f"the wait for decode admission + {hand}, the prefill run ahead of the decode "
+            f"(closed loop; the prefill's token)")
 
 
 def gpu_memory(latency: LatencyModel) -> float | None:
@@ -420,12 +452,13 @@ def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
 
 def _simulate_runs(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None,
                    seeds: list[np.random.SeedSequence]) -> list[RunMetrics]:
-    cfg = engine_config(sc, scenario_kv_capacity(sc, latency))
+    cfg = engine_config(sc, scenario_kv_capacity(sc, latency), latency.model)
     cost = iteration_cost(latency, sc)
-    prefill = prefill_fn(latency, sc.method)  # also the recompute of preempted requests
-    pre = prefill if sc.prefill == "co-located" else None
-    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=pre, recompute_fn=prefill),
-                      sc.slo) for s in seeds]
+    # co-located: on the decode GPU; disaggregated: the prefill stage's GPUs (the same model
+    # of one prompt's prefill); also the recompute of preempted requests
+    prefill = prefill_fn(latency, sc.method)
+    return [summarize(simulate(cfg, cost, dist, seed=s, prefill_fn=prefill,
+                               recompute_fn=prefill), sc.slo) for s in seeds]
 
 
 def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | None
@@ -441,7 +474,9 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     mid = np.full(max(round(batch), 1), sc.context + sc.output_len // 2, np.int64)
     bd = cost.breakdown(mid)
     scale = res.iter_ms / sum(bd.values()) if sum(bd.values()) > 0 else 0.0
-    ttft = res.iter_ms  # a closed loop does not queue: the first token is one iteration in
+    # the prefill's token: a full closed batch does not queue, the prefill runs ahead
+    ttft = (prefill_fn(latency, sc.method)(np.array([sc.context], np.int64))
+            + transfer_ms_per_token(sc, latency.model) * sc.context)
     meets = sc.slo.met(np.array([ttft]), np.array([tpot]))[0]
     return RunMetrics(
         throughput_tok_s=res.throughput_tok_s, window_ms=(math.nan, math.nan), window_tokens=0,
@@ -529,6 +564,10 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     row["wall_s"] = wall_s
     row.update(tpot_speedup=tp, tpot_speedup_ci_low=tp_lo, tpot_speedup_ci_high=tp_hi)
     row.update(_serving_columns(sc, runs))
+    # what the first token costs before any queueing: one prompt's prefill, its KV's transfer
+    row["prefill_gpus"], row["kv_link_gbs"] = sc.prefill_gpus, sc.kv_link_gbs
+    row["prefill_ms"] = float(prefill_fn(latency, sc.method)(np.array([sc.context], np.int64)))
+    row["kv_transfer_ms"] = transfer_ms_per_token(sc, latency.model) * sc.context
     return row
 
 
@@ -569,6 +608,7 @@ def _serving_columns(sc: Scenario, runs: list[RunMetrics]) -> dict[str, Any]:
         for name in ("ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "e2e_ms_p50", "e2e_ms_p90",
                      "queue_len_mean", "offered_rate", "served_rate", "goodput_tok_s")}
     out["saturated"] = bool(2 * sum(r.saturated for r in runs) > len(runs))
+    out["ttft_includes"] = ttft_includes(sc)
     out["slo_tpot_ms"] = math.nan if sc.slo_tpot_ms is None else float(sc.slo_tpot_ms)
     out["slo_ttft_ms"] = math.nan if sc.slo_ttft_ms is None else float(sc.slo_ttft_ms)
     return out
@@ -590,7 +630,8 @@ def _check_analytic(sc: Scenario) -> None:
 
 def _base_key(sc: Scenario) -> tuple[Any, ...]:
     return (sc.batch, sc.context, sc.output_len, sc.n_requests, sc.arrival, sc.prefill,
-            sc.kv_capacity_tokens, sc.output_dist, sc.kv_block_size)
+            sc.kv_capacity_tokens, sc.output_dist, sc.kv_block_size, sc.prefill_gpus,
+            sc.kv_link_gbs)
 
 
 def predict_one(
