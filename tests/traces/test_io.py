@@ -202,7 +202,7 @@ LATENCY_REJECTIONS: list[tuple[str, Mutation, str]] = [
     ("ms_median", _set("ms_median", float("nan")), "NaN"),
     ("ms_p10", _set("ms_p10", -0.5), "negative"),
     ("ms_median", _set("ms_p10", 1e6), "ms_p10 <= ms_median <= ms_p90"),
-    ("ms_median", _set("ms_p90", 0.0), "ms_p10 <= ms_median <= ms_p90"),
+    ("ms_median", _set("ms_p90", 1e-6), "ms_p10 <= ms_median <= ms_p90"),
     ("n", _set("n", 0), "n must be >= 1"),
     ("batch", _set("batch", 0), "batch must be >= 1"),
     ("context", _set("context", 0), "context must be >= 1"),

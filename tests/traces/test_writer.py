@@ -230,16 +230,18 @@ def test_accept_prob_float64_lists_are_cast(tmp_path: Path) -> None:
 def _latency_rows(draw: st.DrawFn) -> pd.DataFrame:
     n = draw(st.integers(1, 6))
     ints = st.integers(1, 1 << 20)
-    p10 = draw(st.lists(st.floats(0, 1e3), min_size=n, max_size=n))
+    p10 = draw(st.lists(st.floats(1e-3, 1e3), min_size=n, max_size=n))  # no call takes 0 ms
     extra = draw(st.lists(st.floats(0, 1e3), min_size=2 * n, max_size=2 * n))
     median = [a + b for a, b in zip(p10, extra[:n], strict=True)]
+    context = draw(st.lists(ints, min_size=n, max_size=n))
+    n_query = draw(st.lists(st.integers(1, 16), min_size=n, max_size=n))
     return pd.DataFrame({
         "phase": draw(st.lists(st.sampled_from(PHASES), min_size=n, max_size=n)),
         "method": draw(st.lists(st.sampled_from(io.LATENCY_METHODS), min_size=n, max_size=n)),
         "batch": draw(st.lists(ints, min_size=n, max_size=n)),
-        "context": draw(st.lists(ints, min_size=n, max_size=n)),
-        "n_query": draw(st.lists(st.integers(1, 16), min_size=n, max_size=n)),
-        "kv_read": draw(st.lists(st.integers(0, 1 << 20), min_size=n, max_size=n)),
+        "context": context, "n_query": n_query,
+        # a call attends at most its cache plus its query rows
+        "kv_read": [draw(st.integers(0, c + q)) for c, q in zip(context, n_query, strict=True)],
         "collect_rows": draw(st.lists(st.integers(0, 16), min_size=n, max_size=n)),
         "ms_median": median, "ms_p10": p10,
         "ms_p90": [m + b for m, b in zip(median, extra[n:], strict=True)],

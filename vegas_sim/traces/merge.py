@@ -43,6 +43,7 @@ from vegas_sim.traces.io import (
     load_trace_set,
 )
 from vegas_sim.traces.schema import (
+    EXPECTED_ROWS_KEY,
     ACCEPTANCE_FILE,
     ACCEPTANCE_POINT_KEYS,
     LATENCY_FILE,
@@ -72,6 +73,8 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
     meta = merged_meta(sets)
     if replicates:
         meta["grid"]["acceptance_replicates"] = len(sets)
+    meta[EXPECTED_ROWS_KEY] = {"latency": sum(len(ts.latency) for ts in sets),
+                               "acceptance": sum(len(ts.acceptance) for ts in sets)}
     writer = TraceSetWriter(out, meta)
     offset = 0
     for ts in sets:

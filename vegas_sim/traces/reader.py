@@ -29,6 +29,7 @@ from vegas_sim.traces.schema import (
 )
 from vegas_sim.traces.validation import (
     FIX_RECALIBRATE,
+    check_row_claims,
     to_pandas,
     validate_file_table,
     validate_meta,
@@ -212,6 +213,8 @@ def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None)
         passed.append(f"{name}: {table.num_rows} rows, columns and dtypes match schema v1, "
                       f"value ranges valid")
         frames[name] = to_pandas(table)
+    check_row_claims(meta, len(frames[LATENCY_FILE]), len(frames[ACCEPTANCE_FILE]), root)
+    passed.append("rows: the set holds rows, and as many as its meta.json records")
     for name in DATA_FILES:
         actual, recorded = sha256_file(root / name), meta["content_hash"][name]
         if actual != recorded:

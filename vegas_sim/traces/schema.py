@@ -6,9 +6,12 @@ This module only *describes* the contract; `traces/io.py` reads, writes and vali
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pyarrow as pa
 
 from vegas_sim.methods import METHODS
+from vegas_sim.models import DTYPE_BYTES
 
 SCHEMA_VERSION = 1
 
@@ -90,4 +93,51 @@ OPTIONAL_META_KEYS = {
                 "records (traces/vllm_traces.py), not measured by calibrate",
     "subset_of": "{'path', 'date', 'content_hash'} of the set `traces subset` cut this one from",
     "where": "the conditions `traces subset` kept the rows by, e.g. 'batch<=16,context<=32K'",
+    "expected_rows": "{'latency': int, 'acceptance': int}: the rows `traces merge` / `traces "
+                     "subset` wrote; finalize and check refuse parts that hold other counts",
 }
+
+# meta.json's typed fields, the one table `traces check` and every loader validate them by
+# (validation.validate_meta). A Field is its JSON kind and its bounds: "int", "number",
+# "bool", "str", "int_list" / "number_list" / "str_list" (each item so), "object" (a JSON
+# object or null); `low` inclusive, `above` exclusive. A number must be finite; a JSON bool
+# is never an int. "model": every ModelSpec field (MODEL_REQUIRED must be there); "grid": the
+# keys the loaders read (optional: older sets lack some).
+class Field(NamedTuple):
+    kind: str
+    low: float | None = None
+    above: float | None = None
+
+
+MODEL_REQUIRED = ("name", "architecture", "n_layers", "hidden", "n_heads", "n_kv_heads",
+                  "head_dim", "ffn", "vocab", "max_positions")
+MODEL_FIELDS: dict[str, Field] = {
+    "name": Field("str"), "architecture": Field("str"),
+    "n_layers": Field("int", 1), "hidden": Field("int", 1), "n_heads": Field("int", 1),
+    "n_kv_heads": Field("int", 1), "head_dim": Field("int", 1), "ffn": Field("int", 1),
+    "vocab": Field("int", 1), "max_positions": Field("int", 1),
+    "rope_theta": Field("number", above=0), "rms_eps": Field("number", above=0),
+    "tie_embeddings": Field("bool"), "qk_norm": Field("bool"), "qkv_bias": Field("bool"),
+    "rope_scaling": Field("object"), "dtype": Field("str"),
+    "n_experts": Field("int", 0), "experts_per_token": Field("int", 0),
+    "expert_ffn": Field("int", 0), "sliding_window": Field("int", 0),
+    "window_layers": Field("int_list", 0), "attention_sinks": Field("bool"),
+    "o_bias": Field("bool"), "moe_bias": Field("bool"), "moe_activation": Field("str"),
+}
+# String fields of the model that only take these values.
+MODEL_CHOICES: dict[str, tuple[str, ...]] = {
+    "architecture": ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"),
+    "dtype": tuple(DTYPE_BYTES),
+    "moe_activation": ("silu", "gpt_oss"),
+}
+GRID_FIELDS: dict[str, Field] = {
+    "batch": Field("int_list", 1), "context": Field("int_list", 1),
+    "gamma": Field("int_list", 1), "n_query": Field("int_list", 1),
+    "sparsity": Field("number_list", above=0), "min_tokens": Field("int", 1),
+    "methods": Field("str_list"), "workloads": Field("str_list"),
+    "temperatures": Field("number_list", 0), "verify_after_draft": Field("bool"),
+    "cuda_graphs": Field("bool"),
+}
+# Rows a writer that knows them up front (`traces merge`, `traces subset`) records before its
+# first append; a finalize whose parts hold other counts (the writer stopped early) is refused.
+EXPECTED_ROWS_KEY = "expected_rows"

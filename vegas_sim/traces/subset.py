@@ -32,7 +32,12 @@ import pandas as pd
 from vegas_sim.errors import UserInputError
 from vegas_sim.traces.io import TraceSet, TraceSetWriter, load_trace_set
 from vegas_sim.traces.merge import _check_output
-from vegas_sim.traces.schema import ACCEPTANCE_POINT_KEYS, ACCEPTANCE_SCHEMA, LATENCY_SCHEMA
+from vegas_sim.traces.schema import (
+    ACCEPTANCE_POINT_KEYS,
+    ACCEPTANCE_SCHEMA,
+    EXPECTED_ROWS_KEY,
+    LATENCY_SCHEMA,
+)
 
 OPS = ("<=", ">=", "==", "<", ">", "in")
 _COND_RE = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|==|<|>|\s+in\s+)\s*(.+?)\s*$")
@@ -203,7 +208,7 @@ def _check_left(name: str, before: int, after: int, where: str) -> None:
 def subset_meta(source: TraceSet, where: str, conditions: list[Condition],
                 acceptance: pd.DataFrame) -> dict[str, Any]:
     """The subset's meta.json (content hash and parts are the writer's)."""
-    meta = {k: v for k, v in source.meta.items() if k not in ("content_hash", "parts")}
+    meta = {k: v for k, v in source.meta.items() if k not in ("content_hash", "parts", EXPECTED_ROWS_KEY)}
     meta["grid"] = _trim_grid(dict(source.meta.get("grid", {})), conditions, acceptance)
     meta["subset_of"] = {"path": str(source.path), "date": source.meta.get("date"),
                          "content_hash": source.meta.get("content_hash")}
@@ -221,7 +226,9 @@ def subset_trace_set(source: str | Path, out: str | Path, where: str) -> TraceSe
     acceptance = filter_acceptance(ts.acceptance, conditions)
     _check_left("latency", len(ts.latency), len(latency), where)
     _check_left("acceptance", len(ts.acceptance), len(acceptance), where)
-    writer = TraceSetWriter(out, subset_meta(ts, where, conditions, acceptance))
+    meta = subset_meta(ts, where, conditions, acceptance)
+    meta[EXPECTED_ROWS_KEY] = {"latency": len(latency), "acceptance": len(acceptance)}
+    writer = TraceSetWriter(out, meta)
     if len(latency):
         writer.append_latency(latency)
     if len(acceptance):

@@ -12,17 +12,23 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vegas_sim.errors import TraceSetError
+from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.files import sha256_file
 from vegas_sim.methods import PHASES, SPEC_METHODS
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.schema import (
     ACCEPTANCE_SCHEMA,
     DATA_FILES,
+    EXPECTED_ROWS_KEY,
     LATENCY_FILE,
     LATENCY_METHODS,
     LATENCY_SCHEMA,
     META_KEYS,
+    MODEL_CHOICES,
+    MODEL_FIELDS,
+    MODEL_REQUIRED,
+    GRID_FIELDS,
+    Field,
     SCHEMA_VERSION,
     WEIGHT_KINDS,
 )
@@ -76,6 +82,7 @@ def validate_meta(meta: Any, where: Path, *, require_hash: bool = True) -> None:
         if not isinstance(meta[key], kind):
             raise _meta_err(where, key, f"{key!r} must be a JSON {kind.__name__}, "
                                         f"got {type(meta[key]).__name__}")
+    _validate_claims(meta, where)
     try:
         dt.datetime.fromisoformat(str(meta["date"]).replace("Z", "+00:00"))
     except ValueError:
@@ -91,13 +98,94 @@ def validate_meta(meta: Any, where: Path, *, require_hash: bool = True) -> None:
                             fix="finalize the trace set (TraceSetWriter.finalize) to record it")
 
 
+def _validate_claims(meta: dict[str, Any], where: Path) -> None:
+    """The grid's typed keys, the workload names, and the row counts a writer expects."""
+    check_fields(meta["grid"], GRID_FIELDS, where, "grid")
+    if not _kind_ok(meta["workload"], "str_list"):
+        raise _meta_err(where, "workload",
+                        f"workload is {meta['workload']!r}; it must be a list of names")
+    expected = meta.get(EXPECTED_ROWS_KEY)
+    if expected is not None:
+        rule = Field("int", 0)
+        if not isinstance(expected, dict):
+            raise _meta_err(where, EXPECTED_ROWS_KEY,
+                            f"{EXPECTED_ROWS_KEY} must map 'latency' and 'acceptance' to row "
+                            "counts")
+        check_fields(expected, {"latency": rule, "acceptance": rule}, where, EXPECTED_ROWS_KEY)
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    """`value` is of `Field.kind` (a JSON bool is not an int, a number is finite)."""
+    if kind.endswith("_list"):
+        return isinstance(value, list) and all(_kind_ok(v, kind[:-5]) for v in value)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return _is_number(value)
+    if kind == "object":
+        return value is None or isinstance(value, (dict, list))
+    return isinstance(value, {"bool": bool, "str": str}[kind])
+
+
+_KIND_TEXT = {"int": "an integer", "number": "a finite number", "bool": "true or false",
+              "str": "a string", "object": "a JSON object or null"}
+
+
+def _kind_text(rule: Field) -> str:
+    kind = rule.kind
+    if kind.endswith("_list"):
+        text = f"a list of {_KIND_TEXT[kind[:-5]].removeprefix('an ').removeprefix('a ')}s"
+    else:
+        text = _KIND_TEXT[kind]
+    if rule.low is not None:
+        text += f" >= {rule.low:g}"
+    if rule.above is not None:
+        text += f" > {rule.above:g}"
+    return text
+
+
+def _in_bounds(value: Any, rule: Field) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return all((rule.low is None or v >= rule.low) and (rule.above is None or v > rule.above)
+               for v in values)
+
+
+def check_fields(obj: dict[str, Any], rules: dict[str, Field], where: Path,
+                 prefix: str) -> None:
+    """Each key of `obj` that `rules` names holds its kind within its bounds
+    (schema.MODEL_FIELDS, schema.GRID_FIELDS); the first that does not is a TraceSetError
+    naming the key, the value and what it must be."""
+    for key, rule in rules.items():
+        if key not in obj:
+            continue
+        value = obj[key]
+        if not _kind_ok(value, rule.kind) or (rule.kind not in ("bool", "str", "object")
+                                              and not _in_bounds(value, rule)):
+            raise _meta_err(where, f"{prefix}.{key}",
+                            f"{prefix}.{key} is {value!r}; it must be {_kind_text(rule)}")
+        allowed = MODEL_CHOICES.get(key) if prefix == "model" else None
+        if allowed is not None and value not in allowed:
+            raise _meta_err(where, f"{prefix}.{key}",
+                            f"{prefix}.{key} is {value!r}; it must be one of {list(allowed)}")
+
+
 def _validate_model_meta(model: Any, where: Path) -> None:
     if not isinstance(model, dict):
         raise _meta_err(where, "model", "'model' must be a JSON object (ModelSpec.to_dict())")
+    missing = [k for k in MODEL_REQUIRED if k not in model]
+    if missing:
+        raise _meta_err(where, f"model.{missing[0]}",
+                        f"'model' is not a complete model spec: it lacks {missing}")
+    check_fields(model, MODEL_FIELDS, where, "model")
+    if model["n_heads"] % model["n_kv_heads"]:
+        raise _meta_err(where, "model.n_kv_heads",
+                        f"model.n_heads {model['n_heads']} is not a multiple of model.n_kv_heads "
+                        f"{model['n_kv_heads']} (each KV head serves a whole group of heads)")
     try:
         ModelSpec.from_dict(model)
-    except TypeError as e:
-        raise _meta_err(where, "model", f"'model' is not a complete model spec: {e}") from None
+    except (TypeError, ValueError) as e:  # UserInputError is a ValueError
+        text = e.problem if isinstance(e, UserInputError) else str(e)
+        raise _meta_err(where, "model", f"'model' is not a valid model spec: {text}") from None
     weights = model.get("weights")
     if not isinstance(weights, dict) or "kind" not in weights or "id" not in weights:
         raise _meta_err(where, "model.weights",
@@ -114,6 +202,31 @@ def _validate_gpu_meta(gpu: Any, where: Path) -> None:
         if not _is_number(gpu.get(key)) or gpu[key] <= 0:
             raise _meta_err(where, f"gpu.{key}",
                             f"gpu.{key} must be a positive number, got {gpu.get(key)!r}")
+
+
+def check_row_claims(meta: dict[str, Any], n_latency: int, n_acceptance: int,
+                     where: Path | str) -> None:
+    """The rows of a set against what its meta claims: a set holds some rows (an empty one is
+    no latency-only set, it is nothing), and exactly the `expected_rows` its writer recorded
+    (a merge or subset that stopped early left fewer)."""
+    if n_latency == 0 and n_acceptance == 0:
+        raise TraceSetError(
+            "the set holds no rows, neither latency nor acceptance (the command that wrote it "
+            "stopped before its first rows)", where=str(where),
+            fix="delete the directory and run the calibrate, merge or subset that made it again")
+    expected = meta.get(EXPECTED_ROWS_KEY)
+    if not isinstance(expected, dict):
+        return
+    got = {"latency": n_latency, "acceptance": n_acceptance}
+    short = {k: v for k, v in got.items() if k in expected and expected[k] != v}
+    if short:
+        table = next(iter(short))
+        raise TraceSetError(
+            f"the set holds {got[table]:,} {table} rows where meta.json's {EXPECTED_ROWS_KEY} "
+            f"records {expected[table]:,}: the `traces merge` or `traces subset` that wrote it "
+            "stopped before it finished", where=f"{where} (meta.json key {EXPECTED_ROWS_KEY!r})",
+            fix="delete the directory and run that merge or subset again (finalize cannot "
+                "recover rows that were never written)")
 
 
 # ============================================================================ table validation
@@ -218,11 +331,24 @@ def validate_latency(table: pa.Table, where: Path | str) -> pa.Table:
     for col, v in ms.items():
         _require(~np.isfinite(v), v, "latency is NaN or infinite", where, col,
                  "drop the point or re-measure it")
-        _require(v < 0, v, "latency is negative", where, col, "re-measure the point")
+        _require(v <= 0, v, "latency is zero or negative (no GPU call takes no time)", where,
+                 col, "re-measure the point, or drop it")
+    _check_kv_read(table, where)
     order_bad = (ms["ms_p10"] > ms["ms_median"]) | (ms["ms_median"] > ms["ms_p90"])
     _require(order_bad, ms["ms_median"], "ms_p10 <= ms_median <= ms_p90 violated", where,
              "ms_median", "compute the three statistics from the same timings")
     return table
+
+
+def _check_kv_read(table: pa.Table, where: Path | str) -> None:
+    """A call attends at most the request's cache plus its new query rows: kv_read <= context
+    + n_query. A table with its batch and context columns swapped breaks this on the first
+    row (kv_read follows the real context, the 'context' column then holds batch sizes)."""
+    kv, context, n_query = _np(table, "kv_read"), _np(table, "context"), _np(table, "n_query")
+    _require(kv > context + n_query, kv,
+             "kv_read exceeds context + n_query (a request cannot attend more KV than its "
+             "cache holds; are the batch and context columns swapped?)", where, "kv_read",
+             "record context = the tokens in each request's KV cache, batch = the requests")
 
 
 def validate_acceptance(table: pa.Table, where: Path | str, weights_kind: str | None) -> pa.Table:

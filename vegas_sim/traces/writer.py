@@ -36,11 +36,15 @@ from vegas_sim.traces.reader import (
     read_parquet,
 )
 from vegas_sim.traces.schema import (
+    ACCEPTANCE_FILE,
+    EXPECTED_ROWS_KEY,
+    LATENCY_FILE,
     META_FILE,
     SCHEMA_VERSION,
     SCHEMAS,
 )
 from vegas_sim.traces.validation import (
+    check_row_claims,
     content_hash,
     table_from_frame,
     validate_acceptance,
@@ -116,6 +120,11 @@ class TraceSetWriter:
                 f"has {new_meta['gpu']['name']!r}", where=f"{meta_path}, key 'gpu.name'",
                 fix="write to a new directory, or resume on the same GPU model")
         self._adopt_consolidated(old)
+        # the row count a merge/subset expects belongs to that run: a calibration resumed
+        # into the directory adds rows of its own (finalize_trace_set passes the same meta)
+        old.pop(EXPECTED_ROWS_KEY, None)
+        if EXPECTED_ROWS_KEY in new_meta:
+            old[EXPECTED_ROWS_KEY] = new_meta[EXPECTED_ROWS_KEY]
         return old
 
     def _adopt_consolidated(self, meta: dict[str, Any]) -> None:
@@ -206,14 +215,18 @@ class TraceSetWriter:
         """Concatenate the parts into latency.parquet / acceptance.parquet, record their hashes
         in meta.json, and return the validated set. Idempotent; safe to re-run after a crash."""
         included: dict[str, list[str]] = {}
+        merged: dict[str, pa.Table] = {}
         for name, table_name in TABLE_OF_FILE.items():
             parts = part_files(self.path, table_name)
             tables = [validate_file_table(name, read_parquet(p), p, self.weights_kind)
                       for p in parts]
-            schema = SCHEMAS[name]
-            merged = pa.concat_tables(tables) if tables else schema.empty_table()
-            _write_parquet_atomic(self.path / name, merged, self.durable)
+            merged[name] = pa.concat_tables(tables) if tables else SCHEMAS[name].empty_table()
             included[table_name] = [p.name for p in parts]
+        # before any file is replaced: a refused finalize leaves the directory as it was
+        check_row_claims(self.meta, merged[LATENCY_FILE].num_rows,
+                         merged[ACCEPTANCE_FILE].num_rows, self.path)
+        for name, table in merged.items():
+            _write_parquet_atomic(self.path / name, table, self.durable)
         self.meta = {**self.meta, "content_hash": content_hash(self.path), "parts": included}
         write_json(self.path / META_FILE, self.meta, durable=self.durable)
         return load_trace_set(self.path)
