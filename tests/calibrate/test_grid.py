@@ -313,9 +313,11 @@ def test_points_that_cannot_fit_are_skipped(tmp_path: Path, tiny_net: Any,
     monkeypatch.setattr(hardware, "free_memory", lambda device: 10_000)
     plan = tiny_plan(methods=("vanilla",), batch=(1,), context=(32,))
     lines: list[str] = []
-    run_calibration(plan, tmp_path / "ts", model=(tiny_net, RANDOM_META), log_fn=lines.append)
+    with pytest.raises(UserInputError, match="every point was skipped"):
+        run_calibration(plan, tmp_path / "ts", model=(tiny_net, RANDOM_META),
+                        log_fn=lines.append)
     assert lines and "skip" in lines[0] and "GB free" in lines[0]
-    assert load_trace_set(tmp_path / "ts").latency.empty
+    assert not (tmp_path / "ts" / "latency.parquet").exists()  # no empty set left behind
 
 
 def test_acceptance_batch_halves_until_it_fits(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -293,9 +293,23 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     with terminate_as_interrupt(), _recorded(out, session, device_name):
         _measure_points(net, plan, points, done, writer, device, session, say, progress,
                         n_done, total)
+    _require_some_point_measured(writer, out)
     ts = writer.finalize()
     write_run_log(out, session, device_name, acceptance_summary(ts.acceptance))
     return out
+
+
+def _require_some_point_measured(writer: TraceSetWriter, out: Path) -> None:
+    """Refuse to finalize a run whose every point was skipped (too little memory, OOM): no
+    set with no rows is written; the progress stays, so `--retry-failed` can try again."""
+    records = writer.progress().values()
+    if records and all(r.get("status") != "ok" for r in records):
+        first = next(iter(records))
+        raise UserInputError(
+            f"every point was skipped ({first.get('status')}: {first.get('detail')}); no trace "
+            "set is written", where=str(out),
+            fix="free GPU memory or use smaller --batch/--context, then rerun with "
+                "--retry-failed")
 
 
 def _nothing_to_measure(plan: CalibrationPlan, spec: ModelSpec, too_long: bool) -> UserInputError:
