@@ -78,7 +78,7 @@ def test_a_bad_out_path_fails_before_any_work(tmp_path: Path, command: list[str]
     def no_work(*_: object, **__: object) -> None:
         raise AssertionError("the models were loaded before --out was checked")
     monkeypatch.setattr(api, "load_models", no_work)
-    monkeypatch.setattr(api, "predict_methods", no_work)
+    monkeypatch.setattr(api, "predict", no_work)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     suffix = {"predict": ".csv", "sweep": ".csv", "tune": ".json"}[command[0]]
@@ -141,7 +141,7 @@ def test_ctrl_c_exits_130_and_says_what_was_kept(monkeypatch: pytest.MonkeyPatch
 
     def interrupted(**_: object) -> None:
         raise KeyboardInterrupt
-    monkeypatch.setattr(api, "predict_methods", interrupted)
+    monkeypatch.setattr(api, "predict", interrupted)
     monkeypatch.setattr(sys, "argv", ["vegas-sim", "predict"])
     with pytest.raises(SystemExit) as done:
         cli_module.main()

@@ -5,14 +5,14 @@ predict, sweep, tune, load_traces, check_traces and show_traces are here (re-exp
 the reports and validate code); the fits they share (`load_models`, `fit_latency`) too.
 
     >>> from vegas_sim import api
-    >>> table, notes = api.predict_methods(gamma=7, methods=("vegas",), context=32768)
+    >>> table = api.predict(gamma=7, methods=("vegas",), context=32768)
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +21,14 @@ import pandas as pd
 from vegas_sim import fitcache
 from vegas_sim.errors import UserInputError
 from vegas_sim.gpus import GpuSpec, datasheet_for_device, get_gpu, resolve_gpu
-from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
+from vegas_sim.grids import (
+    grid_text,
+    int_box,
+    one_int,
+    one_sparsity,
+    parse_int_grid,
+    sparsity_box,
+)
 from vegas_sim.models import get_preset
 from vegas_sim.methods import (
     DEFAULT_SPARSITY,
@@ -29,6 +36,7 @@ from vegas_sim.methods import (
     check_gamma,
     check_method,
     check_sparsity,
+    point_of,
 )
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import (
@@ -47,7 +55,8 @@ from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
 from vegas_sim.sim.sweep import sweep as run_sweep
-from vegas_sim.sim.tune import TuneConfig, TuneResult
+from vegas_sim.sim.options import options_for, scenario_extra
+from vegas_sim.sim.tune import Say, TuneConfig, TuneProgress, TuneResult
 from vegas_sim.sim.tune import tune as run_tune
 from vegas_sim.sim.workload import OutputLengths
 from vegas_sim.traces import catalog, io
@@ -254,63 +263,6 @@ def load_models(
     return latency, acceptance, (*notes, *anchor_notes)
 
 
-def predict_methods(
-    *,
-    gamma: int = 7,
-    sparsity: float = 0.07,
-    batch: int = 4,
-    context: int = 32768,
-    output_len: int | str = 1024,
-    methods: Sequence[str] = ("vegas",),
-    model: str | None = None,
-    traces: Path | None = None,
-    gpu: str | GpuSpec | None = None,
-    graph_launch_ms: float | None = None,
-    weight_format: str = "bf16",
-    requests: int | None = None,
-    arrival: str = "closed",
-    workload: str | None = None,
-    temperature: float = 0.0,
-    prefill: str = "disaggregated",
-    engine: str = "sim",
-    seed: int = 0,
-    replications: int = 5,
-    kv_block_size: int = 16,
-    prefill_gpus: int = 1,
-    kv_link_gbs: float = 50.0,
-    gpu_memory_utilization: float = 0.9,
-    acceptance_anchors: Sequence[str | Path] = (),
-    slo_tpot_ms: float | None = None,
-    slo_ttft_ms: float | None = None,
-    acceptance_traces: Path | None = None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """Predict one configuration for each method (plus vanilla, the baseline).
-
-    ``output_len``: N, ``lognormal:MEAN,CV`` or ``file:PATH`` (`output_lengths`). The SLOs
-    set the goodput column (`sim.metrics.Slo`)."""
-    check_gamma(gamma)
-    check_sparsity(sparsity)
-    ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
-    out_mean, out_dist = output_lengths(output_len)
-    latency, acceptance, notes = load_models(model, traces, gpu, graph_launch_ms,
-                                             tuple(str(a) for a in acceptance_anchors),
-                                             weight_format, acceptance_traces)
-    # vanilla's row says γ 1, sparsity 1 (one token, full attention), as sweep's rows do
-    scenarios = [
-        Scenario(method=m, gamma=gamma if m != "vanilla" else 1,
-                 sparsity=sparsity if m != "vanilla" else 1.0, batch=batch, context=context,
-                 output_len=out_mean, requests=requests, arrival=arrival, workload=workload,
-                 temperature=temperature, prefill=prefill, output_dist=out_dist,
-                 kv_block_size=kv_block_size, gpu_memory_utilization=gpu_memory_utilization,
-                 slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms, prefill_gpus=prefill_gpus,
-                 kv_link_gbs=kv_link_gbs)
-        for m in ordered
-    ]
-    table = predict_scenarios(scenarios, latency, acceptance, seed=seed,
-                              replications=replications, engine=engine)
-    return table, list(notes)
-
-
 def latency_loo(trace_set: TraceSet) -> tuple[LatencyModel, pd.DataFrame]:
     """The latency model of a trace set and its leave-one-out error per phase
     (`LatencyModel.loo_errors`: phase, n_points, median_pct, max_pct), both cached on disk
@@ -322,27 +274,19 @@ def latency_loo(trace_set: TraceSet) -> tuple[LatencyModel, pd.DataFrame]:
 
 # ---------------------------------------------------------------------------------------------
 # The commands as functions, with the CLI's options and defaults (`vegas_sim.predict` etc. are
-# these, re-exported by vegas_sim/__init__.py with `report` and `repredict`). They return
+# these, re-exported by vegas_sim/__init__.py with `report` and `repredict`). Their parameters
+# are the entries of `sim.options` for the command (tests/test_api_cli_parity.py keeps the two
+# one list; the options' help is in `vegas-sim COMMAND --help` and `options_help`). They return
 # tables and objects and print nothing; writing files is the caller's (DataFrame.to_csv, or
 # `vegas_sim.reports.csv.write_table` for the CLI's flat layout).
 
 Grid = str | int | float | Sequence[int | float]  # '2..12', '1K,32K', 7, [1, 4, 16]
 
 
-def _grid_text(value: Grid) -> str:
-    """A grid as the CLI writes it: '2..12' stays, 7 → '7', [1, 4, 16] → '1,4,16'."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)):
-        return f"{value:g}" if isinstance(value, float) else str(value)
-    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
-
-
-def _one_value(values: list[Any], value: Any, option: str) -> Any:
-    if len(values) != 1:
-        raise UserInputError(f"{value!r} is a grid; one value is expected", where=option,
-                             fix="pass one value (use sweep for grids)")
-    return values[0]
+def options_help(command: str) -> str:
+    """Every parameter of `command`'s function (predict, sweep, tune) with its default and its
+    help: the CLI's --help text of the same options."""
+    return "\n".join(f"{o.name} = {o.default!r}: {o.help}" for o in options_for(command))
 
 
 def _what_if_gpu(gpu: str | GpuSpec | None, gpu_spec: str | Path | None
@@ -358,6 +302,23 @@ def _what_if_gpu(gpu: str | GpuSpec | None, gpu_spec: str | Path | None
     return resolve_gpu(gpu, None if gpu_spec is None else Path(gpu_spec))
 
 
+def _path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def models_for(values: Mapping[str, Any]
+               ) -> tuple[LatencyModel, AnchoredAcceptance, list[str]]:
+    """`load_models` of a command's option values (model, traces, acceptance_traces,
+    acceptance_anchors, gpu, gpu_spec, graph_launch_ms, weight_format)."""
+    latency, acceptance, notes = load_models(
+        values["model"], _path(values["traces"]),
+        _what_if_gpu(values["gpu"], values["gpu_spec"]), values["graph_launch_ms"],
+        tuple(str(a) for a in values["acceptance_anchors"]), values["weight_format"],
+        _path(values["acceptance_traces"]), values["tensor_parallel"],
+        values["model_what_if"])
+    return latency, acceptance, list(notes)
+
+
 def predict(
     *,
     gamma: int = 7,
@@ -368,57 +329,75 @@ def predict(
     methods: Sequence[str] = ("vegas",),
     model: str | None = None,
     traces: str | Path | None = None,
+    acceptance_traces: str | Path | None = None,
+    acceptance_anchors: Sequence[str | Path] = (),
+    model_what_if: str | None = None,
     gpu: str | GpuSpec | None = None,
     gpu_spec: str | Path | None = None,
+    tensor_parallel: int = 1,
     graph_launch_ms: float | None = None,
+    weight_format: str = "bf16",
     requests: int | None = None,
     arrival: str = "closed",
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
     workload: str | None = None,
     temperature: float = 0.0,
     prefill: str = "disaggregated",
+    prefill_gpus: int = 1,
+    kv_link_gbs: float = 50.0,
+    kv_block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
     engine: str = "sim",
     seed: int = 0,
     replications: int = 5,
-    kv_block_size: int = 16,
-    prefill_gpus: int = 1,
-    kv_link_gbs: float = 50.0,
-    gpu_memory_utilization: float = 0.9,
-    weight_format: str = "bf16",
-    slo_tpot_ms: float | None = None,
-    slo_ttft_ms: float | None = None,
-    acceptance_anchors: Sequence[str | Path] = (),
-    acceptance_traces: str | Path | None = None,
 ) -> pd.DataFrame:
     """`vegas-sim predict` as a function: one row per method (vanilla first), every metric
     with its 95 % CI (docs/OUTPUTS.md); ``table.attrs["notes"]`` says where the inputs came
     from and what was extrapolated (the lines the CLI prints as notes).
 
-    context takes 32768 or '32K'; sparsity 0.07 or '7%'; gpu a datasheet name, gpu_spec a
-    JSON/TOML file (`--gpu-spec`).
+    context takes 32768 or '32K'; sparsity 0.07 or '7%'; output_len N, 'lognormal:MEAN,CV'
+    or 'file:PATH' (`output_lengths`); gpu a datasheet name or a GpuSpec, gpu_spec a
+    JSON/TOML file (`--gpu-spec`); the SLOs set the goodput column (`sim.metrics.Slo`).
+    Every parameter: `options_help("predict")`.
 
         >>> import vegas_sim
         >>> table = vegas_sim.predict(gamma=7, context="32K", engine="analytic")
         >>> list(table["method"])
         ['vanilla', 'vegas']
     """
-    context_tokens = _one_value(parse_int_grid(_grid_text(context), "context"), context,
-                                "context")
-    ratio = _one_value(parse_sparsity_grid(_grid_text(sparsity), "sparsity"), sparsity,
-                       "sparsity")
-    table, notes = predict_methods(
-        gamma=gamma, sparsity=ratio, batch=batch, context=context_tokens,
-        output_len=output_len, methods=methods, model=model,
-        traces=None if traces is None else Path(traces), gpu=_what_if_gpu(gpu, gpu_spec),
-        graph_launch_ms=graph_launch_ms, requests=requests, arrival=arrival,
-        workload=workload, temperature=temperature, prefill=prefill, engine=engine,
-        seed=seed, replications=replications, kv_block_size=kv_block_size,
-        prefill_gpus=prefill_gpus, kv_link_gbs=kv_link_gbs,
-        gpu_memory_utilization=gpu_memory_utilization, weight_format=weight_format,
-        slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
-        acceptance_anchors=acceptance_anchors,
-        acceptance_traces=None if acceptance_traces is None else Path(acceptance_traces))
+    values = dict(locals())
+    context_tokens = one_int(context, "--context")
+    ratio = one_sparsity(sparsity)
+    check_gamma(gamma)
+    check_sparsity(ratio)
+    ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
+    out_mean, out_dist = output_lengths(output_len)
+    latency, acceptance, notes = models_for(values)
+    shared = scenario_extra("predict", values)
+    scenarios = [Scenario(method=m, gamma=point_of(m, gamma, ratio)[0],
+                          sparsity=point_of(m, gamma, ratio)[1], batch=batch,
+                          context=context_tokens, output_len=out_mean, output_dist=out_dist,
+                          **shared)
+                 for m in ordered]
+    table = predict_scenarios(scenarios, latency, acceptance, seed=seed,
+                              replications=replications, engine=engine)
     table.attrs["notes"] = notes
     return table
+
+
+def sweep_setup(values: Mapping[str, Any]
+                ) -> tuple[SweepGrid, LatencyModel, AnchoredAcceptance, list[str]]:
+    """The grid and the models of a sweep's option values (`sweep`'s parameters): what
+    `sweep` runs, and what the CLI runs with its checkpoint (`runs.sweep_to_file`)."""
+    grid = SweepGrid.parse(methods=values["methods"], gamma=grid_text(values["gamma"]),
+                           sparsity=grid_text(values["sparsity"]),
+                           batch=grid_text(values["batch"]),
+                           context=grid_text(values["context"]),
+                           output_len=grid_text(values["output_len"]),
+                           extra=scenario_extra("sweep", values))
+    latency, acceptance, notes = models_for(values)
+    return grid, latency, acceptance, notes
 
 
 def sweep(
@@ -427,14 +406,24 @@ def sweep(
     sparsity: Grid = "0.01,0.03,0.05,0.07,0.1",
     batch: Grid = "4",
     context: Grid = "32K",
-    methods: Sequence[str] = ("vegas",),
     output_len: Grid = "1024",
+    methods: Sequence[str] = ("vegas",),
     model: str | None = None,
     traces: str | Path | None = None,
-    acceptance_anchors: Sequence[str | Path] = (),
     acceptance_traces: str | Path | None = None,
+    acceptance_anchors: Sequence[str | Path] = (),
+    model_what_if: str | None = None,
     gpu: str | GpuSpec | None = None,
     gpu_spec: str | Path | None = None,
+    tensor_parallel: int = 1,
+    graph_launch_ms: float | None = None,
+    weight_format: str = "bf16",
+    requests: int | None = None,
+    arrival: str = "closed",
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
+    workload: str | None = None,
+    temperature: float = 0.0,
     engine: str = "analytic",
     workers: int | None = None,
     scheduler: Any = None,
@@ -444,71 +433,89 @@ def sweep(
     """`vegas-sim sweep` as a function: one row per configuration (and engine), the same
     rows the CLI writes to --out (without its checkpoint: a stopped call keeps nothing).
     Grids take the CLI's strings ('2..12', '1K,32K') or lists; ``attrs["notes"]`` has the
-    notes, ``attrs["skipped"]`` the configurations that do not fit.
+    notes, ``attrs["skipped"]`` the configurations that do not fit. Every parameter:
+    `options_help("sweep")`.
 
         >>> import vegas_sim
         >>> rows = vegas_sim.sweep(gamma=[4, 6], sparsity="0.05,0.1", workers=1)
         >>> len(rows)  # 2 γ × 2 sparsities of vegas, and vanilla
         5
     """
-    grid = SweepGrid.parse(methods=methods, gamma=_grid_text(gamma),
-                           sparsity=_grid_text(sparsity), batch=_grid_text(batch),
-                           context=_grid_text(context), output_len=_grid_text(output_len))
-    latency, acceptance, notes = load_models(
-        model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
-        tuple(str(a) for a in acceptance_anchors),
-        acceptance_traces=None if acceptance_traces is None else Path(acceptance_traces))
+    grid, latency, acceptance, notes = sweep_setup(locals())
     table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
                       replications=replications, workers=workers, scheduler=scheduler)
     table.attrs["notes"] = [*notes, *table.attrs.get("skipped", [])]
     return table
 
 
+def tune_setup(values: Mapping[str, Any]) -> tuple[list[tuple[int, int]], TuneConfig]:
+    """The (batch, context) cells and the search of a tune's option values."""
+    cells = [(b, c) for b in parse_int_grid(grid_text(values["batch"]), "--batch")
+             for c in parse_int_grid(grid_text(values["context"]), "--context")]
+    config = TuneConfig(method=values["method"], output_len=int(values["output_len"]),
+                        stable_pct=values["stable_pct"], final_engine=values["final_engine"],
+                        search_engine=values["search_engine"], rank_by=values["rank_by"],
+                        outside_evidence=values["outside_evidence"],
+                        tie_pct=values["tie_pct"], gamma_range=int_box(values["gamma"]),
+                        sparsity_range=sparsity_box(values["sparsity"]),
+                        extra=scenario_extra("tune", values))
+    return cells, config
+
+
 def tune(
     *,
+    gamma: str | tuple[int, int] | None = None,
+    sparsity: str | tuple[float, float] | None = None,
     batch: Grid = "1,4,16",
     context: Grid = "32K",
-    method: str = "vegas",
     output_len: int = 1024,
-    stable_pct: float = 5.0,
+    method: str = "vegas",
     model: str | None = None,
     traces: str | Path | None = None,
-    acceptance_anchors: Sequence[str | Path] = (),
     acceptance_traces: str | Path | None = None,
+    acceptance_anchors: Sequence[str | Path] = (),
+    model_what_if: str | None = None,
     gpu: str | GpuSpec | None = None,
     gpu_spec: str | Path | None = None,
+    tensor_parallel: int = 1,
+    graph_launch_ms: float | None = None,
+    weight_format: str = "bf16",
+    requests: int | None = None,
+    arrival: str = "closed",
+    slo_tpot_ms: float | None = None,
+    slo_ttft_ms: float | None = None,
+    workload: str | None = None,
+    temperature: float = 0.0,
     final_engine: str = "analytic",
+    search_engine: str = "analytic",
+    outside_evidence: str = "pi_low",
+    tie_pct: float = 1.0,
+    stable_pct: float = 5.0,
+    rank_by: str = "throughput",
     workers: int | None = None,
     scheduler: Any = None,
     seed: int = 0,
-    gamma: tuple[int, int] | None = None,
-    sparsity: tuple[float, float] | None = None,
-    outside_evidence: str = "pi_low",
-    tie_pct: float = 1.0,
+    progress: TuneProgress | None = None,
+    say: Say | None = None,
 ) -> TuneResult:
     """`vegas-sim tune` as a function: the paper's three-step search per (batch, context).
     Returns the TuneResult: ``.cells`` (one row per cell: the chosen γ, sparsity, throughput,
     speedups and CIs), ``.steps`` (every configuration evaluated), ``.notes``, and
     ``.serving_table()`` (the JSON the CLI writes: vLLM, SGLang, TensorRT-LLM sections).
-    gamma / sparsity: the search box (LO, HI) [default: the traces' span]; outside_evidence
-    and tie_pct as `--outside-evidence` / `--tie-pct`.
+    gamma / sparsity: the search box, 'LO..HI' or (LO, HI) [default: the traces' span].
+    progress(step, done, total) and say(text) report as the search goes (the CLI's bars
+    and lines). Every parameter: `options_help("tune")`.
 
         >>> import vegas_sim
         >>> result = vegas_sim.tune(batch=[1, 4], context="32K", workers=1)
         >>> sorted(result.gamma_by_batch())
         [1, 4]
     """
-    cells = [(b, c) for b in parse_int_grid(_grid_text(batch), "batch")
-             for c in parse_int_grid(_grid_text(context), "context")]
-    config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
-                        final_engine=final_engine, gamma_range=gamma, sparsity_range=sparsity,
-                        outside_evidence=outside_evidence, tie_pct=tie_pct)
-    latency, acceptance, notes = load_models(
-        model, None if traces is None else Path(traces), _what_if_gpu(gpu, gpu_spec), None,
-        tuple(str(a) for a in acceptance_anchors),
-        acceptance_traces=None if acceptance_traces is None else Path(acceptance_traces))
+    cells, config = tune_setup(locals())
+    latency, acceptance, notes = models_for(locals())
     result = run_tune(cells, latency, acceptance, config=config, seed=seed, workers=workers,
-                      scheduler=scheduler, model=latency.model.name)
+                      scheduler=scheduler, progress=progress, say=say,
+                      model=latency.model.name)
     result.notes.extend(notes)
     return result
 

@@ -34,9 +34,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from vegas_sim.errors import UserInputError
 
+_T = TypeVar("_T")
 _INT_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
 _INT_RE = re.compile(r"^([+-]?\d+)([kKmM]?)$")
 _MAX_ITEMS = 100_000  # a typo such as 1..1M:1 must not build a million-point grid silently
@@ -243,3 +245,54 @@ def format_grid(values: Sequence[int] | Sequence[float]) -> str:
         else:
             parts.append(f"{v:g}" if isinstance(v, float) else str(v))
     return ",".join(parts)
+
+
+def grid_text(value: str | int | float | Sequence[int | float]) -> str:
+    """A grid as the CLI writes it: '2..12' stays, 7 → '7', [1, 4, 16] → '1,4,16'."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+
+
+def one_int(value: str | int, option: str, example: str = "a single size such as 32K") -> int:
+    """One integer in grid syntax: '32K' → 32768; a grid is refused."""
+    return _one(parse_int_grid(grid_text(value), option), value, option, example)
+
+
+def one_sparsity(value: str | float, option: str = "--sparsity") -> float:
+    """One sparsity ratio, as sweep takes them: 0.07, '0.07' or '7%'."""
+    return _one(parse_sparsity_grid(grid_text(value), option), value, option,
+                "a single ratio such as 0.07 or 7%")
+
+
+def _one(values: list[_T], text: object, option: str, example: str) -> _T:
+    if len(values) != 1:
+        raise UserInputError(f"{text!r} is a grid; one value is expected", where=_where(option),
+                             fix=f"pass {example} (use `sweep` for grids)")
+    return values[0]
+
+
+def int_box(value: str | Sequence[int] | None, option: str = "--gamma"
+            ) -> tuple[int, int] | None:
+    """A search box LO..HI (or one value) of integers → (LO, HI); None stays None."""
+    if value is None:
+        return None
+    values = parse_int_grid(grid_text(value), option)
+    return min(values), max(values)
+
+
+def sparsity_box(value: str | Sequence[float] | None, option: str = "--sparsity"
+                 ) -> tuple[float, float] | None:
+    """A sparsity box LO..HI (or one value; % allowed) → (LO, HI); None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return min(value), max(value)
+    parts = value.split("..")
+    if len(parts) > 2 or ":" in value or "," in value:
+        raise UserInputError(f"--sparsity {value!r} is not a range", where=_where(option),
+                             fix="write LO..HI, e.g. 0.01..0.2 or 1%..20%")
+    values = [parse_sparsity_grid(p, option)[0] for p in parts]
+    return min(values), max(values)

@@ -63,6 +63,12 @@ def check_sparsity(sparsity: float) -> float:
     return sparsity
 
 
+def point_of(method: str, gamma: int, sparsity: float) -> tuple[int, float]:
+    """The (γ, sparsity) a method's configuration has: vanilla drafts nothing, so it is γ 1,
+    sparsity 1 (one token per step, full attention) whatever was asked."""
+    return (1, 1.0) if method == "vanilla" else (gamma, sparsity)
+
+
 def collect_rows(method: str, gamma: int) -> int:
     """Query rows whose scores the verify kernel writes out (0 = plain verify)."""
     if method == "vegas":

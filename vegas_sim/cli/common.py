@@ -24,13 +24,11 @@ from rich.progress import (
 )
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.gpus import GpuSpec, get_gpu, resolve_gpu
-from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
-from vegas_sim.models import WEIGHT_FORMATS
+from vegas_sim.grids import one_int, one_sparsity
+from vegas_sim.sim.options import OPTIONS, Option, options_for
 
 ProgressFn = Callable[[int, int, str], None]  # progress(done, total, label)
 BarsFn = Callable[[str, int, int], None]  # update(label, done, total): one bar per label
-T = TypeVar("T")
 
 
 @contextmanager
@@ -77,70 +75,45 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-# --------------------------------------------------------------------------------- anchors
-ACCEPTANCE_ANCHOR_HELP = (
-    "Measured acceptance that sets the acceptance level (docs/ACCEPTANCE_ANCHORS.md): a "
-    ".json/.csv anchors file or a packaged name (qwen3-8b-published); repeatable. "
-    "'none': the acceptance trace set's own level [default: the packaged anchors of the "
-    "model predicted when its acceptance comes from another model's traces].")
+# ----------------------------------------------------------------------- the option table
+F = TypeVar("F", bound=Callable[..., Any])
+_KINDS: dict[str, Any] = {"int": int, "float": float, "str": str,
+                          "path": click.Path(path_type=Path)}
+
+
+def click_option(o: Option) -> Callable[[F], F]:
+    """The click option of one `sim.options` entry (passed on under its `name`)."""
+    kind = click.Choice(o.choices) if o.kind == "choice" else _KINDS[o.kind]
+    show = o.default is not None and o.default != ()
+    return click.option(*o.flags, o.name, type=kind, default=o.default, multiple=o.multiple,
+                        show_default=show, metavar=o.metavar, help=o.help)
+
+
+def scenario_options(command: str) -> Callable[[F], F]:
+    """Every option of `command` from the option table, in its order: the command function
+    gets them as keyword arguments named as `vegas_sim.api`'s parameters."""
+    def apply(f: F) -> F:
+        for o in reversed(options_for(command)):
+            f = click_option(o)(f)
+        return f
+    return apply
 
 
 def acceptance_anchor_option(f: Any) -> Any:
     """--acceptance-anchor FILE (repeatable), passed on as `acceptance_anchors`."""
-    return click.option("--acceptance-anchor", "acceptance_anchors", multiple=True,
-                        metavar="FILE|NAME", help=ACCEPTANCE_ANCHOR_HELP)(f)
-
-
-def acceptance_traces_option(f: Any) -> Any:
-    """--acceptance-traces PATH|NAME, passed on as `acceptance_traces`."""
-    return click.option(
-        "--acceptance-traces", type=click.Path(path_type=Path), default=None,
-        metavar="PATH|NAME",
-        help="Real-weights trace set whose acceptance to use (a directory or a packaged name, "
-             "e.g. smollm2-135m-real-yarn4 for contexts past 8K) [default: the model's own, "
-             "else the packaged real set].")(f)
-
-
-GPU_HELP = ("Hardware what-if: rescale to this GPU's datasheet (a100, h100-sxm, h100-nvl, "
-            "h200, b200). Not measured.")
-GPU_SPEC_HELP = ("Hardware what-if for a GPU not in --gpu's list: a JSON or TOML file with "
-                 "name, memory_gb, hbm_bandwidth_gbs (datasheet; or copy_bandwidth_gbs, "
-                 "measured), bf16_tflops (dense, datasheet). Not measured.")
-
-
-def gpu_options(f: Any) -> Any:
-    """--gpu NAME and --gpu-spec FILE; `gpu_target` turns them into the what-if target."""
-    f = click.option("--gpu-spec", "gpu_spec", type=click.Path(path_type=Path), default=None,
-                     metavar="FILE", help=GPU_SPEC_HELP)(f)
-    return click.option("--gpu", default=None, help=GPU_HELP)(f)
-
-
-def gpu_target(gpu: str | None, gpu_spec: Path | None) -> str | GpuSpec | None:
-    """What api.load_models takes as `gpu`: the --gpu name, the --gpu-spec file's GpuSpec
-    (checked now), or None."""
-    if gpu_spec is None and gpu is not None:
-        get_gpu(gpu)  # the unknown-GPU error now, before any fitting
-        return gpu
-    return resolve_gpu(gpu, gpu_spec)
+    anchor = next(o for o in OPTIONS if o.name == "acceptance_anchors")
+    return click_option(anchor)(f)
 
 
 # ------------------------------------------------------------------------------- one value
 def parse_size(value: str, option: str) -> int:
     """One token count: '32K' → 32768, '128k' → 131072, '4096' → 4096."""
-    return _one(parse_int_grid(value, option), value, option, "a single size such as 32K")
+    return one_int(value, option)
 
 
 def parse_sparsity(value: str) -> float:
     """One sparsity ratio, as sweep takes them: '0.07' or '7%'."""
-    return _one(parse_sparsity_grid(value, "--sparsity"), value, "--sparsity",
-                "a single ratio such as 0.07 or 7%")
-
-
-def _one(values: list[T], text: str, option: str, example: str) -> T:
-    if len(values) != 1:
-        raise UserInputError(f"{text!r} is a grid; one value is expected", where=option,
-                             fix=f"pass {example} (use `sweep` for grids)")
-    return values[0]
+    return one_sparsity(value)
 
 
 # -------------------------------------------------------------------------------- progress
@@ -201,10 +174,3 @@ def progress_lines(description: str) -> ProgressFn:
         click.echo(f"{description}: {where} ({now - start:.0f} s)", err=True)
 
     return progress
-
-
-weight_format_option = click.option(
-    "--weight-format", type=click.Choice(WEIGHT_FORMATS), default="bf16", show_default=True,
-    help="What-if: weights in fp8 (1 byte per layer-projection parameter) or mxfp4 (4.25 "
-         "bits per expert parameter, as gpt-oss ships), weight bytes rescaled along the "
-         "fitted roofline. Not measured.")

@@ -14,113 +14,31 @@ import pandas as pd
 
 from vegas_sim import api
 from vegas_sim.cli.common import (
-    acceptance_anchor_option,
-    acceptance_traces_option,
-    gpu_options,
-    gpu_target,
     progress_bars,
+    scenario_options,
     sigterm_as_interrupt,
     user_errors,
-    weight_format_option,
 )
-from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, output_lock
-from vegas_sim.grids import parse_int_grid, parse_sparsity_grid
-from vegas_sim.methods import METHODS
 from vegas_sim.reports.csv import write_json_doc
 from vegas_sim.reports.html import write_report
 from vegas_sim.runs import SweepInterrupted, sweep_to_file
 from vegas_sim.sim.ranking import RANK_BY, best_per_cell, check_rank_by, describe_best
-from vegas_sim.sim.sweep import SweepGrid
-from vegas_sim.sim.tune import OUTSIDE_EVIDENCE, TuneConfig, TuneResult
-from vegas_sim.sim.tune import tune as run_tune
+from vegas_sim.sim.tune import TuneResult
 
-
-def _models(model: str | None, traces: Path | None, anchors: tuple[str, ...],
-            weight_format: str = "bf16", gpu: str | None = None, gpu_spec: Path | None = None,
-            acceptance_traces: Path | None = None) -> tuple[Any, Any, list[str]]:
-    latency, acceptance, notes = api.load_models(model, traces, gpu_target(gpu, gpu_spec),
-                                                 None, tuple(anchors), weight_format,
-                                                 acceptance_traces)
-    return latency, acceptance, list(notes)
-
-
-_model_opt = click.option("--model", default=None,
-                          help="Model whose latency to use (a preset calibrated in the trace "
-                               "set) [default: qwen3-8b, or the model of --traces].")
 _rank_opt = click.option("--rank-by", type=click.Choice(RANK_BY), default=None,
-                         help="Metric to rank by: throughput, goodput (tokens/s of requests "
-                              "meeting the SLOs; needs --slo-*) or tpot (lowest TPOT p50).")
-_arrival_opt = click.option("--arrival", default="closed", show_default=True,
-                            help="'closed', 'closed:USERS', 'poisson:RATE' or 'trace:FILE' "
-                                 "(open loop: sim engine only).")
-_slo_tpot_opt = click.option("--slo-tpot-ms", type=float, default=None,
-                             help="TPOT SLO of goodput, ms.")
-_slo_ttft_opt = click.option("--slo-ttft-ms", type=float, default=None,
-                             help="TTFT SLO of goodput (queueing included), ms.")
-
-
-def _serving_extra(arrival: str, slo_tpot_ms: float | None, slo_ttft_ms: float | None,
-                   requests: int | None = None) -> dict[str, Any]:
-    """The Scenario fields of the serving options, only those that differ from the default
-    (a grid without them keeps its identity, and its checkpoint)."""
-    extra: dict[str, Any] = {"arrival": arrival} if arrival != "closed" else {}
-    for name, value in (("slo_tpot_ms", slo_tpot_ms), ("slo_ttft_ms", slo_ttft_ms),
-                        ("requests", requests)):
-        if value is not None:
-            extra[name] = value
-    return extra
-
-
-_traces_opt = click.option("--traces", type=click.Path(path_type=Path), default=None,
-                           help="Trace set: a directory, or a packaged set's name (`vegas-sim "
-                                "traces list`) [default: the packaged measured sets].")
+                         help="Print the best configuration of each cell by this metric: "
+                              "throughput, goodput (tokens/s of requests meeting the SLOs; "
+                              "needs --slo-*) or tpot (lowest TPOT p50).")
 
 
 @click.command()
-@click.option("--gamma", "-g", default="2..12", show_default=True,
-              help="γ grid: '2..12', '2,4,8', '2..12:2'.")
-@click.option("--sparsity", "-s", default="0.01,0.03,0.05,0.07,0.1", show_default=True,
-              help="Sparsity grid: '0.01,0.03', '1%..10%:1%', '0.01..0.2:0.01'.")
-@click.option("--batch", "-b", default="4", show_default=True, help="Max batch grid: '1,4,16'.")
-@click.option("--context", "-c", default="32K", show_default=True,
-              help="Context grid: '4K,32K,128K', '1K..128K:x2'.")
-@click.option("--method", "-m", "methods", multiple=True, type=click.Choice(METHODS),
-              default=("vegas",), show_default=True,
-              help="Method(s) to sweep (repeat the option); vanilla is always added.")
-@click.option("--output-len", default="1024", show_default=True, help="Output length grid.")
-@_model_opt
-@_traces_opt
-@acceptance_traces_option
-@acceptance_anchor_option
-@weight_format_option
-@gpu_options
-@click.option("--engine", type=click.Choice(["analytic", "sim", "both"]), default="analytic",
-              show_default=True, help="Closed form (fast), SimPy engine, or both rows.")
-@click.option("--workers", type=int, default=None,
-              help="Local worker processes [default: all cores].")
-@click.option("--scheduler", default=None,
-              help="Dask scheduler address (tcp://host:8786): run on that cluster instead.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--replications", type=int, default=5, show_default=True,
-              help="Replications per configuration for the sim engine's 95% CIs.")
-@_arrival_opt
-@click.option("--requests", type=int, default=None,
-              help="Requests per simulation [default: predict's: 4 × batch closed loop, "
-                   "max(200, 20 × batch) open loop].")
-@_slo_tpot_opt
-@_slo_ttft_opt
+@scenario_options("sweep")
 @_rank_opt
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result table: *.csv, *.parquet or *.json (one row per configuration; "
                    "JSON as predict writes it, with the notes).")
-def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[str, ...],
-          output_len: str, model: str | None, traces: Path | None,
-          acceptance_traces: Path | None, acceptance_anchors: tuple[str, ...], weight_format: str, gpu: str | None,
-          gpu_spec: Path | None, engine: str, workers: int | None, scheduler: str | None,
-          seed: int, replications: int, arrival: str, requests: int | None,
-          slo_tpot_ms: float | None, slo_ttft_ms: float | None, rank_by: str | None,
-          out: Path) -> None:
+def sweep(rank_by: str | None, out: Path, **values: Any) -> None:
     """Predict every configuration of a grid γ × sparsity × batch × context × method.
 
     Runs in parallel on all local cores (or on a Dask cluster with --scheduler) and writes one
@@ -151,18 +69,16 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
     with user_errors(), output_lock(out):
         check_out(out, (".csv", ".parquet", ".json"))
         if rank_by is not None:
-            check_rank_by(rank_by, slo_tpot_ms is not None or slo_ttft_ms is not None)
-        grid = SweepGrid.parse(methods=methods, gamma=gamma, sparsity=sparsity, batch=batch,
-                               context=context, output_len=output_len,
-                               extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms,
-                                                    requests))
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
-                                             gpu_spec, acceptance_traces)
+            check_rank_by(rank_by, values["slo_tpot_ms"] is not None
+                          or values["slo_ttft_ms"] is not None)
+        grid, latency, acceptance, notes = api.sweep_setup(values)
+        engine = values["engine"]
         with progress_bars() as update, sigterm_as_interrupt():
             try:
-                done = sweep_to_file(grid, latency, acceptance, out, engine=engine, seed=seed,
-                                     replications=replications, workers=workers,
-                                     scheduler=scheduler, notes=tuple(notes),
+                done = sweep_to_file(grid, latency, acceptance, out, engine=engine,
+                                     seed=values["seed"], replications=values["replications"],
+                                     workers=values["workers"],
+                                     scheduler=values["scheduler"], notes=tuple(notes),
                                      progress=lambda d, t: update(f"sweep ({engine})", d, t),
                                      say=lambda text: click.echo(text, err=True))
             except SweepInterrupted as e:
@@ -180,55 +96,10 @@ def sweep(gamma: str, sparsity: str, batch: str, context: str, methods: tuple[st
 
 
 @click.command()
-@click.option("--batch", "-b", default="1,4,16", show_default=True, help="Batch sizes: '1,4,16'.")
-@click.option("--context", "-c", default="32K", show_default=True,
-              help="Context lengths: '4K,32K,128K'.")
-@click.option("--method", default="vegas", show_default=True, type=click.Choice(METHODS[1:]),
-              help="Method to tune.")
-@click.option("--output-len", type=int, default=1024, show_default=True)
-@click.option("--gamma", "-g", "gamma_range", default=None,
-              help="γ box LO..HI [default: 1 to the largest traced γ].")
-@click.option("--sparsity", "-s", "sparsity_range", default=None,
-              help="Sparsity box LO..HI, e.g. 0.01..0.2 [default: the traced sparsities' "
-                   "span].")
-@click.option("--outside-evidence", type=click.Choice(OUTSIDE_EVIDENCE), default="pi_low",
-              show_default=True,
-              help="Points of the box outside the traced γ/sparsity span: ranked by their "
-                   "prediction interval's low end (pi_low), or not searched (exclude).")
-@click.option("--tie-pct", type=float, default=1.0, show_default=True,
-              help="Tie band: configurations within this % of the best go to the smaller K.")
-@click.option("--stable-pct", type=float, default=5.0, show_default=True,
-              help="Step 1: smallest sparsity whose acceptance is within this % of the max.")
-@_model_opt
-@_traces_opt
-@acceptance_traces_option
-@acceptance_anchor_option
-@weight_format_option
-@gpu_options
-@click.option("--final-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
-              show_default=True, help="Engine for the reported numbers (sim: replication CIs).")
-@click.option("--search-engine", type=click.Choice(["analytic", "sim"]), default="analytic",
-              show_default=True,
-              help="Engine the search ranks on (sim: needed for open-loop --arrival; slower).")
-@_arrival_opt
-@_slo_tpot_opt
-@_slo_ttft_opt
-@click.option("--rank-by", type=click.Choice(RANK_BY), default="throughput", show_default=True,
-              help="What 'best' means: throughput, goodput (needs --slo-*) or tpot (lowest "
-                   "TPOT p50).")
-@click.option("--workers", type=int, default=None, help="Local worker processes.")
-@click.option("--scheduler", default=None, help="Dask scheduler address.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@scenario_options("tune")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Serving table: *.json (best γ per batch size and context).")
-def tune(batch: str, context: str, method: str, output_len: int, gamma_range: str | None,
-         sparsity_range: str | None, outside_evidence: str, tie_pct: float, stable_pct: float,
-         model: str | None, traces: Path | None, acceptance_traces: Path | None,
-         acceptance_anchors: tuple[str, ...],
-         weight_format: str, gpu: str | None, gpu_spec: Path | None, final_engine: str,
-         search_engine: str, arrival: str, slo_tpot_ms: float | None,
-         slo_ttft_ms: float | None, rank_by: str, workers: int | None, scheduler: str | None,
-         seed: int, out: Path) -> None:
+def tune(out: Path, **values: Any) -> None:
     """Find the best (γ, sparsity) per (batch, context) with the paper's three-step strategy.
 
     (1) sweep sparsity at a large γ and take the smallest sparsity where acceptance has
@@ -272,26 +143,13 @@ def tune(batch: str, context: str, method: str, output_len: int, gamma_range: st
     """
     with user_errors(), output_lock(out):
         check_out(out, (".json",))
-        cells = [(b, c) for b in parse_int_grid(batch, "--batch")
-                 for c in parse_int_grid(context, "--context")]
-        config = TuneConfig(method=method, output_len=output_len, stable_pct=stable_pct,
-                            final_engine=final_engine, search_engine=search_engine,
-                            rank_by=rank_by, outside_evidence=outside_evidence,
-                            tie_pct=tie_pct, gamma_range=_int_box(gamma_range),
-                            sparsity_range=_sparsity_box(sparsity_range),
-                            extra=_serving_extra(arrival, slo_tpot_ms, slo_ttft_ms))
-        latency, acceptance, notes = _models(model, traces, acceptance_anchors, weight_format, gpu,
-                                             gpu_spec, acceptance_traces)
         with progress_bars() as update, sigterm_as_interrupt():
-            result = run_tune(cells, latency, acceptance, config=config, seed=seed,
-                              workers=workers, scheduler=scheduler, progress=update,
-                              model=latency.model.name,
+            result = api.tune(**values, progress=update,
                               say=lambda text: click.echo(text, err=True))
-        result.notes.extend(notes)
         write_json_doc(result.serving_table(), out)
     for line in tune_lines(result):
         click.echo(line)
-    if final_engine == "analytic":
+    if values["final_engine"] == "analytic":
         click.echo("(analytic engine: no confidence intervals; --final-engine sim gives 95% "
                    "CIs)", err=True)
     for note in result.notes:
@@ -335,26 +193,6 @@ def tune_lines(result: TuneResult) -> list[str]:
             line += f" [{r['engine']} engine: {r['ranked_with']}]"
         lines.append(line)
     return lines
-
-
-def _int_box(text: str | None) -> tuple[int, int] | None:
-    """--gamma LO..HI (or one value) → (LO, HI)."""
-    if text is None:
-        return None
-    values = parse_int_grid(text, "--gamma")
-    return min(values), max(values)
-
-
-def _sparsity_box(text: str | None) -> tuple[float, float] | None:
-    """--sparsity LO..HI (or one value; % allowed) → (LO, HI)."""
-    if text is None:
-        return None
-    parts = text.split("..")
-    if len(parts) > 2 or ":" in text or "," in text:
-        raise UserInputError(f"--sparsity {text!r} is not a range", where="--sparsity",
-                             fix="write LO..HI, e.g. 0.01..0.2 or 1%..20%")
-    values = [parse_sparsity_grid(p, "--sparsity")[0] for p in parts]
-    return min(values), max(values)
 
 
 def _ci(low: float, high: float) -> str:

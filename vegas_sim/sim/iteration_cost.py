@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vegas_sim.methods import QUEST_PAGE, collect_rows, window_kv_read
+from vegas_sim.methods import QUEST_PAGE, collect_rows, point_of, window_kv_read
 from vegas_sim.sim.latency_features import FEATURE_INDEX
 from vegas_sim.sim.latency_fit import FittedGroup
 
@@ -68,7 +68,7 @@ class IterationCost:
         self, model: LatencyModel, method: str, gamma: int, sparsity: float, min_tokens: int,
     ) -> None:
         self.method = method
-        self.gamma = gamma if method != "vanilla" else 1
+        self.gamma = point_of(method, gamma, sparsity)[0]
         self.sparsity = sparsity
         self.min_tokens = min_tokens
         self._model = model

@@ -60,7 +60,9 @@ Defaults and rules:
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -95,6 +97,22 @@ KV_LINK_GBS = 50.0  # one 400 Gb/s RDMA NIC between the prefill and the decode G
 REQUESTS_PER_SLOT = 4  # default requests = 4 × batch (closed loop)
 OPEN_LOOP_MIN_REQUESTS = 200  # default requests in open loop: max(200, 20 × batch)
 OPEN_LOOP_PER_SLOT = 20
+
+
+def parse_arrivals(text: str) -> Arrivals:
+    """`Arrivals.parse`, once per text (and, for trace:FILE, per version of the file): a
+    sweep's scenarios share one arrival option, and its trace file is read once."""
+    kind, _, where = text.partition(":")
+    stamp = None
+    if kind == "trace" and os.path.isfile(where):
+        st = os.stat(where)
+        stamp = (st.st_mtime_ns, st.st_size)
+    return _parse_arrivals(text, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_arrivals(text: str, stamp: tuple[int, int] | None) -> Arrivals:
+    return Arrivals.parse(text)
 
 
 @dataclass(frozen=True)
@@ -138,15 +156,20 @@ class Scenario:
     def n_requests(self) -> int:
         if self.requests is not None:
             return self.requests
-        if self.arrival.startswith("trace:"):  # one request per arrival of the trace
-            return len(Arrivals.parse(self.arrival).times_s)
+        if self.arrivals.kind == "trace":  # one request per arrival of the trace
+            return len(self.arrivals.times_s)
         if self.is_open_loop:
             return max(OPEN_LOOP_MIN_REQUESTS, OPEN_LOOP_PER_SLOT * self.batch)
         return REQUESTS_PER_SLOT * self.batch
 
     @property
+    def arrivals(self) -> Arrivals:
+        """`arrival` parsed (once per text: `parse_arrivals`)."""
+        return parse_arrivals(self.arrival)
+
+    @property
     def is_open_loop(self) -> bool:
-        return self.arrival.partition(":")[0] in ("poisson", "trace")
+        return self.arrivals.is_open
 
     @property
     def slo(self) -> Slo:
@@ -202,7 +225,7 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
         if value is not None and not value > 0:  # also NaN
             raise UserInputError(f"an SLO must be > 0 ms, got {value}", where=name,
                                  fix="pass a positive number of milliseconds, e.g. 50")
-    Arrivals.parse(sc.arrival).validate(sc.n_requests)
+    sc.arrivals.validate(sc.n_requests)
     if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
@@ -381,7 +404,7 @@ def engine_config(sc: Scenario, kv_capacity_tokens: int | None,
     return EngineConfig(
         method=sc.method, gamma=sc.gamma, max_batch=sc.batch, n_requests=sc.n_requests,
         lengths=Lengths(sc.context, sc.output_len, output=sc.output_dist),
-        arrivals=Arrivals.parse(sc.arrival), kv_capacity_tokens=kv_capacity_tokens,
+        arrivals=sc.arrivals, kv_capacity_tokens=kv_capacity_tokens,
         prefill=sc.prefill, kv_block_size=sc.kv_block_size, prefill_gpus=sc.prefill_gpus,
         kv_transfer_ms_per_token=0.0 if model is None else transfer_ms_per_token(sc, model),
     )
@@ -617,7 +640,7 @@ def _serving_columns(sc: Scenario, runs: list[RunMetrics]) -> dict[str, Any]:
 def _check_analytic(sc: Scenario) -> None:
     """The closed form models a saturated closed loop: B requests always running (or the mean
     the KV cache holds), prompt already in the cache (disaggregated)."""
-    arr = Arrivals.parse(sc.arrival)
+    arr = sc.arrivals
     if (arr.kind != "closed" or (arr.users is not None and arr.users < sc.batch)
             or sc.prefill != "disaggregated"):
         raise UserInputError(

@@ -53,7 +53,7 @@ import pandas as pd
 
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.grids import parse_int_grid, parse_name_list, parse_sparsity_grid
-from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity
+from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity, point_of
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import (
@@ -162,7 +162,8 @@ class SweepGrid:
         where = dict(batch=cell[0], context=cell[1], output_len=cell[2], **self.extra)
         if self._has_vanilla():
             if j == 0:
-                return Scenario(method="vanilla", gamma=1, sparsity=1.0, **where)
+                gamma, sparsity = point_of("vanilla", 1, 1.0)
+                return Scenario(method="vanilla", gamma=gamma, sparsity=sparsity, **where)
             j -= 1
         n_g, n_s = len(self.gamma), len(self.sparsity)
         m, rest = divmod(j, n_g * n_s)

@@ -87,6 +87,7 @@ from vegas_sim.sim.predict import (
     skipped_notes,
     split_fitting,
 )
+from vegas_sim.sim.options import OUTSIDE_EVIDENCE
 from vegas_sim.sim.ranking import check_rank_by, score
 from vegas_sim.sim.roofline import ROOFLINE_COLUMNS
 from vegas_sim.sim.serving import sglang_config, trtllm_config, vegas_config, vllm_config
@@ -101,7 +102,6 @@ JSON_VERSION = 3  # 3: per-engine sections (vLLM, SGLang, TensorRT-LLM, ours), K
 SERVING_STEP = "4-serving"
 BEYOND_STEP = "beyond-box"  # the model asked past the box's edge: reported, never chosen
 FINAL_STEP = "final"
-OUTSIDE_EVIDENCE = ("pi_low", "exclude")
 BEYOND_GAMMA = 4  # γ past the box's top asked of the model at an edge
 RERANK_PCT = 3.0  # configurations this close to the search's best are ranked again
 RERANK_MAX = 8
