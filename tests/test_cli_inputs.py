@@ -91,9 +91,12 @@ def test_a_bad_out_path_fails_before_any_work(tmp_path: Path, command: list[str]
         assert "Traceback" not in result.output
 
 
-def test_check_out_makes_a_missing_parent(tmp_path: Path) -> None:
+def test_check_out_refuses_a_missing_parent_and_makes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "new" / "dir" / "s.csv"
-    assert check_out(out, (".csv",)) == out and out.parent.is_dir()
+    with pytest.raises(UserInputError, match="does not exist") as e:
+        check_out(out, (".csv",))
+    assert "mkdir -p" in e.value.fix and not (tmp_path / "new").exists()
+    assert check_out(tmp_path / "s.csv", (".csv",)) == tmp_path / "s.csv"
     with pytest.raises(UserInputError, match=r"\*\.csv, \*\.parquet"):
         check_out(tmp_path / "s.xlsx", (".csv", ".parquet"))
 
@@ -252,3 +255,18 @@ def test_acceptance_traces_picks_the_set_and_says_it_is_yarn_extended() -> None:
     assert "draft step / vanilla decode step: vegas" in result.output
     bad = CliRunner().invoke(cli, ["predict", "--acceptance-traces", "qwen3-8b-h200"])
     assert bad.exit_code != 0 and "real" in bad.output
+
+
+def test_progress_in_a_log_steps_every_five_percent(capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep logging to a file says where it is as it goes, not only "0/N" and the end:
+    a line each time another 5 % is done (or LOG_EVERY_S passed), fewer than one per update."""
+    from vegas_sim.cli.common import progress_lines
+
+    progress = progress_lines("sweep (analytic)")
+    for done in range(0, 2411, 10):
+        progress(min(done, 2410), 2410, "")
+    lines = capsys.readouterr().err.splitlines()
+    done_seen = [int(x.split(": ")[1].split("/")[0]) for x in lines]
+    assert done_seen[0] == 0 and done_seen[-1] == 2410
+    assert 18 <= len(lines) <= 25  # about one per 5 %, not one per update (242)
+    assert all(b - a <= 0.05 * 2410 + 10 for a, b in zip(done_seen, done_seen[1:]))

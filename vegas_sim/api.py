@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from vegas_sim import fitcache
+from vegas_sim.bounds import check_grid, check_options
 from vegas_sim.errors import UserInputError
 from vegas_sim.gpus import GpuSpec, datasheet_for_device, get_gpu, resolve_gpu
 from vegas_sim.grids import (
@@ -367,6 +368,7 @@ def predict(
         ['vanilla', 'vegas']
     """
     values = dict(locals())
+    check_options(values)  # every bounded number, before any fitting
     context_tokens = one_int(context, "--context")
     ratio = one_sparsity(sparsity)
     check_gamma(gamma)
@@ -390,6 +392,7 @@ def sweep_setup(values: Mapping[str, Any]
                 ) -> tuple[SweepGrid, LatencyModel, AnchoredAcceptance, list[str]]:
     """The grid and the models of a sweep's option values (`sweep`'s parameters): what
     `sweep` runs, and what the CLI runs with its checkpoint (`runs.sweep_to_file`)."""
+    check_options(values)
     grid = SweepGrid.parse(methods=values["methods"], gamma=grid_text(values["gamma"]),
                            sparsity=grid_text(values["sparsity"]),
                            batch=grid_text(values["batch"]),
@@ -450,8 +453,11 @@ def sweep(
 
 def tune_setup(values: Mapping[str, Any]) -> tuple[list[tuple[int, int]], TuneConfig]:
     """The (batch, context) cells and the search of a tune's option values."""
+    check_options(values)
     cells = [(b, c) for b in parse_int_grid(grid_text(values["batch"]), "--batch")
              for c in parse_int_grid(grid_text(values["context"]), "--context")]
+    check_grid("batch", [b for b, _ in cells])
+    check_grid("gamma", int_box(values["gamma"]) or ())
     config = TuneConfig(method=values["method"], output_len=int(values["output_len"]),
                         stable_pct=values["stable_pct"], final_engine=values["final_engine"],
                         search_engine=values["search_engine"], rank_by=values["rank_by"],

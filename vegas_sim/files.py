@@ -149,8 +149,16 @@ def make_parent(path: Path, option: str = "--out") -> None:
 def check_writable(path: Path, option: str = "--out") -> None:
     """Fail now, before any work or any other output, if `path` cannot be written: its
     directory cannot be made, or takes no new file (read-only, or a pseudo-filesystem such as
-    /proc that passes permission checks but refuses files)."""
-    make_parent(path, option)
+    /proc that passes permission checks but refuses files). A missing directory is refused,
+    not made: a typo in it would otherwise put the output where nobody looks."""
+    found = nearest_existing(path.parent)
+    if not found.is_dir():
+        raise UserInputError(f"{str(found)!r} is not a directory", where=option,
+                             fix="name a file inside a directory")
+    if not path.parent.is_dir():
+        raise UserInputError(f"the directory {str(path.parent)!r} does not exist", where=option,
+                             fix=f"create it first (mkdir -p {path.parent}), or name a file in "
+                                 "an existing directory")
     try:
         with tempfile.TemporaryFile(dir=path.parent):
             pass
@@ -160,8 +168,8 @@ def check_writable(path: Path, option: str = "--out") -> None:
 
 def check_out(path: Path, suffixes: tuple[str, ...], option: str = "--out") -> Path:
     """Check an output path before any work is done, so that a long run is not lost to a typo:
-    not a directory, a known suffix, and a directory that exists or can be made and takes a
-    new file. Returns the path."""
+    not a directory, a known suffix, and a directory that exists and takes a new file.
+    Returns the path."""
     if path.is_dir():
         raise UserInputError(f"{str(path)!r} is a directory", where=option,
                              fix=f"name a file inside it, e.g. {path / ('result' + suffixes[0])}")

@@ -23,10 +23,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vegas_sim.bounds import GPU_SPEC_RANGES
 from vegas_sim.errors import UserInputError
 
 
 DEFAULT_ALLREDUCE_LATENCY_US = 10.0  # assumed, not measured: see docs/DESIGN.md, Tensor parallelism
+
+
+def _spec_number(raw: dict[str, Any], key: str, where: str) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise UserInputError(f"{key} must be a number > 0, got {value!r}", where=where)
+    lo, hi = GPU_SPEC_RANGES[key]
+    if not lo <= value <= hi:  # past any GPU built, a what-if's ratios overflow or vanish
+        raise UserInputError(f"{key} {value:g} is outside the plausible range [{lo:g}, {hi:g}] "
+                             "of any GPU", where=where,
+                             fix=f"give {key} from the GPU's datasheet (units: {_unit(key)})")
+    return float(value)
+
+
+def _unit(key: str) -> str:
+    return {"gb": "GB", "gbs": "GB/s", "tflops": "TFLOP/s", "us": "µs"}[key.rsplit("_", 1)[1]]
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,16 @@ class GpuSpec:
     # NCCL / custom all-reduce launch + synchronisation across the node)
     link_gbs: float = 0.0
     allreduce_latency_us: float = DEFAULT_ALLREDUCE_LATENCY_US
+
+    def __post_init__(self) -> None:
+        """A GpuSpec built in Python (the API's gpu=) is held to the spec file's ranges."""
+        for key, value in (("memory_gb", self.memory_gb), ("hbm_bandwidth_gbs", self.bandwidth_gbs),
+                           ("bf16_tflops", self.bf16_tflops),
+                           ("copy_bandwidth_gbs", self.copy_bandwidth_gbs),
+                           ("link_bandwidth_gbs", self.link_gbs or None),  # 0: unknown
+                           ("allreduce_latency_us", self.allreduce_latency_us)):
+            if value is not None:
+                _spec_number({key: value}, key, f"GpuSpec {self.name!r}")
 
     def label(self) -> str:
         """How a what-if to this GPU is described in outputs."""
@@ -132,14 +160,6 @@ def _toml(text: str) -> Any:
         raise UserInputError("reading TOML needs Python 3.11 or later", where="--gpu-spec",
                              fix="write the spec as JSON") from None
     return tomllib.loads(text)
-
-
-def _spec_number(raw: dict[str, Any], key: str, where: str) -> float:
-    value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise UserInputError(f"{key} must be a number > 0, got {value!r}", where=where)
-    return float(value)
 
 
 def resolve_gpu(name: str | None, spec_file: Path | None) -> GpuSpec | None:

@@ -90,6 +90,15 @@ def _int_range(item: str, option: str, text: str) -> list[int]:
     if hi < lo:
         raise _bad(option, text, item, f"range end {hi} is below its start {lo}",
                    "write ranges low..high")
+    step = 1 if not step_tok or step_tok.strip().lower().startswith("x") else None
+    if step is None:
+        step = _parse_int(step_tok, option, text, item)
+        if step < 1:
+            raise _bad(option, text, item, f"step {step} must be >= 1", "e.g. '2..12:2'")
+    if not step_tok.strip().lower().startswith("x") and (hi - lo) // step + 1 > _MAX_ITEMS:
+        # refused before the list is built: '1..1000000000' must not allocate a billion ints
+        raise _bad(option, text, item, f"the range has more than {_MAX_ITEMS} values",
+                   "use a coarser step, or a geometric range such as '1..1M:x2'")
     if not step_tok:
         values = list(range(lo, hi + 1))
     elif step_tok.strip().lower().startswith("x"):
@@ -103,9 +112,6 @@ def _int_range(item: str, option: str, text: str) -> list[int]:
             values.append(v)
             v *= factor
     else:
-        step = _parse_int(step_tok, option, text, item)
-        if step < 1:
-            raise _bad(option, text, item, f"step {step} must be >= 1", "e.g. '2..12:2'")
         values = list(range(lo, hi + 1, step))
     return values
 

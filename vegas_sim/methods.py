@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vegas_sim.bounds import BOUNDS
 from vegas_sim.errors import UserInputError
 
 METHODS: tuple[str, ...] = (
@@ -51,7 +52,7 @@ def check_gamma(gamma: int) -> int:
     if gamma < 1:
         raise UserInputError(f"gamma must be >= 1, got {gamma}", where="--gamma",
                              fix="draft at least one token")
-    return gamma
+    return int(BOUNDS["gamma"].check(gamma))
 
 
 def check_sparsity(sparsity: float) -> float:

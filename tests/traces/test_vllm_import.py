@@ -208,3 +208,56 @@ def test_the_help_example_runs_on_the_fixtures(tmp_path: Path, monkeypatch: pyte
     assert result.exit_code == 0, result.output
     (anchor,) = load_anchors(tmp_path / "anchors.json").anchors
     assert anchor.mean_acceptance_length == pytest.approx(expected(DIFF_DRAFTS, DIFF_POS)[0])
+
+
+# ------------------------------------------------------------------ the edge cases vLLM emits
+_RESPONSE = ('{{"id": "resp-{i}", "object": "{obj}", "usage": {usage}, "metrics": '
+             '{{"speculative_decoding": {{"num_spec_steps": 8, "num_accepted_draft_tokens": 17, '
+             '"num_draft_tokens": 24, "num_spec_tokens": 3, '
+             '"per_step_accepted": [3, 2, 0, 3, 1, 3, 2, 3]}}}}}}\n')
+
+
+def test_responses_api_usage_gives_the_context(tmp_path: Path) -> None:
+    """The Responses API reports usage.input_tokens / output_tokens, not prompt_tokens."""
+    path = tmp_path / "responses_api.jsonl"
+    path.write_text(_RESPONSE.format(i=0, obj="response",
+                                     usage='{"input_tokens": 2048, "output_tokens": 26}')
+                    + _RESPONSE.format(i=1, obj="response",
+                                       usage='{"input_tokens": 512, "output_tokens": 26}'))
+    imported = import_vllm(path, None, ImportOptions("vegas", 3))
+    assert imported.anchor_set.anchors[0].context == (512, 2048)
+
+
+def test_a_response_with_null_metrics_is_skipped_and_counted(tmp_path: Path) -> None:
+    """vLLM sends "metrics": null for n > 1: that response is skipped with a note, the file
+    is not refused."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(_RESPONSE.format(i=0, obj="chat.completion",
+                                     usage='{"prompt_tokens": 100, "completion_tokens": 26}')
+                    + '{"id": "resp-1", "object": "chat.completion", "metrics": null}\n')
+    imported = import_vllm(path, None, ImportOptions("vegas", 3))
+    assert len(imported.requests) == 1
+    assert any("1 responses skipped" in n and "n > 1" in n for n in imported.notes)
+    only_nulls = tmp_path / "nulls.jsonl"
+    only_nulls.write_text('{"id": "r", "object": "chat.completion", "metrics": null}\n')
+    with pytest.raises(UserInputError, match="1 have"):
+        import_vllm(only_nulls, None, ImportOptions("vegas", 3))
+
+
+@pytest.mark.parametrize(("drafts", "why"), [(-5, "must be a count"), (1e30, "must be a count")])
+def test_an_impossible_draft_count_is_refused_for_what_it_is(tmp_path: Path, drafts: float,
+                                                             why: str) -> None:
+    bench = (FIX / "bench_serve.json").read_text()
+    path = tmp_path / "bench.json"
+    path.write_text(bench.replace('"spec_decode_num_drafts": 2000',
+                                  f'"spec_decode_num_drafts": {drafts}'))
+    code, output = run(path, "--gamma", 4, *CONFIG)
+    assert code != 0 and why in output and "num_drafts is 0" not in output, output
+
+
+def test_an_unknown_model_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    config = [*CONFIG[:-1], "nosuchmodel"]
+    code, output = run(FIX / "bench_serve.json", "--gamma", 4, *config,
+                       "--out", tmp_path / "a.json")
+    assert code != 0 and "--model" in output and "qwen3-8b" in output
+    assert not (tmp_path / "a.json").exists()

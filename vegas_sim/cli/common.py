@@ -156,20 +156,24 @@ def progress_task(description: str) -> Iterator[ProgressFn]:
         yield lambda done, total, label: update(label, done, total)
 
 
-LOG_EVERY_S = 30.0  # a plain progress line at least this often while a step's label stays
+LOG_EVERY_S = 10.0  # without a terminal: a progress line at least this often as work is done,
+LOG_EVERY_SHARE = 0.05  # or each time another 5 % of the work is done
 
 
 def progress_lines(description: str) -> ProgressFn:
-    """progress(done, total, label) as one stderr line per new label (at most every
-    LOG_EVERY_S for the same one) and at the end, with the elapsed time."""
+    """progress(done, total, label) as plain stderr lines, for logs: one per new label, then
+    one every LOG_EVERY_S or LOG_EVERY_SHARE of the total, and one at the end, each with the
+    elapsed time."""
     start = time.monotonic()
-    last: dict[str, Any] = {"label": None, "at": -LOG_EVERY_S}
+    last: dict[str, Any] = {"label": None, "at": -LOG_EVERY_S, "done": 0}
 
     def progress(done: int, total: int, label: str) -> None:
         now = time.monotonic()
-        if label == last["label"] and now - last["at"] < LOG_EVERY_S and done < total:
+        stepped = total > 0 and done - last["done"] >= LOG_EVERY_SHARE * total
+        if (label == last["label"] and now - last["at"] < LOG_EVERY_S and not stepped
+                and done < total):
             return
-        last.update(label=label, at=now)
+        last.update(label=label, at=now, done=done)
         where = f"{done}/{total} {label}".rstrip()
         click.echo(f"{description}: {where} ({now - start:.0f} s)", err=True)
 

@@ -405,6 +405,12 @@ class LatencyModel:
             raise UserInputError(f"unknown weight format {weight_format!r}",
                                  where="--weight-format",
                                  fix=f"use one of: {', '.join(WEIGHT_FORMATS)}")
+        if weight_format == "mxfp4" and not self.model.is_moe:
+            raise UserInputError(f"mxfp4 quantises expert weights; {self.model.name} is dense "
+                                 "and has none, so the what-if would change nothing",
+                                 where="--weight-format",
+                                 fix="use --weight-format fp8 for a dense model, or a MoE "
+                                     "model (gpt-oss-20b, qwen3-30b-a3b)")
         return self._variant(weight_format=weight_format)
 
     def with_tensor_parallel(self, tp: TensorParallel) -> LatencyModel:

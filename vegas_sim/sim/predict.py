@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vegas_sim.bounds import check_options, check_simulated_requests
 from vegas_sim.errors import DoesNotFitError, TraceSetError, UserInputError
 from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
 from vegas_sim.models import ModelSpec
@@ -181,6 +182,11 @@ class Scenario:
 
 
 # ---------------------------------------------------------------------------- validation
+# Scenario fields with a bound in `vegas_sim.bounds` (finite, within what physics allows)
+SCENARIO_BOUNDED = ("batch", "requests", "temperature", "kv_block_size", "prefill_gpus",
+                    "kv_link_gbs", "gpu_memory_utilization", "slo_tpot_ms", "slo_ttft_ms")
+
+
 def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | None,
                       weight_format: str = "bf16") -> None:
     """Raise UserInputError naming the option and the fix for an impossible scenario."""
@@ -225,6 +231,7 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
         if value is not None and not value > 0:  # also NaN
             raise UserInputError(f"an SLO must be > 0 ms, got {value}", where=name,
                                  fix="pass a positive number of milliseconds, e.g. 50")
+    check_options({name: getattr(sc, name) for name in SCENARIO_BOUNDED})
     sc.arrivals.validate(sc.n_requests)
     if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
@@ -669,6 +676,7 @@ def predict_one(
     if replications < 1:
         raise UserInputError(f"replications must be >= 1, got {replications}",
                              where="--replications", fix="pass --replications 1 or more")
+    check_options({"seed": seed, "replications": replications})
     t0 = time.perf_counter()
     if scenario.min_tokens is None:
         scenario = replace(scenario, min_tokens=acceptance.min_tokens)
@@ -677,6 +685,9 @@ def predict_one(
                       weight_format_of(latency))
     if engine == "analytic":
         _check_analytic(scenario)
+    else:
+        longest = scenario.max_output if scenario.max_output > 0 else scenario.output_len
+        check_simulated_requests(scenario.n_requests, longest, scenario.requests is not None)
     seeds = _seeds(seed, replications)
     dist = _dist(acceptance, scenario)
     runs = _runs(scenario, latency, dist, engine, seeds)

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from vegas_sim.errors import DoesNotFitError, UserInputError
+from vegas_sim.bounds import check_grid
 from vegas_sim.grids import parse_int_grid, parse_name_list, parse_sparsity_grid
 from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity, point_of
 from vegas_sim.sim.acceptance import AcceptanceModel
@@ -111,6 +112,8 @@ class SweepGrid:
             check_gamma(g)
         for s in self.sparsity:
             check_sparsity(s)
+        check_grid("batch", self.batch)
+        check_grid("output_len", self.output_len)
 
     @classmethod
     def parse(cls, *, methods: Sequence[str], gamma: str, sparsity: str, batch: str,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.models import PRESETS
 from vegas_sim.traces import vllm_prometheus
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
@@ -174,9 +175,16 @@ def _line_of(text: str, key: str, record_line: int) -> int:
     return text.count("\n", 0, at) + 1 if at >= 0 and record_line == 1 else record_line
 
 
+MAX_COUNT = 1e15  # a counter past this is no server's (1e6 tok/s for 30 years is 1e15)
+
+
 def _number(value: Any, key: str, where: str) -> float:
+    """A counter of vLLM's: a finite number in [0, MAX_COUNT]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise UserInputError(f"{key} must be a number, got {value!r}", where=where, fix=_DOC)
+    if value < 0 or not value <= MAX_COUNT:
+        raise UserInputError(f"{key} must be a count in [0, {MAX_COUNT:g}], got {value!r}",
+                             where=where, fix="import the counters vLLM wrote, unedited")
     return float(value)
 
 
@@ -287,6 +295,8 @@ def _spec_of(response: Any, where: str) -> dict[str, Any] | None:
     if spec is None:
         if str(response.get("object", "")).endswith(".chunk") and metrics is None:
             return None  # a streaming chunk: the metrics ride the final usage chunk
+        if "metrics" in response and metrics is None:
+            return None  # "metrics": null, as vLLM sends for n > 1: skipped, counted
         raise UserInputError("the response has no metrics.speculative_decoding (null for "
                              "n > 1 or when per-request metrics are off)", where=where,
                              fix=f"{_ENABLE}, and send single-sequence requests (n = 1)")
@@ -300,6 +310,15 @@ def _usage(response: dict[str, Any], key: str, where: str) -> int | None:
     usage = response.get("usage")
     value = usage.get(key) if isinstance(usage, dict) else None
     return None if value is None else _count(value, f"usage.{key}", where)
+
+
+def _first_usage(response: dict[str, Any], keys: tuple[str, ...], where: str) -> int | None:
+    """The first of `keys` present in the response's usage."""
+    for key in keys:
+        value = _usage(response, key, where)
+        if value is not None:
+            return value
+    return None
 
 
 def _request(response: dict[str, Any], spec: dict[str, Any], where: str) -> RequestRecord:
@@ -317,8 +336,9 @@ def _request(response: dict[str, Any], spec: dict[str, Any], where: str) -> Requ
         histogram=_counts(spec.get("acceptance_histogram"), "acceptance_histogram", where),
         per_step_accepted=_counts(spec.get("per_step_accepted"), "per_step_accepted", where),
         per_step_drafted=_counts(spec.get("per_step_drafted"), "per_step_drafted", where),
-        prompt_tokens=_usage(response, "prompt_tokens", where),
-        completion_tokens=_usage(response, "completion_tokens", where))
+        # Chat/Completions usage names, else the Responses API's (input_tokens, output_tokens)
+        prompt_tokens=_first_usage(response, ("prompt_tokens", "input_tokens"), where),
+        completion_tokens=_first_usage(response, ("completion_tokens", "output_tokens"), where))
     _check_request(record)
     return record
 
@@ -354,17 +374,22 @@ def _check_request(r: RequestRecord) -> None:
                       "per_step_drafted)")
 
 
-def read_responses(path: Path) -> tuple[RequestRecord, ...]:
-    """The requests of a responses file (JSON Lines, a JSON list, or one response)."""
-    records = []
+def read_responses(path: Path) -> tuple[tuple[RequestRecord, ...], int]:
+    """The requests of a responses file (JSON Lines, a JSON list, or one response), and how
+    many responses had "metrics": null (vLLM sends it for n > 1): those are skipped."""
+    records, nulls = [], 0
     for where, response in _json_records(path, _read_text(path)):
         spec = _spec_of(response, where)
         if spec is not None:
             records.append(_request(response, spec, where))
+        elif isinstance(response, dict) and "metrics" in response:
+            nulls += 1
     if not records:
-        raise UserInputError("no response carries metrics.speculative_decoding",
-                             where=str(path), fix=_ENABLE)
-    return tuple(records)
+        raise UserInputError("no response carries metrics.speculative_decoding"
+                             + (f" ({nulls} have \"metrics\": null, as for n > 1)"
+                                if nulls else ""), where=str(path),
+                             fix=f"{_ENABLE}, and send single-sequence requests (n = 1)")
+    return tuple(records), nulls
 
 
 def _request_per_pos(r: RequestRecord, gamma: int) -> list[int] | None:
@@ -415,7 +440,15 @@ def check_counts(c: SpecCounts, gamma: int) -> None:
                              f"is {gamma}", where=c.where["per_pos"],
                              fix=f"pass --gamma {len(c.accepted_per_pos)} (the server's "
                                  "num_speculative_tokens)")
-    if c.num_drafts <= 0:
+    for name, value in (("num_drafts", c.num_drafts), ("num_draft_tokens", c.num_draft_tokens),
+                        ("num_accepted_tokens", c.num_accepted_tokens)):
+        if value < 0 or not value <= MAX_COUNT:
+            raise UserInputError(
+                f"{name} is {value:g}: a count of vLLM's is in [0, {MAX_COUNT:g}]",
+                where=c.where[name],
+                fix="import the counters unedited; of two /metrics dumps the second must be "
+                    "the later one of the same server (a restart resets the counters)")
+    if c.num_drafts == 0:
         raise UserInputError("num_drafts is 0: no speculative step in the data",
                              where=c.where["num_drafts"],
                              fix="dump the counters after the server decoded with speculation "
@@ -490,6 +523,10 @@ def _response_context(requests: tuple[RequestRecord, ...]) -> tuple[int, int] | 
 def import_vllm(first: Path, second: Path | None, opts: ImportOptions,
                 fmt: str | None = None) -> Imported:
     """Read `first` (and `second`, prometheus only) and return one anchor with notes."""
+    if opts.model is not None and opts.model.lower() not in PRESETS:
+        raise UserInputError(f"unknown model {opts.model!r}: the anchors would set the "
+                             "acceptance of no model vegas-sim predicts", where="--model",
+                             fix=f"use one of: {', '.join(sorted(PRESETS))}")
     fmt = fmt or detect_format(first)
     if fmt not in FORMATS:
         raise UserInputError(f"unknown format {fmt!r}", where="--format",
@@ -504,7 +541,10 @@ def import_vllm(first: Path, second: Path | None, opts: ImportOptions,
     elif fmt == "bench":
         counts = bench_counts(first, opts)
     else:
-        requests = read_responses(first)
+        requests, nulls = read_responses(first)
+        if nulls:
+            notes.append(f"{nulls} responses skipped: \"metrics\": null (vLLM sends it for "
+                         "n > 1, or with per-request metrics off)")
         counts = response_counts(first, requests, opts)
         if opts.context is None and (ctx := _response_context(requests)) is not None:
             opts = replace(opts, context=ctx)
