@@ -197,3 +197,20 @@ def test_bad_anchor_files_exit_nonzero(tmp_path: Path, content: str, words: str)
 def test_bad_anchor_names_exit_nonzero(args: list[str]) -> None:
     result = CliRunner().invoke(cli, [*FAST, *args])
     assert result.exit_code != 0 and "--acceptance-anchor" in result.output, result.output
+
+
+def test_anchors_at_several_contexts_are_followed_in_context(shape: AcceptanceModel) -> None:
+    """Anchors that fall with the context faster than the shape does: one δ cannot meet both
+    ends, a δ that moves with log2 context does, and it is held past the anchored contexts."""
+    near = shape.lookup("magicdec-stream", 4, 0.07, 1024, "longdoc", 0.0).mean_length
+    lo = Anchor("magicdec-stream", 4, 0.07, (1024, 1024), "longdoc", 0.0, near + 0.3)
+    hi = Anchor("magicdec-stream", 4, 0.07, (6144, 6144), "longdoc", 0.0, near - 0.6)
+    model = AnchoredAcceptance(shape, SHAPE, [_set(lo, hi)])
+    sh = model.shifts["magicdec-stream"]
+    for a, got in zip(sh.anchors, sh.fitted_lengths):
+        assert got == pytest.approx(a.mean_acceptance_length, rel=1e-3)
+    shift = sh.shift_for("longdoc")
+    assert shift.slope < 0
+    assert shift.at(512) == shift.at(1024) and shift.at(65536) == shift.at(6144)
+    one = AnchoredAcceptance(shape, SHAPE, [_set(lo)]).shifts["magicdec-stream"]
+    assert one.shift_for("longdoc").slope == 0.0

@@ -34,6 +34,11 @@ workload pooled, context the prompt contexts the shape set traced the method's w
 anchor of a method is matched exactly (up to reachability: a length of γ + 1 needs δ = ∞).
 When a method's anchors name two or more workloads, each of those workloads gets its own δ
 (fitted on its anchors); other workloads use the method's joint δ.
+Anchors that follow their own context: when a method's (or workload's) anchors sit at contexts
+at least CONTEXT_SLOPE_RATIO apart, δ is a line in log2 context, δ(c) = δ_0 + β (log2 c − m),
+fitted jointly (δ_0 at the middle m of the anchored contexts, β per doubling) and held at its
+end values outside them, so the anchored acceptance follows the anchors' context dependence
+over their span instead of the shape's, and the shape's own trend beyond it.
 
 Replay. `AcceptanceDist.sample` replays whole traced runs and thins / extends each iteration
 position by position to its sources' target rates (`acceptance._match_rates`); the transform
@@ -53,6 +58,7 @@ anchor set and the nearest anchor. `source_for(method)` is the rows' `acceptance
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,6 +77,7 @@ GAMMA_NEAR = 6  # |γ − γ_anchor|: γ 2..12 around an anchor at 6 transfer wi
 # SmolLM2 (benchmarks/anchor_transfer.py)
 SPARSITY_RATIO = 2.0  # max(s / s_a, s_a / s)
 CONTEXT_RATIO = 2.0  # lo / ratio ≤ context ≤ hi × ratio
+CONTEXT_SLOPE_RATIO = 2.0  # anchors this far apart in context fit δ's slope in log2 context
 TEMPERATURE_NEAR = 0.05
 REACH_TOLERANCE = 1e-3  # relative: an anchor matched worse than this is reported
 
@@ -106,14 +113,38 @@ def _source_parts(dist: AcceptanceDist) -> list[tuple[float, np.ndarray, bool]]:
 _Node = tuple[tuple[float, np.ndarray, bool], ...]  # one context's (weight, rates, shiftable)
 
 
-def nodes_rates(nodes: Sequence[_Node], gamma: int, delta: float) -> np.ndarray:
-    """[γ] per-position rates over context nodes, shifted by δ, iteration-weighted (a node
-    of acceptance length L spends 1 / L iterations per token): what vLLM's counters give."""
+def nodes_rates(nodes: Sequence[_Node], gamma: int, deltas: Sequence[float]) -> np.ndarray:
+    """[γ] per-position rates over context nodes, node k shifted by deltas[k], iteration-
+    weighted (a node of acceptance length L spends 1 / L iterations per token): what vLLM's
+    counters give."""
     per_node = np.stack([
-        sum((w * (shift_rates(r, delta) if ok else r) for w, r, ok in node), np.zeros(gamma))
-        for node in nodes])  # [nodes, γ]
+        sum((w * (shift_rates(r, d) if ok else r) for w, r, ok in node), np.zeros(gamma))
+        for node, d in zip(nodes, deltas)])  # [nodes, γ]
     inv_len = 1.0 / (1.0 + per_node.sum(axis=1))  # iterations per token at each node
     return np.asarray(inv_len @ per_node / inv_len.sum())
+
+
+@dataclass(frozen=True)
+class ContextShift:
+    """δ as a function of the context: δ_0 at the middle of the anchored log2 contexts
+    `span`, `slope` per doubling between them, held at the ends (module docstring)."""
+
+    delta: float
+    slope: float = 0.0
+    span: tuple[float, float] = (0.0, 0.0)  # log2 contexts of the outermost anchors
+
+    def at(self, context: float) -> float:
+        if self.slope == 0.0:
+            return self.delta
+        lo, hi = self.span
+        x = min(max(math.log2(max(context, 1.0)), lo), hi)
+        return self.delta + self.slope * (x - (lo + hi) / 2.0)
+
+    def describe(self) -> str:
+        if self.slope == 0.0:
+            return f"δ {self.delta:+.2f}"
+        lo, hi = (round(2.0 ** v) for v in self.span)
+        return f"δ {self.delta:+.2f} {self.slope:+.3f} per doubling over contexts {lo}..{hi}"
 
 
 @dataclass(frozen=True)
@@ -122,15 +153,20 @@ class _AnchorTarget:
 
     anchor: Anchor
     nodes: tuple[_Node, ...]
+    contexts: tuple[int, ...]  # the context of each node
     note: str = ""  # how an anchor field the shape set lacks was evaluated
 
-    def length(self, delta: float) -> float:
-        """Mean acceptance length (bonus included) over the nodes, shifted by δ."""
-        return 1.0 + float(np.sum(nodes_rates(self.nodes, self.anchor.gamma, delta)))
+    def deltas(self, shift: ContextShift) -> list[float]:
+        return [shift.at(c) for c in self.contexts]
 
-    def residuals(self, delta: float) -> np.ndarray:
+    def length(self, shift: ContextShift) -> float:
+        """Mean acceptance length (bonus included) over the nodes, shifted."""
+        return 1.0 + float(np.sum(nodes_rates(self.nodes, self.anchor.gamma,
+                                              self.deltas(shift))))
+
+    def residuals(self, shift: ContextShift) -> np.ndarray:
         a = self.anchor
-        rates = nodes_rates(self.nodes, a.gamma, delta)
+        rates = nodes_rates(self.nodes, a.gamma, self.deltas(shift))
         res = [(1.0 + float(rates.sum()) - a.mean_acceptance_length) / a.mean_acceptance_length]
         if a.per_position_rates is not None:
             res += list((rates - np.asarray(a.per_position_rates)) / a.mean_acceptance_length)
@@ -142,47 +178,80 @@ class MethodShift:
     """The fitted level shift of one method."""
 
     method: str
-    delta: float  # joint fit over all the method's anchors
+    delta: float  # joint fit over all the method's anchors (at their middle context)
     by_workload: dict[str, float]  # per anchored workload, when anchors name two or more
     anchors: tuple[Anchor, ...]
     shape_lengths: tuple[float, ...]  # the shape set's mean acceptance length at each anchor
     fitted_lengths: tuple[float, ...]  # after the shift (by_workload's δ where it has one)
     notes: tuple[str, ...] = ()
+    # The context-following shifts ("" the joint one), where the anchors span contexts
+    in_context: dict[str, ContextShift] = dataclasses.field(default_factory=dict)
 
-    def delta_for(self, workload: str | None) -> float:
-        if workload is not None and workload in self.by_workload:
-            return self.by_workload[workload]
-        return self.delta
+    def shift_for(self, workload: str | None) -> ContextShift:
+        key = workload if workload is not None and workload in self.by_workload else ""
+        return self.in_context.get(key, ContextShift(self.by_workload.get(key, self.delta)))
+
+    def delta_for(self, workload: str | None, context: float | None = None) -> float:
+        shift = self.shift_for(workload)
+        return shift.delta if context is None else shift.at(context)
 
 
-def _fit_delta(targets: Sequence[_AnchorTarget]) -> float:
+def anchored_span(targets: Sequence[_AnchorTarget]) -> tuple[float, float] | None:
+    """log2 of the lowest and highest anchor context (each range's geometric middle), when
+    they are CONTEXT_SLOPE_RATIO or more apart; else None (one δ)."""
+    mids = [0.5 * (math.log2(max(t.anchor.context[0], 1)) + math.log2(max(t.anchor.context[1], 1)))
+            for t in targets if t.anchor.context is not None]
+    if len(mids) < 2 or max(mids) - min(mids) < math.log2(CONTEXT_SLOPE_RATIO):
+        return None
+    return min(mids), max(mids)
+
+
+def _fit_shift(targets: Sequence[_AnchorTarget]) -> ContextShift:
+    """δ (and its slope in log2 context where the anchors span contexts) from `targets`."""
     from scipy.optimize import least_squares  # only when anchoring: `traces show` skips it
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([t.residuals(float(x[0])) for t in targets])
+    span = anchored_span(targets)
 
-    fit = least_squares(residuals, x0=np.zeros(1), bounds=(-DELTA_BOUND, DELTA_BOUND),
+    def shift(x: np.ndarray) -> ContextShift:
+        if span is None:
+            return ContextShift(float(x[0]))
+        return ContextShift(float(x[0]), float(x[1]), span)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([t.residuals(shift(x)) for t in targets])
+
+    n = 1 if span is None else 2
+    fit = least_squares(residuals, x0=np.zeros(n), bounds=(-DELTA_BOUND, DELTA_BOUND),
                         xtol=1e-12, ftol=1e-12, gtol=1e-12)
-    return float(fit.x[0])
+    return shift(fit.x)
 
 
 def fit_method(method: str, targets: Sequence[_AnchorTarget]) -> MethodShift:
     """δ of one method from its anchors' targets (module docstring, Fit)."""
-    delta = _fit_delta(targets)
+    joint = _fit_shift(targets)
     workloads = sorted({t.anchor.workload for t in targets if t.anchor.workload is not None})
-    by_wl: dict[str, float] = {}
+    per_wl: dict[str, ContextShift] = {}
     if len(workloads) >= 2:
-        by_wl = {w: _fit_delta([t for t in targets if t.anchor.workload == w])
-                 for w in workloads}
-    fitted = tuple(t.length(by_wl.get(t.anchor.workload or "", delta)) for t in targets)
+        per_wl = {w: _fit_shift([t for t in targets if t.anchor.workload == w])
+                  for w in workloads}
+    in_context = {k: v for k, v in [("", joint), *per_wl.items()] if v.slope != 0.0}
+    fitted = tuple(t.length(per_wl.get(t.anchor.workload or "", joint)) for t in targets)
     notes = [t.note for t in targets if t.note]
-    for t, got in zip(targets, fitted):
-        want = t.anchor.mean_acceptance_length
-        if abs(got - want) > REACH_TOLERANCE * want:
-            notes.append(f"{method}: anchor {t.anchor.describe()} matched only to {got:.3f} "
-                         "(the shape set cannot reach it with one shift per method)")
-    return MethodShift(method, delta, by_wl, tuple(t.anchor for t in targets),
-                       tuple(t.length(0.0) for t in targets), fitted, tuple(notes))
+    errors = [abs(got - t.anchor.mean_acceptance_length) / t.anchor.mean_acceptance_length
+              for t, got in zip(targets, fitted)]
+    if joint.slope and len(targets) > 2:  # least squares over more anchors than parameters
+        notes.append(f"{method}: {len(targets)} anchors fitted by a shift and its slope in "
+                     f"context, |error| at most {100 * max(errors):.1f} %")
+    else:
+        for t, got, err in zip(targets, fitted, errors):
+            if err > REACH_TOLERANCE:
+                notes.append(f"{method}: anchor {t.anchor.describe()} matched only to "
+                             f"{got:.3f} (the shape set cannot reach it with one shift per "
+                             "method)")
+    return MethodShift(method, joint.delta, {w: v.delta for w, v in per_wl.items()},
+                       tuple(t.anchor for t in targets),
+                       tuple(t.length(ContextShift(0.0)) for t in targets), fitted,
+                       tuple(notes), in_context)
 
 
 def context_nodes(lo: int, hi: int, n: int = N_CONTEXT_NODES) -> list[int]:
@@ -260,7 +329,7 @@ class AnchoredAcceptance(AcceptanceModel):
             out.append(f"acceptance anchors {s.name()} ({what}{len(s.anchors)} anchors; "
                        f"source: {s.source or 'not given'})")
         shifts = ", ".join(
-            f"{m} δ {sh.delta:+.2f} (" + ", ".join(
+            f"{m} {sh.shift_for(None).describe()} (" + ", ".join(
                 f"γ{a.gamma} {b:.2f} → {f:.2f}, anchor {a.mean_acceptance_length:.2f}"
                 for a, b, f in zip(sh.anchors, sh.shape_lengths, sh.fitted_lengths)) + ")"
             for m, sh in self.shifts.items())
@@ -275,12 +344,12 @@ class AnchoredAcceptance(AcceptanceModel):
     def _nodes(self, method: str, gamma: int, sparsity: float | None,
                context: tuple[int, int] | None, workload: str | None,
                temperature: float | None, output_len: int | None = None
-               ) -> tuple[list[_Node], str]:
+               ) -> tuple[list[_Node], list[int], str]:
         """The shape's unshifted components at the context nodes of a configuration given as
         an anchor gives it (empty fields: module docstring), and a note on a workload the
         shape set lacks. With `output_len` each node is a request of that prompt generating
         that many tokens, its acceptance following its running context as a prediction's
-        does (`acceptance_dist.running_stages`)."""
+        does (`acceptance_dist.running_stages`). Also the nodes' contexts."""
         cov = self.coverage()
         workloads = [str(w) for w in cov["workloads"]]  # type: ignore[attr-defined]
         note = ""
@@ -292,7 +361,8 @@ class AnchoredAcceptance(AcceptanceModel):
         nodes = []
         s = sparsity if sparsity is not None else DEFAULT_SPARSITY
         t = temperature if temperature is not None else 0.0
-        for c in context_nodes(int(span[0]), int(span[1])):
+        contexts = context_nodes(int(span[0]), int(span[1]))
+        for c in contexts:
             if output_len is None:
                 dist = AcceptanceModel.lookup(self, method, gamma, s, c, workload, t)
             else:
@@ -302,22 +372,24 @@ class AnchoredAcceptance(AcceptanceModel):
                 dist = dists[0] if len(dists) == 1 else RunningLengthDist.of(
                     [g for g, _ in stages], dists, output_len, [ctx for _, ctx in stages])
             nodes.append(tuple(_source_parts(dist)))
-        return nodes, note
+        return nodes, contexts, note
 
     def _target(self, a: Anchor) -> _AnchorTarget:
-        nodes, note = self._nodes(a.method, a.gamma, a.sparsity, a.context, a.workload,
-                                  a.temperature, a.output_len)
-        return _AnchorTarget(a, tuple(nodes), f"anchor {a.describe()}: {note}" if note else "")
+        nodes, contexts, note = self._nodes(a.method, a.gamma, a.sparsity, a.context,
+                                            a.workload, a.temperature, a.output_len)
+        return _AnchorTarget(a, tuple(nodes), tuple(contexts),
+                             f"anchor {a.describe()}: {note}" if note else "")
 
     def range_length(self, method: str, gamma: int, sparsity: float | None,
                      context: tuple[int, int] | None, workload: str | None = None,
                      temperature: float | None = None) -> float:
         """The anchored mean acceptance length over a context range, evaluated as an anchor
         over that range is fitted (the number to compare with a vLLM count over it)."""
-        nodes, _ = self._nodes(method, gamma, sparsity, context, workload, temperature)
+        nodes, contexts, _ = self._nodes(method, gamma, sparsity, context, workload,
+                                         temperature)
         shift = self.shifts.get(method)
-        delta = 0.0 if shift is None else shift.delta_for(workload)
-        return 1.0 + float(np.sum(nodes_rates(nodes, gamma, delta)))
+        deltas = [0.0 if shift is None else shift.delta_for(workload, c) for c in contexts]
+        return 1.0 + float(np.sum(nodes_rates(nodes, gamma, deltas)))
 
     # -- lookup --
     def lookup(self, method: str, gamma: int, sparsity: float, context: int,
@@ -334,7 +406,7 @@ class AnchoredAcceptance(AcceptanceModel):
             dist.extrapolated.append(f"{method} has no acceptance anchor in {self.anchors_name}: "
                                      f"the level is {self.shape_name}'s")
             return dist
-        out = shift_dist(dist, shift.delta_for(workload))
+        out = shift_dist(dist, shift.delta_for(workload, context))
         far = [far_reasons(a, gamma, sparsity, context, workload, temperature)
                for a in shift.anchors]
         if all(far):
