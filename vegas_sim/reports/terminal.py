@@ -37,8 +37,13 @@ def prediction_table(df: pd.DataFrame) -> Table:
     table = Table(title=f"batch {first['batch']}, context {first['context']}, output "
                         f"{first['output_len']} — "
                         + ("95% CI in brackets" if with_ci else "no CI (one replication or "
-                           "the analytic engine)"))
-    for name in ("method", "γ", "s", "tok/s", "speedup", "acc len", "TPOT ms", "extrap."):
+                           "the analytic engine)")
+                        + ("; PI: the 95% prediction interval, the model's uncertainty"
+                           if "pi_low" in df.columns else ""))
+    with_pi = "pi_low" in df.columns
+    names = ("method", "γ", "s", "tok/s", *(["tok/s 95% PI"] if with_pi else []), "speedup",
+             "acc len", "TPOT ms", "extrap.")
+    for name in names:
         table.add_column(name, no_wrap=True)
     for _, row in df.iterrows():
         spec = row["method"] != "vanilla"
@@ -48,12 +53,29 @@ def prediction_table(df: pd.DataFrame) -> Table:
             f"{row['sparsity']:.3g}" if spec else "-",
             _ci(row["throughput_tok_s"], row["throughput_ci_low"], row["throughput_ci_high"],
                 ".0f"),
+            *([_pi(row)] if with_pi else []),
             _ci(row["speedup_vs_vanilla"], row["speedup_ci_low"], row["speedup_ci_high"], ".2f"),
             f"{row['acceptance_length']:.2f}",
             f"{row['tpot_ms_p50']:.2f}",
-            "yes" if row.get("extrapolated") else "",
+            _extrapolated(row),
         )
     return table
+
+
+def _pi(row: pd.Series) -> str:
+    """The prediction interval of the throughput (model uncertainty, `sim.uncertainty`)."""
+    low, high = float(row["pi_low"]), float(row["pi_high"])
+    return "-" if math.isnan(low) or math.isnan(high) else f"{low:.0f}–{high:.0f}"
+
+
+def _extrapolated(row: pd.Series) -> str:
+    """'yes', naming the extrapolation axis when it is what widens the interval most."""
+    if not row.get("extrapolated"):
+        return ""
+    dominant = str(row.get("pi_dominant", ""))
+    if dominant.startswith("extrapolation-distance (") and dominant.endswith(")"):
+        return f"yes: {dominant[len('extrapolation-distance ('):-1]}"
+    return "yes"
 
 
 def _ms(value: float) -> str:
