@@ -63,6 +63,11 @@ def _check_out_dir(out: Path) -> None:
 @click.option("--temperature", default=None,
               help="Temperatures for acceptance runs, e.g. '0,0.6' (0 = greedy).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
+              help="Shard the model over this many processes (tensor parallel, as vLLM "
+                   "splits it): NCCL with one GPU each on cuda, gloo on cpu. The set's meta "
+                   "records the group and interconnect, its latency rows each phase's "
+                   "collectives (calls, bytes, time); predict uses it at the same --tp.")
 @click.option("--quick", is_flag=True, help="A small grid that finishes in < 2 min on an H200.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--min-tokens", type=int, default=None,
@@ -130,6 +135,9 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
     \b
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
             --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
+
+    \b
+        vegas-sim calibrate --model qwen3-8b --tp 2 --quick --out traces/qwen3-8b-tp2-quick
 
     \b
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
