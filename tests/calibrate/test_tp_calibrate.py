@@ -22,7 +22,6 @@ from click.testing import CliRunner
 
 from vegas_sim.calibrate import tp_run
 from vegas_sim.calibrate.loading import save_hf_dir
-from vegas_sim.calibrate.plan import CalibrationPlan
 from vegas_sim.calibrate.timers import PhaseTimer
 from vegas_sim.cli import cli
 from vegas_sim.errors import UserInputError
@@ -86,6 +85,21 @@ def test_tp2_set_records_the_group_and_each_phases_collectives(tiny_dir: Path,
     assert "tensor parallel 2: measured" in at_two.output and "NOT measured" not in " ".join(
         line for line in at_two.output.splitlines() if "tensor parallel" in line)
 
+    # validate --tp 2 decodes on the sharded model and predicts from the set as measured
+    heldout = tmp_path / "heldout.csv"
+    heldout.write_text("method,gamma,sparsity,batch,context,output_len,workload,temperature,"
+                       "waves\nvegas,3,0.1,3,100,6,,,1\n")
+    table = tmp_path / "val.csv"
+    run = subprocess.run([*CLI, "validate", "--traces", str(out), "--acceptance-traces",
+                          "smollm2-135m-real", "--model", str(tiny_dir), "--weights", "random",
+                          "--device", "cpu", "--tp", "2", "--heldout", str(heldout),
+                          "--replications", "1", "--no-phase-wave", "--out", str(table)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "tensor parallel 2: measured" in run.stderr
+    assert len(pd.read_csv(table)) == 1
+
 
 def test_a_size_the_heads_do_not_divide_is_refused_before_anything_starts(
         tiny_dir: Path, tmp_path: Path) -> None:
@@ -107,8 +121,7 @@ def test_more_gpus_than_visible_are_refused(tiny_dir: Path, tmp_path: Path,
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     with pytest.raises(UserInputError, match="needs 4 GPUs, 1 visible"):
-        tp_run.check_group(CalibrationPlan(model=str(tiny_dir), device="cuda",
-                                           tensor_parallel=4))
+        tp_run.check_group(str(tiny_dir), "cuda", 4)
 
 
 def _ranks(parent: psutil.Process) -> list[psutil.Process]:

@@ -73,7 +73,6 @@ from vegas_sim.calibrate.plan import (
     log,
 )
 from vegas_sim.calibrate.specdec import graphs_default, state_headroom
-from vegas_sim.calibrate.tensor_parallel import ShardedTransformer
 from vegas_sim.calibrate.tp_run import RankGroup
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import nearest_existing, write_json
@@ -270,7 +269,8 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
         if model is not None:
             raise UserInputError("a loaded model cannot be sharded over processes",
                                  where="model", fix="pass the model by name in the plan")
-        tp_run.check_group(plan)  # before the device: "N GPUs needed, M visible" first
+        # before the device: "N GPUs needed, M visible" first
+        tp_run.check_group(plan.model, plan.device, plan.tensor_parallel)
         check_device(plan.device)
         check_resumable(out, plan)
         return tp_run.run_ranks(plan.tensor_parallel, plan.device, calibrate_rank,
@@ -296,38 +296,16 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
 
 def calibrate_rank(group: RankGroup, plan: CalibrationPlan, out: Path, retry_failed: bool
                    ) -> Path:
-    """One rank of `calibrate --tp N` (tp_run.run_ranks): the whole model loaded with the
-    plan's seed (on this rank's device when it fits twice there, else on the CPU), its shard
-    kept; the same loop as every other rank, rank 0 writing."""
-    device = group.device(plan.device)
+    """One rank of `calibrate --tp N` (tp_run.run_ranks): its shard of the model
+    (`tp_run.load_shard`), the same loop as every other rank, rank 0 writing."""
     say = group.say if group.lead else (lambda _line: None)
-    dtype = plan_dtype(plan)
-    whole, _tok, weights_meta = load_model(plan.model, weights=plan.weights,
-                                           device=_load_device(plan, device, dtype),
-                                           dtype=dtype or (torch.bfloat16
-                                                           if device.type == "cuda" else None),
-                                           seed=plan.seed)
+    net, spec, weights_meta = tp_run.load_shard(
+        group, plan.model, weights=plan.weights, dtype=plan_dtype(plan), seed=plan.seed,
+        device=plan.device, rope_extension=plan.rope_extension)
     if plan.rope_extension is not None:
-        whole.extend_positions(plan.rope_extension)
-        say(f"RoPE: YaRN factor {plan.rope_extension:g}: {whole.spec.max_positions} positions")
-    spec = whole.spec
-    net = ShardedTransformer(spec, {n: p.detach() for n, p in whole.named_parameters()},
-                             device=device, dtype=whole.dtype)
-    del whole
-    free_device_memory(device)
-    return _calibrate(net, spec, weights_meta, plan, out, device,
+        say(f"RoPE: YaRN factor {plan.rope_extension:g}: {spec.max_positions} positions")
+    return _calibrate(net, spec, weights_meta, plan, out, group.device(plan.device),
                       group.progress if group.lead else None, say, retry_failed, group)
-
-
-def _load_device(plan: CalibrationPlan, device: torch.device, dtype: torch.dtype | None
-                 ) -> str:
-    """Where a rank builds the whole model before sharding: its own GPU when the whole model
-    and its shard fit there with room to spare, else the CPU."""
-    if device.type != "cuda":
-        return "cpu"
-    db = torch.tensor([], dtype=dtype or torch.bfloat16).element_size()
-    need = hardware.memory_needed(tp_run.model_spec(plan), 1, 1, dtype_bytes=db)
-    return str(device) if 2 * need < 0.8 * hardware.free_memory(device) else "cpu"
 
 
 def _calibrate(net: Any, spec: ModelSpec, weights_meta: dict[str, Any], plan: CalibrationPlan,

@@ -43,8 +43,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vegas_sim.calibrate import hardware
 from vegas_sim.calibrate import weights as wmod
-from vegas_sim.calibrate.measure_latency import measure_latency_point
+from vegas_sim.calibrate.loading import load_model
+from vegas_sim.calibrate.measure_latency import free_device_memory, measure_latency_point
+from vegas_sim.calibrate.tensor_parallel import ShardedTransformer
 from vegas_sim.calibrate.plan import CalibrationPlan, LatencyPoint
 from vegas_sim.errors import UserInputError
 from vegas_sim.models import PRESETS, ModelSpec, check_tensor_parallel, get_preset
@@ -56,19 +59,18 @@ ROW_KEY = ("phase", "method", "batch", "context", "n_query", "kv_read", "collect
 
 
 # ============================================================================ checks
-def model_spec(plan: CalibrationPlan) -> ModelSpec:
-    """The spec of `plan.model` without loading its weights (a preset, or a file's header)."""
-    if plan.model in PRESETS and not Path(plan.model).exists():
-        return get_preset(plan.model)
-    return wmod.load_checkpoint(Path(plan.model), load_weights=False).spec
+def model_spec(model: str) -> ModelSpec:
+    """The spec of `model` without loading its weights (a preset, or a file's header)."""
+    if model in PRESETS and not Path(model).exists():
+        return get_preset(model)
+    return wmod.load_checkpoint(Path(model), load_weights=False).spec
 
 
-def check_group(plan: CalibrationPlan) -> None:
-    """Before anything heavy: the model splits `plan.tensor_parallel` ways and, on CUDA, as
-    many GPUs are visible."""
-    size = plan.tensor_parallel
-    check_tensor_parallel(model_spec(plan), size)
-    if torch.device(plan.device).type != "cuda":
+def check_group(model: str, device: str, size: int) -> None:
+    """Before anything heavy: `model` splits `size` ways and, on CUDA, as many GPUs are
+    visible."""
+    check_tensor_parallel(model_spec(model), size)
+    if torch.device(device).type != "cuda":
         return
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if visible < size:
@@ -128,6 +130,31 @@ def tensor_parallel_meta(plan: CalibrationPlan) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             out["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
     return out
+
+
+def load_shard(group: RankGroup, model: str, *, weights: str, dtype: torch.dtype | None,
+               seed: int, device: str, rope_extension: float | None = None
+               ) -> tuple[ShardedTransformer, ModelSpec, dict[str, Any]]:
+    """This rank's shard of `model` on its device: the whole model loaded with `seed` (on the
+    rank's GPU when the whole model and its shard fit there with room to spare, else on the
+    CPU), RoPE extended if asked, then split; (shard, the whole model's spec, weights meta)."""
+    dev = group.device(device)
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    where = "cpu"
+    if dev.type == "cuda":
+        need = hardware.memory_needed(model_spec(model), 1, 1,
+                                      dtype_bytes=torch.tensor([], dtype=dtype).element_size())
+        where = str(dev) if 2 * need < 0.8 * hardware.free_memory(dev) else "cpu"
+    whole, _tok, weights_meta = load_model(model, weights=weights, device=where, dtype=dtype,
+                                           seed=seed)
+    if rope_extension is not None:
+        whole.extend_positions(rope_extension)
+    spec = whole.spec
+    net = ShardedTransformer(spec, {n: p.detach() for n, p in whole.named_parameters()},
+                             device=dev, dtype=dtype)
+    del whole
+    free_device_memory(dev)
+    return net, spec, weights_meta
 
 
 # ============================================================================ the rank group

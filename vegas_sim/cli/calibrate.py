@@ -222,6 +222,10 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--resume", is_flag=True,
               help="Keep what an interrupted run with the same held-out configurations "
                    "wrote to --out, and measure only the rest.")
+@click.option("--tp", "tensor_parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Decode on the model sharded over this many processes (as calibrate --tp "
+                   "shards it); --traces measured at this size is used as measured, one "
+                   "measured on one GPU is priced at it as a what-if.")
 @click.option("--phase-wave/--no-phase-wave", default=True, show_default=True,
               help="One more wave per configuration with per-phase timers (not measured "
                    "throughput): measured vs predicted ms per phase in the table.")
@@ -233,8 +237,8 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              n_random: int | None, repredict: Path | None, model: str | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
              device: str, seed: int, replications: int, time_budget: float | None,
-             passes: int, resume: bool, phase_wave: bool, acceptance_anchors: tuple[str, ...],
-             out: Path) -> None:
+             passes: int, resume: bool, tensor_parallel: int, phase_wave: bool,
+             acceptance_anchors: tuple[str, ...], out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
@@ -305,7 +309,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                     out=out, progress=progress, replications=replications,
                     time_budget_s=time_budget, log=lambda line: click.echo(line, err=True),
                     phase_wave=phase_wave, acceptance_anchors=acceptance_anchors,
-                    passes=passes, resume=resume)
+                    passes=passes, resume=resume, tensor_parallel=tensor_parallel)
             except KeyboardInterrupt:
                 click.echo(f"\nvalidate: what was measured is in {out}; the same command with "
                            "--resume continues it", err=True)
