@@ -217,3 +217,21 @@ def test_the_phase_timer_counts_each_phase_s_own_collectives() -> None:
     assert timer.collective_samples() == [("draft_step", 2, 110), ("quest_meta", 2, 10),
                                           ("sample", 0, 0)]
     assert [n for n, _ in timer.samples()] == [n for n, _, _ in timer.collective_samples()]
+
+
+TOPO = """\
+\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV18\tSYS\tPXB\t0-55\t0\t\tN/A
+GPU1\tNV18\t X \tPIX\tSYS\t0-55\t0\t\tN/A
+GPU2\tSYS\tPIX\t X \tSYS\t56-111\t1\t\tN/A
+
+Legend:
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+def test_the_interconnect_is_read_from_nvidia_smi_topo() -> None:
+    assert tp_run.topo_link(TOPO, 0, 1) == "NV18"
+    assert tp_run.topo_link(TOPO, 1, 2) == "PIX" and tp_run.topo_link(TOPO, 2, 0) == "SYS"
+    assert tp_run.topo_link(TOPO, 0, 5) is None and tp_run.topo_link("no GPUs", 0, 1) is None
+    assert tp_run.interconnect("cpu", 2) == "gloo/loopback"

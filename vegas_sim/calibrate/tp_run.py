@@ -31,6 +31,7 @@ import contextlib
 import queue as queue_mod
 import signal
 import socket
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -86,11 +87,18 @@ def backend_of(device: str) -> str:
 
 
 def interconnect(device: str, size: int) -> str:
-    """How the group's GPUs are joined, as far as this process can tell: NVLink links per GPU
-    (pynvml, when installed), peer-to-peer access (torch), else 'unknown'; gloo/loopback on
-    the CPU."""
+    """How the group's GPUs are joined, as far as this process can tell: GPU0-GPU1's entry
+    of `nvidia-smi topo -m` (e.g. NV18: 18 NVLinks), else NVLink links per GPU (pynvml, when
+    installed), else peer-to-peer access (torch), else 'unknown'; gloo/loopback on the CPU."""
     if torch.device(device).type != "cuda":
         return CPU_INTERCONNECT
+    if size > 1:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                                 timeout=20).stdout
+            link = topo_link(out, 0, 1)
+            if link:
+                return f"{link} between GPU0 and GPU1 (nvidia-smi topo -m)"
     links = _nvlink_links(0)
     if links:
         return f"NVLink ({links} active links on GPU 0)"
@@ -100,6 +108,22 @@ def interconnect(device: str, size: int) -> str:
     except (RuntimeError, AssertionError):
         pass
     return "unknown"
+
+
+def topo_link(matrix: str, a: int, b: int) -> str | None:
+    """The entry for GPU a, GPU b of `nvidia-smi topo -m`'s matrix (NV#, PIX, PXB, PHB, NODE,
+    SYS), or None when the text holds no such row and column."""
+    lines = [line.split() for line in matrix.splitlines() if line.strip()]
+    # the header: column names only (GPU0 GPU1 ...); a row starts with its name, then "X"
+    at = next((i for i, cols in enumerate(lines) if len(cols) > 1
+               and cols[0].startswith("GPU") and cols[1].startswith("GPU")), None)
+    if at is None or f"GPU{b}" not in lines[at]:
+        return None
+    col = lines[at].index(f"GPU{b}")
+    row = next((cols for cols in lines[at + 1:] if cols[0] == f"GPU{a}"), None)
+    if row is None or len(row) <= col + 1:
+        return None
+    return row[col + 1]
 
 
 def _nvlink_links(index: int) -> int:
@@ -271,8 +295,9 @@ class _Outcome:
         self.crashed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
     def result(self) -> Any:
-        if self.errors:
-            rank, (kind, problem, where, fix, text) = self.errors[0]
+        if self.errors:  # a user error first: a peer's failure is often its consequence
+            user = [e for e in self.errors if e[1][0] == "user"]
+            rank, (kind, problem, where, fix, text) = (user or self.errors)[0]
             if kind == "user":
                 raise UserInputError(f"rank {rank}: {problem}", where=where, fix=fix)
             raise RuntimeError(f"tensor-parallel rank {rank} failed: {problem}\n{text}")
