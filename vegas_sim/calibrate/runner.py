@@ -323,7 +323,7 @@ def _calibrate(net: Any, spec: ModelSpec, weights_meta: dict[str, Any], plan: Ca
     points: list[LatencyPoint | AcceptancePoint] = [*usable, *acceptance_points(plan)]
     if not points:
         raise _nothing_to_measure(plan, spec, bool(too_long))
-    gpu = hardware.measure_hardware(device, quick=plan.quick)
+    gpu = hardware.measure_hardware(device, quick=plan.quick) if lead else {}  # rank 0's
     writer: Any = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu)) if lead \
         else _NoWriter()
     recorded = writer.progress()
