@@ -235,3 +235,23 @@ def test_the_interconnect_is_read_from_nvidia_smi_topo() -> None:
     assert tp_run.topo_link(TOPO, 1, 2) == "PIX" and tp_run.topo_link(TOPO, 2, 0) == "SYS"
     assert tp_run.topo_link(TOPO, 0, 5) is None and tp_run.topo_link("no GPUs", 0, 1) is None
     assert tp_run.interconnect("cpu", 2) == "gloo/loopback"
+
+
+def test_the_tp_heldout_set_is_its_seeds_draw_off_the_tp_grid() -> None:
+    """benchmarks/validation/heldout_qwen3_8b_tp.csv: >= 12 rows for `validate --tp N`."""
+    import importlib.util
+
+    import numpy as np
+
+    from vegas_sim.validate.heldout import check_outside_grid, read_heldout
+
+    root = ROOT / "benchmarks" / "validation"
+    spec = importlib.util.spec_from_file_location("make_heldout", root / "make_heldout.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = read_heldout(root / "heldout_qwen3_8b_tp.csv")
+    assert len(rows) >= 12 and {h.method for h in rows} == set(mod.METHODS)
+    assert rows == mod.draw("qwen3_8b_tp", np.random.default_rng([mod.SEED, 4]))
+    check_outside_grid(rows, mod.GRIDS["qwen3_8b_tp"])
+    assert all(mod.feasible("qwen3_8b_tp", h.batch, h.context) for h in rows)
