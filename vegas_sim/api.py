@@ -237,7 +237,10 @@ def load_models(
         latency = latency.what_if(target)
         notes = [*notes, target.label() if isinstance(gpu, GpuSpec) else
                  f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
-    if tensor_parallel != 1:
+    measured_tp = latency.tensor_parallel
+    if measured_tp.measured and tensor_parallel == measured_tp.size:
+        notes = [*notes, measured_tp.label]
+    elif tensor_parallel != 1 or measured_tp.measured:  # a what-if, or refused on a TP-N set
         link = target or datasheet_for_device(latency.measured_gpu.name)
         tp = TensorParallel.of(latency.model, tensor_parallel, link)
         latency = latency.with_tensor_parallel(tp)

@@ -13,10 +13,17 @@
 #   full qwen3-8b|smollm2|gpt-oss-20b|qwen3-30b-a3b
 #                          the latency grid of the packaged set of that name (8 / 3 / 7 / 6
 #                          GPU-min)
+#   allreduce              python benchmarks/allreduce.py at TP 2/4/8 (as many as the machine's
+#                          GPUs allow): measured all-reduce / all-gather beside the datasheet
+#                          link and per-call latency sim/parallel.py assumes
+#   full-tp MODEL N        MODEL's latency grid measured at tensor parallel N (calibrate --tp N:
+#                          collectives timed apart); a run cut by its timeout resumes when the
+#                          stage runs again on the same (warm) machine; packs MODEL-tpN.tgz
 #   validate REGIME [HELDOUT] [TRACES]
 #                          vegas-sim validate; REGIME qwen3_8b, gpt_oss_20b, qwen3_30b_a3b
-#                          (random weights, acceptance replayed) or smollm2 (real weights,
-#                          needs `gguf`); HELDOUT defaults to
+#                          (random weights, acceptance replayed), qwen3_8b_tp (the same at
+#                          TP=N, env, on the set `full-tp qwen3-8b N` made) or smollm2 (real
+#                          weights, needs `gguf`); HELDOUT defaults to
 #                          benchmarks/validation/heldout_REGIME.csv, TRACES to the packaged
 #                          set (or the one `full` just measured in /root/tr); PASSES=N
 #                          measures the list N times in turn, RESUME=TABLE continues a table
@@ -141,11 +148,33 @@ full)  # the packaged latency sets' grids; a set cut by the timeout resumes if c
   *) echo "full: qwen3-8b, smollm2, gpt-oss-20b or qwen3-30b-a3b"; exit 2 ;;
   esac
   ;;
+allreduce)  # all-reduce / all-gather at every TP the machine's GPUs allow
+  n=$(nvidia-smi -L | wc -l); tps=()
+  for t in 2 4 8; do [ "$t" -le "$n" ] && tps+=(--tp $t); done
+  [ ${#tps[@]} -gt 0 ] || { echo "allreduce: needs 2 GPUs or more, $n here"; exit 2; }
+  nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; cat "$OUT/topo.txt"
+  timeout 540 python3 benchmarks/allreduce.py "${tps[@]}" --out "$OUT/allreduce.csv" 2>&1 \
+    | tee "$OUT/allreduce.log"
+  ;;
+full-tp)  # a latency grid at TP N: both passes (with / without collectives) per point
+  model=${1:?full-tp MODEL N}; n=${2:?full-tp MODEL N}
+  nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+  timeout ${TIMEOUT:-560} "${cli[@]}" calibrate --model "$model" --weights random --tp "$n" \
+    --methods all --batch 1..128:x2 --context 1K,4K,16K,64K,128K --n-query 1 --gamma 1,3,7,15 \
+    --sparsity 0.01,0.05,0.2 --out $TR/$model-tp$n 2>&1 | tail -6 | tee "$OUT/calibrate-tp$n.log"
+  "${cli[@]}" traces check $TR/$model-tp$n 2>&1 | tail -3 | tee -a "$OUT/calibrate-tp$n.log"
+  "${cli[@]}" traces show $TR/$model-tp$n 2>&1 | head -12 | tee -a "$OUT/calibrate-tp$n.log"
+  finalize $TR/$model-tp$n
+  ;;
 validate)  # --time-budget stops starting rows early enough that the table is still written
   regime=${1:?validate qwen3_8b or smollm2}
   heldout=${2:-benchmarks/validation/heldout_$regime.csv}
+  tp=(); [ -n "${TP:-}" ] && tp=(--tp "$TP")
   case $regime in
   qwen3_8b) model=(--model qwen3-8b --weights random); traces=${3:-$D/qwen3-8b-h200} ;;
+  qwen3_8b_tp)
+            [ -n "${TP:-}" ] || { echo "validate qwen3_8b_tp: set TP=N"; exit 2; }
+            model=(--model qwen3-8b --weights random); traces=${3:-$TR/qwen3-8b-tp$TP} ;;
   gpt_oss_20b|qwen3_30b_a3b)
             [ "$regime" = gpt_oss_20b ] && name=gpt-oss-20b
             [ "$regime" = qwen3_30b_a3b ] && name=qwen3-30b-a3b
@@ -153,15 +182,15 @@ validate)  # --time-budget stops starting rows early enough that the table is st
             traces=${3:-$D/$name-h200}; [ -d "$traces" ] || traces=$TR/$name-h200 ;;
   smollm2)  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
             model=(--model $GGUF --weights real); traces=${3:-$D/smollm2-135m-h200} ;;
-  *) echo "validate: qwen3_8b, gpt_oss_20b, qwen3_30b_a3b or smollm2"; exit 2 ;;
+  *) echo "validate: qwen3_8b, qwen3_8b_tp, gpt_oss_20b, qwen3_30b_a3b or smollm2"; exit 2 ;;
   esac
-  name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')
+  name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')${TP:+_tp$TP}
   # PASSES=N measures the list N times in turn; RESUME=TABLE continues a table an earlier
   # call brought back (carried in the tree), adding the passes it did not reach
   resume=(); [ -n "${RESUME:-}" ] && { cp "$RESUME" "$OUT/$name.csv"; resume=(--resume); }
   timeout ${TIMEOUT:-560} "${cli[@]}" validate --traces "$traces" \
     --acceptance-traces $D/smollm2-135m-real --seed 0 "${model[@]}" --heldout "$heldout" \
-    --passes ${PASSES:-1} "${resume[@]}" --time-budget ${BUDGET:-480} \
+    --passes ${PASSES:-1} "${resume[@]}" "${tp[@]}" --time-budget ${BUDGET:-480} \
     --out "$OUT/$name.csv" > "$OUT/$name.log" 2>&1
   echo "$name rc=$?" | tee -a "$OUT/$name.log"; tail -8 "$OUT/$name.log"
   ;;

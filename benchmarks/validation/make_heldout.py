@@ -16,6 +16,11 @@ Regimes, SEED recorded here and in README.md:
   mixture-of-experts shapes, random weights, acceptance replayed, N_MOE rows each, off their
   own latency grids (B {1..128 ×2} × C {1K, 4K, 16K, 64K, 128K} / {1K, 4K, 16K, 40K}) and
   inside the KV memory left beside their bf16 weights (MAX_KV_GB_BY_REGIME).
+- heldout_qwen3_8b_tp.csv (`--regime qwen3_8b_tp`) — Qwen3-8B at tensor parallel > 1
+  (`validate --tp N` on a set from `calibrate --tp N`, benchmarks/gpu/device.sh `full-tp`),
+  random weights, acceptance replayed, N_MOE rows off that set's grid (B {1..128 ×2} ×
+  C {1K, 4K, 16K, 64K, 128K}); the same rows at every N, their KV (≤ 90 GB over the group)
+  fits two 80 GB H100s beside 8 GB of weights each.
 
 Every configuration is off the calibration grids the lead uses (latency B {1..128 ×2} ×
 C {1K..128K ×2} / SmolLM2 {256, 512, 1K, 2K, 4K, 7K}; acceptance s {0.01, 0.02, 0.03, 0.05,
@@ -42,10 +47,13 @@ N = 24
 HERE = Path(__file__).resolve().parent
 MAX_KV_GB = 90.0  # next to 16 GB of Qwen3-8B weights on a 141 GB H200, with room for buffers
 N_MOE = 14  # rows per mixture-of-experts regime (issue: >= 12 held-out configurations)
-PRESET = {"qwen3_8b": "qwen3-8b", "gpt_oss_20b": "gpt-oss-20b", "qwen3_30b_a3b": "qwen3-30b-a3b"}
+PRESET = {"qwen3_8b": "qwen3-8b", "gpt_oss_20b": "gpt-oss-20b", "qwen3_30b_a3b": "qwen3-30b-a3b",
+          "qwen3_8b_tp": "qwen3-8b"}
 # KV left on a 141 GB H200 beside the bf16 weights (41 GB / 61 GB) and the runtime's buffers
-MAX_KV_GB_BY_REGIME = {"qwen3_8b": MAX_KV_GB, "gpt_oss_20b": 70.0, "qwen3_30b_a3b": 55.0}
-STREAM = {"smollm2": 0, "qwen3_8b": 1, "gpt_oss_20b": 2, "qwen3_30b_a3b": 3}  # rng per regime
+MAX_KV_GB_BY_REGIME = {"qwen3_8b": MAX_KV_GB, "gpt_oss_20b": 70.0, "qwen3_30b_a3b": 55.0,
+                       "qwen3_8b_tp": MAX_KV_GB}  # TP: over the group
+STREAM = {"smollm2": 0, "qwen3_8b": 1, "gpt_oss_20b": 2, "qwen3_30b_a3b": 3,
+          "qwen3_8b_tp": 4}  # rng per regime
 
 LATENCY_BATCH = [1, 2, 4, 8, 16, 32, 64, 128]
 ACCEPTANCE_SPARSITY = [0.01, 0.02, 0.03, 0.05, 0.07, 0.10, 0.15, 0.20]
@@ -58,6 +66,8 @@ GRIDS: dict[str, dict[str, list[Any]]] = {
                     "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
     "qwen3_30b_a3b": {"batch": LATENCY_BATCH, "context": [1024, 4096, 16384, 40960],
                       "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
+    "qwen3_8b_tp": {"batch": LATENCY_BATCH, "context": [1024, 4096, 16384, 65536, 131072],
+                    "gamma": [12], "sparsity": ACCEPTANCE_SPARSITY},
 }
 SPARSITIES = [0.025, 0.04, 0.06, 0.085, 0.12, 0.14]
 BATCHES = [1, 3, 6, 12, 24, 48]
@@ -66,8 +76,10 @@ CONTEXTS = {
     "qwen3_8b": [2560, 3072, 6144, 12288, 24576, 49152, 98304, 122880],
     "gpt_oss_20b": [2560, 6144, 12288, 24576, 49152, 98304, 122880],
     "qwen3_30b_a3b": [2560, 6144, 12288, 24576, 32768],
+    "qwen3_8b_tp": [2560, 6144, 12288, 24576, 49152, 98304, 122880],
 }
-OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64, "gpt_oss_20b": 64, "qwen3_30b_a3b": 64}
+OUTPUT_LEN = {"smollm2": 128, "qwen3_8b": 64, "gpt_oss_20b": 64, "qwen3_30b_a3b": 64,
+              "qwen3_8b_tp": 64}
 # `--far`: batches past every seeded row's 48 and the span rows' 64 (SmolLM2: past its latency
 # set's 64 too), at the regime's contexts that fit beside them.
 FAR_BATCHES = [80, 96, 112, 128]

@@ -43,6 +43,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,10 +90,14 @@ def stats(samples: Sequence[float]) -> dict[str, float | int]:
 
 
 def latency_row(phase: str, method: str, batch: int, context: int, n_query: int, kv_read: int,
-                collect: int, samples: Sequence[float]) -> dict[str, Any]:
+                collect: int, samples: Sequence[float], collectives: tuple[int, int] = (0, 0)
+                ) -> dict[str, Any]:
+    """One latency row; `collectives`: (calls, bytes) of one call of the phase on a
+    tensor-parallel shard (their time, `collective_ms`, is set by calibrate/tp_run.py)."""
     return {"phase": phase, "method": method, "batch": int(batch), "context": int(context),
             "n_query": int(n_query), "kv_read": int(kv_read), "collect_rows": int(collect),
-            **stats(samples)}
+            **stats(samples), "collective_calls": int(collectives[0]),
+            "collective_bytes": int(collectives[1]), "collective_ms": 0.0}
 
 
 def latency_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -332,6 +337,15 @@ class Timed:
     iterations: list[list[Sample]]
     walls: list[float]
     chain: int = 1
+    collectives: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+
+    def per_call(self, phase: str) -> tuple[int, int]:
+        """(calls, bytes) of the collectives one call of `phase` issued (median over its
+        calls; (0, 0) on one GPU)."""
+        got = [(n, b) for name, n, b in self.collectives if name == phase]
+        if not got:
+            return 0, 0
+        return (int(np.median([n for n, _ in got])), int(np.median([b for _, b in got])))
 
     def host_gaps(self) -> list[float]:
         """Per iteration, its repetition's wall − Σ phase samples (≥ 0), shared evenly by the
@@ -378,7 +392,14 @@ def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str,
                 walls[-1] = _chain_wall_ms(device, body, chain)
             finally:
                 timer.enabled = True
-    return Timed(split_iterations(timer.samples(), start), walls, chain)
+    return Timed(split_iterations(timer.samples(), start), walls, chain,
+                 timer.collective_samples())
+
+
+def phase_timer(model: Any) -> PhaseTimer:
+    """A timer on the model's device that also counts a tensor-parallel shard's collectives."""
+    tally = getattr(model, "collectives", None)
+    return PhaseTimer(model.device, counter=None if tally is None else tally.total)
 
 
 def _chain_wall_ms(device: torch.device, body: Callable[[], None], chain: int) -> float:
@@ -401,7 +422,7 @@ def with_host_gap(samples: list[float], gaps: list[float]) -> list[float]:
 def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
     """decode + sample of vanilla at (B, C): dense one-token forward, then sampling; the
     synthetic state rolls back to C after every step, so every sample is at exactly C."""
-    timer = PhaseTimer(ctx.model.device)
+    timer = phase_timer(ctx.model)
     dec = _decoder(ctx, "vanilla", 1, ctx.plan.ref_sparsity, timer)
     state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(1), seed=ctx.seed)
     timed = _timed(ctx, timer, functools.partial(dec.decode, state), "decode", HOST_GAP_CHAIN)
@@ -409,7 +430,8 @@ def measure_vanilla(ctx: PointContext) -> list[dict[str, Any]]:
     B, C = ctx.batch, ctx.context
     # Vanilla syncs every step (the host needs the token): the host's share is not hidden.
     sample = with_host_gap(phase_samples(its, "sample"), timed.host_gaps())
-    return [latency_row("decode", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "decode")),
+    return [latency_row("decode", "vanilla", B, C, 1, C + 1, 0, phase_samples(its, "decode"),
+                        timed.per_call("decode")),
             latency_row("sample", "vanilla", B, C, 1, C + 1, 0, sample)]
 
 
@@ -423,7 +445,7 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     selected-keys iterations are draft + rollback to C; Quest runs whole iterations so that its
     metadata update after acceptance is measured too.
     """
-    timer = PhaseTimer(ctx.model.device)
+    timer = phase_timer(ctx.model)
     gamma = DRAFT_GAMMA
     # The largest sparsity sizes the state's index buffers for every sparsity (no regrowth,
     # so the captured draft graph serves them all).
@@ -465,7 +487,8 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
                 kv = int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
                 if (m, kv) not in emitted:  # step j of one budget = step j' of another
                     emitted.add((m, kv))
-                    rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1]))
+                    rows.append(latency_row("draft_step", m, B, C, 1, kv, 0, steps[j - 1],
+                                            timed.per_call("draft_step")))
     for pages, samples in quest_pool.items():
         rows.append(latency_row("quest_meta", "magicdec-quest", B, C, 1, pages, 0, samples))
     rows += [latency_row("other", m, B, C, 1, C, 0, once)
@@ -546,7 +569,7 @@ def _verify_samples(ctx: PointContext, run_method: str, gamma: int) -> Timed:
     verify → accept → select alone measures. Costs γ draft steps per
     timed iteration (little for a small model, about the verify sweep again for a large one).
     """
-    timer = PhaseTimer(ctx.model.device)
+    timer = phase_timer(ctx.model)
     dec = _decoder(ctx, run_method, gamma, ctx.plan.ref_sparsity, timer)
     state = dec.init_state(ctx.batch, ctx.context, ctx.max_seq(gamma), seed=ctx.seed)
     if ctx.plan.verify_after_draft:
@@ -589,7 +612,7 @@ def measure_verify(ctx: PointContext, n_query: int) -> list[dict[str, Any]]:
         rc = collect_rows(run_method, gamma)
         for label in labels:
             rows.append(latency_row("verify", label, B, C, n_query, C + n_query, rc,
-                                    phase_samples(its, "verify")))
+                                    phase_samples(its, "verify"), timed.per_call("verify")))
             if label == "any":
                 continue
             # The acceptance syncs with the host (records, emission, selection's budgets):
@@ -599,7 +622,8 @@ def measure_verify(ctx: PointContext, n_query: int) -> list[dict[str, Any]]:
                                                   timed.host_gaps())))
             sel = phase_samples(its, "select")
             if rc and sel:
-                rows.append(latency_row("select", label, B, C, 1, C + 1, rc, sel))
+                rows.append(latency_row("select", label, B, C, 1, C + 1, rc, sel,
+                                        timed.per_call("select")))
     return rows
 
 

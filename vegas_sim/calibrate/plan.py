@@ -24,7 +24,7 @@ from vegas_sim.methods import (
     check_method,
     check_sparsity,
 )
-from vegas_sim.models import ModelSpec
+from vegas_sim.models import PRESETS, ModelSpec, check_tensor_parallel
 
 log = logging.getLogger("vegas_sim.calibrate")
 
@@ -103,6 +103,7 @@ class CalibrationPlan:
     verify_after_draft: bool = False  # see _verify_samples
     rope_extension: float | None = None  # YaRN factor past the model's window (rope_extension)
     long_prompts: bool = False  # acceptance on the long windows (workloads.LONG_LENGTHS)
+    tensor_parallel: int = 1  # ranks sharding the model (calibrate/tp_run.py); meta's own key
 
     def __post_init__(self) -> None:
         validate_plan(self)
@@ -171,10 +172,22 @@ def validate_plan(plan: CalibrationPlan) -> None:
     if plan.acceptance_first_prompt < 0:
         raise UserInputError(f"must be >= 0, got {plan.acceptance_first_prompt}",
                              where="--first-prompt", fix="pass 0 or more")
+    _validate_tensor_parallel(plan)
     if plan.acceptance_first_prompt and plan.acceptance_cuts != "none":
         raise UserInputError("--first-prompt with cuts: a cut's request id would name "
                              "another prompt of the workload", where="--first-prompt",
                              fix="use --acceptance-cuts none with --first-prompt")
+
+
+def _validate_tensor_parallel(plan: CalibrationPlan) -> None:
+    """A size >= 1 that a preset's heads and widths divide (a file's header is read later,
+    before its weights: tp_run.check_group)."""
+    if isinstance(plan.tensor_parallel, bool) or not isinstance(plan.tensor_parallel, int) \
+            or plan.tensor_parallel < 1:
+        raise UserInputError(f"must be a whole number >= 1, got {plan.tensor_parallel!r}",
+                             where="--tp", fix="give e.g. --tp 2")
+    if plan.model in PRESETS:
+        check_tensor_parallel(PRESETS[plan.model], plan.tensor_parallel)
 
 
 def parse_rope_extension(text: str) -> float:
@@ -225,11 +238,11 @@ def plan_from_options(
     gamma: str | None = None, sparsity: str | None = None, batch: str | None = None,
     context: str | None = None, n_query: str | None = None, workload: str | None = None,
     iterations: int | None = None, temperature: str | None = None, device: str = "cuda",
-    seed: int = 0, quick: bool = False,
+    seed: int = 0, quick: bool = False, tensor_parallel: int = 1,
 ) -> CalibrationPlan:
     """A plan from CLI option strings (grid syntax of `vegas_sim.grids`); unset options keep the
     preset's value: `quick_plan` with quick=True, else `default_plan`."""
-    over: dict[str, Any] = {"seed": seed}
+    over: dict[str, Any] = {"seed": seed, "tensor_parallel": tensor_parallel}
     if methods is not None:
         over["methods"] = tuple(grids.parse_name_list(methods, "--methods", METHODS))
     if gamma is not None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from vegas_sim.calibrate import hardware
+from vegas_sim.calibrate import hardware, tp_run
 from vegas_sim.calibrate.loading import load_model
 from vegas_sim.calibrate.measure_acceptance import (
     acceptance_groups,
@@ -73,6 +73,7 @@ from vegas_sim.calibrate.plan import (
     log,
 )
 from vegas_sim.calibrate.specdec import graphs_default, state_headroom
+from vegas_sim.calibrate.tp_run import RankGroup
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import nearest_existing, write_json
 from vegas_sim.models import ModelSpec
@@ -88,7 +89,10 @@ def build_meta(plan: CalibrationPlan, spec: ModelSpec, weights_meta: dict[str, A
                gpu: dict[str, Any]) -> dict[str, Any]:
     """meta.json of the trace set (content_hash is added by finalize)."""
     real = plan.weights == "real"
+    group = {"tensor_parallel": tp_run.tensor_parallel_meta(plan)} if plan.tensor_parallel > 1 \
+        else {}
     return {
+        **group,
         "schema_version": SCHEMA_VERSION,
         "model": {**spec.to_dict(), "weights": dict(weights_meta)},
         "gpu": gpu,
@@ -105,7 +109,8 @@ def grid_meta(plan: CalibrationPlan) -> dict[str, Any]:
     """meta.json's `grid`: what was asked for and how it was measured (the plan alone)."""
     real = plan.weights == "real"
     return {
-        **{k: v for k, v in plan.to_dict().items() if k not in ("model", "device")},
+        **{k: v for k, v in plan.to_dict().items()
+           if k not in ("model", "device", "tensor_parallel")},  # meta's tensor_parallel
         "verify_n_query": plan.verify_n_query(),
         "reference_sparsity": plan.ref_sparsity,
         "latency_temperature": latency_temperature(plan),
@@ -146,6 +151,12 @@ def check_resumable(out: Path, plan: CalibrationPlan) -> None:
         raise UserInputError(
             f"{out} holds a calibration of {old.get('source')!r}, this run is of {plan.model!r}",
             where="--out", fix="write to a new --out, or resume with the same --model")
+    old_tp = (old.get("tensor_parallel") or {}).get("size", 1)
+    if old_tp != plan.tensor_parallel:
+        raise UserInputError(
+            f"{out} was measured at tensor-parallel size {old_tp}, this run is at "
+            f"{plan.tensor_parallel}", where="--out",
+            fix=f"resume with --tp {old_tp}, or write to a new --out")
     before, now = old.get("grid", {}), json.loads(json.dumps(grid_meta(plan)))
     changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
     if changed:
@@ -253,8 +264,18 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     Returns the finalized trace-set directory (loadable with traces.io.load_trace_set).
     """
     say = log_fn if log_fn is not None else log.info
-    device = check_device(plan.device)
     out = Path(out_dir)
+    if plan.tensor_parallel > 1:
+        if model is not None:
+            raise UserInputError("a loaded model cannot be sharded over processes",
+                                 where="model", fix="pass the model by name in the plan")
+        # before the device: "N GPUs needed, M visible" first
+        tp_run.check_group(plan.model, plan.device, plan.tensor_parallel)
+        check_device(plan.device)
+        check_resumable(out, plan)
+        return tp_run.run_ranks(plan.tensor_parallel, plan.device, calibrate_rank,
+                                (plan, out, retry_failed), progress=progress, say=say)
+    device = check_device(plan.device)
     check_resumable(out, plan)
     if plan.weights == "real" and plan.acceptance and not plan.workloads:
         say("note: no --workload given, so no acceptance rows will be measured")
@@ -269,7 +290,30 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
         net.extend_positions(plan.rope_extension)
         say(f"RoPE: YaRN factor {plan.rope_extension:g} over {net.spec.name}'s trained {trained} "
             f"positions (now {net.spec.max_positions}): what lies past them is YaRN-extended")
-    spec = net.spec
+    return _calibrate(net, net.spec, weights_meta, plan, out, device, progress, say,
+                      retry_failed)
+
+
+def calibrate_rank(group: RankGroup, plan: CalibrationPlan, out: Path, retry_failed: bool
+                   ) -> Path:
+    """One rank of `calibrate --tp N` (tp_run.run_ranks): its shard of the model
+    (`tp_run.load_shard`), the same loop as every other rank, rank 0 writing."""
+    say = group.say if group.lead else (lambda _line: None)
+    net, spec, weights_meta = tp_run.load_shard(
+        group, plan.model, weights=plan.weights, dtype=plan_dtype(plan), seed=plan.seed,
+        device=plan.device, rope_extension=plan.rope_extension)
+    if plan.rope_extension is not None:
+        say(f"RoPE: YaRN factor {plan.rope_extension:g}: {spec.max_positions} positions")
+    return _calibrate(net, spec, weights_meta, plan, out, group.device(plan.device),
+                      group.progress if group.lead else None, say, retry_failed, group)
+
+
+def _calibrate(net: Any, spec: ModelSpec, weights_meta: dict[str, Any], plan: CalibrationPlan,
+               out: Path, device: torch.device, progress: ProgressFn | None, say: LogFn,
+               retry_failed: bool, group: RankGroup | None = None) -> Path:
+    """Measure `plan` on a loaded model (`spec`: the whole model's, which meta.json records;
+    a shard's ranks all run this, rank 0 writing)."""
+    lead = group is None or group.lead
     lat_points = latency_points(plan)
     usable = [p for p in lat_points if p.context <= spec.max_positions]
     too_long = sorted({p.context for p in lat_points} - {p.context for p in usable})
@@ -279,24 +323,45 @@ def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
     points: list[LatencyPoint | AcceptancePoint] = [*usable, *acceptance_points(plan)]
     if not points:
         raise _nothing_to_measure(plan, spec, bool(too_long))
-    gpu = hardware.measure_hardware(device, quick=plan.quick)
-    writer = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu))
+    gpu = hardware.measure_hardware(device, quick=plan.quick) if lead else {}  # rank 0's
+    writer: Any = TraceSetWriter(out, build_meta(plan, spec, weights_meta, gpu)) if lead \
+        else _NoWriter()
     recorded = writer.progress()
     done = {k for k, r in recorded.items()
             if not (retry_failed and r.get("status") in ("skip", "oom"))}
+    if group is not None:
+        done = group.from_lead(done)
     total = len(points)
     n_done = sum(p.key in done for p in points)
     session = Session()
     if progress is not None:
         progress(n_done, total, "resumed" if n_done else "start")
     device_name = gpu.get("name", str(device))
-    with terminate_as_interrupt(), _recorded(out, session, device_name):
+    with terminate_as_interrupt(), _recorded(out if lead else None, session, device_name):
         _measure_points(net, plan, points, done, writer, device, session, say, progress,
-                        n_done, total)
+                        n_done, total, group)
+    if not lead:
+        return out
     _require_some_point_measured(writer, out)
     ts = writer.finalize()
     write_run_log(out, session, device_name, acceptance_summary(ts.acceptance))
     return out
+
+
+class _NoWriter:
+    """What a rank other than 0 writes: nothing."""
+
+    def progress(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def append_latency(self, *_args: Any, **_kw: Any) -> None:
+        pass
+
+    def append_acceptance(self, *_args: Any, **_kw: Any) -> None:
+        pass
+
+    def mark_done(self, *_args: Any, **_kw: Any) -> None:
+        pass
 
 
 def _require_some_point_measured(writer: TraceSetWriter, out: Path) -> None:
@@ -347,8 +412,9 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _recorded(out: Path, session: Session, device: str) -> Iterator[None]:
-    """Mark the session complete or interrupted, and write the run log either way."""
+def _recorded(out: Path | None, session: Session, device: str) -> Iterator[None]:
+    """Mark the session complete or interrupted, and write the run log either way (not
+    without `out`: a rank other than 0)."""
     try:
         yield
         session.outcome = "complete"
@@ -356,13 +422,14 @@ def _recorded(out: Path, session: Session, device: str) -> Iterator[None]:
         session.outcome = f"interrupted: {type(e).__name__}: {e}"[:300]
         raise
     finally:
-        write_run_log(out, session, device)
+        if out is not None:
+            write_run_log(out, session, device)
 
 
 def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done: set[str],
                     writer: Any, device: torch.device, session: Session,
                     say: Callable[[str], None], progress: ProgressFn | None, n_done: int,
-                    total: int) -> None:
+                    total: int, group: RankGroup | None = None) -> None:
     """Measure every point not yet done: latency points in order, then the acceptance points
     in groups (`acceptance_groups`); `n_done` of `total` are done already."""
     todo = [p for p in points if p.key not in done]
@@ -375,7 +442,7 @@ def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done
     units += acceptance_groups([p for p in todo if isinstance(p, AcceptancePoint)])
     prompt_cache: dict[str, list[list[int]]] = {}
     for unit in units:
-        status, detail, secs = _run_unit(net, plan, unit, writer, device, prompt_cache)
+        status, detail, secs = _run_unit(net, plan, unit, writer, device, prompt_cache, group)
         for point in unit:
             session.points.append({"key": point.key, "status": status, "detail": detail,
                                    "seconds": secs / len(unit)})
@@ -404,22 +471,25 @@ def _skip_if_too_big(model: Any, plan: CalibrationPlan, point: LatencyPoint,
 
 
 def _run_unit(model: Any, plan: CalibrationPlan, unit: list[Any], writer: Any,
-              device: torch.device, prompt_cache: dict[str, list[list[int]]]
-              ) -> tuple[str, str, float]:
+              device: torch.device, prompt_cache: dict[str, list[list[int]]],
+              group: RankGroup | None = None) -> tuple[str, str, float]:
     """Measure one latency point or one acceptance group, append its rows and mark its
-    points done; (status, detail, seconds)."""
+    points done; (status, detail, seconds). In a rank group the ranks skip a point together,
+    and an OOM on a rank stops the run (the others would wait for it in a collective)."""
     t0 = time.perf_counter()
     head = unit[0]
     if isinstance(head, LatencyPoint):
         detail = _skip_if_too_big(model, plan, head, device)
+        if group is not None:
+            detail = group.first_reason(detail)
         if detail is not None:
             writer.mark_done(head.key, "skip", detail)
             return "skip", detail, time.perf_counter() - t0
     oom: str | None = None
+    measure = measure_latency_point if group is None else tp_run.measure_sharded_point
     try:
         if isinstance(head, LatencyPoint):
-            writer.append_latency(latency_frame(measure_latency_point(model, plan, head)),
-                                  key=head.key)
+            writer.append_latency(latency_frame(measure(model, plan, head)), key=head.key)
         else:
             if head.workload not in prompt_cache:
                 prompt_cache[head.workload] = acceptance_prompts(plan, model.spec,
@@ -429,6 +499,11 @@ def _run_unit(model: Any, plan: CalibrationPlan, unit: list[Any], writer: Any,
                 writer.append_acceptance(frame, key=key)
     except oom_types() as e:
         oom = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        if group is not None:
+            raise UserInputError(f"out of GPU memory at {_label(head)} ({oom}); the points "
+                                 "before it are kept", where="--tp",
+                                 fix="leave that point out of the grid (smaller --batch or "
+                                     "--context) and run the same --out again") from None
     if oom is not None:  # outside the except block: the traceback's frames are released
         free_device_memory(device)
         for point in unit:

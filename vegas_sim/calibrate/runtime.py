@@ -467,6 +467,13 @@ class Transformer(torch.nn.Module):
         """Sum of `x` over the GPUs of a tensor-parallel group (in place; `x` on one GPU)."""
         return x
 
+    def captured_collectives(self) -> list[tuple[str, int]]:
+        """The (kind, bytes) of the collectives a CUDA-graph capture just recorded (none)."""
+        return []
+
+    def replayed(self, collectives: list[tuple[str, int]]) -> None:
+        """Count a graph replay's `captured_collectives` (nothing to count on one GPU)."""
+
     def _block(
         self, i: int, layer: Layer, x: Tensor, delta: Tensor | None, cache: KVCache,
         new_lens: Tensor, policy: AttentionPolicy,
@@ -596,9 +603,11 @@ class GraphedForward:
                                                      pool=pool)
         cache.lens.copy_(saved)  # capture does not execute, but keep lens exact regardless
         self.pool = self.graph.pool()
+        self.collectives = model.captured_collectives()  # counted again at every replay
 
     def __call__(self, tokens: Tensor) -> Tensor:
         """tokens [batch, n_query] -> logits (a static buffer: clone it to keep it)."""
         self.tokens.copy_(tokens, non_blocking=True)
         self.graph.replay()
+        self.model.replayed(self.collectives)
         return self.logits

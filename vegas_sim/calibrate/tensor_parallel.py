@@ -12,7 +12,10 @@ on GPUs, gloo on the CPU), as vLLM splits it (`ModelSpec.tensor_shard`):
 Every rank runs the same decoding loop on the same inputs and seeds, so their sampled tokens
 agree; Vegas-family selection sums the rank weights of every rank's heads first
 (`Transformer.all_reduce` in `SpecDecoder.select`), so every rank drafts from the same keys.
-Quest and Stream select on each rank's own heads. `collectives` counts the calls and bytes.
+Quest and Stream select on each rank's own heads. `collectives` counts the calls and bytes
+(a CUDA graph's at every replay: `runtime.GraphedForward` hands them back). With
+`collectives_on` False every collective is a no-op of the same shapes (numerically wrong): the
+phase's time without them, which calibrate subtracts to time them (calibrate/tp_run.py).
 """
 
 from __future__ import annotations
@@ -35,10 +38,28 @@ class Collectives:
 
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
     bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    captured: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     def add(self, kind: str, x: Tensor) -> None:
+        """Count one call on `x`; inside a CUDA-graph capture (which runs nothing) it is kept
+        for the graph's replays instead (`take_captured`)."""
+        nbytes = x.numel() * x.element_size()
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            self.captured.append((kind, nbytes))
+        else:
+            self.count(kind, nbytes)
+
+    def count(self, kind: str, nbytes: int) -> None:
         self.calls[kind] = self.calls.get(kind, 0) + 1
-        self.bytes[kind] = self.bytes.get(kind, 0) + x.numel() * x.element_size()
+        self.bytes[kind] = self.bytes.get(kind, 0) + nbytes
+
+    def take_captured(self) -> list[tuple[str, int]]:
+        out, self.captured = self.captured, []
+        return out
+
+    def total(self) -> tuple[int, int]:
+        """(calls, bytes) over every kind so far (a PhaseTimer counter)."""
+        return sum(self.calls.values()), sum(self.bytes.values())
 
 
 def _kv_heads_of(spec: ModelSpec, rank: int, tp: int) -> list[int]:
@@ -117,8 +138,18 @@ class ShardedTransformer(Transformer):
         self.vocab_shard = shard.vocab  # rows of embed / lm_head on this rank
         self.spec = dataclasses.replace(shard, vocab=spec.vocab)  # logits are whole
         self.collectives = Collectives()
+        self.collectives_on = True
+
+    def captured_collectives(self) -> list[tuple[str, int]]:
+        return self.collectives.take_captured()
+
+    def replayed(self, collectives: list[tuple[str, int]]) -> None:
+        for kind, nbytes in collectives:
+            self.collectives.count(kind, nbytes)
 
     def all_reduce(self, x: Tensor) -> Tensor:
+        if not self.collectives_on:
+            return x
         self.collectives.add("all_reduce", x)
         dist.all_reduce(x, group=self.group)
         return x
@@ -131,9 +162,12 @@ class ShardedTransformer(Transformer):
 
     def _logits(self, h: Tensor) -> Tensor:
         part = super()._logits(h).contiguous()  # [B, NQ, V / tp]
-        parts = [torch.empty_like(part) for _ in range(self.tp)]
-        self.collectives.add("all_gather", part)
-        dist.all_gather(parts, part, group=self.group)
+        if self.collectives_on:
+            parts = [torch.empty_like(part) for _ in range(self.tp)]
+            self.collectives.add("all_gather", part)
+            dist.all_gather(parts, part, group=self.group)
+        else:
+            parts = [part] * self.tp
         return torch.cat(parts, dim=-1)[..., : self.spec.vocab]
 
 

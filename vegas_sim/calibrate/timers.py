@@ -16,12 +16,16 @@ time, so the phases of an iteration add up to its wall time without double count
 model sums phases: methods.iteration_plan). Nested occurrences of the same name inside one
 parent occurrence are summed into one sample (30 per-layer Quest scorings of one draft step
 give one "quest_meta" sample for that step).
+
+With a `counter` (a tensor-parallel shard's collective tally: `(calls, bytes)` so far), each
+phase also records the collectives it issued, nested phases excluded likewise
+(`collective_samples`, in the order of `samples`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,14 +43,20 @@ class _Interval:
     end: Any = None
     parent: int = -1  # index into PhaseTimer._intervals, -1 = top level
     children: list[int] = field(default_factory=list)
+    counts: tuple[tuple[int, int], tuple[int, int]] | None = None  # counter at start, end
+
+
+Counter = Callable[[], tuple[int, int]]  # collective (calls, bytes) issued so far
 
 
 class PhaseTimer:
     """Records durations of named phases (methods.PHASES); see the module docstring."""
 
-    def __init__(self, device: str | torch.device = "cpu", enabled: bool = True) -> None:
+    def __init__(self, device: str | torch.device = "cpu", enabled: bool = True,
+                 counter: Counter | None = None) -> None:
         self.device = torch.device(device)
         self.enabled = enabled
+        self.counter = counter
         self._cuda = self.device.type == "cuda"
         self._intervals: list[_Interval] = []
         self._stack: list[int] = []
@@ -70,6 +80,7 @@ class PhaseTimer:
                                  fix=f"use one of: {', '.join(PHASES)}")
         parent = self._stack[-1] if self._stack else -1
         idx = len(self._intervals)
+        start = self.counter() if self.counter is not None else None
         self._intervals.append(_Interval(name, self._marker(), parent=parent))
         if parent >= 0:
             self._intervals[parent].children.append(idx)
@@ -78,7 +89,10 @@ class PhaseTimer:
             yield
         finally:
             self._stack.pop()
-            self._intervals[idx].end = self._marker()
+            iv = self._intervals[idx]
+            iv.end = self._marker()
+            if start is not None and self.counter is not None:
+                iv.counts = (start, self.counter())
 
     def reset(self) -> None:
         """Forget everything recorded so far (open phases keep working but are dropped)."""
@@ -123,6 +137,38 @@ class PhaseTimer:
                 merged[name] = merged.get(name, 0.0) + ms
         nested.extend(merged.items())
         return [(iv.name, max(own, 0.0))] + nested
+
+    def collective_samples(self) -> list[tuple[str, int, int]]:
+        """(phase, collective calls, bytes) of every sample of `samples`, in its order (0, 0
+        without a counter); nested phases' collectives excluded from their parents' and
+        merged by name as their time is."""
+        result: list[tuple[str, int, int]] = []
+        for idx, iv in enumerate(self._intervals):
+            if iv.end is not None and iv.parent < 0:
+                result.extend(self._resolve_counts(idx))
+        return result
+
+    def _counted(self, idx: int) -> tuple[int, int]:
+        """What the counter advanced over interval `idx`, nested phases included."""
+        iv = self._intervals[idx]
+        if iv.counts is None:
+            return 0, 0
+        (c0, b0), (c1, b1) = iv.counts
+        return c1 - c0, b1 - b0
+
+    def _resolve_counts(self, idx: int) -> list[tuple[str, int, int]]:
+        iv = self._intervals[idx]
+        calls, nbytes = self._counted(idx)
+        merged: dict[str, tuple[int, int]] = {}
+        for c in iv.children:
+            if self._intervals[c].end is None:
+                continue
+            inner = self._counted(c)
+            calls, nbytes = calls - inner[0], nbytes - inner[1]
+            for name, n, b in self._resolve_counts(c):
+                m = merged.get(name, (0, 0))
+                merged[name] = (m[0] + n, m[1] + b)
+        return [(iv.name, calls, nbytes)] + [(n, *cb) for n, cb in merged.items()]
 
     def summary(self) -> dict[str, list[float]]:
         """{phase: [ms per occurrence]} for every phase recorded since the last reset()."""

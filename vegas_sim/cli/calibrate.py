@@ -63,6 +63,11 @@ def _check_out_dir(out: Path) -> None:
 @click.option("--temperature", default=None,
               help="Temperatures for acceptance runs, e.g. '0,0.6' (0 = greedy).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
+@click.option("--tp", "tensor_parallel", type=int, default=1, show_default=True,
+              help="Shard the model over this many processes (tensor parallel, as vLLM "
+                   "splits it): NCCL with one GPU each on cuda, gloo on cpu. The set's meta "
+                   "records the group and interconnect, its latency rows each phase's "
+                   "collectives (calls, bytes, time); predict uses it at the same --tp.")
 @click.option("--quick", is_flag=True, help="A small grid that finishes in < 2 min on an H200.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--min-tokens", type=int, default=None,
@@ -130,6 +135,9 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
     \b
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
             --methods all --gamma 12 --sparsity 0.01,0.03,0.07,0.2 --workload chat,code --out traces/smol
+
+    \b
+        vegas-sim calibrate --model qwen3-8b --tp 2 --quick --out traces/qwen3-8b-tp2-quick
 
     \b
         vegas-sim calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf --weights real \\
@@ -214,6 +222,10 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--resume", is_flag=True,
               help="Keep what an interrupted run with the same held-out configurations "
                    "wrote to --out, and measure only the rest.")
+@click.option("--tp", "tensor_parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Decode on the model sharded over this many processes (as calibrate --tp "
+                   "shards it); --traces measured at this size is used as measured, one "
+                   "measured on one GPU is priced at it as a what-if.")
 @click.option("--phase-wave/--no-phase-wave", default=True, show_default=True,
               help="One more wave per configuration with per-phase timers (not measured "
                    "throughput): measured vs predicted ms per phase in the table.")
@@ -225,8 +237,8 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              n_random: int | None, repredict: Path | None, model: str | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
              device: str, seed: int, replications: int, time_budget: float | None,
-             passes: int, resume: bool, phase_wave: bool, acceptance_anchors: tuple[str, ...],
-             out: Path) -> None:
+             passes: int, resume: bool, tensor_parallel: int, phase_wave: bool,
+             acceptance_anchors: tuple[str, ...], out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
@@ -297,7 +309,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                     out=out, progress=progress, replications=replications,
                     time_budget_s=time_budget, log=lambda line: click.echo(line, err=True),
                     phase_wave=phase_wave, acceptance_anchors=acceptance_anchors,
-                    passes=passes, resume=resume)
+                    passes=passes, resume=resume, tensor_parallel=tensor_parallel)
             except KeyboardInterrupt:
                 click.echo(f"\nvalidate: what was measured is in {out}; the same command with "
                            "--resume continues it", err=True)

@@ -175,21 +175,25 @@ class LatencyModel:
         self._loo: pd.DataFrame | None = None
         # the fit's residual by batch describes the measured GPU and host: not a what-if's
         self._use_residual = (what_if is None and launch_ms is None and weight_format == "bf16"
-                              and self._tp.size == 1 and model == self._measured_model)
+                              and not self._tp.what_if and model == self._measured_model)
 
     # -- construction --
     @classmethod
     def fit(cls, latency: pd.DataFrame, model: ModelSpec, gpu: MeasuredGpu,
-            host_phases_in_loop: bool = True, graphed: bool = False) -> LatencyModel:
+            host_phases_in_loop: bool = True, graphed: bool = False,
+            tensor_parallel: TensorParallel | None = None) -> LatencyModel:
         """Fit every (phase, method) group of `latency` (rows of traces.schema.LATENCY_SCHEMA).
 
         `model` must be the model the rows were measured on; `gpu` is meta.json's 'gpu';
         `host_phases_in_loop`: the grid's verify_after_draft (sample and select timed inside
         whole iterations; False: after verify alone, see `sim.uncertainty`); `graphed`: the
-        grid's cuda_graphs (the forward phases replayed from CUDA graphs: constant floors).
+        grid's cuda_graphs (the forward phases replayed from CUDA graphs: constant floors);
+        `tensor_parallel`: the group the rows were measured on (`TensorParallel.measured_at`;
+        None: one GPU): the features are its shard's.
         """
         latency = validate_latency_rows(latency)
-        phys = Physics.of(model, gpu.copy_bandwidth_gbs, gpu.bf16_tflops)
+        tp = tensor_parallel or TensorParallel(1, 0.0, 0.0)
+        phys = shard_physics(model, tp.size, gpu.copy_bandwidth_gbs, gpu.bf16_tflops, "bf16")
         groups: dict[tuple[str, str], FittedGroup] = {}
         for (phase, method), rows in latency.groupby(["phase", "method"], sort=True):
             groups[(str(phase), str(method))] = fit_group(phys, str(phase), str(method), rows,
@@ -201,7 +205,7 @@ class LatencyModel:
         longest = latency.groupby("batch")["context"].max().sort_index()
         envelope = tuple(zip(longest.index.astype(int).tolist(), longest.astype(int).tolist()))
         return cls(model, gpu, groups, envelope=envelope,
-                   host_phases_in_loop=host_phases_in_loop)
+                   host_phases_in_loop=host_phases_in_loop, tensor_parallel=tp)
 
     @classmethod
     def from_meta(cls, latency: pd.DataFrame, meta: dict[str, Any]) -> LatencyModel:
@@ -215,7 +219,8 @@ class LatencyModel:
             raise TraceSetError("no gpu entry", where="meta.json, key gpu",
                                 fix="record the measured GPU in meta.json")
         return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]),
-                       host_phases_in_loop(meta), forward_phases_graphed(meta))
+                       host_phases_in_loop(meta), forward_phases_graphed(meta),
+                       measured_group(meta))
 
     # -- prediction --
     def _group(self, phase: str, method: str) -> FittedGroup:
@@ -416,7 +421,14 @@ class LatencyModel:
     def with_tensor_parallel(self, tp: TensorParallel) -> LatencyModel:
         """The same fits priced for one GPU of a tensor-parallel group (`parallel`): the
         features of the model's shard at the fitted efficiencies, plus the group's modelled
-        collectives. A what-if unless `tp.size` is 1."""
+        collectives. A what-if unless `tp.size` is 1. Refused on a set measured at another
+        size > 1 (its collectives are in its fits)."""
+        if self._tp.measured and tp.size != self._tp.size:
+            raise UserInputError(
+                f"the latency set was measured at tensor-parallel size {self._tp.size}; its "
+                f"collectives are in its fits, so it cannot price size {tp.size}",
+                where="--tp", fix=f"pass --tp {self._tp.size} (measured), or a set measured "
+                "on one GPU for a what-if at another size")
         return self._variant(tensor_parallel=tp)
 
     def for_model(self, target: ModelSpec) -> LatencyModel:
@@ -547,7 +559,7 @@ class LatencyModel:
     @property
     def is_what_if(self) -> bool:
         return (self._what_if is not None or self._weight_format != "bf16"
-                or self._tp.size > 1 or self.shape_what_if)
+                or self._tp.what_if or self.shape_what_if)
 
     @property
     def gpu_label(self) -> str:
@@ -558,7 +570,10 @@ class LatencyModel:
             label += f", host overhead replaced by {self._launch_ms:g} ms launch"
         if self._weight_format != "bf16":
             label += f", {self._weight_format} weights (what-if, not measured)"
-        if self._tp.size > 1:
+        if self._tp.measured:
+            label += (f", ×{self._tp.size} tensor parallel (measured, "
+                      f"{self._tp.interconnect or 'interconnect unknown'})")
+        elif self._tp.size > 1:
             label += f", ×{self._tp.size} tensor parallel (what-if, not measured)"
         if self.shape_what_if:
             label += (f", {self._model.name} priced at {self._measured_model.name}'s fits "
@@ -581,6 +596,15 @@ def host_phases_in_loop(meta: dict[str, Any]) -> bool:
     """Whether a set's grid timed sample and select inside whole iterations (meta.json grid
     'verify_after_draft'; a set without the key: True, nothing known against it)."""
     return bool(meta.get("grid", {}).get("verify_after_draft", True))
+
+
+def measured_group(meta: dict[str, Any]) -> TensorParallel:
+    """The tensor-parallel group a set's latency was measured on (meta.json
+    `tensor_parallel`; a set without it: one GPU)."""
+    tp = meta.get("tensor_parallel")
+    if not isinstance(tp, dict):
+        return TensorParallel(1, 0.0, 0.0)
+    return TensorParallel.measured_at(int(tp.get("size", 1)), str(tp.get("interconnect", "")))
 
 
 def forward_phases_graphed(meta: dict[str, Any]) -> bool:

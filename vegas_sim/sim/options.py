@@ -126,7 +126,8 @@ _MODELS = (
     Option("tensor_parallel", ("--tp", "--tensor-parallel-size"), "int", 1,
            "GPUs in one tensor-parallel group (vLLM's tensor_parallel_size): weights, KV "
            "heads and FLOPs divided as vLLM divides them, KV capacity from the per-GPU "
-           "memory, two all-reduces per layer per forward. Past the measured TP: a what-if "
+           "memory, two all-reduces per layer per forward. A set from `calibrate --tp N` is "
+           "used at N as measured (other sizes refused); from a one-GPU set, a what-if "
            "whose collectives are modelled from the GPU's link datasheet, not measured."),
     Option("graph_launch_ms", ("--graph-launch-ms",), "float", None,
            "What-if: replace the measured per-step host overhead (large in sets measured "

@@ -18,6 +18,12 @@ and `link` the GPU's link bandwidth per direction (`GpuSpec.link_gbs`, datasheet
 phases that run a forward pay it (decode, draft steps, verify, prefill); sampling, selection
 and Quest's page scoring run on each GPU's own shard or on one GPU, and keep their measured
 cost. The host floor is kept: every rank issues the same kernels one GPU did.
+
+A set calibrated at `--tp N` (`calibrate --tp N`, meta.json `tensor_parallel`) measured one
+rank of the group: its phase times hold the collectives as they ran. Its fits are made on the
+shard's features and predict at N as measured (`TensorParallel.measured_at`: no modelled
+collective is added); another size from it is refused, since its measured collectives cannot
+be taken out of the fits.
 """
 
 from __future__ import annotations
@@ -40,6 +46,18 @@ class TensorParallel:
     size: int
     link_gbs: float
     allreduce_latency_us: float
+    measured: bool = False  # the set was measured on this group: collectives in its times
+    interconnect: str = ""  # as the set's meta records it (measured groups)
+
+    @classmethod
+    def measured_at(cls, size: int, interconnect: str) -> TensorParallel:
+        """The group a set was calibrated on (size 1: one GPU)."""
+        return cls(size, 0.0, 0.0, measured=size > 1, interconnect=interconnect)
+
+    @property
+    def what_if(self) -> bool:
+        """Whether the group's collectives are modelled (a size > 1 not measured)."""
+        return self.size > 1 and not self.measured
 
     @classmethod
     def of(cls, model: ModelSpec, size: int, gpu: GpuSpec | None) -> TensorParallel:
@@ -57,6 +75,9 @@ class TensorParallel:
 
     @property
     def label(self) -> str:
+        if self.measured:
+            return (f"tensor parallel {self.size}: measured on one rank of the group "
+                    f"({self.interconnect or 'interconnect unknown'}), collectives included")
         return (f"tensor parallel {self.size}: all-reduces modelled at {self.link_gbs:g} GB/s "
                 f"per direction + {self.allreduce_latency_us:g} µs a call — NOT measured")
 
@@ -68,8 +89,9 @@ class TensorParallel:
     def phase_comm(self, phase: str, model: ModelSpec, rows: int) -> tuple[float, float]:
         """(ms per call, ms per key of the call's Σ kv_read) of one call of `phase`: a forward
         pays `forward_comm_ms`; Vegas-family selection sums its per-layer fp32 key weights over
-        the heads the GPUs hold (one all-reduce of Σ kv_read · L · 4 bytes)."""
-        if self.size == 1:
+        the heads the GPUs hold (one all-reduce of Σ kv_read · L · 4 bytes). Nothing on one
+        GPU, and nothing for a measured group (its times hold its collectives)."""
+        if self.size == 1 or self.measured:
             return 0.0, 0.0
         if phase in FORWARD_PHASES:
             return self.forward_comm_ms(model, rows), 0.0
@@ -81,7 +103,7 @@ class TensorParallel:
 
     def forward_comm_ms(self, model: ModelSpec, rows: int) -> float:
         """Collective time of one forward over `rows` query rows on the whole `model`."""
-        if self.size == 1:
+        if self.size == 1 or self.measured:
             return 0.0
         activation = rows * model.hidden * model.dtype_bytes
         logits = rows * model.vocab * model.dtype_bytes

@@ -146,6 +146,12 @@ def _check_same_model_and_gpu(sets: list[TraceSet]) -> None:
                 f"different GPUs: {first.path} was measured on {first.gpu_name!r}, {ts.path} "
                 f"on {ts.gpu_name!r}", where=f"{ts.path}/meta.json, key 'gpu.name'",
                 fix="merge only sets measured on the same GPU model")
+        if ts.meta.get("tensor_parallel") != first.meta.get("tensor_parallel"):
+            raise TraceSetError(
+                f"different tensor-parallel groups: {first.path} has "
+                f"{first.meta.get('tensor_parallel')}, {ts.path} has "
+                f"{ts.meta.get('tensor_parallel')}", where=f"{ts.path}/meta.json, key "
+                "'tensor_parallel'", fix="merge only sets measured on the same group")
 
 
 def _check_disjoint(sets: list[TraceSet], table: str, key: list[str]) -> None:

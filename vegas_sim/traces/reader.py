@@ -29,7 +29,9 @@ from vegas_sim.traces.schema import (
 )
 from vegas_sim.traces.validation import (
     FIX_RECALIBRATE,
+    check_collective_claims,
     check_row_claims,
+    tensor_parallel_size,
     to_pandas,
     validate_file_table,
     validate_meta,
@@ -215,6 +217,10 @@ def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None)
         frames[name] = to_pandas(table)
     check_row_claims(meta, len(frames[LATENCY_FILE]), len(frames[ACCEPTANCE_FILE]), root)
     passed.append("rows: the set holds rows, and as many as its meta.json records")
+    check_collective_claims(meta, frames[LATENCY_FILE], root)
+    if tensor_parallel_size(meta) > 1:
+        passed.append(f"tensor parallel {tensor_parallel_size(meta)}: the model splits that "
+                      "many ways, collective columns consistent")
     for name in DATA_FILES:
         actual, recorded = sha256_file(root / name), meta["content_hash"][name]
         if actual != recorded:

@@ -40,7 +40,16 @@ LATENCY_SCHEMA = pa.schema([
     ("ms_p10", pa.float64()),
     ("ms_p90", pa.float64()),
     ("n", pa.int64()),  # timed repetitions behind the three statistics
+    # Tensor-parallel collectives of one call of the phase (0 on one GPU): calls and payload
+    # bytes one rank issued, and their time = ms_median - ms_median of the same phase timed
+    # with the collectives made no-ops (calibrate/tp_run.py), 0 where there are none.
+    ("collective_calls", pa.int64()),
+    ("collective_bytes", pa.int64()),
+    ("collective_ms", pa.float64()),
 ])
+# Columns a table may lack (sets measured on one GPU before they existed): read as these.
+LATENCY_DEFAULTS: dict[str, int | float] = {
+    "collective_calls": 0, "collective_bytes": 0, "collective_ms": 0.0}
 
 # One row per (request, iteration).
 ACCEPTANCE_SCHEMA = pa.schema([
@@ -95,6 +104,8 @@ OPTIONAL_META_KEYS = {
     "where": "the conditions `traces subset` kept the rows by, e.g. 'batch<=16,context<=32K'",
     "expected_rows": "{'latency': int, 'acceptance': int}: the rows `traces merge` / `traces "
                      "subset` wrote; finalize and check refuse parts that hold other counts",
+    "tensor_parallel": "{'size', 'backend', 'interconnect'}: the latency was measured on one "
+                       "rank of a tensor-parallel group of `size` GPUs (absent: one GPU)",
 }
 
 # meta.json's typed fields, the one table `traces check` and every loader validate them by
@@ -138,6 +149,11 @@ GRID_FIELDS: dict[str, Field] = {
     "temperatures": Field("number_list", 0), "verify_after_draft": Field("bool"),
     "cuda_graphs": Field("bool"),
 }
+# meta.json's `tensor_parallel` (TP_FIELDS all required when the key is there).
+TP_FIELDS: dict[str, Field] = {
+    "size": Field("int", 1), "backend": Field("str"), "interconnect": Field("str"),
+}
+TP_BACKENDS = ("nccl", "gloo")
 # Rows a writer that knows them up front (`traces merge`, `traces subset`) records before its
 # first append; a finalize whose parts hold other counts (the writer stopped early) is refused.
 EXPECTED_ROWS_KEY = "expected_rows"

@@ -40,6 +40,8 @@ def summarize(trace_set: TraceSet) -> dict[str, Any]:
         "date": meta["date"],
         "software": meta["software"],
         "grid": meta["grid"],
+        "tensor_parallel": meta.get("tensor_parallel"),
+        "collectives": collective_shares(lat),
         "latency": {
             "rows": len(lat), "methods": _sorted_unique(lat, "method"),
             "phases": _sorted_unique(lat, "phase"), "batch": _range(lat, "batch"),
@@ -54,6 +56,34 @@ def summarize(trace_set: TraceSet) -> dict[str, Any]:
                                          "temperature", "request"]).ngroups) if len(acc) else 0,
         },
     }
+
+
+def collective_shares(lat: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per phase that issued collectives: calls and MB per call, and their share of the
+    phase's time (median over its rows); [] for a set measured on one GPU."""
+    if lat.empty or "collective_calls" not in lat or not (lat["collective_calls"] > 0).any():
+        return []
+    rows = lat[lat["collective_calls"] > 0]
+    out = []
+    for phase, g in rows.groupby("phase", sort=True):
+        out.append({"phase": str(phase), "calls": float(g["collective_calls"].median()),
+                    "mb_per_call": float((g["collective_bytes"] / g["collective_calls"]).median()
+                                         / 1e6),
+                    "share": float((g["collective_ms"] / g["ms_median"]).median())})
+    return out
+
+
+def _tp_lines(d: dict[str, Any]) -> list[str]:
+    tp = d.get("tensor_parallel")
+    if not tp:
+        return []
+    lines = [f"  tensor parallel {tp['size']} ({tp['backend']}, {tp['interconnect']}): one "
+             "rank's times, collectives included"]
+    for c in d.get("collectives", []):
+        lines.append(f"            {c['phase']}: {c['calls']:g} collectives of "
+                     f"{c['mb_per_call']:.3g} MB, {100 * c['share']:.0f} % of its time "
+                     "(median over its rows)")
+    return lines
 
 
 def _fmt_range(r: list[Any] | None) -> str:
@@ -90,6 +120,7 @@ def format_summary(d: dict[str, Any]) -> str:
         (f"  gpu       {g['name']}: copy {_num(g['copy_bandwidth_gbs'])} GB/s, bf16 "
         f"{_num(g['bf16_tflops'])} TFLOP/s measured, {g['sm_count']} SMs, "
         f"{_num(g['memory_gb'])} GB"),
+        *_tp_lines(d),
         f"  date      {d['date']}",
         "  software  " + ", ".join(f"{k} {v}" for k, v in sorted(d["software"].items())),
         f"  latency   {lat['rows']} rows; methods {', '.join(lat['methods']) or '-'}",

@@ -15,13 +15,14 @@ import pyarrow.compute as pc
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.files import sha256_file
 from vegas_sim.methods import PHASES, SPEC_METHODS
-from vegas_sim.models import ModelSpec
+from vegas_sim.models import ModelSpec, check_tensor_parallel
 from vegas_sim.traces.schema import (
     ACCEPTANCE_SCHEMA,
     DATA_FILES,
     EXPECTED_ROWS_KEY,
     LATENCY_FILE,
     LATENCY_METHODS,
+    LATENCY_DEFAULTS,
     LATENCY_SCHEMA,
     META_KEYS,
     MODEL_CHOICES,
@@ -30,6 +31,8 @@ from vegas_sim.traces.schema import (
     GRID_FIELDS,
     Field,
     SCHEMA_VERSION,
+    TP_BACKENDS,
+    TP_FIELDS,
     WEIGHT_KINDS,
 )
 
@@ -85,6 +88,7 @@ def validate_meta(meta: Any, where: Path, *, require_hash: bool = True) -> None:
             raise _meta_err(where, key, f"{key!r} must be a JSON {kind.__name__}, "
                                         f"got {type(meta[key]).__name__}")
     _validate_claims(meta, where)
+    _validate_tensor_parallel(meta.get("tensor_parallel"), where)
     try:
         dt.datetime.fromisoformat(str(meta["date"]).replace("Z", "+00:00"))
     except ValueError:
@@ -114,6 +118,20 @@ def _validate_claims(meta: dict[str, Any], where: Path) -> None:
                             f"{EXPECTED_ROWS_KEY} must map 'latency' and 'acceptance' to row "
                             "counts")
         check_fields(expected, {"latency": rule, "acceptance": rule}, where, EXPECTED_ROWS_KEY)
+
+
+def _validate_tensor_parallel(tp: Any, where: Path) -> None:
+    """meta.json's optional `tensor_parallel`: {size >= 1, backend nccl|gloo, interconnect}."""
+    if tp is None:
+        return
+    if not isinstance(tp, dict) or set(TP_FIELDS) - set(tp):
+        raise _meta_err(where, "tensor_parallel", f"tensor_parallel is {tp!r}; it must hold "
+                        f"{', '.join(TP_FIELDS)}")
+    check_fields(tp, TP_FIELDS, where, "tensor_parallel")
+    if tp["backend"] not in TP_BACKENDS:
+        raise _meta_err(where, "tensor_parallel",
+                        f"tensor_parallel.backend is {tp['backend']!r}; it must be one of "
+                        f"{', '.join(TP_BACKENDS)}")
 
 
 def _kind_ok(value: Any, kind: str) -> bool:
@@ -206,6 +224,30 @@ def _validate_gpu_meta(gpu: Any, where: Path) -> None:
                             f"gpu.{key} must be a positive number, got {gpu.get(key)!r}")
 
 
+def tensor_parallel_size(meta: dict[str, Any]) -> int:
+    """The tensor-parallel size a set's latency was measured at (1 without the key)."""
+    tp = meta.get("tensor_parallel")
+    return int(tp["size"]) if isinstance(tp, dict) and "size" in tp else 1
+
+
+def check_collective_claims(meta: dict[str, Any], latency: pd.DataFrame,
+                            where: Path | str) -> None:
+    """Collectives in the rows only where meta.json says tensor parallel, at a size the model
+    can be split by."""
+    size = tensor_parallel_size(meta)
+    key = f"{where} (meta.json key 'tensor_parallel')"
+    if size == 1 and len(latency) and (latency["collective_calls"] > 0).any():
+        raise TraceSetError("latency rows record collectives, but meta.json says one GPU (no "
+                            "tensor_parallel, or size 1)", where=key,
+                            fix="record the group in meta.json's tensor_parallel, or "
+                                f"{FIX_RECALIBRATE}")
+    if size > 1:
+        try:
+            check_tensor_parallel(ModelSpec.from_dict(meta["model"]), size)
+        except UserInputError as e:
+            raise TraceSetError(e.problem, where=key, fix=FIX_RECALIBRATE) from None
+
+
 def check_row_claims(meta: dict[str, Any], n_latency: int, n_acceptance: int,
                      where: Path | str) -> None:
     """The rows of a set against what its meta claims: a set holds some rows (an empty one is
@@ -261,8 +303,14 @@ def _compatible(got: pa.DataType, want: pa.DataType) -> bool:
     return False
 
 
-def conform_table(table: pa.Table, schema: pa.Schema, where: Path | str) -> pa.Table:
-    """Check columns and dtypes against `schema`; cast compatible types; return in schema order."""
+def conform_table(table: pa.Table, schema: pa.Schema, where: Path | str,
+                  defaults: dict[str, int | float] | None = None) -> pa.Table:
+    """Check columns and dtypes against `schema`; cast compatible types; return in schema order.
+    A column of `defaults` that the table lacks is added holding its default."""
+    for name, value in (defaults or {}).items():
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array([value] * table.num_rows,
+                                                       type=schema.field(name).type))
     names = set(table.column_names)
     for field in schema:
         if field.name not in names:
@@ -320,7 +368,7 @@ def _check_members(table: pa.Table, column: str, allowed: tuple[str, ...], where
 
 def validate_latency(table: pa.Table, where: Path | str) -> pa.Table:
     """Schema, dtypes and value ranges of latency rows; returns the table cast to the schema."""
-    table = conform_table(table, LATENCY_SCHEMA, where)
+    table = conform_table(table, LATENCY_SCHEMA, where, LATENCY_DEFAULTS)
     _check_members(table, "phase", PHASES, where, "phase")
     _check_members(table, "method", LATENCY_METHODS, where, "method")
     for col in ("batch", "context", "n_query", "n"):
@@ -336,6 +384,7 @@ def validate_latency(table: pa.Table, where: Path | str) -> pa.Table:
         _require(v <= 0, v, "latency is zero or negative (no GPU call takes no time)", where,
                  col, "re-measure the point, or drop it")
     _check_kv_read(table, where)
+    _check_collectives(table, ms["ms_median"], where)
     order_bad = (ms["ms_p10"] > ms["ms_median"]) | (ms["ms_median"] > ms["ms_p90"])
     _require(order_bad, ms["ms_median"], "ms_p10 <= ms_median <= ms_p90 violated", where,
              "ms_median", "compute the three statistics from the same timings")
@@ -355,6 +404,23 @@ def _check_kv_read(table: pa.Table, where: Path | str) -> None:
              "request cannot attend more KV than its cache holds; are the batch and context "
              "columns swapped?", where, "kv_read",
              "record context = the tokens in each request's KV cache, batch = the requests")
+
+
+def _check_collectives(table: pa.Table, median: np.ndarray, where: Path | str) -> None:
+    """Collective calls and bytes >= 0 and zero together; their time finite, >= 0, below the
+    phase's own, and 0 where the phase issued none."""
+    calls, nbytes = _np(table, "collective_calls"), _np(table, "collective_bytes")
+    for col, v in (("collective_calls", calls), ("collective_bytes", nbytes)):
+        _require(v < 0, v, f"{col} must be >= 0", where, col, f"record {col} >= 0")
+    _require((calls == 0) != (nbytes == 0), calls,
+             "collective calls and bytes must be zero together", where, "collective_calls",
+             "record the calls and the bytes they moved, or 0 for both")
+    ms = _np(table, "collective_ms")
+    _require(~np.isfinite(ms) | (ms < 0) | (ms >= median), ms,
+             "collective time must be finite, >= 0 and below the phase's ms_median", where,
+             "collective_ms", "record ms_median minus the phase's time with no-op collectives")
+    _require((calls == 0) & (ms != 0), ms, "collective time where no collective was issued",
+             where, "collective_ms", "record 0 for a phase with no collectives")
 
 
 def validate_acceptance(table: pa.Table, where: Path | str, weights_kind: str | None) -> pa.Table:

@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from vegas_sim import api
+from vegas_sim.gpus import datasheet_for_device
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance_dist import FixedSequences
 from vegas_sim.sim.engine import simulate
 from vegas_sim.sim.metrics import steady_window
 from vegas_sim.sim.metrics import summarize as run_summary
+from vegas_sim.sim.parallel import TensorParallel
 from vegas_sim.sim.predict import Scenario, engine_config, iteration_cost, scenario_kv_capacity
 from vegas_sim.traces import catalog
 from vegas_sim.validate.heldout import HeldOut, grid_of
@@ -41,7 +43,8 @@ class Models:
 
 def load_models(traces: Path, acceptance_traces: Path | None,
                 log: Callable[[str], None] | None = None,
-                acceptance_anchors: Sequence[str | Path] = ()) -> Models:
+                acceptance_anchors: Sequence[str | Path] = (),
+                tensor_parallel: int = 1) -> Models:
     """Latency model of `traces`; acceptance model of `acceptance_traces`, by default of
     `traces` when it has real-weights acceptance, else of the packaged real-weights set (as
     `predict` does; `notes` say which, and go to `log` as "note: ..." lines).
@@ -49,18 +52,30 @@ def load_models(traces: Path, acceptance_traces: Path | None,
     acceptance_anchors: anchors that set the acceptance level (`api.anchor_acceptance`). Only
     when given: unlike `predict`, validation applies no packaged anchors by default, because
     a real-weights run measures the acceptance set's own model, and a random-weights run
-    replays acceptance drawn from the same model the prediction uses."""
+    replays acceptance drawn from the same model the prediction uses.
+
+    tensor_parallel: the group size the run decodes at (`validate --tp`): a latency set
+    measured at it is used as measured; one measured on one GPU is priced at it as a what-if
+    (`sim.parallel`, noted); any other is refused."""
     latency_set, acc_set, notes = catalog.resolve(None, traces, acceptance=acceptance_traces)
     acceptance, anchor_notes = api.anchor_acceptance(
         api.fit_acceptance(acc_set), acc_set, latency_set.model_name,
         tuple(acceptance_anchors) or (api.NO_ANCHORS,))
     notes = [*notes, *anchor_notes]
+    latency = api.fit_latency(latency_set)
+    if tensor_parallel != latency.tensor_parallel.size:
+        group = TensorParallel.of(latency.model, tensor_parallel,
+                                  datasheet_for_device(latency.measured_gpu.name))
+        latency = latency.with_tensor_parallel(group)
+        notes = [*notes, group.label]
+    elif latency.tensor_parallel.measured:
+        notes = [*notes, latency.tensor_parallel.label]
     if log is not None:
         for note in notes:
             log(f"note: {note}")
     grid = latency_set.meta.get("grid", {})
     return Models(
-        latency=api.fit_latency(latency_set),
+        latency=latency,
         acceptance=acceptance,
         min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
         latency_temperature=float(grid.get("latency_temperature", 0.0)),

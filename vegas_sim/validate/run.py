@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vegas_sim.calibrate import loading
+from vegas_sim.calibrate import loading, tp_run
 from vegas_sim.calibrate.runner import check_device
+from vegas_sim.calibrate.tp_run import RankGroup
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import METHODS
 from vegas_sim.sim.predict import predict
@@ -75,7 +76,7 @@ def run_validation(
     progress: ProgressFn | None = None, replications: int = 5,
     time_budget_s: float | None = None, log: Callable[[str], None] | None = None,
     phase_wave: bool = True, acceptance_anchors: Sequence[str | Path] = (),
-    passes: int = 1, resume: bool = False,
+    passes: int = 1, resume: bool = False, tensor_parallel: int = 1,
 ) -> pd.DataFrame:
     """Measure and predict every held-out configuration; write and return the result table.
 
@@ -95,16 +96,58 @@ def run_validation(
 
     `time_budget_s`: no new configuration starts after this many seconds (the ones done are
     written; the rest are logged as skipped), so a bounded GPU call still ends with a table.
+
+    `tensor_parallel` N > 1: the model is sharded over N processes as `calibrate --tp N`
+    shards it (calibrate/tp_run.py), every rank decoding every configuration, rank 0
+    measuring, predicting and writing; the latency set is used as measured at N, or, measured
+    on one GPU, priced at N as a what-if (`sim.parallel`).
     """
+    settings = {k: v for k, v in locals().items() if k not in ("progress", "log")}
+    if tensor_parallel > 1:
+        tp_run.check_group(model, device, tensor_parallel)
+        check_device(device)
+        table: pd.DataFrame = tp_run.run_ranks(tensor_parallel, device, _validate_rank,
+                                               (settings,), progress=progress,
+                                               say=log or (lambda _line: None))
+        return table
+    led = _validate(**settings, progress=progress, log=log)
+    assert led is not None  # one process leads itself
+    return led
+
+
+def _validate_rank(group: RankGroup, settings: dict[str, Any]) -> pd.DataFrame | None:
+    """One rank of `validate --tp N`: the same loop as the others, rank 0 writing."""
+    return _validate(**settings, progress=group.progress if group.lead else None,
+                     log=group.say if group.lead else None, group=group)
+
+
+def _validate(
+    *, traces: Path, acceptance_traces: Path | None, heldout_file: Path | None,
+    n_random: int | None, model: str, weights: str, max_batch: int,
+    contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
+    progress: ProgressFn | None, replications: int, time_budget_s: float | None,
+    log: Callable[[str], None] | None, phase_wave: bool,
+    acceptance_anchors: Sequence[str | Path], passes: int, resume: bool,
+    tensor_parallel: int, group: RankGroup | None = None,
+) -> pd.DataFrame | None:
+    """`run_validation` in one process, or on one rank of a group (`group`)."""
+    lead = group is None or group.lead
     t_start = time.perf_counter()
-    models = load_models(traces, acceptance_traces, log, acceptance_anchors)
+    models = load_models(traces, acceptance_traces, log, acceptance_anchors, tensor_parallel)
     heldout = _heldout_for(models, heldout_file, n_random, weights=weights, seed=seed,
                            max_batch=max_batch, contexts=contexts, output_len=output_len,
                            device=device)
-    write_heldout(heldout, out.with_suffix(".heldout.csv"))
+    if lead:
+        write_heldout(heldout, out.with_suffix(".heldout.csv"))
     resolved = [resolve_temperature(h0, models) for h0 in heldout]
     done = resumed_passes(out, [h for h, _ in resolved]) if resume else {}
-    runtime_model, _tokenizer, _ = loading.load_model(model, weights=weights, device=device, seed=seed)
+    if group is None:
+        runtime_model: Any = loading.load_model(model, weights=weights, device=device,
+                                                seed=seed)[0]
+    else:
+        done = group.from_lead(done)
+        runtime_model = tp_run.load_shard(group, model, weights=weights, dtype=None, seed=seed,
+                                          device=device)[0]
     runs = {i: done.get(i) or _ConfigRun(h, note, passes=[])
             for i, (h, note) in enumerate(resolved)}
     rows: dict[int, dict[str, Any]] = {}
@@ -115,11 +158,14 @@ def run_validation(
     total, step = len(runs) * passes, 0
     for p, (i, run) in ((p, item) for p in range(passes) for item in runs.items()):
         if len(run.passes) > p:  # measured by the run this one resumes
-            if i not in rows:
+            if i not in rows and lead:
                 rows[i] = row_of(run)
             step += 1
             continue
-        if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+        spent = time_budget_s is not None and time.perf_counter() - t_start > time_budget_s
+        if group is not None:
+            spent = group.from_lead(spent)  # the ranks stop together
+        if spent:
             if log:
                 log(f"time budget {time_budget_s:g} s spent: {total - step} of {total} "
                     f"measurements not started (from {run.h.label}, pass {p + 1}); --resume "
@@ -132,8 +178,10 @@ def run_validation(
         m, prompt_note = measure_config(runtime_model, run.h, models.acceptance, weights, seed,
                                         i, models, phase_wave and p == 0)
         run.add(m, prompt_note, time.perf_counter() - t_cfg)
-        rows[i] = row_of(run)
         step += 1
+        if not lead:
+            continue
+        rows[i] = row_of(run)
         if log:
             log(f"{label}: measured {m.throughput:.1f} tok/s, predicted "
                 f"{rows[i]['predicted']:.1f} ({pct_error(rows[i]['predicted'], m.throughput):+.1f}"
@@ -142,7 +190,7 @@ def run_validation(
         _write(rows, out)  # nothing lost if interrupted
     if progress:
         progress(total, total, "done")
-    return _write(rows, out)
+    return _write(rows, out) if lead else None
 
 
 def _heldout_for(models: Any, heldout_file: Path | None, n_random: int | None, *,
@@ -161,7 +209,8 @@ def _heldout_for(models: Any, heldout_file: Path | None, n_random: int | None, *
     torch_device = check_device(device)
     mem = (torch.cuda.get_device_properties(torch_device).total_memory
            if torch_device.type == "cuda" else 16 << 30)
-    max_tokens = int(0.8 * (mem - spec.resident_weight_bytes()) / spec.kv_bytes_per_token())
+    per_gpu = latency.gpu_model  # one GPU's shard at TP > 1
+    max_tokens = int(0.8 * (mem - per_gpu.resident_weight_bytes()) / per_gpu.kv_bytes_per_token())
     acc_methods = {"vanilla", *(str(m) for m in acceptance.coverage()["methods"])}
     covered = [m for m in latency.methods_covered() if m in acc_methods]
     return choose_heldout(heldout_file, n_random, models.grid, seed=seed,
