@@ -224,3 +224,47 @@ def test_selection_gpu_real_shapes() -> None:
     weights = torch.stack([w] * L)
     idx = ops.topk_select(weights, budget)
     check_topk(idx.cpu(), weights.cpu(), budget.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
+    """Qwen3-8B heads, B 4 at contexts up to 32K: the Triton list is the reference's (pages
+    whose scores differ from the take-th by fp32 rounding alone may swap); captured once in a
+    CUDA graph with a fixed max_pages and replayed on new queries, the same lists as eager."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    B, Hq, Hkv, D, C = 4, 32, 8, 128, 32768
+    P = C // 16 + 8
+    kmin = torch.randn(B, P, Hkv, D, generator=gen, device="cuda").bfloat16()
+    kmax = (kmin.float() + torch.rand(B, P, Hkv, D, generator=gen, device="cuda")).bfloat16()
+    q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    ctx = torch.tensor([C, C - 5, 20000, 1000], dtype=torch.int32, device="cuda")
+    n_pages = torch.tensor([102, 400, 1, 70], dtype=torch.int32, device="cuda")
+    max_pages = 410
+
+    def check(got: torch.Tensor, n_got: torch.Tensor) -> None:
+        ref, n_ref = reference.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+        assert torch.equal(n_got, n_ref) and (got.shape == ref.shape)
+        scores = reference.quest_page_scores(q, kmin, kmax)
+        for b in range(B):
+            g = set(got[b, : n_got[b]].tolist())
+            r = set(ref[b, : n_ref[b]].tolist())
+            if g != r:  # only pages at the take-th score, to fp32 rounding
+                full = int(ctx[b]) // 16
+                take = min(int(n_pages[b]), full)
+                kth = scores[b, :full].topk(take).values[-1]
+                for page in {t // 16 for t in g ^ r}:
+                    assert abs(float(scores[b, page] - kth)) <= 1e-5 * abs(float(kth)) + 1e-3
+            assert (got[b, n_got[b]:] == -1).all()
+
+    eager = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    check(*eager)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, n_out = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    for _ in range(3):
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        check(out, n_out)
+        want = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+        assert torch.equal(out, want[0]) and torch.equal(n_out, want[1])

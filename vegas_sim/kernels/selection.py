@@ -3,14 +3,13 @@
 - `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
   averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
 - `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` on a GPU
-  when all budgets are equal (RADIX_TOPK), else torch.topk; measured in
+  when all budgets are equal, else torch.topk; measured in
   benchmarks/kernels.py against the verify iteration.
 Quest's ops are in `quest.py`.
 """
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -21,7 +20,7 @@ from vegas_sim.kernels import reference
 from vegas_sim.kernels.reference import WEIGHT_FLOOR
 from vegas_sim.kernels.topk import radix_topk
 from vegas_sim.kernels.verify_attention import LOG2E
-from vegas_sim.kernels.verify_launch import next_pow2
+from vegas_sim.kernels.verify_launch import OVERRIDES, next_pow2
 
 
 @triton.jit
@@ -123,9 +122,7 @@ def score_weights(
 # tests rely on it); ties at the k-th value go by position. H200, [36, 4, 131200], k 9175:
 # an atomic-order variant 0.142 ms (+ an index sort: 0.291 ms), a fully sorted one
 # 0.212 ms, this three-run order 0.167 ms, torch.topk(sorted=False)
-# 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
-# torch.topk.
-RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"
+# 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to torch.topk (verify_launch.Overrides).
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
@@ -133,7 +130,7 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
 
     One host sync (K = max budget, as the reference). When every request has the same
     budget the top-K need not be sorted by value: on a GPU `radix_topk`, its index order
-    fixed (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
+    fixed (unless VEGAS_SIM_RADIX_TOPK=0), else torch.topk(sorted=False), which skips a segmented
     sort of K entries per row; otherwise the reference's sorted top-K keeps the first
     budget[b] per row.
     """
@@ -143,7 +140,7 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     lo, hi = (int(x) for x in torch.stack([budget.min(), budget.max()]).tolist())
     if lo != hi or hi == 0:
         return reference.topk_select(weights, budget)
-    if RADIX_TOPK and weights.is_cuda and weights.dtype == torch.float32:
+    if OVERRIDES.radix_topk and weights.is_cuda and weights.dtype == torch.float32:
         return radix_topk(weights.contiguous(), hi)  # a fixed order
     return torch.topk(weights, hi, dim=-1, sorted=False).indices.to(torch.int32)
 
