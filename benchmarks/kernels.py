@@ -764,6 +764,11 @@ def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
           for _ in range(copies)]
     s_idx, s_n = ops.stream_indices(ctx, torch.full((B,), pages * QUEST_PAGE + C % QUEST_PAGE,
                                                     dtype=torch.int32, device=DEV), 16)
+    # the runtime's index buffer holds the grid's largest budget (policies.SparseDraftAttention),
+    # as Quest's list does: the same sparse-attention launch for both
+    cap = torch.full((B, QUEST_PAGE * (max_pages + 1)), -1, dtype=torch.int32, device=DEV)
+    cap[:, : s_idx.shape[1]] = s_idx
+    s_idx = cap
     stream = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, s_idx, s_n, ctx,
                                      lens, SCALE) for q, (kk, vv) in zip(qs, caches)]))
     select = bench(rotating([partial(ops.quest_select, q, kmin, kmax, ctx, n_pages, max_pages)
@@ -785,6 +790,7 @@ def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
         out.append(row("quest", ms=ms, note=note, **shape))
     out.append(row("quest", ms=LAYERS * (quest - stream), overhead_pct=100 * (quest / stream - 1),
                    note=f"{QUEST_RATIO} = {ratio:.2f}", **shape))
+    quest_variants(out, B, C, qs, metas, ctx, n_pages, max_pages, select)
     print(f"quest   B={B} C={C} s={QUEST_SPARSITY}: draft step quest "
           f"{gemm + LAYERS * quest:.3f} ms / stream {gemm + LAYERS * stream:.3f} ms "
           f"(gemm {gemm:.3f}); per layer quest_select {select * 1e3:.1f} us, + attention "
@@ -792,6 +798,48 @@ def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
           f"{meta_ms * 1e3:.1f} us, launch {launch * 1e3:.1f} us; {QUEST_RATIO} = {ratio:.2f}",
           flush=True)
     del caches, metas
+
+
+# quest_select's launch settings beside the defaults: (label, kernels.quest.quest_select knobs)
+QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("score p16 w4", {"score_block_p": 16}), ("score p32 w4", {"score_block_p": 32}),
+    ("score p64 w4", {"score_block_p": 64}), ("score p32 w8", {"score_block_p": 32,
+                                                               "score_warps": 8}),
+    ("score p64 w8", {"score_block_p": 64, "score_warps": 8}),
+    ("score p128 w8", {"score_block_p": 128, "score_warps": 8}),
+    ("pick w4", {"pick_warps": 4}), ("pick w16", {"pick_warps": 16}),
+]
+
+
+def quest_variants(out: list[dict[str, Any]], B: int, C: int, qs: list[torch.Tensor],
+                   metas: list[Any], ctx: torch.Tensor, n_pages: torch.Tensor,
+                   max_pages: int, default_ms: float) -> None:
+    """Quest's two launches apart (scores, pick) and quest_select at other launch settings
+    (rows kind=quest_variant, ms of one layer's selection); nothing where the package has no
+    kernels/quest.py (the kernels before it)."""
+    try:
+        from vegas_sim.kernels import quest
+    except ImportError:
+        return
+    scores = [quest.quest_scores(q, kmin, kmax, ctx) for q, (kmin, kmax) in zip(qs, metas)]
+    timed = [("scores alone", bench(rotating([partial(quest.quest_scores, q, kmin, kmax, ctx)
+                                              for q, (kmin, kmax) in zip(qs, metas)]))),
+             ("pick alone", bench(rotating([partial(quest.quest_pick, sc, ctx, n_pages,
+                                                    max_pages) for sc in scores])))]
+    for label, kw in QUEST_VARIANTS:
+        try:
+            timed.append((label, bench(rotating([
+                partial(quest.quest_select, q, kmin, kmax, ctx, n_pages, max_pages, **kw)
+                for q, (kmin, kmax) in zip(qs, metas)]))))
+        except ContextLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - a setting may not build
+            failed(out, f"quest_variant {label}", e, batch=B, context=C)
+    for label, ms in timed:
+        out.append(row("quest_variant", batch=B, context=C, sparsity=QUEST_SPARSITY, ms=ms,
+                       config=label, note=f"default quest_select {default_ms:.4f} ms"))
+    print(f"quest   B={B} C={C} quest_select {default_ms * 1e3:.1f} us (default); "
+          + ", ".join(f"{label} {ms * 1e3:.1f}" for label, ms in timed), flush=True)
 
 
 # gpt-oss-20b's attention (Hq 64, Hkv 8: G 8, D 64) at the paper's 12 verify rows: B, C, NQ

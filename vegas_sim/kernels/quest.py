@@ -30,6 +30,7 @@ from vegas_sim.kernels.reference import QUEST_PAGE
 from vegas_sim.kernels.verify_launch import next_pow2, num_sms
 
 PICK_WARPS = 8
+SCORE_WARPS = 4
 # Pages a request's scores may span for the pick kernel to hold them in registers (64 fp32 a
 # thread at 8 warps); longer rows are searched chunk by chunk from the L2.
 PICK_WHOLE_MAX = 16384
@@ -122,6 +123,26 @@ def _row_keys(ROW, offs, full):
 
 
 @triton.jit
+def _packed_ge3(k, c1, c2, c3):
+    """[N] keys -> Σ of (k >= c1) + (k >= c2) << 21 + (k >= c3) << 42 (int64)."""
+    return tl.sum((k >= c1).to(tl.int64) + ((k >= c2).to(tl.int64) << 21)
+                  + ((k >= c3).to(tl.int64) << 42), 0)
+
+
+@triton.jit
+def _count_ge3(ROW, keys, c1, c2, c3, full, WHOLE: tl.constexpr, CHUNK: tl.constexpr):
+    """Counts of keys >= c1, c2, c3, packed as `_packed_ge3`: from the keys in registers
+    (WHOLE) or chunk by chunk."""
+    if WHOLE:
+        n = _packed_ge3(keys, c1, c2, c3)
+    else:
+        n = c1 * 0
+        for c0 in range(0, full, CHUNK):
+            n += _packed_ge3(_row_keys(ROW, c0 + tl.arange(0, CHUNK), full), c1, c2, c3)
+    return n
+
+
+@triton.jit
 def _count_ge(ROW, keys, c, full, WHOLE: tl.constexpr, CHUNK: tl.constexpr):
     """Pages whose key is >= c: from the keys in registers (WHOLE) or chunk by chunk."""
     if WHOLE:
@@ -154,11 +175,16 @@ def _quest_pick_kernel(
         keys = _row_keys(row, tl.arange(0, BLOCK), full)
     else:
         keys = tl.zeros([BLOCK], tl.int64)  # unused: _count_ge reads the row chunk by chunk
-    # t = the largest key with at least `take` keys >= t (the take-th largest), bit by bit
+    # t = the largest key with at least `take` keys >= t (the take-th largest), two bits a
+    # pass: the three candidates' counts in one reduction (21-bit fields, P < 2^21)
     t = take.to(tl.int64) * 0
-    for bit in tl.static_range(31, -1, -1):
-        c = t | (1 << bit)
-        t = tl.where(_count_ge(row, keys, c, full, WHOLE, CHUNK) >= take, c, t)
+    for sh in tl.static_range(30, -1, -2):
+        c1 = t | (1 << sh)
+        c2 = t | (2 << sh)
+        c3 = t | (3 << sh)
+        n = _count_ge3(row, keys, c1, c2, c3, full, WHOLE, CHUNK)
+        t = tl.where((n >> 42) >= take, c3, tl.where(((n >> 21) & 0x1FFFFF) >= take, c2,
+                                                      tl.where((n & 0x1FFFFF) >= take, c1, t)))
     t = tl.where(take > 0, t, 1 << 32)  # take 0: no key qualifies
     n_above = _count_ge(row, keys, t + 1, full, WHOLE, CHUNK)
     ties_left = take - n_above  # of the keys equal to t, the first ties_left pages
@@ -188,36 +214,57 @@ def _quest_pick_kernel(
 
 def quest_select(
     q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
-    max_pages: int | None = None,
+    max_pages: int | None = None, *, score_block_p: int | None = None,
+    score_warps: int = SCORE_WARPS, pick_warps: int = PICK_WARPS,
 ) -> tuple[Tensor, Tensor]:
     """Same contract as `reference.quest_select`: indices [B, K] int32, n_idx [B] int32; one
     host sync (K depends on max n_pages) unless `max_pages` is given (then capturable in a
-    CUDA graph). Two launches."""
+    CUDA graph). Two launches (`quest_scores`, `quest_pick`); the keyword knobs are their
+    launch settings (None / defaults: `score_block`, SCORE_WARPS, PICK_WARPS)."""
+    n_max = reference.quest_page_bound(n_pages, max_pages)
+    ctx = context.to(device=q.device, dtype=torch.int32).contiguous()
+    scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps)
+    return quest_pick(scores, ctx, n_pages, n_max, num_warps=pick_warps)
+
+
+def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
+                 block_p: int | None = None, num_warps: int = SCORE_WARPS) -> Tensor:
+    """[B, P] fp32 page scores of the full pages of [0, context), -inf past them."""
     B, Hq, D = q.shape
     P, Hkv = kmin.shape[1], kmin.shape[2]
     assert kmin.is_contiguous() and kmax.is_contiguous()
-    dev = q.device
-    n_max = reference.quest_page_bound(n_pages, max_pages)
+    ctx = context.to(device=q.device, dtype=torch.int32).contiguous()
+    scores = torch.empty(B, P, dtype=torch.float32, device=q.device)
+    if B == 0:
+        return scores
+    G = Hq // Hkv
+    block_p = score_block(B, P, num_sms(q.device)) if block_p is None else block_p
+    _quest_score_kernel[(B, triton.cdiv(P, block_p))](
+        q.contiguous(), kmin, kmax, ctx, scores, Hq, Hkv, P,
+        G=G, BLOCK_G=next_pow2(G), D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p,
+        PAGE=QUEST_PAGE, num_warps=num_warps,
+    )
+    return scores
+
+
+def quest_pick(scores: Tensor, context: Tensor, n_pages: Tensor, n_max: int, *,
+               num_warps: int = PICK_WARPS) -> tuple[Tensor, Tensor]:
+    """The index list of `quest_select` from the page scores [B, P]: K = 16·(n_max + 1)
+    columns, n_max >= every n_pages."""
+    B, P = scores.shape
+    assert P < 2**21, "page counts are packed in 21-bit fields"
+    dev = scores.device
     K = QUEST_PAGE * (n_max + 1) if B else 0
     out = torch.empty(B, K, dtype=torch.int32, device=dev)
     n_out = torch.empty(B, dtype=torch.int32, device=dev)
     if B == 0:
         return out, n_out
-    ctx = context.to(device=dev, dtype=torch.int32).contiguous()
-    pages = n_pages.to(device=dev, dtype=torch.int32).contiguous()
-    scores = torch.empty(B, P, dtype=torch.float32, device=dev)
-    G = Hq // Hkv
-    block_p = score_block(B, P, num_sms(dev))
-    _quest_score_kernel[(B, triton.cdiv(P, block_p))](
-        q.contiguous(), kmin, kmax, ctx, scores, Hq, Hkv, P,
-        G=G, BLOCK_G=next_pow2(G), D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p,
-        PAGE=QUEST_PAGE, num_warps=4,
-    )
     whole = P <= PICK_WHOLE_MAX
     _quest_pick_kernel[(B,)](
-        scores, ctx, pages, out, n_out, P, K, n_max,
+        scores, context.to(device=dev, dtype=torch.int32).contiguous(),
+        n_pages.to(device=dev, dtype=torch.int32).contiguous(), out, n_out, P, K, n_max,
         BLOCK=max(16, next_pow2(P)) if whole else 16, WHOLE=whole, CHUNK=PICK_CHUNK,
-        PAGE=QUEST_PAGE, num_warps=PICK_WARPS,
+        PAGE=QUEST_PAGE, num_warps=num_warps,
     )
     return out, n_out
 
