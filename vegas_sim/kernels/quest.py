@@ -123,26 +123,6 @@ def _row_keys(ROW, offs, full):
 
 
 @triton.jit
-def _packed_ge3(k, c1, c2, c3):
-    """[N] keys -> Σ of (k >= c1) + (k >= c2) << 21 + (k >= c3) << 42 (int64)."""
-    return tl.sum((k >= c1).to(tl.int64) + ((k >= c2).to(tl.int64) << 21)
-                  + ((k >= c3).to(tl.int64) << 42), 0)
-
-
-@triton.jit
-def _count_ge3(ROW, keys, c1, c2, c3, full, WHOLE: tl.constexpr, CHUNK: tl.constexpr):
-    """Counts of keys >= c1, c2, c3, packed as `_packed_ge3`: from the keys in registers
-    (WHOLE) or chunk by chunk."""
-    if WHOLE:
-        n = _packed_ge3(keys, c1, c2, c3)
-    else:
-        n = c1 * 0
-        for c0 in range(0, full, CHUNK):
-            n += _packed_ge3(_row_keys(ROW, c0 + tl.arange(0, CHUNK), full), c1, c2, c3)
-    return n
-
-
-@triton.jit
 def _count_ge(ROW, keys, c, full, WHOLE: tl.constexpr, CHUNK: tl.constexpr):
     """Pages whose key is >= c: from the keys in registers (WHOLE) or chunk by chunk."""
     if WHOLE:
@@ -175,16 +155,13 @@ def _quest_pick_kernel(
         keys = _row_keys(row, tl.arange(0, BLOCK), full)
     else:
         keys = tl.zeros([BLOCK], tl.int64)  # unused: _count_ge reads the row chunk by chunk
-    # t = the largest key with at least `take` keys >= t (the take-th largest), two bits a
-    # pass: the three candidates' counts in one reduction (21-bit fields, P < 2^21)
+    # t = the largest key with at least `take` keys >= t (the take-th largest), bit by bit.
+    # One count a pass: three counts packed in one int64 reduction (16 passes) measured
+    # slower (docs/KERNELS.md, Quest).
     t = take.to(tl.int64) * 0
-    for sh in tl.static_range(30, -1, -2):
-        c1 = t | (1 << sh)
-        c2 = t | (2 << sh)
-        c3 = t | (3 << sh)
-        n = _count_ge3(row, keys, c1, c2, c3, full, WHOLE, CHUNK)
-        t = tl.where((n >> 42) >= take, c3, tl.where(((n >> 21) & 0x1FFFFF) >= take, c2,
-                                                      tl.where((n & 0x1FFFFF) >= take, c1, t)))
+    for bit in tl.static_range(31, -1, -1):
+        c = t | (1 << bit)
+        t = tl.where(_count_ge(row, keys, c, full, WHOLE, CHUNK) >= take, c, t)
     t = tl.where(take > 0, t, 1 << 32)  # take 0: no key qualifies
     n_above = _count_ge(row, keys, t + 1, full, WHOLE, CHUNK)
     ties_left = take - n_above  # of the keys equal to t, the first ties_left pages
@@ -252,7 +229,6 @@ def quest_pick(scores: Tensor, context: Tensor, n_pages: Tensor, n_max: int, *,
     """The index list of `quest_select` from the page scores [B, P]: K = 16·(n_max + 1)
     columns, n_max >= every n_pages."""
     B, P = scores.shape
-    assert P < 2**21, "page counts are packed in 21-bit fields"
     dev = scores.device
     K = QUEST_PAGE * (n_max + 1) if B else 0
     out = torch.empty(B, K, dtype=torch.int32, device=dev)
