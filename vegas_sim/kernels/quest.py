@@ -31,7 +31,7 @@ from vegas_sim.kernels.verify_launch import next_pow2, num_sms
 
 PICK_WARPS = 8
 SCORE_WARPS = 4
-# Pages a request's scores may span for the pick kernel to hold them in registers (64 fp32 a
+# Pages a request's scores may span for the pick kernel to hold them in registers (64 keys a
 # thread at 8 warps); longer rows are searched chunk by chunk from the L2.
 PICK_WHOLE_MAX = 16384
 PICK_CHUNK = 1024  # pages per step of the chunked search and of the index write-out
