@@ -18,8 +18,11 @@ vegas_sim/kernels/verify_attention.py. The last lines are a table of the targets
 Step oss: Collect-2 and Collect-all overhead at gpt-oss-20b's shape (Hq 64, Hkv 8, D 64, 12
 rows), beside the Vegas paper's 37 % / 189 %.
 
-Rows of the CSV: `kind` (copy, c2q, verify, sdpa, sparse, select, b1, oss, probe, error, tune,
-variant, sweep), the
+Step quest: a Quest draft step against a Stream draft step at the same budget (B 4, C 32K and
+120K), with Quest's selection apart and its metadata bytes at the copy bandwidth.
+
+Rows of the CSV: `kind` (copy, quest, c2q, verify, sdpa, sparse, select, b1, oss, probe, error,
+tune, variant, sweep), the
 shape columns, `ms` (median of CUDA-graph replays, triton.testing.do_bench_cudagraph: host
 launch overhead excluded, as in the calibration runtime; inputs rotated past the L2), `gbps`
 (bytes counted / time), `ratio_copy` (gbps / copy), and a free-form `note`. Nothing runs at import.
@@ -213,6 +216,8 @@ def verify_shape(args: argparse.Namespace, copy_bw: float, out: list[dict[str, A
                            ms=ms, gbps=gb, ratio_copy=gb / copy_bw,
                            overhead_pct=100 * (ms / base - 1), config=cfg))
             print_row(out[-1])
+        assert base is not None
+        score_floor(out, caches, B, C, NQ, base)
         if args.quick and (B * C > 4 * 131072 or NQ not in (1, 8)):
             continue  # SDPA is a reference line (~0.2 of copy); keep --quick short
         try:
@@ -326,9 +331,9 @@ VARIANT_SHAPES = [(4, 131072, 8), (16, 32768, 8), (4, 32768, 1)]
 
 
 def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
-    """--tune: the Collect-2-Query implementations (rows of the main tile / separate dot) and
-    the M tile minimum (16: mma.sync, 64: wgmma) at the shapes that missed the verify target, so
-    a run can confirm or flip the defaults (C2Q_DOT_DEFAULT, MIN_M_DEFAULT). Rows kind=variant."""
+    """--tune: the M tile minimum (16: mma.sync, 64: wgmma) with and without Collect-2-Query
+    at the shapes that missed the verify target, so a run can confirm or flip the defaults
+    (MIN_M_DEFAULT, MIN_M_COLLECT). Rows kind=variant."""
     from vegas_sim.kernels import verify_launch as vl
 
     gen = torch.Generator(device=DEV).manual_seed(5)
@@ -336,7 +341,7 @@ def bench_variants(args: argparse.Namespace, copy_bw: float, out: list[dict[str,
     for B, C, NQ in VARIANT_SHAPES:
         caches, lens, q = verify_inputs(gen, B, C, NQ)
         base: dict[int, float] = {}
-        for label, collect, kw in sweep_verify_variants(B, C, NQ, n_sms)[:6]:
+        for label, collect, kw in sweep_verify_variants(B, C, NQ, n_sms)[:4]:
             ms = bench(verify_call(caches, q, lens, collect, C, **kw))
             gb = kv_bytes(B, C) / ms / 1e6
             if collect == "none":
@@ -554,9 +559,9 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     draft_step = draft_gemm + LAYERS * sparse_ms
     iteration = verify_iter + (NQ - 1) * draft_step
     # the top-k that topk_select runs for equal budgets on the GPU (selection.RADIX_TOPK)
-    from vegas_sim.kernels import selection
+    from vegas_sim.kernels.verify_launch import OVERRIDES
 
-    topk_used = radix_ms if selection.RADIX_TOPK and radix_ms is not None else topk_ms
+    topk_used = radix_ms if OVERRIDES.radix_topk and radix_ms is not None else topk_ms
     select = w36_ms + topk_used
     collect_extra = LAYERS * (coll - plain)
     for name, ms in [("verify_attention_plain_x36", LAYERS * plain),
@@ -599,7 +604,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
         out.append(row("select", batch=B, context=C, n_query=NQ,
                        ms=select - topk_used + radix_ms + collect_extra, overhead_pct=100 * alt,
                        note="selection share of the iteration with radix_topk "
-                            "(selection.RADIX_TOPK was off in this run)"))
+                            "(VEGAS_SIM_RADIX_TOPK=0 in this run)"))
         print(f"  with radix_topk instead (RADIX_TOPK off in this run): {100 * alt:.1f} %",
               flush=True)
 
@@ -610,26 +615,24 @@ C2Q_NONE_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("none m64", {"min_m": 64}), ("none st4", {"num_stages": 4}),
     ("none m64 st4", {"min_m": 64, "num_stages": 4}),
 ]
-# (label, knobs) of each Collect-2-Query candidate; "rows" at the per-collection M default
-# (64 at NQ·G > 16) is the default.
+# (label, launch knobs) of each Collect-2-Query candidate; the verify kernel stores the
+# collected rows of its main score tile ("rows"; a separate dot and a dense slice of the
+# leading rows were measured no faster and are gone, docs/KERNELS.md). The per-collection M
+# default (64 at NQ·G > 16) is the default.
 C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
-    ("rows m16", {"c2q": "rows", "min_m": 16}),
-    ("rows m64", {"c2q": "rows", "min_m": 64}),
-    ("dot m64", {"c2q": "dot", "min_m": 64}),
-    ("slice m16", {"c2q": "slice", "min_m": 16}),
-    ("slice m64", {"c2q": "slice", "min_m": 64}),
-    ("rows m16 n64", {"c2q": "rows", "min_m": 16, "block_n": 64}),
+    ("rows m16", {"min_m": 16}),
+    ("rows m64", {"min_m": 64}),
+    ("rows m16 n64", {"min_m": 16, "block_n": 64}),
     # deeper pipelines of the M 64 tile (st 4 won their first H200 sweep: 2.9 / 4.5 / 10.0 %
     # vs st 3's 6.4 / 12.3 / 15.5 %; w8, st2, n32, n128 lost by 20-70 points)
-    ("rows m64 st4", {"c2q": "rows", "min_m": 64, "num_stages": 4}),
-    ("rows m64 st5", {"c2q": "rows", "min_m": 64, "num_stages": 5}),
-    ("rows m64 st6", {"c2q": "rows", "min_m": 64, "num_stages": 6}),
-    ("dot m64 st4", {"c2q": "dot", "min_m": 64, "num_stages": 4}),
-    ("dot m64 st5", {"c2q": "dot", "min_m": 64, "num_stages": 5}),
-    # not yet measured: the NQ 1 tile (M 16, 9 % over none) one stage deeper (n128 st4 would
-    # need 256 KB of shared memory)
-    ("rows m16 n64 st4", {"c2q": "rows", "min_m": 16, "block_n": 64, "num_stages": 4}),
+    ("rows m64 st4", {"min_m": 64, "num_stages": 4}),
+    ("rows m64 st5", {"min_m": 64, "num_stages": 5}),
+    ("rows m64 st6", {"min_m": 64, "num_stages": 6}),
+    ("rows m16 n64 st4", {"min_m": 16, "block_n": 64, "num_stages": 4}),
 ]
+# The score bytes' floor: the same [B, 2, Hq, S_max] bf16 written by a plain fill, over the
+# collect="none" call (what Collect-2-Query would cost if its stores cost only their bytes).
+C2Q_FLOOR = "score bytes by a plain fill / none"
 
 
 def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
@@ -646,8 +649,7 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
             caches, lens, q = verify_inputs(gen, B, C, NQ)
             torch.cuda.synchronize()
             base = bench(verify_call(caches, q, lens, "none", C))
-            default = {"c2q": "dot" if vl.C2Q_DOT_DEFAULT else "rows",
-                       "min_m": vl.default_min_m(NQ, G, "first_last")}
+            default = {"min_m": vl.default_min_m(NQ, G, "first_last")}
             cands = [(label, "none", kw) for label, kw in C2Q_NONE_CANDIDATES] + [
                 (label, "first_last", kw) for label, kw in C2Q_CANDIDATES]
             for label, collect, kw in cands:
@@ -673,6 +675,171 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
         except Exception as e:  # noqa: BLE001 - one shape must not stop the run
             failed(out, "c2q", e, batch=B, context=C, n_query=NQ)
         torch.cuda.empty_cache()
+
+
+def score_floor(out: list[dict[str, Any]], caches: list[Any], B: int, C: int, NQ: int,
+                base: float) -> None:
+    """The Collect-2-Query scores' bytes written by a plain fill (rotated past the L2), as an
+    overhead over the none call: what the store costs at the write bandwidth alone."""
+    S = caches[0][0].shape[1]
+    R = 2 if NQ > 1 else 1
+    bufs = [torch.empty(B, R, HQ, S, dtype=torch.bfloat16, device=DEV)
+            for _ in range(n_copies(B * R * HQ * S * 2.0))]
+    ms = bench(rotating([partial(t.fill_, float("-inf")) for t in bufs]))
+    out.append(row("c2q_floor", batch=B, context=C, n_query=NQ, collect="first_last", ms=ms,
+                   overhead_pct=100 * ms / base, note=f"{C2Q_FLOOR}; none {base:.4f} ms"))
+    print_row(out[-1])
+
+
+# Quest against Stream, one draft step of Qwen3-8B (36 layers + the draft GEMMs), each at the
+# same token budget: (B, C) and the sparsity; the index lists sized for the grid's largest
+# sparsity (QUEST_TOP_SPARSITY), as the calibration runtime sizes them.
+QUEST_SHAPES = [(4, 32768), (4, 122880)]
+QUEST_SPARSITY = 0.05
+QUEST_TOP_SPARSITY = 0.2
+QUEST_PAGE = 16
+# The Quest target: (Quest − Stream − launch) per layer over the metadata bytes at the copy
+# bandwidth, at most 1.3 (the sparse target's allowance); launch = quest_select on one
+# request of 4 pages (its launches alone), CUDA-graph replayed.
+QUEST_RATIO = "(quest - stream - launch) / (metadata bytes / copy)"
+
+
+def quest_metadata(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random page min/max [B, P, Hkv, D] bf16 (kmax >= kmin) for C tokens."""
+    P = -(-C // QUEST_PAGE)
+    kmin = torch.randn(B, P, HKV, D, generator=gen, device=DEV).bfloat16()
+    kmax = (kmin.float() + torch.rand(B, P, HKV, D, generator=gen, device=DEV)).bfloat16()
+    return kmin, kmax
+
+
+def quest_layer(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, ctx: torch.Tensor, n_pages: torch.Tensor, lens: torch.Tensor,
+                max_pages: int) -> torch.Tensor:
+    """One layer of a Quest draft step, as policies.QuestDraftAttention runs it."""
+    from vegas_sim.kernels import ops
+    from vegas_sim.kernels import sparse_attention as sa
+
+    idx, n_idx = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    return sa.sparse_draft_attention(q, k, v, idx, n_idx, ctx, lens, SCALE)
+
+
+def bench_quest(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
+    """Quest draft step against Stream's at the same budget (rows kind=quest): per layer the
+    Stream sparse attention, Quest's selection alone, selection + attention, and the
+    metadata bytes at the copy bandwidth; then the draft steps (36 layers + measured GEMMs)."""
+    from vegas_sim.kernels import ops
+    from vegas_sim.kernels import sparse_attention as sa
+
+    gen = torch.Generator(device=DEV).manual_seed(10)
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+    q1 = torch.randn(1, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
+    m1 = quest_metadata(gen, 1, 64)
+    launch = bench(partial(ops.quest_select, q1, *m1, one * 64, one, 1))
+    out.append(row("quest", batch=1, context=64, ms=launch,
+                   note="launch: quest_select on 4 pages, CUDA-graph replayed"))
+    print_row(out[-1])
+    for B, C in QUEST_SHAPES:
+        try:
+            quest_shape(out, gen, B, C, copy_bw, launch, ops, sa)
+        except ContextLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - one shape must not stop the run
+            failed(out, "quest", e, batch=B, context=C)
+        torch.cuda.empty_cache()
+
+
+def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
+                copy_bw: float, launch: float, ops: Any, sa: Any) -> None:
+    budget = math.ceil(QUEST_SPARSITY * C)
+    pages = budget // QUEST_PAGE
+    max_pages = math.ceil(QUEST_TOP_SPARSITY * C) // QUEST_PAGE + 1
+    ctx = torch.full((B,), C, dtype=torch.int32, device=DEV)
+    lens = ctx + 4  # the draft tokens of the phase so far (the tail)
+    n_pages = torch.full((B,), pages, dtype=torch.int32, device=DEV)
+    meta_bytes = 2.0 * B * (C // QUEST_PAGE) * HKV * D * 2
+    copies = max(n_copies(meta_bytes), n_copies(kv_bytes(B, budget)))
+    caches = [make_cache(gen, B, C) for _ in range(copies)]
+    metas = [quest_metadata(gen, B, C) for _ in range(copies)]
+    qs = [torch.randn(B, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
+          for _ in range(copies)]
+    s_idx, s_n = ops.stream_indices(ctx, torch.full((B,), pages * QUEST_PAGE + C % QUEST_PAGE,
+                                                    dtype=torch.int32, device=DEV), 16)
+    # the runtime's index buffer holds the grid's largest budget (policies.SparseDraftAttention),
+    # as Quest's list does: the same sparse-attention launch for both
+    cap = torch.full((B, QUEST_PAGE * (max_pages + 1)), -1, dtype=torch.int32, device=DEV)
+    cap[:, : s_idx.shape[1]] = s_idx
+    s_idx = cap
+    stream = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, s_idx, s_n, ctx,
+                                     lens, SCALE) for q, (kk, vv) in zip(qs, caches)]))
+    select = bench(rotating([partial(ops.quest_select, q, kmin, kmax, ctx, n_pages, max_pages)
+                             for q, (kmin, kmax) in zip(qs, metas)]))
+    quest = bench(rotating([partial(quest_layer, q, kmin, kmax, kk, vv, ctx, n_pages, lens,
+                                    max_pages)
+                            for q, (kmin, kmax), (kk, vv) in zip(qs, metas, caches)]))
+    meta_ms = meta_bytes / copy_bw / 1e6
+    ratio = (quest - stream - launch) / meta_ms
+    gemm = qwen3_8b_gemm_ms(B)
+    shape = {"batch": B, "context": C, "sparsity": QUEST_SPARSITY}
+    for note, ms in [("stream layer: sparse attention", stream),
+                     ("quest layer: quest_select alone", select),
+                     ("quest layer: quest_select + sparse attention", quest),
+                     ("metadata bytes / copy, one layer", meta_ms),
+                     ("draft_gemm_measured", gemm),
+                     ("stream draft step (gemm + 36 layers)", gemm + LAYERS * stream),
+                     ("quest draft step (gemm + 36 layers)", gemm + LAYERS * quest)]:
+        out.append(row("quest", ms=ms, note=note, **shape))
+    out.append(row("quest", ms=LAYERS * (quest - stream), overhead_pct=100 * (quest / stream - 1),
+                   note=f"{QUEST_RATIO} = {ratio:.2f}", **shape))
+    quest_variants(out, B, C, qs, metas, ctx, n_pages, max_pages, select)
+    print(f"quest   B={B} C={C} s={QUEST_SPARSITY}: draft step quest "
+          f"{gemm + LAYERS * quest:.3f} ms / stream {gemm + LAYERS * stream:.3f} ms "
+          f"(gemm {gemm:.3f}); per layer quest_select {select * 1e3:.1f} us, + attention "
+          f"{quest * 1e3:.1f} us, stream {stream * 1e3:.1f} us, metadata at copy "
+          f"{meta_ms * 1e3:.1f} us, launch {launch * 1e3:.1f} us; {QUEST_RATIO} = {ratio:.2f}",
+          flush=True)
+    del caches, metas
+
+
+# quest_select's launch settings beside the defaults: (label, kernels.quest.quest_select knobs)
+QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("score p16 w4", {"score_block_p": 16}), ("score p32 w4", {"score_block_p": 32}),
+    ("score p64 w4", {"score_block_p": 64}), ("score p32 w8", {"score_block_p": 32,
+                                                               "score_warps": 8}),
+    ("score p64 w8", {"score_block_p": 64, "score_warps": 8}),
+    ("score p128 w8", {"score_block_p": 128, "score_warps": 8}),
+    ("pick w4", {"pick_warps": 4}), ("pick w16", {"pick_warps": 16}),
+]
+
+
+def quest_variants(out: list[dict[str, Any]], B: int, C: int, qs: list[torch.Tensor],
+                   metas: list[Any], ctx: torch.Tensor, n_pages: torch.Tensor,
+                   max_pages: int, default_ms: float) -> None:
+    """Quest's two launches apart (scores, pick) and quest_select at other launch settings
+    (rows kind=quest_variant, ms of one layer's selection); nothing where the package has no
+    kernels/quest.py (the kernels before it)."""
+    try:
+        from vegas_sim.kernels import quest
+    except ImportError:
+        return
+    scores = [quest.quest_scores(q, kmin, kmax, ctx) for q, (kmin, kmax) in zip(qs, metas)]
+    timed = [("scores alone", bench(rotating([partial(quest.quest_scores, q, kmin, kmax, ctx)
+                                              for q, (kmin, kmax) in zip(qs, metas)]))),
+             ("pick alone", bench(rotating([partial(quest.quest_pick, sc, ctx, n_pages,
+                                                    max_pages) for sc in scores])))]
+    for label, kw in QUEST_VARIANTS:
+        try:
+            timed.append((label, bench(rotating([
+                partial(quest.quest_select, q, kmin, kmax, ctx, n_pages, max_pages, **kw)
+                for q, (kmin, kmax) in zip(qs, metas)]))))
+        except ContextLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - a setting may not build
+            failed(out, f"quest_variant {label}", e, batch=B, context=C)
+    for label, ms in timed:
+        out.append(row("quest_variant", batch=B, context=C, sparsity=QUEST_SPARSITY, ms=ms,
+                       config=label, note=f"default quest_select {default_ms:.4f} ms"))
+    print(f"quest   B={B} C={C} quest_select {default_ms * 1e3:.1f} us (default); "
+          + ", ".join(f"{label} {ms * 1e3:.1f}" for label, ms in timed), flush=True)
 
 
 # gpt-oss-20b's attention (Hq 64, Hkv 8: G 8, D 64) at the paper's 12 verify rows: B, C, NQ
@@ -809,6 +976,7 @@ def summary(rows: list[dict[str, Any]]) -> None:
            and r["ms"] != ""]
     plain = [r for r in ver if r["collect"] == "none"]
     c2q = [r for r in ver if r["collect"] == "first_last"]
+    quest_steps(rows)
     if ver:
         print("\nverify attention, C >= 32K (ratio to copy: min over B, C; overhead % max):")
         for nq in sorted({r["n_query"] for r in ver}):
@@ -846,6 +1014,9 @@ def summary(rows: list[dict[str, Any]]) -> None:
                  for nq in {r["n_query"] for r in c2q}}
         c_spread = max(by_nq.values()) - min(by_nq.values())
     s_max = max(sparse_ratio, default=None)
+    quest = [float(str(r["note"]).rsplit("=", 1)[1]) for r in rows if r["kind"] == "quest"
+             and str(r["note"]).startswith(QUEST_RATIO) and r["ms"] != ""]
+    q_max = max(quest, default=None)
     sh, sh_verify = select_share(SHARE_OF_ITERATION), select_share(SHARE_OF_VERIFY)
     errors = [r for r in rows if r["kind"] == "error"]
     ver_err = [r for r in errors if str(r["note"]).startswith(("verify", "CUDA context"))]
@@ -865,8 +1036,19 @@ def summary(rows: list[dict[str, Any]]) -> None:
     print(f"| Collect-2-Query overhead (max; spread over NQ) | {fmt(c_max, '.1f')} % "
           f"({fmt(c_spread, '.1f')} pts) | <= 6 % | "
           f"{_verdict(None if c_max is None else c_max <= 6.0)} |")
+    floor = [r for r in rows if r["kind"] == "c2q_floor" and r["context"] >= LONG_C
+             and r["ms"] != ""]
+    if floor and c2q:
+        worst = max(c2q, key=lambda r: r["overhead_pct"])
+        at = [r["overhead_pct"] for r in floor if (r["batch"], r["context"], r["n_query"])
+              == (worst["batch"], worst["context"], worst["n_query"])]
+        print(f"| Collect-2-Query floor: {C2Q_FLOOR} (max; at the worst shape B={worst['batch']} "
+              f"C={worst['context']} NQ={worst['n_query']}: {fmt(at[0] if at else None, '.1f')} %)"
+              f" | {max(r['overhead_pct'] for r in floor):.1f} % | - | - |")
     print(f"| sparse draft {SPARSE_RATIO} (max) | {fmt(s_max, '.2f')} | <= 1.3 | "
           f"{_verdict(None if s_max is None else s_max <= 1.3)} |")
+    print(f"| Quest draft step: {QUEST_RATIO} (max) | {fmt(q_max, '.2f')} | <= 1.3 | "
+          f"{_verdict(None if q_max is None else q_max <= 1.3)} |")
     print(f"| Vegas selection share of an iteration (γ 7), B=4 C=128K | {fmt(sh, '.1f')} % "
           f"(verify pass alone: {fmt(sh_verify, '.1f')} %) | <= 8 % | "
           f"{_verdict(None if sh is None else sh <= 8.0)} |")
@@ -874,6 +1056,18 @@ def summary(rows: list[dict[str, Any]]) -> None:
           f"{_verdict(not errors)} |", flush=True)
     for r in errors:
         print(f"  error: B={r['batch']} C={r['context']} NQ={r['n_query']}: {r['note']}")
+
+
+def quest_steps(rows: list[dict[str, Any]]) -> None:
+    """The Quest and Stream draft steps of the run (kind=quest), per shape."""
+    steps = [r for r in rows if r["kind"] == "quest" and "draft step" in str(r["note"])]
+    if steps:
+        print("\nQuest vs Stream draft step (Qwen3-8B, 36 layers + GEMMs):")
+    for b, c in sorted({(r["batch"], r["context"]) for r in steps}):
+        got = {str(r["note"]).split()[0]: r["ms"] for r in steps
+               if (r["batch"], r["context"]) == (b, c)}
+        print(f"  B={b} C={c}: quest {got.get('quest', math.nan):.3f} ms, stream "
+              f"{got.get('stream', math.nan):.3f} ms")
 
 
 def fixed_cost_fit(plain: list[dict[str, Any]], copy_bw: float) -> None:
@@ -951,9 +1145,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved timings of each verify call (grid and selection step); "
                         "the fastest is kept")
-    p.add_argument("--only", default="c2q,b1,verify,sparse,select,oss,probe",
-                   help="comma list of c2q,b1,verify,sparse,select,oss,probe (oss: "
-                        "gpt-oss-20b's Hq 64 / Hkv 8 / D 64 collection overhead)")
+    p.add_argument("--only", default="quest,c2q,b1,verify,sparse,select,oss,probe",
+                   help="comma list of quest,c2q,b1,verify,sparse,select,oss,probe (oss: "
+                        "gpt-oss-20b's Hq 64 / Hkv 8 / D 64 collection overhead; quest: "
+                        "Quest's draft step against Stream's)")
+    p.add_argument("--batches", help="comma list: the verify and sparse grids' batches "
+                   "(default 1,4,16)")
+    p.add_argument("--contexts", help="comma list: the verify and sparse grids' contexts "
+                   "(default 8192,32768,131072; --quick 32768,131072)")
     p.add_argument("--summary", type=Path, metavar="CSV",
                    help="print the summary and target table of a saved run's CSV (no GPU)")
     args = p.parse_args(argv)
@@ -966,8 +1165,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    args.batches = BATCHES
-    args.contexts = CONTEXTS_QUICK if args.quick else CONTEXTS
+    args.batches = [int(x) for x in args.batches.split(",")] if args.batches else BATCHES
+    args.contexts = ([int(x) for x in args.contexts.split(",")] if args.contexts
+                     else CONTEXTS_QUICK if args.quick else CONTEXTS)
     args.n_query = [1, 8, 16] if args.quick else [1, 4, 8, 12, 16]
     rows: list[dict[str, Any]] = []
     copy_bw = copy_bandwidth()
@@ -982,7 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
     # Order = priority under the time budget: the targets' evidence first, the B=1 configs
     # and the big cache last. No step starts after --step-budget-s seconds (recorded).
     steps: list[tuple[str, Callable[..., None]]] = [
-        ("c2q", bench_c2q_candidates), ("verify", bench_verify), ("select", bench_selection),
+        ("quest", bench_quest), ("c2q", bench_c2q_candidates), ("verify", bench_verify), ("select", bench_selection),
         ("sparse", bench_sparse), ("oss", bench_gpt_oss_collect), ("b1", bench_b1_configs),
         ("verify", partial(bench_verify, big=True)), ("sparse", partial(bench_sparse, big=True)),
         ("probe", probe_int32_offsets)]
@@ -1059,14 +1259,12 @@ SWEEP_VERIFY = [  # (B, C, NQ): the shapes that once missed the verify target + 
 
 
 def sweep_verify_variants(B: int, C: int, NQ: int, n_sms: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, collect, knobs): plain vs Collect-2-Query (dot / rows) at M 16 / 64, and for
-    B = 1 more splits and smaller tiles (more than one wave, 2 programs per SM)."""
+    """(label, collect, knobs): plain vs Collect-2-Query at M 16 / 64, and for B = 1 more
+    splits and smaller tiles (more than one wave, 2 programs per SM)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     for min_m in (16, 64):
         out.append((f"none m{min_m}", "none", {"min_m": min_m}))
-        for dot in (False, True):
-            out.append((f"c2q-{'dot' if dot else 'rows'} m{min_m}", "first_last",
-                        {"min_m": min_m, "c2q_dot": dot}))
+        out.append((f"c2q m{min_m}", "first_last", {"min_m": min_m}))
     if B == 1 or (B, C, NQ) in ((4, 131072, 8), (4, 32768, 16)):
         base = 16 if B == 1 else 4
         for splits in sorted({2 * base, 4 * base}):

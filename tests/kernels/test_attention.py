@@ -247,13 +247,9 @@ def test_sparse_equals_dense_when_everything_selected() -> None:
 @pytest.mark.parametrize("B,NQ,C,collect,knobs", [
     (4, 8, 32768, "first_last", {}), (16, 16, 8192, "all", {}),
     (1, 1, 131072, "first_last", {}), (2, 12, 32768, "none", {}),
-    # both Collect-2-Query implementations and the wgmma-sized M tile, whatever the default
-    (4, 8, 32768, "first_last", {"c2q_dot": True}), (2, 5, 32768, "first_last", {"min_m": 64}),
-    (1, 16, 32768, "first_last", {"c2q_dot": False, "splits": 64, "block_n": 64}),
-    # the "slice" Collect-2-Query candidate at M 32 (split once), 64 and 16 (no split)
-    (4, 8, 32768, "first_last", {"c2q": "slice", "min_m": 16}),
-    (16, 8, 32768, "first_last", {"c2q": "slice", "min_m": 64}),
-    (1, 1, 32768, "first_last", {"c2q": "slice"}), (2, 16, 8192, "first_last", {"c2q": "dot"}),
+    # the M tiles the default does not pick there, and a many-split 64-key launch
+    (4, 8, 32768, "first_last", {"min_m": 16}), (2, 5, 32768, "first_last", {"min_m": 64}),
+    (1, 16, 32768, "first_last", {"splits": 64, "block_n": 64}),
     # long calls: wide_config (M 64, 32-key TMA tiles, two programs per SM) and TMA at M 32
     (16, 8, 32768, "first_last", {}), (4, 16, 131072, "none", {}), (4, 8, 131072, "none", {}),
     # ... at batches whose split count is not the rounded one: one wave (2, not 3), and more
@@ -292,8 +288,8 @@ def verify_gpu_inputs(gen: torch.Generator, B: int, NQ: int, C: int,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("c2q,tma", [("rows", False), ("dot", False), ("rows", True)])
-def test_verify_attention_gpu_graph_replays(c2q: str, tma: bool) -> None:
+@pytest.mark.parametrize("tma", [False, True])
+def test_verify_attention_gpu_graph_replays(tma: bool) -> None:
     """Captured once, replayed on new queries (as calibrate replays verify steps): every
     replay's scores and outputs are the reference's."""
     from vegas_sim.kernels import verify_attention as tri
@@ -304,11 +300,11 @@ def test_verify_attention_gpu_graph_replays(c2q: str, tma: bool) -> None:
     k = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(B, C, Hkv, D, generator=gen, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((B,), C, dtype=torch.int32, device="cuda")
-    tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", c2q=c2q, tma=tma)  # compile
+    tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", tma=tma)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, lse, scores = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
-                                                c2q=c2q, tma=tma)
+                                                tma=tma)
     for _ in range(3):
         q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
         graph.replay()

@@ -40,7 +40,7 @@ def fake_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.T
     B, S = k.shape[0], k.shape[1]
     if (B, S) == (2, 128 + 128) and kw.get("offs64") is not True:  # the failure mode seen on the H200
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    if kw.get("c2q") == "slice" and kw.get("min_m") == 64:
+    if kw.get("num_stages") == 6 and kw.get("min_m") == 64:
         raise ValueError("out of resources: shared memory")  # a candidate that fails to build
     return reference.verify_attention(q, k, v, lens, scale, collect)
 
@@ -57,7 +57,7 @@ def bk(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     for name, value in [("DEV", "cpu"), ("BATCHES", [1, 2]), ("CONTEXTS_QUICK", [64, 128]),
                         ("LONG_C", 64), ("SELECT_SHAPE", (2, 64, 8)), ("B1_CONTEXT", 64),
                         ("C2Q_SHAPES", [(2, 64, 8), (1, 64, 8)]),
-                        ("OSS_SHAPES", [(1, 64, 12)])]:
+                        ("OSS_SHAPES", [(1, 64, 12)]), ("QUEST_SHAPES", [(2, 320)])]:
         monkeypatch.setattr(mod, name, value)
     monkeypatch.setattr(mod, "big_cache", lambda B, C: (B, C) == (2, 128))
     monkeypatch.setattr(mod, "copy_bandwidth", lambda: 1000.0)
@@ -82,7 +82,7 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
     kinds = [r["kind"] for r in rows]
     text = capsys.readouterr().out
     # every step before the big cache ran
-    for kind in ("copy", "c2q", "b1", "verify", "sparse", "select", "oss"):
+    for kind in ("copy", "quest", "c2q", "b1", "verify", "sparse", "select", "oss"):
         assert kind in kinds, kind
     oss = [r for r in rows if r["kind"] == "oss"]  # gpt-oss-20b's shape, beside the paper
     assert [r["collect"] for r in oss] == ["first_last", "all"]
@@ -92,8 +92,21 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
     c2q = [r for r in rows if r["kind"] == "c2q"]
     assert len(c2q) == 2 * (len(bk.C2Q_NONE_CANDIDATES) + len(bk.C2Q_CANDIDATES) - 1)
     assert any(r["config"] == "rows m64 (default)" for r in c2q)
+    # the score bytes' floor beside every verify shape measured (a plain fill)
+    floor = [r for r in rows if r["kind"] == "c2q_floor"]
+    verify_shapes = {(r["batch"], r["context"], r["n_query"]) for r in rows
+                     if r["kind"] == "verify" and r["ms"]}
+    assert {(r["batch"], r["context"], r["n_query"]) for r in floor} == verify_shapes
+    assert all(bk.C2Q_FLOOR in r["note"] for r in floor)
+    assert "| Collect-2-Query floor:" in text
     errors = [r for r in rows if r["kind"] == "error"]
-    assert sum("slice m64" in r["note"] for r in errors) == 2
+    assert sum("rows m64 st6" in r["note"] for r in errors) == 2
+    # Quest against Stream: both draft steps and the target's ratio, in the table
+    quest = [r for r in rows if r["kind"] == "quest"]
+    assert {"quest draft step (gemm + 36 layers)", "stream draft step (gemm + 36 layers)"} <= {
+        r["note"] for r in quest}
+    assert any(r["note"].startswith(bk.QUEST_RATIO) for r in quest)
+    assert "| Quest draft step:" in text and "Quest vs Stream draft step" in text
     # the big cache: recorded, context declared lost, nothing measured there, report written
     assert any(r["batch"] == "2" and r["context"] == "128" and "illegal" in r["note"]
                for r in errors)
@@ -114,7 +127,7 @@ def test_step_budget_skips_and_records(bk: ModuleType, tmp_path: Path) -> None:
     rows = list(csv.DictReader(out.open()))
     assert rows[0]["kind"] == "copy"
     skipped = [r["note"] for r in rows if r["kind"] == "error"]
-    assert len(skipped) == 9 and all("not started" in n for n in skipped)
+    assert len(skipped) == 10 and all("not started" in n for n in skipped)
 
 
 def test_probe_runs_last_and_records_the_int32_crash(bk: ModuleType, tmp_path: Path) -> None:

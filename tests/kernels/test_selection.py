@@ -105,26 +105,84 @@ def test_quest_update_meta_matches_reference(device: str, use_triton: None) -> N
     assert torch.equal(meta[2][1, 2], k[1, 32:41].amin(0))
 
 
-def test_quest_select_matches_reference(device: str, use_triton: None) -> None:
-    gen = torch.Generator().manual_seed(6)
-    B, S, Hq, Hkv, D = 2, 300, 8, 2, 32
+def quest_inputs(device: str, B: int, S: int, seed: int, Hq: int = 8, Hkv: int = 2,
+                 D: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k [B, S, Hkv, D], q [B, Hq, D] bf16 and the page min/max of every position."""
+    gen = torch.Generator().manual_seed(seed)
     k = torch.randn(B, S, Hkv, D, generator=gen).to(device=device, dtype=torch.bfloat16)
     q = torch.randn(B, Hq, D, generator=gen).to(device=device, dtype=torch.bfloat16)
     P = math.ceil(S / 16)
     kmin = torch.zeros(B, P, Hkv, D, dtype=torch.bfloat16, device=device)
     kmax = torch.zeros_like(kmin)
-    reference.quest_update_meta(kmin, kmax, k, torch.tensor([0, 0]), torch.tensor([285, 96]))
+    reference.quest_update_meta(kmin, kmax, k, torch.zeros(B, dtype=torch.int32),
+                                torch.full((B,), S, dtype=torch.int32))
+    return k, q, kmin, kmax
+
+
+def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
+                     ctx: torch.Tensor, n_pages: torch.Tensor, max_pages: int | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.quest_select (Triton) returns the reference's index list exactly: the same pages,
+    in ascending order, the same partial page, -1 past n_idx."""
+    dev = q.device
+    got, n_got = ops.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev), max_pages)
+    ref, n_ref = reference.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    assert torch.equal(n_got.cpu(), n_ref.cpu())
+    assert torch.equal(got.cpu(), ref.cpu())
+    return ref.cpu(), n_ref.cpu()
+
+
+def test_quest_select_matches_reference(device: str, use_triton: None) -> None:
+    _, q, kmin, kmax = quest_inputs(device, 2, 300, seed=6)
     ctx, n_pages = torch.tensor([285, 96]), torch.tensor([5, 9])
-    got, n_got = ops.quest_select(q, kmin, kmax, ctx.to(device), n_pages.to(device))
-    ref, n_ref = reference.quest_select(q, kmin, kmax, ctx, n_pages)
-    assert torch.equal(n_got.cpu(), n_ref) and n_ref.tolist() == [5 * 16 + 13, 6 * 16]
+    ref, n_ref = check_quest_same(q, kmin, kmax, ctx, n_pages)
+    assert n_ref.tolist() == [5 * 16 + 13, 6 * 16]
     page_score = reference.quest_page_scores(q, kmin, kmax).cpu()
-    for b in range(B):
-        g, r = got[b, : n_got[b]].cpu().long(), ref[b, : n_ref[b]].long()
-        assert (got[b, n_got[b]:] == -1).all()
-        # same multiset of page scores (ties either way), same partial page
-        assert torch.equal(page_score[b, g // 16].sort().values, page_score[b, r // 16].sort().values)
-        assert set(g.tolist()) >= set(range(int(ctx[b]) // 16 * 16, int(ctx[b])))
+    for b in range(2):
+        pages = ref[b, : n_ref[b]].long()[::16] // 16
+        full = int(ctx[b]) // 16
+        take = min(int(n_pages[b]), full)
+        # the top `take` full pages by score, then the partial page
+        want = page_score[b, :full].topk(take).indices.sort().values
+        assert torch.equal(pages[:take], want)
+        assert set(ref[b, : n_ref[b]].tolist()) >= set(range(full * 16, int(ctx[b])))
+    # a fixed bound on n_pages (CUDA graphs): wider list, same entries
+    check_quest_same(q, kmin, kmax, ctx, n_pages, max_pages=12)
+
+
+def test_quest_select_ties_and_edges(device: str, use_triton: None) -> None:
+    """Pages with identical keys tie exactly; the smaller page index wins, as in the reference.
+    Also: n_pages 0 (the partial page alone), n_pages past the full pages, context a multiple
+    of 16 (no partial page), context below one page."""
+    k, q, kmin, kmax = quest_inputs(device, 4, 320, seed=11)
+    for b in range(4):  # copies of page 3 at pages 5, 9, 12: four tied pages
+        for p in (5, 9, 12):
+            kmin[b, p] = kmin[b, 3]
+            kmax[b, p] = kmax[b, 3]
+    scores = reference.quest_page_scores(q, kmin, kmax).cpu()
+    ctx = torch.tensor([317, 320, 9, 200])
+    for b in range(4):
+        full = int(ctx[b]) // 16
+        rank = int((scores[b, :full] > scores[b, 3]).sum())
+        if b in (0, 1):  # a budget that cuts the four tied pages in two
+            assert rank + 4 <= full
+    n_pages = torch.tensor([int((scores[0, :19] > scores[0, 3]).sum()) + 2,
+                            int((scores[1, :20] > scores[1, 3]).sum()) + 1, 3, 0])
+    ref, n_ref = check_quest_same(q, kmin, kmax, ctx, n_pages)
+    chosen = set((ref[0, : n_ref[0]].long() // 16).tolist())
+    assert {3, 5} <= chosen and not {9, 12} & chosen
+    assert n_ref.tolist() == [int(n_pages[0]) * 16 + 13, int(n_pages[1]) * 16, 9, 8]
+    check_quest_same(q, kmin, kmax, ctx, torch.tensor([30, 30, 30, 30]))  # all full pages
+
+
+def test_quest_select_chunked_rows(device: str, use_triton: None, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Rows longer than the pick kernel holds in registers take the chunked search: same list."""
+    from vegas_sim.kernels import quest
+
+    monkeypatch.setattr(quest, "PICK_WHOLE_MAX", 16)
+    monkeypatch.setattr(quest, "PICK_CHUNK", 16)
+    _, q, kmin, kmax = quest_inputs(device, 2, 1000, seed=12)
+    check_quest_same(q, kmin, kmax, torch.tensor([999, 640]), torch.tensor([20, 7]))
 
 
 def test_vegas_pipeline_selects_inside_rank_len(device: str, use_triton: None) -> None:
@@ -166,3 +224,47 @@ def test_selection_gpu_real_shapes() -> None:
     weights = torch.stack([w] * L)
     idx = ops.topk_select(weights, budget)
     check_topk(idx.cpu(), weights.cpu(), budget.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
+    """Qwen3-8B heads, B 4 at contexts up to 32K: the Triton list is the reference's (pages
+    whose scores differ from the take-th by fp32 rounding alone may swap); captured once in a
+    CUDA graph with a fixed max_pages and replayed on new queries, the same lists as eager."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    B, Hq, Hkv, D, C = 4, 32, 8, 128, 32768
+    P = C // 16 + 8
+    kmin = torch.randn(B, P, Hkv, D, generator=gen, device="cuda").bfloat16()
+    kmax = (kmin.float() + torch.rand(B, P, Hkv, D, generator=gen, device="cuda")).bfloat16()
+    q = torch.randn(B, Hq, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    ctx = torch.tensor([C, C - 5, 20000, 1000], dtype=torch.int32, device="cuda")
+    n_pages = torch.tensor([102, 400, 1, 70], dtype=torch.int32, device="cuda")
+    max_pages = 410
+
+    def check(got: torch.Tensor, n_got: torch.Tensor) -> None:
+        ref, n_ref = reference.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+        assert torch.equal(n_got, n_ref) and (got.shape == ref.shape)
+        scores = reference.quest_page_scores(q, kmin, kmax)
+        for b in range(B):
+            g = set(got[b, : n_got[b]].tolist())
+            r = set(ref[b, : n_ref[b]].tolist())
+            if g != r:  # only pages at the take-th score, to fp32 rounding
+                full = int(ctx[b]) // 16
+                take = min(int(n_pages[b]), full)
+                kth = scores[b, :full].topk(take).values[-1]
+                for page in {t // 16 for t in g ^ r}:
+                    assert abs(float(scores[b, page] - kth)) <= 1e-5 * abs(float(kth)) + 1e-3
+            assert (got[b, n_got[b]:] == -1).all()
+
+    eager = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    check(*eager)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, n_out = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    for _ in range(3):
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        check(out, n_out)
+        want = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+        assert torch.equal(out, want[0]) and torch.equal(n_out, want[1])

@@ -126,24 +126,16 @@ FAST_CASES = [
 ]
 
 
-# Collect-2-Query implementations (separate dot / rows of the main tile) and M tile minimum
-VARIANTS = [{"c2q_dot": True, "min_m": 16}, {"c2q_dot": False, "min_m": 16},
-            {"c2q_dot": False, "min_m": 64}, {"c2q": "slice", "min_m": 16},
-            {"c2q": "slice", "min_m": 32}, {"c2q": "slice", "min_m": 64},
-            {"c2q": "slice", "min_m": 128},
-            {"c2q": "dot", "min_m": 64}, {}]
+# M tile minimum (the collected rows are the first R·G rows of every M tile)
+VARIANTS = [{"min_m": 16}, {"min_m": 32}, {"min_m": 64}, {"min_m": 128}, {}]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=["dot", "rows", "rows-m64", "slice",
-                                                   "slice-m32", "slice-m64", "slice-m128", "dot-m64",
-                                                   "default"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=["m16", "m32", "m64", "m128", "default"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", FAST_CASES)
 def test_verify_fast_paths_match_reference(case: tuple, dtype: torch.dtype, variant: dict,  # type: ignore[no-untyped-def]
                                            device: str, va, poison: None) -> None:
     B, NQ, Hq, Hkv, D, S, lens, collect, splits, block_n = case
-    if collect != "first_last" and (variant.get("c2q_dot") or "c2q" in variant):
-        pytest.skip("the Collect-2-Query store only changes first_last")
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     q = torch.randn(B, NQ, Hq, D, generator=gen).to(device=device, dtype=dtype)
     k, v = make_kv(gen, B, S, Hkv, D, dtype, device)
@@ -198,25 +190,30 @@ def test_topk_select_equal_budgets(device: str, use_triton: None) -> None:
 
 def test_default_min_m_per_collection(vl, va, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """64-row (wgmma) tiles only for Collect-2-Query with more than 16 packed rows."""
-    monkeypatch.setattr(vl, "_MIN_M_ENV", None)
+    monkeypatch.setattr(vl, "OVERRIDES", vl.Overrides())
     assert vl.default_min_m(8, 4, "first_last") == 64  # NQ 8, G 4: 32 rows
     assert vl.default_min_m(5, 4, "first_last") == 64
     assert vl.default_min_m(4, 4, "first_last") == 16  # 16 rows: M 16 won on the H200
     assert vl.default_min_m(1, 4, "first_last") == 16
     assert vl.default_min_m(8, 4, "none") == 16
     assert vl.default_min_m(8, 4, "all") == 16
-    monkeypatch.setattr(vl, "_MIN_M_ENV", "32")
+    monkeypatch.setattr(vl, "OVERRIDES", vl.read_overrides({"VEGAS_SIM_VERIFY_MIN_M": "32"}))
     assert vl.default_min_m(1, 4, "none") == 32
 
 
-def test_unknown_c2q_store_is_a_user_error(va) -> None:  # type: ignore[no-untyped-def]
+def test_environment_overrides_read_once_and_checked(vl) -> None:  # type: ignore[no-untyped-def]
+    """Every kernel override comes from one read of the environment; a bad value is a user
+    error naming the variable."""
     from vegas_sim.errors import UserInputError
 
-    q = torch.zeros(1, 2, 4, 16)
-    k = torch.zeros(1, 32, 1, 16)
-    with pytest.raises(UserInputError, match="c2q"):
-        va.verify_attention(q, k, k, torch.tensor([8], dtype=torch.int32), 0.25, "first_last",
-                            c2q="sparse")
+    assert vl.read_overrides({}) == vl.Overrides()
+    got = vl.read_overrides({"VEGAS_SIM_VERIFY_MIN_M": "64", "VEGAS_SIM_VERIFY_TMA": "0",
+                             "VEGAS_SIM_RADIX_TOPK": "0"})
+    assert got == vl.Overrides(verify_min_m=64, verify_tma=False, radix_topk=False)
+    for name, bad in (("VEGAS_SIM_VERIFY_MIN_M", "48"), ("VEGAS_SIM_VERIFY_TMA", "yes"),
+                      ("VEGAS_SIM_RADIX_TOPK", "off")):
+        with pytest.raises(UserInputError, match=name):
+            vl.read_overrides({name: bad})
 
 
 # Keep this the last test of the last kernel test file: if the >= 2^31-element cache still

@@ -222,7 +222,7 @@ def quest_update_meta(
     """Recompute in place the Quest min/max of pages touched by [start, end); end = cache length."""
     impl: Any = reference
     if backend(k_cache) == "triton":
-        impl = _triton_module("selection")
+        impl = _triton_module("quest")
     impl.quest_update_meta(kmin, kmax, k_cache, start, end)
 
 
@@ -237,7 +237,7 @@ def quest_select(
     CUDA graph whose n_pages change between replays."""
     impl: Any = reference
     if backend(q) == "triton":
-        impl = _triton_module("selection")
+        impl = _triton_module("quest")
     return impl.quest_select(q, kmin, kmax, context, n_pages,  # type: ignore[no-any-return]
                              max_pages)
 

@@ -236,7 +236,8 @@ def quest_select(
     """Quest: top n_pages[b] full pages inside [0, context) + the current partial page.
 
     Returns token indices [B, K] int32 (K = 16·(max n_pages + 1), or 16·(max_pages + 1) when
-    given; -1 past n_idx) and n_idx [B].
+    given; -1 past n_idx) and n_idx [B]. The chosen pages come in ascending page order; of the
+    pages tied at the take-th score, the smaller page indices are chosen (a stable sort).
     """
     B, P = kmin.shape[0], kmin.shape[1]
     n_max = quest_page_bound(n_pages, max_pages)
@@ -250,7 +251,8 @@ def quest_select(
         ctx = int(c_list[b])
         full = min(ctx // QUEST_PAGE, P)
         take = min(int(n_list[b]), full, n_max)
-        pages = torch.topk(scores[b, :full], take).indices if take else offs[:0]
+        order = torch.sort(scores[b, :full], descending=True, stable=True).indices
+        pages = order[:take].sort().values  # [take]
         tok = (pages[:, None] * QUEST_PAGE + offs[None, :]).reshape(-1)  # [take*16]
         partial = torch.arange(full * QUEST_PAGE, ctx, device=q.device)  # the current page
         tok = torch.cat([tok, partial])

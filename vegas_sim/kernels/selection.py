@@ -3,15 +3,13 @@
 - `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
   averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
 - `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` on a GPU
-  when all budgets are equal (RADIX_TOPK), else torch.topk; measured in
+  when all budgets are equal, else torch.topk; measured in
   benchmarks/kernels.py against the verify iteration.
-- `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
-- `quest_select`: Triton page scoring, `torch.topk` over pages, vectorised index expansion.
+Quest's ops are in `quest.py`.
 """
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -19,10 +17,10 @@ import triton.language as tl
 from torch import Tensor
 
 from vegas_sim.kernels import reference
-from vegas_sim.kernels.reference import QUEST_PAGE, WEIGHT_FLOOR
+from vegas_sim.kernels.reference import WEIGHT_FLOOR
 from vegas_sim.kernels.topk import radix_topk
 from vegas_sim.kernels.verify_attention import LOG2E
-from vegas_sim.kernels.verify_launch import next_pow2
+from vegas_sim.kernels.verify_launch import OVERRIDES, next_pow2
 
 
 @triton.jit
@@ -124,9 +122,7 @@ def score_weights(
 # tests rely on it); ties at the k-th value go by position. H200, [36, 4, 131200], k 9175:
 # an atomic-order variant 0.142 ms (+ an index sort: 0.291 ms), a fully sorted one
 # 0.212 ms, this three-run order 0.167 ms, torch.topk(sorted=False)
-# 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to
-# torch.topk.
-RADIX_TOPK = os.environ.get("VEGAS_SIM_RADIX_TOPK", "1") == "1"
+# 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to torch.topk (verify_launch.Overrides).
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
@@ -134,7 +130,7 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
 
     One host sync (K = max budget, as the reference). When every request has the same
     budget the top-K need not be sorted by value: on a GPU `radix_topk`, its index order
-    fixed (RADIX_TOPK), else torch.topk(sorted=False), which skips a segmented
+    fixed (unless VEGAS_SIM_RADIX_TOPK=0), else torch.topk(sorted=False), which skips a segmented
     sort of K entries per row; otherwise the reference's sorted top-K keeps the first
     budget[b] per row.
     """
@@ -144,110 +140,10 @@ def topk_select(weights: Tensor, budget: Tensor) -> Tensor:
     lo, hi = (int(x) for x in torch.stack([budget.min(), budget.max()]).tolist())
     if lo != hi or hi == 0:
         return reference.topk_select(weights, budget)
-    if RADIX_TOPK and weights.is_cuda and weights.dtype == torch.float32:
+    if OVERRIDES.radix_topk and weights.is_cuda and weights.dtype == torch.float32:
         return radix_topk(weights.contiguous(), hi)  # a fixed order
     return torch.topk(weights, hi, dim=-1, sorted=False).indices.to(torch.int32)
 
 
 def stream_indices(context: Tensor, budget: Tensor, sink: int) -> tuple[Tensor, Tensor]:
     return reference.stream_indices(context, budget, sink)
-
-
-@triton.jit
-def _quest_meta_kernel(
-    KMIN, KMAX, K, START, END, HKV, P, stride_kb, stride_ks,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    start = tl.load(START + b)
-    end = tl.load(END + b)
-    offs_t = tl.arange(0, PAGE)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    for page in range(start // PAGE, (end + PAGE - 1) // PAGE):
-        pos = page * PAGE + offs_t
-        ok = (pos < end)[:, None] & d_ok[None, :]
-        off = b.to(tl.int64) * stride_kb + pos.to(tl.int64)[:, None] * stride_ks + kvh * D
-        k = tl.load(K + off + offs_d[None, :], mask=ok, other=0.0).to(tl.float32)
-        hi = tl.max(tl.where(ok, k, float("-inf")), 0)
-        lo = tl.min(tl.where(ok, k, float("inf")), 0)
-        m_off = ((b * P + page) * HKV + kvh).to(tl.int64) * D + offs_d
-        tl.store(KMAX + m_off, hi.to(KMAX.dtype.element_ty), mask=d_ok)
-        tl.store(KMIN + m_off, lo.to(KMIN.dtype.element_ty), mask=d_ok)
-
-
-def quest_update_meta(
-    kmin: Tensor, kmax: Tensor, k_cache: Tensor, start: Tensor, end: Tensor
-) -> None:
-    """Triton launcher; same contract as `reference.quest_update_meta` (no host sync)."""
-    B, P, Hkv, D = kmin.shape
-    assert kmin.is_contiguous() and kmax.is_contiguous() and k_cache.stride(3) == 1
-    start = start.to(device=k_cache.device, dtype=torch.int32).contiguous()
-    end = end.to(device=k_cache.device, dtype=torch.int32).contiguous()
-    _quest_meta_kernel[(B, Hkv)](
-        kmin, kmax, k_cache, start, end, Hkv, P, k_cache.stride(0), k_cache.stride(1),
-        D=D, BLOCK_D=max(16, next_pow2(D)), PAGE=QUEST_PAGE, num_warps=4,
-    )
-
-
-@triton.jit
-def _quest_score_kernel(
-    Q, KMIN, KMAX, CTX, OUT, HQ, HKV, P,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    PAGE: tl.constexpr,
-):
-    """score[b, p] = Σ_h Σ_d max(q·kmax, q·kmin) for full pages of [0, ctx); -inf otherwise."""
-    b = tl.program_id(0)
-    pages = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-    full = tl.load(CTX + b) // PAGE
-    offs_d = tl.arange(0, BLOCK_D)
-    ok = (pages < P)[:, None] & (offs_d < D)[None, :]
-    acc = tl.zeros([BLOCK_P], tl.float32)
-    for kvh in range(HKV):
-        m_off = ((b * P + pages) * HKV + kvh).to(tl.int64)[:, None] * D + offs_d[None, :]
-        hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
-        lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
-        for g in range(G):
-            qv = tl.load(Q + (b * HQ + kvh * G + g) * D + offs_d, mask=offs_d < D,
-                         other=0.0).to(tl.float32)
-            acc += tl.sum(tl.maximum(qv[None, :] * hi, qv[None, :] * lo), 1)
-    tl.store(OUT + b * P + pages, tl.where(pages < full, acc, float("-inf")), mask=pages < P)
-
-
-def quest_select(
-    q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
-    max_pages: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Same contract as `reference.quest_select`; one host sync (K depends on max n_pages)
-    unless `max_pages` is given (then capturable in a CUDA graph)."""
-    B, Hq, D = q.shape
-    P, Hkv = kmin.shape[1], kmin.shape[2]
-    dev = q.device
-    ctx = context.to(device=dev, dtype=torch.int64)
-    scores = torch.empty(B, P, dtype=torch.float32, device=dev)
-    block_p = 64
-    _quest_score_kernel[(B, triton.cdiv(P, block_p))](
-        q.contiguous(), kmin, kmax, ctx.to(torch.int32), scores, Hq, Hkv, P,
-        G=Hq // Hkv, D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE,
-        num_warps=4,
-    )
-    n_max = reference.quest_page_bound(n_pages, max_pages)
-    full = torch.clamp(ctx // QUEST_PAGE, max=P)  # [B]
-    take = torch.minimum(n_pages.to(device=dev, dtype=torch.int64), full)  # [B]
-    take = take.clamp(max=n_max)  # never more pages than the K columns hold
-    k_pages = min(n_max, P)
-    top = torch.topk(scores, k_pages, dim=1).indices if k_pages else scores[:, :0].long()
-    offs = torch.arange(QUEST_PAGE, device=dev)
-    tok = (top[:, :, None] * QUEST_PAGE + offs).reshape(B, -1)  # [B, k_pages*16]
-    K = QUEST_PAGE * (n_max + 1)
-    out = torch.full((B, K), -1, dtype=torch.int64, device=dev)
-    j = torch.arange(tok.shape[1], device=dev)[None, :]
-    out[:, : tok.shape[1]] = torch.where(j < take[:, None] * QUEST_PAGE, tok, -1)
-    # the current partial page [16·full, ctx) goes right after the take·16 page tokens
-    part_pos = full[:, None] * QUEST_PAGE + offs  # [B, 16]
-    part_ok = part_pos < ctx[:, None]
-    dest = take[:, None] * QUEST_PAGE + offs  # [B, 16], < K since take <= n_max
-    out.scatter_(1, dest, torch.where(part_ok, part_pos, out.gather(1, dest)))
-    n_out = take * QUEST_PAGE + part_ok.sum(dim=1)
-    return out.to(torch.int32), n_out.to(torch.int32)

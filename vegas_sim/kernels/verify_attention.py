@@ -11,10 +11,10 @@ the final output directly.
 Score write-out (Collect-2-Query / collect-all): the raw q·k (fp32 accumulate → bf16) of the
 collected rows, -inf where masked, for every position in [0, S_max).
 - The packed rows are ordered row 0, row NQ−1, then rows 1..NQ−2 (`_packed_row`), so the
-  first_last rows are the first R·G rows of the M tile: the default stores those rows of the
-  main score tile (row mask constant along keys → 16-byte stores). `c2q_dot=True` instead
-  computes them with a separate [max(16, 2G), BLOCK_N] dot; `c2q="slice"`
-  cuts rows 0..BLOCK_C-1 out of the main tile (reshape/permute/split) and stores them densely.
+  first_last rows are the first R·G rows of the M tile: the kernel stores those rows of the
+  main score tile (row mask constant along keys → 16-byte stores). A separate dot of the
+  collected rows and a dense store of the leading rows cut out of the tile were measured
+  slower or no faster (docs/KERNELS.md) and are gone.
 - M tile minimum (`default_min_m`): 64 (wgmma on Hopper) for Collect-2-Query with NQ·G > 16,
   else 16. ptxas for sm_90a: M 32 × N 128 with a score store spills at 255 registers and
   adds a shared-memory layout conversion (7 more barriers per tile); M 64 × N 64 uses 196
@@ -53,8 +53,6 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.kernels.fit import launch_fitted
 from vegas_sim.kernels.reference import collect_row_ids
 from vegas_sim.kernels.verify_launch import (
-    C2Q_CODE,
-    C2Q_DOT_DEFAULT,
     VerifyConfig,
     interpreted,
     kv_descriptor,
@@ -79,27 +77,6 @@ def _packed_row(q_idx, NQ):
 
 
 @triton.jit
-def _leading_rows(s, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Rows 0..BLOCK_C-1 of s [BLOCK_M, BLOCK_N] as a [BLOCK_C, BLOCK_N] tensor, by reshape /
-    permute / split (Triton has no slicing): [K, BLOCK_C, N] -> [BLOCK_C, N, K], then halve K
-    keeping the even half until K = 1 (index i = 2a + c, keep c = 0). K = BLOCK_M / BLOCK_C is
-    1, 2, 4 or 8 (M <= 128). The C2Q "slice" candidate: only this sub-tile is converted to the
-    store layout, instead of the whole M tile with a row mask."""
-    # One return at the end: the compiler (unlike the interpreter) also builds the code after
-    # an early `return` under a constexpr `if`, which fails at K = 1.
-    K: tl.constexpr = BLOCK_M // BLOCK_C
-    t = s
-    if K >= 2:
-        t = tl.permute(tl.reshape(s, [K, BLOCK_C, BLOCK_N]), [1, 2, 0])  # [BLOCK_C, N, K]
-        if K >= 8:
-            t, _ = tl.split(tl.reshape(t, [BLOCK_C, BLOCK_N, 4, 2]))  # [BLOCK_C, N, 4]
-        if K >= 4:
-            t, _ = tl.split(tl.reshape(t, [BLOCK_C, BLOCK_N, 2, 2]))  # [BLOCK_C, N, 2]
-        t, _ = tl.split(t)  # [BLOCK_C, N]
-    return t
-
-
-@triton.jit
 def _store_scores(sc_base, row_off, row_ok, n, vals, S_MAX, EVEN_S: tl.constexpr):
     """vals [rows, BLOCK_N] (bf16) to score rows row_off (element offsets from sc_base) at
     keys n; the key mask only where S_max is not a multiple of BLOCK_N (EVEN_S false)."""
@@ -111,11 +88,10 @@ def _store_scores(sc_base, row_off, row_ok, n, vals, S_MAX, EVEN_S: tl.constexpr
 
 
 @triton.jit
-def _attend_tile(q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_base, m_row,
-                 m_ok, c_row, c_ok, qk_scale2, S_MAX, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
-                 C2Q: tl.constexpr, EVEN_S: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr):
+def _attend_tile(q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok,
+                 qk_scale2, S_MAX, BLOCK_N: tl.constexpr, COLLECT: tl.constexpr,
+                 EVEN_S: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr):
     """One K/V tile (keys start..start+BLOCK_N) of the online softmax, plus the score store
     of the collected rows: returns the new (m_i, l_i, acc). Row m sees keys [floor, limit]
     (floor only with a sliding window)."""
@@ -130,14 +106,7 @@ def _attend_tile(q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_ba
     s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
     if HAS_WINDOW:
         s = tl.where(n[None, :] >= floor[:, None], s, float("-inf"))
-    if COLLECT == 1 and C2Q != 0:
-        if C2Q == 1:
-            sc = tl.dot(qc, kt, input_precision=INPUT_PRECISION)  # [BLOCK_C, BLOCK_N]
-            sc = tl.where(n[None, :] <= limit_c[:, None], sc, float("-inf"))
-        else:  # packed rows 0..BLOCK_C-1 of s (the collected rows come first)
-            sc = _leading_rows(s, BLOCK_M, BLOCK_C, BLOCK_N)
-        _store_scores(sc_base, c_row, c_ok, n, sc.to(tl.bfloat16), S_MAX, EVEN_S)
-    elif COLLECT != 0:
+    if COLLECT != 0:
         _store_scores(sc_base, m_row, m_ok, n, s.to(tl.bfloat16), S_MAX, EVEN_S)
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -165,8 +134,7 @@ def _verify_attention_kernel(
     S_MAX, HQ, HKV, NQ, SPLITS, R, WINDOW,
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, COLLECT: tl.constexpr,
-    C2Q: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
+    BLOCK_D: tl.constexpr, COLLECT: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
@@ -194,9 +162,9 @@ def _verify_attention_kernel(
     if UPCAST:  # the CPU interpreter's tl.dot is wrong on bf16; fp32 holds bf16 products exactly
         q = q.to(tl.float32)
 
-    # Score rows. Row-store path (C2Q 0 "rows", and collect "all"): packed row m stores its own
-    # s row; collected = the first R·G packed rows for first_last (score row r = group), all
-    # NQ·G for "all" (score row r = nq). Scores [B, R, HQ, S_MAX].
+    # Score rows: packed row m stores its own s row; collected = the first R·G packed rows for
+    # first_last (score row r = group), all NQ·G for "all" (score row r = nq).
+    # Scores [B, R, HQ, S_MAX].
     r_m = q_idx if COLLECT == 1 else nq
     # Hot-loop addresses are a per-program int64 base pointer + int32 tile offsets (64-bit
     # offset tensors cost two registers per element; at M 32 x N 128 the kernel spilled).
@@ -204,22 +172,6 @@ def _verify_attention_kernel(
     sc_base = SCORES + (b * R * HQ + kvh * G).to(tl.int64) * S_MAX
     m_row = (r_m * HQ + offs_m % G) * S_MAX  # [BLOCK_M] int32, relative to sc_base
     m_ok = offs_m < R * G if COLLECT == 1 else row_ok
-    # Dot path (C2Q 1) and slice path (C2Q 2, rows 0..BLOCK_C-1 of s): the 2·G collected rows
-    # get their own [BLOCK_C, BLOCK_N] dot against the K tile already loaded (slice: cut from
-    # s); c < G -> (row 0, head c), G <= c < 2G -> (row NQ-1, head c-G).
-    offs_c = tl.arange(0, BLOCK_C)
-    c_ok = offs_c < R * G
-    r_c = offs_c // G
-    nq_c = tl.where(r_c == 0, 0, NQ - 1)
-    head_c = kvh * G + offs_c % G
-    limit_c = L - NQ + nq_c
-    c_row = (r_c * HQ + offs_c % G) * S_MAX  # [BLOCK_C] int32, relative to sc_base
-    qc = tl.zeros([BLOCK_C, BLOCK_D], dtype=q.dtype)
-    if COLLECT == 1 and C2Q == 1:
-        qc_off = ((b * NQ + nq_c) * HQ + head_c).to(tl.int64) * D
-        qc = tl.load(Q + qc_off[:, None] + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :],
-                     other=0.0).to(q.dtype)
-
     # this split's key range [lo, hi): whole BLOCK_N tiles aligned to multiples of BLOCK_N,
     # from the tile that holds row 0's first key (0 without a window)
     first = 0
@@ -240,9 +192,8 @@ def _verify_attention_kernel(
             k = tl.reshape(K_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
             v = tl.reshape(V_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
             m_i, l_i, acc = _attend_tile(
-                q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_base, m_row,
-                m_ok, c_row, c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q,
-                EVEN_S, INPUT_PRECISION, UPCAST, HAS_WINDOW)
+                q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok, qk_scale2,
+                S_MAX, BLOCK_N, COLLECT, EVEN_S, INPUT_PRECISION, UPCAST, HAS_WINDOW)
         lo_ptr = hi_tma
     else:
         lo_ptr = lo
@@ -256,9 +207,8 @@ def _verify_attention_kernel(
         k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         m_i, l_i, acc = _attend_tile(
-            q, qc, k, v, start, limit, floor, limit_c, m_i, l_i, acc, sc_base, m_row, m_ok,
-            c_row, c_ok, qk_scale2, S_MAX, BLOCK_M, BLOCK_N, BLOCK_C, COLLECT, C2Q, EVEN_S,
-            INPUT_PRECISION, UPCAST, HAS_WINDOW)
+            q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok, qk_scale2,
+            S_MAX, BLOCK_N, COLLECT, EVEN_S, INPUT_PRECISION, UPCAST, HAS_WINDOW)
 
     if COLLECT != 0:
         # -inf for keys [round_up(L, BLOCK_N), S_MAX): each split fills its share, store-only
@@ -270,12 +220,8 @@ def _verify_attention_kernel(
         # constant (no get_bf16); the compiler folds the cast
         for start in range(f_lo, f_hi, BLOCK_N):
             n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
-            if COLLECT == 1 and C2Q != 0:
-                neg_c = tl.full([BLOCK_C, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
-                _store_scores(sc_base, c_row, c_ok, n, neg_c, S_MAX, EVEN_S)
-            else:
-                neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
-                _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
+            neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
+            _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
 
     if SINGLE and HAS_SINKS:  # one split: the softmax ends here (else in the combine)
         m_i, l_i, alpha = _add_sink(m_i, l_i, SINKS, head, row_ok)
@@ -360,17 +306,6 @@ def _check_int32_offsets(request_elements: int, score_elements: int, score_shape
             fix="allocate a smaller S_max per request (or collect fewer rows)")
 
 
-def _store_name(c2q: str | None, c2q_dot: bool | None) -> str:
-    """The Collect-2-Query store: `c2q` by name, else "dot" / "rows" by `c2q_dot`, else the
-    default (C2Q_DOT_DEFAULT)."""
-    if c2q is None:
-        c2q = "dot" if (C2Q_DOT_DEFAULT if c2q_dot is None else c2q_dot) else "rows"
-    if c2q not in C2Q_CODE:
-        raise UserInputError(f"unknown Collect-2-Query store {c2q!r}",
-                             where="verify_attention(c2q)", fix=f"use one of {sorted(C2Q_CODE)}")
-    return c2q
-
-
 def verify_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -384,9 +319,7 @@ def verify_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     max_len: int | None = None,
-    c2q_dot: bool | None = None,
     min_m: int | None = None,
-    c2q: str | None = None,
     offs64: bool | None = None,
     scores_out: Tensor | None = None,
     tma: bool | None = None,
@@ -397,8 +330,7 @@ def verify_attention(
 
     Keyword-only knobs (None = `launch_config`'s defaults) exist for the benchmark;
     `max_len` (a host-side bound on cache_lens, default S_max) sizes the split count without
-    a device sync. `c2q` names the Collect-2-Query store ("rows", "dot", "slice"; overrides
-    `c2q_dot`); `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
+    a device sync. `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
     `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it);
@@ -415,7 +347,6 @@ def verify_attention(
         sinks = sinks.contiguous()
     R = len(collect_row_ids(NQ, collect))
     _check_int32_offsets(k_cache.stride(0), R * Hq * S_max, f"{R}x{Hq}x{S_max}")
-    c2q = _store_name(c2q, c2q_dot)
     if max_len is None:
         max_len = S_max  # no .item() sync; splits only affect speed, never the result
     if window:
@@ -424,9 +355,6 @@ def verify_attention(
                                  min_m=min_m, splits=splits, block_n=block_n,
                                  num_warps=num_warps, num_stages=num_stages, tma=tma)
     BLOCK_D = max(16, next_pow2(D))
-    BLOCK_C = max(16, next_pow2(2 * G))
-    if c2q == "slice" and BLOCK_C > BLOCK_M:
-        c2q = "rows"  # G >= 16 at small NQ: 2·G rows exceed the M tile; rows stores them
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
     scores = scores_out if scores_out is not None and R else (
@@ -452,8 +380,8 @@ def verify_attention(
             sinks if sinks is not None else lse,  # dummy pointer without sinks
             scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1), window,
             k_cache.stride(0), k_cache.stride(1),
-            G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=c.block_n, BLOCK_D=BLOCK_D, BLOCK_C=BLOCK_C,
-            COLLECT=COLLECT_CODE[collect], C2Q=C2Q_CODE[c2q], SINGLE=single,
+            G=G, D=D, BLOCK_M=BLOCK_M, BLOCK_N=c.block_n, BLOCK_D=BLOCK_D,
+            COLLECT=COLLECT_CODE[collect], SINGLE=single,
             EVEN_S=S_max % c.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
             TMA=use_tma, HAS_SINKS=sinks is not None, HAS_WINDOW=window > 0,
             # int32 tile offsets crash (illegal address) on the H200 at B=16 C=128K, the
@@ -463,7 +391,7 @@ def verify_attention(
             num_warps=c.num_warps, num_stages=c.num_stages,
         )
 
-    fit_key = ("verify", q.device, q.dtype, D, G, BLOCK_M, BLOCK_C, collect, c2q, single,
+    fit_key = ("verify", q.device, q.dtype, D, G, BLOCK_M, collect, single,
                use_tma, cfg, sinks is not None, window > 0)
     launch_fitted(fit_key, smaller_configs(cfg), launch, "verify attention")
     if not single:

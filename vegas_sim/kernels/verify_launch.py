@@ -14,12 +14,51 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from vegas_sim.errors import UserInputError
+
 NUM_SMS_DEFAULT = 132  # H200; read off the device when there is one
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """The kernels' environment overrides, read once at import (`read_overrides`): for
+    benchmarking a default against its alternative and for bisecting, never needed to run.
+
+    verify_min_m: VEGAS_SIM_VERIFY_MIN_M, the smallest M tile of every verify call (else
+    `default_min_m`); verify_tma: VEGAS_SIM_VERIFY_TMA=0 / 1, K/V by TMA off / on for every
+    verify call where `tma_usable` (else by the launch config); radix_topk:
+    VEGAS_SIM_RADIX_TOPK=0 sends selection's equal-budget top-k to torch.topk."""
+
+    verify_min_m: int | None = None
+    verify_tma: bool | None = None
+    radix_topk: bool = True
+
+
+def read_overrides(env: Mapping[str, str]) -> Overrides:
+    """`Overrides` from an environment; a value that is not one of the allowed ones is a
+    UserInputError naming the variable."""
+    def choice(name: str, allowed: tuple[str, ...]) -> str | None:
+        value = env.get(name)
+        if value is not None and value not in allowed:
+            raise UserInputError(f"{name}={value!r} is not one of {', '.join(allowed)}",
+                                 where=f"env {name}", fix=f"set it to one of "
+                                 f"{', '.join(allowed)}, or unset it")
+        return value
+
+    min_m = choice("VEGAS_SIM_VERIFY_MIN_M", ("16", "32", "64", "128"))
+    tma = choice("VEGAS_SIM_VERIFY_TMA", ("0", "1"))
+    return Overrides(verify_min_m=None if min_m is None else int(min_m),
+                     verify_tma=None if tma is None else tma == "1",
+                     radix_topk=choice("VEGAS_SIM_RADIX_TOPK", ("0", "1")) != "0")
+
+
+OVERRIDES = read_overrides(os.environ)
 
 
 def interpreted(t: Tensor) -> bool:
@@ -166,8 +205,8 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
 # H200 (8 calibration shapes, none +
 # first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
 # 16 without collection and at NQ 1: 16 is the default, `default_min_m` makes the
-# per-collection choice. Env VEGAS_SIM_VERIFY_MIN_M overrides both.
-MIN_M_DEFAULT = int(os.environ.get("VEGAS_SIM_VERIFY_MIN_M", "16"))
+# per-collection choice. Env VEGAS_SIM_VERIFY_MIN_M overrides both (`Overrides`).
+MIN_M_DEFAULT = 16
 
 
 def choose_config(batch: int, hkv: int, n_q: int, group: int, max_len: int,
@@ -209,19 +248,6 @@ def smaller_configs(cfg: VerifyConfig) -> tuple[VerifyConfig, ...]:
     return tuple(out)
 
 
-# Collect-2-Query implementation: False (default) = store the first R·G rows of the main
-# score tile (the packing puts the collected rows first), True = a separate
-# [BLOCK_C, BLOCK_N] dot of the collected rows. Both are tested; see docs/KERNELS.md.
-C2Q_DOT_DEFAULT = os.environ.get("VEGAS_SIM_C2Q_DOT", "0") == "1"
-# The implementations by name (launcher keyword `c2q`): "rows" = masked rows of the main
-# tile, "dot" = separate [BLOCK_C, BLOCK_N] dot, "slice" = rows 0..BLOCK_C-1 of the main
-# tile cut out by reshape/permute/split and stored densely (`_leading_rows`). Measured and
-# left out for no gain: a transposed collect dot, cache hints on the
-# score stores / K/V loads, and the row path's
-# stores as inline PTX straight from the MMA registers, which removes the shared-memory
-# layout conversion and its barrier but not the overhead (docs/KERNELS.md).
-C2Q_CODE = {"rows": 0, "dot": 1, "slice": 2}
-_MIN_M_ENV = os.environ.get("VEGAS_SIM_VERIFY_MIN_M")
 # M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
 # H200, first_last overhead over none at M 16,
 # rows store: B=1 C=32K NQ 8 +19.9 % (M 64: +6.8 %), B=4 C=32K NQ 8 +27.7 % (+11.7 %),
@@ -267,14 +293,8 @@ def launch_config(batch: int, hkv: int, n_q: int, group: int, max_len: int, n_sm
     if num_stages is None:
         num_stages = default_stages(collect, block_m, block_n, auto.num_stages)
     if tma is None:
-        tma = auto.tma if TMA_ENV is None else TMA_ENV == "1"
+        tma = auto.tma if OVERRIDES.verify_tma is None else OVERRIDES.verify_tma
     return block_m, VerifyConfig(splits, block_n, num_warps, num_stages, tma)
-
-
-# K/V tiles by TMA (host tensor descriptors) instead of per-thread async copies: by the
-# launch config (TMA_KEYS, wide_config); VEGAS_SIM_VERIFY_TMA=0 / 1 turns it off / on for
-# every call (where `tma_usable`).
-TMA_ENV = os.environ.get("VEGAS_SIM_VERIFY_TMA")
 
 
 def tma_usable(k_cache: Tensor, v_cache: Tensor, block_d: int) -> bool:
@@ -307,8 +327,8 @@ def default_min_m(n_q: int, group: int, collect: str) -> int:
     """M tile minimum when the caller gives none: VEGAS_SIM_VERIFY_MIN_M if set, else 64 for
     Collect-2-Query with NQ·G > 16 (wgmma tile: the score store costs about half), else
     16 (mma.sync tiles; fastest without collection and at NQ·G <= 16)."""
-    if _MIN_M_ENV is not None:
-        return int(_MIN_M_ENV)
+    if OVERRIDES.verify_min_m is not None:
+        return OVERRIDES.verify_min_m
     if collect == "first_last" and n_q * group > 16:
         return MIN_M_COLLECT
     return 16
