@@ -4,6 +4,7 @@ window layers honoured, the tokenizer as transformers builds it, and the preset.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 
 from vegas_sim.calibrate.loading import gemma3_gguf_path, load_model
 from vegas_sim.calibrate.runtime import Transformer
+from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 from vegas_sim.calibrate.weights import load_checkpoint
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import SPEC_METHODS
@@ -189,3 +191,55 @@ def test_gemma_path_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("VEGAS_SIM_GEMMA3_GGUF", str(here))
     assert gemma3_gguf_path() == here
     assert load_checkpoint(here, load_weights=False).spec.architecture == "gemma3"
+
+
+@pytest.mark.parametrize("method", ["vegas", "magicdec-quest"])
+def test_triton_kernels_at_gemmas_head_size(tmp_path: Path, method: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma-3-270M's head size (256) and GQA group (4 query heads per KV head) through the
+    Triton kernels (the fused q/k-norm + RoPE + append, the norms, sparse draft attention and
+    selection; under the CPU interpreter without a GPU): greedy outputs equal vanilla's."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1 at import")
+    monkeypatch.setenv("VEGAS_SIM_KERNELS", "triton")
+    path = write_tiny_gemma_gguf(tmp_path / "d256.gguf", n_heads=4, n_kv_heads=1,
+                                 head_dim=256, hidden=32, ffn=32, seed=1)
+    assert_greedy_lossless(_tiny(path), method)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", SPEC_METHODS)
+def test_greedy_lossless_on_gemma_cuda(gemma_path: Path, method: str) -> None:
+    """The real Gemma-3-270M in fp32 on the GPU (Triton kernels, CUDA graphs): every method
+    emits vanilla's greedy tokens on prompts past the 512-key window."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model, tok, _ = load_model(str(gemma_path), weights="real", device="cuda",
+                               dtype=torch.float32)
+    ids = tok.encode(Path(__file__).read_text(), add_bos=True)
+    prompts = [torch.tensor(ids[:n]) for n in (520, 700, 900)]
+    ref = SpecDecoder(model, SpecConfig("vanilla", 1)).generate(prompts, 14).tokens
+    res = SpecDecoder(model, SpecConfig(method, 4, sparsity=0.02, min_tokens=16)).generate(
+        prompts, 14)
+    assert res.tokens == ref
+    assert all(r.budget < r.context for r in res.records)
+
+
+def test_shipped_gemma_workloads_are_smollm2s_texts_untemplated() -> None:
+    """workloads/gemma3-270m.npz: every workload, the same dataset items as SmolLM2's (the
+    draws do not depend on the tokenizer, except recall's cue position), each prompt BOS
+    first, ids inside Gemma's vocabulary, no ChatML anywhere (a base model: plain text)."""
+    from vegas_sim.calibrate.workloads import WORKLOADS, workload_prompts
+
+    vocab = PRESETS["gemma3-270m"].vocab
+    for name in WORKLOADS:
+        gemma, smol = workload_prompts(name, "gemma3-270m"), workload_prompts(name)
+        if name != "recall":
+            assert [p.source for p in gemma] == [p.source for p in smol]
+        else:
+            assert [p.source.split(":")[0] for p in gemma] == [p.source.split(":")[0]
+                                                               for p in smol]
+        for p in gemma:
+            assert p.tokens[0] == 2 and 0 <= min(p.tokens) and max(p.tokens) < vocab
+            assert 2 not in p.tokens[1:]  # one BOS; ChatML's tokens do not exist in Gemma's vocab
