@@ -107,15 +107,17 @@ def yarn_scaling(factor: float, original_max: int, **kw: Any) -> RopeScaling:
 WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4")
 MXFP4_BYTES = 4.25 / 8
 ATTENTION_KINDS = ("full", "window")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """The shape of a decoder-only transformer (Llama / Qwen2 / Qwen3 families; Qwen3-MoE and
-    gpt-oss: routed experts and, for gpt-oss, sliding-window layers)."""
+    gpt-oss: routed experts and, for gpt-oss, sliding-window layers; Gemma 3: window layers
+    with their own RoPE base, GeGLU, sandwich norms, scaled embeddings)."""
 
     name: str
-    architecture: str  # "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "gpt_oss"
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "qwen3_moe" | "gpt_oss" | "gemma3"
     n_layers: int
     hidden: int
     n_heads: int
@@ -142,8 +144,17 @@ class ModelSpec:
     o_bias: bool = False  # gpt-oss: bias on the output projection
     moe_bias: bool = False  # gpt-oss: bias on the router and on every expert projection
     moe_activation: str = "silu"  # "silu" (SwiGLU) | "gpt_oss" (clamped, alpha 1.702, limit 7)
+    # ---- Gemma 3 (defaults: as Llama / Qwen; `to_dict` leaves them out at their defaults)
+    rope_theta_window: float = 0.0  # RoPE base of the window layers (0: rope_theta), unscaled
+    mlp_activation: str = "silu"  # dense MLP: "silu" (SwiGLU) | "gelu_tanh" (GeGLU)
+    sandwich_norms: bool = False  # RMSNorm on the attention and MLP outputs before the add
+    embed_scale: bool = False  # embeddings times sqrt(hidden), rounded to the model dtype
 
     def __post_init__(self) -> None:
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise UserInputError(f"unknown MLP activation {self.mlp_activation!r}",
+                                 where=f"model {self.name}",
+                                 fix=f"use one of: {', '.join(MLP_ACTIVATIONS)}")
         bad = [i for i in self.window_layers if not 0 <= i < self.n_layers]
         if bad or (self.window_layers and self.sliding_window < 1):
             raise UserInputError(
@@ -333,7 +344,8 @@ class ModelSpec:
 
 _MOE_HYBRID_FIELDS = tuple(f for f in dataclasses.fields(ModelSpec) if f.name in (
     "n_experts", "experts_per_token", "expert_ffn", "sliding_window", "window_layers",
-    "attention_sinks", "o_bias", "moe_bias", "moe_activation"))
+    "attention_sinks", "o_bias", "moe_bias", "moe_activation", "rope_theta_window",
+    "mlp_activation", "sandwich_norms", "embed_scale"))
 
 
 def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
@@ -393,6 +405,17 @@ PRESETS: dict[str, ModelSpec] = {
         n_experts=32, experts_per_token=4, expert_ffn=2880, sliding_window=128,
         window_layers=tuple(range(0, 24, 2)), attention_sinks=True, o_bias=True,
         moe_bias=True, moe_activation="gpt_oss",
+    ),
+    # Gemma-3-270M (base): its GGUF's metadata plus what Gemma 3 defines and the GGUF does not
+    # say (transformers' Gemma3TextConfig): five sliding-window layers (RoPE base 10000) to one
+    # global (1e6), query_pre_attn_scalar = head_dim, no logit softcap
+    "gemma3-270m": ModelSpec(
+        name="gemma3-270m", architecture="gemma3", n_layers=18, hidden=640, n_heads=4,
+        n_kv_heads=1, head_dim=256, ffn=2048, vocab=262144, max_positions=32768,
+        rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True, qk_norm=True,
+        sliding_window=512, window_layers=tuple(i for i in range(18) if (i + 1) % 6),
+        rope_theta_window=10000.0, mlp_activation="gelu_tanh", sandwich_norms=True,
+        embed_scale=True,
     ),
 }
 

@@ -44,6 +44,13 @@
 #   longgen                SmolLM2 acceptance over ~4K-token generations (needs `gguf`): γ 6,
 #                          s 0.07, T 0.6, reasoning / code / longdoc, 900 iterations a run;
 #                          packs longgen-METHOD sets for `traces merge`
+#   gemma-part             copy the carried Gemma GGUF parts (.gemma/gemma.gguf.part.a?) to
+#                          /root/model (calls before `gemma`)
+#   gemma                  join every Gemma part into /root/model/gemma.gguf, check its sha256,
+#                          then Gemma-3-270M (base) acceptance as smollm2-135m-real's was
+#                          measured: every workload (WORKLOADS), 32 prompts each, γ 12 (32
+#                          iterations), the 8 sparsities, T 0 and 0.6, one process per method;
+#                          packs gemma-METHOD sets for `traces merge`
 #   sampling               python benchmarks/sampling.py: the top-k-slot sampler against the
 #                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
@@ -54,6 +61,9 @@
 # in quarters (`split -n 4 .model/smollm2.gguf .model/smollm2.gguf.part.`): part.aa, part.ab
 # and part.ac each with `part`, part.ad with `gguf`. An idle machine is given back, /root with it:
 # make the calls back to back. `timeout` keeps each stage under the 10-minute call limit.
+# Gemma-3-270M's 253 MB GGUF goes the same way in ~25 MB parts (`split -b 25M
+# .model/gemma.gguf .gemma/gemma.gguf.part.`, git-ignored as .gemma/ must be): the first ones
+# with `gemma-part`, the last with `gemma`.
 set -u
 stage=${1:?stage: part, gguf, tests, quick, full, validate or kernels (see the header)}
 shift
@@ -277,6 +287,36 @@ longgen)  # SmolLM2 acceptance over ~4K-token generations (900 iterations), one 
     rm -rf $TR/longgen-$m/parts
   done
   tar czf "$OUT/longgen_sets.tgz" -C $TR $(cd $TR && ls -d longgen-*)
+  ;;
+gemma-part)
+  cp .gemma/gemma.gguf.part.a? /root/model/ && ls -la /root/model
+  ;;
+gemma)  # Gemma-3-270M acceptance, every workload, one process per method (docs/RESULTS.md)
+  G=/root/model/gemma.gguf
+  if [ ! -f $G ]; then
+    cp .gemma/gemma.gguf.part.a? /root/model/ 2>/dev/null
+    cat /root/model/gemma.gguf.part.a? > $G
+    echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $G" \
+      | sha256sum -c - > "$OUT/gemma_gguf.txt" || { cat "$OUT/gemma_gguf.txt"; rm -f $G; exit 1; }
+    cat "$OUT/gemma_gguf.txt"; rm -f /root/model/gemma.gguf.part.a?
+  fi
+  export VEGAS_SIM_GEMMA3_GGUF=$G
+  methods=${METHODS:-vegas vegas-all specextend magicdec-quest magicdec-stream}
+  for m in $methods; do
+    timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $G --weights real --methods $m \
+      --workload ${WORKLOADS:-reasoning,code,chat,longdoc,recall} --gamma 12 \
+      --sparsity ${SPARSITY:-0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2} --temperature 0,0.6 \
+      --iterations 32 --min-tokens 32 --prompts ${PROMPTS:-32} \
+      ${ACCEPTANCE_BATCH:+--acceptance-batch $ACCEPTANCE_BATCH} --no-latency --out $TR/gemma-$m \
+      > "$OUT/calibrate-gemma-$m.log" 2>&1 &
+  done
+  wait
+  for m in $methods; do
+    tail -2 "$OUT/calibrate-gemma-$m.log"
+    python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/gemma-$m')" 2>&1 | tail -1
+    rm -rf $TR/gemma-$m/parts
+  done
+  tar czf "$OUT/gemma_sets.tgz" -C $TR $(cd $TR && ls -d gemma-*)
   ;;
 sampling)
   timeout 300 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.csv" 2>&1 \

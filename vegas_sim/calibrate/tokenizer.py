@@ -1,10 +1,16 @@
-"""Byte-level BPE tokenizers from GGUF metadata or a Hugging Face tokenizer.json.
+"""BPE tokenizers from GGUF metadata or a Hugging Face tokenizer.json.
 
 GGUF stores the vocabulary (`tokenizer.ggml.tokens`), the merges, token types (3 = control,
 4 = user-defined: matched whole, never split) and a pre-tokenizer name (`tokenizer.ggml.pre`).
 We rebuild the same pipeline with the `tokenizers` package: the pre-tokenizer split, byte-level
 mapping, BPE merges. Chat prompts use ChatML (<|im_start|>role\\n...<|im_end|>\\n), which is what
-SmolLM2 and Qwen use.
+SmolLM2 and Qwen use; a vocabulary without ChatML's tokens (Gemma 3 base) gets plain text.
+
+Gemma 3's GGUF holds a SentencePiece vocabulary (`tokenizer.ggml.model` "llama") with no merges.
+It is rebuilt as transformers' GGUF converter rebuilds it (`gemma_tokenizer`): spaces written
+as U+2581, BPE with byte fallback, tokens of only spaces respelled with U+2581, and merges
+derived from the vocabulary, best first in the order the tokens appear in the file (Gemma's
+scores do not follow its merge order).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
                  r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SPECIAL_TYPES = (3, 4)  # llama.cpp token types CONTROL and USER_DEFINED
+_CONTROL, _USER_DEFINED = 3, 4
+SPIECE_SPACE = "\u2581"  # SentencePiece's written space
 
 
 def _pre_tokenizer(pre: str) -> Any:
@@ -51,9 +59,10 @@ class Tokenizer:
         self.eos_id = eos_id
         self.default_system = default_system
         im_end = tok.token_to_id("<|im_end|>")
+        self.chatml = im_end is not None and tok.token_to_id("<|im_start|>") is not None
         # generation stops at end-of-turn as well as end-of-text
-        self.stop_ids: frozenset[int] = frozenset(
-            i for i in (eos_id, im_end, tok.token_to_id("<|endoftext|>")) if i is not None)
+        ends = (eos_id, im_end, tok.token_to_id("<|endoftext|>"), tok.token_to_id("<end_of_turn>"))
+        self.stop_ids: frozenset[int] = frozenset(i for i in ends if i is not None)
 
     @property
     def vocab_size(self) -> int:
@@ -72,10 +81,14 @@ class Tokenizer:
             reader = GGUFReader(str(reader))
         f = reader.fields
         model = f["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in f else "?"
+        arch = f["general.architecture"].contents() if "general.architecture" in f else "?"
+        if model == "llama" and arch == "gemma3":
+            return cls._from_gguf_gemma(f)
         if model != "gpt2":
             raise UserInputError(f"tokenizer model {model!r} is not byte-level BPE",
                                  where="GGUF tokenizer.ggml.model",
-                                 fix="use a Llama-3 / Qwen / SmolLM (gpt2-style BPE) model")
+                                 fix="use a Llama-3 / Qwen / SmolLM (gpt2-style BPE) model, or "
+                                     "Gemma 3")
         tokens: list[str] = f["tokenizer.ggml.tokens"].contents()
         merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"].contents()]
         types: list[int] = f["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in f else []
@@ -91,6 +104,33 @@ class Tokenizer:
         eos = int(f["tokenizer.ggml.eos_token_id"].contents())
         template = str(f["tokenizer.chat_template"].contents()) if "tokenizer.chat_template" in f else ""
         return cls(tok, bos if add_bos else None, eos, _default_system(template))
+
+    @classmethod
+    def _from_gguf_gemma(cls, f: Any) -> Tokenizer:
+        """Gemma 3's SentencePiece vocabulary as BPE (see the module doc)."""
+        from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tokens = [SPIECE_SPACE * len(t) if t and not t.strip(" ") else t
+                  for t in f["tokenizer.ggml.tokens"].contents()]
+        types: list[int] = f["tokenizer.ggml.token_type"].contents()
+        vocab = {t: i for i, t in enumerate(tokens)}
+        unk = tokens[int(f["tokenizer.ggml.unknown_token_id"].contents())]
+        bpe = models.BPE(vocab=vocab, merges=merges_from_vocab(tokens, vocab), fuse_unk=True,
+                         unk_token=unk, byte_fallback=True)
+        tok = HFTokenizer(bpe)
+        tok.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+        tok.decoder = decoders.Sequence([decoders.Replace(SPIECE_SPACE, " "),
+                                         decoders.ByteFallback(), decoders.Fuse()])
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, ty in zip(tokens, types) if ty == _CONTROL])
+        tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+        bos = int(f["tokenizer.ggml.bos_token_id"].contents())
+        add_bos = bool(f["tokenizer.ggml.add_bos_token"].contents()) \
+            if "tokenizer.ggml.add_bos_token" in f else True  # llama.cpp's default for SPM
+        return cls(tok, bos if add_bos else None, int(f["tokenizer.ggml.eos_token_id"].contents()))
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> Tokenizer:
@@ -127,7 +167,11 @@ class Tokenizer:
 
     def chat_text(self, user: str, system: str | None = None) -> str:
         """One user turn in ChatML, ending with the assistant header (generation prompt).
-        The template's default system prompt is used when `system` is None (SmolLM2 has one)."""
+        The template's default system prompt is used when `system` is None (SmolLM2 has one).
+        A vocabulary without ChatML (a base model: Gemma 3 270M) gets no template: the text
+        as it is, after the system text and a blank line when one is given."""
+        if not self.chatml:
+            return f"{system}\n\n{user}" if system else user
         system = system if system is not None else self.default_system
         head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
         return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
@@ -135,6 +179,20 @@ class Tokenizer:
     def chat(self, user: str, system: str | None = None) -> list[int]:
         """Token ids of `chat_text` (with bos first when the model wants one)."""
         return self.encode(self.chat_text(user, system), add_bos=True)
+
+
+def merges_from_vocab(tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary: every split of a token into two
+    tokens, ranked by the token's place in the file (earlier first), then the longer left
+    piece first (transformers' generate_merges with scores -index)."""
+    # A token's splits differ in their left length, so that order is total: no sort needed.
+    merges: list[tuple[str, str]] = []
+    for token in tokens:
+        for k in range(len(token) - 1, 0, -1):
+            left, right = token[:k], token[k:]
+            if left in vocab and right in vocab:
+                merges.append((left, right))
+    return merges
 
 
 def _default_system(template: str) -> str | None:

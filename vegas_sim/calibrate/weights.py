@@ -3,13 +3,20 @@
 Both map onto the runtime's parameter names (runtime.Transformer):
 
     embed, norm, lm_head (absent when tied),
-    layers.N.{attn_norm, wqkv, bqkv (Qwen2), q_norm, k_norm (Qwen3), wo, mlp_norm, w13, w2}
+    layers.N.{attn_norm, wqkv, bqkv (Qwen2), q_norm, k_norm (Qwen3, Gemma 3), wo, mlp_norm, w13, w2,
+              post_attn_norm, post_mlp_norm (Gemma 3)}
 
 where wqkv = [q; k; v] rows and w13 = [gate; up] rows (fused for fewer GEMM launches).
 
 GGUF: llama.cpp's converter permutes the q/k rows of *Llama* models so that its RoPE can rotate
 adjacent pairs; we undo that (as transformers' GGUF loader does) and keep the half-split RoPE of
-the Hugging Face layout for every architecture. Qwen2/Qwen3 GGUFs are not permuted.
+the Hugging Face layout for every architecture. Qwen2/Qwen3/Gemma 3 GGUFs are not permuted.
+
+Gemma 3 (GGUF only): llama.cpp's converter stores every norm weight as Gemma's 1 + w (its
+Gemma3Model adds the shift; transformers' GGUF loader subtracts it again), which is the
+multiplier our RMSNorm wants, so they load as stored. What Gemma 3 defines and its GGUF does
+not say is filled in as llama.cpp does: every 6th layer global, the rest sliding-window with
+RoPE base 10000 (GEMMA3_*).
 
 Safetensors: read with the `safetensors` package when installed, otherwise with the small
 reader below (the format is a u64 header length, a JSON header, raw little-endian tensors).
@@ -43,6 +50,9 @@ from vegas_sim.files import sha256_file
 from vegas_sim.models import PRESETS, ModelSpec, RopeScaling, llama3_scaling, yarn_scaling
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ARCHITECTURES + ("gemma3",)
+GEMMA3_GLOBAL_EVERY = 6  # layer i is global when (i + 1) % 6 == 0 (Gemma 3's layer_types)
+GEMMA3_WINDOW_ROPE_THETA = 10000.0  # rope_local_base_freq
 
 
 @dataclass
@@ -103,9 +113,9 @@ def _field(reader: Any, key: str, default: Any = None, where: str = "") -> Any:
 def gguf_spec(reader: Any, where: str = "") -> ModelSpec:
     """A ModelSpec from GGUF metadata ({arch}.block_count, ...)."""
     arch = str(_field(reader, "general.architecture", where=where))
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise UserInputError(f"unsupported architecture {arch!r}", where=where,
-                             fix=f"use a model of the {', '.join(ARCHITECTURES)} families")
+                             fix=f"use a model of the {', '.join(GGUF_ARCHITECTURES)} families")
     names = {t.name for t in reader.tensors}
     n_heads = int(_field(reader, f"{arch}.attention.head_count", where=where))
     hidden = int(_field(reader, f"{arch}.embedding_length", where=where))
@@ -126,9 +136,19 @@ def gguf_spec(reader: Any, where: str = "") -> ModelSpec:
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_scaling=_gguf_rope_scaling(reader, arch, names),
     )
-    spec = ModelSpec.from_dict({**spec.to_dict(), "rms_eps": round(spec.rms_eps, 12)})
+    extra = _gguf_gemma3_fields(reader, spec, where) if arch == "gemma3" else {}
+    spec = ModelSpec.from_dict({**spec.to_dict(), "rms_eps": round(spec.rms_eps, 12), **extra})
     base = str(_field(reader, "general.basename", arch))
     return _named(spec, f"{base}-{arch}")
+
+
+def _gguf_gemma3_fields(reader: Any, spec: ModelSpec, where: str) -> dict[str, Any]:
+    """Gemma 3's window layers, local RoPE base, GeGLU, sandwich norms and embedding scale."""
+    window = int(_field(reader, "gemma3.attention.sliding_window", where=where))
+    return {"sliding_window": window,
+            "window_layers": [i for i in range(spec.n_layers) if (i + 1) % GEMMA3_GLOBAL_EVERY],
+            "rope_theta_window": GEMMA3_WINDOW_ROPE_THETA, "mlp_activation": "gelu_tanh",
+            "sandwich_norms": True, "embed_scale": True}
 
 
 def _gguf_rope_scaling(reader: Any, arch: str, names: set[str]) -> RopeScaling | None:
@@ -208,6 +228,9 @@ def gguf_weights(reader: Any, spec: ModelSpec) -> dict[str, Tensor]:
         out[q + "mlp_norm"] = get(p + "ffn_norm.weight")
         out[q + "w13"] = torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
         out[q + "w2"] = get(p + "ffn_down.weight")
+        if spec.sandwich_norms:
+            out[q + "post_attn_norm"] = get(p + "post_attention_norm.weight")
+            out[q + "post_mlp_norm"] = get(p + "post_ffw_norm.weight")
     return out
 
 

@@ -15,6 +15,11 @@
                RECALL_LENGTHS tokens (1K-7K), 32 of each; `recall.answer_start` /
                `recall.distance` per prompt
 
+"chat-templated" is the model's ChatML turn (SmolLM2, Qwen); a base model without ChatML's
+tokens (Gemma-3-270M) gets no template: the same text, plain (Tokenizer.chat_text). Every
+prompt, book windows included, starts with the model's BOS where its tokenizer adds one
+(Gemma; SmolLM2 adds none).
+
 `build_workloads()` tokenizes the datasets with the model's own tokenizer and writes
 `workloads/<model>.npz` (this is run once, here, and the file is shipped); `load_workload()`
 reads it. Selection is deterministic (seeded numpy Generator).
@@ -209,7 +214,7 @@ def _book_window(tok: Tokenizer, name: str, body: str, length: int, rng: np.rand
     limit = max(1, len(body) - int(length * 5))
     starts = [p for p in paragraphs if p < limit] or [0]
     start = int(starts[int(rng.integers(len(starts)))])
-    ids = tok.encode(body[start:start + length * 8])
+    ids = tok.encode(body[start:start + length * 8], add_bos=True)  # BOS if the model has one
     if len(ids) < length:
         raise UserInputError(f"book {name} too short for a {length}-token window", where=name)
     return Prompt("longdoc", f"{name.split('_')[0]}@{start}+{length}", ids[:length])
@@ -299,12 +304,13 @@ def build_workloads(
 
 
 def _default_tokenizer(model: str) -> Tokenizer:
-    if model != "smollm2-135m":
+    from vegas_sim.calibrate.loading import gemma3_gguf_path, smollm2_gguf_path
+
+    ggufs = {"smollm2-135m": smollm2_gguf_path, "gemma3-270m": gemma3_gguf_path}
+    if model not in ggufs:
         raise UserInputError(f"no tokenizer given for {model!r}",
                              fix="pass the model's Tokenizer (load_model returns it)")
-    from vegas_sim.calibrate.loading import smollm2_gguf_path
-
-    return Tokenizer.from_gguf(smollm2_gguf_path())
+    return Tokenizer.from_gguf(ggufs[model]())
 
 
 def _write_prompts(prompts: dict[str, list[Prompt]], tokenizer: Tokenizer, out: Path) -> Path:

@@ -134,12 +134,15 @@ MODEL_FIELDS: dict[str, Field] = {
     "expert_ffn": Field("int", 0), "sliding_window": Field("int", 0),
     "window_layers": Field("int_list", 0), "attention_sinks": Field("bool"),
     "o_bias": Field("bool"), "moe_bias": Field("bool"), "moe_activation": Field("str"),
+    "rope_theta_window": Field("number", 0), "mlp_activation": Field("str"),
+    "sandwich_norms": Field("bool"), "embed_scale": Field("bool"),
 }
 # String fields of the model that only take these values.
 MODEL_CHOICES: dict[str, tuple[str, ...]] = {
-    "architecture": ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"),
+    "architecture": ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "gemma3"),
     "dtype": tuple(DTYPE_BYTES),
     "moe_activation": ("silu", "gpt_oss"),
+    "mlp_activation": ("silu", "gelu_tanh"),
 }
 GRID_FIELDS: dict[str, Field] = {
     "batch": Field("int_list", 1), "context": Field("int_list", 1),
