@@ -44,7 +44,8 @@
 #                          1-3K tokens); 8 sparsities, T 0 and 0.6, one process per method, all
 #                          inside TIMEOUT s; packs added-METHOD / comp-METHOD sets for `traces
 #                          merge`. LONG_BATCH / COMP_BATCH: requests per call (the defaults fit
-#                          five processes in an H100's 80 GB)
+#                          five processes in an H100's 80 GB); LONG_WORKLOADS, LONG_FIRST (the
+#                          first prompt, e.g. 20 for the next 20), COMP_PROMPTS=0 (none)
 #   sampling               python benchmarks/sampling.py: the top-k-slot sampler against the
 #                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
@@ -266,8 +267,10 @@ added)  # adds code-long, chat-long and competitive to smollm2-135m-real (docs/R
     common=(--model $GGUF --weights real --methods $m --gamma 12 --temperature 0,0.6
             --sparsity $sparsity --min-tokens 32 --no-latency)
     ( timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
-        --workload code-long,chat-long --iterations 32 --prompts ${LONG_PROMPTS:-20} \
+        --workload ${LONG_WORKLOADS:-code-long,chat-long} --iterations 32 \
+        --first-prompt ${LONG_FIRST:-0} --prompts ${LONG_PROMPTS:-20} \
         --acceptance-batch ${LONG_BATCH:-54} --out $TR/added-$m
+      [ "${COMP_PROMPTS:-8}" = 0 ] ||
       timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
         --workload competitive --iterations ${COMP_ITERS:-192} --prompts ${COMP_PROMPTS:-8} \
         --acceptance-batch ${COMP_BATCH:-64} --out $TR/comp-$m ) \
