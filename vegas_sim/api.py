@@ -64,6 +64,7 @@ from vegas_sim.traces import catalog, io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, packaged_anchor_sets
 from vegas_sim.traces.io import TraceSet
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, LATENCY_FILE
+from vegas_sim.workload_info import describe
 
 DEFAULT_MODEL = "qwen3-8b"  # the model predicted when neither --model nor --traces says
 WEIGHT_FORMAT_NOTES = {
@@ -320,7 +321,8 @@ def models_for(values: Mapping[str, Any]
         tuple(str(a) for a in values["acceptance_anchors"]), values["weight_format"],
         _path(values["acceptance_traces"]), values["tensor_parallel"],
         values["model_what_if"])
-    return latency, acceptance, list(notes)
+    workload = values.get("workload")
+    return latency, acceptance, [*notes, f"workload {workload or 'all'}: {describe(workload)}"]
 
 
 def predict(

@@ -51,6 +51,15 @@
 #                          measured: every workload (WORKLOADS), 32 prompts each, γ 12 (32
 #                          iterations), the 8 sparsities, T 0 and 0.6, one process per method;
 #                          packs gemma-METHOD sets for `traces merge`
+#   added                  SmolLM2 acceptance of the added workloads (needs `gguf`): code-long and
+#                          chat-long (1K-7K prompts; LONG_PROMPTS of each, one per length per
+#                          round; γ 12, 32 iterations), then competitive (COMP_PROMPTS problem
+#                          statements, COMP_ITERS iterations: acceptance along generations of
+#                          1-3K tokens); 8 sparsities, T 0 and 0.6, one process per method, all
+#                          inside TIMEOUT s; packs added-METHOD / comp-METHOD sets for `traces
+#                          merge`. LONG_BATCH / COMP_BATCH: requests per call (the defaults fit
+#                          five processes in an H100's 80 GB); LONG_WORKLOADS, LONG_FIRST (the
+#                          first prompt, e.g. 20 for the next 20), COMP_PROMPTS=0 (none)
 #   sampling               python benchmarks/sampling.py: the top-k-slot sampler against the
 #                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
@@ -317,6 +326,39 @@ gemma)  # Gemma-3-270M acceptance, every workload, one process per method (docs/
     rm -rf $TR/gemma-$m/parts
   done
   tar czf "$OUT/gemma_sets.tgz" -C $TR $(cd $TR && ls -d gemma-*)
+  ;;
+added)  # adds code-long, chat-long and competitive to smollm2-135m-real (docs/RESULTS.md)
+  [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+  methods=${METHODS:-vegas vegas-all specextend magicdec-quest magicdec-stream}
+  sparsity=0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2
+  end=$(( $(date +%s) + ${TIMEOUT:-240} ))
+  for m in $methods; do
+    common=(--model $GGUF --weights real --methods $m --gamma 12 --temperature 0,0.6
+            --sparsity $sparsity --min-tokens 32 --no-latency)
+    ( timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
+        --workload ${LONG_WORKLOADS:-code-long,chat-long} --iterations 32 \
+        --first-prompt ${LONG_FIRST:-0} --prompts ${LONG_PROMPTS:-20} \
+        --acceptance-batch ${LONG_BATCH:-54} --out $TR/added-$m
+      [ "${COMP_PROMPTS:-8}" = 0 ] ||
+      timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
+        --workload competitive --iterations ${COMP_ITERS:-192} --prompts ${COMP_PROMPTS:-8} \
+        --acceptance-batch ${COMP_BATCH:-64} --out $TR/comp-$m ) \
+      > "$OUT/calibrate-added-$m.log" 2>&1 &
+    sleep 3  # staggered: each process sizes its batches by the memory the others left
+  done
+  wait
+  for m in $methods; do
+    tail -3 "$OUT/calibrate-added-$m.log"
+    for d in added-$m comp-$m; do
+      [ -d $TR/$d ] || continue
+      python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/$d')" 2>&1 | tail -1
+      rm -rf $TR/$d/parts
+    done
+  done
+  nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/added_device.txt"
+  tar czf "$OUT/added_sets.tgz" -C $TR $(cd $TR && ls -d added-* comp-* 2>/dev/null)
+  tar czf "$OUT/added_logs.tgz" -C "$OUT" $(cd "$OUT" && ls calibrate-added-*.log) \
+    && rm -f "$OUT"/calibrate-added-*.log
   ;;
 sampling)
   timeout 300 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.csv" 2>&1 \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ def test_shipped_smollm2_workloads() -> None:
     for name in WL.WORKLOADS:
         prompts = WL.workload_prompts(name)
         n = {"longdoc": len(WL.LONGDOC_LENGTHS + WL.LONGDOC_ADDED_LENGTHS) * WL.LONGDOC_PER_LENGTH,
-             "recall": len(WL.RECALL_LENGTHS) * len(WL.RECALL_DEPTHS) * WL.RECALL_PER_CELL
+             "recall": len(WL.RECALL_LENGTHS) * len(WL.RECALL_DEPTHS) * WL.RECALL_PER_CELL,
+             "code-long": len(WL.ADDED_LENGTHS) * WL.ADDED_PER_LENGTH,
+             "chat-long": len(WL.ADDED_LENGTHS) * WL.ADDED_PER_LENGTH,
              }.get(name, 32)
         assert len(prompts) == n
         assert len({p.source for p in prompts}) == n  # distinct sources
@@ -76,6 +79,8 @@ def test_recall_prompts_quote_a_cue_from_far_back() -> None:
 
 
 @needs_datasets
+@pytest.mark.skipif(platform.python_version() != WL.CODE_LONG_PYTHON,
+                    reason=f"code-long is built from CPython {WL.CODE_LONG_PYTHON}'s library")
 @pytest.mark.parametrize("build, name", [(WL.build_workloads, "smollm2-135m.npz"),
                                          (WL.build_long_workloads, "smollm2-135m.long.npz")])
 def test_shipped_file_is_what_build_produces(tmp_path: Path, build: Any, name: str) -> None:
@@ -86,6 +91,32 @@ def test_shipped_file_is_what_build_produces(tmp_path: Path, build: Any, name: s
         assert sorted(new.files) == sorted(shipped.files)
         for k in new.files:
             assert np.array_equal(new[k], shipped[k]), k
+
+
+def test_long_code_and_chat_prompts_have_exact_lengths_in_rounds() -> None:
+    """code-long and chat-long: one prompt of each ADDED_LENGTHS length per round, exactly
+    that long, distinct sources; competitive mixes both problem sets, each prompt short
+    enough to leave room for a long generation."""
+    rounds = [n for _ in range(WL.ADDED_PER_LENGTH) for n in WL.ADDED_LENGTHS]
+    for name in ("code-long", "chat-long"):
+        prompts = WL.workload_prompts(name)
+        assert [len(p.tokens) for p in prompts] == rounds
+        assert all(f"+{len(p.tokens)}" in p.source for p in prompts)
+    competitive = WL.workload_prompts("competitive")
+    assert [p.source.split(":")[0] for p in competitive[:4]] == ["codeforces", "codecontests"] * 2
+    assert max(len(p.tokens) for p in competitive) <= WL.COMPETITIVE_MAX_TOKENS
+
+
+def test_long_chat_is_a_chatml_history_ending_on_a_user_turn(smollm2: Any) -> None:
+    _, tok, _ = smollm2
+    for p in WL.workload_prompts("chat-long")[:5]:
+        text = tok.decode(p.tokens)
+        assert text.startswith("<|im_start|>system\n")
+        assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        assert text.count("<|im_start|>assistant\n") >= 2  # earlier answers in the history
+    code = tok.decode(WL.workload_prompts("code-long")[0].tokens)
+    assert "```python\n" in code and "Continue it from exactly where it stops" in code
+    assert code.endswith("<|im_start|>assistant\n")
 
 
 @needs_datasets
@@ -128,7 +159,10 @@ def test_long_windows_are_their_own_file_past_smollm2s_window() -> None:
     from vegas_sim.traces.io import load_trace_set
 
     acc = load_trace_set("smollm2-135m-real").acceptance
-    first = acc[(acc["workload"] == "recall") & (acc["iteration"] == 0)]
-    assert all(first["context"] == [len(shipped[r].tokens) for r in first["request"]])
+    for name in ("recall", *WL.ADDED_WORKLOADS):  # request ids index the shipped prompts
+        prompts = shipped if name == "recall" else WL.workload_prompts(name)
+        first = acc[(acc["workload"] == name) & (acc["iteration"] == 0)]
+        assert len(first) and all(first["context"] == [len(prompts[r].tokens)
+                                                       for r in first["request"]])
     assert WL.load_workload("recall", long=True, max_len=16384) == [
         p.tokens for p in recall if len(p.tokens) <= 16384]

@@ -77,6 +77,12 @@ def test_summary_covers_grid(small_set: Path) -> None:
     json.dumps(d)  # serialisable for --format json
     text = io.format_summary(d)
     assert "SYNTHETIC" in text and "qwen3-8b" in text and "gamma 2 .. 4" in text
+    acc = io.load_trace_set(small_set).acceptance
+    assert d["acceptance"]["workload_spans"]
+    for w, (lo, hi, reached) in d["acceptance"]["workload_spans"].items():
+        runs = acc[(acc["workload"] == w) & (acc["iteration"] == 0)]["context"]
+        assert (lo, hi) == (runs.min(), runs.max()) and reached >= hi
+        assert f"{w:<11} prompts {lo}..{hi} tokens" in text  # what it is follows
 
 
 def test_empty_acceptance_is_allowed(small_set: Path) -> None:

@@ -128,11 +128,24 @@ def test_merge_refuses_a_latency_row_measured_twice(tmp_path: Path) -> None:
 def test_merge_refuses_other_model_or_gpu(tmp_path: Path) -> None:
     a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1)
     other_model = _make_set(tmp_path / "b", "code", 0.0, accepted=1, model="qwen3-8b")
-    other_gpu = _make_set(tmp_path / "c", "code", 0.0, accepted=1, gpu_name="NVIDIA H100")
+    timed = _make_set(tmp_path / "t", "chat", 0.6, accepted=1, batch=1)
+    other_gpu = _make_set(tmp_path / "c", "code", 0.0, accepted=1, batch=2,
+                          gpu_name="NVIDIA H100")
     with pytest.raises(TraceSetError, match="different models"):
         merge_trace_sets(tmp_path / "m1", [a, other_model])
     with pytest.raises(TraceSetError, match="different GPUs"):
-        merge_trace_sets(tmp_path / "m2", [a, other_gpu])
+        merge_trace_sets(tmp_path / "m2", [timed, other_gpu])
+
+
+def test_merge_takes_acceptance_measured_on_another_gpu(tmp_path: Path) -> None:
+    """Acceptance is the model's: an acceptance-only set from another GPU merges, and the
+    merged meta names each source's GPU."""
+    a = _make_set(tmp_path / "a", "chat", 0.0, accepted=1, batch=1)
+    other_gpu = _make_set(tmp_path / "c", "code", 0.0, accepted=1, gpu_name="NVIDIA H100")
+    merged = merge_trace_sets(tmp_path / "m", [a, other_gpu])
+    assert sorted(merged.acceptance["workload"].unique()) == ["chat", "code"]
+    assert merged.gpu_name != "NVIDIA H100"  # the first source's, whose latency it holds
+    assert [m["gpu"] for m in merged.meta["merged_from"]][1] == "NVIDIA H100"
 
 
 def test_merge_cli_refuses_a_non_empty_output(tmp_path: Path) -> None:

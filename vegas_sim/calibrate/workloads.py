@@ -14,6 +14,19 @@
                draft that sees only recent tokens cannot find it. Prompts of exactly
                RECALL_LENGTHS tokens (1K-7K), 32 of each; `recall.answer_start` /
                `recall.distance` per prompt
+    code-long  long source context: a window of a long Python standard-library module
+               (CODE_LONG_FILES of CPython CODE_LONG_PYTHON, starting at a def/class line),
+               then an instruction to continue the file; chat-templated, exactly
+               ADDED_LENGTHS tokens (1K-7K), 8 of each, one of each length per round
+    chat-long  long multi-turn chat: MT-Bench two-turn questions with their GPT-4 reference
+               answers as earlier turns, chained in a seeded order, ending on an MT-Bench first
+               turn to answer; ChatML, exactly ADDED_LENGTHS tokens (the earliest turn cut at
+               its start, as a server truncating a long history would), 8 of each length
+    competitive
+               competitive programming (what CodeElo-style benchmarks run): a Codeforces 2024
+               (DeepCoder) or CodeContests problem statement, asked for reasoning then a
+               Python program; chat-templated, 150-1.5K-token prompts whose acceptance is
+               traced along long generations (the per-iteration context is prompt + generated)
 
 "chat-templated" is the model's ChatML turn (SmolLM2, Qwen); a base model without ChatML's
 tokens (Gemma-3-270M) gets no template: the same text, plain (Tokenizer.chat_text). Every
@@ -30,6 +43,8 @@ acceptance traced with the RoPE extended by YaRN (`calibrate --rope-scaling yarn
 --long-prompts`). A file of its own, so that the shipped prompts' order, which the request ids
 of existing trace sets index, never changes. A change to a workload's shipped prompts goes with
 its rows of every packaged set measured again (tests check request ids against prompt lengths).
+The workloads after recall (ADDED_WORKLOADS) each draw from a seeded stream of their own, so
+none of them moves another's prompts.
 """
 
 from __future__ import annotations
@@ -37,7 +52,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import platform
 import re
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +64,34 @@ import numpy as np
 from vegas_sim.calibrate.tokenizer import Tokenizer
 from vegas_sim.errors import UserInputError
 
-WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc", "recall")
+# Drawn in this order from one seeded stream (build_prompts); the shipped prompts' order
+FIRST_WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc", "recall")
+# Each from a stream of its own (ADDED_SEEDS), added after the first ones were traced
+ADDED_WORKLOADS: tuple[str, ...] = ("code-long", "chat-long", "competitive")
+WORKLOADS: tuple[str, ...] = FIRST_WORKLOADS + ADDED_WORKLOADS
+ADDED_SEEDS = {"code-long": 3, "chat-long": 4, "competitive": 5}
+# code-long / chat-long prompt lengths (longdoc's and recall's buckets), tokens
+ADDED_LENGTHS: tuple[int, ...] = (1024, 2048, 3072, 4096, 7168)
+ADDED_PER_LENGTH = 8
+# Long modules of the standard library installed here (20K-60K tokens each); the builder
+# refuses another Python version, whose files differ
+CODE_LONG_PYTHON = "3.11.7"
+CODE_LONG_FILES: tuple[str, ...] = (
+    "argparse.py", "ast.py", "datetime.py", "difflib.py", "doctest.py", "enum.py",
+    "inspect.py", "ipaddress.py", "mailbox.py", "pdb.py", "pickle.py", "pydoc.py",
+    "subprocess.py", "tarfile.py", "typing.py", "zipfile.py")
+CODE_LONG_START = re.compile(r"^(?:class |def |    def |@)", flags=re.MULTILINE)
+CODE_LONG_INSTRUCTION = (
+    "\n```\n\nThe Python source above (Lib/{name} of CPython {version}) stops part-way. "
+    "Continue it from exactly where it stops; reply with the code that follows in a "
+    "```python block.")
+COMPETITIVE_PER_SOURCE = 16  # Codeforces and CodeContests problems, interleaved
+COMPETITIVE_MAX_TOKENS = 1536  # statements longer than this are skipped (room for the output)
+COMPETITIVE_PROMPT = (
+    "{problem}\n\nSolve this competitive programming problem. First reason step by step "
+    "about an efficient approach, then write a complete Python 3 program that reads from "
+    "standard input and writes to standard output, in a ```python block.")
+CHATML_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
 LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
 LONGDOC_PER_LENGTH = 32  # windows of each length (longdoc_prompts)
 # Appended after the LONGDOC_LENGTHS windows, from their own seeded stream, so that the earlier
@@ -268,8 +312,141 @@ def _sentence_start(tok: Tokenizer, doc: list[int], at: int) -> int:
     return at
 
 
+# ---- the added workloads: long code and chat contexts, competitive programming ----------
+
+
+def code_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
+                      lengths: tuple[int, ...] = ADDED_LENGTHS,
+                      per_length: int = ADDED_PER_LENGTH) -> list[Prompt]:
+    """A window of a long standard-library module starting at a def/class line, then
+    CODE_LONG_INSTRUCTION, chat-templated: exactly each of `lengths` tokens, `per_length` of
+    each, one per length per round (the first k rounds cover every length). `data` and `n`
+    are unused: the files are the installed Python's (CODE_LONG_PYTHON)."""
+    if platform.python_version() != CODE_LONG_PYTHON:
+        raise UserInputError(
+            f"code-long is built from CPython {CODE_LONG_PYTHON}'s standard library; this is "
+            f"{platform.python_version()}", where="code-long",
+            fix=f"build the workloads with Python {CODE_LONG_PYTHON}")
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    sources = {f: (lib / f).read_text(encoding="utf-8") for f in CODE_LONG_FILES}
+    out: list[Prompt] = []
+    taken: set[str] = set()
+    k = 0
+    for _ in range(per_length):
+        for length in lengths:
+            name = CODE_LONG_FILES[k % len(CODE_LONG_FILES)]
+            k += 1
+            for _draw in range(MAX_WINDOW_DRAWS):
+                prompt = _code_window(tok, name, sources[name], length, rng)
+                if prompt.source not in taken:
+                    break
+            taken.add(prompt.source)
+            out.append(prompt)
+    return out
+
+
+def _code_window(tok: Tokenizer, name: str, text: str, length: int,
+                 rng: np.random.Generator) -> Prompt:
+    """`length` tokens: the chat head and a ```python fence, the module from a def/class
+    line on, the instruction and the assistant header."""
+    mark = "\x00"
+    user = "```python\n" + mark + CODE_LONG_INSTRUCTION.format(name=name,
+                                                              version=CODE_LONG_PYTHON)
+    head_text, tail_text = tok.chat_text(user).split(mark)
+    head = tok.encode(head_text, add_bos=True)
+    tail = tok.encode(tail_text)
+    room = length - len(head) - len(tail)
+    limit = max(1, len(text) - room * 6)  # ~4.5 characters per token of Python
+    starts = [m.start() for m in CODE_LONG_START.finditer(text) if m.start() < limit] or [0]
+    start = int(starts[int(rng.integers(len(starts)))])
+    body = tok.encode(text[start:start + room * 10])
+    if len(body) < room:
+        raise UserInputError(f"{name} too short for a {length}-token window", where=name)
+    return Prompt("code-long", f"py{CODE_LONG_PYTHON}/{name}@{start}+{length}",
+                  head + body[:room] + tail)
+
+
+def chat_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
+                      lengths: tuple[int, ...] = ADDED_LENGTHS,
+                      per_length: int = ADDED_PER_LENGTH) -> list[Prompt]:
+    """MT-Bench dialogs with reference answers (both turns, the reference's answers as the
+    assistant's) chained in a seeded order as the history, then an MT-Bench first turn not
+    among them: exactly each of `lengths` tokens, the history's earliest turn cut at its
+    start. ChatML (SmolLM2's template). One per length per round; `n` is unused."""
+    if not tok.chat_text("x").endswith("<|im_start|>assistant\n"):
+        raise UserInputError("chat-long is built in ChatML; this tokenizer's chat template "
+                             "is another", where="chat-long",
+                             fix="build chat-long with a ChatML model's tokenizer")
+    questions = {int(r["question_id"]): r for r in _jsonl(data / "mt_bench_question.jsonl")}
+    dialogs: dict[int, list[list[int]]] = {}
+    for r in _jsonl(data / "mt_bench_reference_answer_gpt-4.jsonl"):
+        qid = int(r["question_id"])
+        answers = r["choices"][0]["turns"]
+        turns = [t for q, a in zip(questions[qid]["turns"], answers)
+                 for t in (("user", q), ("assistant", a))]
+        dialogs[qid] = [tok.encode(CHATML_TURN.format(role=ro, content=c)) for ro, c in turns]
+    out: list[Prompt] = []
+    for _ in range(per_length):
+        for length in lengths:
+            out.append(_chat_history(tok, questions, dialogs, length, rng))
+    return out
+
+
+def _chat_history(tok: Tokenizer, questions: dict[int, dict[str, Any]],
+                  dialogs: dict[int, list[list[int]]], length: int,
+                  rng: np.random.Generator) -> Prompt:
+    qids = sorted(questions)
+    last = qids[int(rng.integers(len(qids)))]
+    head_text, final_text = tok.chat_text("\x00").split("\x00")
+    head = tok.encode(head_text.removesuffix("<|im_start|>user\n"), add_bos=True)
+    final = tok.encode("<|im_start|>user\n" + str(questions[last]["turns"][0]) + final_text)
+    order = [int(q) for q in rng.permutation(sorted(dialogs)) if int(q) != last]
+    room = length - len(head) - len(final)
+    kept: list[list[int]] = []  # whole turns from the end of the chained history
+    used: list[int] = []
+    for qid in reversed(order):
+        used.append(qid)
+        for turn in reversed(dialogs[qid]):
+            take = room - sum(len(t) for t in kept)
+            kept.insert(0, turn if len(turn) <= take else turn[len(turn) - take:])
+            if len(turn) >= take:
+                history = [t for turn_ids in kept for t in turn_ids]
+                src = f"mtbench:{last}<{'.'.join(str(q) for q in reversed(used))}+{length}"
+                return Prompt("chat-long", src, head + history + final)
+    raise UserInputError(f"MT-Bench reference dialogs hold fewer than {room} tokens",
+                         where="chat-long", fix="lower ADDED_LENGTHS")
+
+
+def competitive_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
+                        per_source: int = COMPETITIVE_PER_SOURCE) -> list[Prompt]:
+    """`per_source` Codeforces 2024 (DeepCoder's CodeElo-style set) and CodeContests test
+    problems of at most COMPETITIVE_MAX_TOKENS prompt tokens, in dataset order, interleaved
+    (Codeforces first); COMPETITIVE_PROMPT, chat-templated. `n` is unused."""
+    cf_ids = json.loads((data / "codeforces_2024_408_problem_ids.json").read_text())
+    sets = (("codeforces", list(zip(cf_ids, _json(data / "codeforces_2024_408.json")))),
+            ("codecontests", list(enumerate(_json(data / "codecontests_test_165.json")))))
+    picked: list[list[Prompt]] = []
+    for tag, rows in sets:
+        prompts = [Prompt("competitive", f"{tag}:{pid}",
+                          tok.chat(COMPETITIVE_PROMPT.format(problem=str(r["problem"]).strip())))
+                   for pid, r in rows]
+        picked.append(_pick([p for p in prompts if len(p.tokens) <= COMPETITIVE_MAX_TOKENS],
+                            per_source, rng))
+    return [p for pair in zip(*picked) for p in pair]
+
+
+def _json(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise UserInputError("dataset file missing", where=str(path),
+                             fix="point VEGAS_SIM_DATASETS at the shared datasets directory")
+    rows: list[dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
+    return rows
+
+
 BUILDERS = {"reasoning": reasoning_prompts, "code": code_prompts, "chat": chat_prompts,
-            "longdoc": longdoc_prompts, "recall": recall_prompts}
+            "longdoc": longdoc_prompts, "recall": recall_prompts,
+            "code-long": code_long_prompts, "chat-long": chat_long_prompts,
+            "competitive": competitive_prompts}
 
 
 def build_prompts(
@@ -278,10 +455,12 @@ def build_prompts(
     """Every workload's prompts, tokenized with `tok` (in memory)."""
     data = datasets or default_datasets_dir()
     rng = np.random.default_rng(seed)
-    prompts = {w: BUILDERS[w](tok, data, n, rng) for w in WORKLOADS}
+    prompts = {w: BUILDERS[w](tok, data, n, rng) for w in FIRST_WORKLOADS}
     added = np.random.default_rng(LONGDOC_ADDED_SEED)
     n_added = LONGDOC_PER_LENGTH * len(LONGDOC_ADDED_LENGTHS)
     prompts["longdoc"] += longdoc_prompts(tok, data, n_added, added, LONGDOC_ADDED_LENGTHS)
+    for w in ADDED_WORKLOADS:
+        prompts[w] = BUILDERS[w](tok, data, n, np.random.default_rng(ADDED_SEEDS[w]))
     return prompts
 
 

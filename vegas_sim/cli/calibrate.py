@@ -23,6 +23,7 @@ from vegas_sim.traces import io
 from vegas_sim.validate.heldout import read_heldout
 from vegas_sim.validate.repredict import repredict as repredict_table
 from vegas_sim.validate.results import compare, summarize
+from vegas_sim.workload_info import workload_help
 
 
 def check_model(model: str, option: str = "--model") -> None:
@@ -57,7 +58,7 @@ def _check_out_dir(out: Path) -> None:
 @click.option("--context", default=None, help="Context grid, e.g. '1K..128K:x2'.")
 @click.option("--n-query", default=None, help="Verify query rows grid, e.g. '1,4,8,16'.")
 @click.option("--workload", default=None,
-              help="Acceptance workloads: reasoning, code, chat, longdoc, recall (real weights).")
+              help="Acceptance workloads, comma list (real weights): " + workload_help() + ".")
 @click.option("--iterations", type=int, default=None,
               help="Spec-decode iterations per acceptance run.")
 @click.option("--temperature", default=None,

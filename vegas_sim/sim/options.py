@@ -20,6 +20,7 @@ from typing import Any
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
 from vegas_sim.models import WEIGHT_FORMATS
 from vegas_sim.sim.ranking import RANK_BY
+from vegas_sim.workload_info import workload_help
 
 COMMANDS = ("predict", "sweep", "tune")
 ALL = COMMANDS
@@ -155,8 +156,9 @@ _SCENARIO = (
     Option("slo_ttft_ms", ("--slo-ttft-ms",), "float", None,
            "TTFT SLO (queueing included) for goodput, ms.", scenario=True),
     Option("workload", ("--workload",), "str", None,
-           "Acceptance workload (reasoning, code, chat, longdoc, recall); default all, "
-           "pooled.", scenario=True),
+           "Acceptance workload, one of: " + workload_help() + ". Default: all traced "
+           "ones, pooled; `vegas-sim traces show` gives the contexts each was traced over.",
+           scenario=True),
     Option("temperature", ("--temperature",), "float", 0.0,
            "Sampling temperature whose acceptance to replay (0 = greedy).", scenario=True),
     Option("prefill", ("--prefill",), "choice", "disaggregated",

@@ -1,8 +1,10 @@
 """Merge trace sets measured separately — parallel calibration processes, several sessions —
 into one.
 
-The sources must describe the same model (all of meta['model'], weights included) on the
-same GPU model, and must not measure the same thing twice: a latency row key (phase, method,
+The sources must describe the same model (all of meta['model'], weights included), those
+with latency rows on the same GPU model (an acceptance-only source may come from another GPU:
+acceptance is the model's and the sampler's, not the GPU's; `merged_from` names each source's
+GPU), and must not measure the same thing twice: a latency row key (phase, method,
 batch, context, n_query, kv_read, collect_rows) or an acceptance run (method, γ, sparsity,
 temperature, workload, request) found in two sources is refused, since the merged set would
 weight it double. One acceptance group in two sources with different requests is the group
@@ -141,11 +143,15 @@ def _check_same_model_and_gpu(sets: list[TraceSet]) -> None:
                 f"({first.weights_kind} weights), {ts.path} has {ts.model_name!r} "
                 f"({ts.weights_kind} weights)", where=f"{ts.path}/meta.json, key 'model'",
                 fix="merge only sets of the same model and weights")
-        if ts.gpu_name != first.gpu_name:
+    timed = [ts for ts in sets if len(ts.latency)]  # latency is the GPU's
+    for ts in timed[1:]:
+        if ts.gpu_name != timed[0].gpu_name:
             raise TraceSetError(
-                f"different GPUs: {first.path} was measured on {first.gpu_name!r}, {ts.path} "
-                f"on {ts.gpu_name!r}", where=f"{ts.path}/meta.json, key 'gpu.name'",
-                fix="merge only sets measured on the same GPU model")
+                f"different GPUs: {timed[0].path} was measured on {timed[0].gpu_name!r}, "
+                f"{ts.path} on {ts.gpu_name!r}", where=f"{ts.path}/meta.json, key 'gpu.name'",
+                fix="merge only latency measured on the same GPU model (acceptance-only sets "
+                    "may come from another GPU)")
+    for ts in sets[1:]:
         if ts.meta.get("tensor_parallel") != first.meta.get("tensor_parallel"):
             raise TraceSetError(
                 f"different tensor-parallel groups: {first.path} has "
@@ -184,7 +190,7 @@ def merged_meta(sets: list[TraceSet]) -> dict[str, Any]:
     meta["workload"] = _union(*(ts.meta.get("workload", []) for ts in sets))
     meta["date"] = max(str(ts.meta["date"]) for ts in sets)
     meta["merged_from"] = [{"path": str(ts.path), "date": ts.meta["date"],
-                            "grid": ts.meta["grid"]} for ts in sets]
+                            "gpu": ts.gpu_name, "grid": ts.meta["grid"]} for ts in sets]
     return meta
 
 

@@ -13,6 +13,7 @@ from vegas_sim.traces.schema import (
     ACCEPTANCE_POINT_KEYS,
 )
 from vegas_sim.traces.validation import GPU_NUMBERS
+from vegas_sim.workload_info import describe
 
 
 # ============================================================================ summaries
@@ -54,6 +55,7 @@ def summarize(trace_set: TraceSet) -> dict[str, Any]:
             "temperatures": _sorted_unique(acc, "temperature"),
             "requests": int(acc.groupby(["method", "gamma", "sparsity", "workload",
                                          "temperature", "request"]).ngroups) if len(acc) else 0,
+            "workload_spans": workload_spans(acc),
         },
     }
 
@@ -84,6 +86,20 @@ def _tp_lines(d: dict[str, Any]) -> list[str]:
                      f"{c['mb_per_call']:.3g} MB, {100 * c['share']:.0f} % of its time "
                      "(median over its rows)")
     return lines
+
+
+def workload_spans(acc: pd.DataFrame) -> dict[str, list[int]]:
+    """Per workload: [shortest prompt, longest prompt, longest context reached] traced (a
+    run's first iteration's context is its prompt; later ones add what it generated)."""
+    if acc.empty:
+        return {}
+    first = acc[acc["iteration"] == 0]
+    out: dict[str, list[int]] = {}
+    for w, g in acc.groupby("workload", sort=True):
+        prompts = first.loc[first["workload"] == w, "context"]
+        lo, hi = (prompts.min(), prompts.max()) if len(prompts) else (g["context"].min(),) * 2
+        out[str(w)] = [int(lo), int(hi), int(g["context"].max())]
+    return out
 
 
 def _fmt_range(r: list[Any] | None) -> str:
@@ -140,6 +156,9 @@ def format_summary(d: dict[str, Any]) -> str:
             (f"            workloads {', '.join(acc['workloads'])}; temperatures "
             f"{', '.join(str(t) for t in acc['temperatures'])}"),
         ]
+        for w, (lo, hi, reached) in acc.get("workload_spans", {}).items():
+            lines.append(f"            {w:<11} prompts {lo}..{hi} tokens, contexts reached "
+                         f"{reached}: {describe(w)}")
     return "\n".join(lines) + "\n"
 
 
