@@ -92,6 +92,7 @@ COMPETITIVE_PROMPT = (
     "about an efficient approach, then write a complete Python 3 program that reads from "
     "standard input and writes to standard output, in a ```python block.")
 CHATML_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
+PLAIN_TURN = "{Role}: {content}\n\n"  # a base model's history (no chat template)
 LONGDOC_LENGTHS: tuple[int, ...] = (1024, 2048, 4096, 7168)
 LONGDOC_PER_LENGTH = 32  # windows of each length (longdoc_prompts)
 # Appended after the LONGDOC_LENGTHS windows, from their own seeded stream, so that the earlier
@@ -372,11 +373,9 @@ def chat_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generat
     """MT-Bench dialogs with reference answers (both turns, the reference's answers as the
     assistant's) chained in a seeded order as the history, then an MT-Bench first turn not
     among them: exactly each of `lengths` tokens, the history's earliest turn cut at its
-    start. ChatML (SmolLM2's template). One per length per round; `n` is unused."""
-    if not tok.chat_text("x").endswith("<|im_start|>assistant\n"):
-        raise UserInputError("chat-long is built in ChatML; this tokenizer's chat template "
-                             "is another", where="chat-long",
-                             fix="build chat-long with a ChatML model's tokenizer")
+    start. ChatML where the tokenizer has it (SmolLM2's template); a base model's plain
+    'User: ... / Assistant: ...' turns otherwise. One per length per round; `n` is unused."""
+    turn_format = CHATML_TURN if tok.chatml else PLAIN_TURN
     questions = {int(r["question_id"]): r for r in _jsonl(data / "mt_bench_question.jsonl")}
     dialogs: dict[int, list[list[int]]] = {}
     for r in _jsonl(data / "mt_bench_reference_answer_gpt-4.jsonl"):
@@ -384,7 +383,8 @@ def chat_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generat
         answers = r["choices"][0]["turns"]
         turns = [t for q, a in zip(questions[qid]["turns"], answers)
                  for t in (("user", q), ("assistant", a))]
-        dialogs[qid] = [tok.encode(CHATML_TURN.format(role=ro, content=c)) for ro, c in turns]
+        dialogs[qid] = [tok.encode(turn_format.format(role=ro, Role=ro.title(), content=c))
+                        for ro, c in turns]
     out: list[Prompt] = []
     for _ in range(per_length):
         for length in lengths:
@@ -397,9 +397,14 @@ def _chat_history(tok: Tokenizer, questions: dict[int, dict[str, Any]],
                   rng: np.random.Generator) -> Prompt:
     qids = sorted(questions)
     last = qids[int(rng.integers(len(qids)))]
-    head_text, final_text = tok.chat_text("\x00").split("\x00")
-    head = tok.encode(head_text.removesuffix("<|im_start|>user\n"), add_bos=True)
-    final = tok.encode("<|im_start|>user\n" + str(questions[last]["turns"][0]) + final_text)
+    question = str(questions[last]["turns"][0])
+    if tok.chatml:
+        head_text, final_text = tok.chat_text("\x00").split("\x00")
+        head = tok.encode(head_text.removesuffix("<|im_start|>user\n"), add_bos=True)
+        final = tok.encode("<|im_start|>user\n" + question + final_text)
+    else:
+        head = tok.encode("", add_bos=True)
+        final = tok.encode(PLAIN_TURN.format(Role="User", content=question) + "Assistant:")
     order = [int(q) for q in rng.permutation(sorted(dialogs)) if int(q) != last]
     room = length - len(head) - len(final)
     kept: list[list[int]] = []  # whole turns from the end of the chained history
