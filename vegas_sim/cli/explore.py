@@ -47,8 +47,8 @@ def sweep(rank_by: str | None, out: Path, **values: Any) -> None:
 
     A grid longer than a minute first says how many configurations it has and about how long
     they will take. Finished chunks are checkpointed in OUT.partial/: Ctrl-C (or SIGTERM)
-    stops within seconds, writes the rows finished so far to --out as a partial table and
-    exits 130; the same command again resumes where it stopped (a different grid, seed or
+    stops within seconds, writes the rows finished so far to --out as a partial table (its
+    `partial` column says so on every row; report marks it) and exits 130; the same command again resumes where it stopped (a different grid, seed or
     trace set for that --out is refused).
 
     --rank-by prints the best configuration of each (batch, context, output) cell by that
@@ -229,6 +229,8 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     """
     with user_errors(), output_lock(out):
         written = write_report(results, out, kind, title=title)
+    if written.partial:
+        click.echo(f"warning: {results} is a partial table: {written.partial}", err=True)
     for skipped in written.skipped:
         click.echo(f"skipped {skipped}", err=True)
     click.echo(json.dumps({"html": str(written.html), "csvs": [str(p) for p in written.csvs],
