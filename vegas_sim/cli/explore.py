@@ -211,7 +211,9 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     validate result, plus its CSVs beside it: <stem>.report.csv (the whole table, flat) and
     <stem>.report-<table>.csv (each table under a chart). A rerun replaces them; a file the
     report did not write (its input, or an HTML that is not a vegas-sim report) is never
-    overwritten.
+    overwritten. The page and its CSVs are written together: an interrupt or a full disk
+    leaves the previous report as it was. A partial sweep table (an interrupted sweep) is
+    drawn with a warning that says so.
 
     The page opens with the provenance read from the table: trace sets, GPU (measured or
     what-if), engine, acceptance source, what the intervals are, and the extrapolated rows per
@@ -227,7 +229,7 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     \b
         vegas-sim report sweep.csv --out sweep.html
     """
-    with user_errors(), output_lock(out):
+    with user_errors(), output_lock(out), sigterm_as_interrupt():
         written = write_report(results, out, kind, title=title)
     if written.partial:
         click.echo(f"warning: {results} is a partial table: {written.partial}", err=True)
