@@ -5,10 +5,13 @@ or NaN Poisson rate, and arrival times that are NaN, infinite, negative or past 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vegas_sim.bounds import MAX_ARRIVAL_RATE, MAX_ARRIVAL_S
 from vegas_sim.cli import cli
@@ -54,3 +57,28 @@ def test_the_bounds_themselves_pass(tmp_path: Path) -> None:
 def test_an_arrival_trace_built_in_python_is_checked_too(times: tuple[float, ...]) -> None:
     with pytest.raises(UserInputError, match="arrival 2: arrival time"):
         Arrivals.trace(times).validate(2)
+
+
+NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0.0, -0.0, 1e-300, 1e300, MAX_ARRIVAL_RATE, MAX_ARRIVAL_S]))
+
+
+@given(rate=NUMBERS)
+def test_any_poisson_rate_is_refused_or_one_an_instance_can_see(rate: float) -> None:
+    try:
+        Arrivals.parse(f"poisson:{rate!r}").validate(8)
+    except UserInputError as e:
+        assert e.where == "--arrival" and e.fix
+        return
+    assert 0 < rate <= MAX_ARRIVAL_RATE
+
+
+@given(times=st.lists(NUMBERS, min_size=1, max_size=6))
+def test_any_arrival_times_are_refused_or_finite_sorted_and_bounded(times: list[float]) -> None:
+    try:
+        Arrivals.trace(times).validate(len(times))
+    except UserInputError as e:
+        assert e.where == "arrival trace" and e.fix
+        return
+    assert all(math.isfinite(t) and 0 <= t <= MAX_ARRIVAL_S for t in times)
+    assert times == sorted(times)
