@@ -4,10 +4,10 @@ Every file vegas-sim writes (trace-set parts and meta, result tables, reports, r
 fit cache) goes through `atomic_write`: a temp file beside the target, then a rename, so a
 reader never sees half a file and a failed write leaves the old one intact. An output of
 several files (a report and its CSVs) goes through `write_together`: all staged, then all
-renamed, so an interrupt or a full disk leaves the old output or the whole new one. Output paths are
-checked before any work (`check_out`), so that a long run is not lost to a typo. An output
-has one writer at a time (`output_lock`): a second command writing the same path is refused
-and told which process holds it.
+renamed, so an interrupt or a full disk leaves the old output or the whole new one. Output
+paths are checked before any work (`check_out`), so that a long run is not lost to a typo. An
+output has one writer at a time (`output_lock`): a second command writing the same path is
+refused and told which process holds it.
 """
 
 from __future__ import annotations
@@ -105,17 +105,26 @@ def atomic_write(path: Path, write: Writer, *, durable: bool = False,
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back while the block runs (main thread only: Python handles
-    signals there); one that arrived meanwhile is delivered when the block ends."""
+    """SIGINT and SIGTERM held back while the block runs: one that arrives meanwhile is
+    handled as it would have been (Ctrl-C's KeyboardInterrupt, say) when the block ends.
+    Python runs signal handlers in the main thread only, so off it this holds nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda n, _: arrived.append(n))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for first in arrived[:1]:
+        handler = previous[signal.Signals(first)]
+        if callable(handler):
+            handler(first, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), first)
 
 
 def write_together(writes: list[tuple[Path, Writer]], option: str = "--out",

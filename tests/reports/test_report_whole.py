@@ -135,7 +135,8 @@ def test_any_method_name_gives_companions_inside_the_folder(
     result = _run(src, out)
     assert result.exit_code == 0, result.output
     written = {p.name for p in out.parent.iterdir()}
-    assert all(re.fullmatch(r"r\.(html|report(-[A-Za-z0-9_-]+)?\.csv)", n) for n in written), written
+    named = re.compile(r"r\.(html|report(-[A-Za-z0-9_-]+)?\.csv)")
+    assert all(named.fullmatch(n) for n in written), written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
     page = out.read_text()
     ids = re.findall(r'id="chart-([^"]*)"', page)

@@ -48,8 +48,9 @@ def sweep(rank_by: str | None, out: Path, **values: Any) -> None:
     A grid longer than a minute first says how many configurations it has and about how long
     they will take. Finished chunks are checkpointed in OUT.partial/: Ctrl-C (or SIGTERM)
     stops within seconds, writes the rows finished so far to --out as a partial table (its
-    `partial` column says so on every row; report marks it) and exits 130; the same command again resumes where it stopped (a different grid, seed or
-    trace set for that --out is refused).
+    `partial` column says so on every row; report marks it) and exits 130; the same command
+    again resumes where it stopped (a different grid, seed or trace set for that --out is
+    refused).
 
     --rank-by prints the best configuration of each (batch, context, output) cell by that
     metric; goodput needs --slo-tpot-ms and/or --slo-ttft-ms. Open-loop arrivals
