@@ -7,6 +7,10 @@ before triton is first imported, so it is set here, at the root).
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
+
+import pytest
 
 # pytest-xdist workers share the cores: torch's intra-op pool sized to each worker's share.
 # Two workers each running the machine's thread count on 2 cores spin against each other
@@ -46,3 +50,12 @@ if os.environ.get("VEGAS_SIM_TEST_SHARED_MEM") and _has_cuda():
 
     _SHARED_LIMIT = int(os.environ["VEGAS_SIM_TEST_SHARED_MEM"])
     _triton_compiler.max_shared_mem = lambda device: _SHARED_LIMIT  # type: ignore[assignment]
+
+
+@pytest.fixture(autouse=True)
+def _keep_sigint() -> Iterator[None]:
+    """`vegas_sim.cli.main` leaves Ctrl-C exiting at once (for its process's exit): the test
+    runner's own handler is put back after each test."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)

@@ -121,3 +121,19 @@ def test_mxfp4_on_a_dense_model_is_refused_not_noted_as_applied() -> None:
     with pytest.raises(UserInputError, match="dense") as e:
         api.predict(model="qwen3-8b", weight_format="mxfp4", engine="analytic")
     assert e.value.where == "--weight-format" and "fp8" in e.value.fix
+
+
+@pytest.mark.parametrize("field", ["memory_gb", "hbm_bandwidth_gbs", "copy_bandwidth_gbs",
+                                   "bf16_tflops", "link_bandwidth_gbs", "allreduce_latency_us"])
+@pytest.mark.parametrize("value", [1e-300, 1e300])
+def test_every_gpu_spec_field_at_1e_minus_300_is_refused_by_predict(
+        field: str, value: float, tmp_path: Path) -> None:
+    """The issue's case: GPU-spec values of 1e-300 gave NaN/inf tables with exit 0."""
+    spec = {"name": "what-if", "memory_gb": 80, "hbm_bandwidth_gbs": 3350, "bf16_tflops": 989,
+            field: value}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(spec))
+    result = CliRunner().invoke(cli, ["predict", "--engine", "analytic", "--gpu-spec",
+                                      str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"--gpu-spec {path}: {field}" in result.output and "fix:" in result.output

@@ -15,9 +15,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from click.testing import CliRunner
+
 from tests.sim.test_sweep import Models, synthetic_models
+from vegas_sim.cli.explore import report
 from vegas_sim.errors import UserInputError
-from vegas_sim.reports.csv import read_table, write_table
+from vegas_sim.reports.csv import PARTIAL_COLUMN, read_table, write_table
 from vegas_sim.runs import SweepInterrupted, checkpoint_dir, sweep_to_file
 from vegas_sim.sim.sweep import SweepGrid, sweep
 
@@ -95,6 +98,29 @@ def test_sweep_writes_json_like_predict(models: Models, tmp_path: Path) -> None:
     assert set(doc) == {"notes", "rows"} and doc["notes"] == ["from here"]
     assert len(doc["rows"]) == len(done.table) == len(GRID)
     assert doc["rows"][1]["method"] == "vegas" and doc["rows"][1]["throughput_tok_s"] > 0
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json"])
+def test_a_partial_table_says_so_in_the_file_and_report_shows_it(
+        suffix: str, models: Models, tmp_path: Path) -> None:
+    """fba85c4 wrote the partial CSV and Parquet with nothing to tell them from a whole
+    table, and `report` drew them without a word."""
+    out = tmp_path / f"s{suffix}"
+    with pytest.raises(SweepInterrupted) as stopped:
+        sweep_to_file(GRID, *models, out, workers=1, progress=_stop_after(3))  # type: ignore[arg-type]
+    rows = (pd.DataFrame(json.loads(out.read_text())["rows"]) if suffix == ".json"
+            else read_table(out))
+    said = f"interrupted after {stopped.value.done} of {len(GRID)} configurations"
+    assert rows[PARTIAL_COLUMN].str.startswith(said).all()
+    if suffix != ".json":
+        result = CliRunner().invoke(report, [str(out), "--out", str(tmp_path / "r.html")])
+        assert result.exit_code == 0, result.output
+        assert f"is a partial table: {said}" in result.output
+        assert f"PARTIAL table, not the whole grid: {said}" in (tmp_path / "r.html").read_text()
+    sweep_to_file(GRID, *models, out, workers=1)  # resumed to the end: a whole table
+    whole = (pd.DataFrame(json.loads(out.read_text())["rows"]) if suffix == ".json"
+             else read_table(out))
+    assert len(whole) == len(GRID) and PARTIAL_COLUMN not in whole.columns
 
 
 # ---- the real command ----------------------------------------------------------------------

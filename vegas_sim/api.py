@@ -10,6 +10,7 @@ the reports and validate code); the fits they share (`load_models`, `fit_latency
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from collections.abc import Mapping, Sequence
@@ -197,7 +198,23 @@ def anchor_acceptance(
     return model, [*notes, *model.notes()]
 
 
-@functools.lru_cache(maxsize=8)
+def _files_stamp(paths: Sequence[str | Path | None]) -> tuple[tuple[str, int, int], ...]:
+    """(file, mtime_ns, size) of each named trace set's meta and tables (or of a named file,
+    an anchors file): what an edit on disk changes. Names that are no path (packaged sets,
+    presets) give nothing: the package does not change under a running process."""
+    stamp = []
+    for named in paths:
+        if named is None:
+            continue
+        path = Path(named)
+        for file in ([path / n for n in ("meta.json", LATENCY_FILE, ACCEPTANCE_FILE)]
+                     if path.is_dir() else [path]):
+            with contextlib.suppress(OSError):
+                st = file.stat()
+                stamp.append((str(file), st.st_mtime_ns, st.st_size))
+    return tuple(stamp)
+
+
 def load_models(
     model: str | None, traces: Path | None = None, gpu: str | GpuSpec | None = None,
     graph_launch_ms: float | None = None, acceptance_anchors: tuple[str, ...] = (),
@@ -205,6 +222,8 @@ def load_models(
     tensor_parallel: int = 1, model_what_if: str | None = None,
 ) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
     """Resolve trace sets (packaged by default), fit both models; notes say what was used.
+    Kept in memory for the next call with the same arguments, until a named set or anchors
+    file changes on disk (`_files_stamp`): a notebook that re-finalizes a set gets its new fit.
 
     model None: the model of `traces`, or DEFAULT_MODEL when no set is given.
     acceptance_anchors: anchor files or packaged names (`anchor_acceptance`).
@@ -221,6 +240,19 @@ def load_models(
     collectives are modelled, not measured). model_what_if: a preset whose shape to price at
     the latency set's fits (`LatencyModel.for_model`; a what-if).
     """
+    stamp = _files_stamp([traces, acceptance_traces, *acceptance_anchors])
+    return _load_models(model, traces, gpu, graph_launch_ms, acceptance_anchors, weight_format,
+                        acceptance_traces, tensor_parallel, model_what_if, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_models(
+    model: str | None, traces: Path | None, gpu: str | GpuSpec | None,
+    graph_launch_ms: float | None, acceptance_anchors: tuple[str, ...], weight_format: str,
+    acceptance_traces: Path | None, tensor_parallel: int, model_what_if: str | None,
+    stamp: tuple[tuple[str, int, int], ...],
+) -> tuple[LatencyModel, AnchoredAcceptance, tuple[str, ...]]:
+    """`load_models`, memoised by its arguments and the named files' `stamp`."""
     if model is None and traces is None:
         model = DEFAULT_MODEL
     model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M

@@ -19,7 +19,10 @@ The bounds and why:
   seed as int64.
 - GPU-spec fields (`--gpu-spec`) inside GPU_SPEC_RANGES: beyond any GPU built, the ratios of a
   what-if overflow or vanish (1e300 GB gives a NaN KV capacity, 1e-300 GB/s infinite times).
-- rates, times and bandwidths finite.
+- rates, times and bandwidths finite; open-loop arrivals (`--arrival`) at most
+  MAX_ARRIVAL_RATE requests per second (poisson:inf would put every request at time 0, which
+  no saturation rule can read), trace arrival times within [0, MAX_ARRIVAL_S] (past it the
+  simulator's float milliseconds lose the sub-millisecond steps it adds).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ MAX_SIM_PLAN_BYTES = 8e9
 MAX_SEED = 2**63 - 1
 MAX_REPLICATIONS = 1000
 MAX_WORKERS = 4096
+MAX_ARRIVAL_RATE = 1e9  # requests per second: a million times any single instance's
+MAX_ARRIVAL_S = 1e7  # seconds (116 days); a float millisecond there still resolves 1e-6 ms
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,12 @@ BOUNDS: dict[str, Bound] = {b.option[2:].replace("-", "_"): b for b in (
     _b("--output-len", 1, 16 * 1024 * 1024, "longer than any model's positions",
        "pass e.g. 1024", integer=True),
 )}
+
+
+ARRIVAL_RATE = _b("--arrival", 0, MAX_ARRIVAL_RATE,
+                  "more requests per second than any deployment serves",
+                  "give a finite rate, e.g. poisson:2; for every request at once, a rate far "
+                  "above the instance's (poisson:1000) or closed:<users>", open_lo=True)
 
 
 def check_options(values: Mapping[str, Any]) -> None:

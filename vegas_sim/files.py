@@ -2,21 +2,25 @@
 
 Every file vegas-sim writes (trace-set parts and meta, result tables, reports, run logs, the
 fit cache) goes through `atomic_write`: a temp file beside the target, then a rename, so a
-reader never sees half a file and a failed write leaves the old one intact. Output paths are
-checked before any work (`check_out`), so that a long run is not lost to a typo. An output
-has one writer at a time (`output_lock`): a second command writing the same path is refused
-and told which process holds it.
+reader never sees half a file and a failed write leaves the old one intact. An output of
+several files (a report and its CSVs) goes through `write_together`: all staged, then all
+renamed, so an interrupt or a full disk leaves the old output or the whole new one. Output
+paths are checked before any work (`check_out`), so that a long run is not lost to a typo. An
+output has one writer at a time (`output_lock`): a second command writing the same path is
+refused and told which process holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -99,6 +103,63 @@ def atomic_write(path: Path, write: Writer, *, durable: bool = False,
     return path
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs: one that arrives meanwhile is
+    handled as it would have been (Ctrl-C's KeyboardInterrupt, say) when the block ends.
+    Python runs signal handlers in the main thread only, so off it this holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda n, _: arrived.append(n))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for first in arrived[:1]:
+        handler = previous[signal.Signals(first)]
+        if callable(handler):
+            handler(first, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), first)
+
+
+def write_together(writes: list[tuple[Path, Writer]], option: str = "--out",
+                   before_commit: Callable[[], object] | None = None) -> list[Path]:
+    """Write several files as one output (a report and its CSVs): each `write(tmp)` stages a
+    hidden temp file beside its path; only once every one is staged are they renamed into
+    place, in the order given, with SIGINT and SIGTERM held back until the last rename (and
+    `before_commit`, run just before the renames, e.g. to delete files the output no longer
+    has). A failure or interrupt while staging (a full disk, Ctrl-C) removes what was staged
+    and leaves every path as it was. An OSError is a UserInputError naming `option`."""
+    staged: list[tuple[Path, Path]] = []  # (temp file, its path)
+    current = writes[0][0] if writes else Path()
+    try:
+        for current, write in writes:
+            fd, name = tempfile.mkstemp(dir=current.parent, prefix=f".{current.name}.tmp-",
+                                        suffix=".tmp")
+            os.close(fd)
+            staged.append((Path(name), current))
+            write(Path(name))
+            os.chmod(name, _umask_mode())
+        with _signals_held():
+            if before_commit is not None:
+                before_commit()
+            while staged:
+                tmp, current = staged[0]
+                os.replace(tmp, current)
+                staged.pop(0)
+    except OSError as e:
+        raise _cannot_write(current, e, option) from None
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+    return [path for path, _ in writes]
+
+
 def write_json(path: Path, obj: Any, *, durable: bool = False) -> Path:
     """`obj` as indented JSON with sorted keys (values JSON lacks are written as strings)."""
     text = json.dumps(obj, indent=2, sort_keys=True, default=str)
@@ -124,7 +185,15 @@ def _os_why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, quota or file-size limit
+
+
 def _cannot_write(path: Path, e: OSError, option: str) -> UserInputError:
+    if e.errno in NO_ROOM:
+        return UserInputError(f"cannot write {str(path)!r}: {_os_why(e)}", where=option,
+                              fix="free space on that filesystem (or raise the file-size "
+                                  "limit, ulimit -f), or choose a path on another one, and run "
+                                  "the command again")
     return UserInputError(f"cannot write {str(path)!r}: {_os_why(e)}", where=option,
                           fix="choose a path in a writable directory (one that exists or "
                               "can be created)")

@@ -13,7 +13,8 @@ When the grid is done, the table is assembled from the segments in grid order, w
 `--out` atomically (rows identical to an uninterrupted in-memory sweep: chunking never
 changes a row), and the checkpoint is removed. On Ctrl-C or SIGTERM the workers are killed,
 the buffered chunks are flushed, the complete rows so far are written to `--out` as a partial
-table, and `SweepInterrupted` says how far it got. The same command again resumes: chunks
+table (every row's `partial` column says how far it got; a complete table has no such column),
+and `SweepInterrupted` says how far it got. The same command again resumes: chunks
 already in the checkpoint are not run again. A different grid, seed, engine or trace set for
 the same `--out` is refused (its rows would not belong to one table).
 """
@@ -33,7 +34,7 @@ import pandas as pd
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import output_lock, write_atomic, write_json
-from vegas_sim.reports.csv import table_format, write_json_doc, write_table
+from vegas_sim.reports.csv import PARTIAL_COLUMN, table_format, write_json_doc, write_table
 from vegas_sim.sim.predict import SkipLog
 from vegas_sim.sim.sweep import (
     Estimate,
@@ -321,6 +322,8 @@ def _write_partial(ckpt: Checkpoint, engines: tuple[str, ...], out: Path, notes:
         ckpt.remove()
         return
     done = len(table) // len(engines)
-    write_result(table, out, [(f"partial: {done} of {total} configurations; run the same "
-                              "command again to resume"), *notes])
+    partial = (f"interrupted after {done} of {total} configurations; run the same command "
+               "again to resume")
+    write_result(table.assign(**{PARTIAL_COLUMN: partial}), out,
+                 [f"partial: {partial}", *notes])
 

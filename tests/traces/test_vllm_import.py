@@ -261,3 +261,30 @@ def test_an_unknown_model_is_refused_before_anything_is_read(tmp_path: Path) -> 
                        "--out", tmp_path / "a.json")
     assert code != 0 and "--model" in output and "qwen3-8b" in output
     assert not (tmp_path / "a.json").exists()
+
+
+SERIES = {"drafts": 'vllm:spec_decode_num_drafts_total{engine="0",model_name="Qwen/Qwen3-8B"}',
+          "accepted": 'vllm:spec_decode_num_accepted_tokens_total{engine="0",'
+                      'model_name="Qwen/Qwen3-8B"}',
+          "per position": 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",'
+                          'model_name="Qwen/Qwen3-8B",position="0"}',
+          "created": 'vllm:spec_decode_num_drafts_created{engine="0",model_name="Qwen/Qwen3-8B"}'}
+
+
+@pytest.mark.parametrize("value", ["+Inf", "Inf", "-Inf"])
+@pytest.mark.parametrize("series", sorted(SERIES))
+@pytest.mark.parametrize("dumps", [1, 2])
+def test_an_infinite_counter_is_refused_with_its_line(series: str, value: str, dumps: int,
+                                                      tmp_path: Path) -> None:
+    """Prometheus writes +Inf and -Inf as values; fba85c4 ended in an OverflowError traceback
+    (int(inf)) for a counter, and read an infinite _created time as a server restart."""
+    lines = (FIX / "metrics_after.txt").read_text().splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith(SERIES[series] + " ")]
+    lines[at] = f"{SERIES[series]} {value}"
+    path = tmp_path / "metrics.txt"
+    path.write_text("\n".join(lines) + "\n")
+    files = [FIX / "metrics_before.txt", path][-dumps:]
+    code, output = run(*files, "--gamma", 6, *CONFIG, "--out", tmp_path / "a.json")
+    assert code == 1 and "Traceback" not in output, output
+    assert f"metrics.txt:{at + 1}" in output and "inf" in output and "fix:" in output, output
+    assert not (tmp_path / "a.json").exists()

@@ -47,9 +47,10 @@ def sweep(rank_by: str | None, out: Path, **values: Any) -> None:
 
     A grid longer than a minute first says how many configurations it has and about how long
     they will take. Finished chunks are checkpointed in OUT.partial/: Ctrl-C (or SIGTERM)
-    stops within seconds, writes the rows finished so far to --out as a partial table and
-    exits 130; the same command again resumes where it stopped (a different grid, seed or
-    trace set for that --out is refused).
+    stops within seconds, writes the rows finished so far to --out as a partial table (its
+    `partial` column says so on every row; report marks it) and exits 130; the same command
+    again resumes where it stopped (a different grid, seed or trace set for that --out is
+    refused).
 
     --rank-by prints the best configuration of each (batch, context, output) cell by that
     metric; goodput needs --slo-tpot-ms and/or --slo-ttft-ms. Open-loop arrivals
@@ -211,7 +212,9 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     validate result, plus its CSVs beside it: <stem>.report.csv (the whole table, flat) and
     <stem>.report-<table>.csv (each table under a chart). A rerun replaces them; a file the
     report did not write (its input, or an HTML that is not a vegas-sim report) is never
-    overwritten.
+    overwritten. The page and its CSVs are written together: an interrupt or a full disk
+    leaves the previous report as it was. A partial sweep table (an interrupted sweep) is
+    drawn with a warning that says so.
 
     The page opens with the provenance read from the table: trace sets, GPU (measured or
     what-if), engine, acceptance source, what the intervals are, and the extrapolated rows per
@@ -227,8 +230,10 @@ def report(results: Path, out: Path, kind: str | None, title: str | None) -> Non
     \b
         vegas-sim report sweep.csv --out sweep.html
     """
-    with user_errors(), output_lock(out):
+    with user_errors(), output_lock(out), sigterm_as_interrupt():
         written = write_report(results, out, kind, title=title)
+    if written.partial:
+        click.echo(f"warning: {results} is a partial table: {written.partial}", err=True)
     for skipped in written.skipped:
         click.echo(f"skipped {skipped}", err=True)
     click.echo(json.dumps({"html": str(written.html), "csvs": [str(p) for p in written.csvs],

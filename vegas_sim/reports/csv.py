@@ -17,9 +17,12 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.files import write_atomic
+from vegas_sim.files import Writer, write_atomic
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+# The column a partial table (an interrupted sweep) carries on every row: how much of the grid
+# it holds and how to finish it. A complete table has no such column.
+PARTIAL_COLUMN = "partial"
 
 
 def table_format(path: str | Path, option: str = "--out") -> str:
@@ -83,9 +86,9 @@ def flat_table(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def write_table(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Path:
-    """Write `df` flat to CSV or Parquet (by suffix), atomically (temp file + rename)."""
-    path = Path(path)
+def table_writer(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Writer:
+    """A writer of `df` flat as CSV or Parquet (by `path`'s suffix) into the file it is given
+    (a temp file that `files` renames to `path`)."""
     fmt = table_format(path, option)
     flat = flat_table(df)
 
@@ -95,7 +98,13 @@ def write_table(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Pa
         else:
             flat.to_parquet(tmp, index=False)
 
-    return write_atomic(path, write, option)
+    return write
+
+
+def write_table(df: pd.DataFrame, path: str | Path, option: str = "--out") -> Path:
+    """Write `df` flat to CSV or Parquet (by suffix), atomically (temp file + rename)."""
+    path = Path(path)
+    return write_atomic(path, table_writer(df, path, option), option)
 
 
 def write_json_doc(doc: Any, path: str | Path, option: str = "--out") -> Path:

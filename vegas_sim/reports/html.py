@@ -10,7 +10,9 @@ supports, and lists the charts it skipped and why instead of drawing a broken on
 The CSVs beside `sweep.html` are `sweep.report.csv` (the whole table, flat) and
 `sweep.report-<slug>.csv` (each static table). The `.report` infix keeps them apart from the
 result files users name themselves (`sweep.csv`), and the page records their names, so a rerun
-may replace them but a report never overwrites a file it did not write, nor its input.
+may replace them but a report never overwrites a file it did not write, nor its input. The page
+and its CSVs are written as one (`files.write_together`): an interrupt or a full disk leaves
+the previous report as it was, nothing half-written beside it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ import plotly.offline
 from markupsafe import Markup
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.files import check_out, write_atomic
+from vegas_sim.files import check_out, write_together
 from vegas_sim.reports import charts as ch
 from vegas_sim.reports import validate_tune as vt
 from vegas_sim.reports.chart import Chart
 from vegas_sim.reports.context_trend import context_trend_table
-from vegas_sim.reports.csv import read_table, spread_rates, to_numbers, write_table
-from vegas_sim.reports.provenance import provenance
+from vegas_sim.reports.csv import read_table, spread_rates, table_writer, to_numbers
+from vegas_sim.reports.provenance import partial_note, provenance
 from vegas_sim.reports.templates import GENERATOR, REPORT_TEMPLATE
 
 KINDS = ("sweep", "tune", "validate")
@@ -65,6 +67,7 @@ class ReportOutput:
     charts: list[str] = field(default_factory=list)  # titles of the rendered charts
     skipped: list[str] = field(default_factory=list)  # "title: why"
     tables: list[str] = field(default_factory=list)  # titles of the table-only entries
+    partial: str = ""  # what the table says of itself when it is partial (an interrupted sweep)
 
 
 def _version() -> str:
@@ -195,26 +198,35 @@ def _slug(text: str, limit: int = SLUG_CHARS) -> str:
     return "-".join(kept) or "table"
 
 
+def _slugs(charts: list[Chart]) -> list[str]:
+    """Each chart's slug, unique, as a part of a file name and an element id: letters,
+    digits, '_' and '-' only (a method name in it may hold anything, '/' and '..' included);
+    from the title where the chart has none."""
+    used: set[str] = set()
+    slugs = []
+    for chart in charts:
+        base = re.sub(r"[^A-Za-z0-9_]+", "-", chart.slug).strip("-") or _slug(chart.title)
+        slug, n = base, 1
+        while slug in used:  # two charts with one slug must not share a file or an id
+            n += 1
+            slug = f"{base}-{n}"
+        used.add(slug)
+        slugs.append(slug)
+    return slugs
+
+
 def _table_html(df: pd.DataFrame) -> Markup:
     return Markup(df.to_html(index=False, classes="data", border=0, na_rep="–",
                              float_format=lambda v: f"{v:.4g}"))
 
 
-def _companions(out: Path, df: pd.DataFrame,
-                charts: list[Chart]) -> list[tuple[Path, pd.DataFrame]]:
+def _companions(out: Path, df: pd.DataFrame, charts: list[Chart],
+                slugs: list[str]) -> list[tuple[Path, pd.DataFrame]]:
     """(path, table) of each CSV beside the report: the whole table, then the charts' tables."""
     planned = [(out.with_name(f"{out.stem}.report.csv"), df)]
-    used: set[str] = set()
-    for chart in charts:
-        if chart.table is None or chart.table.empty:
-            continue
-        slug = base = chart.slug or _slug(chart.title)
-        n = 1
-        while slug in used:  # two charts with one slug must not share a file
-            n += 1
-            slug = f"{base}-{n}"
-        used.add(slug)
-        planned.append((out.with_name(f"{out.stem}.report-{slug}.csv"), chart.table))
+    for chart, slug in zip(charts, slugs):
+        if chart.table is not None and not chart.table.empty:
+            planned.append((out.with_name(f"{out.stem}.report-{slug}.csv"), chart.table))
     return planned
 
 
@@ -243,7 +255,9 @@ def _check_html_is_ours(out: Path) -> None:
 
 
 def _previous_companions(out: Path) -> set[str]:
-    """Names of the CSVs that the report now at `out` wrote (its <meta>); none if no report."""
+    """Names of the CSVs that the report now at `out` wrote (its <meta>); none if no report.
+    Only names a report gives its CSVs count: `<stem>.report*.csv` in `out`'s directory (an
+    edited page may list anything, '../' included)."""
     head = _head(out)
     found = re.search(rf'<meta name="{COMPANIONS_META}" content="([^"]*)"', head)
     if found is None:
@@ -252,7 +266,14 @@ def _previous_companions(out: Path) -> set[str]:
         names = json.loads(_html.unescape(found.group(1)))
     except json.JSONDecodeError:
         return set()
-    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+    if not isinstance(names, list):
+        return set()
+    return {n for n in names if isinstance(n, str) and _is_companion_name(out, n)}
+
+
+def _is_companion_name(out: Path, name: str) -> bool:
+    return (Path(name).name == name and name.startswith(f"{out.stem}.report")
+            and name.endswith(".csv"))
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -279,24 +300,27 @@ def _check_overwrites(out: Path, paths: list[Path], source: Path | None) -> None
                     "after it)")
 
 
-def _remove_stale(out: Path, written: list[Path]) -> None:
-    """Delete the CSVs the previous report at `out` wrote that this one did not rewrite: they
+def _stale(out: Path, planned: list[Path]) -> list[Path]:
+    """The CSVs the previous report at `out` wrote that this one does not rewrite: they
     described other data, and a later report of that name must find no foreign file there."""
-    keep = {p.name for p in written}
-    for name in _previous_companions(out) - keep:
-        path = out.with_name(name)
-        if name.startswith(f"{out.stem}.report") and name.endswith(".csv") and path.is_file():
+    keep = {p.name for p in planned}
+    return [out.with_name(name) for name in sorted(_previous_companions(out) - keep)]
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_file():
             path.unlink(missing_ok=True)
 
 
-def _render(i: int, chart: Chart, result: ReportOutput) -> dict[str, object]:
+def _render(slug: str, chart: Chart, result: ReportOutput) -> dict[str, object]:
     """The template's entry for one chart; records it in `result` as drawn or skipped."""
     entry: dict[str, object] = {"title": chart.title, "caption": chart.caption,
-                                "note": chart.note, "id": f"section-{chart.slug or i}"}
+                                "note": chart.note, "id": f"section-{slug}"}
     if chart.fig is not None:
         entry["div"] = Markup(pio.to_html(
             chart.fig, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
-            div_id=f"chart-{chart.slug or i}", default_height=f"{chart.height}px"))
+            div_id=f"chart-{slug}", default_height=f"{chart.height}px"))
         result.charts.append(chart.title)
     elif chart.table_only:
         result.tables.append(chart.title)
@@ -335,19 +359,25 @@ def write_report(
     _check_html_is_ours(out)
     source = None if isinstance(results, pd.DataFrame) else Path(results)
     charts = _charts_for(kind, df)
-    planned = _companions(out, df, charts)
+    slugs = _slugs(charts)
+    planned = _companions(out, df, charts, slugs)
     _check_overwrites(out, [path for path, _ in planned], source)
-    result = ReportOutput(html=out)
-    result.csvs = [write_table(table, path) for path, table in planned]
-    _remove_stale(out, result.csvs)
-    rendered = [_render(i, chart, result) for i, chart in enumerate(charts)]
+    result = ReportOutput(html=out, csvs=[path for path, _ in planned],
+                          partial=partial_note(df))
+    rendered = [_render(slug, chart, result) for slug, chart in zip(slugs, charts)]
+    names = [p.name for p in result.csvs]
     page = jinja2.Environment(autoescape=True).from_string(REPORT_TEMPLATE).render(
         title=title or f"vegas-sim {kind} report", kind=kind, n_rows=len(df),
         generated=_dt.datetime.now().isoformat(timespec="seconds"), version=_version(),
         source=str(results) if source is not None else "",
-        notes=[*file_notes, *notes], csvs=[p.name for p in result.csvs], charts=rendered,
-        provenance=provenance(df), generator=GENERATOR, companions_meta=COMPANIONS_META, companions=json.dumps([p.name for p in result.csvs]),
-        plotly_js=Markup(plotly.offline.get_plotlyjs()),
+        notes=[*file_notes, *notes], csvs=names, charts=rendered,
+        provenance=provenance(df), generator=GENERATOR, companions_meta=COMPANIONS_META,
+        companions=json.dumps(names), plotly_js=Markup(plotly.offline.get_plotlyjs()),
     )
-    write_atomic(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    # All or nothing: the page and its CSVs are staged, then renamed into place together
+    # (the page first: it lists the CSVs, so a rerun may replace any of them).
+    stale = _stale(out, result.csvs)
+    write_together([(out, lambda tmp: tmp.write_text(page, encoding="utf-8")),
+                    *[(path, table_writer(table, path)) for path, table in planned]],
+                   before_commit=lambda: _remove(stale))
     return result

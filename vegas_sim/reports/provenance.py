@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from vegas_sim.reports.csv import PARTIAL_COLUMN
 from vegas_sim.sim.predict import is_extrapolated
 
 UNKNOWN = "provenance unknown (table written by an older vegas-sim)"
@@ -113,9 +114,17 @@ def has_interval(df: pd.DataFrame, low: str, high: str) -> bool:
     return bool((hi - lo).fillna(0).abs().gt(0).any())
 
 
+def partial_note(df: pd.DataFrame) -> str:
+    """What a partial table says of itself (its PARTIAL_COLUMN); '' for a complete one."""
+    return "; ".join(_values(df, PARTIAL_COLUMN))
+
+
 def provenance(df: pd.DataFrame) -> Provenance:
     """The provenance block of a report of `df`."""
     prov = Provenance()
+    partial = partial_note(df)
+    if partial:
+        prov.warnings.append(f"PARTIAL table, not the whole grid: {partial}")
     for label, col in FIELDS:
         values = _values(df, col)
         if values:

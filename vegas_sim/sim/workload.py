@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vegas_sim.bounds import ARRIVAL_RATE, MAX_ARRIVAL_S
 from vegas_sim.errors import UserInputError
 
 OUTPUT_KINDS = ("fixed", "lognormal", "samples")
@@ -290,7 +291,10 @@ class Arrivals:
             if not self.rate_per_s > 0:
                 raise UserInputError(f"Poisson rate must be > 0, got {self.rate_per_s}",
                                      where="--arrival", fix="use poisson:<rate/s>, e.g. poisson:2")
+            ARRIVAL_RATE.check(self.rate_per_s)
         elif self.kind == "trace":
+            for i, t in enumerate(self.times_s):
+                _check_time(t, f"arrival {i + 1}", "arrival trace")
             if len(self.times_s) != n_requests:
                 raise UserInputError(
                     f"the arrival trace has {len(self.times_s)} times for {n_requests} requests",
@@ -343,7 +347,19 @@ def read_arrival_trace(path: str) -> tuple[tuple[float, ...], tuple[tuple[int, i
             raise UserInputError(f"line {line} is not {what}: {row}",
                                  where=where, fix="one number per line (seconds), or the CSV "
                                  "columns arrival_s, input_len, output_len") from None
+        _check_time(times[-1], f"line {line}", where)
     return tuple(times), tuple(lengths)
+
+
+def _check_time(t: float, what: str, where: str) -> float:
+    """`t` when it is an arrival time (finite, in [0, MAX_ARRIVAL_S] seconds); else a
+    UserInputError naming `what` (the line or the request)."""
+    if not 0 <= t <= MAX_ARRIVAL_S:  # NaN and ±inf too
+        raise UserInputError(
+            f"{what}: arrival time {t:g} is not in [0, {MAX_ARRIVAL_S:g}] seconds (finite, from "
+            f"the first request; {MAX_ARRIVAL_S:g} s is {MAX_ARRIVAL_S / 86400:.0f} days)",
+            where=where, fix="give each request's arrival in seconds from the first one")
+    return t
 
 
 def _is_number(text: str) -> bool:

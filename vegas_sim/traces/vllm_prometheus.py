@@ -194,9 +194,12 @@ def read_dump(path: Path) -> Dump:
                 f"{name} with labels {dict(key[1])} appears twice (first at "
                 f"{table[key].where})", where=where,
                 fix="import one dump per file (of one server), not two dumps concatenated")
-        if not is_created and (math.isnan(value) or value < 0 or value != int(value)):
+        if not is_created and not (math.isfinite(value) and value >= 0 and value.is_integer()):
             raise UserInputError(f"{name} = {value!r}: a counter of drafts or tokens must be a "
                                  "whole number >= 0", where=where, fix=_FORMAT_FIX)
+        if is_created and not math.isfinite(value):
+            raise UserInputError(f"{name} = {value!r}: a counter's creation time must be a "
+                                 "finite number of seconds", where=where, fix=_FORMAT_FIX)
         table[key] = Sample(value, where)
     if not dump.counters:
         raise UserInputError(
