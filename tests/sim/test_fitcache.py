@@ -3,6 +3,7 @@ user's own folder, only when its HMAC checks; the folder is bounded."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pickle
@@ -231,3 +232,33 @@ def test_cached_latency_model_predicts_like_a_fresh_fit(cache: Path) -> None:
     kv = np.full(4, 2049)
     assert second.phase_ms("decode", "vanilla", 1, kv) == pytest.approx(
         first.phase_ms("decode", "vanilla", 1, kv))
+
+
+def _ast_imports(source: str) -> set[str]:
+    """What an AST walk finds: the reference the key's line scan must match."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names if n.split(".")[0] == "vegas_sim"}
+
+
+@pytest.mark.parametrize("path", sorted(Path(fitcache.__file__).parent.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(Path(fitcache.__file__).parent)))
+def test_the_key_finds_every_import_the_ast_finds(path: Path) -> None:
+    """The key's import scan (a regex, for speed) sees every vegas_sim import of every module
+    of the package, so no module a fit reads is left out of its key."""
+    source = path.read_text(encoding="utf-8")
+    assert fitcache._imported_names(source) >= _ast_imports(source)
+
+
+def test_the_import_scan_reads_parentheses_comments_and_continuations() -> None:
+    source = ("from vegas_sim.sim import (  # a comment\n    latency,  # its own\n"
+              "    acceptance as acc,\n)\nimport vegas_sim.gpus as g, os\n"
+              "from vegas_sim.models import \\\n    ModelSpec\ndef f():\n    from vegas_sim import grids\n")
+    assert fitcache._imported_names(source) == _ast_imports(source) == {
+        "vegas_sim.sim", "vegas_sim.sim.latency", "vegas_sim.sim.acceptance", "vegas_sim.gpus",
+        "vegas_sim.models", "vegas_sim.models.ModelSpec", "vegas_sim", "vegas_sim.grids"}
