@@ -172,6 +172,13 @@ def cache_key(kind: str, meta: dict[str, Any], data_file: str,
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=repr).encode()).hexdigest()
 
 
+def key(kind: str, ident: dict[str, Any], code: tuple[ModuleType, ...]) -> str:
+    """Key of a value computed by `code` from what `ident` (JSON-able) names, e.g. a file's
+    sha256: an edit of that code, or another `ident`, misses."""
+    whole = {"kind": kind, "ident": ident, "code": _code_hash(code)}
+    return hashlib.sha256(json.dumps(whole, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 # ---------------------------------------------------------------------------- private places
 def _private_dir(folder: Path) -> bool:
     """Make `folder` (0700) or check that it is a folder of the user's own, tightened to 0700;
