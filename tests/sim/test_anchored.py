@@ -197,3 +197,17 @@ def test_bad_anchor_files_exit_nonzero(tmp_path: Path, content: str, words: str)
 def test_bad_anchor_names_exit_nonzero(args: list[str]) -> None:
     result = CliRunner().invoke(cli, [*FAST, *args])
     assert result.exit_code != 0 and "--acceptance-anchor" in result.output, result.output
+
+
+def test_cached_shifts_equal_a_fresh_fit() -> None:
+    """The anchored δ's are cached by the shape's fit key and the anchors: a second model
+    reads them back and answers as the fitted one does."""
+    ts = load_trace_set(SHAPE)
+    shape = api.fit_acceptance(ts)
+    anchors = [_set(VEGAS)]
+    fresh = AnchoredAcceptance(shape, ts.name, anchors)
+    api._anchored(shape, ts, anchors)  # fitted and stored (or read, if an earlier test did)
+    again = api._anchored(shape, ts, anchors)
+    assert again.shifts == fresh.shifts
+    np.testing.assert_array_equal(again.lookup("vegas", 6, 0.07, 300).rates,
+                                  fresh.lookup("vegas", 6, 0.07, 300).rates)

@@ -8,15 +8,30 @@ from __future__ import annotations
 
 import sys
 
+import importlib
+
 import click
 
-from vegas_sim.cli.calibrate import calibrate, validate
-from vegas_sim.cli.explore import report, sweep, tune
-from vegas_sim.cli.predict import predict
-from vegas_sim.cli.traces import traces
+# Each command's module, imported when the command runs (or --help lists them all): a
+# `predict` does not pay for the imports of calibrate, validate or the HTML report.
+COMMANDS = {"calibrate": "calibrate", "predict": "predict", "report": "explore",
+            "sweep": "explore", "traces": "traces", "tune": "explore", "validate": "calibrate"}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are imported from `COMMANDS` on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module = importlib.import_module(f"vegas_sim.cli.{COMMANDS[cmd_name]}")
+            self.add_command(getattr(module, cmd_name))
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vegas-sim")
 def cli() -> None:
     """Predict the speed of self-speculative decoding with sparse attention before you
@@ -30,10 +45,6 @@ def cli() -> None:
     \b
         vegas-sim predict --gamma 7 --sparsity 0.07 --batch 4 --context 32K
     """
-
-
-for _command in (calibrate, predict, report, sweep, traces, tune, validate):
-    cli.add_command(_command)
 
 
 def main() -> None:
