@@ -147,21 +147,33 @@ def bench_engine() -> None:
 
 
 def bench_sweep(workers: int) -> None:
+    """1,000 analytic configurations: of the packaged qwen3-8b models (what `vegas-sim sweep`
+    runs by default), and of a small synthetic set (sweep_speed.py's, for comparison)."""
     from vegas_sim import api
+    from vegas_sim.sim.acceptance import AcceptanceModel
     from vegas_sim.sim.sweep import SweepGrid, sweep
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
-    latency, acceptance, _ = api.load_models("qwen3-8b")
     sparsity = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.15)
     grid = SweepGrid(methods=("vegas", "magicdec-stream"), gamma=tuple(range(1, 11)),
                      sparsity=sparsity, batch=(1, 4, 16, 64), context=(4096, 32768),
                      output_len=(1024,), include_vanilla=False)
     scenarios = grid.scenarios()[:1000]  # 2·10·10·4·2 = 1,600: the first 1,000
-    at = load()
-    t0 = time.perf_counter()
-    table = sweep(scenarios, latency, acceptance, engine="analytic", workers=workers)
-    wall = time.perf_counter() - t0
-    print(f"analytic sweep, {len(table)} configurations (qwen3-8b), {workers} workers: "
-          f"{wall:.1f} s ({at} → {load().split()[1]})")
+    latency, acceptance, _ = api.load_models("qwen3-8b")
+    with tempfile.TemporaryDirectory() as tmp:
+        ts = make_synthetic_trace_set(Path(tmp) / "ts", gammas=(2, 4, 8, 12),
+                                      sparsities=(0.01, 0.05, 0.1, 0.2),
+                                      contexts=(4096, 32768), batches=(1, 16, 64))
+        synthetic = (api.fit_latency(ts), AcceptanceModel.from_traces(ts.acceptance,
+                                                                      ts.weights_kind))
+    for what, (lat, acc) in (("packaged qwen3-8b, anchored", (latency, acceptance)),
+                             ("synthetic set (sweep_speed.py's)", synthetic)):
+        at = load()
+        t0 = time.perf_counter()
+        table = sweep(scenarios, lat, acc, engine="analytic", workers=workers)
+        wall = time.perf_counter() - t0
+        print(f"analytic sweep, {len(table)} configurations, {what}, {workers} workers: "
+              f"{wall:.1f} s ({at} → {load().split()[1]})")
 
 
 def main() -> None:
