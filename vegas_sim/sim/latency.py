@@ -476,18 +476,19 @@ class LatencyModel:
         assert loo is not None
         # memo per leave-one-out table (a sweep asks once per row and phase); a refit makes a
         # new table, so a copy of the model never answers from a stale one
-        memo = getattr(self, "_loo_quantiles", None)
+        memo = getattr(self, "_loo_quantiles", None)  # absent from models cached before it
         if memo is None or memo[0] is not loo:
-            memo = (loo, {})
+            memo = (loo, dict[tuple[str, str, float], float]())
             self._loo_quantiles = memo
         key = (grp.phase, grp.method, q)
-        if key not in memo[1]:
+        quantiles: dict[tuple[str, str, float], float] = memo[1]
+        if key not in quantiles:
             hit = loo[(loo["phase"] == grp.phase) & (loo["method"] == grp.method)]["err"]
             hit = hit.dropna()
             if hit.empty:
                 hit = loo[loo["phase"] == grp.phase]["err"].dropna()
-            memo[1][key] = 100.0 * float(hit.quantile(q)) if len(hit) else math.nan
-        return memo[1][key]
+            quantiles[key] = 100.0 * float(hit.quantile(q)) if len(hit) else math.nan
+        return quantiles[key]
 
     def octaves_outside(self, batch: int, longest_context: int, n_query: int = 1
                         ) -> dict[str, float]:
