@@ -92,16 +92,18 @@ def _narrowed(a: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 class _PackedCell(TracedCell):
-    """A TracedCell read back from the fit cache: its arrays are widened to their own dtypes
-    on first use, so that reading a large set's fit costs only the cells a command uses."""
+    """A TracedCell read back from the fit cache: each array is widened to its own dtype on
+    first use, so that reading a large set's fit costs only the arrays a command uses (a
+    count of iterations reads `acc`, not the probabilities)."""
 
     def __getattr__(self, name: str) -> Any:  # only for attributes not set yet
         packed = self.__dict__.get("_packed")
-        if name not in _CELL_ARRAYS or packed is None:
+        if packed is None or name not in packed:
             raise AttributeError(name)
-        for field_name, (array, dtype) in zip(_CELL_ARRAYS, packed):
-            object.__setattr__(self, field_name, array.astype(dtype))
-        del self.__dict__["_packed"]
+        array, dtype = packed.pop(name)
+        object.__setattr__(self, name, array.astype(dtype))
+        if not packed:
+            del self.__dict__["_packed"]
         return self.__dict__[name]
 
 
@@ -109,7 +111,8 @@ def _cell_from(gamma: int, sparsity: float, bucket: float, ctx_min: int, ctx_max
                arrays: tuple[tuple[np.ndarray, str], ...]) -> TracedCell:
     cell = object.__new__(_PackedCell)
     for name, value in (("gamma", gamma), ("sparsity", sparsity), ("bucket", bucket),
-                        ("ctx_min", ctx_min), ("ctx_max", ctx_max), ("_packed", arrays)):
+                        ("ctx_min", ctx_min), ("ctx_max", ctx_max),
+                        ("_packed", dict(zip(_CELL_ARRAYS, arrays)))):
         object.__setattr__(cell, name, value)
     return cell
 
