@@ -25,7 +25,7 @@ FUNCTIONS = {"predict": api.predict, "sweep": api.sweep, "tune": api.tune}
 
 
 def _cli_params(command: str) -> dict[str, Any]:
-    cmd = cli.commands[command]
+    cmd = cli.get_command(click.Context(cli), command)
     assert isinstance(cmd, click.Command)
     return {p.name: p.default for p in cmd.params
             if isinstance(p, click.Option) and p.name not in CLI_ONLY[command]

@@ -11,7 +11,9 @@ from vegas_sim.cli import cli
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = [prefix]
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the top group imports its commands on use
+        command = group.get_command(ctx, name)
         if isinstance(command, click.Group):
             found += _commands(command, (*prefix, name))
         else:

@@ -48,9 +48,12 @@ def command_of(args: list[str]) -> tuple[str, click.Command, list[str]]:
     is the group's default (the root's example, predict)."""
     node: click.Command = cli
     names: list[str] = []
-    while isinstance(node, click.Group) and args and args[0] in node.commands:
+    while isinstance(node, click.Group) and args and args[0] in node.list_commands(
+            click.Context(node)):
         names.append(args[0])
-        node, args = node.commands[args[0]], args[1:]
+        found = node.get_command(click.Context(node), args[0])  # the root imports on use
+        assert found is not None
+        node, args = found, args[1:]
     return " ".join(names), node, args
 
 

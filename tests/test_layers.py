@@ -15,8 +15,10 @@ BASE = {"errors", "bounds", "methods", "models", "gpus", "grids", "files", "work
 ALLOWED = {
     **{b: BASE for b in BASE},
     "kernels": BASE,
-    "traces": BASE,
-    "sim": BASE | {"traces"},
+    # fitcache (the signed on-disk cache; it imports only files) records checked trace tables
+    # and cached quantiles as well as fits
+    "traces": BASE | {"fitcache"},
+    "sim": BASE | {"traces", "fitcache"},
     "fitcache": BASE,
     "api": BASE | {"sim", "traces", "fitcache"},
     "calibrate": BASE | {"kernels", "traces"},

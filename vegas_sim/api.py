@@ -43,6 +43,7 @@ from vegas_sim.methods import (
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import (
     acceptance_dist,
+    anchored as anchored_module,
     context_trend,
     latency_features,
     latency_fit,
@@ -50,7 +51,7 @@ from vegas_sim.sim import (
 )
 from vegas_sim.sim import latency as latency_module
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.anchored import AnchoredAcceptance
+from vegas_sim.sim.anchored import AnchoredAcceptance, MethodShift
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.parallel import TensorParallel
 from vegas_sim.sim.predict import Scenario
@@ -74,6 +75,7 @@ WEIGHT_FORMAT_NOTES = {
 }
 # The modules whose code a cached latency fit depends on: a change to any refits.
 LATENCY_CODE = (latency_module, latency_features, latency_fit)
+ACCEPTANCE_CODE = (acceptance_module, acceptance_dist, context_trend, sparsity_trend)
 NO_ANCHORS = "none"  # --acceptance-anchor none: the shape set's own acceptance level
 OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "num_output_tokens")
 
@@ -136,12 +138,17 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
 
 def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
-    key = fitcache.cache_key("acceptance", trace_set.meta, ACCEPTANCE_FILE,
-                             (acceptance_module, acceptance_dist, context_trend, sparsity_trend))
+    key = fitcache.cache_key("acceptance with trends", trace_set.meta, ACCEPTANCE_FILE,
+                             ACCEPTANCE_CODE)
     floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
-    fitted = fitcache.cached(key, lambda: AcceptanceModel.from_traces(
-        trace_set.acceptance, trace_set.weights_kind, min_tokens=floor))
-    return _named(fitted, trace_set.name)
+
+    def build() -> AcceptanceModel:
+        model = AcceptanceModel.from_traces(trace_set.acceptance, trace_set.weights_kind,
+                                            min_tokens=floor)
+        model.context_trends()  # fitted once and cached with the model: lookups past the
+        return model  # traced contexts use them (the first such lookup fits them all)
+
+    return _named(fitcache.cached(key, build), trace_set.name)
 
 
 _Model = TypeVar("_Model", LatencyModel, AcceptanceModel)
@@ -194,7 +201,7 @@ def anchor_acceptance(
         if s.model is not None and s.model.lower() != model_name.lower():
             notes.append(f"acceptance anchors {s.name()} were measured on {s.model}, used for "
                          f"{model_name}")
-    model = AnchoredAcceptance(shape, shape_set.name, sets)
+    model = _anchored(shape, shape_set, sets)
     return model, [*notes, *model.notes()]
 
 
@@ -213,6 +220,28 @@ def _files_stamp(paths: Sequence[str | Path | None]) -> tuple[tuple[str, int, in
                 st = file.stat()
                 stamp.append((str(file), st.st_mtime_ns, st.st_size))
     return tuple(stamp)
+
+
+
+def _anchored(shape: AcceptanceModel, shape_set: TraceSet, sets: list[AnchorSet]
+              ) -> AnchoredAcceptance:
+    """`AnchoredAcceptance(shape, ...)` with its fitted shifts cached on disk: the key is the
+    shape's fit key, the anchors and the code that fits them."""
+    if not sets:
+        return AnchoredAcceptance(shape, shape_set.name, sets)
+    shape_key = fitcache.cache_key("acceptance with trends", shape_set.meta, ACCEPTANCE_FILE,
+                                   ACCEPTANCE_CODE)
+    key = None if shape_key is None else fitcache.key(
+        "anchor shifts", {"shape": shape_key, "anchors": [repr(s) for s in sets]},
+        (*ACCEPTANCE_CODE, anchored_module))
+    fitted: list[AnchoredAcceptance] = []
+
+    def fit() -> dict[str, MethodShift]:
+        fitted.append(AnchoredAcceptance(shape, shape_set.name, sets))
+        return fitted[0].shifts
+
+    shifts = fitcache.cached(key, fit)
+    return fitted[0] if fitted else AnchoredAcceptance(shape, shape_set.name, sets, shifts)
 
 
 def load_models(

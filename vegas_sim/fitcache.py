@@ -23,15 +23,17 @@ VEGAS_SIM_CACHE=0 turns it off.
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import hmac
 import json
+import mmap
 import os
 import pickle
+import re
 import secrets
 import stat
+import struct
 import sys
 import tempfile
 from collections.abc import Callable
@@ -43,7 +45,10 @@ from vegas_sim.files import atomic_write
 
 T = TypeVar("T")
 
-MAGIC = b"vegas-sim fit cache 2\n"  # an entry: MAGIC, 32-byte HMAC, pickle
+# An entry: MAGIC, 32-byte HMAC, then the signed body: the count of out-of-band buffers, the
+# lengths of the pickle and of each buffer (8 bytes each, little-endian), the pickle, the
+# buffers. Arrays travel out of band, so that reading an entry does not copy them again.
+MAGIC = b"vegas-sim fit cache 3\n"
 SUFFIX = ".fit"
 DEFAULT_MAX_MB = 2048.0  # a few trace sets' fits across a few code versions
 _MAC_BYTES = 32
@@ -100,17 +105,33 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
-def _imported_names(tree: ast.AST) -> set[str]:
-    """Every vegas_sim module an AST imports, at module level or inside a function
-    (`from vegas_sim.sim import latency` names both the package and the module)."""
+_FROM_IMPORT = re.compile(  # from vegas_sim.x import a, b  |  from vegas_sim.x import (a,\n b)
+    rf"^[ \t]*from[ \t]+({_PACKAGE}(?:\.\w+)*)[ \t]+import[ \t]+(\([^)]*\)|(?:[^\n\\]|\\\n)*)",
+    re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+((?:[^\n\\]|\\\n)*)", re.MULTILINE)
+
+
+def _imported_names(source: str) -> set[str]:
+    """Every vegas_sim module a source file imports, at module level or inside a function
+    (`from vegas_sim.sim import latency` names both the package and the module).
+
+    A line scan, not `ast.parse` (which cost ~0.3 s per command over the fit's ~20 modules):
+    an import-looking line inside a string adds a name, which only widens the key (a miss,
+    never a stale hit); tests/sim/test_fitcache.py checks it finds what the AST finds."""
     names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
+    for m in _FROM_IMPORT.finditer(source):
+        module = m.group(1)
+        names.add(module)
+        names.update(f"{module}.{alias}" for alias in _aliases(m.group(2).strip("()")))
+    for m in _IMPORT.finditer(source):
+        names.update(_aliases(m.group(1)))
     return {n for n in names if n.split(".")[0] == _PACKAGE}
+
+
+def _aliases(names: str) -> list[str]:
+    """'a as b, c  # note' (continuation lines and comments allowed) -> ['a', 'c']."""
+    plain = re.sub(r"#[^\n]*", "", names).replace("\\", " ")
+    return [part.split()[0] for part in plain.split(",") if part.strip()]
 
 
 @functools.lru_cache(maxsize=32)
@@ -123,7 +144,7 @@ def _closure(roots: tuple[str, ...]) -> tuple[Path, ...]:
         if name in seen or path is None:
             continue
         seen[name] = path
-        todo.extend(_imported_names(ast.parse(path.read_bytes())))
+        todo.extend(_imported_names(path.read_text(encoding="utf-8")))
     return tuple(sorted(set(seen.values())))
 
 
@@ -156,6 +177,13 @@ def cache_key(kind: str, meta: dict[str, Any], data_file: str,
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=repr).encode()).hexdigest()
 
 
+def key(kind: str, ident: dict[str, Any], code: tuple[ModuleType, ...]) -> str:
+    """Key of a value computed by `code` from what `ident` (JSON-able) names, e.g. a file's
+    sha256: an edit of that code, or another `ident`, misses."""
+    whole = {"kind": kind, "ident": ident, "code": _code_hash(code)}
+    return hashlib.sha256(json.dumps(whole, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 # ---------------------------------------------------------------------------- private places
 def _private_dir(folder: Path) -> bool:
     """Make `folder` (0700) or check that it is a folder of the user's own, tightened to 0700;
@@ -174,16 +202,19 @@ def _private_dir(folder: Path) -> bool:
         return False
 
 
-def _read_private(path: Path) -> bytes | None:
+def _read_private(path: Path) -> mmap.mmap | bytes | None:
     """The bytes of `path` if it is a regular file the user owns that no one else may read or
-    write (no symlink followed); None otherwise. OSError (e.g. missing) propagates."""
+    write (no symlink followed); None otherwise. OSError (e.g. missing) propagates. Mapped
+    copy-on-write: arrays unpickled out of band from it are writable, as unpickled arrays are,
+    and no page is copied until written (entries are replaced by rename, never rewritten)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
             return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
+        if st.st_size == 0:
+            return b""
+        return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
     finally:
         os.close(fd)
 
@@ -211,11 +242,13 @@ def _secret() -> bytes | None:
     if not secret:
         _warn_once(path, "is not a file of yours that only you can read",
                    "delete it (a new key is made; cached fits are then fitted again)")
-    return secret or None
+    return bytes(secret) if secret else None
 
 
-def _mac(secret: bytes, key: str, payload: bytes) -> bytes:
-    return hmac.new(secret, key.encode() + b"\0" + payload, hashlib.sha256).digest()
+def _mac(secret: bytes, key: str, payload: bytes | memoryview) -> bytes:
+    mac = hmac.new(secret, key.encode() + b"\0", hashlib.sha256)
+    mac.update(payload)
+    return mac.digest()
 
 
 # ------------------------------------------------------------------------------ read / write
@@ -228,13 +261,13 @@ def _load(path: Path, key: str, secret: bytes) -> tuple[bool, Any]:
     except OSError:
         return False, None
     head = len(MAGIC) + _MAC_BYTES
-    if blob is None or len(blob) < head or not blob.startswith(MAGIC):
+    if blob is None or len(blob) < head or blob[:len(MAGIC)] != MAGIC:
         return False, None
-    mac, payload = blob[len(MAGIC):head], blob[head:]
-    if not hmac.compare_digest(mac, _mac(secret, key, payload)):
+    body = memoryview(blob)[head:]
+    if not hmac.compare_digest(bytes(blob[len(MAGIC):head]), _mac(secret, key, body)):
         return False, None
     try:
-        value = pickle.loads(payload)  # noqa: S301 - signed by this user's own key, above
+        value = _unpack(body)
     except Exception:  # noqa: BLE001 - signed but unreadable (another Python): fit again
         return False, None
     try:
@@ -244,9 +277,30 @@ def _load(path: Path, key: str, secret: bytes) -> tuple[bool, Any]:
     return True, value
 
 
+def _pack(value: object) -> bytes:
+    buffers: list[pickle.PickleBuffer] = []
+    payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    sizes = [len(payload), *(r.nbytes for r in raws)]
+    header = struct.pack(f"<{len(sizes) + 1}Q", len(raws), *sizes)
+    return b"".join([header, payload, *raws])
+
+
+def _unpack(body: memoryview) -> Any:
+    """The value `_pack` wrote; its arrays share `body`'s (writable) memory, not copies."""
+    (count,) = struct.unpack_from("<Q", body)
+    sizes = struct.unpack_from(f"<{count + 1}Q", body, 8)
+    start = 8 * (count + 2)
+    parts = []
+    for size in sizes:
+        parts.append(body[start:start + size])
+        start += size
+    return pickle.loads(parts[0], buffers=parts[1:])  # noqa: S301 - signed by the user's key
+
+
 def _store(folder: Path, path: Path, key: str, secret: bytes, value: object) -> None:
-    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    blob = MAGIC + _mac(secret, key, payload) + payload
+    body = _pack(value)
+    blob = MAGIC + _mac(secret, key, body) + body
     atomic_write(path, lambda tmp: tmp.write_bytes(blob), mode=0o600)
     evict(folder, max_bytes(), keep=path)
 

@@ -214,3 +214,17 @@ def test_anchors_at_several_contexts_are_followed_in_context(shape: AcceptanceMo
     assert shift.at(512) == shift.at(1024) and shift.at(65536) == shift.at(6144)
     one = AnchoredAcceptance(shape, SHAPE, [_set(lo)]).shifts["magicdec-stream"]
     assert one.shift_for("longdoc").slope == 0.0
+
+
+def test_cached_shifts_equal_a_fresh_fit() -> None:
+    """The anchored δ's are cached by the shape's fit key and the anchors: a second model
+    reads them back and answers as the fitted one does."""
+    ts = load_trace_set(SHAPE)
+    shape = api.fit_acceptance(ts)
+    anchors = [_set(VEGAS)]
+    fresh = AnchoredAcceptance(shape, ts.name, anchors)
+    api._anchored(shape, ts, anchors)  # fitted and stored (or read, if an earlier test did)
+    again = api._anchored(shape, ts, anchors)
+    assert again.shifts == fresh.shifts
+    np.testing.assert_array_equal(again.lookup("vegas", 6, 0.07, 300).rates,
+                                  fresh.lookup("vegas", 6, 0.07, 300).rates)

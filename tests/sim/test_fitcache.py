@@ -3,6 +3,7 @@ user's own folder, only when its HMAC checks; the folder is bounded."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pickle
@@ -231,3 +232,82 @@ def test_cached_latency_model_predicts_like_a_fresh_fit(cache: Path) -> None:
     kv = np.full(4, 2049)
     assert second.phase_ms("decode", "vanilla", 1, kv) == pytest.approx(
         first.phase_ms("decode", "vanilla", 1, kv))
+
+
+def _ast_imports(source: str) -> set[str]:
+    """What an AST walk finds: the reference the key's line scan must match."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names if n.split(".")[0] == "vegas_sim"}
+
+
+@pytest.mark.parametrize("path", sorted(Path(fitcache.__file__).parent.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(Path(fitcache.__file__).parent)))
+def test_the_key_finds_every_import_the_ast_finds(path: Path) -> None:
+    """The key's import scan (a regex, for speed) sees every vegas_sim import of every module
+    of the package, so no module a fit reads is left out of its key."""
+    source = path.read_text(encoding="utf-8")
+    assert fitcache._imported_names(source) >= _ast_imports(source)
+
+
+def test_the_import_scan_reads_parentheses_comments_and_continuations() -> None:
+    source = ("from vegas_sim.sim import (  # a comment\n    latency,  # its own\n"
+              "    acceptance as acc,\n)\nimport vegas_sim.gpus as g, os\n"
+              "from vegas_sim.models import \\\n    ModelSpec\ndef f():\n    from vegas_sim import grids\n")
+    assert fitcache._imported_names(source) == _ast_imports(source) == {
+        "vegas_sim.sim", "vegas_sim.sim.latency", "vegas_sim.sim.acceptance", "vegas_sim.gpus",
+        "vegas_sim.models", "vegas_sim.models.ModelSpec", "vegas_sim", "vegas_sim.grids"}
+
+
+def test_arrays_read_back_equal_and_writable_and_a_flipped_byte_misses(cache: Path) -> None:
+    """Arrays travel out of band (not copied on reading); every byte is still signed."""
+    key = fitcache.cache_key("latency", META, "latency.parquet", (fitcache,))
+    value = {"a": np.arange(50_000, dtype=np.float64), "b": np.ones((3, 4), np.int64)}
+    fitcache.cached(key, lambda: value)
+    got = fitcache.cached(key, lambda: pytest.fail("a hit must not fit"))
+    np.testing.assert_array_equal(got["a"], value["a"])
+    assert got["b"].dtype == np.int64 and got["b"].shape == (3, 4)
+    got["a"][0] = 7.0  # writable, as an unpickled array is; the file is not changed
+    (entry,) = _entries(cache)
+    blob = bytearray(entry.read_bytes())
+    blob[-100] ^= 1  # inside the first array's bytes, after the pickle
+    entry.write_bytes(bytes(blob))
+    assert fitcache.cached(key, lambda: "refitted") == "refitted"
+
+
+def test_a_traced_cell_reads_back_with_its_own_dtypes() -> None:
+    """Narrowed for the cache (float32 / small ints where exact), widened on first use."""
+    from vegas_sim.sim.acceptance_dist import TracedCell
+
+    rng = np.random.default_rng(0)
+    prob = rng.random((40, 3)).astype(np.float32).astype(np.float64)  # float32 values
+    cell = TracedCell(3, 0.05, 1024.0, rng.integers(0, 4, 40), prob, np.zeros(40, np.int64),
+                      np.full(40, 40), 1000, 1100, np.arange(40) * 100_000)
+    back = pickle.loads(pickle.dumps(cell, protocol=5))
+    assert len(pickle.dumps(cell, protocol=5)) < len(pickle.dumps(prob)) + 40 * 8
+    for name in ("acc", "prob", "run_start", "run_len", "gen"):
+        want, got = getattr(cell, name), getattr(back, name)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert (back.gamma, back.ctx_min, back.ctx_max) == (3, 1000, 1100)
+    exact = rng.random((5, 2))  # float64 values float32 cannot hold: kept as they are
+    cell2 = TracedCell(2, 0.1, 1.0, np.zeros(5, np.int64), exact, np.zeros(5, np.int64),
+                       np.full(5, 5), 1, 5, np.arange(5))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(cell2)).prob, exact)
+
+
+def test_the_t_quantile_is_scipys(cache: Path) -> None:
+    from scipy.special import stdtrit
+
+    from vegas_sim.sim import metrics
+
+    metrics.t_quantile.cache_clear()
+    for dof in (1, 4, 19):
+        assert metrics.t_quantile(dof, 0.975) == float(stdtrit(dof, 0.975))
+    metrics.t_quantile.cache_clear()
+    assert metrics.t_quantile(4, 0.975) == float(stdtrit(4, 0.975))  # read back from the cache

@@ -331,3 +331,24 @@ def test_nan_stored_as_value_not_null(small_set: Path) -> None:
     rewrite_table(small_set, LATENCY_FILE, t)
     msg = _load_error(small_set)
     assert "column 'ms_p90'" in msg and "NaN" in msg and "row 3" in msg
+
+
+def test_traces_show_prints_the_measured_gpu_stack_beside_the_extra() -> None:
+    """A packaged set says which torch / triton it was measured on and whether the `gpu`
+    extra admits them; the extra's ranges in the code are pyproject.toml's."""
+    import re
+    import tomllib
+
+    from vegas_sim.traces import summary
+
+    root = Path(io.__file__).resolve().parents[2]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]
+    for name, (lo, hi) in summary.GPU_EXTRA.items():
+        spec = next(e for e in extra if re.match(rf"{name}\b", e))
+        want = f">={'.'.join(map(str, lo))},<{'.'.join(map(str, hi))}"
+        assert sorted(spec[len(name):].split(",")) == sorted(want.split(","))
+    out = CliRunner().invoke(cli, ["traces", "show", "qwen3-8b-h200"]).output
+    assert ("gpu stack torch 2.11.0+cu130 (admitted; the gpu extra: >=2.11,<2.15), triton 3.6.0 "
+            "(admitted" in out)
+    assert summary.gpu_stack({"torch": "2.10.1", "triton": "3.9.0"})["torch"]["inside"] is False

@@ -1,20 +1,36 @@
-"""The `vegas-sim` command group: every command, each in its module.
+"""The `vegas-sim` command group: every command, each in its module, imported when it runs.
 
-Every command's docstring is its --help text and carries an example. The GPU commands
-(calibrate, validate) import torch only when they run, so a CPU-only install has the rest.
+Every command's docstring is its --help text and carries an example. A command's module is
+imported only when that command runs (or --help lists them all): a `predict` does not pay for
+the imports of calibrate, validate or the HTML report, and the GPU commands import torch only
+when they run, so a CPU-only install has the rest.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
-from vegas_sim.cli.calibrate import calibrate, validate
-from vegas_sim.cli.explore import report, sweep, tune
-from vegas_sim.cli.predict import predict
-from vegas_sim.cli.traces import traces
+# Each command's module under vegas_sim.cli.
+COMMANDS = {"calibrate": "calibrate", "predict": "predict", "report": "explore",
+            "sweep": "explore", "traces": "traces", "tune": "explore", "validate": "calibrate"}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are imported from `COMMANDS` on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module = importlib.import_module(f"vegas_sim.cli.{COMMANDS[cmd_name]}")
+            self.add_command(getattr(module, cmd_name))
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vegas-sim")
 def cli() -> None:
     """Predict the speed of self-speculative decoding with sparse attention before you
@@ -28,7 +44,3 @@ def cli() -> None:
     \b
         vegas-sim predict --gamma 7 --sparsity 0.07 --batch 4 --context 32K
     """
-
-
-for _command in (calibrate, predict, report, sweep, traces, tune, validate):
-    cli.add_command(_command)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,14 @@ class TracedCell:
     ctx_min: int
     ctx_max: int
     gen: np.ndarray
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (the fit cache) with each array in the narrowest dtype that holds its
+        values exactly (accept_prob is recorded as float32, counts are small): the cache
+        entry of a large set is half the size and reads back to the same float64 / int64."""
+        arrays = tuple(_narrowed(getattr(self, f)) for f in _CELL_ARRAYS)
+        return _cell_from, (self.gamma, self.sparsity, self.bucket, self.ctx_min, self.ctx_max,
+                            arrays)
 
     def head(self, output_len: int) -> TracedCell:
         """The iterations a request of `output_len` tokens runs (gen < output_len): a prefix of
@@ -67,6 +76,45 @@ class TracedCell:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(reach[:-1] > 0, reach[1:] / np.where(reach[:-1] > 0, reach[:-1], 1),
                             1.0)
+
+
+_CELL_ARRAYS = ("acc", "prob", "run_start", "run_len", "gen")
+
+
+def _narrowed(a: np.ndarray) -> tuple[np.ndarray, str]:
+    """(a in the narrowest of float32 / int8..int32 that holds every value exactly, a's
+    dtype): what `_cell_from` widens back."""
+    for narrow in ((np.float32,) if a.dtype.kind == "f" else (np.int8, np.int16, np.int32)):
+        small = a.astype(narrow)
+        if np.array_equal(small, a):  # exact: float32 values, or ints within range
+            return small, a.dtype.str
+    return a, a.dtype.str
+
+
+class _PackedCell(TracedCell):
+    """A TracedCell read back from the fit cache: each array is widened to its own dtype on
+    first use, so that reading a large set's fit costs only the arrays a command uses (a
+    count of iterations reads `acc`, not the probabilities)."""
+
+    def __getattr__(self, name: str) -> Any:  # only for attributes not set yet
+        packed = self.__dict__.get("_packed")
+        if packed is None or name not in packed:
+            raise AttributeError(name)
+        array, dtype = packed.pop(name)
+        object.__setattr__(self, name, array.astype(dtype))
+        if not packed:
+            del self.__dict__["_packed"]
+        return self.__dict__[name]
+
+
+def _cell_from(gamma: int, sparsity: float, bucket: float, ctx_min: int, ctx_max: int,
+               arrays: tuple[tuple[np.ndarray, str], ...]) -> TracedCell:
+    cell = object.__new__(_PackedCell)
+    for name, value in (("gamma", gamma), ("sparsity", sparsity), ("bucket", bucket),
+                        ("ctx_min", ctx_min), ("ctx_max", ctx_max),
+                        ("_packed", dict(zip(_CELL_ARRAYS, arrays)))):
+        object.__setattr__(cell, name, value)
+    return cell
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,7 +291,10 @@ class AnchoredAcceptance(AcceptanceModel):
     """
 
     def __init__(self, shape: AcceptanceModel, shape_name: str,
-                 anchor_sets: Sequence[AnchorSet] = ()) -> None:
+                 anchor_sets: Sequence[AnchorSet] = (),
+                 shifts: Mapping[str, MethodShift] | None = None) -> None:
+        """shifts: the `shifts` an earlier model of the same shape and anchors fitted (a
+        cached fit); None fits them."""
         if isinstance(shape, AnchoredAcceptance):
             raise UserInputError("an anchored model cannot be a shape set", where="anchors",
                                  fix="pass the plain AcceptanceModel of the shape set")
@@ -299,6 +302,9 @@ class AnchoredAcceptance(AcceptanceModel):
         self.shape_name = shape_name
         self.anchor_sets = tuple(anchor_sets)
         self.shifts: dict[str, MethodShift] = {}
+        if shifts is not None:
+            self.shifts = dict(shifts)
+            return
         anchors = [a for s in self.anchor_sets for a in s.anchors]
         for method in sorted({a.method for a in anchors}):
             targets = [self._target(a) for a in anchors if a.method == method]

@@ -70,7 +70,6 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
-from scipy.optimize import brentq
 
 from vegas_sim.sim.acceptance_dist import DrawSource, TracedCell, conditional_rates
 
@@ -117,6 +116,8 @@ def delta_to_length(rates: Sequence[np.ndarray], target: float) -> float:
         return lo
     if mean_length(rates, hi) <= target:
         return hi
+    from scipy.optimize import brentq  # fitting a trend only: a cached fit never imports it
+
     logits = [_cond_logits(r) for r in rates]  # fixed: only δ moves inside the search
 
     def excess(delta: float) -> float:

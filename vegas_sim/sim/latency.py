@@ -173,6 +173,7 @@ class LatencyModel:
         self._physics = shard_physics(model, self._tp.size, self._gpu.copy_bandwidth_gbs,
                                       self._gpu.bf16_tflops, weight_format)
         self._loo: pd.DataFrame | None = None
+        self._loo_quantiles: tuple[pd.DataFrame, dict[tuple[str, str, float], float]] | None = None
         # the fit's residual by batch describes the measured GPU and host: not a what-if's
         self._use_residual = (what_if is None and launch_ms is None and weight_format == "bf16"
                               and not self._tp.what_if and model == self._measured_model)
@@ -481,13 +482,25 @@ class LatencyModel:
         """The q-quantile of the leave-one-out |error| (%) of the group that predicts `phase`
         for `method` (a pooled fit: over the phase's groups; NaN when none)."""
         grp = self._group(phase, method)
-        self.loo_errors()
-        assert self._loo is not None
+        if self._loo is None:
+            self.loo_errors()
         loo = self._loo
-        hit = loo[(loo["phase"] == grp.phase) & (loo["method"] == grp.method)]["err"].dropna()
-        if hit.empty:
-            hit = loo[loo["phase"] == grp.phase]["err"].dropna()
-        return 100.0 * float(hit.quantile(q)) if len(hit) else math.nan
+        assert loo is not None
+        # memo per leave-one-out table (a sweep asks once per row and phase); a refit makes a
+        # new table, so a copy of the model never answers from a stale one
+        memo = getattr(self, "_loo_quantiles", None)  # absent from models cached before it
+        if memo is None or memo[0] is not loo:
+            memo = (loo, dict[tuple[str, str, float], float]())
+            self._loo_quantiles = memo
+        key = (grp.phase, grp.method, q)
+        quantiles: dict[tuple[str, str, float], float] = memo[1]
+        if key not in quantiles:
+            hit = loo[(loo["phase"] == grp.phase) & (loo["method"] == grp.method)]["err"]
+            hit = hit.dropna()
+            if hit.empty:
+                hit = loo[loo["phase"] == grp.phase]["err"].dropna()
+            quantiles[key] = 100.0 * float(hit.quantile(q)) if len(hit) else math.nan
+        return quantiles[key]
 
     def octaves_outside(self, batch: int, longest_context: int, n_query: int = 1
                         ) -> dict[str, float]:

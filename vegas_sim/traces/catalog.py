@@ -100,7 +100,7 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
     # Prefer measured sets over synthetic ones (packaged sets should never be synthetic), and
     # sets that measured latency (an acceptance-only set of the same model may sit beside).
     sets = [load_trace_set(e.path) for e in sorted(matches, key=lambda s: (s.synthetic, s.name))]
-    with_latency = [ts for ts in sets if len(ts.latency)]
+    with_latency = [ts for ts in sets if ts.n_rows("latency")]
     return (with_latency or sets)[0]
 
 

@@ -2,13 +2,19 @@
 value range and the content hash. A directory whose parts are newer than its last finalize
 is refused (a half-written calibration is not mistaken for a finished one); the message says
 to finish by re-running the calibration (it resumes) or `vegas-sim traces finalize DIR`. A
-directory without `parts/` (e.g. a packaged set) is read from the consolidated files alone."""
+directory without `parts/` (e.g. a packaged set) is read from the consolidated files alone.
+
+A data file's table checks (schema, dtypes, value ranges) run once per content: a file whose
+sha256 passed them under this code is recorded in the user's fit cache (`vegas_sim.fitcache`,
+HMAC-signed) and not re-checked; its rows are parsed only when first used (`TraceSet.latency`
+/ `.acceptance`), from bytes whose sha256 is checked again. `check` always re-checks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +22,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vegas_sim import fitcache
 from vegas_sim.errors import TraceSetError
-from vegas_sim.files import sha256_file
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.lookup import is_bare_name, packaged_sets, trace_set_dir
 from vegas_sim.traces.schema import (
@@ -26,11 +32,15 @@ from vegas_sim.traces.schema import (
     LATENCY_FILE,
     META_FILE,
     SCHEMA_VERSION,
+    SCHEMAS,
 )
+from vegas_sim.traces import schema as schema_module
+from vegas_sim.traces import validation as validation_module
 from vegas_sim.traces.validation import (
     FIX_RECALIBRATE,
     check_collective_claims,
     check_row_claims,
+    conform_table,
     tensor_parallel_size,
     to_pandas,
     validate_file_table,
@@ -72,12 +82,54 @@ def _hash_mismatch_fix(path: Path) -> str:
             f"{FIX_RECALIBRATE}")
 
 
-@dataclass
+@dataclass(frozen=True)
+class _Rows:
+    """A data file whose table passed the checks: its rows, parsed on first use."""
+
+    file: Path
+    sha256: str
+    n_rows: int
+    table: pa.Table | None = None  # parsed and checked already (a check that just ran)
+
+    def load(self) -> pd.DataFrame:
+        if self.table is not None:
+            return to_pandas(self.table)
+        data = _read_bytes(self.file)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise TraceSetError("the file changed after its trace set was read",
+                                where=str(self.file), fix="read the trace set again")
+        table = _parse_parquet(data, self.file)
+        return to_pandas(conform_table(table, SCHEMAS[self.file.name], self.file))
+
+
+@dataclass(eq=False)
 class TraceSet:
+    """A read and checked trace set. `latency` and `acceptance` (DataFrames) are parsed from
+    their files on first use: a command whose fits are cached never parses them."""
+
     path: Path
     meta: dict[str, Any]
-    latency: pd.DataFrame  # columns of schema.LATENCY_SCHEMA
-    acceptance: pd.DataFrame  # columns of schema.ACCEPTANCE_SCHEMA (may be empty)
+    _latency: pd.DataFrame | _Rows = field(repr=False)
+    _acceptance: pd.DataFrame | _Rows = field(repr=False)
+
+    @property
+    def latency(self) -> pd.DataFrame:
+        """Columns of schema.LATENCY_SCHEMA."""
+        if isinstance(self._latency, _Rows):
+            self._latency = self._latency.load()
+        return self._latency
+
+    @property
+    def acceptance(self) -> pd.DataFrame:
+        """Columns of schema.ACCEPTANCE_SCHEMA (may be empty)."""
+        if isinstance(self._acceptance, _Rows):
+            self._acceptance = self._acceptance.load()
+        return self._acceptance
+
+    def n_rows(self, table: str) -> int:
+        """Rows of 'latency' or 'acceptance', without parsing them."""
+        rows = self._latency if table == "latency" else self._acceptance
+        return rows.n_rows if isinstance(rows, _Rows) else len(rows)
 
     @property
     def weights_kind(self) -> str:
@@ -114,21 +166,35 @@ class TraceSet:
     @property
     def has_real_acceptance(self) -> bool:
         """Real weights and at least one acceptance row: usable by the acceptance model."""
-        return self.weights_kind == "real" and len(self.acceptance) > 0
+        return self.weights_kind == "real" and self.n_rows("acceptance") > 0
 
 
 # ============================================================================ small utilities
 # ============================================================================ reading
-def read_parquet(path: Path) -> pa.Table:
+def _missing(path: Path) -> TraceSetError:
+    return TraceSetError("file is missing", where=str(path),
+                         fix=f"a trace set holds {META_FILE}, {LATENCY_FILE} and "
+                             f"{ACCEPTANCE_FILE}; {FIX_RECALIBRATE}")
+
+
+def _read_bytes(path: Path) -> bytes:
     if not path.is_file():
-        raise TraceSetError("file is missing", where=str(path),
-                            fix=f"a trace set holds {META_FILE}, {LATENCY_FILE} and "
-                                f"{ACCEPTANCE_FILE}; {FIX_RECALIBRATE}")
+        raise _missing(path)
+    return path.read_bytes()
+
+
+def _parse_parquet(data: bytes | Path, path: Path) -> pa.Table:
     try:
-        return pq.read_table(path)
+        return pq.read_table(pa.BufferReader(data) if isinstance(data, bytes) else data)
     except (pa.ArrowException, OSError) as e:
         raise TraceSetError(f"unreadable parquet: {e}", where=str(path),
                             fix=f"the file is corrupt or not parquet; {FIX_RECALIBRATE}") from None
+
+
+def read_parquet(path: Path) -> pa.Table:
+    if not path.is_file():
+        raise _missing(path)
+    return _parse_parquet(path, path)
 
 
 def read_meta(path: Path, *, require_hash: bool = True) -> dict[str, Any]:
@@ -192,8 +258,10 @@ def _not_a_set_dir(root: Path, packaged_dir: Path | None) -> TraceSetError:
                              f"packaged set ({names}; `vegas-sim traces list`)")
 
 
-def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None) -> TraceSet:
-    """Validation in order; each step that succeeds appends a line to `passed`."""
+def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None, *,
+          use_cache: bool = True) -> TraceSet:
+    """Validation in order; each step that succeeds appends a line to `passed`. use_cache:
+    skip the table checks of a file whose content passed them before (`_checked_rows`)."""
     root = trace_set_dir(path, packaged_dir)
     if not root.is_dir():
         raise _not_a_set_dir(root, packaged_dir)
@@ -208,28 +276,47 @@ def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None)
     passed.append(f"{META_FILE}: keys present, schema_version {SCHEMA_VERSION}, model and gpu "
                   f"well-formed")
     kind = str(meta["model"]["weights"]["kind"])
-    frames: dict[str, pd.DataFrame] = {}
-    for name in DATA_FILES:
-        file = root / name
-        table = validate_file_table(name, read_parquet(file), file, kind)
-        passed.append(f"{name}: {table.num_rows} rows, columns and dtypes match schema v1, "
+    tables = {name: _checked_rows(root / name, kind, use_cache=use_cache) for name in DATA_FILES}
+    for name, rows in tables.items():
+        passed.append(f"{name}: {rows.n_rows} rows, columns and dtypes match schema v1, "
                       f"value ranges valid")
-        frames[name] = to_pandas(table)
-    check_row_claims(meta, len(frames[LATENCY_FILE]), len(frames[ACCEPTANCE_FILE]), root)
+    check_row_claims(meta, tables[LATENCY_FILE].n_rows, tables[ACCEPTANCE_FILE].n_rows, root)
     passed.append("rows: the set holds rows, and as many as its meta.json records")
-    check_collective_claims(meta, frames[LATENCY_FILE], root)
+    latency = tables[LATENCY_FILE].load()  # small: its collective columns checked each read
+    check_collective_claims(meta, latency, root)
     if tensor_parallel_size(meta) > 1:
         passed.append(f"tensor parallel {tensor_parallel_size(meta)}: the model splits that "
                       "many ways, collective columns consistent")
-    for name in DATA_FILES:
-        actual, recorded = sha256_file(root / name), meta["content_hash"][name]
+    for name, rows in tables.items():
+        actual, recorded = rows.sha256, meta["content_hash"][name]
         if actual != recorded:
             raise TraceSetError(
                 f"content hash mismatch: sha256 is {actual[:12]}…, meta.json records "
                 f"{recorded[:12]}…", where=f"{root / name} (meta.json key 'content_hash')",
                 fix=_hash_mismatch_fix(root))
     passed.append("content hash matches meta.json for " + ", ".join(DATA_FILES))
-    return TraceSet(root, meta, frames[LATENCY_FILE], frames[ACCEPTANCE_FILE])
+    return TraceSet(root, meta, latency, tables[ACCEPTANCE_FILE])
+
+
+def _checked_rows(file: Path, weights_kind: str, *, use_cache: bool) -> _Rows:
+    """`file`'s table checked (`validate_file_table`), or known to have passed: its sha256
+    is recorded in the fit cache as checked by this code with `weights_kind`."""
+    data = _read_bytes(file)
+    digest = hashlib.sha256(data).hexdigest()
+    checked: list[pa.Table] = []
+
+    def check_table() -> int:
+        table = validate_file_table(file.name, _parse_parquet(data, file), file, weights_kind)
+        checked.append(table)
+        return table.num_rows
+
+    key = fitcache.key("trace table checked", {"file": file.name, "sha256": digest,
+                                               "weights_kind": weights_kind}, _CHECK_CODE)
+    n_rows = fitcache.cached(key if use_cache else None, check_table)
+    return _Rows(file, digest, int(n_rows), checked[0] if checked else None)
+
+
+_CHECK_CODE = (validation_module, schema_module)  # the code whose checks a cache entry records
 
 
 def load_trace_set(path: str | Path, *, packaged_dir: Path | None = None) -> TraceSet:
@@ -246,7 +333,7 @@ def check(path: str | Path) -> list[str]:
     """The checks a trace set passes (for `vegas-sim traces check`); raises on the first failure.
     `path` as for `load_trace_set`."""
     passed: list[str] = []
-    _load(path, passed)
+    _load(path, passed, use_cache=False)
     return passed
 
 
@@ -257,7 +344,7 @@ def require_real_acceptance(trace_set: TraceSet) -> None:
             "random-weight model's acceptance is meaningless",
             where=f"{trace_set.path / META_FILE}, key 'model.weights.kind'",
             fix="calibrate with --weights real for acceptance (random weights are for latency)")
-    if len(trace_set.acceptance) == 0:
+    if trace_set.n_rows("acceptance") == 0:
         raise TraceSetError(
             "latency-only trace set: no acceptance rows",
             where=str(trace_set.path / ACCEPTANCE_FILE),

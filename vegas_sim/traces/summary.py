@@ -3,6 +3,7 @@ ranges, and the acceptance length per method."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,36 @@ from vegas_sim.traces.schema import (
 )
 from vegas_sim.traces.validation import GPU_NUMBERS
 from vegas_sim.workload_info import describe
+
+
+# The `gpu` extra's torch and triton (pyproject.toml; tests/traces/test_io.py keeps the two
+# equal): (lowest admitted, first excluded).
+GPU_EXTRA = {"torch": ((2, 11), (2, 15)), "triton": ((3, 6), (3, 10))}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'2.11.0+cu130' -> (2, 11, 0)."""
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def gpu_stack(software: dict[str, Any]) -> dict[str, Any]:
+    """The torch / triton a set was measured with, the `gpu` extra's range for each, and
+    whether the measured versions are inside it."""
+    out: dict[str, Any] = {}
+    for name, (lo, hi) in GPU_EXTRA.items():
+        measured = software.get(name)
+        inside = None if measured is None else lo <= _release(str(measured)) < hi
+        out[name] = {"measured": measured, "admitted": f">={'.'.join(map(str, lo))},"
+                     f"<{'.'.join(map(str, hi))}", "inside": inside}
+    return out
+
+
+def _format_stack(stack: dict[str, Any]) -> str:
+    parts = []
+    for name, s in stack.items():
+        where = {True: "admitted", False: "NOT admitted", None: "not recorded"}[s["inside"]]
+        parts.append(f"{name} {s['measured'] or '?'} ({where}; the gpu extra: {s['admitted']})")
+    return "  gpu stack " + ", ".join(parts)
 
 
 # ============================================================================ summaries
@@ -40,6 +71,7 @@ def summarize(trace_set: TraceSet) -> dict[str, Any]:
         "gpu": {k: gpu.get(k) for k in ("name", *GPU_NUMBERS)},
         "date": meta["date"],
         "software": meta["software"],
+        "gpu_stack": gpu_stack(meta["software"]),
         "grid": meta["grid"],
         "tensor_parallel": meta.get("tensor_parallel"),
         "collectives": collective_shares(lat),
@@ -139,6 +171,7 @@ def format_summary(d: dict[str, Any]) -> str:
         *_tp_lines(d),
         f"  date      {d['date']}",
         "  software  " + ", ".join(f"{k} {v}" for k, v in sorted(d["software"].items())),
+        *([_format_stack(d["gpu_stack"])] if not d["synthetic"] else []),
         f"  latency   {lat['rows']} rows; methods {', '.join(lat['methods']) or '-'}",
         f"            phases {', '.join(lat['phases']) or '-'}",
         (f"            batch {_fmt_range(lat['batch'])}, context {_fmt_range(lat['context'])}, "

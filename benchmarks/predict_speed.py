@@ -1,0 +1,200 @@
+"""How fast the simulator answers on this machine, part by part, with the load beside each.
+
+    python benchmarks/predict_speed.py                    # this checkout
+    python benchmarks/predict_speed.py --before DIR       # and another checkout, same run
+
+Prints, each with the 1-minute load average when it was measured (the machine may be shared:
+compare numbers measured in one run, not across runs):
+
+- `vegas-sim predict --gamma 7` as a user runs it (a fresh Python process, bytecode cached as
+  an installed package has it): cold (an empty fit cache: every trace set checked and fitted)
+  and warm (the fit cache filled by the cold run), wall and CPU seconds;
+- the warm run's parts, timed inside one process: imports, loading the models (trace sets
+  read and checked, fits read from the cache), simulating and printing;
+- the engine's simulated iterations/s (Vegas γ 7, batch 128, the packaged qwen3-8b models);
+- a 1,000-configuration analytic sweep of the packaged qwen3-8b models on all cores.
+
+Every run uses a fit cache of its own (a temporary VEGAS_SIM_CACHE_DIR), so the cold run is
+cold and another user's entries do not answer. With --before DIR the CLI runs of DIR (another
+checkout, e.g. a `git worktree` of an older commit) alternate with this checkout's, and the
+two printed tables are compared (the text is deterministic: seeded replications).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+PREDICT_ARGS = ("predict", "--gamma", "7")
+CLI = "from vegas_sim.cli import main; main()"
+WARM_TARGET_S = 1.0  # docs/DESIGN.md's target for a warm predict on 2 cores
+ENGINE_RUNS = 7
+PARTS = r"""
+import sys, time
+t0 = time.perf_counter()
+import vegas_sim.cli.predict
+from vegas_sim import api
+t1 = time.perf_counter()
+api.load_models("qwen3-8b")
+t2 = time.perf_counter()
+import contextlib, io
+from vegas_sim.cli import main
+sys.argv = ["vegas-sim", "predict", "--gamma", "7"]
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main()
+    except SystemExit:
+        pass
+t3 = time.perf_counter()
+print(f"{t1 - t0:.4f} {t2 - t1:.4f} {t3 - t2:.4f}")
+"""
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.2f}"
+
+
+def env_for(tree: Path, cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=str(tree), VEGAS_SIM_CACHE_DIR=str(cache / "fits"),
+               VEGAS_SIM_CACHE_KEY=str(cache / "key"))
+    env.pop("VEGAS_SIM_CACHE", None)
+    return env
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child, stdout) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, out.stdout
+
+
+def bench_cli(trees: dict[str, Path], warm_runs: int, tmp: Path) -> None:
+    """Cold, then warm runs of each tree's CLI, alternating between trees run by run."""
+    envs = {name: env_for(tree, tmp / name) for name, tree in trees.items()}
+    outputs: dict[str, str] = {}
+    for name, tree in trees.items():
+        subprocess.run([sys.executable, "-c", "import vegas_sim.cli"], env=envs[name],
+                       cwd=tree, check=True)  # compile the bytecode: not what is timed
+        at = load()
+        wall, cpu, outputs[name] = timed([sys.executable, "-c", CLI, *PREDICT_ARGS],
+                                         envs[name], tree)
+        print(f"[{name}] cold predict --gamma 7 (empty fit cache): {wall:.2f} s wall, "
+              f"{cpu:.2f} s CPU ({at})")
+    runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name in trees}
+    for _ in range(warm_runs):
+        for name, tree in trees.items():
+            at = load()
+            wall, cpu, out = timed([sys.executable, "-c", CLI, *PREDICT_ARGS], envs[name],
+                                   tree)
+            runs[name].append((wall, cpu, at))
+            if out != outputs[name]:
+                print(f"[{name}] WARNING: a warm run printed another table than the cold")
+    for name, rs in runs.items():
+        walls = [r[0] for r in rs]
+        cpus = [r[1] for r in rs]
+        print(f"[{name}] warm predict --gamma 7, {len(rs)} runs: median "
+              f"{statistics.median(walls):.2f} s wall (min {min(walls):.2f}, max "
+              f"{max(walls):.2f}), median {statistics.median(cpus):.2f} s CPU (min {min(cpus):.2f}); loads "
+              f"{', '.join(r[2].split()[1] for r in rs)}; target ≤ {WARM_TARGET_S:.0f} s "
+              "on an idle 2-core machine")
+    if len(outputs) > 1:
+        same = len(set(outputs.values())) == 1
+        print(f"predict --gamma 7 output identical across {', '.join(outputs)}: "
+              f"{'yes' if same else 'NO'}")
+    parts_env = envs[next(iter(trees))]
+    at = load()
+    out = subprocess.run([sys.executable, "-c", PARTS], env=parts_env, cwd=HERE,
+                         capture_output=True, text=True, check=True).stdout.split()
+    imp, models, rest = (float(x) for x in out)
+    print(f"[{next(iter(trees))}] warm parts in one process: imports {imp:.2f} s, models "
+          f"(trace sets read and checked, fits from the cache) {models:.2f} s, simulate + "
+          f"print {rest:.2f} s ({at})")
+
+
+def bench_engine() -> None:
+    import numpy as np
+
+    from vegas_sim import api
+    from vegas_sim.sim.engine import EngineConfig, Lengths, simulate
+
+    latency, acceptance, _ = api.load_models("qwen3-8b")
+    cost = latency.iteration_cost("vegas", 7, 0.07)
+    dist = acceptance.lookup("vegas", 7, 0.07, 4096)
+    cfg = EngineConfig("vegas", 7, 128, 4 * 128, Lengths(4096, 8192))
+    simulate(cfg, cost, dist, seed=0)  # warm the per-batch caches
+    rates, at = [], load()
+    for seed in range(1, ENGINE_RUNS + 1):
+        t0 = time.perf_counter()
+        res = simulate(cfg, cost, dist, seed=seed)
+        rates.append(res.iterations / (time.perf_counter() - t0))
+    print(f"engine, Vegas γ 7, batch 128 (qwen3-8b-h200): {res.iterations} iterations a run, "
+          f"median of {ENGINE_RUNS} runs {float(np.median(rates)):,.0f} iterations/s (min "
+          f"{min(rates):,.0f}, max {max(rates):,.0f}) ({at} → {load().split()[1]})")
+
+
+def bench_sweep(workers: int) -> None:
+    """1,000 analytic configurations: of the packaged qwen3-8b models (what `vegas-sim sweep`
+    runs by default), and of a small synthetic set (sweep_speed.py's, for comparison)."""
+    from vegas_sim import api
+    from vegas_sim.sim.acceptance import AcceptanceModel
+    from vegas_sim.sim.sweep import SweepGrid, sweep
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+
+    sparsity = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.15)
+    grid = SweepGrid(methods=("vegas", "magicdec-stream"), gamma=tuple(range(1, 11)),
+                     sparsity=sparsity, batch=(1, 4, 16, 64), context=(4096, 32768),
+                     output_len=(1024,), include_vanilla=False)
+    scenarios = grid.scenarios()[:1000]  # 2·10·10·4·2 = 1,600: the first 1,000
+    latency, acceptance, _ = api.load_models("qwen3-8b")
+    with tempfile.TemporaryDirectory() as tmp:
+        ts = make_synthetic_trace_set(Path(tmp) / "ts", gammas=(2, 4, 8, 12),
+                                      sparsities=(0.01, 0.05, 0.1, 0.2),
+                                      contexts=(4096, 32768), batches=(1, 16, 64))
+        synthetic = (api.fit_latency(ts), AcceptanceModel.from_traces(ts.acceptance,
+                                                                      ts.weights_kind))
+    for what, (lat, acc) in (("packaged qwen3-8b, anchored", (latency, acceptance)),
+                             ("synthetic set (sweep_speed.py's)", synthetic)):
+        at = load()
+        t0 = time.perf_counter()
+        table = sweep(scenarios, lat, acc, engine="analytic", workers=workers)
+        wall = time.perf_counter() - t0
+        print(f"analytic sweep, {len(table)} configurations, {what}, {workers} workers: "
+              f"{wall:.1f} s ({at} → {load().split()[1]})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, default=None,
+                    help="another checkout whose CLI to time in the same run")
+    ap.add_argument("--warm-runs", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}; {load()} at the start")
+    trees = {"this": HERE}
+    if args.before is not None:
+        trees["before"] = args.before.resolve()
+    sys.path.insert(0, str(HERE))  # this checkout's vegas_sim, not an installed one
+    with tempfile.TemporaryDirectory() as tmp:
+        bench_cli(trees, args.warm_runs, Path(tmp))
+        os.environ.update(env_for(HERE, Path(tmp) / "this"))  # the fits the CLI runs cached
+        bench_engine()
+        bench_sweep(args.workers)
+
+
+if __name__ == "__main__":
+    main()
