@@ -65,11 +65,11 @@ def test_changed_content_is_checked_again_and_refused(small_set: Path, cache: Pa
 
 def test_rows_parsed_later_must_be_the_checked_bytes(small_set: Path, cache: Path) -> None:
     load_trace_set(small_set)  # the check is recorded
-    ts = load_trace_set(small_set)  # trusted by hash; rows not parsed yet
-    other = pq.read_table(small_set / "latency.parquet").slice(0, 3)
-    pq.write_table(other, small_set / "latency.parquet")  # replaced after the read
+    ts = load_trace_set(small_set)  # trusted by hash; acceptance rows not parsed yet
+    other = pq.read_table(small_set / "acceptance.parquet").slice(0, 3)
+    pq.write_table(other, small_set / "acceptance.parquet")  # replaced after the read
     with pytest.raises(TraceSetError, match="changed after its trace set was read"):
-        _ = ts.latency
+        _ = ts.acceptance
 
 
 def test_traces_check_always_checks(small_set: Path, cache: Path, checks: list[str]) -> None:
@@ -84,3 +84,14 @@ def test_without_the_cache_every_read_checks(small_set: Path, checks: list[str],
     load_trace_set(small_set)
     load_trace_set(small_set)
     assert len(checks) == 4
+
+
+def test_a_set_written_before_the_collective_columns_reads_the_same_twice(
+        cache: Path, checks: list[str]) -> None:
+    """A packaged set without the tensor-parallel columns: its second read (the check cached)
+    fills them with their defaults as the first (checked) read does."""
+    first = load_trace_set("smollm2-135m-h200")
+    second = load_trace_set("smollm2-135m-h200")
+    assert checks.count("latency.parquet") == 1
+    assert (second.latency["collective_calls"] == 0).all()
+    pd.testing.assert_frame_equal(first.latency, second.latency)

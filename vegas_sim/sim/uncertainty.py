@@ -57,7 +57,6 @@ LOO_QUANTILE = 0.95
 EXTRAP_PCT_PER_OCTAVE = 4.0
 EXTRAP_PCT_PER_GAMMA = 1.5
 EXTRAP_PCT_PER_SPARSITY_OCTAVE = 8.0
-SHAPE_TRANSFER_PCT = 0.0  # placeholder: set from benchmarks/cross_model_transfer.py
 # The host-protocol term's bound, in units of the predicted sample + select time (see above).
 HOST_PROTOCOL_SHARE = 1.0
 HOST_PROTOCOL_PHASES = ("sample", "select")

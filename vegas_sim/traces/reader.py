@@ -29,6 +29,7 @@ from vegas_sim.traces.lookup import is_bare_name, packaged_sets, trace_set_dir
 from vegas_sim.traces.schema import (
     ACCEPTANCE_FILE,
     DATA_FILES,
+    LATENCY_DEFAULTS,
     LATENCY_FILE,
     META_FILE,
     SCHEMA_VERSION,
@@ -99,7 +100,8 @@ class _Rows:
             raise TraceSetError("the file changed after its trace set was read",
                                 where=str(self.file), fix="read the trace set again")
         table = _parse_parquet(data, self.file)
-        return to_pandas(conform_table(table, SCHEMAS[self.file.name], self.file))
+        defaults = LATENCY_DEFAULTS if self.file.name == LATENCY_FILE else None
+        return to_pandas(conform_table(table, SCHEMAS[self.file.name], self.file, defaults))
 
 
 @dataclass(eq=False)
