@@ -5,9 +5,10 @@ its window ignored as a control.
 
     pip install --target /tmp/tf --no-deps transformers safetensors typer kernels accelerate
     PYTHONPATH=/tmp/tf:. VEGAS_SIM_GEMMA3_GGUF=gemma-3-270m-q4_k_m.gguf \\
-        python benchmarks/gemma_logits.py
+        python -P benchmarks/gemma_logits.py
 
-transformers is no dependency of the package; it is used here only as the reference.
+transformers is no dependency of the package; it is used here only as the reference (-P keeps
+benchmarks/ off the path: benchmarks/kernels.py would shadow the `kernels` package it imports).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@
 #                          then Gemma-3-270M (base) acceptance as smollm2-135m-real's was
 #                          measured: every workload (WORKLOADS), 32 prompts each, γ 12 (32
 #                          iterations), the 8 sparsities, T 0 and 0.6, one process per method;
-#                          packs gemma-METHOD sets for `traces merge`
+#                          packs gemma-METHOD sets for `traces merge` (TAG=-b names a second
+#                          call's sets gemma-b-METHOD, e.g. WORKLOADS=longdoc,recall TAG=-b)
 #   added                  SmolLM2 acceptance of the added workloads (needs `gguf`): code-long and
 #                          chat-long (1K-7K prompts; LONG_PROMPTS of each, one per length per
 #                          round; γ 12, 32 iterations), then competitive (COMP_PROMPTS problem
@@ -100,6 +101,7 @@ GGUF=/root/model/smollm2.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct Q4_1
 mkdir -p $TR /root/model
 [ -f $GGUF ] && export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
+[ -f /root/model/gemma.gguf ] && export VEGAS_SIM_GEMMA3_GGUF=/root/model/gemma.gguf  # `gemma`
 
 pack() {  # the set, as a .tgz under $OUT
   tar czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"
@@ -316,16 +318,16 @@ gemma)  # Gemma-3-270M acceptance, every workload, one process per method (docs/
       --workload ${WORKLOADS:-reasoning,code,chat,longdoc,recall} --gamma 12 \
       --sparsity ${SPARSITY:-0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2} --temperature 0,0.6 \
       --iterations 32 --min-tokens 32 --prompts ${PROMPTS:-32} \
-      ${ACCEPTANCE_BATCH:+--acceptance-batch $ACCEPTANCE_BATCH} --no-latency --out $TR/gemma-$m \
-      > "$OUT/calibrate-gemma-$m.log" 2>&1 &
+      ${ACCEPTANCE_BATCH:+--acceptance-batch $ACCEPTANCE_BATCH} --no-latency \
+      --out $TR/gemma${TAG:-}-$m > "$OUT/calibrate-gemma${TAG:-}-$m.log" 2>&1 &
   done
   wait
   for m in $methods; do
-    tail -2 "$OUT/calibrate-gemma-$m.log"
-    python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/gemma-$m')" 2>&1 | tail -1
-    rm -rf $TR/gemma-$m/parts
+    tail -2 "$OUT/calibrate-gemma${TAG:-}-$m.log"
+    python3 -c "from vegas_sim.traces.io import finalize_trace_set as f; f('$TR/gemma${TAG:-}-$m')" 2>&1 | tail -1
+    rm -rf $TR/gemma${TAG:-}-$m/parts
   done
-  tar czf "$OUT/gemma_sets.tgz" -C $TR $(cd $TR && ls -d gemma-*)
+  tar czf "$OUT/gemma${TAG:-}_sets.tgz" -C $TR $(cd $TR && ls -d gemma${TAG:-}-*)
   ;;
 added)  # adds code-long, chat-long and competitive to smollm2-135m-real (docs/RESULTS.md)
   [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
