@@ -68,10 +68,10 @@
 #
 # Carry .whl (wheels the image lacks, e.g. simpy and gguf: `pip download --no-deps -d .whl`)
 # on every call. A call carries at most 64 MiB with the tracked tree (about 43 MiB), so the
-# 98 MB GGUF goes in fifths (`split -n 5 .model/smollm2.gguf .model/smollm2.gguf.part.`):
-# part.aa to part.ad each with `part`, part.ae with `gguf`. An idle machine is given back,
+# 98 MB GGUF goes in sixths (`split -n 6 .model/smollm2.gguf .model/smollm2.gguf.part.`):
+# part.aa to part.ae each with `part`, part.af with `gguf`. An idle machine is given back,
 # /root with it: make the calls back to back. `timeout` keeps each stage under the 10-minute
-# call limit. Gemma-3-270M's 253 MB GGUF goes the same way in 20 MB parts (`split -b 20M
+# call limit. Gemma-3-270M's 253 MB GGUF goes the same way in 18 MB parts (`split -b 18M
 # .model/gemma.gguf .gemma/gemma.gguf.part.`, git-ignored as .gemma/ must be): the first ones
 # with `gemma-part`, the last with `gemma`. Size the parts to what the tree leaves.
 set -u
