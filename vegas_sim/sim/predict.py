@@ -14,11 +14,10 @@ Defaults and rules:
   state, since every user resubmits at once). Open loop (Poisson): max(200, 20 × batch). The
   open-loop window drops the first 10 % of arrivals and ends at the last one
   (`metrics`), so 200 requests leave 180 in it: the served rate's Poisson noise is then
-  1/√180 ≈ 7 %, small against the 10 % shortfall (and 2√n noise) that flags saturation, and
+  1/√180, small against the 10 % shortfall (and 2√n noise) that flags saturation, and
   20 × batch lets the batch turn over 20 times. A saturated run serves its requests at the
-  capacity for the whole horizon; on this engine's fused iterations 200 requests of 1024
-  tokens take about a second per replication on one core (vanilla, batch 4), so predict stays
-  a few seconds. A trace's requests are its arrival times.
+  capacity for the whole horizon, so these counts also bound predict's time
+  (docs/RESULTS.md, Simulator). A trace's requests are its arrival times.
 - Open loop (Poisson arrivals): the rows' throughput is the served rate (min(offered,
   capacity)), so under light load the throughput ratio is ≈ 1 for every method;
   ``tpot_speedup`` (vanilla TPOT p50 / the method's, paired per replication) is the
@@ -64,7 +63,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -73,8 +72,18 @@ import pandas as pd
 
 from vegas_sim.bounds import check_options, check_simulated_requests
 from vegas_sim.errors import DoesNotFitError, TraceSetError, UserInputError
-from vegas_sim.methods import MIN_TOKENS, PHASES, check_gamma, check_method, check_sparsity
+from vegas_sim.methods import (
+    MIN_TOKENS,
+    PHASES,
+    VANILLA,
+    check_gamma,
+    check_method,
+    check_sparsity,
+    drafts,
+    query_rows,
+)
 from vegas_sim.models import ModelSpec
+from vegas_sim.progress import Progress
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
 from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
@@ -178,7 +187,7 @@ class Scenario:
 
     def vanilla(self) -> Scenario:
         """The baseline at the same batch/context/output/arrivals."""
-        return replace(self, method="vanilla")
+        return replace(self, method=VANILLA)
 
 
 # ---------------------------------------------------------------------------- validation
@@ -306,7 +315,7 @@ def _too_long(sc: Scenario, model: ModelSpec) -> DoesNotFitError:
 
 
 def _slack(sc: Scenario) -> int:
-    return 1 if sc.method == "vanilla" else sc.gamma + 1
+    return query_rows(sc.method, sc.gamma)
 
 
 def kv_capacity(model: ModelSpec, gpu_memory_gb: float, utilization: float = 1.0, *,
@@ -465,7 +474,7 @@ def iteration_cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
 
 
 def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
-    if sc.method == "vanilla":
+    if not drafts(sc.method):
         return None
     # Acceptance rises along a generation (the traces' later iterations accept more), so the
     # traced runs are cut to the iterations a request of this output length runs; it follows
@@ -616,7 +625,7 @@ def draft_step_vs_decode(sc: Scenario, runs: list[RunMetrics], base: list[RunMet
     window layers draft at full cost)."""
     decode = float(np.mean([b.breakdown_ms.get("decode", 0.0) for b in base]))
     draft = float(np.mean([r.breakdown_ms.get("draft_step", 0.0) for r in runs]))
-    if sc.method == "vanilla" or decode <= 0 or draft <= 0:
+    if not drafts(sc.method) or decode <= 0 or draft <= 0:
         return math.nan
     return draft / sc.gamma / decode
 
@@ -693,7 +702,7 @@ def predict_one(
     runs = _runs(scenario, latency, dist, engine, seeds)
     cache = _baseline if _baseline is not None else {}
     key = (*_base_key(scenario), engine, seed, replications)
-    if scenario.method == "vanilla":
+    if not drafts(scenario.method):
         cache.setdefault(key, runs)
         base = runs
     else:
@@ -717,7 +726,7 @@ def predict(
     seed: int = 0,
     replications: int = 5,
     engine: str = "sim",
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Predict every scenario; one row each (columns documented in the module docstring).
 

@@ -20,6 +20,7 @@ from vegas_sim.errors import TraceSetError
 from vegas_sim.files import sha256_file
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.lookup import is_bare_name, packaged_sets, trace_set_dir
+from vegas_sim.traces.meta import TraceSetMeta
 from vegas_sim.traces.schema import (
     ACCEPTANCE_FILE,
     DATA_FILES,
@@ -78,9 +79,14 @@ class TraceSet:
     acceptance: pd.DataFrame  # columns of schema.ACCEPTANCE_SCHEMA (may be empty)
 
     @property
+    def info(self) -> TraceSetMeta:
+        """meta.json's fields, typed, older sets' missing keys at their defaults."""
+        return TraceSetMeta.from_dict(self.meta)
+
+    @property
     def weights_kind(self) -> str:
         """'real' or 'random'."""
-        return str(self.meta["model"]["weights"]["kind"])
+        return self.info.weights_kind
 
     @property
     def name(self) -> str:
@@ -89,7 +95,7 @@ class TraceSet:
 
     @property
     def model_name(self) -> str:
-        return str(self.meta["model"]["name"])
+        return self.info.model_name
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -97,17 +103,17 @@ class TraceSet:
 
     @property
     def gpu_name(self) -> str:
-        return str(self.meta["gpu"]["name"])
+        return self.info.gpu_name
 
     @property
     def synthetic(self) -> bool:
         """True for sets made by traces/synthetic.py (never measured)."""
-        return bool(self.meta.get("synthetic", False))
+        return self.info.synthetic
 
     @property
     def runtime_revision(self) -> str:
         """The calibration runtime's revision (schema.RUNTIME_REVISION); "1" when unrecorded."""
-        return str(self.meta.get("software", {}).get("runtime", "1"))
+        return self.info.runtime_revision
 
     @property
     def has_real_acceptance(self) -> bool:
