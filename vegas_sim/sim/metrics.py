@@ -270,8 +270,8 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     m = float(x.mean())
     if x.size < 2:
         return m, m, m
-    # The Student-t quantile from scipy.special: importing scipy.stats would cost ~0.4 s of
-    # every CLI start.
+    # The Student-t quantile from scipy.special: importing scipy.stats would slow every CLI
+    # start.
     from scipy.special import stdtrit
 
     half = float(stdtrit(x.size - 1, 0.5 + level / 2) * x.std(ddof=1) / math.sqrt(x.size))
