@@ -34,7 +34,7 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.files import output_lock, write_atomic, write_json
 from vegas_sim.progress import Progress, Say
 from vegas_sim.reports.csv import table_format, write_json_doc, write_table
-from vegas_sim.sim.predict import SkipLog
+from vegas_sim.sim.scenario import SkipLog
 from vegas_sim.sim.sweep import (
     Estimate,
     SweepGrid,

@@ -104,7 +104,7 @@ def test_resident_weights_follow_the_weight_format() -> None:
 
 
 def test_window_layers_hold_only_their_window_in_the_kv_cache() -> None:
-    from vegas_sim.sim.predict import kv_capacity
+    from vegas_sim.sim.scenario import kv_capacity
 
     oss, q8 = PRESETS["gpt-oss-20b"], PRESETS["qwen3-8b"]
     assert q8.window_cache_bytes(8, 16) == 0

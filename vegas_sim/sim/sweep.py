@@ -66,11 +66,11 @@ from vegas_sim.methods import (
 from vegas_sim.progress import Progress
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
-from vegas_sim.sim.predict import (
+from vegas_sim.sim.predict import predict
+from vegas_sim.sim.scenario import (
     Scenario,
     SkipLog,
     gpu_memory,
-    predict,
     skipped_notes,
     split_fitting,
     validate_scenario,

@@ -80,15 +80,10 @@ from vegas_sim.methods import VANILLA
 from vegas_sim.progress import Say, StepProgress
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
-from vegas_sim.sim.predict import (
-    PROVENANCE_COLUMNS,
-    Scenario,
-    is_extrapolated,
-    skipped_notes,
-    split_fitting,
-)
+from vegas_sim.sim.predict import PROVENANCE_COLUMNS, Scenario, is_extrapolated
 from vegas_sim.sim.ranking import score
 from vegas_sim.sim.roofline import ROOFLINE_COLUMNS
+from vegas_sim.sim.scenario import skipped_notes, split_fitting
 from vegas_sim.sim.sweep import Estimate, SweepRunner
 from vegas_sim.sim.tune_result import SERVING_STEP, Cell, TuneConfig, TuneResult, cell_rows
 from vegas_sim.sim.tune_rules import (
