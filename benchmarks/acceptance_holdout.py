@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.methods import MIN_TOKENS
-from vegas_sim.sim.acceptance import AcceptanceModel, _split_runs, _workload_buckets
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance_cells import split_runs, workload_buckets
 from vegas_sim.traces.io import load_trace_set
 
 SET = "smollm2-135m-real"
@@ -43,9 +44,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def run_table(acceptance: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rows with a run id and its bucket, one row per run: keys, bucket, mean length)."""
-    df = _split_runs(acceptance)
+    df = split_runs(acceptance)
     first = df.groupby("run", sort=True).head(1)
-    bucket = _workload_buckets(first)  # [runs] as the model buckets them
+    bucket = workload_buckets(first)  # [runs] as the model buckets them
     df["bucket"] = bucket[df["run"].to_numpy()]
     runs = (df.assign(length=df["accepted"] + 1.0)
             .groupby("run", as_index=False)

@@ -11,7 +11,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "vegas_sim"
 
 # What each part may import (besides itself). The base modules import only each other.
-BASE = {"errors", "bounds", "methods", "models", "gpus", "grids", "files", "workload_info"}
+BASE = {"errors", "bounds", "methods", "models", "gpus", "grids", "files", "workload_info",
+        "progress"}
 ALLOWED = {
     **{b: BASE for b in BASE},
     "kernels": BASE,

@@ -34,12 +34,13 @@ from vegas_sim.grids import (
 from vegas_sim.models import get_preset
 from vegas_sim.methods import (
     DEFAULT_SPARSITY,
-    MIN_TOKENS,
+    VANILLA,
     check_gamma,
     check_method,
     check_sparsity,
     point_of,
 )
+from vegas_sim.progress import Say, StepProgress
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import (
     acceptance_dist,
@@ -59,7 +60,7 @@ from vegas_sim.sim.predict import predict as predict_scenarios
 from vegas_sim.sim.sweep import SweepGrid
 from vegas_sim.sim.sweep import sweep as run_sweep
 from vegas_sim.sim.options import options_for, scenario_extra
-from vegas_sim.sim.tune import Say, TuneConfig, TuneProgress, TuneResult
+from vegas_sim.sim.tune import TuneConfig, TuneResult
 from vegas_sim.sim.tune import tune as run_tune
 from vegas_sim.sim.workload import OutputLengths
 from vegas_sim.traces import catalog, io
@@ -140,7 +141,7 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
     """The acceptance model of a trace set (cached like `fit_latency`)."""
     key = fitcache.cache_key("acceptance with trends", trace_set.meta, ACCEPTANCE_FILE,
                              ACCEPTANCE_CODE)
-    floor = int(trace_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
+    floor = trace_set.info.grid.min_tokens
 
     def build() -> AcceptanceModel:
         model = AcceptanceModel.from_traces(trace_set.acceptance, trace_set.weights_kind,
@@ -439,7 +440,7 @@ def predict(
     ratio = one_sparsity(sparsity)
     check_gamma(gamma)
     check_sparsity(ratio)
-    ordered = ["vanilla", *[check_method(m) for m in methods if m != "vanilla"]]
+    ordered = [VANILLA, *[check_method(m) for m in methods if m != VANILLA]]
     out_mean, out_dist = output_lengths(output_len)
     latency, acceptance, notes = models_for(values)
     shared = scenario_extra("predict", values)
@@ -567,7 +568,7 @@ def tune(
     workers: int | None = None,
     scheduler: Any = None,
     seed: int = 0,
-    progress: TuneProgress | None = None,
+    progress: StepProgress | None = None,
     say: Say | None = None,
 ) -> TuneResult:
     """`vegas-sim tune` as a function: the paper's three-step search per (batch, context).

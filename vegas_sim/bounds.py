@@ -12,7 +12,7 @@ The bounds and why:
   them is extrapolated by a fitted decay, and 32 keeps that within about twice the evidence.
 - batch ≤ MAX_BATCH: what the largest plausible GPU (MAX_GPU_MEMORY_GB) holds at one KV token
   per request of the smallest preset; a scenario's own GPU and model bound it further
-  (`sim.predict.validate_scenario`).
+  (`sim.scenario.validate_scenario`).
 - simulated requests ≤ MAX_REQUESTS, and their pre-drawn token plans within
   MAX_SIM_PLAN_BYTES (REQUEST_BYTES_PER_TOKEN per request and output token).
 - seeds in [0, 2**63): numpy's SeedSequence takes no negative seed, and the tables store the

@@ -78,8 +78,7 @@ class GpuSpec:
         return f"GPU {self.name}: what-if {how} — NOT measured"
 
 
-# NVLink per direction: A100 SXM 600 GB/s total, H100 / H200 SXM 900, H100 NVL 600 (bridged
-# pairs), B200 1800 (vendors' datasheets).
+# link_gbs: NVLink per direction, half the vendor datasheet's total (H100 NVL: bridged pairs).
 DATASHEETS: dict[str, GpuSpec] = {
     "a100": GpuSpec("a100", 80.0, 2039.0, 312.0, link_gbs=300.0),  # A100 SXM 80GB
     "h100-sxm": GpuSpec("h100-sxm", 80.0, 3350.0, 989.0, link_gbs=450.0),

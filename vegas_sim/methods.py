@@ -21,15 +21,67 @@ import numpy as np
 from vegas_sim.bounds import BOUNDS
 from vegas_sim.errors import UserInputError
 
-METHODS: tuple[str, ...] = (
-    "vanilla",
-    "magicdec-stream",
-    "magicdec-quest",
-    "specextend",
-    "vegas",
-    "vegas-all",
-)
-SPEC_METHODS: tuple[str, ...] = METHODS[1:]
+@dataclass(frozen=True)
+class Method:
+    """What a method is, for every module that must tell methods apart.
+
+    ``draft``: how the draft picks the keys it attends to — ``none`` (vanilla: no draft),
+    ``selected-keys`` (top-k of the verify pass's collected scores: the Vegas family and
+    SpecExtend), ``streaming`` (StreamingLLM sinks + recent window), ``quest-pages`` (Quest's
+    top pages by page-metadata score). ``selection_phases``: the phases that build that choice
+    once per iteration. ``collects``: the verify rows whose scores it writes out — ``none``,
+    ``first_last`` (Collect-2-Query: t0 and dγ) or ``all`` (every verify row), the verify
+    kernel's collection modes. ``selects_from``: the collected rows a selection ranks by —
+    ``mean`` (their weights averaged) or ``last_accepted`` (the last accepted token's row
+    alone, known only after acceptance); '' when it does not select.
+    """
+
+    name: str
+    draft: str
+    selection_phases: tuple[str, ...]
+    collects: str
+    selects_from: str = ""
+
+    @property
+    def drafts(self) -> bool:
+        return self.draft != "none"
+
+    @property
+    def selects_keys(self) -> bool:
+        """The draft attends to keys ranked by the verify pass's scores (budget over C + 1)."""
+        return self.draft == "selected-keys"
+
+    @property
+    def quest_pages(self) -> bool:
+        return self.draft == "quest-pages"
+
+    @property
+    def streaming(self) -> bool:
+        return self.draft == "streaming"
+
+    def query_rows(self, gamma: int) -> int:
+        """Tokens one iteration writes into the KV cache and verifies: t0 and the γ drafts
+        (vanilla: the one new token). Also the KV slots a step reserves."""
+        return gamma + 1 if self.drafts else 1
+
+    def collect_rows(self, gamma: int) -> int:
+        """Query rows whose scores the verify kernel writes out (0 = plain verify)."""
+        if self.collects == "first_last":
+            return min(2, gamma + 1)
+        return gamma + 1 if self.collects == "all" else 0
+
+
+VANILLA = "vanilla"
+METHOD_TABLE: dict[str, Method] = {m.name: m for m in (
+    Method(VANILLA, "none", (), "none"),
+    Method("magicdec-stream", "streaming", ("other",), "none"),
+    Method("magicdec-quest", "quest-pages", ("other", "quest_meta"), "none"),
+    Method("specextend", "selected-keys", ("select",), "all", "last_accepted"),
+    Method("vegas", "selected-keys", ("select",), "first_last", "mean"),
+    Method("vegas-all", "selected-keys", ("select",), "all", "mean"),
+)}
+METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+SPEC_METHODS: tuple[str, ...] = tuple(m for m in METHODS if METHOD_TABLE[m].drafts)
 PHASES: tuple[str, ...] = (
     "decode", "draft_step", "verify", "collect", "select", "quest_meta", "sample", "prefill",
     "other",
@@ -46,6 +98,21 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise UserInputError(f"unknown method {method!r}", fix=f"use one of: {', '.join(METHODS)}")
     return method
+
+
+def method_of(method: str) -> Method:
+    """The method's record (`UserInputError` for an unknown name)."""
+    return METHOD_TABLE[check_method(method)]
+
+
+def drafts(method: str) -> bool:
+    """Whether the method drafts (every method but vanilla)."""
+    return method_of(method).drafts
+
+
+def query_rows(method: str, gamma: int) -> int:
+    """`Method.query_rows`: γ + 1, or 1 for vanilla."""
+    return method_of(method).query_rows(gamma)
 
 
 def check_gamma(gamma: int) -> int:
@@ -67,16 +134,12 @@ def check_sparsity(sparsity: float) -> float:
 def point_of(method: str, gamma: int, sparsity: float) -> tuple[int, float]:
     """The (γ, sparsity) a method's configuration has: vanilla drafts nothing, so it is γ 1,
     sparsity 1 (one token per step, full attention) whatever was asked."""
-    return (1, 1.0) if method == "vanilla" else (gamma, sparsity)
+    return (gamma, sparsity) if drafts(method) else (1, 1.0)
 
 
 def collect_rows(method: str, gamma: int) -> int:
-    """Query rows whose scores the verify kernel writes out (0 = plain verify)."""
-    if method == "vegas":
-        return min(2, gamma + 1)  # Collect-2-Query: t0 and dγ
-    if method in ("vegas-all", "specextend"):
-        return gamma + 1
-    return 0
+    """`Method.collect_rows`: query rows whose scores the verify kernel writes out."""
+    return method_of(method).collect_rows(gamma)
 
 
 def budget(
@@ -129,12 +192,13 @@ def draft_kv_read(
     plus the token being drafted from, i.e. `step` entries.
     """
     contexts = np.asarray(contexts, dtype=np.int64)
-    if method in ("vegas", "vegas-all", "specextend"):
+    m = method_of(method)
+    if m.selects_keys:
         selected = budget(sparsity, contexts + 1, max_len, min_tokens)  # ranks [0, C]
         selected = np.minimum(selected, contexts)  # t0 is in the tail, not double-counted
-    elif method == "magicdec-stream":
+    elif m.streaming:
         selected = np.minimum(budget(sparsity, contexts, max_len, min_tokens), contexts)
-    elif method == "magicdec-quest":
+    elif m.quest_pages:
         b = budget(sparsity, contexts, max_len, min_tokens)
         pages = np.maximum(b // QUEST_PAGE, 1) + 1  # top pages + the current page
         selected = np.minimum(pages * QUEST_PAGE, contexts)
@@ -158,7 +222,8 @@ def window_kv_read(window: int, contexts: np.ndarray, n_query: int | np.ndarray)
 # Methods whose draft builds its index once per iteration ('other': StreamingLLM index lists,
 # Quest page counts and Quest's page-metadata update after acceptance); the selected-keys
 # methods build theirs in 'select'.
-INDEX_PREP_METHODS = ("magicdec-stream", "magicdec-quest")
+INDEX_PREP_METHODS = tuple(
+    m.name for m in METHOD_TABLE.values() if "other" in m.selection_phases)
 
 
 def iteration_plan(
@@ -171,21 +236,22 @@ def iteration_plan(
 ) -> list[PhaseCall]:
     """The phases of one iteration for a batch whose requests hold `contexts` tokens."""
     contexts = np.asarray(contexts, dtype=np.int64)
-    if method == "vanilla":
+    m = method_of(method)
+    if not m.drafts:
         return [
             PhaseCall("decode", 1, 1, contexts + 1),
             PhaseCall("sample", 1, 1, contexts + 1),
         ]
     plan: list[PhaseCall] = []
-    if method in INDEX_PREP_METHODS:
+    if "other" in m.selection_phases:
         plan.append(PhaseCall("other", 1, 1, contexts))
     for step in range(1, gamma + 1):
         plan.append(PhaseCall(
             "draft_step", 1, 1, draft_kv_read(method, sparsity, contexts, max_len, step, min_tokens)
         ))
-        if method == "magicdec-quest":
+        if "quest_meta" in m.selection_phases:
             plan.append(PhaseCall("quest_meta", 1, 1, (contexts + step) // QUEST_PAGE + 1))
-    rows = collect_rows(method, gamma)
+    rows = m.collect_rows(gamma)
     plan.append(PhaseCall("verify", 1, gamma + 1, contexts + gamma + 1, rows))
     if rows:
         plan.append(PhaseCall("select", 1, 1, contexts + 1, rows))

@@ -25,7 +25,6 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,9 @@ import pandas as pd
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import output_lock, write_atomic, write_json
+from vegas_sim.progress import Progress, Say
 from vegas_sim.reports.csv import PARTIAL_COLUMN, table_format, write_json_doc, write_table
-from vegas_sim.sim.predict import SkipLog
+from vegas_sim.sim.scenario import SkipLog
 from vegas_sim.sim.sweep import (
     Estimate,
     SweepGrid,
@@ -54,8 +54,6 @@ ESTIMATE_OVER_S = 60.0  # say how long a grid will take when it is longer than t
 SAMPLE = 16  # configurations timed for the estimate
 MANIFEST = "manifest.json"
 TIMING = ("wall_s",)  # columns that differ between identical runs
-Say = Callable[[str], None]
-Progress = Callable[[int, int], None]
 
 
 class SweepInterrupted(Exception):

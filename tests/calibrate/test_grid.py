@@ -220,7 +220,7 @@ def test_rows_match_iteration_plan_and_resume(tmp_path: Path, tiny_net: Any) -> 
     ts = load_trace_set(out)
     assert ts.weights_kind == "random" and ts.acceptance.empty
     assert "meaningless" in ts.meta["grid"]["acceptance"]
-    assert ts.meta["grid"]["host_gap_walls"] == ("untimed" if measure_latency.UNTIMED_WALLS else "timed")
+    assert ts.meta["grid"]["host_gap_walls"] == "timed"
     _assert_rows_cover_plans(ts.latency, plan, tiny_net.spec.max_positions)
 
 
@@ -446,35 +446,24 @@ def test_host_gap_is_shared_by_a_repetitions_chained_iterations() -> None:
     assert Timed(iterations=its[:3], walls=[16.0, 13.0], chain=2).host_gaps() == [0.0] * 3
 
 
-def test_untimed_walls_come_from_a_second_run_of_the_chain(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """measure_latency.UNTIMED_WALLS: a chained repetition runs twice, timed (its phase samples), then
-    with the timer off (its wall), so the timer's host work is not charged to the host gap.
-    Single iterations keep one timed run; by default a chain runs once."""
+def test_a_chain_runs_once_and_its_walls_are_the_timed_runs() -> None:
+    """A chained repetition runs once, timed: its phase samples and its wall come from the
+    same run (single iterations likewise)."""
     from vegas_sim.calibrate.timers import PhaseTimer
 
-    monkeypatch.setattr(measure_latency, "UNTIMED_WALLS", True)
     timer = PhaseTimer("cpu")
     seen: list[bool] = []
 
     def body() -> None:
         seen.append(timer.enabled)
         with timer.phase("decode"):
-            if not timer.enabled:  # the untimed run: a slow host, the only wall we keep
+            if not timer.enabled:  # an untimed run would be slow: never taken
                 time.sleep(0.02)
 
     ctx = SimpleNamespace(plan=SimpleNamespace(warmup=1, reps=2),
                           model=SimpleNamespace(device=torch.device("cpu")))
-    timed = measure_latency._timed(ctx, timer, body, "decode", chain=2)  # type: ignore[arg-type]
-    assert seen == [True] + [True, True, False, False] * 2
-    assert timer.enabled
-    assert len(timed.iterations) == 4 and len(timed.walls) == 2
-    assert all(w >= 2 * 20.0 for w in timed.walls)  # the untimed chains' walls
-    assert all(gap >= 19.0 for gap in timed.host_gaps())
-    seen.clear()
     single = measure_latency._timed(ctx, timer, body, "decode")  # type: ignore[arg-type]
     assert seen == [True] * 3 and len(single.walls) == 2 and max(single.walls) < 20.0
-    monkeypatch.setattr(measure_latency, "UNTIMED_WALLS", False)
     seen.clear()
     timed = measure_latency._timed(ctx, timer, body, "decode", chain=2)  # type: ignore[arg-type]
     assert seen == [True] * 5 and max(timed.walls) < 40.0

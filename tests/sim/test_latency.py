@@ -250,7 +250,7 @@ def test_what_if_scales_memory_bound_terms_by_bandwidth_ratio(fitted: LatencyMod
     tok = row["tokens"] * 2 * MODEL.gemm_flops(1) * 1e3 / (GPU.bf16_tflops * 1e12)
     # the measured GPU's fit times its residual at this batch; a what-if has no residual
     t_src = fitted.phase_ms("draft_step", "vegas", 1, kv) / fitted.batch_factor(
-        fitted._group("draft_step", "vegas"), 2)
+        fitted.fitted_group("draft_step", "vegas"), 2)
     t_dst = wi.phase_ms("draft_step", "vegas", 1, kv)
     assert t_dst - c0 - tok * flop_ratio == pytest.approx((t_src - c0 - tok) * ratio, rel=1e-9)
     # compute-bound verify at large batch: H100-SXM and H200 have the same bf16 datasheet rate,
@@ -476,7 +476,7 @@ def test_host_bound_set_keeps_priors_and_extrapolates_along_kv_bytes() -> None:
     kv_ms = MODEL.kv_bytes_per_token() / (GPU.copy_bandwidth_gbs * 1e9) * 1e3 / PRIOR_ETA_KV
     t1, t2, t4 = decode(1 << 20), decode(2 << 20), decode(4 << 20)
     assert t1 > 2 * decode(131072)  # never flat
-    f4 = lm.batch_factor(lm._group("decode", "vanilla"), 4)  # the fit's residual at B = 4
+    f4 = lm.batch_factor(lm.fitted_group("decode", "vanilla"), 4)  # the fit's residual at B = 4
     assert abs(math.log(f4)) < 0.05
     assert t2 - t1 == pytest.approx(4 * (1 << 20) * kv_ms * f4, rel=1e-9)  # linear in KV bytes
     assert t4 - t2 == pytest.approx(2 * (t2 - t1), rel=1e-9)
@@ -523,7 +523,7 @@ def test_what_if_keeps_host_terms_and_scales_gpu_terms() -> None:
     host = row["host_ms"] + row["host_per_token_ms"]  # the floor at B·n_query = 1
     small, big = np.full(1, 1024), np.full(4, 1 << 20)
     # the measured GPU's predictions carry the fit's residual at their batch, a what-if's not
-    grp = lm._group("decode", "vanilla")
+    grp = lm.fitted_group("decode", "vanilla")
     f1, f4 = lm.batch_factor(grp, 1), lm.batch_factor(grp, 4)
     assert wi.batch_factor(grp, 1) == 1.0
     assert wi.phase_ms("decode", "vanilla", 1, small) == pytest.approx(host, rel=1e-12)
@@ -592,7 +592,7 @@ def test_verify_counts_the_query_rows_of_its_m_tile(packaged: LatencyModel) -> N
     collect-all verify costs no less at n_query 9 (the M 64 tile) than at 8 (M 32), and no
     more than at 16, where a fit per n_query put 9 below 8 (19.5 against 21.2 ms at B 3,
     C 96K; measured 21.1)."""
-    physics = packaged._physics  # Qwen3-8B: G = 32 / 8
+    physics = packaged.physics  # Qwen3-8B: G = 32 / 8
     assert [physics.tile_query_rows("verify", q, q) for q in (1, 2, 4, 5, 8, 9, 16)] == \
         [4.0, 4.0, 4.0, 8.0, 8.0, 16.0, 16.0]
     assert physics.tile_query_rows("prefill", 9, 0) == 9
@@ -682,7 +682,7 @@ def test_batch_residual_absorbs_a_shape_the_fit_misses() -> None:
     for col in ("ms_median", "ms_p10", "ms_p90"):
         df.loc[dec, col] *= df.loc[dec, "batch"].map(bend)
     lm = LatencyModel.fit(df, MODEL, GPU)
-    grp = lm._group("decode", "vanilla")
+    grp = lm.fitted_group("decode", "vanilla")
     raw = grp.predict_points() / grp.t  # the fit alone, per row
     assert np.max(np.abs(np.log(raw))) > 0.03  # the form cannot follow the bend
     for b in bend:  # the median row of each measured batch is hit (the residual is a median)

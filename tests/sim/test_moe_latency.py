@@ -49,7 +49,7 @@ def test_hybrid_window_layers_read_their_window_in_draft_and_verify() -> None:
     van = lat.iteration_cost("vanilla", 1, 1.0)
     assert van(c) == pytest.approx(lat.plan_ms("vanilla", 1, c, 1.0), rel=1e-9)
     # a decode row's kv feature: full layers at C + 1, window layers at min(W, C + 1) only
-    phys = lat._physics
+    phys = lat.physics
     batch, nq = np.array([2.0, 2.0]), np.array([1.0, 1.0])
     ctx = np.array([4096, 16384])
     x = phys.features("decode", batch, nq, 2.0 * (ctx + 1), np.zeros(2),
@@ -104,7 +104,7 @@ def test_resident_weights_follow_the_weight_format() -> None:
 
 
 def test_window_layers_hold_only_their_window_in_the_kv_cache() -> None:
-    from vegas_sim.sim.predict import kv_capacity
+    from vegas_sim.sim.scenario import kv_capacity
 
     oss, q8 = PRESETS["gpt-oss-20b"], PRESETS["qwen3-8b"]
     assert q8.window_cache_bytes(8, 16) == 0

@@ -15,7 +15,7 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.gpus import get_gpu
 from vegas_sim.models import PRESETS, get_preset
 from vegas_sim.sim.parallel import TensorParallel
-from vegas_sim.sim.predict import kv_capacity
+from vegas_sim.sim.scenario import kv_capacity
 
 # presets and the tensor-parallel sizes vLLM accepts for them
 SPLITTABLE = [(name, tp) for name, m in PRESETS.items() for tp in (1, 2, 3, 4, 8, 16)

@@ -17,13 +17,13 @@ from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import (
     Scenario,
-    kv_capacity,
     predict,
     predict_one,
     prefill_fn,
     roofline_prefill_ms,
     validate_scenario,
 )
+from vegas_sim.sim.scenario import kv_capacity
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
 Models = tuple[LatencyModel, AcceptanceModel]

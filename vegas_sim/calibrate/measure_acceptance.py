@@ -3,8 +3,8 @@ workload, SpecDecoder's own loop (`prefill_state`, then `step` exactly `iteratio
 at the largest γ of the plan (the simulator truncates to smaller γ) over the workload's
 prompts; one row per (request, iteration). A method × temperature × workload's sparsities
 decode as one batch, each request drafting at its own sparsity (`measure_acceptance_group`):
-acceptance is host-bound, so 8 sparsities cost little more than one (the whole SmolLM2 grid
-in 2.6 GPU-minutes; one point at a time: 17.1)."""
+acceptance is host-bound, so 8 sparsities cost little more than one (the grid's GPU time:
+docs/RESULTS.md, Calibration)."""
 
 from __future__ import annotations
 
@@ -92,10 +92,9 @@ def cut_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
 
     Why one would: a workload at context C means every prompt at least C long, cut to C
     (what `validate` runs), while the natural prompts give a context bucket only the windows
-    made at that length. Not the default, as measured: on SmolLM2 longdoc at T 0.6 (8
-    windows per length) the cuts move regime (a)'s validation from 2.96 / 8.35 % (median /
-    max |error|) to 3.23 / 9.43 % — windows differ by more than contexts do, and cutting the
-    same 8 windows adds little that is new. The longdoc
+    made at that length. Not the default: on SmolLM2 longdoc the cuts made regime (a)'s
+    validation error worse, not better — windows differ by more than contexts do, and cutting
+    the same few windows adds little that is new. The longdoc
     workload has more windows per length instead (workloads.LONGDOC_PER_LENGTH).
     """
     levels = sorted({len(p) for p in prompts})

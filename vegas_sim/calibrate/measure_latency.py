@@ -21,8 +21,8 @@ numbers it is later evaluated at:
 
 Host gaps (device idle while the host works: launches, bookkeeping after a sync) are
 charged to ``sample``; vanilla and verify repetitions chain `HOST_GAP_CHAIN` iterations so
-that a repetition's first launch and last sync are shared, as in the running loop
-(`UNTIMED_WALLS`: their walls from a second, untimed run of each chain; off by default).
+that a repetition's first launch and last sync are shared, as in the running loop; a
+repetition's wall is the timed chain's own.
 
 Every configuration runs `warmup` untimed, then `reps` timed repetitions through the
 SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); each row
@@ -71,6 +71,7 @@ from vegas_sim.methods import (
     QUEST_PAGE,
     collect_rows,
     draft_kv_read,
+    method_of,
 )
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.schema import (
@@ -362,23 +363,11 @@ class Timed:
         return gaps
 
 
-# Off by default: where a chained repetition's wall (for its host gap) comes from. True: a
-# second run of the chain with the phase timer off, since the timer's CUDA events and
-# bookkeeping are host work the decoding loop does not do. SmolLM2, with the timed walls: the
-# B = 1 validation rows are predicted up to 10 % slow in iteration time, and their timed phase
-# waves take 0.05-0.31 ms longer than the untimed loop in 7 of 8; a set measured with untimed
-# walls brings them to -3..+3 %, but predicts B >= 24 2 % fast, and with acceptance
-# over-predicted by ~0.5 % the largest throughput error over 51 rows rises from 9.3 to 11.4 %.
-# Not the default until that is understood; the set's meta says which walls it used.
-UNTIMED_WALLS = False
-
-
 def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str,
            chain: int = 1) -> Timed:
     """warmup + reps repetitions of `chain` back-to-back calls of body; the timed ones split
-    into iterations at phase `start`. Each repetition's wall clock (device synchronised before
-    and after) is taken from the same chain run again untimed when chain > 1 and
-    UNTIMED_WALLS (the timed run's own otherwise)."""
+    into iterations at phase `start`, with each repetition's wall clock (device synchronised
+    before and after the chain)."""
     device = ctx.model.device
     for _ in range(ctx.plan.warmup):
         body()
@@ -386,12 +375,6 @@ def _timed(ctx: PointContext, timer: Any, body: Callable[[], None], start: str,
     walls = []
     for _ in range(ctx.plan.reps):
         walls.append(_chain_wall_ms(device, body, chain))
-        if chain > 1 and UNTIMED_WALLS:
-            timer.enabled = False
-            try:
-                walls[-1] = _chain_wall_ms(device, body, chain)
-            finally:
-                timer.enabled = True
     return Timed(split_iterations(timer.samples(), start), walls, chain,
                  timer.collective_samples())
 
@@ -460,6 +443,7 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     # samples are pooled over sparsities, and over the steps that score as many pages.
     quest_pool: dict[int, list[float]] = {}
     once: list[float] = []  # 'other' per iteration, pooled over sparsities likewise
+    draft = method_of(path)
     for s in ctx.plan.sparsity:
         # Sparsities whose budgets coincide here (the min_tokens floor at short contexts) give
         # the same kv_read: measure such a draft once.
@@ -469,16 +453,16 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
             continue
         seen.add(kv_key)
         dec = _decoder(ctx, path, gamma, s, timer)
-        if path == "vegas":
+        if draft.selects_keys:
             dec.select(state)  # this sparsity's budget from the same collected weights
-        if path == "magicdec-quest":
+        if draft.quest_pages:
             body = functools.partial(dec.step, state)
         else:
             body = functools.partial(_draft_and_rollback, dec, state)
         timed = _timed(ctx, timer, body, "other")
         steps, quest, other = draft_samples(timed.iterations, gamma)
         once += other
-        if path == "magicdec-quest" and dec.graphs:
+        if draft.quest_pages and dec.graphs:
             steps, quest = split_quest_scoring(steps, quest, quest_scoring_ms(dec, state))
         for j in range(1, gamma + 1):
             if quest[j - 1]:
@@ -564,9 +548,9 @@ def _verify_samples(ctx: PointContext, run_method: str, gamma: int) -> Timed:
     Default: the drafts are stand-ins (`fill_drafts`) and the iterations are verify → accept
     → select alone. With `plan.verify_after_draft` every iteration drafts its γ tokens first
     (`SpecDecoder.step`, as the decoding loop does): the host then meets acceptance and
-    selection after a long device wait, as in a real run. Timed phase by phase in the real
-    loop, SmolLM2's sample and select (host-bound) take 0.1-1.1 ms more per iteration than
-    verify → accept → select alone measures. Costs γ draft steps per
+    selection after a long device wait, as in a real run: timed phase by phase in the real
+    loop, a small model's host-bound sample and select take longer than verify → accept →
+    select alone measures (docs/RESULTS.md, Validation). Costs γ draft steps per
     timed iteration (little for a small model, about the verify sweep again for a large one).
     """
     timer = phase_timer(ctx.model)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,19 +29,12 @@ from vegas_sim.models import PRESETS, ModelSpec, check_tensor_parallel
 log = logging.getLogger("vegas_sim.calibrate")
 
 
-ProgressFn = Callable[[int, int, str], None]
-
-
-LogFn = Callable[[str], None]
-
-
 # Draft steps per timed repetition in the sparsity sweep. A drafting iteration also does work
 # once for all its steps (StreamingLLM index lists, Quest page counts, Quest's metadata update
 # after acceptance): `draft_samples` records it as an 'other' row, charged once per
 # iteration. Spread over the timed steps instead, it would be charged γ / DRAFT_GAMMA times
-# per iteration (measured on the H200: with 1 step a stream draft step is 10.11 ms in the grid
-# vs 9.58 ms inside γ = 7 iterations; with 4, Quest γ 12 at B 64 predicts 84 ms of drafting
-# against 77 measured).
+# per iteration: with one step a repetition over-states a draft step, with four Quest's
+# drafting at large γ and batch was still over-predicted against whole iterations.
 DRAFT_GAMMA = 4
 
 
@@ -205,7 +198,7 @@ def parse_rope_extension(text: str) -> float:
 
 def quick_plan(model: str, *, device: str = "cuda", weights: str = "random",
                **overrides: Any) -> CalibrationPlan:
-    """The `--quick` grid: a few minutes' worth of points cut to < 2 minutes on an H200."""
+    """The `--quick` grid: few enough points for a first look in a couple of minutes."""
     base: dict[str, Any] = {
         "model": model, "weights": weights, "device": device, "quick": True,
         "gamma": (3, 7), "sparsity": (0.03, 0.07), "batch": (1, 4, 16),

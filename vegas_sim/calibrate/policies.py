@@ -123,9 +123,9 @@ class CollectingVerifyAttention:
     last accepted row after acceptance) instead of their mean ([L, B, S_max]).
     n_heads > 0 with first_last means: batch the fold — every layer writes its raw scores
     (≤ 2 rows) into one buffer, and the last layer folds all layers in one score_weights
-    launch (H200: 0.59 ms for 36 layers at B 4, C 128K against 0.76 ms in 36
-    launches); the buffer costs 2·Hq bf16 per (layer, request, slot), ~3 % of a Qwen3-8B
-    KV cache. Otherwise each layer folds its own scores right after its attention.
+    launch instead of one launch a layer (benchmarks/kernels.py times both); the buffer costs
+    2·Hq bf16 per (layer, request, slot), small beside the KV cache's 2·Hkv·D per token.
+    Otherwise each layer folds its own scores right after its attention.
     """
 
     def __init__(self, n_layers: int, batch: int, max_seq: int, device: torch.device,

@@ -8,15 +8,9 @@ of memory anyway is marked ``oom`` after freeing the allocator's cache, and the 
 the per-step CPU overhead (eager vs CUDA-graph decode step) and the mean acceptance lengths
 per workload.
 
-Expected time (one H200, CUDA-graph decode loop): Qwen3-8B random weights, γ 1,3,7,15 ×
-sparsity 0.01,0.05,0.2, the 64 (B, C) points of B 1..128 × C 1K..128K (49 fit, 15 skipped):
-8.1 GPU-minutes (runtime revision 3); SmolLM2 real weights: 28 latency points with
-`verify_after_draft` in 3.2 minutes, and the whole
-acceptance grid (5 methods × 8 sparsities × 4 workloads × 2 temperatures, 16-32 prompts × 32
-iterations each) in 2.6 minutes as 8 parallel processes, each method's sparsities batched
-(one point at a time: ≈ 13 s a point per process, 17 minutes).
-`quick_plan` (9 points) takes ~1 minute on the H200. The acceptance figure was measured with
-torch.topk selection; the radix top-k compiles once for all contexts (docs/RESULTS.md).
+Each packaged set's GPU time is in docs/RESULTS.md (Calibration), with the command that
+measured it; the acceptance grid runs as parallel processes, each method's sparsities
+batched. The radix top-k compiles once for all contexts.
 Every draft, verify and decode step is a CUDA graph replay (specdec.SpecDecoder); Quest's page
 scoring, which runs inside the graphed draft step, is timed alone (`quest_scoring_ms`) and moved
 from draft_step to quest_meta. Each timed repetition is also timed on the wall clock: the
@@ -34,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +43,6 @@ from vegas_sim.calibrate.measure_acceptance import (
     measure_acceptance_group,
 )
 from vegas_sim.calibrate.measure_latency import (
-    UNTIMED_WALLS,
     free_device_memory,
     latency_frame,
     measure_latency_point,
@@ -64,8 +57,6 @@ from vegas_sim.calibrate.plan import (
     AcceptancePoint,
     CalibrationPlan,
     LatencyPoint,
-    LogFn,
-    ProgressFn,
     acceptance_points,
     effective_context,
     latency_points,
@@ -77,6 +68,7 @@ from vegas_sim.calibrate.tp_run import RankGroup
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import nearest_existing, write_json
 from vegas_sim.models import ModelSpec
+from vegas_sim.progress import LabelledProgress, Say
 from vegas_sim.traces.io import TraceSetWriter, acceptance_summary
 from vegas_sim.traces.schema import (
     RUN_LOG_FILE,
@@ -118,8 +110,8 @@ def grid_meta(plan: CalibrationPlan) -> dict[str, Any]:
         "draft_paths": {k: list(v) for k, v in DRAFT_PATHS.items()},
         # Draft, verify and decode steps replayed as CUDA graphs (specdec.SpecDecoder).
         "cuda_graphs": graphs_default(torch.device(plan.device)),
-        # Host gaps from walls of untimed chains (sets without the key: of the timed chains).
-        "host_gap_walls": "untimed" if UNTIMED_WALLS else "timed",
+        # Host gaps from the walls of the timed chains (older sets may say "untimed").
+        "host_gap_walls": "timed",
         "acceptance": (
             f"real weights: gamma {max(plan.gamma)}, {plan.iterations} iterations per request"
             if real and plan.acceptance else
@@ -250,7 +242,7 @@ def _label(point: LatencyPoint | AcceptancePoint) -> str:
 
 
 def run_calibration(plan: CalibrationPlan, out_dir: str | Path,
-                    progress: ProgressFn | None = None, *, log_fn: LogFn | None = None,
+                    progress: LabelledProgress | None = None, *, log_fn: Say | None = None,
                     retry_failed: bool = False,
                     model: tuple[Any, dict[str, Any]] | None = None) -> Path:
     """Measure `plan` into the trace set `out_dir` (created, or resumed if it exists).
@@ -309,7 +301,7 @@ def calibrate_rank(group: RankGroup, plan: CalibrationPlan, out: Path, retry_fai
 
 
 def _calibrate(net: Any, spec: ModelSpec, weights_meta: dict[str, Any], plan: CalibrationPlan,
-               out: Path, device: torch.device, progress: ProgressFn | None, say: LogFn,
+               out: Path, device: torch.device, progress: LabelledProgress | None, say: Say,
                retry_failed: bool, group: RankGroup | None = None) -> Path:
     """Measure `plan` on a loaded model (`spec`: the whole model's, which meta.json records;
     a shard's ranks all run this, rank 0 writing)."""
@@ -428,7 +420,7 @@ def _recorded(out: Path | None, session: Session, device: str) -> Iterator[None]
 
 def _measure_points(net: Any, plan: CalibrationPlan, points: Sequence[Any], done: set[str],
                     writer: Any, device: torch.device, session: Session,
-                    say: Callable[[str], None], progress: ProgressFn | None, n_done: int,
+                    say: Say, progress: LabelledProgress | None, n_done: int,
                     total: int, group: RankGroup | None = None) -> None:
     """Measure every point not yet done: latency points in order, then the acceptance points
     in groups (`acceptance_groups`); `n_done` of `total` are done already."""

@@ -7,10 +7,8 @@
   distribution: spec decoding is lossless with respect to it.
 - `token_probs`: the same distribution as the decoder uses it: with top-k on, held on
   top_k + slack *slots* (`TopKProbs`, token ids ascending) so that drawing, p(d) / q(d) and
-  the rejection residual read k + slack values per row instead of V (runtime revision 4: at
-  V 152K, B 42, γ 8 on the H200 a draft step's sampling 0.22 ms against 0.52 on the dense
-  layout, an acceptance 0.72 against 1.24: benchmarks/sampling.py); without top-k, the dense
-  tensor (`DenseProbs`).
+  the rejection residual read k + slack values per row instead of V (runtime revision 4;
+  benchmarks/sampling.py times both layouts); without top-k, the dense tensor (`DenseProbs`).
 - `sample`: greedy argmax when temperature == 0, else a draw from `token_probs`.
 - `greedy_accept` / `rejection_accept`: per request, accept drafts sequentially; return the
   accepted count a, the token that follows them (correction on rejection, bonus after all γ),

@@ -58,16 +58,14 @@ state (random K/V at `context`, no prefill) on which draft / verify / accept_and
 select / decode can be timed one by one; a synthetic state keeps its context fixed (every
 iteration is rolled back to the same C) so that repeated timings measure the same point.
 
-Why one module of ~650 lines: the draft, verify, acceptance and rollback steps share one
+Why one module for the loop: the draft, verify, acceptance and rollback steps share one
 per-request state and one CUDA-graph capture; split apart, each would reach into the others'
-buffers.
+buffers. The records they share (`SpecConfig`, `BatchState`, ...) are in `spec_state`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -81,134 +79,27 @@ from vegas_sim.calibrate.policies import (
     SparseDraftAttention,
 )
 from vegas_sim.calibrate.replay import AcceptanceReplay
-from vegas_sim.calibrate.runtime import DenseAttention, GraphedForward, KVCache, Transformer
+from vegas_sim.calibrate.runtime import DenseAttention, GraphedForward, Transformer
 from vegas_sim.calibrate.sampling import (
     TokenProbs,
     TopKProbs,
-    check_sampling,
     greedy_accept,
     rejection_accept,
     sample,
     stack_rows,
     token_probs,
 )
+from vegas_sim.calibrate.spec_state import (
+    BatchState,
+    GenerationResult,
+    IterationRecord,
+    SpecConfig,
+    graphs_default,
+    state_headroom,
+)
 from vegas_sim.calibrate.timers import PhaseTimer
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import ops
-
-MAX_GAMMA = 15  # verify_attention takes at most 16 query rows
-
-
-def state_headroom(gamma: int) -> int:
-    """Cache slots a state needs past its context C: 2·max(γ, 1) + 2 (an iteration writes
-    [t0, d1..dγ] for the drafts and again for verify before rolling back; vanilla counts as
-    γ = 1)."""
-    return 2 * max(gamma, 1) + 2
-
-
-VEGAS_TYPES = ("vegas", "vegas-all", "specextend")
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """One decoding configuration. temperature == 0 is greedy."""
-
-    method: str
-    gamma: int
-    sparsity: float = methods.DEFAULT_SPARSITY
-    min_tokens: int = methods.MIN_TOKENS
-    sink: int = methods.SINK_TOKENS
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def __post_init__(self) -> None:
-        methods.check_method(self.method)
-        if self.method != "vanilla":
-            methods.check_gamma(self.gamma)
-        if self.gamma > MAX_GAMMA:
-            raise UserInputError(f"gamma {self.gamma} > {MAX_GAMMA}", where="gamma",
-                                 fix=f"verify at most 16 rows: use gamma <= {MAX_GAMMA}")
-        methods.check_sparsity(self.sparsity)
-        if self.min_tokens < 1 or self.sink < 0:
-            raise UserInputError("min_tokens must be >= 1 and sink >= 0",
-                                 where="min_tokens / sink", fix="use e.g. 256 and 16")
-        check_sampling(self.temperature, self.top_p, self.top_k)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def collect(self) -> str:
-        """The verify pass's score collection mode."""
-        return {"vegas": "first_last", "vegas-all": "all", "specextend": "all"}.get(
-            self.method, "none")
-
-
-@dataclass
-class IterationRecord:
-    """One (request, iteration): acceptance.parquet's row without the run-level columns."""
-
-    request: int
-    iteration: int
-    context: int  # C at the start of the iteration
-    budget: int  # selected KV entries the drafts attended (before the forced tail)
-    accepted: int  # 0..γ
-    accept_prob: list[float]  # min(1, p/q) per drafted position (1/0 greedy), length γ
-    emitted: int  # tokens emitted this iteration (a + 1, capped at max_new_tokens)
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[list[int]]  # new tokens per request (t0 from prefill first)
-    records: list[IterationRecord]
-
-
-@dataclass
-class BatchState:
-    """Everything one batch carries between phases. Tensors on the model's device."""
-
-    cache: KVCache
-    context: Tensor  # [B] int32 verified context C
-    ctx_host: np.ndarray  # [B] int64 host mirror of `context` (budgets, records)
-    t0: Tensor  # [B] int64 token at position C, not in the cache
-    drafts: Tensor  # [B, γ] int64
-    draft_probs: TokenProbs | None  # [B, γ] rows of q_j (sampling only)
-    draft_policy: Any  # SparseDraftAttention | QuestDraftAttention | None (vanilla)
-    verify_policy: CollectingVerifyAttention
-    kmin: Tensor | None = None  # [L, B, P, Hkv, D] Quest page metadata
-    kmax: Tensor | None = None
-    target_logits: Tensor | None = None  # [B, γ+1, V] of the last verify
-    # sampled rows whose tie group at the k-th logit ran past the slots (TopKProbs.overflow),
-    # counted on the device: read once with SpecDecoder.tie_overflow_rows
-    tie_overflows: Tensor | None = None
-    accepted: Tensor | None = None  # [B] int64 of the last acceptance
-    collect_ctx: np.ndarray | None = None  # [B] C of the last verify (selection rank_len − 1)
-    budget_host: np.ndarray | None = None  # [B] budget of the current draft selection
-    sparsity: np.ndarray | None = None  # [B] float64 per-request sparsity (None: config's)
-    iteration: int = 0
-    req_iteration: np.ndarray | None = None  # [B] iterations run while active
-    done: np.ndarray | None = None  # [B] bool: emitted max_new_tokens, frozen
-    emitted: list[list[int]] = field(default_factory=list)
-    max_new_tokens: int = 0
-    records: list[IterationRecord] = field(default_factory=list)
-    synthetic: bool = False  # fixed context; emission bookkept, then forgotten, every iteration
-    generator: torch.Generator | None = None
-    replay: AcceptanceReplay | None = None
-    # (role, n_query) -> (graph, the policy generation it was captured at)
-    graphs: dict[tuple[str, int], tuple[GraphedForward, int]] = field(default_factory=dict)
-    graph_pool: Any = None  # one memory pool for all graphs of this state
-
-    @property
-    def batch(self) -> int:
-        return int(self.t0.shape[0])
-
-
-def graphs_default(device: torch.device) -> bool:
-    """CUDA graphs on CUDA unless VEGAS_SIM_CUDA_GRAPHS=0 (eager runs, e.g. for debugging)."""
-    return device.type == "cuda" and os.environ.get("VEGAS_SIM_CUDA_GRAPHS", "1") != "0"
-
 
 def _count_overflow(state: BatchState, dist: TokenProbs) -> None:
     if isinstance(dist, TopKProbs):
@@ -260,7 +151,7 @@ class SpecDecoder:
         cache = self.model.new_cache(batch, max_seq)
         kmin = kmax = None
         draft_policy: Any = None
-        if c.method == "magicdec-quest":
+        if c.spec.quest_pages:
             pages = -(-max_seq // methods.QUEST_PAGE)
             shape = (s.n_layers, batch, pages, s.n_kv_heads, s.head_dim)
             kmin = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
@@ -268,15 +159,15 @@ class SpecDecoder:
             max_pages = self._capacity(max_seq, top_sparsity) // methods.QUEST_PAGE
             draft_policy = QuestDraftAttention(kmin, kmax, batch, self.device, self.timer.phase,
                                                max_pages=max_pages)
-        elif c.method != "vanilla":
+        elif c.spec.drafts:
             draft_policy = SparseDraftAttention(s.n_layers, batch,
                                                 self._capacity(max_seq, top_sparsity),
                                                 self.device,
-                                                shared=c.method == "magicdec-stream")
+                                                shared=c.spec.streaming)
         gamma = max(c.gamma, 1)
         verify = CollectingVerifyAttention(
             s.n_layers, batch, max_seq, self.device, c.collect,
-            per_row=c.method == "specextend", max_rows=gamma + 1, n_heads=s.n_heads,
+            per_row=c.spec.selects_from == "last_accepted", max_rows=gamma + 1, n_heads=s.n_heads,
             fold_layer=max(i for i in range(s.n_layers) if s.layer_kind(i) == "full"))
         return BatchState(
             cache=cache,
@@ -296,7 +187,7 @@ class SpecDecoder:
     # ---- CUDA graphs ----------------------------------------------------------------------
     def _step_roles(self, state: BatchState) -> list[tuple[str, int, Any, bool]]:
         """(role, n_query, policy, last_only) of the forwards one iteration replays."""
-        if self.config.method == "vanilla":
+        if not self.config.spec.drafts:
             return [("decode", 1, self.dense, True)]
         return [("draft", 1, state.draft_policy, True),
                 ("verify", self.config.gamma + 1, state.verify_policy, False)]
@@ -367,9 +258,9 @@ class SpecDecoder:
         with self.timer.phase("prefill"):
             self.model.prefill([p.reshape(-1)[:-1] for p in prompts], state.cache)
         last = torch.stack([p.reshape(-1)[-1] for p in prompts]).to(self.device)[:, None]
-        with self.timer.phase("collect" if c.method in VEGAS_TYPES else "prefill"):
+        with self.timer.phase("collect" if c.spec.selects_keys else "prefill"):
             state.verify_policy.rank_len.copy_(self._dev(lengths))
-            policy = state.verify_policy if c.method in VEGAS_TYPES else self.dense
+            policy = state.verify_policy if c.spec.selects_keys else self.dense
             first = self.verify_collect_prefill(last, state, policy)
         self._set_context(state, lengths)
         with self.timer.phase("sample"):
@@ -380,9 +271,9 @@ class SpecDecoder:
         state.done = np.array([len(e) >= max_new_tokens for e in state.emitted])
         # The prompt's last row plays the verify pass of a virtual iteration at C = P − 1.
         state.collect_ctx = lengths - 1
-        if c.method == "magicdec-quest":
+        if c.spec.quest_pages:
             self._quest_meta(state, np.zeros_like(lengths), lengths)
-        if c.method in VEGAS_TYPES:
+        if c.spec.selects_keys:
             self.select(state)
         return state
 
@@ -430,9 +321,9 @@ class SpecDecoder:
         state.collect_ctx = ctx - 1
         enabled, self.timer.enabled = self.timer.enabled, False  # setup is not a phase
         try:
-            if c.method == "magicdec-quest":
+            if c.spec.quest_pages:
                 self._quest_meta(state, np.zeros_like(ctx), ctx)
-            if c.method in VEGAS_TYPES:
+            if c.spec.selects_keys:
                 w = state.verify_policy.weights
                 w.uniform_(0.0, 1.0, generator=gen)
                 w[..., context:] = 0.0  # nothing beyond rank_len = C
@@ -445,12 +336,12 @@ class SpecDecoder:
     def _prepare_draft(self, state: BatchState) -> None:
         """Index lists that depend only on C (stream) or per-step page counts (quest)."""
         c = self.config
-        if c.method == "magicdec-stream":
+        if c.spec.streaming:
             b = self._budget(state, state.ctx_host)
             idx, n_idx = ops.stream_indices(state.context, self._dev(b), c.sink)
             state.draft_policy.set(idx, n_idx, state.context)
             state.budget_host = np.minimum(b, state.ctx_host)
-        elif c.method == "magicdec-quest":
+        elif c.spec.quest_pages:
             b = self._budget(state, state.ctx_host)
             pages = np.maximum(b // methods.QUEST_PAGE, 1)
             state.draft_policy.set(state.context, self._dev(pages))
@@ -516,7 +407,7 @@ class SpecDecoder:
         self._emit(state, old_ctx, a_h, drafts_h, next_h, prob_h)
         if state.synthetic:
             self._forget_emission(state)
-        if c.method == "magicdec-quest":
+        if c.spec.quest_pages:
             # Synthetic states roll back to C, but still pay the update a real iteration pays
             # (pages of [C, C + 1 + a)); quest_select never reads past C's full pages.
             end = old_ctx + (a_h + 1 if state.synthetic else step_h)
@@ -528,11 +419,11 @@ class SpecDecoder:
 
         Replay: the real decision is still computed — under sampling, target probabilities
         (top-p / top-k sort) of all γ+1 rows and the rejection test, whose cost is part of
-        a real iteration (Qwen3-8B, B 64, γ 12: ≈ 15 ms) — and then its outcome is replaced
+        a real iteration (a large one at large B and γ) — and then its outcome is replaced
         by the recorded accept count, the next token drawn from the target row there. That
         draw reuses the decision's processed probabilities: a second top-p pass over B rows
-        (which a real iteration does not make) would cost replayed Qwen3-8B iterations
-        ~1 ms more "sample" than the calibration grid measures at B 24."""
+        (which a real iteration does not make) would give replayed iterations more "sample"
+        than the calibration grid measures."""
         c = self.config
         logits = state.target_logits
         assert logits is not None
@@ -600,7 +491,7 @@ class SpecDecoder:
     def select(self, state: BatchState) -> None:
         """Top-k selection for the next drafts (vegas, vegas-all, specextend); else nothing."""
         c = self.config
-        if c.method not in VEGAS_TYPES:
+        if not c.spec.selects_keys:
             return
         assert state.collect_ctx is not None
         with self.timer.phase("select"):
@@ -608,7 +499,7 @@ class SpecDecoder:
             b = self._budget(state, rank_len)
             # [L, B, S] or [L, B, R, S]; a tensor-parallel shard's weights cover its own heads
             weights = self.model.all_reduce(state.verify_policy.weights)
-            if c.method == "specextend":
+            if c.spec.selects_from == "last_accepted":
                 assert state.accepted is not None
                 rows = torch.arange(state.batch, device=self.device)
                 weights = weights[:, rows, state.accepted]  # row a: the last accepted token
@@ -642,7 +533,7 @@ class SpecDecoder:
 
     def step(self, state: BatchState) -> None:
         """One iteration of the configured method."""
-        if self.config.method == "vanilla":
+        if not self.config.spec.drafts:
             self.decode(state)
             return
         self.draft(state)

@@ -107,8 +107,8 @@ RECALL_LENGTHS: tuple[int, ...] = (1024, 2048, 3072, 4096, 7168)
 # Where the cue starts, as a fraction of the book window: 0.1 is far back, 0.95 recent
 RECALL_DEPTHS: tuple[float, ...] = (0.1, 0.4, 0.7, 0.95)
 # Windows per (length, depth), one round of cells after another. A recall prompt's acceptance
-# varies far more than a longdoc window's (the 135M model copies some passages, not others):
-# 3 per cell left 4-14 % standard error on a length's mean acceptance length
+# varies far more than a longdoc window's (the 135M model copies some passages, not others),
+# so a length's mean acceptance length needs more of them than a longdoc length does
 RECALL_PER_CELL = 8
 LONG_LENGTHS: tuple[int, ...] = (12288, 16384, 24576, 31744)  # 31K: room for the output in 32K
 LONG_LONGDOC_PER_LENGTH = 4
@@ -223,9 +223,8 @@ def longdoc_prompts(
 
     Order: first n/len(lengths) of each length (the 32-window set of the first trace sets,
     whose request ids index it), then the rest of each length. Acceptance varies from window
-    to window by more than it varies with context (SmolLM2, T 0.6: 8 windows per length
-    left a ~5 % sampling error on a context's mean), hence more windows than prompts of the
-    other workloads."""
+    to window by more than it varies with context (SmolLM2, T 0.6), hence more windows than
+    prompts of the other workloads."""
     bodies = {b: book_body(data / "gutenberg" / b) for b in books}
     first = max(1, n // len(lengths))
     out: list[Prompt] = []

@@ -25,10 +25,9 @@ from rich.progress import (
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.grids import one_int, one_sparsity
+from vegas_sim.progress import LabelledProgress, StepProgress
 from vegas_sim.sim.options import OPTIONS, Option, options_for
 
-ProgressFn = Callable[[int, int, str], None]  # progress(done, total, label)
-BarsFn = Callable[[str, int, int], None]  # update(label, done, total): one bar per label
 
 
 @contextmanager
@@ -118,13 +117,13 @@ def parse_sparsity(value: str) -> float:
 
 # -------------------------------------------------------------------------------- progress
 @contextmanager
-def progress_bars(one_task: str | None = None) -> Iterator[BarsFn]:
+def progress_bars(one_task: str | None = None) -> Iterator[StepProgress]:
     """Rich progress bars with ETA on stderr (stdout stays machine-readable), one per label;
     yields update(label, done, total). With `one_task`, a single bar of that name whose label
     changes. Without a terminal (nohup, CI, a batch job): plain lines, one stream per label."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        streams: dict[str, ProgressFn] = {}
+        streams: dict[str, LabelledProgress] = {}
 
         def lines(label: str, done: int, total: int) -> None:
             streams.setdefault(label, progress_lines(label))(done, total, "")
@@ -146,7 +145,7 @@ def progress_bars(one_task: str | None = None) -> Iterator[BarsFn]:
 
 
 @contextmanager
-def progress_task(description: str) -> Iterator[ProgressFn]:
+def progress_task(description: str) -> Iterator[LabelledProgress]:
     """One task whose label changes as it goes (calibrate's points); yields
     progress(done, total, label)."""
     if not Console(stderr=True).is_terminal:
@@ -160,7 +159,7 @@ LOG_EVERY_S = 10.0  # without a terminal: a progress line at least this often as
 LOG_EVERY_SHARE = 0.05  # or each time another 5 % of the work is done
 
 
-def progress_lines(description: str) -> ProgressFn:
+def progress_lines(description: str) -> LabelledProgress:
     """progress(done, total, label) as plain stderr lines, for logs: one per new label, then
     one every LOG_EVERY_S or LOG_EVERY_SHARE of the total, and one at the end, each with the
     elapsed time."""

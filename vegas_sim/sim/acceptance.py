@@ -9,30 +9,21 @@ different run). A run belongs to the context bucket of its first iteration's con
 Context buckets are made per workload (a workload with ≤ 12 distinct prompt lengths, like
 longdoc's 1K, 2K, 4K, ... 7.5K, keeps them exact; more → log2-wide bins), so the many short
 prompts of one workload do not merge another's 4K and 7K prompts, between which acceptance
-still rises by up to ~30 % (SmolLM2 magicdec-stream, γ 11).
+still rises markedly.
 
 A *cell* is all runs of one (method, temperature, workload, sparsity, bucket, traced γ).
 
-Smoothing. A cell holds few prompts (3–16 per bucket on the SmolLM2 H200 set), so its rates
-carry ~5 % sampling noise (two independent measurements of the same grid differ by sd ≈ 5 % per
-point), while acceptance is smooth in sparsity and context. Each cell's per-position rates are
-replaced by a local-linear Gaussian-kernel fit over the cells of its (method, temperature,
-workload, γ_t) in (log s, log C), bandwidths 0.4 and 0.5, weighted by runs (`smoother_matrix`;
-a linear trend passes unchanged, so pooling along a slope adds no bias). Chosen on calibration
-data only (SmolLM2 H200, two independent sets, output_len 128; |error| % of the mean acceptance
-length over all cells, γ 2–11; "current" = each cell alone):
-  cross-sample (fit one set, predict the other's cells; the target's own noise, ≈ 5 %, is
-  part of every number): all cells median / mean 4.3 / 7.0 → 4.1 / 6.4, bias +0.7 → +1.2;
-  longdoc T 0.6 3.4 / 4.6 → 2.9 / 4.1; longdoc T 0 3.2 / 3.8 → 3.3 / 4.0 (greedy noise is
-  shared across the sparsities of a prompt, 0.7–0.9 correlation, so pooling them gains
-  nothing); γ 12 all cells 6.7 / 10.3 → 6.6 / 9.5.
-  leave-one-prompt-out (per-prompt variation dominates): mean T 0.6 15.6 → 14.9 (short
-  prompts), 11.9 → 11.7 (longdoc); T 0 ±0.2. Longdoc prompts predicted at their own start
-  context (γ 4/7/11), global buckets raw → per-workload buckets smoothed: T 0.6 median / mean
-  10.7 / 13.7 → 10.2 / 13.2, T 0 11.3 / 14.1 → 11.3 / 14.2.
-  Bandwidths 0.3–0.5 × 0.3–0.5 were within ±0.2 of each other; 1.0 × 1.0 and a local mean
-  (Nadaraya-Watson) over contexts were biased and worse. `from_traces(..., smooth=False)` keeps
-  each cell on its own data.
+Smoothing. A cell holds few prompts, so its rates carry sampling noise (two independent
+measurements of the same grid differ point by point), while acceptance is smooth in sparsity
+and context. Each cell's per-position rates are replaced by a local-linear Gaussian-kernel fit
+over the cells of its (method, temperature, workload, γ_t) in (log s, log C), bandwidths 0.4
+and 0.5, weighted by runs (`smoother_matrix`; a linear trend passes unchanged, so pooling
+along a slope adds no bias). Chosen on calibration data only (two independent SmolLM2 H200
+sets): smoothing lowered the error of predicting one set's cells from the other and, slightly,
+leave-one-prompt-out error, and left greedy cells as they were (greedy noise is shared across
+a prompt's sparsities, so pooling them gains nothing); nearby bandwidths did as well, while
+much wider ones and a local mean (Nadaraya-Watson) over contexts were biased and worse.
+`from_traces(..., smooth=False)` keeps each cell on its own data.
 A lookup picks cells and turns them into an `AcceptanceDist`:
 
 - γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): truncation accepted' = min(accepted, γ);
@@ -59,11 +50,11 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   traced: its cell moved down the same trend (the donors' where its own is flat) by the
   budget doublings the request loses at its own context, followed without a hold (acceptance
   never stays flat while the draft's budget, and its cost, fall; where both budgets are the
-  floor the draft is the same and so is its acceptance), marked. Checked by `benchmarks/sparsity_extrapolation.py` (the SmolLM2
-  real set cut to s ∈ {0.01, 0.05, 0.2} and to s ≤ 0.07; mean acceptance length |error|
-  median 1.9 % between, 3.3 % beyond, against 3.8 and 7.1 % for a weight linear in s and a
-  mix toward s = 1; docs/RESULTS.md). Short prompts beyond the traced sparsities are still
-  under-predicted (bias −3 %): the slope they borrow is mostly the long prompts'.
+  floor the draft is the same and so is its acceptance), marked. Checked by
+  `benchmarks/sparsity_extrapolation.py` (the SmolLM2 real set cut by sparsity, against a
+  weight linear in s and a mix toward s = 1; docs/RESULTS.md). Short prompts beyond the
+  traced sparsities are still under-predicted: the slope they borrow is mostly the long
+  prompts'.
 - context: the two neighbouring buckets, weights linear in log-context. (Before smoothing, a
   leave-one-prompt-out CV found no context kernel clearly better than this interpolation of
   the raw cells.) Above the last bucket (a prompt longer than any traced, even where the
@@ -104,13 +95,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.methods import METHODS, MIN_TOKENS, check_gamma, check_sparsity
+from vegas_sim.methods import METHODS, MIN_TOKENS, VANILLA, check_gamma, check_sparsity
+from vegas_sim.sim.acceptance_cells import (
+    ACCEPTANCE_WHERE,
+    BucketKey,
+    CellKey,
+    GroupKey,
+    make_cell,
+    pool_cells,
+    replay_stretch,
+    smoother_matrix,
+    split_runs,
+    validate_rows,
+    workload_buckets,
+)
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
@@ -136,142 +139,6 @@ from vegas_sim.sim.sparsity_trend import (
     mean_budget,
     sparsity_note,
 )
-from vegas_sim.traces.schema import MAX_EXACT_BUCKETS  # more start contexts → log2-wide buckets
-
-ACCEPTANCE_WHERE = "acceptance.parquet"
-
-
-# Gaussian-kernel bandwidths of the local-linear smoother of cell rates, in natural-log units of
-# sparsity and of context (chosen by the cross-sample / leave-one-prompt-out CV in the docstring)
-SMOOTH_BW_LOG_SPARSITY = 0.4
-
-
-SMOOTH_BW_LOG_CONTEXT = 0.5
-
-
-_SLOPE_RIDGE = 1e-3  # ridge on the local slopes: a degenerate direction falls back to a mean
-
-
-class CellKey(NamedTuple):
-    """One acceptance cell: all runs of one traced configuration and context bucket."""
-
-    method: str
-    temperature: float
-    workload: str
-    sparsity: float
-    bucket: float  # the runs' start-context bucket centre (tokens)
-    gamma: int  # traced γ
-
-    @property
-    def group(self) -> GroupKey:
-        """The smoothing / context-trend group the cell belongs to."""
-        return GroupKey(self.method, self.temperature, self.workload, self.gamma)
-
-    @property
-    def at_bucket(self) -> BucketKey:
-        """The (group, bucket) whose traced sparsities one sparsity trend is fitted over."""
-        return BucketKey(self.method, self.temperature, self.workload, self.bucket, self.gamma)
-
-
-class GroupKey(NamedTuple):
-    """The cells of one (method, temperature, workload, traced γ): smoothed together in
-    (log s, log C), one context trend."""
-
-    method: str
-    temperature: float
-    workload: str
-    gamma: int
-
-
-class BucketKey(NamedTuple):
-    """A group's cells at one context bucket: one sparsity trend."""
-
-    method: str
-    temperature: float
-    workload: str
-    bucket: float
-    gamma: int
-
-    @property
-    def group(self) -> GroupKey:
-        return GroupKey(self.method, self.temperature, self.workload, self.gamma)
-
-
-
-
-_RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
-
-
-_REQUIRED = ("method", "gamma", "sparsity", "context", "temperature", "workload", "request",
-             "iteration", "accepted", "accept_prob")
-
-
-def _split_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """Sort rows into runs (stable: file order inside a key) and add a run id column."""
-    df = (df.assign(_row=np.arange(len(df)))  # file order breaks ties: a stable sort
-          .sort_values(_RUN_KEYS + ["_row"]).drop(columns="_row").reset_index(drop=True))
-    new_key = np.zeros(len(df), dtype=bool)
-    new_key[0] = True
-    for k in _RUN_KEYS:
-        v = df[k].to_numpy()
-        new_key[1:] |= v[1:] != v[:-1]
-    it = df["iteration"].to_numpy()
-    ctx = df["context"].to_numpy()
-    reset = np.zeros(len(df), dtype=bool)
-    reset[1:] = (it[1:] <= it[:-1]) | (ctx[1:] < ctx[:-1])
-    df["run"] = np.cumsum(new_key | reset) - 1
-    return df
-
-
-def _buckets(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(bucket centres [K], bucket of each start [n]) for run start contexts."""
-    uniq = np.unique(starts)
-    if len(uniq) <= MAX_EXACT_BUCKETS:
-        return uniq.astype(float), np.searchsorted(uniq, starts)
-    # many distinct prompt lengths: factor-of-2 bins, centre = geometric mean of the members
-    b = np.floor(np.log2(np.maximum(starts, 1))).astype(np.int64)
-    keys, inv = np.unique(b, return_inverse=True)
-    centres = np.array([np.exp(np.mean(np.log(np.maximum(starts[inv == k], 1))))
-                        for k in range(len(keys))])
-    return centres, inv
-
-
-def _workload_buckets(first: pd.DataFrame) -> np.ndarray:
-    """[runs] bucket centre of each run (rows of `first` in run order), bucketed per workload:
-    a workload with few distinct prompt lengths (longdoc: 1K, 2K, 4K, ... 7.5K) keeps them
-    exact instead of sharing the log2 bins that the many short prompts of another need."""
-    out = np.empty(len(first))
-    starts = first["context"].to_numpy()
-    wl = first["workload"].to_numpy()
-    for w in np.unique(wl):
-        sel = wl == w
-        centres, idx = _buckets(starts[sel])
-        out[sel] = centres[idx]
-    return out
-
-
-def _validate(df: pd.DataFrame, weights_kind: str) -> None:
-    fix_real = "calibrate acceptance with the real checkpoint (random weights are latency-only)"
-    if weights_kind != "real":
-        raise TraceSetError(
-            f"acceptance was recorded with {weights_kind!r} weights; it is meaningless",
-            where=f"{ACCEPTANCE_WHERE}, column model_weights", fix=fix_real)
-    missing = [c for c in _REQUIRED if c not in df.columns]
-    if missing:
-        raise TraceSetError(f"missing columns {missing}", where=ACCEPTANCE_WHERE,
-                            fix="write rows with the columns of traces.schema.ACCEPTANCE_SCHEMA")
-    if len(df) == 0:
-        raise TraceSetError("no acceptance rows", where=ACCEPTANCE_WHERE,
-                            fix="calibrate with real weights to record acceptance")
-    if "model_weights" in df.columns and (df["model_weights"] != "real").any():
-        raise TraceSetError("rows recorded with random weights", fix=fix_real,
-                            where=f"{ACCEPTANCE_WHERE}, column model_weights")
-    acc, gam = df["accepted"].to_numpy(), df["gamma"].to_numpy()
-    if ((acc < 0) | (acc > gam)).any():
-        raise TraceSetError("accepted must be in 0..gamma",
-                            where=f"{ACCEPTANCE_WHERE}, column accepted",
-                            fix="re-record the grid point")
-
 
 class AcceptanceModel:
     """Acceptance per traced configuration; `lookup` answers any (method, γ, s, C, ...)."""
@@ -320,10 +187,10 @@ class AcceptanceModel:
         smooth=False keeps every cell's own rates (no pooling over neighbouring sparsities and
         contexts): the model the smoothing was validated against.
         """
-        _validate(acceptance, weights_kind)
-        df = _split_runs(acceptance)
+        validate_rows(acceptance, weights_kind)
+        df = split_runs(acceptance)
         first = df.groupby("run", sort=True).head(1)  # first iteration of each run
-        run_bucket = _workload_buckets(first)  # [runs] bucket centre of each run
+        run_bucket = workload_buckets(first)  # [runs] bucket centre of each run
         df["bucket"] = run_bucket[df["run"].to_numpy()]
         cells: dict[CellKey, TracedCell] = {}
         contexts: dict[CellKey, IterationContexts] = {}
@@ -331,7 +198,7 @@ class AcceptanceModel:
         for key, rows in df.groupby(keys, sort=True):
             m, temp, wl, s, b, g = (str(v) for v in key)  # type: ignore[union-attr]
             cell_key = CellKey(m, float(temp), wl, float(s), float(b), int(g))
-            cells[cell_key] = _make_cell(rows, int(g), float(s), float(b))
+            cells[cell_key] = make_cell(rows, int(g), float(s), float(b))
             contexts[cell_key] = IterationContexts.of(rows["context"].to_numpy())
         runs = first.assign(bucket=run_bucket)[keys + ["run", "context"]]
         return cls(runs.reset_index(drop=True), cells, contexts, smooth, min_tokens)
@@ -370,8 +237,8 @@ class AcceptanceModel:
         acceptance rises along a generation (the text turns repetitive), so the traced runs'
         later iterations over-state a short output's acceptance. None uses every iteration.
         """
-        if method == "vanilla":
-            return AcceptanceDist("vanilla", 0, np.zeros(0))
+        if method == VANILLA:
+            return AcceptanceDist(VANILLA, 0, np.zeros(0))
         traced = sorted({k.method for k in self._cells})
         if method not in METHODS or method not in traced:
             raise TraceSetError(
@@ -672,7 +539,7 @@ class AcceptanceModel:
         members = self._members(keys, s, gamma)
         gt = members[0].gamma
         cuts = [self._cut(self._cells[k], output_len) for k in members]
-        cell = _pool(cuts)
+        cell = pool_cells(cuts)
         notes: list[str] = []
         if output_len is not None:
             last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
@@ -688,7 +555,7 @@ class AcceptanceModel:
         if gamma > gt:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
-        stretch = _stretch(cell, rates)
+        stretch = replay_stretch(cell, rates)
         if beyond is None:
             return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch), notes, None
         trends = [self.context_trend(k.group, k.bucket) for k in members]
@@ -744,81 +611,8 @@ def _covering_peers(group: GroupKey, trends: Mapping[GroupKey, ContextTrend]
     return [best[w] for w in sorted(best)]
 
 
-def smoother_matrix(coords: np.ndarray, weights: np.ndarray,
-                    bandwidth: tuple[float, float] = (SMOOTH_BW_LOG_SPARSITY,
-                                                      SMOOTH_BW_LOG_CONTEXT)) -> np.ndarray:
-    """[K, K] local-linear Gaussian-kernel smoother: smoothed = S @ values.
-
-    coords [K, 2] (log sparsity, log context) of the cells of one (method, temperature,
-    workload, γ_t); weights [K] their numbers of runs (runs, not iterations, are the
-    independent units). Row k fits a plane to the cells weighted by kernel × runs around
-    cell k and evaluates it there, so a linear trend in (log s, log C) passes unchanged (no
-    bias from pooling along a slope) and the weights sum to 1. A small ridge on the slopes
-    turns a direction without spread (one traced sparsity or context) into a local mean.
-    """
-    k_cells = len(coords)
-    out = np.empty((k_cells, k_cells))
-    bw = np.asarray(bandwidth, dtype=float)
-    for k in range(k_cells):
-        d = coords - coords[k]  # [K, 2]
-        kern = weights * np.exp(-0.5 * np.sum((d / bw) ** 2, axis=1))  # [K]
-        design = np.column_stack([np.ones(k_cells), d])  # [K, 3]
-        gram = (design.T * kern) @ design + np.diag([0.0, 1.0, 1.0]) * _SLOPE_RIDGE * kern.sum()
-        # the intercept of the weighted fit, as a linear function of the values: e_0ᵀ G⁻¹ Xᵀ W
-        out[k] = np.linalg.solve(gram, design.T * kern)[0]
-    return out
-
-
 def _trend_sd_pct(dist: AcceptanceDist, shifts: list[TrendShift | None]) -> float:
     """Relative sd (%) of the mean acceptance length from the context trends followed: each
     component's (`TrendShift.sd_pct`), weighted like the mixture (fully correlated)."""
     return float(sum(float(w) * sh.sd_pct for w, sh in zip(dist.weights, shifts)
                      if sh is not None))
-
-
-def _stretch(cell: TracedCell, rates: np.ndarray) -> float:
-    """Replayed iterations per traced iteration: the traced acceptance length over the
-    replayed γ's (1 + Σ rates; exactly 1 when γ is the traced γ and nothing is thinned)."""
-    traced = 1.0 + float(cell.acc.mean())
-    replayed = 1.0 + float(np.minimum(cell.acc, len(rates)).mean()) if len(rates) <= cell.gamma \
-        else 1.0 + float(rates.sum())
-    return traced / replayed
-
-
-def _make_cell(rows: pd.DataFrame, gamma: int, sparsity: float, bucket: float) -> TracedCell:
-    """Flatten the runs of one cell (rows already in run order)."""
-    acc = rows["accepted"].to_numpy(dtype=np.int64)
-    probs = rows["accept_prob"].to_numpy()  # [N] object: one array (or list) per row
-    try:
-        # one C-level concatenation (a Python-level asarray per row cost ~1 s on 410K rows)
-        prob = np.concatenate(list(probs)).astype(float).reshape(len(acc), gamma)
-    except ValueError:
-        raise TraceSetError(
-            f"accept_prob lists must have gamma = {gamma} entries",
-            where=f"{ACCEPTANCE_WHERE}, column accept_prob", fix="re-record the grid point",
-        ) from None
-    run = rows["run"].to_numpy()
-    change = np.concatenate([[True], run[1:] != run[:-1]])
-    starts = np.flatnonzero(change)  # [n_runs] flat index of each run's first iteration
-    lens = np.diff(np.concatenate([starts, [len(acc)]]))
-    run_idx = np.cumsum(change) - 1
-    ctx = rows["context"].to_numpy()
-    gen = ctx - ctx[starts][run_idx]  # [N] tokens generated before each iteration
-    return TracedCell(gamma, sparsity, bucket, acc, prob, starts[run_idx], lens[run_idx],
-                 int(ctx.min()), int(ctx.max()), gen)
-
-
-def _pool(cells: list[TracedCell]) -> TracedCell:
-    """Concatenate cells of the same γ (workloads pooled), re-basing run starts."""
-    if len(cells) == 1:
-        return cells[0]
-    offsets = np.cumsum([0] + [len(c.acc) for c in cells[:-1]])
-    return TracedCell(
-        cells[0].gamma, cells[0].sparsity, cells[0].bucket,
-        np.concatenate([c.acc for c in cells]),
-        np.concatenate([c.prob for c in cells]),
-        np.concatenate([c.run_start + o for c, o in zip(cells, offsets)]),
-        np.concatenate([c.run_len for c in cells]),
-        min(c.ctx_min for c in cells), max(c.ctx_max for c in cells),
-        np.concatenate([c.gen for c in cells]),
-    )

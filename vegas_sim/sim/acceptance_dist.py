@@ -180,9 +180,8 @@ def match_rates(rng: np.random.Generator, vals: np.ndarray, base: np.ndarray,
     wherever the target is close to the record. One uniform per position, [γ, N] drawn at once
     (a smaller γ uses a prefix of the same draws).
 
-    The uniforms are 16-bit (UNIFORM_LEVELS): drawing them is 3× cheaper than float64, and
-    this pre-draw is a quarter of a long simulation's time; probabilities are rounded to
-    1/65536.
+    The uniforms are 16-bit (UNIFORM_LEVELS): cheaper to draw than float64, and this pre-draw
+    is a large share of a long simulation's time; probabilities are rounded to 1/65536.
     """
     gamma = len(target)
     with np.errstate(divide="ignore", invalid="ignore"):

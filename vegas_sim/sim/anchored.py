@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import DEFAULT_SPARSITY
+from vegas_sim.methods import DEFAULT_SPARSITY, VANILLA
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
 from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates, shift_source
@@ -317,7 +317,7 @@ class AnchoredAcceptance(AcceptanceModel):
 
     def source_for(self, method: str) -> str:
         """The `acceptance_source` of a row of `method` ('' for vanilla, which drafts nothing)."""
-        if method == "vanilla":
+        if method == VANILLA:
             return ""
         if not self.anchor_sets:
             return f"trace set {self.shape_name}"
@@ -405,7 +405,7 @@ class AnchoredAcceptance(AcceptanceModel):
         configuration is far from every anchor (module docstring)."""
         dist = super().lookup(method, gamma, sparsity, context, workload, temperature,
                               output_len=output_len)
-        if method == "vanilla" or not self.anchor_sets:
+        if method == VANILLA or not self.anchor_sets:
             return dist
         shift = self.shifts.get(method)
         if shift is None:

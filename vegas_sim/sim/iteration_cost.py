@@ -8,16 +8,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from vegas_sim.methods import QUEST_PAGE, collect_rows, point_of, window_kv_read
-from vegas_sim.sim.latency_features import FEATURE_INDEX
+from vegas_sim.methods import QUEST_PAGE, method_of, point_of, window_kv_read
+from vegas_sim.models import ModelSpec
+from vegas_sim.sim.latency_features import FEATURE_INDEX, Physics
 from vegas_sim.sim.latency_fit import FittedGroup
 
-if TYPE_CHECKING:
-    from vegas_sim.sim.latency import LatencyModel
+
+class PhasePricing(Protocol):
+    """What `IterationCost` needs of a latency model (`latency.LatencyModel` is one): the
+    model's shape, the roofline constants, the fit of each (phase, method) and the
+    tensor-parallel collectives and batch residual it adds to a call."""
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    @property
+    def physics(self) -> Physics: ...
+
+    def fitted_group(self, phase: str, method: str) -> FittedGroup: ...
+
+    def measures(self, phase: str, method: str) -> bool: ...
+
+    def comm_ms(self, phase: str, rows: int) -> tuple[float, float]: ...
+
+    def batch_factor(self, grp: FittedGroup, batch: int) -> float: ...
 
 
 def _steps_max_sum(h: float, a: float, b: float, n: int) -> float:
@@ -65,9 +83,10 @@ class IterationCost:
     """
 
     def __init__(
-        self, model: LatencyModel, method: str, gamma: int, sparsity: float, min_tokens: int,
+        self, model: PhasePricing, method: str, gamma: int, sparsity: float, min_tokens: int,
     ) -> None:
         self.method = method
+        self._spec = method_of(method)
         self.gamma = point_of(method, gamma, sparsity)[0]
         self.sparsity = sparsity
         self.min_tokens = min_tokens
@@ -78,14 +97,14 @@ class IterationCost:
         # [16, γ] (r + k) // 16 for r = C % 16 and draft step k
         self._quest_m = (
             (np.arange(QUEST_PAGE)[:, None] + np.arange(1, gamma + 1)[None, :]) // QUEST_PAGE
-        ).astype(np.float64) if method == "magicdec-quest" else None
+        ).astype(np.float64) if self._spec.quest_pages else None
         self._terms = self._build_terms()
-        self._window = model._physics.window  # hybrid model: per-request window reads
+        self._window = model.physics.window  # hybrid model: per-request window reads
         self._hybrid = any(t.window_slope for t in self._terms)
         # per batch size, per term: (GPU ms independent of kv_read, host floor ms)
         self._base: dict[int, list[tuple[float, float]]] = {}
         self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
-        self._selects = method != "vanilla"
+        self._selects = self._spec.drafts
         self._sel_buf = np.empty(0, dtype=np.float64)  # _selected_sum's scratch [>= B]
 
     def _build_terms(self) -> list[_Term]:
@@ -94,8 +113,8 @@ class IterationCost:
 
         def add(phase: str, kind: str, repeats: int, nq: int, rows: int, a: float,
                 d: float) -> None:
-            grp = self._model._group(phase, m)
-            phys = self._model._physics
+            grp = self._model.fitted_group(phase, m)
+            phys = self._model.physics
             f = phys.slope_features(phase, nq, rows) * grp.gpu_coef  # [n_features], B = 1
             per_request = float(f[FEATURE_INDEX["per_request"]])
             wslope = float(phys.window_features(phase, nq) @ grp.gpu_coef)
@@ -104,16 +123,17 @@ class IterationCost:
                                float(f.sum()) - per_request + comm_per_key, a, d, wslope,
                                per_request))
 
-        if m == "vanilla":
+        spec = self._spec
+        if not spec.drafts:
             add("decode", "single", 1, 1, 0, 1.0, 1.0)  # kv_read = C + 1
             add("sample", "single", 1, 1, 0, 1.0, 1.0)
             return terms
         if self._model.measures("other", m):
             add("other", "single", 1, 1, 0, 1.0, 0.0)  # once per iteration, kv_read = C
         add("draft_step", "steps", g, 1, 0, 0.0, 0.0)  # step k reads sel + k
-        if m == "magicdec-quest":
+        if "quest_meta" in spec.selection_phases:
             add("quest_meta", "quest", g, 1, 0, 0.0, 0.0)  # step k scores (C + k)//16 + 1 pages
-        rows = collect_rows(m, g)
+        rows = spec.collect_rows(g)
         add("verify", "single", 1, g + 1, rows, 1.0, float(g + 1))
         if rows:
             add("select", "single", 1, 1, rows, 1.0, 1.0)
@@ -125,7 +145,7 @@ class IterationCost:
         host floor of one call at this batch)."""
         base = self._base.get(batch)
         if base is None:
-            phys = self._model._physics
+            phys = self._model.physics
             base = [(float(phys.intercept_features(batch, t.n_query, t.rows) @ t.group.gpu_coef)
                      + self._model.comm_ms(t.phase, batch * t.n_query)[0],
                      t.group.floor(batch * t.n_query)) for t in self._terms]
@@ -138,18 +158,17 @@ class IterationCost:
         Same arithmetic as methods.budget (ceil(s·len − 1e-9), floor, cap, ≤ len) written with
         in-place ufuncs: this runs once per simulated iteration.
         """
-        m = self.method
         if self._sel_buf.shape[0] < c.shape[0]:
             self._sel_buf = np.empty(c.shape[0], dtype=np.float64)
         x = self._sel_buf[: c.shape[0]]  # [B] float64, reused: no allocation per iteration
         np.multiply(c, self.sparsity, out=x)
         # rankable length c + 1 for the Vegas family (s·(c + 1) = s·c + s), else c
-        x += (self.sparsity if m in ("vegas", "vegas-all", "specextend") else 0.0) - 1e-9
+        x += (self.sparsity if self._spec.selects_keys else 0.0) - 1e-9
         np.ceil(x, out=x)
         np.maximum(x, self.min_tokens, out=x)
         np.minimum(x, self._hi, out=x)
         np.minimum(x, c, out=x)  # ≤ len, and the t0 of Vegas/SpecExtend sits in the tail
-        if m == "magicdec-quest":
+        if self._spec.quest_pages:
             np.floor_divide(x, QUEST_PAGE, out=x)  # top pages + the current page
             np.maximum(x, 1, out=x)
             x += 1
@@ -224,7 +243,7 @@ class IterationCost:
         batch = c.shape[0]
         base = self._intercepts(batch)
         csum = float(c.sum())
-        sel = self._selected_sum(c) if self.method != "vanilla" else 0.0
+        sel = self._selected_sum(c) if self._selects else 0.0
         out: dict[str, float] = {}
         for t, (b, h) in zip(self._terms, base):
             if t.window_slope:  # window layers: Σ_b min(W + n_query − 1, C_b + n_query)

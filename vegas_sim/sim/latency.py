@@ -16,8 +16,7 @@ One call of a phase on a batch of B requests (uniform n_query, per-request kv_re
     rank     Σ_b kv_read_b · L · 4 / BW                   fp32 per-layer weights ranked by top-k
 
   plus KERNEL_FEATURES (sum form only, coefficients bounded by KERNEL_MAX), which the measured
-  graphed H200 set needs (leave-one-out of decode 3.8 → 1.3 %, draft_step 5.6 → 1.2 %, verify
-  3.8 → 1.7 %):
+  graphed H200 set needs (each lowers its phases' leave-one-out error):
 
     tokens   B·n_query · gemm_flops(1) / F      GEMM FLOPs not hidden under the weight stream
     batched  weight_bytes / BW · [B·n_query > 1]  the batched GEMM path vs batch-1 GEMVs
@@ -48,8 +47,9 @@ identified and the sum form nests it) or when its in-sample median |log error| i
 `SUM_MODE_MARGIN` × that of the "max" form (each with its refinements: kernel features,
 batch-dependent floor) (a serial fixed cost explains the data clearly better
 than a host floor, e.g. synthetic roofline sets or sampling); otherwise "max". On a host-bound
-trace set (eager runtime: every step ≈ 35 ms whatever B and context) an unconstrained sum form
-learns const ≈ 35 ms with near-zero noise slopes and extrapolates flat; the max form extrapolates
+trace set (eager runtime: every step takes the same time whatever B and context) an
+unconstrained sum form learns that time as a constant with near-zero noise slopes and
+extrapolates flat; the max form extrapolates
 along the physics: beyond the grid, once g exceeds h, time grows linearly with KV bytes. The sum
 form's GPU coefficients are also bounded below by 1 / ROOFLINE_SLACK (no kernel beats the
 measured rates by more than that), so it cannot go flat either; it counts the GPU work as serial
@@ -62,15 +62,16 @@ the measured host floor: the data give only an upper bound), or BOUND (sum form:
 1 / ROOFLINE_SLACK lower bound, the data would have it faster). `host_bound_share()` is the
 fraction of measured points where h > g.
 
-Residual by batch. The form misses a shape that the measured sets share (vanilla decode on the
-H200, in-sample per batch: +2.6 % at B 1, −2.9 % at B 16, +2.3 % at B 64 for SmolLM2; ±2 % for
-Qwen3-8B; draft steps and verify alike). On the measured GPU a prediction is multiplied by the
+Residual by batch. The form misses a shape that the measured sets share (in-sample, vanilla
+decode on the H200 runs a little slower than the fit at the smallest and largest batches and
+faster in between; draft steps and verify alike). On the measured GPU a prediction is
+multiplied by the
 group's residual at its batch: exp of the median log(measured / fit) over that batch's measured
 points, shrunk toward 0 by its standard error (noisy phases keep ≈ none), linear in log B
 between measured batches, fading to none over the octave beyond the measured range (there the
 fitted physics alone extrapolates). What-if GPUs and `without_host_overhead` get none: the
-residual describes the measured GPU and host. Leave-one-out with it (decode 2.5 → 1.0 %, draft
-step 1.4 → 0.8 % on the SmolLM2 H200 set) computes the residual without the left-out point.
+residual describes the measured GPU and host. Leave-one-out with it computes the residual
+without the left-out point.
 
 Leave-one-out (`loo_errors`) leaves a whole measured (batch, context) point out (all its rows:
 the gammas and sparsities measured there share a session), refits and predicts its rows.
@@ -106,8 +107,8 @@ from vegas_sim.methods import (
     MIN_TOKENS,
     PHASES,
     check_gamma,
-    check_method,
     check_sparsity,
+    drafts,
     iteration_plan,
     window_kv_read,
 )
@@ -138,6 +139,7 @@ from vegas_sim.sim.latency_fit import (
     validate_latency_rows,
     with_host,
 )
+from vegas_sim.traces.meta import GridMeta
 
 
 class LatencyModel:
@@ -224,7 +226,9 @@ class LatencyModel:
                        measured_group(meta))
 
     # -- prediction --
-    def _group(self, phase: str, method: str) -> FittedGroup:
+    def fitted_group(self, phase: str, method: str) -> FittedGroup:
+        """The fit that prices `phase` for `method`: its own, the method-independent one, or
+        the pooled one (`TraceSetError` when none was measured)."""
         for key in ((phase, method), (phase, ANY_METHOD)):
             if key in self._effective:
                 return self._effective[key]
@@ -241,7 +245,7 @@ class LatencyModel:
     def measures(self, phase: str, method: str) -> bool:
         """Whether the trace set measured `phase` for `method` (or a fit it may borrow)."""
         try:
-            self._group(phase, method)
+            self.fitted_group(phase, method)
         except TraceSetError:
             return False
         return True
@@ -257,7 +261,7 @@ class LatencyModel:
         and verify)."""
         if phase not in PHASE_FEATURES:
             raise UserInputError(f"unknown phase {phase!r}", fix=f"use one of: {', '.join(PHASES)}")
-        grp = self._group(phase, method)
+        grp = self.fitted_group(phase, method)
         kv = np.asarray(kv_read)
         x = self._physics.intercept_features(int(kv.shape[0]), n_query, collect_rows)
         x += self._physics.slope_features(phase, n_query, collect_rows,
@@ -284,8 +288,7 @@ class LatencyModel:
         self, method: str, gamma: int, sparsity: float, min_tokens: int = MIN_TOKENS
     ) -> IterationCost:
         """Evaluator of one whole iteration of `methods.iteration_plan` (vanilla: one decode)."""
-        check_method(method)
-        if method != "vanilla":
+        if drafts(method):
             check_gamma(gamma)
             check_sparsity(sparsity)
         return IterationCost(self, method, gamma, sparsity, min_tokens)
@@ -471,7 +474,7 @@ class LatencyModel:
     def loo_pct(self, phase: str, method: str) -> float:
         """Median leave-one-out |error| (%) of the group that predicts `phase` for `method`
         (NaN when no point can be left out). Computed once per model (`loo_errors`)."""
-        grp = self._group(phase, method)
+        grp = self.fitted_group(phase, method)
         loo = self.loo_errors(by_method=True)
         hit = loo[(loo["phase"] == grp.phase) & (loo["method"] == grp.method)]
         if hit.empty:  # a pooled fit: the phase's errors over every method
@@ -481,7 +484,7 @@ class LatencyModel:
     def loo_quantile_pct(self, phase: str, method: str, q: float) -> float:
         """The q-quantile of the leave-one-out |error| (%) of the group that predicts `phase`
         for `method` (a pooled fit: over the phase's groups; NaN when none)."""
-        grp = self._group(phase, method)
+        grp = self.fitted_group(phase, method)
         if self._loo is None:
             self.loo_errors()
         loo = self._loo
@@ -607,8 +610,8 @@ class LatencyModel:
 
 def host_phases_in_loop(meta: dict[str, Any]) -> bool:
     """Whether a set's grid timed sample and select inside whole iterations (meta.json grid
-    'verify_after_draft'; a set without the key: True, nothing known against it)."""
-    return bool(meta.get("grid", {}).get("verify_after_draft", True))
+    'verify_after_draft', `GridMeta`)."""
+    return GridMeta.from_meta(meta).verify_after_draft
 
 
 def measured_group(meta: dict[str, Any]) -> TensorParallel:
@@ -622,8 +625,8 @@ def measured_group(meta: dict[str, Any]) -> TensorParallel:
 
 def forward_phases_graphed(meta: dict[str, Any]) -> bool:
     """Whether a set's grid replayed its forward phases from CUDA graphs (meta.json grid
-    'cuda_graphs'; a set without the key: False, the floor may grow with the batch)."""
-    return bool(meta.get("grid", {}).get("cuda_graphs", False))
+    'cuda_graphs', `GridMeta`: the floor may grow with the batch when not)."""
+    return GridMeta.from_meta(meta).cuda_graphs
 
 
 LatencyFn = Callable[[np.ndarray], float]

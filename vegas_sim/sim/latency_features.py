@@ -41,15 +41,15 @@ PHASE_FEATURES: dict[str, tuple[str, ...]] = {
 #            stream (small-M GEMMs run far from peak), so a step grows with batch even while the
 #            roofline GEMM term is still weight-bound
 #   batched  weight_bytes / BW when B·n_query > 1, else 0: the tensor-core GEMM path costs more
-#            than the GEMV kernels a single-row step runs (measured: decode B=1 8.26 ms, B=2
-#            8.82 ms on the graphed H200 set)
+#            than the GEMV kernels a single-row step runs (decode B=2 is measurably slower
+#            than B=1 on the graphed H200 set)
 #   rows     collect_rows, per call: a fixed cost per collected score row (the verify kernel's
-#            extra score stores per row, per layer: vegas-all at 16 rows +3.2 ms at C=1024)
+#            extra score stores per row, per layer)
 #   tile32   the kv feature of a verify call whose attention runs on the M 32 tile
 #            (`verify_m_tile`), else 0: that tile shape (mma.sync, 128-key tiles) is at the
 #            register limit and spills once scores are stored, so its cost per KV byte is
-#            not the M 16 / M 64 tiles' (Qwen3-8B set, collecting all rows: n_query 8 sits
-#            6-14 % above a fit without it at C >= 16K, n_query 16 2-4 % below). The tile
+#            not the M 16 / M 64 tiles' (Qwen3-8B set, collecting all rows: without it
+#            n_query 8 sits above the fit at long contexts, n_query 16 below). The tile
 #            follows n_query·G in powers of two, so γ 4-7 (n_query 5-8, G 4) share n_query
 #            8's tile, not a line between n_query 4 and 16.
 #   tile64   the same for the M 64 tile (wgmma, 64-key tiles; and the launch of long calls,
@@ -57,9 +57,9 @@ PHASE_FEATURES: dict[str, tuple[str, ...]] = {
 #   per_request  the kv feature over the batch (Σ_b kv_read_b / B: one request's read): work
 #            done per request in series, which more requests run beside, not after. Quest's
 #            page scoring ends in a top-k over each request's pages (torch.topk, one row per
-#            request), whose time grows with the pages of a row at any batch: the Qwen3-8B set
-#            measures 0.19 µs a page at B 1, 0.13 at B 2 (quest_meta, C 32K → 131K), where
-#            one cost per Σ pages gave B 1 0.76-0.82 × its measured time past 16K
+#            request), whose time grows with the pages of a row at any batch: on the Qwen3-8B
+#            set a page costs more at B 1 than at B 2 (quest_meta), so one cost per Σ pages
+#            under-predicted B 1 at long contexts
 KERNEL_FEATURES = ("tokens", "batched", "rows", "tile32", "tile64", "per_request")
 
 
@@ -352,8 +352,8 @@ class Physics:
     def tile_query_rows(self, phase: str, n_query: Any, rows: Any) -> Any:
         """Query rows a call's attention computes: n_query, but for verify the rows of its M
         tile (M / G: packed rows padded to the tile), since the kernel runs whole tiles —
-        specextend at n_query 9 (G 4, M 64) measured as n_query 8-16 do, not between 4 and 8
-        (B 3, C 96K: 21.1 ms, n_query 8 21.2, 16 22.1). Collecting every row stores the
+        specextend at n_query 9 (G 4, M 64) measures as n_query 8-16 do, not between 4 and 8
+        (docs/RESULTS.md, Validation). Collecting every row stores the
         tile's rows too (scalar, or elementwise over arrays)."""
         if phase != "verify":
             return n_query

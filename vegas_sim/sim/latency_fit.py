@@ -330,7 +330,7 @@ def _batch_residual(batch: np.ndarray, log_res: np.ndarray, point: np.ndarray
     """(measured batches [K], log residual at each [K]): the median over that batch's
     measured points (each point's rows first reduced to their median: rows of one point are
     one measurement session), shrunk toward 0 by its standard error (soft threshold), so that
-    a noisy phase (sampling, selection: ±10–20 % a point) is not bent to its noise.
+    a noisy phase (sampling, selection) is not bent to its noise.
 
     numpy, not a pandas groupby (the leave-one-out calls this a thousand times); the standard
     deviation is Welford's over the points in order of first appearance, as pandas computes

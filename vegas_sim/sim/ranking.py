@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.methods import VANILLA
 
 RANK_BY = ("throughput", "goodput", "tpot")
 COLUMN = {"throughput": "throughput_tok_s", "goodput": "goodput_tok_s", "tpot": "tpot_ms_p50"}
@@ -48,7 +49,7 @@ def best_per_cell(df: pd.DataFrame, rank_by: str,
     keys = [k for k in cell if k in df.columns]
     out = []
     for _, rows in df.groupby(keys, sort=True) if keys else [((), df)]:
-        spec = rows[rows["method"] != "vanilla"]
+        spec = rows[rows["method"] != VANILLA]
         rows = spec if not spec.empty else rows
         s = score(rows, rank_by)
         tied = rows[s.to_numpy() >= float(np.max(s.to_numpy())) * (1 - 1e-12)]

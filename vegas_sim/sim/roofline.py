@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vegas_sim.methods import collect_rows, iteration_plan, window_kv_read
+from vegas_sim.methods import iteration_plan, method_of, window_kv_read
 from vegas_sim.sim.iteration_cost import IterationCost
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.latency_features import WINDOW_PHASES
@@ -122,10 +122,9 @@ def verify_compute_batch(latency: LatencyModel, method: str, gamma: int, context
     is compute-bound on this GPU, or None when none up to MAX_COMPUTE_BATCH is (vanilla:
     its decode step). Bytes grow with the batch by each request's KV, FLOPs by its rows'
     GEMM and attention work; the weight stream is paid once."""
-    if method == "vanilla":
-        phase, n_query, rows = "decode", 1, 0
-    else:
-        phase, n_query, rows = "verify", gamma + 1, collect_rows(method, gamma)
+    spec = method_of(method)
+    phase = "verify" if spec.drafts else "decode"
+    n_query, rows = spec.query_rows(gamma), spec.collect_rows(gamma)
     phys = latency.physics
     kv_read = context + n_query
     window = float(window_kv_read(phys.window, np.array([context]), n_query)[0]) \

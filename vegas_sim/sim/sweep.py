@@ -44,7 +44,7 @@ import pickle
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -54,14 +54,23 @@ import pandas as pd
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.bounds import check_grid
 from vegas_sim.grids import parse_int_grid, parse_name_list, parse_sparsity_grid
-from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity, point_of
+from vegas_sim.methods import (
+    METHODS,
+    VANILLA,
+    check_gamma,
+    check_method,
+    check_sparsity,
+    drafts,
+    point_of,
+)
+from vegas_sim.progress import Progress
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
-from vegas_sim.sim.predict import (
+from vegas_sim.sim.predict import predict
+from vegas_sim.sim.scenario import (
     Scenario,
     SkipLog,
     gpu_memory,
-    predict,
     skipped_notes,
     split_fitting,
     validate_scenario,
@@ -69,7 +78,6 @@ from vegas_sim.sim.predict import (
 )
 
 ENGINES = ("analytic", "sim", "both")
-Progress = Callable[[int, int], None]  # (configurations done, total)
 MAX_CHUNK = 64
 CHUNKS_PER_WORKER = 8  # enough chunks per worker for load balance and a smooth progress bar
 INFLIGHT_PER_WORKER = 2  # chunks submitted ahead per worker: one running, one queued
@@ -151,10 +159,10 @@ class SweepGrid:
         return [self._in_cell(cells[i // per_cell], i % per_cell) for i in picks]
 
     def _spec_methods(self) -> list[str]:
-        return [m for m in self.methods if m != "vanilla"]
+        return [m for m in self.methods if drafts(m)]
 
     def _has_vanilla(self) -> bool:
-        return self.include_vanilla or "vanilla" in self.methods
+        return self.include_vanilla or VANILLA in self.methods
 
     def _per_cell(self) -> int:
         return int(self._has_vanilla()) + (len(self._spec_methods()) * len(self.gamma)
@@ -165,8 +173,8 @@ class SweepGrid:
         where = dict(batch=cell[0], context=cell[1], output_len=cell[2], **self.extra)
         if self._has_vanilla():
             if j == 0:
-                gamma, sparsity = point_of("vanilla", 1, 1.0)
-                return Scenario(method="vanilla", gamma=gamma, sparsity=sparsity, **where)
+                gamma, sparsity = point_of(VANILLA, 1, 1.0)
+                return Scenario(method=VANILLA, gamma=gamma, sparsity=sparsity, **where)
             j -= 1
         n_g, n_s = len(self.gamma), len(self.sparsity)
         m, rest = divmod(j, n_g * n_s)

@@ -21,9 +21,9 @@ standard deviations (%) combined in quadrature:
 - host-protocol (one-sided: slower only), for a latency set whose grid timed sample and select
   after verify alone (`LatencyModel.host_phases_in_loop` False: calibrate without
   --verify-after-draft): the decoding loop meets these host-bound phases after the γ draft
-  steps' long device wait, and there they cost more. On SmolLM2, timed both ways, 0.1-1.1 ms
-  more per iteration, up to about the phases' own time (calibrate.measure_latency,
-  `_verify_samples`), so the term is HOST_PROTOCOL_SHARE × their predicted share of the
+  steps' long device wait, and there they cost more: on SmolLM2, timed both ways, up to
+  about the phases' own time again (calibrate.measure_latency, `_verify_samples`), so the
+  term is HOST_PROTOCOL_SHARE × their predicted share of the
   iteration, taken as a 95 % bound.
 
 pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval, its low end then lowered by the
@@ -33,8 +33,8 @@ physical bound] (`physical_bound`: every draft accepted, γ + 1 tokens per itera
 whose term is largest: 'extrapolation-distance (context)' (axes: batch, kv_length, n_query,
 gamma, sparsity, context).
 The per-octave rates are the error growth seen in the range hold-outs of the packaged sets
-(`benchmarks/extrapolation.py`: rows beyond a cut range err by ≈ 4 % per octave of batch or
-context, ≈ 8 % per octave of sparsity past the traced ones); a scenario inside every
+(`benchmarks/extrapolation.py`, docs/RESULTS.md: the error of rows beyond a cut range grows
+per octave of batch, context and sparsity past the traced ones); a scenario inside every
 measured range has no extrapolation term.
 """
 
@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from vegas_sim.methods import VANILLA, drafts, query_rows
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist
 from vegas_sim.sim.latency import LatencyModel
@@ -90,7 +91,7 @@ def host_protocol_pct(latency: LatencyModel, method: str, breakdown: dict[str, f
     the set timed sample and select in whole iterations (or for vanilla, whose grid steps
     chain decodes as the loop does)."""
     total = sum(breakdown.values())
-    if latency.host_phases_in_loop or method == "vanilla" or total <= 0:
+    if latency.host_phases_in_loop or not drafts(method) or total <= 0:
         return 0.0
     return 100.0 * HOST_PROTOCOL_SHARE * sum(
         breakdown.get(p, 0.0) for p in HOST_PROTOCOL_PHASES) / total
@@ -135,7 +136,7 @@ def acceptance_extrapolation_axes(acceptance: AcceptanceModel, method: str, gamm
     """{axis: % sd} of the acceptance extrapolation on the γ and sparsity axes: γ past the
     method's traced γ, octaves of sparsity outside its traced ones (the context axis is the
     context trend's own sd, `AcceptanceDist.context_trend_sd_pct`)."""
-    if method == "vanilla":
+    if not drafts(method):
         return {"gamma": 0.0, "sparsity": 0.0}
     cov = acceptance.coverage()["per_method"]
     traced: dict[str, list[float]] = cov.get(method, {})  # type: ignore[attr-defined]
@@ -157,7 +158,7 @@ def physical_bound(row: dict[str, Any]) -> float:
     vanilla and rows without an acceptance length (no acceptance bound applies)."""
     gamma = int(row.get("gamma", 0) or 0)
     length = float(row.get("acceptance_length", math.nan) or math.nan)
-    if row.get("method") == "vanilla" or gamma <= 0 or not (length >= 1.0):
+    if row.get("method") == VANILLA or gamma <= 0 or not (length >= 1.0):
         return math.inf
     return float(row["throughput_tok_s"]) * (gamma + 1.0) / length
 
@@ -214,7 +215,7 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
                      dist: AcceptanceDist | None, breakdown: dict[str, float]) -> dict[str, Any]:
     """The pi_* columns of one predict row (see the module docstring)."""
     method, gamma = str(row["method"]), int(row["gamma"])
-    n_query = 1 if method == "vanilla" else gamma + 1
+    n_query = query_rows(method, gamma)
     lat_axes = latency_extrapolation_axes(latency, int(row["batch"]),
                                           int(row["context"]) + int(row["output_len"]), n_query)
     acc_axes = {**acceptance_extrapolation_axes(acceptance, method, gamma,

@@ -20,6 +20,7 @@ from typing import Any
 from vegas_sim.errors import UserInputError
 from vegas_sim.traces import io
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
+from vegas_sim.traces.meta import TraceSetMeta
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE, RUNTIME_REVISION
 
 _HOW_TO_MAKE = (
@@ -34,7 +35,7 @@ def describe(ts: TraceSet) -> str:
         where = "SYNTHETIC, not measured"
     else:
         where = f"{ts.gpu_name} measured"
-    factor = ts.meta.get("grid", {}).get("rope_extension")
+    factor = ts.info.grid.rope_extension
     extended = f", YaRN-extended x{factor:g} past the trained window" if factor else ""
     return f"{ts.name} ({ts.weights_kind} weights, {where}{extended})"
 
@@ -52,18 +53,18 @@ class _Entry:
 
     @property
     def model_name(self) -> str:
-        return str(self.meta.get("model", {}).get("name", "?"))
+        return TraceSetMeta.from_dict(self.meta).model_name
 
     @property
     def synthetic(self) -> bool:
-        return bool(self.meta.get("synthetic", False))
+        return TraceSetMeta.from_dict(self.meta).synthetic
 
     @property
     def may_have_real_acceptance(self) -> bool:
-        weights = self.meta.get("model", {}).get("weights", {})
+        real = TraceSetMeta.from_dict(self.meta).weights_kind == "real"
         file = self.path / ACCEPTANCE_FILE
         # An empty parquet file is a few hundred bytes; anything with rows is larger.
-        return weights.get("kind") == "real" and file.is_file() and file.stat().st_size > 2048
+        return real and file.is_file() and file.stat().st_size > 2048
 
 
 def _packaged_entries(default_dir: Path | None) -> list[_Entry]:

@@ -16,8 +16,8 @@ latest date, and `merged_from` naming each source. run_log.json lists every sour
 `replicates=True` pools repeated calibrations of the same acceptance grid instead: an
 acceptance group found in several sources keeps every source's requests, renumbered so that
 they stay distinct (source k's request ids follow source k-1's), as if the point had been
-run with more prompts — the sampling error of a point's acceptance falls as 1/√requests
-(two independent SmolLM2 sets differ by 5.4 % per point). `grid.acceptance_replicates`
+run with more prompts — the sampling error of a point's acceptance falls as 1/√requests.
+`grid.acceptance_replicates`
 records how many sources were pooled. Latency rows must still be disjoint.
 
 Either way one set named twice (the same directory, however spelled) or two copies of one

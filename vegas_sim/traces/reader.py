@@ -26,6 +26,7 @@ from vegas_sim import fitcache
 from vegas_sim.errors import TraceSetError
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.lookup import is_bare_name, packaged_sets, trace_set_dir
+from vegas_sim.traces.meta import TraceSetMeta
 from vegas_sim.traces.schema import (
     ACCEPTANCE_FILE,
     DATA_FILES,
@@ -134,9 +135,14 @@ class TraceSet:
         return rows.n_rows if isinstance(rows, _Rows) else len(rows)
 
     @property
+    def info(self) -> TraceSetMeta:
+        """meta.json's fields, typed, older sets' missing keys at their defaults."""
+        return TraceSetMeta.from_dict(self.meta)
+
+    @property
     def weights_kind(self) -> str:
         """'real' or 'random'."""
-        return str(self.meta["model"]["weights"]["kind"])
+        return self.info.weights_kind
 
     @property
     def name(self) -> str:
@@ -145,7 +151,7 @@ class TraceSet:
 
     @property
     def model_name(self) -> str:
-        return str(self.meta["model"]["name"])
+        return self.info.model_name
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -153,17 +159,17 @@ class TraceSet:
 
     @property
     def gpu_name(self) -> str:
-        return str(self.meta["gpu"]["name"])
+        return self.info.gpu_name
 
     @property
     def synthetic(self) -> bool:
         """True for sets made by traces/synthetic.py (never measured)."""
-        return bool(self.meta.get("synthetic", False))
+        return self.info.synthetic
 
     @property
     def runtime_revision(self) -> str:
         """The calibration runtime's revision (schema.RUNTIME_REVISION); "1" when unrecorded."""
-        return str(self.meta.get("software", {}).get("runtime", "1"))
+        return self.info.runtime_revision
 
     @property
     def has_real_acceptance(self) -> bool:

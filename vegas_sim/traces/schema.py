@@ -85,13 +85,12 @@ META_KEYS = {
 WEIGHT_KINDS = ("real", "random")
 
 # software.runtime: what a calibrated step ran besides the kernels. "1" (sets without the
-# key): the glue between the GEMMs as ~58 torch ops per layer; "2":
-# three fused Triton ops (kernels/layer_ops.py), a 0.685x Qwen3-8B decode step at B 4, C 32K;
-# "3": top-k then top-p sampling over the k survivors instead of a sort of the whole vocabulary
-# (calibrate/sampling.py; the same distribution, 1/1.5-1/3 of the sort's GPU time at V 152K);
-# "4": that distribution held on top-k + slack slots through drawing, p(d) / q(d) and the
-# rejection residual (draft-step sampling 0.52 -> 0.22 ms, acceptance 1.24 -> 0.72 ms at V 152K,
-# B 42, γ 8 on the H200: benchmarks/sampling.py).
+# key): the glue between the GEMMs as dozens of torch ops per layer; "2": three fused Triton
+# ops (kernels/layer_ops.py), a faster decode step; "3": top-k then top-p sampling over the k
+# survivors instead of a sort of the whole vocabulary (calibrate/sampling.py; the same
+# distribution in less GPU time); "4": that distribution held on top-k + slack slots through
+# drawing, p(d) / q(d) and the rejection residual (faster draft-step sampling and acceptance:
+# benchmarks/sampling.py).
 RUNTIME_REVISION = "4"
 
 # meta.json: optional keys that the writer / generator add.

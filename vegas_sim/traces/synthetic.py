@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import METHODS, SPEC_METHODS, budget, iteration_plan
+from vegas_sim.methods import METHODS, SPEC_METHODS, budget, drafts, iteration_plan
 from vegas_sim.models import ModelSpec, get_preset
 from vegas_sim.traces.io import PACKAGED_DIR, TraceSet, TraceSetWriter
 from vegas_sim.traces.schema import SCHEMA_VERSION
@@ -138,8 +138,8 @@ def _latency_rows(
 ) -> pd.DataFrame:
     """One row per distinct phase call of `method` over the grid (uniform batches)."""
     keys: set[tuple[str, int, int, int, int, int]] = set()
-    for gamma in ([1] if method == "vanilla" else gammas):
-        for s in ([1.0] if method == "vanilla" else sparsities):
+    for gamma in (gammas if drafts(method) else [1]):
+        for s in (sparsities if drafts(method) else [1.0]):
             for c in contexts:
                 for call in iteration_plan(method, gamma, np.array([c]), s, spec.max_positions):
                     for b in batches:

@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity
+from vegas_sim.methods import METHODS, check_gamma, check_method, check_sparsity, drafts
+from vegas_sim.traces.meta import GridMeta
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class HeldOut:
 
     @property
     def label(self) -> str:
-        s = "" if self.method == "vanilla" else f" γ={self.gamma} s={self.sparsity:g}"
+        s = "" if not drafts(self.method) else f" γ={self.gamma} s={self.sparsity:g}"
         return f"{self.method}{s} B={self.batch} C={self.context}"
 
 
@@ -107,13 +108,14 @@ def read_heldout(path: Path) -> list[HeldOut]:
 
 def grid_of(meta: dict[str, Any]) -> dict[str, list[Any]]:
     """The calibration grid recorded in a trace set's meta.json."""
-    grid = meta.get("grid", {})
-    return {k: list(grid.get(k, [])) for k in ("batch", "context", "gamma", "sparsity")}
+    grid = GridMeta.from_meta(meta)
+    return {"batch": list(grid.batch), "context": list(grid.context),
+            "gamma": list(grid.gamma), "sparsity": list(grid.sparsity)}
 
 
 def is_grid_point(h: HeldOut, grid: dict[str, list[Any]]) -> bool:
     on_latency_grid = h.batch in grid["batch"] and h.context in grid["context"]
-    on_acceptance_grid = (h.method == "vanilla" or (
+    on_acceptance_grid = (not drafts(h.method) or (
         h.gamma in grid["gamma"] and any(abs(h.sparsity - s) < 1e-9 for s in grid["sparsity"])))
     return on_latency_grid and on_acceptance_grid
 

@@ -15,7 +15,7 @@ from vegas_sim.calibrate.sampling import sampling_args
 from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 from vegas_sim.calibrate.timers import PhaseTimer
 from vegas_sim.calibrate.workloads import load_workload
-from vegas_sim.methods import INDEX_PREP_METHODS, MIN_TOKENS, QUEST_PAGE
+from vegas_sim.methods import INDEX_PREP_METHODS, MIN_TOKENS, QUEST_PAGE, drafts
 from vegas_sim.validate.heldout import HeldOut
 from vegas_sim.validate.predict import Models
 from vegas_sim.validate.results import (
@@ -179,7 +179,7 @@ def _wave(runtime_model: Any, h: HeldOut, acceptance: Any, weights: str, seed: i
         rng = np.random.default_rng([seed, i, w])
         dist = acceptance.lookup(h.method, h.gamma, h.sparsity, h.context, h.workload,
                                  h.temperature or 0.0, output_len=h.output_len
-                                 ) if h.method != "vanilla" else None
+                                 ) if drafts(h.method) else None
         n_iter = h.output_len + 1
         seqs = (dist.sample(rng, h.batch, n_iter) if dist is not None
                 else np.zeros((h.batch, n_iter), dtype=np.int64))

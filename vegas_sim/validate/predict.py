@@ -14,7 +14,7 @@ import numpy as np
 
 from vegas_sim import api
 from vegas_sim.gpus import datasheet_for_device
-from vegas_sim.methods import MIN_TOKENS
+from vegas_sim.methods import MIN_TOKENS, drafts
 from vegas_sim.sim.acceptance_dist import FixedSequences
 from vegas_sim.sim.engine import simulate
 from vegas_sim.sim.metrics import steady_window
@@ -73,13 +73,13 @@ def load_models(traces: Path, acceptance_traces: Path | None,
     if log is not None:
         for note in notes:
             log(f"note: {note}")
-    grid = latency_set.meta.get("grid", {})
+    grid = latency_set.info.grid
     return Models(
         latency=latency,
         acceptance=acceptance,
-        min_tokens=int(acc_set.meta.get("grid", {}).get("min_tokens", MIN_TOKENS)),
-        latency_temperature=float(grid.get("latency_temperature", 0.0)),
-        sampling=(float(grid.get("top_p", 1.0)), int(grid.get("top_k", 0))),
+        min_tokens=acc_set.info.grid.min_tokens,
+        latency_temperature=grid.latency_temperature,
+        sampling=grid.sampling,
         grid=grid_of(latency_set.meta), latency_meta=latency_set.meta,
         traced_temperatures=tuple(sorted(float(t) for t in acc_set.acceptance["temperature"]
                                          .unique())),
@@ -106,8 +106,8 @@ def resolve_temperature(h: HeldOut, models: Models) -> tuple[HeldOut, str]:
 # Requests the simulator runs for one prediction, at least (replications × batch): the
 # prediction is the configuration's expected throughput, so its own Monte-Carlo error must sit
 # well under the run's. With only as many simulated requests as the run measures (e.g. 5
-# replications of 1-8 requests), a B = 1 prediction has a ±17 % CI and two acceptance sets'
-# predictions differ by 3.2 % sd per configuration (1.9 % at ≥ 256 requests).
+# replications of 1-8 requests), a B = 1 prediction's CI is wide and two acceptance sets'
+# predictions differ by more than at 256 requests.
 MIN_SIMULATED_REQUESTS = 256
 
 
@@ -136,7 +136,7 @@ def predict_replayed(sc: Any, latency: Any, accepted: Sequence[Sequence[Sequence
     cost = iteration_cost(latency, sc)
     tokens, ms, iters = 0, 0.0, 0
     per_wave: list[Sequence[Sequence[int]] | None] = (
-        [None] * waves if sc.method == "vanilla" else list(accepted))
+        [None] * waves if not drafts(sc.method) else list(accepted))
     for w, seqs in enumerate(per_wave):
         dist = None if seqs is None else FixedSequences(sc.gamma, [list(r) or [0] for r in seqs])
         res = simulate(cfg, cost, dist, seed=np.random.SeedSequence([seed, w]))

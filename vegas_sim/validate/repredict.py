@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.methods import drafts
 from vegas_sim.sim.predict import predict
 from vegas_sim.validate.heldout import heldout_from_record
 from vegas_sim.validate.predict import (
@@ -65,7 +66,7 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
         passes = passes_from_row(row)
         m = pool_passes(passes)
         rep, rep_iter = (predict_replayed(sc, models.latency, m.accepted, h.waves, seed)
-                         if m.accepted or h.method == "vanilla" else (math.nan, math.nan))
+                         if m.accepted or not drafts(h.method) else (math.nan, math.nan))
         notes = row.get("notes")
         new = result_row(h, pred, m, weights, rep, rep_iter,
                           "" if notes is None or pd.isna(notes) else str(notes),

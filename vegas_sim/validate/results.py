@@ -120,10 +120,10 @@ def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]],
     per-prompt acceptance lengths / √prompts. `prompts` [wave][request] names each request's
     prompt (requests of one prompt are averaged first: at B 64 and C ≥ 4K the 32 longdoc
     prompts give 8–16 distinct ones, so the requests are not independent); None = every
-    request its own. Acceptance varies from prompt to prompt (≈ 18 % per prompt for SmolLM2
-    on longdoc), so a run of few prompts measures those prompts, not the workload the
-    prediction describes: an acceptance error within ~2 of these is noise. NaN with fewer
-    than 2 prompts (and for vanilla)."""
+    request its own. Acceptance varies widely from prompt to prompt (SmolLM2 on longdoc), so
+    a run of few prompts measures those prompts, not the workload the prediction describes:
+    an acceptance error within ~2 of these is noise. NaN with fewer than 2 prompts (and for
+    vanilla)."""
     by_prompt: dict[int, list[float]] = {}
     for w, wave in enumerate(waves):
         for r, req in enumerate(wave):

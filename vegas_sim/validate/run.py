@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ from vegas_sim.calibrate import loading, tp_run
 from vegas_sim.calibrate.runner import check_device
 from vegas_sim.calibrate.tp_run import RankGroup
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import METHODS
+from vegas_sim.methods import METHODS, VANILLA
+from vegas_sim.progress import LabelledProgress, Say
 from vegas_sim.sim.predict import predict
 from vegas_sim.validate.heldout import (
     HeldOut,
@@ -47,7 +48,6 @@ from vegas_sim.validate.results import (
     result_row,
 )
 
-ProgressFn = Callable[[int, int, str], None]
 
 
 def choose_heldout(
@@ -73,8 +73,8 @@ def run_validation(
     *, traces: Path, acceptance_traces: Path | None, heldout_file: Path | None,
     n_random: int | None, model: str, weights: str, max_batch: int,
     contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
-    progress: ProgressFn | None = None, replications: int = 5,
-    time_budget_s: float | None = None, log: Callable[[str], None] | None = None,
+    progress: LabelledProgress | None = None, replications: int = 5,
+    time_budget_s: float | None = None, log: Say | None = None,
     phase_wave: bool = True, acceptance_anchors: Sequence[str | Path] = (),
     passes: int = 1, resume: bool = False, tensor_parallel: int = 1,
 ) -> pd.DataFrame:
@@ -125,8 +125,8 @@ def _validate(
     *, traces: Path, acceptance_traces: Path | None, heldout_file: Path | None,
     n_random: int | None, model: str, weights: str, max_batch: int,
     contexts: tuple[int, int], output_len: int, device: str, seed: int, out: Path,
-    progress: ProgressFn | None, replications: int, time_budget_s: float | None,
-    log: Callable[[str], None] | None, phase_wave: bool,
+    progress: LabelledProgress | None, replications: int, time_budget_s: float | None,
+    log: Say | None, phase_wave: bool,
     acceptance_anchors: Sequence[str | Path], passes: int, resume: bool,
     tensor_parallel: int, group: RankGroup | None = None,
 ) -> pd.DataFrame | None:
@@ -211,7 +211,7 @@ def _heldout_for(models: Any, heldout_file: Path | None, n_random: int | None, *
            if torch_device.type == "cuda" else 16 << 30)
     per_gpu = latency.gpu_model  # one GPU's shard at TP > 1
     max_tokens = int(0.8 * (mem - per_gpu.resident_weight_bytes()) / per_gpu.kv_bytes_per_token())
-    acc_methods = {"vanilla", *(str(m) for m in acceptance.coverage()["methods"])}
+    acc_methods = {VANILLA, *(str(m) for m in acceptance.coverage()["methods"])}
     covered = [m for m in latency.methods_covered() if m in acc_methods]
     return choose_heldout(heldout_file, n_random, models.grid, seed=seed,
                           max_batch=max_batch, contexts=(lo, hi), output_len=output_len,

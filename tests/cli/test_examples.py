@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 import vegas_sim
-from tests.test_cli_docs import ALL, example_lines
+from tests.cli.test_docs import ALL, example_lines
 from vegas_sim.cli import cli
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # Run for real; the rest is option-checked. report reads the sweep's CSV, so it runs last.
 RUNNABLE = ("predict", "sweep", "tune", "traces show", "traces list", "traces subset", "report")
 
