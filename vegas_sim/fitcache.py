@@ -115,9 +115,9 @@ def _imported_names(source: str) -> set[str]:
     """Every vegas_sim module a source file imports, at module level or inside a function
     (`from vegas_sim.sim import latency` names both the package and the module).
 
-    A line scan, not `ast.parse` (which cost ~0.3 s per command over the fit's ~20 modules):
+    A line scan, not `ast.parse` (parsing every module the fit reads slowed each command):
     an import-looking line inside a string adds a name, which only widens the key (a miss,
-    never a stale hit); tests/sim/test_fitcache.py checks it finds what the AST finds."""
+    never a stale hit); tests/test_fitcache.py checks it finds what the AST finds."""
     names: set[str] = set()
     for m in _FROM_IMPORT.finditer(source):
         module = m.group(1)

@@ -280,8 +280,9 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
 @functools.lru_cache(maxsize=64)
 def t_quantile(dof: int, p: float) -> float:
     """scipy's Student-t quantile (`scipy.special.stdtrit`), kept in the fit cache under the
-    installed scipy's version: importing scipy.special costs ~0.3 s of a predict that needs
-    nothing else from scipy (scipy.stats would cost more)."""
+    installed scipy's version: importing scipy.special is a large share of a warm predict
+    that needs nothing else from scipy (scipy.stats would cost more; docs/RESULTS.md,
+    Simulator)."""
 
     def compute() -> float:
         from scipy.special import stdtrit
