@@ -54,7 +54,7 @@ def _run(where: str, args: list[str]) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("where", ["import:click", "import:pandas", "import:scipy.optimize",
+@pytest.mark.parametrize("where", ["import:click", "import:pandas", "import:vegas_sim.sim.tune",
                                    "import:vegas_sim.sim.predict", "run"])
 def test_ctrl_c_while_tune_starts_or_runs_says_what_was_kept(where: str,
                                                              tmp_path: Path) -> None:

@@ -227,18 +227,22 @@ def test_greedy_lossless_on_gemma_cuda(gemma_path: Path, method: str) -> None:
 
 
 def test_shipped_gemma_workloads_are_smollm2s_texts_untemplated() -> None:
-    """workloads/gemma3-270m.npz: the same dataset items as SmolLM2's (recall: the same prompt
-    lengths; its windows' draws depend on the tokenizer), each prompt BOS first, ids inside
-    Gemma's vocabulary, no ChatML anywhere (a base model: plain text)."""
+    """workloads/gemma3-270m.npz: the same dataset items as SmolLM2's (the workloads cut to a
+    token length, recall, code-long and chat-long: the same prompt lengths, their windows' draws
+    depend on the tokenizer; competitive: as many statements, kept by their token length), each prompt BOS first, ids inside Gemma's vocabulary, no ChatML
+    anywhere (a base model: plain text)."""
     from vegas_sim.calibrate.workloads import WORKLOADS, workload_prompts
 
     vocab = PRESETS["gemma3-270m"].vocab
     for name in WORKLOADS:
         gemma, smol = workload_prompts(name, "gemma3-270m"), workload_prompts(name)
-        if name != "recall":
-            assert [p.source for p in gemma] == [p.source for p in smol]
-        else:  # a window's length in tokens, hence its draw, depends on the tokenizer
+        if name in ("recall", "code-long", "chat-long"):
+            # a window's length in tokens, hence its draw, depends on the tokenizer
             assert [len(p.tokens) for p in gemma] == [len(p.tokens) for p in smol]
+        elif name == "competitive":  # statements kept by their length in tokens
+            assert len(gemma) == len(smol)
+        else:
+            assert [p.source for p in gemma] == [p.source for p in smol]
         for p in gemma:
             assert p.tokens[0] == 2 and 0 <= min(p.tokens) and max(p.tokens) < vocab
             assert 2 not in p.tokens[1:]  # one BOS; ChatML's tokens do not exist in Gemma's vocab

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.test_cli_examples import help_examples
+from tests.cli.test_examples import help_examples
 from vegas_sim import api
 from vegas_sim.cli import cli
 from vegas_sim.errors import UserInputError

@@ -105,10 +105,18 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
     return (with_latency or sets)[0]
 
 
+# The real model whose acceptance stands in for a model without its own: the shape the
+# packaged anchors are fitted on (docs/ACCEPTANCE_ANCHORS.md). Another real set (Gemma-3-270M's)
+# is used when named with --acceptance-traces.
+PROXY_MODEL = "smollm2-135m"
+
+
 def _pick_acceptance(model: str, packaged: list[_Entry]) -> TraceSet | None:
-    """A packaged real-weight set with acceptance; the predicted model's own first."""
+    """A packaged real-weight set with acceptance: the predicted model's own first, then
+    PROXY_MODEL's."""
     candidates = [s for s in packaged if s.may_have_real_acceptance]
-    candidates.sort(key=lambda s: (s.model_name != model, s.synthetic, s.name))
+    candidates.sort(key=lambda s: (s.model_name != model, s.synthetic,
+                                   s.model_name != PROXY_MODEL, s.name))
     for entry in candidates:
         ts = load_trace_set(entry.path)
         if ts.has_real_acceptance:
