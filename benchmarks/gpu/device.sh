@@ -29,8 +29,9 @@
 #                          measures the list N times in turn, RESUME=TABLE continues a table
 #                          an earlier call brought back
 #   yarn                   SmolLM2 acceptance past its 8K window (needs `gguf`): RoPE extended
-#                          by YaRN factor 4, the long longdoc / recall windows (12K-31K), every
-#                          method, one process each; packs yarn-METHOD sets for `traces merge`
+#                          by YaRN factor 4, the long windows (12K-31K) of WORKLOADS (default
+#                          longdoc,recall; also code-long, chat-long), every method, one
+#                          process each; packs yarn-METHOD sets for `traces merge`
 #   recall                 SmolLM2 recall acceptance (needs `gguf`): every recall prompt (1K-7K),
 #                          the packaged grid (γ 12, 8 sparsities, T 0 and 0.6, 32 iterations),
 #                          one process per method; beside them the copy rate of every prompt
@@ -219,7 +220,7 @@ yarn)
   [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
   for m in vegas vegas-all specextend magicdec-quest magicdec-stream; do
     timeout ${TIMEOUT:-420} "${cli[@]}" calibrate --model $GGUF --weights real --methods $m \
-      --rope-scaling yarn:4 --long-prompts --workload longdoc,recall --gamma 12 \
+      --rope-scaling yarn:4 --long-prompts --workload ${WORKLOADS:-longdoc,recall} --gamma 12 \
       --sparsity ${SPARSITY:-0.02,0.05,0.1,0.2} --temperature 0,0.6 --iterations 32 \
       --min-tokens 32 --prompts 16 --acceptance-batch 16 --no-latency --out $TR/yarn-$m \
       > "$OUT/calibrate-yarn-$m.log" 2>&1 &

@@ -6,6 +6,8 @@
         # a fresh draw beside them: heldout_smollm2_seed20261130.csv
     /work/venv/bin/python benchmarks/validation/make_heldout.py --far --seed 20261203
         # batches 80-128, past every seeded row: heldout_REGIME_far_seed20261203.csv
+    /work/venv/bin/python benchmarks/validation/make_heldout.py --workloads --seed 20261209
+        # SmolLM2 across every workload and temperature: heldout_smollm2_workloads_seed20261209.csv
 
 Regimes, SEED recorded here and in README.md:
 - heldout_smollm2.csv — SmolLM2-135M real weights end to end (8K positions): longdoc prompts
@@ -144,6 +146,40 @@ def draw(regime: str, rng: np.random.Generator, far: bool = False) -> list[HeldO
     return out
 
 
+# `--workloads`: SmolLM2 real weights across every workload and both temperatures, at
+# contexts where real prompts of the workload exist (cut to the context: a book window keeps
+# its start, a request its end; validate.prompts_for), off the traced prompt lengths — except
+# recall, whose prompts end on a question a cut would lose: its own lengths, whole
+WORKLOAD_CONTEXTS = {
+    "longdoc": [1536, 2560, 3584, 5120, 6144], "recall": [2048, 3072, 4096, 7168],
+    "code-long": [1536, 2560, 3584, 5120, 6144], "chat-long": [1536, 2560, 3584, 5120, 6144],
+    "competitive": [400, 520, 640], "code": [104, 136, 168], "chat": [44, 56, 68],
+    "reasoning": [80, 96, 108]}
+WORKLOAD_OUTPUT = {"competitive": 384}  # a problem's reasoning and code run long
+WORKLOAD_BATCHES = [3, 6, 12, 24]
+ROWS_PER_WORKLOAD = 4
+TEMPERATURES = (0.0, 0.6)
+
+
+def draw_workloads(rng: np.random.Generator) -> list[HeldOut]:
+    """ROWS_PER_WORKLOAD rows per workload, half at each temperature; the five speculative
+    methods cycle over all rows; γ 2-12, an off-grid sparsity, an off-grid batch, a context
+    from the workload's list (each used in turn, shuffled)."""
+    spec = [m for m in METHODS if m != "vanilla"]
+    out: list[HeldOut] = []
+    for w, contexts in WORKLOAD_CONTEXTS.items():
+        picked = rng.permutation(np.resize(rng.permutation(contexts), ROWS_PER_WORKLOAD))
+        for j, context in enumerate(picked):
+            batch = int(rng.choice(WORKLOAD_BATCHES))
+            out.append(HeldOut(
+                method=spec[len(out) % len(spec)], gamma=int(rng.integers(2, 13)),
+                sparsity=float(rng.choice(SPARSITIES)), batch=batch, context=int(context),
+                output_len=WORKLOAD_OUTPUT.get(w, OUTPUT_LEN["smollm2"]), workload=w,
+                temperature=TEMPERATURES[j % 2], waves=waves_for("smollm2", batch)))
+    check_outside_grid(out, GRIDS["smollm2"])
+    return out
+
+
 def estimate_s(h: HeldOut, regime: str) -> float:
     """Rough H200 seconds with CUDA graphs (brief's numbers): per-forward ms × forwards per
     iteration × iterations (acceptance length ~3), per wave, + ~0.5 s capture per state."""
@@ -169,7 +205,20 @@ def main() -> None:
                     help="only this regime (repeatable; default smollm2 and qwen3_8b)")
     ap.add_argument("--far", action="store_true",
                     help=f"{N_FAR} rows at batches {FAR_BATCHES}: heldout_REGIME_far_seedN.csv")
+    ap.add_argument("--workloads", action="store_true",
+                    help="SmolLM2 rows across every workload and temperature: "
+                         "heldout_smollm2_workloads_seedN.csv")
     args = ap.parse_args()
+    if args.workloads:
+        rng = np.random.default_rng([args.seed, STREAM["smollm2"], 1])
+        hs = draw_workloads(rng)
+        print(f"smollm2 workloads: {len(hs)} configurations, estimated "
+              f"{sum(estimate_s(h, 'smollm2') for h in hs):.0f} s on an H200")
+        for h in hs:
+            print(f"  {h.label:<45} {h.workload:<12} T {h.temperature}  waves {h.waves}")
+        if not args.check:
+            write_heldout(hs, HERE / f"heldout_smollm2_workloads_seed{args.seed}.csv")
+        return
     seed_part = f"_seed{args.seed}" if args.far or args.seed != SEED else ""
     suffix = ("_far" if args.far else "") + seed_part
     for regime in args.regime or ("smollm2", "qwen3_8b"):

@@ -146,13 +146,17 @@ def test_synthetic_prompts_are_seeded_and_in_range() -> None:
 
 
 def test_long_windows_are_their_own_file_past_smollm2s_window() -> None:
-    """longdoc and recall at LONG_LENGTHS in <model>.long.npz (the shipped prompts' order,
-    which trace sets' request ids index, is untouched); recall distances span each window."""
+    """longdoc, recall, code-long and chat-long at LONG_LENGTHS in <model>.long.npz (the
+    shipped prompts' order, which trace sets' request ids index, is untouched); recall
+    distances span each window; long code runs over whole packages."""
     shipped = WL.workload_prompts("recall")
-    for name in ("longdoc", "recall"):
+    for name in ("longdoc", "recall", "code-long", "chat-long"):
         long = WL.workload_prompts(name, long=True)
         assert sorted({len(p.tokens) for p in long}) == list(WL.LONG_LENGTHS)
         assert min(len(p.tokens) for p in long) > 8192
+    code = WL.workload_prompts("code-long", long=True)
+    assert {p.source.split("/")[1] for p in code} <= set(WL.CODE_LONG_PACKAGES)
+    assert all(len(p.tokens) == int(p.source.rsplit("+", 1)[1]) for p in code)
     recall = WL.workload_prompts("recall", long=True)
     assert all(p.distance is not None and 0 < p.distance < len(p.tokens) for p in recall)
     assert max(p.distance or 0 for p in recall) > 0.8 * max(WL.LONG_LENGTHS)

@@ -141,6 +141,14 @@ def test_prompts_are_natural_text_and_waves_rotate() -> None:
     assert [p.tolist() for p in p1] == [[13, 14, 15, 16, 17], [1, 2, 3, 4, 5]]
     p, note = prompts_for(h, [[4, 5]], wave=0)  # nothing long enough: repeated, and said so
     assert p[0].tolist() == [4, 5, 4, 5, 4] and "repeated" in note
+    chat = HeldOut("vegas", 3, 0.1, batch=2, context=5, output_len=8, workload="chat")
+    p, _ = prompts_for(chat, long_prompts, wave=0)  # a request keeps its end: the question
+    assert [x.tolist() for x in p] == [[2, 3, 4, 5, 6], [8, 9, 10, 11, 12]]
+    recall = HeldOut("vegas", 3, 0.1, batch=2, context=5, output_len=8, workload="recall")
+    p, note = prompts_for(recall, [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11]], wave=0)
+    assert note == "" and [x.tolist() for x in p] == [[7, 8, 9, 10, 11]] * 2  # whole, uncut
+    p, note = prompts_for(recall, [[1, 2, 3, 4, 5, 6]], wave=0)
+    assert "without their question" in note
 
 
 def test_fixed_sequences_start_every_call_at_the_first_iteration() -> None:

@@ -38,7 +38,7 @@ prompt, book windows included, starts with the model's BOS where its tokenizer a
 reads it. Selection is deterministic (seeded numpy Generator).
 
 Long windows (`build_long_workloads()`, `workloads/<model>.long.npz`, `long=True` when
-loading): longdoc and recall at LONG_LENGTHS (12K–32K tokens), past SmolLM2's trained 8K, for
+loading): longdoc, recall, code-long and chat-long at LONG_LENGTHS (12K–32K tokens), past SmolLM2's trained 8K, for
 acceptance traced with the RoPE extended by YaRN (`calibrate --rope-scaling yarn:4
 --long-prompts`). A file of its own, so that the shipped prompts' order, which the request ids
 of existing trace sets index, never changes. A change to a workload's shipped prompts goes with
@@ -69,6 +69,9 @@ FIRST_WORKLOADS: tuple[str, ...] = ("reasoning", "code", "chat", "longdoc", "rec
 # Each from a stream of its own (ADDED_SEEDS), added after the first ones were traced
 ADDED_WORKLOADS: tuple[str, ...] = ("code-long", "chat-long", "competitive")
 WORKLOADS: tuple[str, ...] = FIRST_WORKLOADS + ADDED_WORKLOADS
+# Windows of a book (the question, if any, at the end); every other workload's prompt ends on
+# the request and the assistant's turn
+BOOK_WINDOW_WORKLOADS: tuple[str, ...] = ("longdoc", "recall")
 ADDED_SEEDS = {"code-long": 3, "chat-long": 4, "competitive": 5}
 # code-long / chat-long prompt lengths (longdoc's and recall's buckets), tokens
 ADDED_LENGTHS: tuple[int, ...] = (1024, 2048, 3072, 4096, 7168)
@@ -80,6 +83,14 @@ CODE_LONG_FILES: tuple[str, ...] = (
     "argparse.py", "ast.py", "datetime.py", "difflib.py", "doctest.py", "enum.py",
     "inspect.py", "ipaddress.py", "mailbox.py", "pdb.py", "pickle.py", "pydoc.py",
     "subprocess.py", "tarfile.py", "typing.py", "zipfile.py")
+# chat-long's 12K-32K histories: GSM8K exchanges (about 200 tokens each) beside MT-Bench's,
+# numbered past MT-Bench's question ids
+TUTORING_EXCHANGES = 400
+GSM8K_ID_BASE = 10_000
+# Packages whose modules, read in a row, make the 12K-32K code windows (no one module is long
+# enough)
+CODE_LONG_PACKAGES: tuple[str, ...] = (
+    "asyncio", "email", "multiprocessing", "tkinter", "importlib", "xml", "http", "lib2to3")
 CODE_LONG_START = re.compile(r"^(?:class |def |    def |@)", flags=re.MULTILINE)
 CODE_LONG_INSTRUCTION = (
     "\n```\n\nThe Python source above (Lib/{name} of CPython {version}) stops part-way. "
@@ -114,6 +125,7 @@ LONG_LENGTHS: tuple[int, ...] = (12288, 16384, 24576, 31744)  # 31K: room for th
 LONG_LONGDOC_PER_LENGTH = 4
 LONG_RECALL_PER_CELL = 1
 LONG_SEED = 1  # its own stream: the long windows never move the shipped prompts' draws
+LONG_ADDED_PER_LENGTH = 4  # code-long / chat-long windows of each LONG_LENGTHS length
 RECALL_CUE = 24  # cue tokens, copied from the window
 RECALL_ANSWER = 64  # tokens of the window after the cue: the passage to quote
 RECALL_INSTRUCTION = ("\n\n---\nQuote, word for word, the passage of the text above that "
@@ -317,24 +329,27 @@ def _sentence_start(tok: Tokenizer, doc: list[int], at: int) -> int:
 
 def code_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
                       lengths: tuple[int, ...] = ADDED_LENGTHS,
-                      per_length: int = ADDED_PER_LENGTH) -> list[Prompt]:
+                      per_length: int = ADDED_PER_LENGTH,
+                      packages: bool = False) -> list[Prompt]:
     """A window of a long standard-library module starting at a def/class line, then
     CODE_LONG_INSTRUCTION, chat-templated: exactly each of `lengths` tokens, `per_length` of
-    each, one per length per round (the first k rounds cover every length). `data` and `n`
-    are unused: the files are the installed Python's (CODE_LONG_PYTHON)."""
+    each, one per length per round (the first k rounds cover every length). `packages`: the
+    window runs over a whole package's modules in a row (CODE_LONG_PACKAGES), as a
+    repository-wide context does, for lengths no single module holds. `data` and `n` are
+    unused: the files are the installed Python's (CODE_LONG_PYTHON)."""
     if platform.python_version() != CODE_LONG_PYTHON:
         raise UserInputError(
             f"code-long is built from CPython {CODE_LONG_PYTHON}'s standard library; this is "
             f"{platform.python_version()}", where="code-long",
             fix=f"build the workloads with Python {CODE_LONG_PYTHON}")
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    sources = {f: (lib / f).read_text(encoding="utf-8") for f in CODE_LONG_FILES}
+    sources = _package_sources() if packages else _module_sources()
+    names = list(sources)
     out: list[Prompt] = []
     taken: set[str] = set()
     k = 0
     for _ in range(per_length):
         for length in lengths:
-            name = CODE_LONG_FILES[k % len(CODE_LONG_FILES)]
+            name = names[k % len(names)]
             k += 1
             for _draw in range(MAX_WINDOW_DRAWS):
                 prompt = _code_window(tok, name, sources[name], length, rng)
@@ -342,6 +357,24 @@ def code_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generat
                     break
             taken.add(prompt.source)
             out.append(prompt)
+    return out
+
+
+def _module_sources() -> dict[str, str]:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    return {f: (lib / f).read_text(encoding="utf-8") for f in CODE_LONG_FILES}
+
+
+def _package_sources() -> dict[str, str]:
+    """Each of CODE_LONG_PACKAGES as one text: its modules in path order, each under a
+    `# Lib/<path>` line (tests and data files left out)."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    out = {}
+    for package in CODE_LONG_PACKAGES:
+        files = [f for f in sorted((lib / package).rglob("*.py"))
+                 if "test" not in f.relative_to(lib).as_posix()]
+        out[f"{package}/"] = "".join(f"# Lib/{f.relative_to(lib).as_posix()}\n"
+                                     f"{f.read_text(encoding='utf-8')}\n" for f in files)
     return out
 
 
@@ -368,22 +401,27 @@ def _code_window(tok: Tokenizer, name: str, text: str, length: int,
 
 def chat_long_prompts(tok: Tokenizer, data: Path, n: int, rng: np.random.Generator,
                       lengths: tuple[int, ...] = ADDED_LENGTHS,
-                      per_length: int = ADDED_PER_LENGTH) -> list[Prompt]:
+                      per_length: int = ADDED_PER_LENGTH,
+                      tutoring: bool = False) -> list[Prompt]:
     """MT-Bench dialogs with reference answers (both turns, the reference's answers as the
     assistant's) chained in a seeded order as the history, then an MT-Bench first turn not
     among them: exactly each of `lengths` tokens, the history's earliest turn cut at its
     start. ChatML where the tokenizer has it (SmolLM2's template); a base model's plain
-    'User: ... / Assistant: ...' turns otherwise. One per length per round; `n` is unused."""
+    'User: ... / Assistant: ...' turns otherwise. One per length per round; `n` is unused.
+    `tutoring`: GSM8K questions with their worked answers join the dialogs, one exchange
+    each, for histories longer than MT-Bench's reference dialogs hold (about 15K tokens)."""
     turn_format = CHATML_TURN if tok.chatml else PLAIN_TURN
     questions = {int(r["question_id"]): r for r in _jsonl(data / "mt_bench_question.jsonl")}
-    dialogs: dict[int, list[list[int]]] = {}
+    exchanges: dict[int, list[tuple[str, str]]] = {}
     for r in _jsonl(data / "mt_bench_reference_answer_gpt-4.jsonl"):
         qid = int(r["question_id"])
-        answers = r["choices"][0]["turns"]
-        turns = [t for q, a in zip(questions[qid]["turns"], answers)
-                 for t in (("user", q), ("assistant", a))]
-        dialogs[qid] = [tok.encode(turn_format.format(role=ro, Role=ro.title(), content=c))
-                        for ro, c in turns]
+        exchanges[qid] = list(zip(questions[qid]["turns"], r["choices"][0]["turns"]))
+    if tutoring:
+        for i, r in enumerate(_jsonl(data / "gsm8k_test.jsonl")[:TUTORING_EXCHANGES]):
+            exchanges[GSM8K_ID_BASE + i] = [(str(r["question"]), str(r["answer"]))]
+    dialogs = {k: [tok.encode(turn_format.format(role=ro, Role=ro.title(), content=c))
+                   for q, a in pairs for ro, c in (("user", q), ("assistant", a))]
+               for k, pairs in exchanges.items()}
     out: list[Prompt] = []
     for _ in range(per_length):
         for length in lengths:
@@ -518,7 +556,8 @@ def build_long_workloads(
     datasets: Path | None = None, out_dir: Path | None = None,
 ) -> Path:
     """Build and write `<out_dir>/<model>.long.npz`: longdoc (LONG_LONGDOC_PER_LENGTH windows)
-    and recall (LONG_RECALL_PER_CELL per length x depth) at LONG_LENGTHS, seeded LONG_SEED."""
+    and recall (LONG_RECALL_PER_CELL per length x depth) at LONG_LENGTHS, seeded LONG_SEED;
+    code-long and chat-long (LONG_ADDED_PER_LENGTH each) from streams of their own."""
     tokenizer = tokenizer or _default_tokenizer(model)
     data = datasets or default_datasets_dir()
     rng = np.random.default_rng(LONG_SEED)
@@ -528,6 +567,11 @@ def build_long_workloads(
         "recall": recall_prompts(tokenizer, data, 0, rng, LONG_LENGTHS,
                                  per_cell=LONG_RECALL_PER_CELL, books=LONG_BOOKS),
     }
+    for w in ("code-long", "chat-long"):  # each from a stream of its own, after the first two
+        added = np.random.default_rng([LONG_SEED, ADDED_SEEDS[w]])
+        long_sources = {"packages": True} if w == "code-long" else {"tutoring": True}
+        prompts[w] = BUILDERS[w](tokenizer, data, 0, added, LONG_LENGTHS, LONG_ADDED_PER_LENGTH,
+                                 **long_sources)
     return _write_prompts(prompts, tokenizer, (out_dir or WORKLOAD_DIR) / f"{model}.long.npz")
 
 

@@ -186,10 +186,22 @@ def request_prompts(h: HeldOut, weights: str, workload_prompts: int | None
     return prompt_index(h, len(long_prompts(h, workload[:n])[0])), n
 
 
+WHOLE_PROMPT_WORKLOADS = ("recall",)  # a cut loses the question at the prompt's end
+
+
 def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
                  ) -> tuple[list[list[int]], str]:
     """The prompts h's requests take in turn, and a note ('' if natural): those at least
-    h.context long, or (when none is) every prompt, to be repeated up to the context."""
+    h.context long, or (when none is) every prompt, to be repeated up to the context. A
+    recall prompt ends on its question and the cue the answer follows, which any cut loses:
+    only those of exactly h.context tokens are natural."""
+    if h.workload in WHOLE_PROMPT_WORKLOADS:
+        whole = [list(p) for p in workload_prompts if len(p) == h.context]
+        if whole:
+            return whole, ""
+        return [list(p) for p in workload_prompts if len(p) >= 2], (
+            f"no {h.workload} prompt has exactly {h.context} tokens: prompts cut or repeated "
+            "to reach it, without their question (acceptance not the traced workload's)")
     long = [list(p) for p in workload_prompts if len(p) >= h.context]
     if long:
         return long, ""
