@@ -14,9 +14,10 @@ WORKLOAD_INFO: dict[str, str] = {
     "chat": "MT-Bench first turns (8 categories), chat-templated",
     "longdoc": "Project Gutenberg book windows to continue (raw text)",
     "recall": "a book window, then an instruction to quote a passage cued from far back",
-    "code-long": "a long Python standard-library module window to continue, chat-templated",
-    "chat-long": "a long multi-turn history (MT-Bench questions with reference answers) "
-                 "ending on a new MT-Bench question, ChatML",
+    "code-long": "a long Python standard-library module window to continue (past 8K: a "
+                 "package's modules in a row), chat-templated",
+    "chat-long": "a long multi-turn history (MT-Bench questions with reference answers; past "
+                 "8K also GSM8K exchanges) ending on a new MT-Bench question, ChatML",
     "competitive": "competitive programming (Codeforces 2024 / CodeContests statements, "
                    "reason then write a program, as CodeElo-style benchmarks run), acceptance "
                    "traced along long generations",
@@ -26,7 +27,8 @@ SHIPPED_PROMPTS: dict[str, str] = {
     "reasoning": "76-683", "code": "100-372", "chat": "42-380",
     "longdoc": "1K-7K (12K-31K with --long-prompts)",
     "recall": "1K-7K (12K-31K with --long-prompts)",
-    "code-long": "1K-7K", "chat-long": "1K-7K", "competitive": "382-1074",
+    "code-long": "1K-7K (12K-31K with --long-prompts)",
+    "chat-long": "1K-7K (12K-31K with --long-prompts)", "competitive": "382-1074",
 }
 
 
