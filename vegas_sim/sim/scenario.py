@@ -1,12 +1,10 @@
 """One configuration to predict (`Scenario`): its fields and defaults (the rules are in the
-`predict` module docstring), its arrivals parsed once per text, and the checks that refuse a
+`predict` module docstring), and the checks that refuse a
 scenario the model, GPU or trace set cannot hold (`validate_scenario`, `split_fitting`),
 KV capacity among them (`kv_capacity`)."""
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -30,22 +28,6 @@ OPEN_LOOP_MIN_REQUESTS = 200  # default requests in open loop: max(200, 20 × ba
 OPEN_LOOP_PER_SLOT = 20
 
 
-def parse_arrivals(text: str) -> Arrivals:
-    """`Arrivals.parse`, once per text (and, for trace:FILE, per version of the file): a
-    sweep's scenarios share one arrival option, and its trace file is read once."""
-    kind, _, where = text.partition(":")
-    stamp = None
-    if kind == "trace" and os.path.isfile(where):
-        st = os.stat(where)
-        stamp = (st.st_mtime_ns, st.st_size)
-    return _parse_arrivals(text, stamp)
-
-
-@functools.lru_cache(maxsize=64)
-def _parse_arrivals(text: str, stamp: tuple[int, int] | None) -> Arrivals:
-    return Arrivals.parse(text)
-
-
 @dataclass(frozen=True)
 class Scenario:
     """One configuration to predict. ``batch`` is the max batch (continuous batching)."""
@@ -57,7 +39,9 @@ class Scenario:
     context: int
     output_len: int
     requests: int | None = None  # default: REQUESTS_PER_SLOT × batch
-    arrival: str = "closed"  # "closed" | "closed:<users>" | "poisson:<rate/s>"
+    # closed loop, Poisson or a trace, parsed from --arrival where the options come in
+    # (`options.scenario_extra`); its text is what the rows print
+    arrival: Arrivals = Arrivals()
     workload: str | None = None
     temperature: float = 0.0
     prefill: str = "disaggregated"  # "disaggregated" | "co-located"
@@ -87,20 +71,15 @@ class Scenario:
     def n_requests(self) -> int:
         if self.requests is not None:
             return self.requests
-        if self.arrivals.kind == "trace":  # one request per arrival of the trace
-            return len(self.arrivals.times_s)
+        if self.arrival.kind == "trace":  # one request per arrival of the trace
+            return len(self.arrival.times_s)
         if self.is_open_loop:
             return max(OPEN_LOOP_MIN_REQUESTS, OPEN_LOOP_PER_SLOT * self.batch)
         return REQUESTS_PER_SLOT * self.batch
 
     @property
-    def arrivals(self) -> Arrivals:
-        """`arrival` parsed (once per text: `parse_arrivals`)."""
-        return parse_arrivals(self.arrival)
-
-    @property
     def is_open_loop(self) -> bool:
-        return self.arrivals.is_open
+        return self.arrival.is_open
 
     @property
     def slo(self) -> Slo:
@@ -162,7 +141,7 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
             raise UserInputError(f"an SLO must be > 0 ms, got {value}", where=name,
                                  fix="pass a positive number of milliseconds, e.g. 50")
     check_options({name: getattr(sc, name) for name in SCENARIO_BOUNDED})
-    sc.arrivals.validate(sc.n_requests)
+    sc.arrival.validate(sc.n_requests)
     if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:
