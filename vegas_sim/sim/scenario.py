@@ -12,13 +12,13 @@ from vegas_sim.bounds import check_options
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import (
     VANILLA,
-    check_gamma,
     check_method,
     check_sparsity,
     query_rows,
 )
 from vegas_sim.models import ModelSpec
-from vegas_sim.sim.engine import PREFILL_MODES, Arrivals, OutputLengths
+from vegas_sim.sim.engine import Arrivals, OutputLengths
+from vegas_sim.sim.engine_config import check_run_fields
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.metrics import Slo
 
@@ -101,11 +101,9 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     """Raise UserInputError naming the option and the fix for an impossible scenario."""
     sc = resolve_output(sc, model)
     check_method(sc.method)
-    check_gamma(sc.gamma)
     check_sparsity(sc.sparsity)
-    if sc.batch < 1:
-        raise UserInputError(f"batch must be >= 1, got {sc.batch}", where="--batch",
-                             fix="pass --batch 1 or more")
+    check_run_fields(gamma=sc.gamma, batch=sc.batch, requests=sc.requests, prefill=sc.prefill,
+                     kv_block_size=sc.kv_block_size, prefill_gpus=sc.prefill_gpus)
     if sc.context < 1:
         raise UserInputError(f"context must be >= 1, got {sc.context}", where="--context",
                              fix="pass --context 1 or more")
@@ -115,22 +113,10 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if not sc.temperature >= 0:  # also NaN
         raise UserInputError(f"temperature must be >= 0, got {sc.temperature}",
                              where="--temperature", fix="use 0 (greedy) or e.g. 0.6")
-    if sc.requests is not None and sc.requests < 1:
-        raise UserInputError(f"requests must be >= 1, got {sc.requests}", where="--requests",
-                             fix="pass --requests 1 or more, or leave it out")
-    if sc.prefill not in PREFILL_MODES:
-        raise UserInputError(f"unknown prefill mode {sc.prefill!r}", where="--prefill",
-                             fix=f"use one of: {', '.join(PREFILL_MODES)}")
     if not 0.0 < sc.gpu_memory_utilization <= 1.0:
         raise UserInputError(f"GPU memory utilization must be in (0, 1], got "
                              f"{sc.gpu_memory_utilization}", where="--gpu-memory-utilization",
                              fix="use vLLM's 0.9, or e.g. 0.95")
-    if sc.kv_block_size < 1:
-        raise UserInputError(f"KV block size must be >= 1, got {sc.kv_block_size}",
-                             where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
-    if sc.prefill_gpus < 1:
-        raise UserInputError(f"prefill GPUs must be >= 1, got {sc.prefill_gpus}",
-                             where="--prefill-gpus", fix="pass --prefill-gpus 1 or more")
     if not sc.kv_link_gbs > 0:  # also NaN
         raise UserInputError(f"the KV link bandwidth must be > 0 GB/s, got {sc.kv_link_gbs}",
                              where="--kv-link-gbs", fix=f"e.g. {KV_LINK_GBS:g} (GB/s)")
