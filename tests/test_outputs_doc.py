@@ -10,6 +10,7 @@ import pytest
 from tests.sim.test_sweep import Models, synthetic_models
 from vegas_sim.sim.predict import Scenario, predict
 from vegas_sim.sim.tune import TuneConfig, tune
+from vegas_sim.sim.workload import Arrivals
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "OUTPUTS.md"
 
@@ -37,7 +38,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
 def test_every_predict_column_is_documented(models: Models) -> None:
     scen = [Scenario("vegas", 4, 0.05, batch=2, context=4096, output_len=32),
             Scenario("vegas", 4, 0.05, batch=2, context=4096, output_len=32,
-                     arrival="poisson:5", requests=20, slo_ttft_ms=500.0)]
+                     arrival=Arrivals.parse("poisson:5"), requests=20, slo_ttft_ms=500.0)]
     cols = set(predict(scen[:1], *models, engine="analytic").columns)
     cols |= set(predict(scen[1:], *models, engine="sim", replications=1).columns)
     missing = sorted(cols - documented())

@@ -62,7 +62,7 @@ from vegas_sim.sim.sweep import sweep as run_sweep
 from vegas_sim.sim.options import options_for, scenario_extra
 from vegas_sim.sim.tune import TuneConfig, TuneResult
 from vegas_sim.sim.tune import tune as run_tune
-from vegas_sim.sim.workload import OutputLengths
+from vegas_sim.sim.workload import Arrivals, OutputLengths
 from vegas_sim.traces import catalog, io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, packaged_anchor_sets
 from vegas_sim.traces.io import TraceSet
@@ -406,7 +406,7 @@ def predict(
     graph_launch_ms: float | None = None,
     weight_format: str = "bf16",
     requests: int | None = None,
-    arrival: str = "closed",
+    arrival: str | Arrivals = "closed",
     slo_tpot_ms: float | None = None,
     slo_ttft_ms: float | None = None,
     workload: str | None = None,
@@ -425,7 +425,7 @@ def predict(
     from and what was extrapolated (the lines the CLI prints as notes).
 
     context takes 32768 or '32K'; sparsity 0.07 or '7%'; output_len N, 'lognormal:MEAN,CV'
-    or 'file:PATH' (`output_lengths`); gpu a datasheet name or a GpuSpec, gpu_spec a
+    or 'file:PATH' (`output_lengths`); arrival the --arrival text or an `Arrivals`; gpu a datasheet name or a GpuSpec, gpu_spec a
     JSON/TOML file (`--gpu-spec`); the SLOs set the goodput column (`sim.metrics.Slo`).
     Every parameter: `options_help("predict")`.
 
@@ -436,6 +436,7 @@ def predict(
     """
     values = dict(locals())
     check_options(values)  # every bounded number, before any fitting
+    shared = scenario_extra("predict", values)  # --arrival parsed here, once
     context_tokens = one_int(context, "--context")
     ratio = one_sparsity(sparsity)
     check_gamma(gamma)
@@ -443,7 +444,6 @@ def predict(
     ordered = [VANILLA, *[check_method(m) for m in methods if m != VANILLA]]
     out_mean, out_dist = output_lengths(output_len)
     latency, acceptance, notes = models_for(values)
-    shared = scenario_extra("predict", values)
     scenarios = [Scenario(method=m, gamma=point_of(m, gamma, ratio)[0],
                           sparsity=point_of(m, gamma, ratio)[1], batch=batch,
                           context=context_tokens, output_len=out_mean, output_dist=out_dist,
@@ -489,7 +489,7 @@ def sweep(
     graph_launch_ms: float | None = None,
     weight_format: str = "bf16",
     requests: int | None = None,
-    arrival: str = "closed",
+    arrival: str | Arrivals = "closed",
     slo_tpot_ms: float | None = None,
     slo_ttft_ms: float | None = None,
     workload: str | None = None,
@@ -554,7 +554,7 @@ def tune(
     graph_launch_ms: float | None = None,
     weight_format: str = "bf16",
     requests: int | None = None,
-    arrival: str = "closed",
+    arrival: str | Arrivals = "closed",
     slo_tpot_ms: float | None = None,
     slo_ttft_ms: float | None = None,
     workload: str | None = None,

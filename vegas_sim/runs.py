@@ -25,7 +25,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.files import output_lock, write_atomic, write_json
 from vegas_sim.progress import Progress, Say
 from vegas_sim.reports.csv import PARTIAL_COLUMN, table_format, write_json_doc, write_table
+from vegas_sim.sim.options import option_texts
 from vegas_sim.sim.scenario import SkipLog
 from vegas_sim.sim.sweep import (
     Estimate,
@@ -92,7 +93,8 @@ def run_key(grid: SweepGrid, fingerprint: pd.DataFrame, *, engine: str, seed: in
     another trace set or fit predicts other numbers."""
     rows = fingerprint.drop(columns=[c for c in TIMING if c in fingerprint.columns])
     h = hashlib.sha256()
-    h.update(json.dumps({"version": CHECKPOINT_VERSION, "grid": asdict(grid), "engine": engine,
+    grid_texts = asdict(replace(grid, extra=option_texts(grid.extra)))
+    h.update(json.dumps({"version": CHECKPOINT_VERSION, "grid": grid_texts, "engine": engine,
                          "seed": seed, "replications": replications},
                         sort_keys=True, default=str).encode())
     h.update(rows.to_csv(index=False).encode())

@@ -37,6 +37,7 @@ def sc(method: str = "vegas", **kw: Any) -> Scenario:
                             "context": 32768, "output_len": OUT,
                             "prefill_gpus": 64}  # the decode GPU, not the prefill, saturates
     base.update(kw)
+    base["arrival"] = Arrivals.of(base.get("arrival", "closed"))  # the option's text, parsed
     return Scenario(method, **base)
 
 
@@ -166,7 +167,7 @@ def test_rank_by() -> None:
         TuneConfig(rank_by="goodput")
     TuneConfig(rank_by="goodput", extra={"slo_tpot_ms": 7.0})
     with pytest.raises(UserInputError, match="analytic"):
-        TuneConfig(extra={"arrival": "poisson:1"})
+        TuneConfig(extra={"arrival": Arrivals.parse("poisson:1")})
 
 
 def test_bad_slo_is_refused(models: tuple[Any, Any]) -> None:

@@ -24,6 +24,7 @@ from vegas_sim.sim.predict import (
     validate_scenario,
 )
 from vegas_sim.sim.scenario import kv_capacity
+from vegas_sim.sim.workload import Arrivals
 from vegas_sim.traces.synthetic import make_synthetic_trace_set
 
 Models = tuple[LatencyModel, AcceptanceModel]
@@ -129,7 +130,7 @@ def test_prefill_falls_back_to_roofline(models: Models) -> None:
 
 
 def test_poisson_low_load_throughput_is_the_offered_load(models: Models) -> None:
-    row = predict_one(sc(arrival="poisson:0.5", requests=40, output_len=64), *models,
+    row = predict_one(sc(arrival=Arrivals.parse("poisson:0.5"), requests=40, output_len=64), *models,
                       replications=1)
     assert row["throughput_tok_s"] == pytest.approx(0.5 * 64, rel=0.35)
 
@@ -198,7 +199,7 @@ def test_analytic_runs_at_the_kv_limited_batch(models: Models) -> None:
     ({"context": 0}, "context"),
     ({"output_len": 0}, "output"),
     ({"requests": 0}, "requests"),
-    ({"arrival": "poisson:-1"}, "rate"),
+    ({"arrival": Arrivals.parse("poisson:-1")}, "rate"),
     ({"prefill": "remote"}, "prefill"),
 ])
 def test_invalid_scenarios(models: Models, kw: dict[str, object], match: str) -> None:
@@ -221,8 +222,9 @@ def test_picklable_for_process_pools(models: Models) -> None:
     assert a["throughput_tok_s"] == b["throughput_tok_s"]
 
 
-@pytest.mark.parametrize("kw", [{"arrival": "poisson:2"}, {"prefill": "co-located"},
-                                {"arrival": "closed:2"}])
+@pytest.mark.parametrize("kw", [{"arrival": Arrivals.parse("poisson:2")},
+                                {"prefill": "co-located"},
+                                {"arrival": Arrivals.parse("closed:2")}])
 def test_analytic_refuses_what_it_does_not_model(models: Models, kw: dict[str, object]) -> None:
     with pytest.raises(UserInputError, match="analytic") as err:
         predict([sc("vegas", **kw)], *models, engine="analytic")
@@ -272,7 +274,8 @@ def test_closed_loop_rows_are_those_of_before_the_open_loop_metrics(models: Mode
     where two requests' events fall at nearly the same time that can swap which one draws which
     acceptance (measured: TPOT p50 4e-5 apart, the closed loop's throughput up to 1.0e-3)."""
     scen = [Scenario("vanilla", 1, 1.0, 4, 4096, 256), Scenario("vegas", 4, 0.07, 4, 4096, 256),
-            Scenario("vegas", 4, 0.07, 4, 4096, 256, prefill="co-located", arrival="closed:3")]
+            Scenario("vegas", 4, 0.07, 4, 4096, 256, prefill="co-located",
+                     arrival=Arrivals.parse("closed:3"))]
     df = predict(scen, *models, replications=2)
     pinned = {"throughput_tok_s": [861.9710869661263, 753.456851798372, 481.13475786715276],
               "tpot_ms_p50": [4.640599012629334, 5.245879839849454, 5.8465735407365305],

@@ -76,7 +76,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 # ----------------------------------------------------------------------- the option table
 F = TypeVar("F", bound=Callable[..., Any])
-_KINDS: dict[str, Any] = {"int": int, "float": float, "str": str,
+_KINDS: dict[str, Any] = {"int": int, "float": float, "str": str, "arrival": str,
                           "path": click.Path(path_type=Path)}
 
 

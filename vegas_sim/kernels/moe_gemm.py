@@ -162,9 +162,8 @@ Config = tuple[int, int, int, int]  # BLOCK_N, BLOCK_K, num_warps, num_stages
 
 
 def launch_config(block_m: int, fused_activation: bool) -> Config:
-    """Measured best on the H200 at gpt-oss-20b's shape (benchmarks/moe_ffn.py --sweep,
-    benchmarks/results/moe_ffn_h200.csv): 16-row blocks at 0.78–1.03 of copy bandwidth for
-    1–16 rows per expert, 64-row blocks at 0.94–0.98 for 128 rows."""
+    """Measured best on the H200 at gpt-oss-20b's shape (benchmarks/moe_ffn.py --sweep;
+    the figures: docs/KERNELS.md, MoE FFN)."""
     if block_m <= 16:
         return (64, 128, 4, 4) if fused_activation else (64, 128, 4, 5)
     return (64, 64, 4, 4) if fused_activation else (128, 64, 4, 3)

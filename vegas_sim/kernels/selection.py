@@ -35,8 +35,7 @@ def _score_weights_kernel(
 
     No per-key load mask: keys past rank_len are read and discarded (they are valid memory),
     because a mask `offs < rank` (rank loaded at run time) stops Triton from vectorising the
-    loads (measured: such a mask makes this kernel 2× slower). Blocks
-    entirely past rank_len skip the loads."""
+    loads (docs/KERNELS.md, Score weights). Blocks entirely past rank_len skip the loads."""
     b = tl.program_id(0)
     block0 = tl.program_id(1) * BLOCK_S
     offs = tl.max_contiguous(tl.multiple_of(block0 + tl.arange(0, BLOCK_S), BLOCK_S), BLOCK_S)
@@ -69,9 +68,9 @@ def _score_weights_kernel(
 
 def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int, int]:
     """(BLOCK_S, BLOCK_R, warps): 2048-key rows (4 KB contiguous per (row, head) line), 16
-    lines per step, 8 warps — a [16, 2048] bf16 tile (64 KB in flight per step). On the H200,
-    B 4, C 128K, 64 lines: 0.77 of copy, vs 0.54 for [4, 1024] at 4 warps; 8192-element tiles
-    and 4 warps are 0.19-0.56, [16, 4096] at 16 warps 0.79. The last block is masked against S_max (an argument Triton specialises as
+    lines per step, 8 warps — a [16, 2048] bf16 tile (64 KB in flight per step), the best
+    measured (docs/KERNELS.md, Score weights). The last block is masked against S_max (an
+    argument Triton specialises as
     a multiple of 16, so the mask keeps 16-byte loads; only masks on *loaded* values, like
     rank_len, stop vectorisation). Short rows (tests) get a tile of <= 32768 elements."""
     block_s = min(2048, max(128, next_pow2(s_max)))
@@ -119,10 +118,9 @@ def score_weights(
 # `topk.radix_topk` (sampled bracket + radix select, 3 launches, no atomics) for equal budgets
 # on a GPU. Its index order is the same on every run: the sparse draft kernel sums the selected
 # keys in index order, so drafts stay reproducible (calibration and the eager-vs-graphed GPU
-# tests rely on it); ties at the k-th value go by position. H200, [36, 4, 131200], k 9175:
-# an atomic-order variant 0.142 ms (+ an index sort: 0.291 ms), a fully sorted one
-# 0.212 ms, this three-run order 0.167 ms, torch.topk(sorted=False)
-# 0.407 ms. VEGAS_SIM_RADIX_TOPK=0 goes back to torch.topk (verify_launch.Overrides).
+# tests rely on it); ties at the k-th value go by position. It is faster than torch.topk and
+# than atomic-order or fully sorted variants (docs/KERNELS.md, Radix top-k).
+# VEGAS_SIM_RADIX_TOPK=0 goes back to torch.topk (verify_launch.Overrides).
 
 
 def topk_select(weights: Tensor, budget: Tensor) -> Tensor:

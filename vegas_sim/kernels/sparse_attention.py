@@ -93,28 +93,20 @@ def _sparse_attention_kernel(
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     # Only the G real rows: the combine never reads the M tile's padding, which at G 4 is 3/4
-    # of the partials' bytes. Measured on the H200 against storing the whole tile:
-    # 0.7-3.5 % faster at 8 shapes (B 1 C 32K s 0.2: 14.84 -> 14.57 µs).
+    # of the partials' bytes; faster than storing the whole tile (docs/KERNELS.md, Sparse
+    # draft launch).
     part = (pid_bh * SPLITS + split).to(tl.int64) * BLOCK_M + offs_m
     tl.store(O_PART + part[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None],
              mask=row_ok[:, None])
     tl.store(LSE_PART + part, tl.where(has, m_i + tl.log2(l_safe), float("-inf")), mask=row_ok)
 
 
-# One launch rule for every selection: tiles of TILE_ELEMENTS (keys × dims; 16 keys at D 128),
-# one warp per program, ~8 programs per SM, the split count fitted to whole tiles so that no
-# split is left without keys. ~400 short 4-warp programs ramp the DRAM up slowly at the
-# mid-size selections (20-27 MB; a plain read of those bytes does (ms - launch) /
-# (bytes / copy) = 1.08-1.13). H200, Qwen3-8B heads (D 128), against a 4-warp rule (32-key
-# tiles at 4 warps, 4 per SM, up to 2^15 keys in all; 64-key tiles above): B 1 C 32K s 0.2
-# 14.61 -> 13.50 µs, B 4 C 128K s 0.01 12.80 -> 11.77, B 1 C 128K s 0.05 14.47 -> 13.32, B 4
-# C 32K s 0.05 14.61 -> 13.26, B 4 C 32K s 0.2 34.43 -> 33.75, B 16 C 128K s 0.2 403.1 -> 399.7;
-# B 1 C 32K s 0.01 5.21 -> 5.32 (a 1.3 MB selection). Eight programs are what an H200 SM holds
-# at once (three stages of 4 KB of K and 4 KB of V, 228 KB of shared memory); nine per SM
-# leave a second wave and are 1.3-1.9x slower, so the split count rounds down. SmolLM2's
-# D 64 heads take 32-key tiles, the same bytes a tile. Its grid's draft steps, against
-# 16-key tiles / the 4-warp rule: B 64 C 4K 1-4 % / 1-2 % faster, B 32 C 7K s 0.2 4 % / 5 % faster, B 16 C 4K within
-# 1 % / 0-2 % faster; B 1 C 4K (a few hundred keys) 1-3 % / 1-3 % slower.
+# One launch rule for every selection: tiles of TILE_ELEMENTS (keys × dims; 16 keys at D 128,
+# 32 at D 64: the same bytes a tile), one warp per program, PER_SM programs per SM (what an
+# H200 SM holds at once: three stages of K and V tiles in its shared memory), the split count
+# fitted to whole tiles so that no split is left without keys and rounded down to one wave (a
+# second wave is slower). Many short 4-warp programs ramp the DRAM up slowly at the mid-size
+# selections. Evidence: docs/KERNELS.md, Sparse draft launch.
 TILE_ELEMENTS = 2048
 NUM_WARPS = 1
 PER_SM = 8

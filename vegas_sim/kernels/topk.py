@@ -3,9 +3,7 @@
 no atomics: each row's indices come out in the same order on every run.
 
 Weights are >= 0, so their int32 bit patterns order like the values. Three launches, all
-capturable in a CUDA graph (H200, triton 3.6, [144, 131200] fp32, k = 9175; an atomic-slot
-variant: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µs, refinement
-~35 µs):
+capturable in a CUDA graph (their times, and torch.topk's: docs/KERNELS.md, Radix top-k):
 
   1. `_sample_kernel`, one program per row: a stratified sample of SAMPLE patterns (one at a
      jittered position in each of SAMPLE equal strata) and its order statistics a few
@@ -15,11 +13,10 @@ variant: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µ
   2. `_compact_kernel`, `split` programs (parts) per row: the only full read of the rows.
      Each part writes, into its own region of two scratch lists, the positions of patterns
      > t_hi (winners) and the patterns in [t_lo, t_hi] (candidates, pattern << 32 |
-     position, ~4 % of a row at the production shape), both in position order, and counts
-     them.
+     position, a small share of a row), both in position order, and counts them.
   3. `_refine_kernel`, one program per row: checks the bracket with the two counts (a row
-     whose bracket missed — ~1e-6 per row by the normal tail, or adversarial data — takes its
-     whole row as the list: still correct, ~0.75 ms slower), then radix-selects the k - n_won
+     whose bracket missed — rare by the normal tail, or adversarial data — takes its whole
+     row as the list: still correct, slower), then radix-selects the k - n_won
      largest of the candidates, part by part: each pass histograms (tl.histogram, 64
      buckets) the patterns in the current range [lo, hi] (the k-th largest is in it), bucket
      0 holding exactly lo and the others 2^sh patterns each, and keeps the bucket where the
@@ -31,23 +28,23 @@ variant: 0.14 ms against torch.topk's 0.41 ms; sample ~25 µs, compaction ~71 µ
      the k-th value, the candidates tied at it (a missed bracket: the last two only).
 
 Reserving list slots by atomics makes the index order vary from run to run, and
-`topk_select` must then sort the indices (0.29 ms in all); a fully sorted output (a count
-per part, then a second full-row pass that writes the selected positions in order) takes
-0.21 ms, half of it in that extra pass and its per-part counting.
+`topk_select` must then sort the indices; a fully sorted output (a count per part, then a
+second full-row pass that writes the selected positions in order) pays for that extra pass
+and its per-part counting. Both are slower than these three runs.
 
-Measured on the H200 (why it is built so):
+Why it is built so (the measurements: docs/KERNELS.md, Radix top-k):
 - a classic radix select over the full rows (a 64-bucket tl.histogram pass per digit, split
-  over programs, histograms combined by atomics) took 57 µs per pass: tl.histogram is
-  instruction-bound (ballots and popcounts per element), ~3x a plain read (~20 µs). Two
-  passes plus a compaction came to 0.25-0.33 ms; the sample finds a bracket from 3 % of it.
-- tl.sort of the 4096-pattern sample took ~140 µs a row program; the bitwise binary search
-  (_sample_kernel) ~25 µs. A 2048 sample is faster to take but leaves ~7700 candidates a row
-  (4096: ~5400, 8192: ~3800); 4096 was the best total.
+  over programs, histograms combined by atomics) is slow per pass: tl.histogram is
+  instruction-bound (ballots and popcounts per element), several times a plain read. The
+  sample finds a bracket from a small share of the row.
+- tl.sort of the sample is much slower than the bitwise binary search (_sample_kernel). A
+  smaller sample is faster to take but leaves more candidates a row; SAMPLE was the best
+  total.
 - the compaction's per-block atomic with the default acq_rel semantics fences each block
-  behind the previous block's scattered stores (0.12-0.17 ms); relaxed, ~71 µs. One atomic
-  per program (counting first, then re-reading from L2) was slower (79-90 µs).
-- one row per program for the full-row pass leaves 12 of the 132 SMs with two of the 144
-  rows: it is split over ~16 programs per SM in all (`split`).
+  behind the previous block's scattered stores; it is relaxed. One atomic per program
+  (counting first, then re-reading from L2) was slower.
+- one row per program for the full-row pass leaves some SMs with two rows: it is split over
+  PROGRAMS_PER_SM programs per SM in all (`split`).
 """
 
 from __future__ import annotations
@@ -64,29 +61,25 @@ from vegas_sim.kernels.verify_launch import next_pow2
 LOG2_BINS = 6  # 64 buckets a radix pass: tl.histogram's cost grows with the bucket count
 SAMPLE = 4096  # sampled patterns per row (a power of 2: tl.arange)
 SAMPLE_SIGMAS = 5.0  # bracket half-width in binomial standard deviations of the sample rank
-# Launch settings measured at [144, 131200] on the H200 (total ms): full-row pass block/warps
-# 1024/4 0.155, 2048/4 0.162, 4096/4 0.164, 2048/8 0.178; refinement block/warps 2048/8 0.130,
-# 1024/8 0.130, 4096/8 0.134, 4096/16 0.139, 8192/8 0.155, 16384/8 0.228; log2_bins 6 0.139,
-# 7 0.139, 8 0.146; SAMPLE_WARPS 4 0.168, 8 0.155, 16 0.158.
+# Launch settings; the alternatives measured: docs/KERNELS.md, Radix top-k.
 BLOCK_DEFAULT = 1024  # elements per step of the full-row pass
 WARPS_DEFAULT = 4
 SAMPLE_WARPS = 8
 REFINE_BLOCK = 512  # elements per step of the refinement (a part's list: ~360 at 15 parts)
 REFINE_WARPS = 4
-PROGRAMS_PER_SM = 16  # target programs per SM of the full-row pass (split 8: 0.165 ms)
+PROGRAMS_PER_SM = 16  # target programs per SM of the full-row pass
 # Parts (programs) per row of the full-row pass, at most; also the kernels' PARTS constexpr,
 # fixed so that one compiled kernel serves every row length and row count. With PARTS =
 # next_pow2(parts of this call), every new context of a calibration at B = 1 would compile
-# the kernels again (measured on the H200: the Qwen3-8B grid's first point at each context
-# took 40-68 s instead of ~8).
+# the kernels again (docs/KERNELS.md, Radix top-k).
 MAX_PARTS = 64
 MAX_PATTERN = tl.constexpr(0x7FFFFFFF)  # the largest int32: +inf and NaN patterns included
 
 
 # The budget-dependent integers are not specialised (Triton compiles a kernel again for each
 # new pattern of "== 1" / "divisible by 16" among its integer arguments): a calibration meets
-# a new budget at every context, and _refine_kernel takes ~20 s to compile on the H200 (run
-# 35: 4 compiles of it in 8 points, 80 of the run's 188 s).
+# a new budget at every context, and _refine_kernel is slow to compile (docs/KERNELS.md,
+# Radix top-k).
 @triton.jit(do_not_specialize=["r_hi", "r_lo"])
 def _sample_kernel(BITS, STATE, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: tl.constexpr):
     """Program row: STATE[row] = (t_lo, t_hi), t_hi the r_hi-th largest sampled pattern
@@ -94,7 +87,7 @@ def _sample_kernel(BITS, STATE, S, r_hi, r_lo, NS: tl.constexpr, WHOLE: tl.const
     Sample i is at i·S/NS plus a jitter inside its stratum (spread, and no aliasing with
     periodic rows). Both order statistics by one bitwise binary search (the r-th largest is
     the largest T with count(x >= T) >= r): 31 packed count reductions over the sample in
-    registers; tl.sort of 4096 took ~140 µs on the H200."""
+    registers, faster than tl.sort (docs/KERNELS.md, Radix top-k)."""
     row = tl.program_id(0)
     i = tl.arange(0, NS)
     if WHOLE:  # S <= NS: the whole row, padded with -1 (below every pattern)

@@ -4,9 +4,8 @@
 Launch config (`choose_config`): `wide_config` for long calls on the M 64 tile (32-key
 tiles, two programs per SM, TMA); else a table of configurations measured best on the H200
 (`TUNED`), or tile sizes by M and a split count from a wave model (`choose_splits`): the
-time of a launch is ~ ceil(programs / SMs) × keys per program, so 5 splits at B=4 (160
-programs on 132 SMs, 2 waves) is ~1.6× slower than 4 (128 programs, 1 wave): measured on
-the H200, 0.65 vs 0.99 of copy.
+time of a launch is ~ ceil(programs / SMs) × keys per program, so a split count that leaves a
+second, partial wave is slower than one that fills one wave (docs/KERNELS.md, Split counts).
 """
 
 from __future__ import annotations
@@ -96,15 +95,11 @@ TUNED: dict[tuple[int, int, int, int], VerifyConfig] = {
     (132, 32, 32, 17): VerifyConfig(4, 128, 4, 3),  # B=4 C=128K NQ=8: 0.98 of copy (st4: 0.99)
 }
 
-# Long launches (measured on the H200; keys = B·Hkv·max_len
-# KV rows): from TMA_KEYS, K/V go by TMA for collect=none at M >= 32 (against the
-# pointer loads: NQ 8 -1.9 to -6.1 %, NQ 16 -2.2 to -6.8 %; at M 16 and below TMA_KEYS it is
-# +0.2 to +1.5 %). From WIDE_KEYS, the M 64 tile (NQ·G > 32, or Collect-2-Query at NQ·G > 16)
-# takes `wide_config`. ncu (B=16 C=32K NQ=16) shows why a 64-key, 4-stage Collect-2-Query
-# launch loses there: 152 KB of shared memory, one 4-warp program per SM, issue-bound (35 % of
-# warp samples "selected", 3.5 TB/s), where collect=none runs two programs per SM. What Collect-2-
-# Query still costs on this launch (+11-14 %) is its score bytes: with the stores masked off
-# at run time the same kernel is within 0-2 % of collect=none (docs/KERNELS.md).
+# Long launches (keys = B·Hkv·max_len KV rows): from TMA_KEYS, K/V go by TMA for
+# collect=none at M >= 32 (faster than the pointer loads there, slower at M 16 and below
+# TMA_KEYS). From WIDE_KEYS, the M 64 tile (NQ·G > 32, or Collect-2-Query at NQ·G > 16) takes
+# `wide_config`: a 64-key, 4-stage Collect-2-Query launch there holds one issue-bound program
+# per SM where collect=none runs two. Evidence: docs/KERNELS.md, TMA and the wide launch.
 TMA_KEYS = 2**20
 WIDE_KEYS = 2**22
 
@@ -117,11 +112,8 @@ WIDE_BLOCK_N = 32
 
 def wide_config(n_heads: int, n_sms: int, max_len: int = 1) -> VerifyConfig:
     """The M 64 launch for long calls: 32-key tiles at 4 stages (85 KB of shared memory, two
-    programs per SM), K/V by TMA, splits by `wide_splits`. On the H200, against
-    the TUNED/heuristic launch: collect=none NQ 16 -3.1 % (B=16 C=32K), -12.6 % (B=4 C=128K),
-    -7.7 % (B=16 C=128K); first_last NQ 8 -2.0 to +0.6 % (the +0.6 at B=16 C=32K is -1.4 in a
-    repeat), NQ 16 -3.1 to -6.2 %. Below WIDE_KEYS it loses (first_last B=4 C=32K NQ 16 +3 %,
-    B=1 C=128K +4 %)."""
+    programs per SM), K/V by TMA, splits by `wide_splits`. From WIDE_KEYS it beats the
+    TUNED/heuristic launch; below, it loses (docs/KERNELS.md, TMA and the wide launch)."""
     return VerifyConfig(wide_splits(n_heads, max_len, n_sms), WIDE_BLOCK_N, 4, 4, tma=True)
 
 
@@ -142,19 +134,17 @@ def splits_one_wave(n_heads: int, n_sms: int, per_sm: int) -> int:
 
     One wave, not the nearest count: a split count rounded to ~per_sm programs per SM can
     overshoot the slots by up to n_heads / 2 programs, a second wave whose few programs each
-    read a full chunk at one program's rate. On the H200 (Qwen3-8B, Hkv 8, first_last, NQ 7)
-    B=12 C=48K with 3 splits (288 programs on 264 slots) measured verify 39.2 ms against the
-    27.4 ms that whole waves predict, while one wave with fewer programs than slots costs what
-    whole waves predict (B=24, 1 split, 192 programs: 1.02 ×). At power-of-two batches with
+    read a full chunk at one program's rate, while one wave with fewer programs than slots
+    costs what whole waves predict (docs/KERNELS.md, Split counts). At power-of-two batches with
     Hkv 4 or 8 on 132 SMs the count is the rounded one's; with Hkv 3 it differs at B 16 and 32,
     which the packaged SmolLM2 latency set (C <= 7K) never runs on this launch
     (tests/kernels/test_launch_waves.py checks every packaged grid shape)."""
     return max(1, per_sm * n_sms // n_heads)
 
 
-# Wave model constants, in keys of one KV head (D=128 bf16: 512 B per key; one SM's share of
-# 4.3 TB/s moves ~64 such keys per µs): a program's fixed cost (pipeline fill, epilogue)
-# ≈ 1 µs, the combine launch ≈ 3 µs. Rough; they only break near-ties between split counts.
+# Wave model constants, in keys of one KV head: a program's fixed cost (pipeline fill,
+# epilogue) and the combine launch, each as the keys one SM streams in that time. Rough; they
+# only break near-ties between split counts (docs/KERNELS.md, Split counts).
 PROGRAM_KEYS = 64
 COMBINE_KEYS = 192
 MAX_SPLITS = 128
@@ -186,9 +176,10 @@ def choose_splits(n_heads: int, max_len: int, block_n: int, n_sms: int) -> int:
 
 
 def tile_config(block_m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, warps, stages) by M tile, from the H200 sweep: 128-key tiles and 4 warps for
-    M <= 32 (0.98–0.99 of copy at B=4 NQ=8), 64-key tiles for M = 64 (128 with 4 stages is out
-    of shared memory there), 32-key tiles and 8 warps for M = 128 (G = 8, not measured)."""
+    """(BLOCK_N, warps, stages) by M tile, from the H200 sweep (docs/KERNELS.md, Split
+    counts): 128-key tiles and 4 warps for M <= 32, 64-key tiles for M = 64 (128 with 4 stages
+    is out of shared memory there), 32-key tiles and 8 warps for M = 128 (G = 8, not
+    measured)."""
     if block_m <= 32:
         return 128, 4, 3
     if block_m <= 64:
@@ -198,14 +189,11 @@ def tile_config(block_m: int) -> tuple[int, int, int]:
 
 # Smallest M tile. 64 = one warpgroup: on Hopper Triton then emits wgmma (the tensor cores read
 # K and V straight from shared memory); M 16/32 tiles compile to mma.sync + ldmatrix, and at
-# M 32 x N 128 the kernel is at 255 registers and spills once scores are stored (ptxas, sm_90a)
-# — at that tile shape Collect-2-Query costs 38–75 % at NQ 8. With M 64 for
-# every NQ the score store costs about its bytes (NQ 16 "all": 25 % more bytes, +27–38 %)
-# and one compiled kernel serves NQ 1..16. The padding costs tensor-core FLOPs only.
-# H200 (8 calibration shapes, none +
-# first_last): geo-mean 0.3018 ms at 16 vs 0.3047 at 64 — 64 wins with collection at NQ >= 8,
-# 16 without collection and at NQ 1: 16 is the default, `default_min_m` makes the
-# per-collection choice. Env VEGAS_SIM_VERIFY_MIN_M overrides both (`Overrides`).
+# M 32 x N 128 the kernel spills once scores are stored. With M 64 for every NQ the score
+# store costs about its bytes and one compiled kernel serves NQ 1..16; the padding costs
+# tensor-core FLOPs only. 64 wins with collection at large NQ, 16 without collection and at
+# NQ 1: 16 is the default, `default_min_m` makes the per-collection choice (docs/KERNELS.md,
+# M tile minimum). Env VEGAS_SIM_VERIFY_MIN_M overrides both (`Overrides`).
 MIN_M_DEFAULT = 16
 
 
@@ -248,20 +236,15 @@ def smaller_configs(cfg: VerifyConfig) -> tuple[VerifyConfig, ...]:
     return tuple(out)
 
 
-# M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16).
-# H200, first_last overhead over none at M 16,
-# rows store: B=1 C=32K NQ 8 +19.9 % (M 64: +6.8 %), B=4 C=32K NQ 8 +27.7 % (+11.7 %),
-# B=4 C=128K NQ 8 +23.1 % (+12.8 %). M 64 loses at NQ 1 (B=4 C=32K +7.8 % vs +10.1 %) and at
-# B=64 C=8K NQ 4 (+9.6 % vs +24.2 %) — both NQ·G <= 16, where M stays 16. Without collection
-# M 16 is as fast or faster (none 0.1307 vs 0.1321 ms, 0.5125 vs 0.5209 ms).
+# M tile minimum when collecting first_last with more than 16 packed rows (NQ·G > 16): it
+# halves the collection's overhead there; at NQ·G <= 16 and without collection M 16 is as
+# fast or faster. See docs/KERNELS.md, M tile minimum.
 MIN_M_COLLECT = 64
 
 
-# Pipeline stages of the M 64 tile when it collects first_last (the default_min_m case). H200,
-# overhead over collect=none at NQ 8 (NQ 16),
-# st 3 → st 4: B=1 C=32K 6.4–7.6 → 2.5–2.9 %, B=4 C=128K 12.3–16.6 → 4.5–7.2 % (12.1 → 2.0 %),
-# B=16 C=32K 15.5–21.2 → 10.0–14.5 %; st 5/6 and 8 warps are slower. K/V stages of 64 keys
-# are 32 KB each: 4 + the Q tile fit the 227 KB of shared memory.
+# Pipeline stages of the M 64 tile when it collects first_last (the default_min_m case): 4
+# beat 3, 5, 6 and 8 warps (docs/KERNELS.md, M tile minimum). K/V stages of 64 keys are 32 KB
+# each: 4 + the Q tile fit the 227 KB of shared memory.
 STAGES_COLLECT = 4
 
 

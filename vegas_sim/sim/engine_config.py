@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from vegas_sim.errors import UserInputError
-from vegas_sim.methods import drafts, query_rows
+from vegas_sim.methods import check_gamma, drafts, query_rows
 from vegas_sim.sim.workload import Arrivals, Lengths
 
 PREFILL_MODES = ("disaggregated", "co-located")
@@ -40,6 +40,29 @@ class AcceptanceSampler(Protocol):
 
 
 PrefillFn = Callable[[np.ndarray], float]  # input lengths [k] -> ms to prefill them
+
+
+def check_run_fields(*, gamma: int, batch: int, requests: int | None, prefill: str,
+                     kv_block_size: int, prefill_gpus: int) -> None:
+    """The checks a run's fields get, as a `Scenario` (`scenario.validate_scenario`) or an
+    `EngineConfig` (`validate`) holds them: each a UserInputError naming the option and the
+    fix. requests None is a scenario's default (a multiple of the batch)."""
+    check_gamma(gamma)
+    if batch < 1:
+        raise UserInputError(f"batch must be >= 1, got {batch}", where="--batch",
+                             fix="pass --batch 1 or more")
+    if requests is not None and requests < 1:
+        raise UserInputError(f"requests must be >= 1, got {requests}", where="--requests",
+                             fix="pass --requests 1 or more, or leave it out")
+    if prefill not in PREFILL_MODES:
+        raise UserInputError(f"unknown prefill mode {prefill!r}", where="--prefill",
+                             fix=f"use one of: {', '.join(PREFILL_MODES)}")
+    if kv_block_size < 1:
+        raise UserInputError(f"KV block size must be >= 1, got {kv_block_size}",
+                             where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
+    if prefill_gpus < 1:
+        raise UserInputError(f"prefill GPUs must be >= 1, got {prefill_gpus}",
+                             where="--prefill-gpus", fix="pass --prefill-gpus 1 or more")
 
 
 @dataclass(frozen=True)
@@ -80,24 +103,9 @@ class EngineConfig:
         return query_rows(self.method, self.gamma)
 
     def validate(self) -> None:
-        if self.max_batch < 1:
-            raise UserInputError(f"max batch must be >= 1, got {self.max_batch}",
-                                 where="--batch", fix="pass --batch 1 or more")
-        if self.n_requests < 1:
-            raise UserInputError(f"requests must be >= 1, got {self.n_requests}",
-                                 where="--requests", fix="pass --requests 1 or more")
-        if self.gamma < 1:
-            raise UserInputError(f"gamma must be >= 1, got {self.gamma}", where="--gamma",
-                                 fix="draft at least one token")
-        if self.prefill not in PREFILL_MODES:
-            raise UserInputError(f"unknown prefill mode {self.prefill!r}", where="--prefill",
-                                 fix=f"use one of: {', '.join(PREFILL_MODES)}")
-        if self.kv_block_size < 1:
-            raise UserInputError(f"KV block size must be >= 1, got {self.kv_block_size}",
-                                 where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
-        if self.prefill_gpus < 1:
-            raise UserInputError(f"prefill GPUs must be >= 1, got {self.prefill_gpus}",
-                                 where="--prefill-gpus", fix="pass --prefill-gpus 1 or more")
+        check_run_fields(gamma=self.gamma, batch=self.max_batch, requests=self.n_requests,
+                         prefill=self.prefill, kv_block_size=self.kv_block_size,
+                         prefill_gpus=self.prefill_gpus)
         if not self.kv_transfer_ms_per_token >= 0:
             raise UserInputError("the KV transfer time must be >= 0",
                                  where="--kv-link-gbs", fix="pass a positive bandwidth")

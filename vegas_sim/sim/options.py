@@ -8,7 +8,9 @@ CLI (`cli.common.scenario_options`) turns the entries into click options; the AP
 spell the same parameters out (so they stay typed and visible to help()), and
 tests/test_api_cli_parity.py fails when a command's options and its function's parameters
 disagree in name or default. Options that are `Scenario` fields (`scenario=True`) reach
-sweep and tune as the grid's shared fields (`scenario_extra`).
+sweep and tune as the grid's shared fields (`scenario_extra`), parsed there once: --arrival's
+text becomes an `Arrivals`, and goes back to its text only where it is written out
+(`option_texts`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from vegas_sim.methods import DEFAULT_SPARSITY, METHODS
 from vegas_sim.models import WEIGHT_FORMATS
 from vegas_sim.sim.ranking import RANK_BY
+from vegas_sim.sim.workload import Arrivals
 from vegas_sim.workload_info import workload_help
 
 COMMANDS = ("predict", "sweep", "tune")
@@ -32,7 +35,8 @@ OUTSIDE_EVIDENCE = ("pi_low", "exclude")  # tune: a point outside the traced spa
 class Option:
     """One option of one or more commands.
 
-    kind: "int", "float", "str", "path" (a file or a packaged name) or "choice" (`choices`).
+    kind: "int", "float", "str", "path" (a file or a packaged name), "choice" (`choices`) or
+    "arrival" (a text the command takes as is and `value` parses into an `Arrivals`).
     multiple: repeatable on the command line, a sequence in the API. scenario: a field of
     `sim.predict.Scenario` of the same name and default (sweep and tune pass it to every
     configuration)."""
@@ -47,6 +51,10 @@ class Option:
     multiple: bool = False
     metavar: str | None = None
     scenario: bool = False
+
+    def value(self, given: Any) -> Any:
+        """`given` (the option's text or an API caller's value) as the Scenario field holds it."""
+        return Arrivals.of(given) if self.kind == "arrival" else given
 
 
 _TRACES_HELP = ("Trace set: a directory, or a packaged set's name (`vegas-sim traces list`) "
@@ -145,7 +153,7 @@ _SCENARIO = (
     Option("requests", ("--requests",), "int", None,
            "Requests to simulate (default: 4 × batch closed loop; max(200, 20 × batch) for "
            "Poisson arrivals, enough for a steady state).", scenario=True),
-    Option("arrival", ("--arrival",), "str", "closed",
+    Option("arrival", ("--arrival",), "arrival", "closed",
            "'closed' (batch-many users), 'closed:USERS', 'poisson:RATE' (requests/s) or "
            "'trace:FILE' (arrival times in seconds, one per line, or a CSV with arrival_s[, "
            "input_len, output_len]); open loop (sim engine only): rows add TTFT with "
@@ -235,8 +243,19 @@ def defaults(command: str) -> dict[str, Any]:
 
 
 def scenario_extra(command: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The `Scenario` fields among `values` that differ from their defaults, for a sweep
-    grid's or tune config's `extra` (a grid without them keeps its identity, and its
-    checkpoint)."""
-    return {o.name: values[o.name] for o in options_for(command)
-            if o.scenario and o.name in values and values[o.name] != o.default}
+    """The `Scenario` fields among `values` that differ from their defaults, parsed
+    (`Option.value`), for a prediction's scenarios or a sweep grid's or tune config's `extra`
+    (a grid without them keeps its identity, and its checkpoint)."""
+    out: dict[str, Any] = {}
+    for o in options_for(command):
+        if o.scenario and o.name in values:
+            value = o.value(values[o.name])
+            if value != o.value(o.default):
+                out[o.name] = value
+    return out
+
+
+def option_texts(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`extra` with each parsed value back in the text of its option: what a written-out
+    configuration (tune's strategy, a sweep's checkpoint key) holds."""
+    return {k: v.text if isinstance(v, Arrivals) else v for k, v in extra.items()}

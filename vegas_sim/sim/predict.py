@@ -148,7 +148,7 @@ def engine_config(sc: Scenario, kv_capacity_tokens: int | None,
     return EngineConfig(
         method=sc.method, gamma=sc.gamma, max_batch=sc.batch, n_requests=sc.n_requests,
         lengths=Lengths(sc.context, sc.output_len, output=sc.output_dist),
-        arrivals=sc.arrivals, kv_capacity_tokens=kv_capacity_tokens,
+        arrivals=sc.arrival, kv_capacity_tokens=kv_capacity_tokens,
         prefill=sc.prefill, kv_block_size=sc.kv_block_size, prefill_gpus=sc.prefill_gpus,
         kv_transfer_ms_per_token=0.0 if model is None else transfer_ms_per_token(sc, model),
     )
@@ -281,7 +281,7 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
         "method": sc.method, "gamma": sc.gamma, "sparsity": sc.sparsity, "batch": sc.batch,
         "context": sc.context, "output_len": sc.output_len, "output_dist": sc.output_label,
         "requests": sc.n_requests,
-        "arrival": sc.arrival, "prefill": sc.prefill, "workload": sc.workload or "",
+        "arrival": sc.arrival.text, "prefill": sc.prefill, "workload": sc.workload or "",
         "temperature": sc.temperature, "min_tokens": sc.min_tokens, "engine": engine,
         "replications": len(runs),
         "throughput_tok_s": m, "throughput_ci_low": lo, "throughput_ci_high": hi,
@@ -364,7 +364,7 @@ def _serving_columns(sc: Scenario, runs: list[RunMetrics]) -> dict[str, Any]:
 def _check_analytic(sc: Scenario) -> None:
     """The closed form models a saturated closed loop: B requests always running (or the mean
     the KV cache holds), prompt already in the cache (disaggregated)."""
-    arr = sc.arrivals
+    arr = sc.arrival
     if (arr.kind != "closed" or (arr.users is not None and arr.users < sc.batch)
             or sc.prefill != "disaggregated"):
         raise UserInputError(

@@ -1,12 +1,10 @@
 """One configuration to predict (`Scenario`): its fields and defaults (the rules are in the
-`predict` module docstring), its arrivals parsed once per text, and the checks that refuse a
+`predict` module docstring), and the checks that refuse a
 scenario the model, GPU or trace set cannot hold (`validate_scenario`, `split_fitting`),
 KV capacity among them (`kv_capacity`)."""
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -14,13 +12,13 @@ from vegas_sim.bounds import check_options
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import (
     VANILLA,
-    check_gamma,
     check_method,
     check_sparsity,
     query_rows,
 )
 from vegas_sim.models import ModelSpec
-from vegas_sim.sim.engine import PREFILL_MODES, Arrivals, OutputLengths
+from vegas_sim.sim.engine import Arrivals, OutputLengths
+from vegas_sim.sim.engine_config import check_run_fields
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.metrics import Slo
 
@@ -28,22 +26,6 @@ KV_LINK_GBS = 50.0  # one 400 Gb/s RDMA NIC between the prefill and the decode G
 REQUESTS_PER_SLOT = 4  # default requests = 4 × batch (closed loop)
 OPEN_LOOP_MIN_REQUESTS = 200  # default requests in open loop: max(200, 20 × batch)
 OPEN_LOOP_PER_SLOT = 20
-
-
-def parse_arrivals(text: str) -> Arrivals:
-    """`Arrivals.parse`, once per text (and, for trace:FILE, per version of the file): a
-    sweep's scenarios share one arrival option, and its trace file is read once."""
-    kind, _, where = text.partition(":")
-    stamp = None
-    if kind == "trace" and os.path.isfile(where):
-        st = os.stat(where)
-        stamp = (st.st_mtime_ns, st.st_size)
-    return _parse_arrivals(text, stamp)
-
-
-@functools.lru_cache(maxsize=64)
-def _parse_arrivals(text: str, stamp: tuple[int, int] | None) -> Arrivals:
-    return Arrivals.parse(text)
 
 
 @dataclass(frozen=True)
@@ -57,7 +39,9 @@ class Scenario:
     context: int
     output_len: int
     requests: int | None = None  # default: REQUESTS_PER_SLOT × batch
-    arrival: str = "closed"  # "closed" | "closed:<users>" | "poisson:<rate/s>"
+    # closed loop, Poisson or a trace, parsed from --arrival where the options come in
+    # (`options.scenario_extra`); its text is what the rows print
+    arrival: Arrivals = Arrivals()
     workload: str | None = None
     temperature: float = 0.0
     prefill: str = "disaggregated"  # "disaggregated" | "co-located"
@@ -87,20 +71,15 @@ class Scenario:
     def n_requests(self) -> int:
         if self.requests is not None:
             return self.requests
-        if self.arrivals.kind == "trace":  # one request per arrival of the trace
-            return len(self.arrivals.times_s)
+        if self.arrival.kind == "trace":  # one request per arrival of the trace
+            return len(self.arrival.times_s)
         if self.is_open_loop:
             return max(OPEN_LOOP_MIN_REQUESTS, OPEN_LOOP_PER_SLOT * self.batch)
         return REQUESTS_PER_SLOT * self.batch
 
     @property
-    def arrivals(self) -> Arrivals:
-        """`arrival` parsed (once per text: `parse_arrivals`)."""
-        return parse_arrivals(self.arrival)
-
-    @property
     def is_open_loop(self) -> bool:
-        return self.arrivals.is_open
+        return self.arrival.is_open
 
     @property
     def slo(self) -> Slo:
@@ -122,11 +101,9 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     """Raise UserInputError naming the option and the fix for an impossible scenario."""
     sc = resolve_output(sc, model)
     check_method(sc.method)
-    check_gamma(sc.gamma)
     check_sparsity(sc.sparsity)
-    if sc.batch < 1:
-        raise UserInputError(f"batch must be >= 1, got {sc.batch}", where="--batch",
-                             fix="pass --batch 1 or more")
+    check_run_fields(gamma=sc.gamma, batch=sc.batch, requests=sc.requests, prefill=sc.prefill,
+                     kv_block_size=sc.kv_block_size, prefill_gpus=sc.prefill_gpus)
     if sc.context < 1:
         raise UserInputError(f"context must be >= 1, got {sc.context}", where="--context",
                              fix="pass --context 1 or more")
@@ -136,22 +113,10 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
     if not sc.temperature >= 0:  # also NaN
         raise UserInputError(f"temperature must be >= 0, got {sc.temperature}",
                              where="--temperature", fix="use 0 (greedy) or e.g. 0.6")
-    if sc.requests is not None and sc.requests < 1:
-        raise UserInputError(f"requests must be >= 1, got {sc.requests}", where="--requests",
-                             fix="pass --requests 1 or more, or leave it out")
-    if sc.prefill not in PREFILL_MODES:
-        raise UserInputError(f"unknown prefill mode {sc.prefill!r}", where="--prefill",
-                             fix=f"use one of: {', '.join(PREFILL_MODES)}")
     if not 0.0 < sc.gpu_memory_utilization <= 1.0:
         raise UserInputError(f"GPU memory utilization must be in (0, 1], got "
                              f"{sc.gpu_memory_utilization}", where="--gpu-memory-utilization",
                              fix="use vLLM's 0.9, or e.g. 0.95")
-    if sc.kv_block_size < 1:
-        raise UserInputError(f"KV block size must be >= 1, got {sc.kv_block_size}",
-                             where="--kv-block-size", fix="use vLLM's 16, or e.g. 32")
-    if sc.prefill_gpus < 1:
-        raise UserInputError(f"prefill GPUs must be >= 1, got {sc.prefill_gpus}",
-                             where="--prefill-gpus", fix="pass --prefill-gpus 1 or more")
     if not sc.kv_link_gbs > 0:  # also NaN
         raise UserInputError(f"the KV link bandwidth must be > 0 GB/s, got {sc.kv_link_gbs}",
                              where="--kv-link-gbs", fix=f"e.g. {KV_LINK_GBS:g} (GB/s)")
@@ -162,7 +127,7 @@ def validate_scenario(sc: Scenario, model: ModelSpec, gpu_memory_gb: float | Non
             raise UserInputError(f"an SLO must be > 0 ms, got {value}", where=name,
                                  fix="pass a positive number of milliseconds, e.g. 50")
     check_options({name: getattr(sc, name) for name in SCENARIO_BOUNDED})
-    sc.arrivals.validate(sc.n_requests)
+    sc.arrival.validate(sc.n_requests)
     if sc.context + max(sc.max_output, sc.output_len) > model.max_positions:
         raise _too_long(sc, model)
     if sc.kv_capacity_tokens is None and gpu_memory_gb is not None:

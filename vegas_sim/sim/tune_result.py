@@ -11,9 +11,10 @@ import pandas as pd
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import SPEC_METHODS, VANILLA, check_gamma, check_method, check_sparsity
-from vegas_sim.sim.options import OUTSIDE_EVIDENCE
+from vegas_sim.sim.options import OUTSIDE_EVIDENCE, option_texts
 from vegas_sim.sim.ranking import check_rank_by
 from vegas_sim.sim.serving import sglang_config, trtllm_config, vegas_config, vllm_config
+from vegas_sim.sim.workload import Arrivals
 
 JSON_FORMAT = "vegas-sim.speculative-table"
 JSON_VERSION = 3  # 3: per-engine sections (vLLM, SGLang, TensorRT-LLM, ours), K = 0
@@ -46,10 +47,16 @@ class TuneConfig:
     tie_pct: float = 1.0  # the selection's tie band, % of the best score
     kv_bound_engine: str = "sim"  # ranks and reports the cells where the KV cache binds
 
+    def written(self) -> dict[str, Any]:
+        """The configuration as the serving table writes it (its "strategy"): tuples as
+        lists, `extra` in the options' texts."""
+        fields = {**asdict(self), "extra": option_texts(self.extra)}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in fields.items()}
+
     def __post_init__(self) -> None:
         slo = any(self.extra.get(k) is not None for k in ("slo_tpot_ms", "slo_ttft_ms"))
         check_rank_by(self.rank_by, slo)
-        open_loop = str(self.extra.get("arrival", "closed")).startswith(("poisson", "trace"))
+        open_loop = self.extra.get("arrival", Arrivals()).is_open
         if open_loop and "analytic" in (self.search_engine, self.final_engine):
             raise UserInputError("open-loop arrivals are simulated only: the analytic engine "
                                  "has no queue", where="--search-engine/--final-engine",
@@ -197,7 +204,6 @@ class TuneResult:
             "vegas_sim": vegas_config(self.sparsity, {b: self.sparsity for b in k_batch},
                                       s_cell, max_seqs),
             "cells": json.loads(self.cells.to_json(orient="records")),
-            "strategy": {k: (list(v) if isinstance(v, tuple) else v)
-                         for k, v in asdict(self.config).items()},
+            "strategy": self.config.written(),
             "notes": list(self.notes),
         }

@@ -20,6 +20,8 @@ from vegas_sim.bounds import ARRIVAL_RATE, MAX_ARRIVAL_S
 from vegas_sim.errors import UserInputError
 
 OUTPUT_KINDS = ("fixed", "lognormal", "samples")
+ARRIVAL_FIX = ("use 'closed', 'closed:<users>', 'poisson:<rate per second>' or "
+               "'trace:<file of arrival times>'")
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ class Arrivals:
 
     ``closed``: ``users`` concurrent users (None = max batch); ``poisson``: rate per second;
     ``trace``: arrival times in seconds (one per request, sorted), optionally with lengths
-    that override ``Lengths``.
+    that override ``Lengths``. ``text`` is the ``--arrival`` form it was parsed from, what
+    the rows print (built from the fields when it is not given).
     """
 
     kind: str = "closed"
@@ -240,6 +243,18 @@ class Arrivals:
     rate_per_s: float = 0.0
     times_s: tuple[float, ...] = ()
     trace_lengths: tuple[tuple[int, int], ...] = ()
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            object.__setattr__(self, "text", self._label())
+
+    def _label(self) -> str:
+        if self.kind == "closed":
+            return "closed" if self.users is None else f"closed:{self.users}"
+        if self.kind == "poisson":
+            return f"poisson:{self.rate_per_s:g}"
+        return self.kind
 
     @property
     def is_open(self) -> bool:
@@ -258,29 +273,38 @@ class Arrivals:
         return math.nan
 
     @classmethod
+    def of(cls, value: str | Arrivals) -> Arrivals:
+        """An ``--arrival`` value as given to the CLI or the API: its text parsed, or an
+        Arrivals passed through."""
+        return value if isinstance(value, Arrivals) else cls.parse(value)
+
+    @classmethod
     def parse(cls, text: str) -> Arrivals:
         """'closed', 'closed:<users>', 'poisson:<rate/s>' or 'trace:<file>' (the --arrival
         option; the file as `read_arrival_trace` reads it)."""
+        if not isinstance(text, str):
+            raise UserInputError(f"cannot parse arrival {text!r}: not a text", where="--arrival",
+                                 fix=ARRIVAL_FIX)
         kind, _, arg = text.partition(":")
         if kind == "trace" and arg:
             times, lengths = read_arrival_trace(arg)
-            return cls.trace(times, lengths or None)
+            return cls.trace(times, lengths or None, text=text)
         try:
             if kind == "closed":
-                return cls("closed", users=int(arg) if arg else None)
+                return cls("closed", users=int(arg) if arg else None, text=text)
             if kind == "poisson" and arg:
-                return cls("poisson", rate_per_s=float(arg))
+                return cls("poisson", rate_per_s=float(arg), text=text)
         except ValueError:
             pass
         raise UserInputError(f"cannot parse arrival {text!r}", where="--arrival",
-                             fix="use 'closed', 'closed:<users>', 'poisson:<rate per second>' "
-                                 "or 'trace:<file of arrival times>'")
+                             fix=ARRIVAL_FIX)
 
     @classmethod
     def trace(cls, times_s: Sequence[float],
-              lengths: Sequence[tuple[int, int]] | None = None) -> Arrivals:
+              lengths: Sequence[tuple[int, int]] | None = None, text: str = "") -> Arrivals:
         return cls("trace", times_s=tuple(float(t) for t in times_s),
-                   trace_lengths=tuple((int(i), int(o)) for i, o in (lengths or ())))
+                   trace_lengths=tuple((int(i), int(o)) for i, o in (lengths or ())),
+                   text=text)
 
     def validate(self, n_requests: int) -> None:
         if self.kind == "closed":

@@ -20,6 +20,7 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.methods import METHODS, VANILLA
 from vegas_sim.progress import LabelledProgress, Say
 from vegas_sim.sim.predict import predict
+from vegas_sim.sim.scenario import kv_capacity
 from vegas_sim.validate.heldout import (
     HeldOut,
     check_outside_grid,
@@ -48,6 +49,9 @@ from vegas_sim.validate.results import (
     result_row,
 )
 
+# Share of the device's memory for weights and KV cache when drawing random held-out
+# configurations (vLLM's gpu_memory_utilization, below its 0.9 for the runtime's buffers)
+HELDOUT_MEMORY_SHARE = 0.8
 
 
 def choose_heldout(
@@ -209,8 +213,9 @@ def _heldout_for(models: Any, heldout_file: Path | None, n_random: int | None, *
     torch_device = check_device(device)
     mem = (torch.cuda.get_device_properties(torch_device).total_memory
            if torch_device.type == "cuda" else 16 << 30)
-    per_gpu = latency.gpu_model  # one GPU's shard at TP > 1
-    max_tokens = int(0.8 * (mem - per_gpu.resident_weight_bytes()) / per_gpu.kv_bytes_per_token())
+    # one GPU's shard at TP > 1; the KV cache predict would give it at HELDOUT_MEMORY_SHARE
+    max_tokens = kv_capacity(latency.gpu_model, mem / 1e9, HELDOUT_MEMORY_SHARE,
+                             running=max_batch)
     acc_methods = {VANILLA, *(str(m) for m in acceptance.coverage()["methods"])}
     covered = [m for m in latency.methods_covered() if m in acc_methods]
     return choose_heldout(heldout_file, n_random, models.grid, seed=seed,
