@@ -34,7 +34,8 @@ def option_choices(command: click.Command, name: str) -> tuple[str, ...]:
 
 
 def test_prefill_choices_are_the_engines_and_each_runs() -> None:
-    assert option_choices(cli.commands["predict"], "prefill") == PREFILL_MODES
+    predict = cli.get_command(click.Context(cli), "predict")  # a lazy group: loaded on use
+    assert predict is not None and option_choices(predict, "prefill") == PREFILL_MODES
     for mode in PREFILL_MODES:
         result = run(["predict", "--gamma", "4", "--replications", "1", "--prefill", mode])
         assert result.exit_code == 0, result.output
