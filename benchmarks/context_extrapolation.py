@@ -157,9 +157,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "context_extrapolation.csv")
     ap.add_argument("--held-out", default=SET,
                     help=f"the set whose buckets above the fit are predicted (default {SET})")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"the workloads fitted and held out (default {','.join(WORKLOADS)})")
     args = ap.parse_args()
+    workloads = tuple(args.workloads.split(","))
     full = load_trace_set(args.held_out).acceptance
-    runs = measured(full[full.workload.isin(WORKLOADS)])
+    runs = measured(full[full.workload.isin(workloads)])
     model, traced_max, edges = fit_subset(args.cut, runs)
     points = score(pd.DataFrame(held_out_points(model, runs, traced_max, edges)))
     cols = ["workload", "temperature", "method", "gamma", "context", "prompts", "measured",
@@ -167,13 +170,14 @@ def main() -> None:
             "within_2_measured_se", "trend_sd_pct", "covered", "nearest_bucket",
             "nearest_bucket_err_pct"]
     print(f"fit: {SET} runs of prompts <= {args.cut}, whole (traced up to {traced_max}); "
-          f"held out: {args.held_out}'s {', '.join(WORKLOADS)} buckets above")
+          f"held out: {args.held_out}'s {', '.join(workloads)} buckets above")
     print(points[cols].round(3).to_string(index=False))
     print("\n".join(summary_lines(points)))
     print("e.g.", points.note.iloc[0])
     command = "PYTHONPATH=. python benchmarks/context_extrapolation.py" + (
         f" --cut {args.cut}" if args.cut != "3K" else "") + (
-        f" --held-out {args.held_out} --out {args.out}" if args.held_out != SET else "")
+        f" --held-out {args.held_out} --out {args.out}" if args.held_out != SET else "") + (
+        f" --workloads {args.workloads}" if workloads != WORKLOADS else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     points[cols + ["note"]].assign(command=command).to_csv(args.out, index=False)
     print(f"wrote {args.out}")

@@ -131,13 +131,27 @@ def test_shipped_defaults_are_valid_and_measured() -> None:
 
 
 def test_packaged_latency_sets_are_this_runtimes() -> None:
-    """Every packaged latency set was measured on this code's runtime (no revision note)."""
-    from vegas_sim.traces.schema import RUNTIME_REVISION
+    """Every packaged latency set was measured on this code's runtime, or on one that differs
+    only in the phases CHANGED_PHASES lists — and then the note names those methods alone."""
+    from vegas_sim.traces.schema import CHANGED_PHASES, RUNTIME_REVISION
 
     for model in ("qwen3-8b", "smollm2-135m", "gpt-oss-20b", "qwen3-30b-a3b"):
         latency, _acc, notes = catalog.resolve(model, None)
-        assert latency.runtime_revision == RUNTIME_REVISION, latency.name
-        assert not any("runtime revision" in n for n in notes)
+        revision = latency.runtime_revision
+        later = [str(r) for r in range(int(revision) + 1, int(RUNTIME_REVISION) + 1)]
+        assert all(r in CHANGED_PHASES for r in later), latency.name
+        said = [n for n in notes if "runtime revision" in n]
+        assert len(said) == (1 if later else 0)
+        if later:
+            assert "only magicdec-quest (quest_meta) changed" in said[0]
+
+
+def test_a_revision_that_changed_every_method_asks_for_a_new_set() -> None:
+    from vegas_sim.traces.schema import RUNTIME_REVISION
+
+    note = catalog.runtime_note("old-set", "3")
+    assert f"revision 3, this code's is {RUNTIME_REVISION}" in note and "only" not in note
+    assert "only magicdec-quest" in catalog.runtime_note("old-set", "4")
 
 
 def test_an_older_runtime_revision_is_named_in_the_notes(tmp_path: Path) -> None:

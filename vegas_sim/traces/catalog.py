@@ -21,7 +21,8 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.traces import io
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
 from vegas_sim.traces.meta import TraceSetMeta
-from vegas_sim.traces.schema import ACCEPTANCE_FILE, META_FILE, RUNTIME_REVISION
+from vegas_sim.traces.schema import (ACCEPTANCE_FILE, CHANGED_PHASES, META_FILE,
+                                     RUNTIME_REVISION)
 
 _HOW_TO_MAKE = (
     "make one on a GPU with `vegas-sim calibrate --model MODEL --out DIR` and pass "
@@ -85,6 +86,24 @@ def _model_mismatch(model: str, ts: TraceSet, packaged: list[_Entry]) -> UserInp
         where="--model",
         fix=f"pass --model {ts.model_name}, or a trace set for {model!r}; models with trace "
             f"sets: {', '.join(available)}")
+
+
+def runtime_note(name: str, revision: str) -> str:
+    """What a set of an older runtime revision prices as that runtime ran it: every method, or
+    only the methods whose phases the later revisions changed (CHANGED_PHASES)."""
+    later = [r for r in CHANGED_PHASES if int(revision) < int(r) <= int(RUNTIME_REVISION)]
+    partial = all(r in CHANGED_PHASES for r in map(str, range(int(revision) + 1,
+                                                            int(RUNTIME_REVISION) + 1)))
+    if not partial:
+        return (f"{name} was measured on runtime revision {revision}, this code's is "
+                f"{RUNTIME_REVISION} (traces/schema.py): the latencies are that runtime's; "
+                "re-calibrate to predict this one")
+    changed = {m: p for r in later for m, p in CHANGED_PHASES[r].items()}
+    which = "; ".join(f"{m} ({', '.join(p)})" for m, p in sorted(changed.items()))
+    return (f"{name} was measured on runtime revision {revision}, this code's is "
+            f"{RUNTIME_REVISION} (traces/schema.py): only {which} changed since, and is priced "
+            f"as the older runtime ran it; re-calibrate {', '.join(sorted(changed))} to predict "
+            "this one")
 
 
 def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
@@ -157,10 +176,7 @@ def resolve(
         latency = _pick_latency(model or "", packaged)
     notes = [f"latency: {describe(latency)}"]
     if not latency.synthetic and latency.runtime_revision != RUNTIME_REVISION:
-        notes.append(
-            f"{latency.name} was measured on runtime revision {latency.runtime_revision}, this "
-            f"code's is {RUNTIME_REVISION} (traces/schema.py): the latencies are that runtime's; "
-            "re-calibrate to predict this one")
+        notes.append(runtime_note(latency.name, latency.runtime_revision))
 
     if acceptance is not None:
         acc = load_trace_set(acceptance, packaged_dir=default_dir)

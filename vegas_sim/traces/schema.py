@@ -90,8 +90,15 @@ WEIGHT_KINDS = ("real", "random")
 # survivors instead of a sort of the whole vocabulary (calibrate/sampling.py; the same
 # distribution in less GPU time); "4": that distribution held on top-k + slack slots through
 # drawing, p(d) / q(d) and the rejection residual (faster draft-step sampling and acceptance:
-# benchmarks/sampling.py).
-RUNTIME_REVISION = "4"
+# benchmarks/sampling.py); "5": MagicDec-Quest's page selection in two Triton launches
+# (kernels/quest.py) instead of page scoring then torch.topk, a faster quest_meta phase.
+RUNTIME_REVISION = "5"
+# Revisions that changed only some methods' phases: method -> the phases that changed. A set
+# of an older revision keeps the other methods' rows current; a revision not listed here
+# changed every method.
+CHANGED_PHASES: dict[str, dict[str, tuple[str, ...]]] = {
+    "5": {"magicdec-quest": ("quest_meta",)},
+}
 
 # meta.json: optional keys that the writer / generator add.
 OPTIONAL_META_KEYS = {
