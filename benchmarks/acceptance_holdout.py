@@ -15,7 +15,10 @@ has few, else log2 bins, as the model buckets them), averaged over the traced sp
 measured: the mean over the held-out bucket's runs of 1 + accepted (vLLM's count, bonus
 included) averaged over the sparsities; its standard error from the prompt-to-prompt spread.
 nearest: the fit's last bucket of W held (no trend). Error: (predicted − measured) / measured;
-`covered`: |error| within 1.96 × the trend's sd and the measurement's standard error combined.
+`covered`: |predicted − measured| within 1.96 × the trend's sd (% of the prediction) and the
+measurement's standard error (% of the measured) combined. A held-out bucket of one prompt
+(competitive's: one problem each) has no spread of its own: its standard error is the
+prompt-to-prompt spread of the workload's fitted prompts (`fit_spread`; `se_from` says which).
 `trend` says which trend the prediction followed ('own' or 'covering' beyond the own reach).
 Prints per-point rows and per-workload median / max |error|, writes a CSV (the `command` column
 reproduces it).
@@ -82,8 +85,12 @@ def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
         sparsities = sorted(g.sparsity.unique())
         per_prompt = g.groupby("request")["length"].mean()  # over the sparsities
         truth = float(g.groupby("sparsity")["length"].mean().mean())
-        se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt))) \
-            if len(per_prompt) > 1 else 0.0
+        se_from = "own prompts"
+        if len(per_prompt) > 1:
+            se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt)))
+        else:  # one prompt: it lies off the workload's mean by the prompt-to-prompt spread
+            se, se_from = truth * fit_spread(runs, workload, temp, method, gamma, cut), \
+                "fitted prompts' spread"
         dists = [model.lookup(str(method), int(gamma), float(s), int(round(bucket)), workload,
                               float(temp)) for s in sparsities]
         nearest = [model.lookup(str(method), int(gamma), float(s), int(round(cut)), workload,
@@ -94,6 +101,7 @@ def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
             "method": method, "gamma": int(gamma), "fit_up_to": int(round(cut)),
             "context": int(round(bucket)), "spans_beyond": _spans(buckets, cut, bucket),
             "prompts": len(per_prompt), "measured": truth, "measured_se_pct": 100 * se / truth,
+            "se_from": se_from,
             "predicted": float(np.mean([d.mean_length for d in dists])),
             "trend_sd_pct": float(np.mean([d.context_trend_sd_pct for d in dists])),
             "nearest_bucket": float(np.mean(nearest)),
@@ -101,6 +109,22 @@ def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
             "note": note,
         })
     return out
+
+
+def fit_spread(runs: pd.DataFrame, workload: str, temperature: float, method: str, gamma: int,
+               cut: float) -> float:
+    """The relative sd of one prompt's mean length (over the sparsities) around its bucket's
+    mean, among the fitted prompts of (workload, T, method, γ) at buckets <= cut (0 with
+    fewer than two)."""
+    fit = runs[(runs.workload == workload) & np.isclose(runs.temperature, temperature)
+               & (runs.method == method) & (runs.gamma == gamma) & (runs.bucket <= cut)]
+    per_prompt = fit.groupby(["bucket", "request"])["length"].mean()
+    if len(per_prompt) < 2:
+        return 0.0
+    dev = per_prompt / per_prompt.groupby(level="bucket").transform("mean")
+    if per_prompt.index.get_level_values("bucket").nunique() == len(per_prompt):
+        dev = per_prompt / per_prompt.mean()  # one prompt a bucket: around the fitted mean
+    return float(dev.std(ddof=1))
 
 
 def _spans(buckets: list[float], cut: float, bucket: float) -> float:
@@ -115,8 +139,11 @@ def score(points: pd.DataFrame) -> pd.DataFrame:
     points = points.copy()
     for col in ("predicted", "nearest_bucket"):
         points[f"{col}_err_pct"] = 100 * (points[col] - points.measured) / points.measured
-    band = 1.96 * np.hypot(points.trend_sd_pct, points.measured_se_pct)
-    points["covered"] = points.predicted_err_pct.abs() <= band
+    # the trend's sd is % of the prediction (the interval is around it), the measurement's %
+    # of the measured mean
+    band = 1.96 * np.hypot(points.trend_sd_pct * points.predicted,
+                           points.measured_se_pct * points.measured) / 100.0
+    points["covered"] = (points.predicted - points.measured).abs() <= band
     return points
 
 

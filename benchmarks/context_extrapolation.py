@@ -16,8 +16,9 @@ recall), temperature, method and traced γ.
   (`sim.context_trend`); `trend_sd_pct` is the trend's own uncertainty at that distance;
 - nearest bucket: the rule the trend replaces (the subset's last bucket held), for comparison.
 
-Error: (predicted − measured) / measured. `covered`: |error| within 1.96 × the trend's sd and
-the measurement's standard error combined. Beside the headline: `err_over_measured_se`, the
+Error: (predicted − measured) / measured. `covered`: |predicted − measured| within 1.96 × the
+trend's sd (% of the prediction) and the measurement's standard error (% of the measured)
+combined. Beside the headline: `err_over_measured_se`, the
 error in units of the measured mean's own standard error, and `within_2_measured_se` (a point
 this close to a noisy measurement is not shown to be a model miss). Prints the table, median / max |error| per rule,
 and writes benchmarks/results/context_extrapolation.csv (one row per point; the `command`
@@ -121,8 +122,11 @@ def score(points: pd.DataFrame) -> pd.DataFrame:
     points = points.copy()
     for col in ("predicted", "nearest_bucket"):
         points[f"{col}_err_pct"] = 100 * (points[col] - points.measured) / points.measured
-    band = 1.96 * np.hypot(points.trend_sd_pct, points.measured_se_pct)
-    points["covered"] = points.predicted_err_pct.abs() <= band
+    # the trend's sd is % of the prediction (the interval is around it), the measurement's %
+    # of the measured mean
+    band = 1.96 * np.hypot(points.trend_sd_pct * points.predicted,
+                           points.measured_se_pct * points.measured) / 100.0
+    points["covered"] = (points.predicted - points.measured).abs() <= band
     # beside the headline, never instead of it: the error in units of the measured point's own
     # sampling error (a noisy measurement is not a model miss when within ~2 of them)
     points["err_over_measured_se"] = points.predicted_err_pct / points.measured_se_pct

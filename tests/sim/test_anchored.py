@@ -13,7 +13,10 @@ from click.testing import CliRunner, Result
 from vegas_sim import api
 from vegas_sim.cli import cli
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.anchored import AnchoredAcceptance, shift_dist, shift_rates
+from vegas_sim.sim.acceptance_dist import AcceptanceDist
+from vegas_sim.sim.anchored import (AnchoredAcceptance, TransferSd, shift_dist, shift_rates,
+                                    transfer_sd_pct)
+from vegas_sim.sim.tune_rules import lower_score
 from vegas_sim.traces.anchors import Anchor, AnchorSet, write_anchors
 from vegas_sim.traces.io import load_trace_set
 
@@ -228,3 +231,56 @@ def test_cached_shifts_equal_a_fresh_fit() -> None:
     assert again.shifts == fresh.shifts
     np.testing.assert_array_equal(again.lookup("vegas", 6, 0.07, 300).rates,
                                   fresh.lookup("vegas", 6, 0.07, 300).rates)
+
+
+def test_transfer_term_grows_with_the_distance_from_the_anchor(shape: AcceptanceModel) -> None:
+    sds = TransferSd(near=0.1, workload=0.8, temperature=0.4, per_sparsity_octave=0.3,
+                     per_context_octave=0.2)
+    model = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)], transfer=sds)
+    at = model.lookup("vegas", 6, 0.07, 300, "reasoning", 0.6)
+    other_t = model.lookup("vegas", 6, 0.07, 300, "reasoning", 0.0)
+    other_wl = model.lookup("vegas", 6, 0.07, 300, "chat", 0.0)
+    far_s = model.lookup("vegas", 6, 0.01, 300, "chat", 0.0)
+    assert 0 < at.transfer_sd_pct < other_t.transfer_sd_pct < other_wl.transfer_sd_pct
+    assert other_wl.transfer_sd_pct < far_s.transfer_sd_pct
+    assert set(at.transfer_axes_pct) == {"anchor"}
+    assert set(far_s.transfer_axes_pct) == {"anchor", "workload", "temperature", "sparsity"}
+    assert sum(far_s.transfer_axes_pct.values()) == pytest.approx(far_s.transfer_sd_pct)
+    # sparsity within SPARSITY_RATIO and γ anywhere add nothing
+    assert model.lookup("vegas", 12, 0.1, 300, "reasoning", 0.6).transfer_axes_pct.keys() \
+        == {"anchor"}
+    # no transfer sds, no term; a plain shape model has none either
+    plain = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)], transfer=TransferSd())
+    assert plain.lookup("vegas", 6, 0.01, 300, "chat", 0.0).transfer_sd_pct == 0.0
+    assert shape.lookup("vegas", 6, 0.01, 300, "chat", 0.0).transfer_sd_pct == 0.0
+
+
+def test_transfer_term_takes_the_larger_side() -> None:
+    rates = np.array([0.95, 0.9, 0.85, 0.8])  # near γ + 1: a shift down moves it most
+    dist = AcceptanceDist("vegas", 4, rates)
+    base = dist.mean_length
+    down = 1.0 + float(shift_rates(rates, -1.96 * 0.5).sum())
+    up = 1.0 + float(shift_rates(rates, 1.96 * 0.5).sum())
+    assert base - down > up - base
+    assert transfer_sd_pct(dist, 0.5) == pytest.approx(100 * (base - down) / 1.96 / base)
+    assert transfer_sd_pct(dist, 0.0) == 0.0
+
+
+def test_the_interval_widens_by_the_transfer_term_but_tune_ranks_without_it() -> None:
+    # qwen3-8b's packaged anchors are reasoning at T 0.6: longdoc at T 0 differs in both
+    rows = api.predict(gamma=6, sparsity=0.07, context="4K", methods=["vegas"],
+                       workload="longdoc", engine="analytic")
+    row = rows[rows.method == "vegas"].iloc[0]
+    assert row.pi_transfer_pct > 0
+    assert 0 < row.pi_low < row.pi_low_shape < row.throughput_tok_s
+    assert row.pi_dominant.startswith("extrapolation-distance (anchors: ")
+    low = lower_score(rows[rows.method == "vegas"], "throughput")
+    assert float(low.iloc[0]) == pytest.approx(float(row.pi_low_shape))
+
+
+def test_a_long_generation_carries_the_transfer_term_through_its_stages() -> None:
+    rows = api.predict(gamma=6, sparsity=0.07, context=200, output_len=8000, batch=1,
+                       methods=["vegas"], workload="longdoc", engine="analytic")
+    row = rows[rows.method == "vegas"].iloc[0]
+    assert "running context" in row.extrapolated
+    assert row.pi_transfer_pct > 0

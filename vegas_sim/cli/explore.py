@@ -6,6 +6,7 @@ Each command's docstring is its --help text and carries an example.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,15 @@ def tune(out: Path, **values: Any) -> None:
     click.echo(f"wrote {out}", err=True)
 
 
+def _pi_low(r: pd.Series) -> str:
+    """' (pi_low L×)', and the low end the rule used where the anchors' shape-transfer term
+    moved it."""
+    low, shape = float(r["speedup_pi_low"]), float(r.get("speedup_pi_low_shape", math.nan))
+    if math.isnan(shape) or abs(shape - low) < 5e-3:
+        return f" (pi_low {low:.2f}×)"
+    return f" (pi_low {low:.2f}×; {shape:.2f}× without the anchors' shape-transfer term)"
+
+
 def tune_lines(result: TuneResult) -> list[str]:
     """The terminal summary of a tune: the box, the rule, one line per cell."""
     box = result.box
@@ -171,7 +181,7 @@ def tune_lines(result: TuneResult) -> list[str]:
         found = (f"γ={r['gamma']}, s={r['sparsity']:g} {r['throughput_tok_s']:.0f} tok/s, "
                  f"{r['speedup_vs_vanilla']:.2f}× vanilla"
                  + _ci(r['speedup_ci_low'], r['speedup_ci_high'])
-                 + f" (pi_low {r['speedup_pi_low']:.2f}×)")
+                 + _pi_low(r))
         if not r["on_evidence"]:
             found += " [outside the traced span: ranked by pi_low]"
         if r["speculate"]:

@@ -234,6 +234,11 @@ class AcceptanceDist:
     # relative sd (%) of the mean acceptance length from following a context trend beyond the
     # traced contexts (`sim.context_trend`); 0 inside them
     context_trend_sd_pct: float = 0.0
+    # relative sd (%) of the mean acceptance length from carrying a shape set's acceptance to
+    # anchors this configuration is far from (`sim.anchored`; 0 without anchors), and its share
+    # per axis (the parts add up to it)
+    transfer_sd_pct: float = 0.0
+    transfer_axes_pct: dict[str, float] = field(default_factory=dict)
 
     @property
     def mean_length(self) -> float:
@@ -355,7 +360,7 @@ class RunningLengthDist(AcceptanceDist):
     generated tokens on) replays `stages[j]`, the acceptance looked up at that stage's context.
     A request enters a stage at the iteration its generated tokens reach the stage's start and
     replays the stage's traced runs from their start from there. `rates`, `sources`, `weights`,
-    `extrapolated` and `context_trend_sd_pct` summarise the stages weighted by the share of a
+    `extrapolated`, `context_trend_sd_pct` and the transfer terms summarise the stages weighted by the share of a
     request's output generated in each (`of`)."""
 
     starts: tuple[int, ...] = ()
@@ -375,9 +380,14 @@ class RunningLengthDist(AcceptanceDist):
         sources = [s for d in stages for s in d.sources]
         weights = np.concatenate([w * np.asarray(d.weights, dtype=float)
                                   for w, d in zip(share, stages)]) if sources else np.ones(0)
+        axes: dict[str, float] = {}
+        for w, d in zip(share, stages):
+            for k, v in d.transfer_axes_pct.items():
+                axes[k] = axes.get(k, 0.0) + float(w) * v
         return cls(stages[0].method, stages[0].gamma, np.asarray(rates), notes, sources,
                    weights, float(sum(w * d.context_trend_sd_pct for w, d in zip(share, stages))),
-                   tuple(starts), tuple(stages))
+                   float(sum(w * d.transfer_sd_pct for w, d in zip(share, stages))), axes,
+                   starts=tuple(starts), stages=tuple(stages))
 
     def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
         """[n_requests, n_iterations] accepted drafts: the first stage's draws, then from the

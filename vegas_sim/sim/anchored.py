@@ -51,15 +51,30 @@ all-accepted source (s = 1: the draft is the target) stays all-accepted.
 Outputs. A method without an anchor keeps the shape set's level, and its rows say so in
 `extrapolated`. A configuration far from every anchor of its method (another workload or
 temperature, γ more than GAMMA_NEAR away, sparsity more than SPARSITY_RATIO× away, a context
-more than CONTEXT_RATIO× outside the anchored range) is marked extrapolated, naming the
+more than CONTEXT_RATIO× outside the anchored range: the prompts' range, to the prompt plus
+the generated tokens where the anchor gives `output_len`) is marked extrapolated, naming the
 anchor set and the nearest anchor. `source_for(method)` is the rows' `acceptance_source`.
+
+Uncertainty. The shape set is another model's: how far its workload, temperature, sparsity
+and context dependence carries to the anchored model is measured, not assumed. Between two
+real models (each predicted from the other's shape and one anchor per method), the error of
+a configuration is mostly a level the anchored model needs beyond δ, the same at every γ
+(it is a logit shift, so in acceptance length it grows with γ), and it grows with the ways
+the configuration differs from the anchor: another workload (a sparse draft on one model
+loses what it loses on another: a recall prompt's cue far back, a reasoning chain), another
+temperature, sparsity or context beyond the near radius. `TRANSFER_SD` holds a logit sd per
+axis (`transfer_axes`; from the nearest anchor, the axes in quadrature); a lookup turns it
+into a relative sd of its mean acceptance length (`AcceptanceDist.transfer_sd_pct`: the
+larger move of the length under ±1.96 sd, over 1.96) with its share per axis
+(`transfer_axes_pct`), which the prediction interval adds as the 'anchors: <axis>'
+extrapolation terms (`sim.uncertainty`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +95,27 @@ CONTEXT_RATIO = 2.0  # lo / ratio ≤ context ≤ hi × ratio
 CONTEXT_SLOPE_RATIO = 2.0  # anchors this far apart in context fit δ's slope in log2 context
 TEMPERATURE_NEAR = 0.05
 REACH_TOLERANCE = 1e-3  # relative: an anchor matched worse than this is reported
+Z95 = 1.96  # the transfer term's half-width is taken at ±Z95 sd
+
+
+@dataclass(frozen=True)
+class TransferSd:
+    """Shape-transfer uncertainty: the sd (logit) of the level shift a configuration may need
+    beyond its method's fitted δ, per way it differs from its nearest anchor (module
+    docstring, Uncertainty)."""
+
+    near: float = 0.0  # at the anchor's own configuration's neighbourhood
+    workload: float = 0.0  # another workload than the anchor's
+    temperature: float = 0.0  # another temperature
+    per_sparsity_octave: float = 0.0  # per octave of sparsity beyond SPARSITY_RATIO
+    per_context_octave: float = 0.0  # per octave of context beyond CONTEXT_RATIO
+
+
+# Measured between two real models, each predicted from the other's shape and a handful of its
+# own anchors (benchmarks/cross_model_transfer.py --calibrate, docs/RESULTS.md).
+TRANSFER_SD = TransferSd(near=0.23, workload=0.68, temperature=0.90, per_sparsity_octave=0.0,
+                         per_context_octave=0.47)
+TRANSFER_AXES = ("anchor", "workload", "temperature", "sparsity", "context")
 
 
 # ------------------------------------------------------------------------------ transform
@@ -277,10 +313,76 @@ def far_reasons(anchor: Anchor, gamma: int, sparsity: float, context: int,
                                            anchor.sparsity / sparsity) > SPARSITY_RATIO:
         out.append(f"sparsity {sparsity:g} vs {anchor.sparsity:g}")
     if anchor.context is not None:
-        lo, hi = anchor.context
+        lo, hi = anchor_span(anchor)
         if context < lo / CONTEXT_RATIO or context > hi * CONTEXT_RATIO:
             out.append(f"context {context} vs {lo}..{hi}")
     return out
+
+
+def anchor_span(anchor: Anchor) -> tuple[int, int]:
+    """The contexts an anchor's counts cover: its prompts' range, its top raised by the
+    tokens each request generated (`output_len`: the counts pool whole generations, whose
+    running context grows from the prompt)."""
+    assert anchor.context is not None
+    lo, hi = anchor.context
+    return lo, hi + (anchor.output_len or 0)
+
+
+def _octaves_beyond(ratio: float, near: float) -> float:
+    """Octaves of `ratio` (≥ 1) past `near`."""
+    return max(0.0, math.log2(max(ratio, 1.0)) - math.log2(near))
+
+
+def transfer_axes(anchor: Anchor, gamma: int, sparsity: float, context: int,
+                  workload: str | None, temperature: float,
+                  sds: TransferSd = TRANSFER_SD) -> dict[str, float]:
+    """{axis: logit sd} of the shape-transfer uncertainty of (γ, s, C, workload, T) carried
+    from `anchor` (TRANSFER_AXES; module docstring, Uncertainty). γ adds none: the shift
+    moves every draft position alike."""
+    del gamma
+    out = dict.fromkeys(TRANSFER_AXES, 0.0)
+    out["anchor"] = sds.near
+    if anchor.workload is not None and workload != anchor.workload:
+        out["workload"] = sds.workload
+    if anchor.temperature is not None and abs(temperature - anchor.temperature) > TEMPERATURE_NEAR:
+        out["temperature"] = sds.temperature
+    if anchor.sparsity is not None and sparsity > 0:
+        ratio = max(sparsity / anchor.sparsity, anchor.sparsity / sparsity)
+        out["sparsity"] = sds.per_sparsity_octave * _octaves_beyond(ratio, SPARSITY_RATIO)
+    if anchor.context is not None:
+        lo, hi = anchor_span(anchor)
+        ratio = max(max(lo, 1) / max(context, 1), context / max(hi, 1), 1.0)
+        out["context"] = sds.per_context_octave * _octaves_beyond(ratio, CONTEXT_RATIO)
+    return out
+
+
+def transfer_sd(axes: Mapping[str, float]) -> float:
+    """The axes' logit sds combined (in quadrature: independent)."""
+    return math.sqrt(sum(v * v for v in axes.values()))
+
+
+def shifted_sd_pct(length: Callable[[float], float], sd: float, z: float = Z95) -> float:
+    """Relative sd (%) of a mean acceptance length `length(x)` (x: a further logit shift of
+    its level) from a logit sd `sd`: the larger of its moves under x = ±z·sd, over z (a
+    length near γ + 1 moves little up and much down; the interval takes the larger side)."""
+    if sd <= 0.0:
+        return 0.0
+    base = length(0.0)
+    move = max(length(z * sd) - base, base - length(-z * sd))
+    return 100.0 * move / z / base
+
+
+def transfer_sd_pct(dist: AcceptanceDist, sd: float) -> float:
+    """`shifted_sd_pct` of `dist`'s mean acceptance length."""
+    if dist.gamma == 0:
+        return 0.0
+    parts = _source_parts(dist)
+
+    def length(delta: float) -> float:
+        return 1.0 + float(sum(w * (shift_rates(r, delta) if ok else r).sum()
+                               for w, r, ok in parts))
+
+    return shifted_sd_pct(length, sd)
 
 
 class AnchoredAcceptance(AcceptanceModel):
@@ -292,15 +394,17 @@ class AnchoredAcceptance(AcceptanceModel):
 
     def __init__(self, shape: AcceptanceModel, shape_name: str,
                  anchor_sets: Sequence[AnchorSet] = (),
-                 shifts: Mapping[str, MethodShift] | None = None) -> None:
+                 shifts: Mapping[str, MethodShift] | None = None,
+                 transfer: TransferSd = TRANSFER_SD) -> None:
         """shifts: the `shifts` an earlier model of the same shape and anchors fitted (a
-        cached fit); None fits them."""
+        cached fit); None fits them. transfer: the shape-transfer uncertainty's sds."""
         if isinstance(shape, AnchoredAcceptance):
             raise UserInputError("an anchored model cannot be a shape set", where="anchors",
                                  fix="pass the plain AcceptanceModel of the shape set")
         self.__dict__.update(shape.__dict__)  # the shape's cells, smoother, caches
         self.shape_name = shape_name
         self.anchor_sets = tuple(anchor_sets)
+        self.transfer = transfer
         self.shifts: dict[str, MethodShift] = {}
         if shifts is not None:
             self.shifts = dict(shifts)
@@ -391,11 +495,33 @@ class AnchoredAcceptance(AcceptanceModel):
                      temperature: float | None = None) -> float:
         """The anchored mean acceptance length over a context range, evaluated as an anchor
         over that range is fitted (the number to compare with a vLLM count over it)."""
+        return self.range_length_fn(method, gamma, sparsity, context, workload, temperature)(0.0)
+
+    def range_length_fn(self, method: str, gamma: int, sparsity: float | None,
+                        context: tuple[int, int] | None, workload: str | None = None,
+                        temperature: float | None = None) -> Callable[[float], float]:
+        """`range_length` as a function of a further logit shift x of the level (x = 0: the
+        anchored length), the shape looked up once."""
         nodes, contexts, _ = self._nodes(method, gamma, sparsity, context, workload,
                                          temperature)
         shift = self.shifts.get(method)
-        deltas = [0.0 if shift is None else shift.delta_for(workload, c) for c in contexts]
-        return 1.0 + float(np.sum(nodes_rates(nodes, gamma, deltas)))
+        deltas = np.array([0.0 if shift is None else shift.delta_for(workload, c)
+                           for c in contexts])
+
+        def length(x: float) -> float:
+            return 1.0 + float(np.sum(nodes_rates(nodes, gamma, list(deltas + x))))
+
+        return length
+
+    def transfer_axes_for(self, method: str, gamma: int, sparsity: float, context: int,
+                          workload: str | None, temperature: float) -> dict[str, float]:
+        """`transfer_axes` from the method's nearest anchor (the smallest combined sd); {}
+        for a method without anchors."""
+        shift = self.shifts.get(method)
+        if shift is None:
+            return {}
+        return min((transfer_axes(a, gamma, sparsity, context, workload, temperature,
+                                  self.transfer) for a in shift.anchors), key=transfer_sd)
 
     # -- lookup --
     def lookup(self, method: str, gamma: int, sparsity: float, context: int,
@@ -413,6 +539,11 @@ class AnchoredAcceptance(AcceptanceModel):
                                      f"the level is {self.shape_name}'s")
             return dist
         out = shift_dist(dist, shift.delta_for(workload, context))
+        axes = self.transfer_axes_for(method, gamma, sparsity, context, workload, temperature)
+        sd = transfer_sd(axes)
+        out.transfer_sd_pct = transfer_sd_pct(out, sd)
+        out.transfer_axes_pct = {k: out.transfer_sd_pct * v * v / (sd * sd)
+                                 for k, v in axes.items() if v > 0.0} if sd > 0 else {}
         far = [far_reasons(a, gamma, sparsity, context, workload, temperature)
                for a in shift.anchors]
         if all(far):

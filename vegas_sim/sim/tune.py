@@ -31,7 +31,9 @@ much a wider box could gain, by the value and by pi_low.
 
 **Selection** (`select`: best by the objective, a tie band to the smaller K, made conservative):
 among the configurations of the tuned method evaluated in any step whose prediction
-interval's low end beats vanilla (pi_low-scaled score above vanilla's score), the best by
+interval's low end beats vanilla (pi_low-scaled score above vanilla's score; the low end
+without an anchored acceptance's shape-transfer term, `pi_low_shape`: that term is a level
+shared by every speculative configuration of the method), the best by
 `rank_by`, with a tie band: every configuration within `tie_pct` % (default 1 %) of the best
 goes to the smallest γ, then the smallest sparsity. **K = 0**: where no speculative
 configuration beats vanilla by its interval, or vanilla lies in the tie band, the
@@ -520,6 +522,7 @@ def _cell_row(cell: Cell, stable: float, fin: _Final, engine: str, evaluated: pd
         "throughput_ci_low": float(ch["throughput_ci_low"]),
         "throughput_ci_high": float(ch["throughput_ci_high"]),
         "pi_low": float(ch.get("pi_low", math.nan)), "pi_high": float(ch.get("pi_high", math.nan)),
+        "pi_low_shape": float(ch.get("pi_low_shape", ch.get("pi_low", math.nan))),
         "on_evidence": bool(ch["on_evidence"]), "ranked_by": str(ch["ranked_by"]),
         "acceptance_length": float(ch["acceptance_length"]),
         "vanilla_tok_s": float(van["throughput_tok_s"]),
@@ -536,6 +539,7 @@ def _cell_row(cell: Cell, stable: float, fin: _Final, engine: str, evaluated: pd
               float(ch["speedup_ci_high"]))
     out.update(speedup_vs_vanilla=sp[0], speedup_ci_low=sp[1], speedup_ci_high=sp[2])
     out["speedup_pi_low"] = out["pi_low"] / out["vanilla_tok_s"]
+    out["speedup_pi_low_shape"] = out["pi_low_shape"] / out["vanilla_tok_s"]
     if bl is not None:
         r = ratio_ci(out["throughput_tok_s"], out["throughput_ci_low"],
                      out["throughput_ci_high"], float(bl["throughput_tok_s"]),

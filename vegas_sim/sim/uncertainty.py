@@ -15,8 +15,10 @@ standard deviations (%) combined in quadrature:
   EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
   set's points, EXTRAP_PCT_PER_GAMMA per γ past the traced γ, EXTRAP_PCT_PER_SPARSITY_OCTAVE
   per octave of sparsity outside the traced ones, and beyond the traced contexts the
-  context trend's own sd (`AcceptanceDist.context_trend_sd_pct`, `sim.context_trend`)
-  (distances add);
+  context trend's own sd (`AcceptanceDist.context_trend_sd_pct`, `sim.context_trend`), and
+  where an anchored acceptance carries a shape set to anchors the scenario is far from, the
+  shape-transfer term (`AcceptanceDist.transfer_sd_pct`, `sim.anchored`), its axes named
+  'anchors: workload' and so on (distances add);
 - simulation: the Monte-Carlo CI's half-width / 1.96;
 - host-protocol (one-sided: slower only), for a latency set whose grid timed sample and select
   after verify alone (`LatencyModel.host_phases_in_loop` False: calibrate without
@@ -26,12 +28,17 @@ standard deviations (%) combined in quadrature:
   term is HOST_PROTOCOL_SHARE × their predicted share of the
   iteration, taken as a 95 % bound.
 
+`pi_transfer_pct` is the shape-transfer part of the acceptance extrapolation and `pi_low_shape`
+the low end without it: what the interval would be were the anchors' model's acceptance shaped
+like the shape set's (tune ranks by it: the term moves every speculative configuration of a
+method together, so it cannot tell them apart; `sim.tune_rules.lower_score`).
+
 pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval, its low end then lowered by the
 host-protocol term (in quadrature with the symmetric half-width), then clipped into [0, the
 physical bound] (`physical_bound`: every draft accepted, γ + 1 tokens per iteration);
 `pi_dominant` names the largest part, and when that is the extrapolation distance the axis
 whose term is largest: 'extrapolation-distance (context)' (axes: batch, kv_length, n_query,
-gamma, sparsity, context).
+gamma, sparsity, context, and the anchors' transfer axes).
 The per-octave rates are the error growth seen in the range hold-outs of the packaged sets
 (`benchmarks/extrapolation.py`, docs/RESULTS.md: the error of rows beyond a cut range grows
 per octave of batch, context and sparsity past the traced ones); a scenario inside every
@@ -65,7 +72,7 @@ HOST_PROTOCOL = "host-protocol"
 PARTS = ("latency-fit", "acceptance-sampling", "extrapolation-distance", "simulation")
 COLUMNS = ("pi_low", "pi_high", "pi_dominant", "pi_latency_fit_pct", "pi_acceptance_pct",
            "pi_extrapolation_latency_pct", "pi_extrapolation_acceptance_pct",
-           "pi_simulation_pct", "pi_host_protocol_pct")
+           "pi_simulation_pct", "pi_host_protocol_pct", "pi_transfer_pct", "pi_low_shape")
 
 
 def latency_fit_pct(latency: LatencyModel, method: str, breakdown: dict[str, float]) -> float:
@@ -152,6 +159,14 @@ def acceptance_extrapolation_axes(acceptance: AcceptanceModel, method: str, gamm
     return out
 
 
+def transfer_axes_of(dist: AcceptanceDist | None) -> dict[str, float]:
+    """{'anchors: <axis>': % sd} of an anchored acceptance's shape-transfer term
+    (`AcceptanceDist.transfer_axes_pct`, `sim.anchored`); {} without anchors."""
+    if dist is None:
+        return {}
+    return {f"anchors: {k}": v for k, v in dist.transfer_axes_pct.items()}
+
+
 def physical_bound(row: dict[str, Any]) -> float:
     """The most a speculative row's throughput can be: every draft accepted, acceptance length
     γ + 1 in the same iterations (throughput × (γ + 1) / its acceptance length); inf for
@@ -220,8 +235,10 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
                                           int(row["context"]) + int(row["output_len"]), n_query)
     acc_axes = {**acceptance_extrapolation_axes(acceptance, method, gamma,
                                                 float(row["sparsity"])),
-                "context": dist.context_trend_sd_pct if dist is not None else 0.0}
+                "context": dist.context_trend_sd_pct if dist is not None else 0.0,
+                **transfer_axes_of(dist)}
     axes = {**lat_axes, **acc_axes}
+    transfer = transfer_axes_of(dist)
     out: dict[str, Any] = {
         "pi_latency_fit_pct": latency_fit_pct(latency, method, breakdown),
         "pi_acceptance_pct": acceptance_sampling_pct(dist),
@@ -235,4 +252,10 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     lo, hi, dominant = interval(float(row["throughput_tok_s"]), parts_of(out),
                                 out["pi_host_protocol_pct"])
     lo, hi = bounded(lo, hi, physical_bound(row))
-    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant_axis(dominant, axes), **out}
+    out["pi_transfer_pct"] = sum(transfer.values())
+    shape = {**out, "pi_extrapolation_acceptance_pct": sum(acc_axes.values())
+             - out["pi_transfer_pct"]}
+    lo_shape = interval(float(row["throughput_tok_s"]), parts_of(shape),
+                        out["pi_host_protocol_pct"])[0]
+    return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant_axis(dominant, axes), **out,
+            "pi_low_shape": max(0.0, lo_shape)}
