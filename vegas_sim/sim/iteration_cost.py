@@ -105,6 +105,9 @@ class IterationCost:
         self._base: dict[int, list[tuple[float, float]]] = {}
         self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
         self._selects = self._spec.drafts
+        # every term priced by Σ contexts alone: `of_sums` evaluates many iterations at once
+        self.sum_only = not (self._hybrid or self._selects) and all(
+            t.kind == "single" for t in self._terms)
         self._sel_buf = np.empty(0, dtype=np.float64)  # _selected_sum's scratch [>= B]
 
     def _build_terms(self) -> list[_Term]:
@@ -218,6 +221,22 @@ class IterationCost:
                 total += f * (serial + max(g0 + per_c * csum, h))
             else:
                 total += f * (serial + self._term_ms(t, g0, h, batch, csum, c, sel))
+        return total
+
+    def of_sums(self, csums: np.ndarray, batch: int) -> np.ndarray:
+        """[K] the times of K iterations of `batch` requests whose contexts sum to `csums` [K]
+        (float64 of integers), each what `__call__` returns for such a batch, bit for bit (the
+        same operations in the same order, elementwise): the engine prices vanilla iterations
+        many at once through it. Only for a cost of the sum alone (`sum_only`; not a drafting
+        method's selection, nor window layers)."""
+        if not self.sum_only:
+            raise ValueError(f"{self.method}'s iteration time is not a function of Σ contexts")
+        fast = self._fast.get(batch)
+        if fast is None:
+            fast = self._fast_terms(batch)
+        total = np.zeros(csums.shape[0], dtype=np.float64)
+        for _, g0, h, per_c, serial, f in fast:
+            total += f * (serial + np.maximum(g0 + per_c * csums, h))
         return total
 
     def _fast_terms(self, batch: int
