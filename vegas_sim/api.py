@@ -147,7 +147,8 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
         model = AcceptanceModel.from_traces(trace_set.acceptance, trace_set.weights_kind,
                                             min_tokens=floor)
         model.context_trends()  # fitted once and cached with the model: lookups past the
-        return model  # traced contexts use them (the first such lookup fits them all)
+        model.coverage()  # traced contexts use them (the first such lookup fits them all);
+        return model  # the traced ranges, which every predict row's intervals read
 
     return _named(fitcache.cached(key, build), trace_set.name)
 
