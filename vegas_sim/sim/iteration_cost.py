@@ -263,10 +263,13 @@ class IterationCost:
         base = self._intercepts(batch)
         csum = float(c.sum())
         sel = self._selected_sum(c) if self._selects else 0.0
+        fast = self._fast.get(batch)
+        if fast is None:
+            fast = self._fast_terms(batch)  # each term's serial ms and batch factor, kept
         out: dict[str, float] = {}
-        for t, (b, h) in zip(self._terms, base):
+        for t, (b, h), (_, _, _, _, serial, f) in zip(self._terms, base, fast):
             if t.window_slope:  # window layers: Σ_b min(W + n_query − 1, C_b + n_query)
                 b += t.window_slope * float(window_kv_read(self._window, c, t.n_query).sum())
-            ms = t.repeats * t.group.serial + self._term_ms(t, b, h, batch, csum, c, sel)
-            out[t.phase] = out.get(t.phase, 0.0) + ms * self._model.batch_factor(t.group, batch)
+            ms = serial + self._term_ms(t, b, h, batch, csum, c, sel)
+            out[t.phase] = out.get(t.phase, 0.0) + ms * f
         return out
