@@ -57,6 +57,7 @@ from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.parallel import TensorParallel
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
+from vegas_sim.sim.uncertainty import LOO_QUANTILE
 from vegas_sim.sim.options import options_for, scenario_extra
 from vegas_sim.sim.workload import OutputLengths
 from vegas_sim.traces import catalog, io
@@ -132,6 +133,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
     def build() -> LatencyModel:
         model = LatencyModel.from_meta(trace_set.latency, trace_set.meta)
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
+        model.fill_loo_quantiles(LOO_QUANTILE)  # (its quantile per group, what they read)
         return model
 
     return _named(fitcache.cached(key, build), trace_set.name)

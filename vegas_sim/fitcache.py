@@ -135,6 +135,12 @@ def _aliases(names: str) -> list[str]:
     return [part.split()[0] for part in plain.split(",") if part.strip()]
 
 
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: Path) -> frozenset[str]:
+    """The vegas_sim modules one source file imports (read once per process)."""
+    return frozenset(_imported_names(path.read_text(encoding="utf-8")))
+
+
 @functools.lru_cache(maxsize=32)
 def _closure(roots: tuple[str, ...]) -> tuple[tuple[Path, ...], str]:
     """(the source files of `roots` and of every vegas_sim module they import, transitively;
@@ -148,7 +154,7 @@ def _closure(roots: tuple[str, ...]) -> tuple[tuple[Path, ...], str]:
         if name in seen or path is None:
             continue
         seen[name] = path
-        todo.extend(_imported_names(path.read_text(encoding="utf-8")))
+        todo.extend(_imports_of(path))
     paths = tuple(sorted(set(seen.values())))
     h = hashlib.sha256()
     for path in paths:

@@ -109,4 +109,6 @@ def _joined(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _split(column: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    return np.split(column, offsets[1:-1])
+    """`_joined` undone: views of `column`, one per array."""
+    bounds = offsets.tolist()
+    return [column[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
