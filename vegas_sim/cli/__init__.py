@@ -8,6 +8,7 @@ while the command runs.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -76,7 +77,8 @@ def main() -> None:
 
         from vegas_sim.cli.group import cli, import_command
 
-        import_command(command_words(argv).split(" ")[0])
+        with contextlib.suppress(Exception):  # a failing import fails again, as usual, below
+            import_command(command_words(argv).split(" ")[0])
         gc.freeze()
         gc.enable()
         try:
