@@ -9,9 +9,11 @@ compare numbers measured in one run, not across runs):
 - `vegas-sim predict --gamma 7` as a user runs it (a fresh Python process, bytecode cached as
   an installed package has it): cold (an empty fit cache: every trace set checked and fitted)
   and warm (the fit cache filled by the cold run), wall and CPU seconds;
-- the warm run's parts, timed inside one process: imports, loading the models (trace sets
-  read and checked, fits read from the cache), simulating and printing;
-- the engine's simulated iterations/s (Vegas γ 7, batch 128, the packaged qwen3-8b models);
+- the warm run's parts, timed inside its process (wall and CPU, median of 3 processes):
+  importing numpy, pandas and the rest, loading the models (trace sets checked, fits read
+  from the cache), simulating and printing;
+- the engine's simulated iterations/s (Vegas γ 7 and vanilla, batch 128, the packaged
+  qwen3-8b models), per wall and per CPU second;
 - a 1,000-configuration analytic sweep of the packaged qwen3-8b models on all cores.
 
 Every run uses a fit cache of its own (a temporary VEGAS_SIM_CACHE_DIR), so the cold run is
@@ -39,23 +41,39 @@ CLI = "from vegas_sim.cli import main; main()"
 WARM_TARGET_S = 1.0  # docs/DESIGN.md's target for a warm predict on 2 cores
 ENGINE_RUNS = 7
 PARTS = r"""
-import sys, time
-t0 = time.perf_counter()
+import contextlib, io, sys, time
+marks = [(time.perf_counter(), time.process_time(), "start")]
+def mark(name):
+    marks.append((time.perf_counter(), time.process_time(), name))
+import numpy
+mark("import numpy")
+import pandas
+mark("import pandas (pyarrow with it)")
 import vegas_sim.cli.predict
 from vegas_sim import api
-t1 = time.perf_counter()
-api.load_models("qwen3-8b")
-t2 = time.perf_counter()
-import contextlib, io
+mark("import click, simpy, rich, vegas_sim")
 from vegas_sim.cli import main
+models_for, predict_scenarios = api.models_for, api.predict_scenarios
+def timed_models(values):
+    mark("parse the options")
+    out = models_for(values)
+    mark("load (sets checked and fits read from the cache)")
+    return out
+def timed_predict(*args, **kwargs):
+    mark("build the scenarios")
+    out = predict_scenarios(*args, **kwargs)
+    mark("simulate (lookups, 10 runs, rows)")
+    return out
+api.models_for, api.predict_scenarios = timed_models, timed_predict
 sys.argv = ["vegas-sim", "predict", "--gamma", "7"]
 with contextlib.redirect_stdout(io.StringIO()):
     try:
         main()
     except SystemExit:
         pass
-t3 = time.perf_counter()
-print(f"{t1 - t0:.4f} {t2 - t1:.4f} {t3 - t2:.4f}")
+mark("print the tables")
+for (w0, c0, _), (w1, c1, name) in zip(marks, marks[1:]):
+    print(f"{name}\t{w1 - w0:.4f}\t{c1 - c0:.4f}")
 """
 
 
@@ -115,35 +133,56 @@ def bench_cli(trees: dict[str, Path], warm_runs: int, tmp: Path) -> None:
         same = len(set(outputs.values())) == 1
         print(f"predict --gamma 7 output identical across {', '.join(outputs)}: "
               f"{'yes' if same else 'NO'}")
-    parts_env = envs[next(iter(trees))]
+    for name, tree in trees.items():
+        bench_parts(name, tree, envs[name])
+
+
+def bench_parts(name: str, tree: Path, env: dict[str, str], runs: int = 3) -> None:
+    """A warm predict's parts, timed inside its process (wall and CPU s, the median of
+    `runs` processes); the parts sum to the process's work less the interpreter's start."""
     at = load()
-    out = subprocess.run([sys.executable, "-c", PARTS], env=parts_env, cwd=HERE,
-                         capture_output=True, text=True, check=True).stdout.split()
-    imp, models, rest = (float(x) for x in out)
-    print(f"[{next(iter(trees))}] warm parts in one process: imports {imp:.2f} s, models "
-          f"(trace sets read and checked, fits from the cache) {models:.2f} s, simulate + "
-          f"print {rest:.2f} s ({at})")
+    walls: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", PARTS], env=env, cwd=tree,
+                             capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            part, wall, cpu = line.split("\t")
+            walls.setdefault(part, []).append(float(wall))
+            cpus.setdefault(part, []).append(float(cpu))
+    print(f"[{name}] warm predict --gamma 7 by part, median of {runs} processes ({at} → "
+          f"{load().split()[1]}): wall s / CPU s")
+    for part in walls:
+        print(f"  {part}: {statistics.median(walls[part]):.3f} / "
+              f"{statistics.median(cpus[part]):.3f}")
+    print(f"  sum: {sum(statistics.median(w) for w in walls.values()):.3f} / "
+          f"{sum(statistics.median(c) for c in cpus.values()):.3f}")
 
 
 def bench_engine() -> None:
+    """Simulated iterations per second (wall and CPU) at batch 128, 512 requests of 4K + 8K
+    tokens: Vegas γ 7 (one cost call an iteration) and vanilla (priced in blocks)."""
     import numpy as np
 
     from vegas_sim import api
     from vegas_sim.sim.engine import EngineConfig, Lengths, simulate
 
     latency, acceptance, _ = api.load_models("qwen3-8b")
-    cost = latency.iteration_cost("vegas", 7, 0.07)
-    dist = acceptance.lookup("vegas", 7, 0.07, 4096)
-    cfg = EngineConfig("vegas", 7, 128, 4 * 128, Lengths(4096, 8192))
-    simulate(cfg, cost, dist, seed=0)  # warm the per-batch caches
-    rates, at = [], load()
-    for seed in range(1, ENGINE_RUNS + 1):
-        t0 = time.perf_counter()
-        res = simulate(cfg, cost, dist, seed=seed)
-        rates.append(res.iterations / (time.perf_counter() - t0))
-    print(f"engine, Vegas γ 7, batch 128 (qwen3-8b-h200): {res.iterations} iterations a run, "
-          f"median of {ENGINE_RUNS} runs {float(np.median(rates)):,.0f} iterations/s (min "
-          f"{min(rates):,.0f}, max {max(rates):,.0f}) ({at} → {load().split()[1]})")
+    for method, gamma in (("vegas", 7), ("vanilla", 1)):
+        cost = latency.iteration_cost(method, gamma, 0.07)
+        dist = acceptance.lookup(method, gamma, 0.07, 4096) if method != "vanilla" else None
+        cfg = EngineConfig(method, gamma, 128, 4 * 128, Lengths(4096, 8192))
+        simulate(cfg, cost, dist, seed=0)  # warm the per-batch caches
+        rates, cpu_rates, at = [], [], load()
+        for seed in range(1, ENGINE_RUNS + 1):
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = simulate(cfg, cost, dist, seed=seed)
+            rates.append(res.iterations / (time.perf_counter() - t0))
+            cpu_rates.append(res.iterations / max(time.process_time() - c0, 1e-9))
+        print(f"engine, {method} γ {gamma}, batch 128 (qwen3-8b-h200): {res.iterations} "
+              f"iterations a run, median of {ENGINE_RUNS} runs {float(np.median(rates)):,.0f} "
+              f"iterations/s wall (min {min(rates):,.0f}, max {max(rates):,.0f}), "
+              f"{float(np.median(cpu_rates)):,.0f} per CPU s ({at} → {load().split()[1]})")
 
 
 def bench_sweep(workers: int) -> None:

@@ -15,7 +15,7 @@ import copy
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 
@@ -57,17 +57,18 @@ from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.parallel import TensorParallel
 from vegas_sim.sim.predict import Scenario
 from vegas_sim.sim.predict import predict as predict_scenarios
-from vegas_sim.sim.sweep import SweepGrid
-from vegas_sim.sim.sweep import sweep as run_sweep
+from vegas_sim.sim.uncertainty import LOO_QUANTILE
 from vegas_sim.sim.options import options_for, scenario_extra
-from vegas_sim.sim.tune import TuneConfig, TuneResult
-from vegas_sim.sim.tune import tune as run_tune
 from vegas_sim.sim.workload import Arrivals, OutputLengths
 from vegas_sim.traces import catalog, io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, packaged_anchor_sets
 from vegas_sim.traces.io import TraceSet
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, LATENCY_FILE
 from vegas_sim.workload_info import describe
+
+if TYPE_CHECKING:  # imported where used: a predict does not pay for sweep's and tune's code
+    from vegas_sim.sim.sweep import SweepGrid
+    from vegas_sim.sim.tune import TuneConfig, TuneResult
 
 DEFAULT_MODEL = "qwen3-8b"  # the model predicted when neither --model nor --traces says
 WEIGHT_FORMAT_NOTES = {
@@ -132,6 +133,7 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
     def build() -> LatencyModel:
         model = LatencyModel.from_meta(trace_set.latency, trace_set.meta)
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
+        model.fill_loo_quantiles(LOO_QUANTILE)  # (its quantile per group, what they read)
         return model
 
     return _named(fitcache.cached(key, build), trace_set.name)
@@ -147,7 +149,8 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
         model = AcceptanceModel.from_traces(trace_set.acceptance, trace_set.weights_kind,
                                             min_tokens=floor)
         model.context_trends()  # fitted once and cached with the model: lookups past the
-        return model  # traced contexts use them (the first such lookup fits them all)
+        model.coverage()  # traced contexts use them (the first such lookup fits them all);
+        return model  # the traced ranges, which every predict row's intervals read
 
     return _named(fitcache.cached(key, build), trace_set.name)
 
@@ -459,6 +462,8 @@ def sweep_setup(values: Mapping[str, Any]
                 ) -> tuple[SweepGrid, LatencyModel, AnchoredAcceptance, list[str]]:
     """The grid and the models of a sweep's option values (`sweep`'s parameters): what
     `sweep` runs, and what the CLI runs with its checkpoint (`runs.sweep_to_file`)."""
+    from vegas_sim.sim.sweep import SweepGrid
+
     check_options(values)
     grid = SweepGrid.parse(methods=values["methods"], gamma=grid_text(values["gamma"]),
                            sparsity=grid_text(values["sparsity"]),
@@ -512,6 +517,8 @@ def sweep(
         5
     """
     grid, latency, acceptance, notes = sweep_setup(locals())
+    from vegas_sim.sim.sweep import sweep as run_sweep
+
     table = run_sweep(grid, latency, acceptance, engine=engine, seed=seed,
                       replications=replications, workers=workers, scheduler=scheduler)
     table.attrs["notes"] = [*notes, *table.attrs.get("skipped", [])]
@@ -520,6 +527,8 @@ def sweep(
 
 def tune_setup(values: Mapping[str, Any]) -> tuple[list[tuple[int, int]], TuneConfig]:
     """The (batch, context) cells and the search of a tune's option values."""
+    from vegas_sim.sim.tune import TuneConfig
+
     check_options(values)
     cells = [(b, c) for b in parse_int_grid(grid_text(values["batch"]), "--batch")
              for c in parse_int_grid(grid_text(values["context"]), "--context")]
@@ -586,6 +595,8 @@ def tune(
     """
     cells, config = tune_setup(locals())
     latency, acceptance, notes = models_for(locals())
+    from vegas_sim.sim.tune import tune as run_tune
+
     result = run_tune(cells, latency, acceptance, config=config, seed=seed, workers=workers,
                       scheduler=scheduler, progress=progress, say=say,
                       model=latency.model.name)

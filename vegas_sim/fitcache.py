@@ -54,6 +54,7 @@ DEFAULT_MAX_MB = 2048.0  # a few trace sets' fits across a few code versions
 _MAC_BYTES = 32
 _PACKAGE = "vegas_sim"
 _warned: set[str] = set()
+_ROOT = Path(__file__).resolve().parent  # the package's source folder
 
 
 # ------------------------------------------------------------------------------------ where
@@ -98,7 +99,7 @@ def _module_file(name: str) -> Path | None:
     parts = name.split(".")
     if parts[0] != _PACKAGE:
         return None
-    root = Path(__file__).resolve().parent.joinpath(*parts[1:])
+    root = _ROOT.joinpath(*parts[1:])
     for candidate in (root.with_suffix(".py"), root / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -134,8 +135,17 @@ def _aliases(names: str) -> list[str]:
     return [part.split()[0] for part in plain.split(",") if part.strip()]
 
 
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: Path) -> frozenset[str]:
+    """The vegas_sim modules one source file imports (read once per process)."""
+    return frozenset(_imported_names(path.read_text(encoding="utf-8")))
+
+
 @functools.lru_cache(maxsize=32)
-def _closure(roots: tuple[str, ...]) -> tuple[Path, ...]:
+def _closure(roots: tuple[str, ...]) -> tuple[tuple[Path, ...], str]:
+    """(the source files of `roots` and of every vegas_sim module they import, transitively;
+    the sha256 of their paths and bytes), once per process: the package's files do not change
+    under a running command."""
     seen: dict[str, Path] = {}
     todo = list(roots)
     while todo:
@@ -144,23 +154,23 @@ def _closure(roots: tuple[str, ...]) -> tuple[Path, ...]:
         if name in seen or path is None:
             continue
         seen[name] = path
-        todo.extend(_imported_names(path.read_text(encoding="utf-8")))
-    return tuple(sorted(set(seen.values())))
+        todo.extend(_imports_of(path))
+    paths = tuple(sorted(set(seen.values())))
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(str(path.relative_to(_ROOT)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return paths, h.hexdigest()
 
 
 def fit_modules(code: tuple[ModuleType, ...]) -> tuple[Path, ...]:
     """The source files a fit by `code`'s modules reads: those modules and every vegas_sim
     module they import, transitively (models.py, methods.py, gpus.py, errors.py, ...)."""
-    return _closure(tuple(sorted(m.__name__ for m in code)))
+    return _closure(tuple(sorted(m.__name__ for m in code)))[0]
 
 
 def _code_hash(code: tuple[ModuleType, ...]) -> str:
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    for path in fit_modules(code):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    return _closure(tuple(sorted(m.__name__ for m in code)))[1]
 
 
 def cache_key(kind: str, meta: dict[str, Any], data_file: str,

@@ -3,7 +3,9 @@ smoothing over neighbouring cells and the rate-matching replay."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -337,6 +339,47 @@ def test_coverage(model: AcceptanceModel) -> None:
     ctx_range = cov["context_range"]
     assert isinstance(ctx_range, tuple)
     assert ctx_range[0] == 1024 and ctx_range[1] > 32768
+
+
+def test_coverage_is_a_copy_each_call(model: AcceptanceModel) -> None:
+    cov = model.coverage()
+    cov["methods"].append("x")  # type: ignore[attr-defined]
+    assert model.coverage()["methods"] == ["vegas"]
+
+
+def test_a_pickled_model_reads_back_to_the_same_arrays_and_lookups(
+        traces: pd.DataFrame) -> None:
+    # how the fit cache stores it: cells, their contexts and smoothed rates in a few columns
+    fresh = AcceptanceModel.from_traces(traces, "real")
+    fresh.lookup("vegas", 6, 0.1, 8192, output_len=16)  # fills the smoothed rates
+    fresh.coverage()
+    buffers: list[pickle.PickleBuffer] = []
+    blob = pickle.dumps(fresh, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) < len(fresh._cells)  # not five arrays per cell
+    back = pickle.loads(blob, buffers=buffers)
+    assert list(back._cells) == list(fresh._cells)
+    for key, cell in fresh._cells.items():
+        got = back._cells[key]
+        for name in ("acc", "prob", "run_start", "run_len", "gen"):
+            want = getattr(cell, name)
+            assert getattr(got, name).dtype == want.dtype
+            np.testing.assert_array_equal(getattr(got, name), want)
+        assert (got.gamma, got.sparsity, got.bucket, got.ctx_min, got.ctx_max) == (
+            cell.gamma, cell.sparsity, cell.bucket, cell.ctx_min, cell.ctx_max)
+        np.testing.assert_array_equal(back._contexts[key].counts, fresh._contexts[key].counts)
+        np.testing.assert_array_equal(back._contexts[key].contexts,
+                                      fresh._contexts[key].contexts)
+    for at, rates in fresh._smoothed.items():
+        assert list(back._smoothed[at]) == list(rates)
+        for key, r in rates.items():
+            np.testing.assert_array_equal(back._smoothed[at][key], r)
+    assert back.coverage() == fresh.coverage()
+    for args in (("vegas", 6, 0.1, 8192), ("vegas", 12, 0.07, 50_000), ("vegas", 3, 0.3, 900)):
+        a, b = fresh.lookup(*args, output_len=16), back.lookup(*args, output_len=16)
+        assert a.rates.tolist() == b.rates.tolist() and a.extrapolated == b.extrapolated
+        rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
+        np.testing.assert_array_equal(a.sample(rng_a, 5, 40), b.sample(rng_b, 5, 40))
+    assert copy.copy(back)._cells is back._cells  # a shallow copy packs nothing
 
 
 # ---- bootstrap ---------------------------------------------------------------------------

@@ -37,7 +37,8 @@ def test_kv_to_spare_is_bit_identical_to_the_engine_before_admission(row: dict[s
 
 
 def _tight_run(method: str, gamma: int, batch: int, n: int, out: int, cv: float, block: int,
-               room: float, seed: int, arrival: str, recompute: bool) -> EngineResult:
+               room: float, seed: int, arrival: str, recompute: bool,
+               cost: LinearCost | None = None) -> EngineResult:
     """A run whose KV cache holds `room` × the largest request (>= 1: every request fits)."""
     lengths = Lengths(40, out, output=OutputLengths.lognormal(out, cv).clipped(4 * out))
     slack = 1 if method == "vanilla" else gamma + 1
@@ -48,7 +49,7 @@ def _tight_run(method: str, gamma: int, batch: int, n: int, out: int, cv: float,
                      kv_capacity_tokens=cap, kv_block_size=block)
     dist = None if method == "vanilla" else RatesDist(geometric_rates(0.7, gamma))
     pre = (lambda lens: 0.5 + 0.01 * float(lens.sum())) if recompute else None
-    return simulate(c, LinearCost(2.0, 0.001), dist, seed=seed, recompute_fn=pre)
+    return simulate(c, cost or LinearCost(2.0, 0.001), dist, seed=seed, recompute_fn=pre)
 
 
 run_args = {
@@ -102,6 +103,43 @@ def test_kv_to_spare_equals_the_unlimited_engine_exactly(
     for name in ("finish_ms", "first_token_ms", "admit_ms", "iter_ms", "iter_start_ms",
                  "iter_tokens", "iter_batch", "iter_kv_blocks"):
         np.testing.assert_array_equal(getattr(res, name), getattr(free, name))
+
+
+class SumCost(LinearCost):
+    """LinearCost that also prices many iterations at once from their Σ contexts: the engine
+    then runs vanilla in blocks (`_iterate_vanilla`)."""
+
+    sum_only = True
+
+    def of_sums(self, csums: np.ndarray, batch: int) -> np.ndarray:
+        return self.a + self.b * csums
+
+
+@settings(max_examples=60, deadline=None)
+@given(**{**run_args, "method": st.just("vanilla"),
+          "arrival": st.sampled_from(["closed", "closed:3", "poisson:200", "poisson:5000"])})
+def test_vanilla_in_blocks_is_bit_identical_to_one_iteration_at_a_time(
+        method: str, gamma: int, batch: int, n: int, out: int, cv: float, block: int,
+        room: float, seed: int, arrival: str, recompute: bool) -> None:
+    # KV-tight (preemption, exact checks), open and closed loops, recompute stalls
+    res = _tight_run(method, gamma, batch, n, out, cv, block, room, seed, arrival, recompute)
+    blocks = _tight_run(method, gamma, batch, n, out, cv, block, room, seed, arrival,
+                        recompute, cost=SumCost(2.0, 0.001))
+    assert fingerprint(blocks) == fingerprint(res)
+    assert blocks.preemptions == res.preemptions
+    assert blocks.breakdown_ms == res.breakdown_ms
+    np.testing.assert_array_equal(blocks.iter_kv_blocks, res.iter_kv_blocks)
+
+
+def test_vanilla_in_blocks_lets_an_arrival_due_at_an_iteration_end_join_there() -> None:
+    # iterations of exactly 2 ms: the second request arrives as the first's second iteration
+    # ends, and joins at that boundary in both engines (not one iteration later)
+    c = EngineConfig("vanilla", 1, 2, 2, Lengths(10, 20),
+                     arrivals=Arrivals.trace([0.0, 0.004]))
+    one, blocks = (simulate(c, cost, None) for cost in (LinearCost(2.0, 0.0),
+                                                          SumCost(2.0, 0.0)))
+    assert fingerprint(blocks) == fingerprint(one)
+    assert blocks.admit_ms.tolist() == [0.0, 4.0]
 
 
 def test_preemption_takes_the_most_recently_admitted_and_requeues_it_first() -> None:

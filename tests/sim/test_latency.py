@@ -214,6 +214,25 @@ def test_iteration_cost_equals_plan_sum(fitted: LatencyModel) -> None:
     assert all(v > 0 for v in parts.values())
 
 
+def test_of_sums_is_the_per_iteration_cost_bit_for_bit(fitted: LatencyModel,
+                                                        packaged: LatencyModel) -> None:
+    # what lets the engine price vanilla iterations many at once (`_iterate_vanilla`)
+    rng = np.random.default_rng(5)
+    for model in (fitted, packaged, packaged.what_if(get_gpu("h100-sxm")),
+                  packaged.without_host_overhead(0.5)):
+        cost = model.iteration_cost("vanilla", 1, 1.0)
+        assert cost.sum_only
+        for batch in (1, 3, 64, 256):
+            ctx = [rng.integers(1, 131_000, batch) + j for j in range(50)]
+            got = cost.of_sums(np.array([float(c.sum()) for c in ctx]), batch)
+            assert got.tolist() == [cost(c) for c in ctx]
+    for method in ("vegas", "magicdec-quest"):  # a draft's selection is not a sum
+        spec = fitted.iteration_cost(method, 4, 0.07)
+        assert not spec.sum_only
+        with pytest.raises(ValueError):
+            spec.of_sums(np.ones(2), 1)
+
+
 def test_iteration_cost_min_tokens_respected(fitted: LatencyModel) -> None:
     ctx = np.full(16, 8192)
     lo = fitted.iteration_cost("vegas", 4, 0.01, min_tokens=64)

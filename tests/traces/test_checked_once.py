@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -95,3 +96,43 @@ def test_a_set_written_before_the_collective_columns_reads_the_same_twice(
     assert checks.count("latency.parquet") == 1
     assert (second.latency["collective_calls"] == 0).all()
     pd.testing.assert_frame_equal(first.latency, second.latency)
+
+
+def test_a_warm_load_reads_no_table(small_set: Path, cache: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a set's tables are checked, loading it again neither reads nor parses them (their
+    hashes are recorded under each file's change stamp); its rows still parse on use."""
+    load_trace_set(small_set)
+    read: list[str] = []
+    real_read, real_parse = reader._read_bytes, reader._parse_parquet
+    monkeypatch.setattr(reader, "_read_bytes", lambda p: read.append(p.name) or real_read(p))
+    monkeypatch.setattr(reader, "_parse_parquet",
+                        lambda d, p: read.append(f"parse {p.name}") or real_parse(d, p))
+    ts = load_trace_set(small_set)
+    assert read == []
+    assert len(ts.latency) > 0 and read == ["latency.parquet", "parse latency.parquet"]
+
+
+def test_a_rewritten_file_is_hashed_and_checked_again(small_set: Path, cache: Path,
+                                                      checks: list[str]) -> None:
+    load_trace_set(small_set)
+    table = pq.read_table(small_set / "latency.parquet")
+    rewrite_table(small_set, "latency.parquet", table.slice(0, table.num_rows - 1),
+                  rehash=False)  # meta.json's hash not updated: the new content is refused
+    with pytest.raises(TraceSetError, match="content hash mismatch"):
+        load_trace_set(small_set)
+
+
+def test_collectives_on_one_gpu_are_refused_on_every_load(small_set: Path,
+                                                          cache: Path) -> None:
+    """The cached check records whether a row holds a collective call: a set whose meta says
+    one GPU is refused on the second load too, without its rows parsed."""
+    df = pq.read_table(small_set / "latency.parquet").to_pandas()
+    forward = df["phase"].isin(["decode", "draft_step", "verify"])
+    df["collective_calls"] = forward.astype(int) * 6
+    df["collective_bytes"] = df["collective_calls"] * 8192
+    df["collective_ms"] = df["ms_median"] * 0.2 * forward
+    rewrite_table(small_set, "latency.parquet", pa.Table.from_pandas(df, preserve_index=False))
+    for _ in range(2):
+        with pytest.raises(TraceSetError, match="record collectives"):
+            load_trace_set(small_set)

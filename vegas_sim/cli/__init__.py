@@ -8,6 +8,8 @@ while the command runs.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import signal
 import sys
@@ -66,11 +68,19 @@ def main() -> None:
     code for SIGINT) with one line saying what was kept, never a traceback: while the
     commands are imported, while one runs, or while the process exits."""
     argv = sys.argv[1:]
+    # What the command imports (numpy, pandas, the library) lives until the process ends:
+    # imported without the cyclic collector's passes, which would walk it again and again
+    # and find nothing, then frozen out of them (docs/RESULTS.md, Simulator).
+    gc.disable()
     try:
         import click
 
-        from vegas_sim.cli.group import cli
+        from vegas_sim.cli.group import cli, import_command
 
+        with contextlib.suppress(Exception):  # a failing import fails again, as usual, below
+            import_command(command_words(argv).split(" ")[0])
+        gc.freeze()
+        gc.enable()
         try:
             code = cli.main(args=argv, prog_name="vegas-sim", standalone_mode=False)
         except click.ClickException as e:

@@ -14,14 +14,6 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.grids import one_int, one_sparsity
@@ -130,6 +122,16 @@ def progress_bars(one_task: str | None = None) -> Iterator[StepProgress]:
 
         yield lines
         return
+    # imported here: a command without progress bars (predict) does not pay for them
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                   console=console, transient=True) as bar:

@@ -9,6 +9,7 @@ when they run, so a CPU-only install has the rest.
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 import click
 
@@ -25,9 +26,15 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            module = importlib.import_module(f"vegas_sim.cli.{COMMANDS[cmd_name]}")
-            self.add_command(getattr(module, cmd_name))
+            self.add_command(getattr(import_command(cmd_name), cmd_name))
         return self.commands.get(cmd_name)
+
+
+def import_command(cmd_name: str) -> ModuleType | None:
+    """The module of command `cmd_name` (None for no such command), imported."""
+    if cmd_name not in COMMANDS:
+        return None
+    return importlib.import_module(f"vegas_sim.cli.{COMMANDS[cmd_name]}")
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -92,6 +92,7 @@ are computed once per model and cached on it (plain dicts and arrays: picklable)
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -115,6 +116,7 @@ from vegas_sim.sim.acceptance_cells import (
     workload_buckets,
 )
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
+from vegas_sim.sim.acceptance_pack import pack_state, unpack_state
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
     ContextTrend,
@@ -178,6 +180,21 @@ class AcceptanceModel:
         self._sparsity_trends: dict[BucketKey, ContextTrend] = {}
         # the same cells' trends as used: own, or borrowed where own saw no budget change
         self._borrowed_trends: dict[BucketKey, ContextTrend] = {}
+        self._coverage: dict[str, object] | None = None  # `coverage`, made once
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (the fit cache) with its many small arrays in columns (`acceptance_pack`):
+        a large set's fit reads back as a few buffers, each cell's arrays widened on use."""
+        return pack_state(self.__dict__)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(unpack_state(state))
+
+    def __copy__(self) -> AcceptanceModel:
+        """A shallow copy (sharing cells and caches), without the columns of a pickle."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
 
     @classmethod
     def from_traces(cls, acceptance: pd.DataFrame, weights_kind: str, *,
@@ -570,7 +587,13 @@ class AcceptanceModel:
         return self._traced_range(keys or list(self._cells))
 
     def coverage(self) -> dict[str, object]:
-        """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures."""
+        """Traced ranges: methods, gamma max, sparsities, context range, workloads, temperatures
+        (made once per model, and cached with its fit; each call gets its own copy)."""
+        if getattr(self, "_coverage", None) is None:
+            self._coverage = self._traced_coverage()
+        return copy.deepcopy(self._coverage)  # type: ignore[arg-type]
+
+    def _traced_coverage(self) -> dict[str, object]:
         keys = list(self._cells)
         per_method: dict[str, dict[str, object]] = {}
         for m in sorted({k.method for k in keys}):

@@ -94,16 +94,19 @@ def _narrowed(a: np.ndarray) -> tuple[np.ndarray, str]:
 class _PackedCell(TracedCell):
     """A TracedCell read back from the fit cache: each array is widened to its own dtype on
     first use, so that reading a large set's fit costs only the arrays a command uses (a
-    count of iterations reads `acc`, not the probabilities)."""
+    count of iterations reads `acc`, not the probabilities). Its arrays are in `_packed`
+    (pickled alone) or in the columns of a whole model's cells (`CellColumns`)."""
 
     def __getattr__(self, name: str) -> Any:  # only for attributes not set yet
         packed = self.__dict__.get("_packed")
-        if packed is None or name not in packed:
+        columns = self.__dict__.get("_columns")
+        if packed is not None and name in packed:
+            array, dtype = packed.pop(name)
+            object.__setattr__(self, name, array.astype(dtype))
+        elif columns is not None and name in _CELL_ARRAYS:
+            object.__setattr__(self, name, columns.array(self.__dict__["_index"], name))
+        else:
             raise AttributeError(name)
-        array, dtype = packed.pop(name)
-        object.__setattr__(self, name, array.astype(dtype))
-        if not packed:
-            del self.__dict__["_packed"]
         return self.__dict__[name]
 
 

@@ -24,7 +24,8 @@ Model (DESIGN.md, "Simulator" → Engine):
 - **Pre-drawn randomness.** Output lengths and each request's row of accepted-draft counts are
   drawn before the run (``AcceptanceDist.sample``). So a request's number of iterations and
   its per-iteration token increments are known at admission; the per-iteration Python work is
-  one ``cost`` call, one SimPy timeout and three numpy ops on the running batch. Per-request
+  one ``cost`` call, one SimPy timeout and three numpy ops on the running batch (vanilla, whose
+  cost is of Σ contexts alone: none, its iterations priced in blocks). Per-request
   timelines (first token, finish), tokens and KV blocks per iteration are reconstructed
   afterwards from the iteration log and the running segments (`segments.Segments`).
 - **Arrivals.** Closed loop (N users; a user submits its next request the instant its previous
@@ -85,6 +86,7 @@ __all__ = ["PREFILL_MODES", "AcceptanceSampler", "Arrivals", "CostFn", "EngineCo
            "Lengths", "OutputLengths", "simulate"]
 
 BREAKDOWN_STRIDE = 64  # sample IterationCost.breakdown every this many iterations (cheap)
+VANILLA_BLOCK = 4096  # vanilla iterations evaluated at once, at most (`_iterate_vanilla`)
 
 
 # ---------------------------------------------------------------------------- pre-draw
@@ -172,6 +174,8 @@ class _DecodeInstance:
         self.prefill_total = 0.0
         self.recompute_total = 0.0
         self.on_finish: Callable[[int], None] | None = None
+        # many iterations' costs at once, where a cost depends on Σ contexts alone (vanilla)
+        self.of_sums = cost.of_sums if getattr(cost, "sum_only", False) else None  # type: ignore[attr-defined]
 
     def _views(self) -> None:
         """Views over the running prefix, rebuilt only when membership changes."""
@@ -337,6 +341,9 @@ class _DecodeInstance:
         capacity, the loop stops before that iteration and the caller preempts. With an
         unlimited cache (``check_at`` −1) the loop never looks.
         """
+        if self.inc_flat is None and self.of_sums is not None:
+            yield from self._iterate_vanilla()
+            return
         env, cost, queue = self.env, self.cost, self.queue
         starts, dts = self.starts, self.dts
         ctx_v, pos_v, tmp_v, inc_flat = self.ctx_v, self.pos_v, self.tmp_v, self.inc_flat
@@ -372,15 +379,58 @@ class _DecodeInstance:
             it += 1
             if it == next_fin or (room and queue):
                 break
-        if now > env.now:  # bring the clock to the end of the last fused iteration
-            yield env.timeout(now - env.now)
-        self.it = it
-        self.check_at = check_at
-        if it == next_fin:
+        yield from self._end_loop(now, it, check_at)
+
+    def _iterate_vanilla(self) -> Generator[simpy.Event, Any, None]:
+        """`_iterate_until_change` for vanilla, in blocks priced at once by `cost.of_sums` (bit
+        for bit one call each; iteration j's contexts sum to Σ + n·j). A block ends before the
+        next finish and the next exact KV check (the KV invariant, kept as there), after one
+        iteration when a request could join, and at the first one ending at or after the next
+        event, which is then let happen: the same iterations, times and clock."""
+        env, queue, n, of_sums = self.env, self.queue, self.n, self.of_sums
+        assert of_sums is not None, "a cost of Σ contexts alone"
+        room = n < self.cfg.max_batch and not self.mem_blocked
+        it, next_fin, cap = self.it, self.next_fin, self.cap_blocks
+        check_at = -1 if cap is None else self.check_at
+        now = env.now
+        while True:
+            if it == check_at:
+                free = cap - self._blocks_in_use()  # type: ignore[operator]
+                if free < 0:
+                    self.overflow = True
+                    break
+                check_at = it + 1 + free // (n * self.step_blocks)
+            end = it + 1 if room and queue else min(
+                next_fin, check_at if check_at >= 0 else next_fin, it + VANILLA_BLOCK)
+            base = int(np.add.reduce(self.ctx_v))
+            dt = of_sums((base + n * np.arange(end - it)).astype(np.float64), n)
+            times = np.cumsum(np.concatenate([[now], dt]))  # sequential sums, as `now += dt`
+            due = np.flatnonzero(times[1:] >= env.peek())
+            k = int(due[0]) + 1 if due.size else end - it
+            for j in range(-it % BREAKDOWN_STRIDE, k, BREAKDOWN_STRIDE):
+                self._sample_breakdown(float(dt[j]), self.ctx_v + j)
+            self.starts.extend(times[:k].tolist())
+            self.dts.extend(dt[:k].tolist())
+            now = float(times[k])
+            if due.size:  # an event is due during iteration k − 1: let it happen
+                yield env.timeout(now - env.now)
+                now = env.now
+            self.ctx_v += k
+            it += k
+            if it == next_fin or (room and queue):
+                break
+        yield from self._end_loop(now, it, check_at)
+
+    def _end_loop(self, now: float, it: int, check_at: int) -> Generator[simpy.Event, Any, None]:
+        if now > self.env.now:  # bring the clock to the end of the last fused iteration
+            yield self.env.timeout(now - self.env.now)
+        self.it, self.check_at = it, check_at
+        if it == self.next_fin:
             self._retire()
 
-    def _sample_breakdown(self, dt: float) -> None:
-        for phase, ms in self.cost.breakdown(self.ctx_v).items():
+    def _sample_breakdown(self, dt: float, contexts: np.ndarray | None = None) -> None:
+        for phase, ms in self.cost.breakdown(self.ctx_v if contexts is None else contexts
+                                             ).items():
             self.bd_sum[phase] = self.bd_sum.get(phase, 0.0) + float(ms)
         self.bd_iter_ms += dt
 

@@ -105,6 +105,9 @@ class IterationCost:
         self._base: dict[int, list[tuple[float, float]]] = {}
         self._fast: dict[int, list[tuple[_Term | None, float, float, float, float, float]]] = {}
         self._selects = self._spec.drafts
+        # every term priced by Σ contexts alone: `of_sums` evaluates many iterations at once
+        self.sum_only = not (self._hybrid or self._selects) and all(
+            t.kind == "single" for t in self._terms)
         self._sel_buf = np.empty(0, dtype=np.float64)  # _selected_sum's scratch [>= B]
 
     def _build_terms(self) -> list[_Term]:
@@ -220,6 +223,22 @@ class IterationCost:
                 total += f * (serial + self._term_ms(t, g0, h, batch, csum, c, sel))
         return total
 
+    def of_sums(self, csums: np.ndarray, batch: int) -> np.ndarray:
+        """[K] the times of K iterations of `batch` requests whose contexts sum to `csums` [K]
+        (float64 of integers), each what `__call__` returns for such a batch, bit for bit (the
+        same operations in the same order, elementwise): the engine prices vanilla iterations
+        many at once through it. Only for a cost of the sum alone (`sum_only`; not a drafting
+        method's selection, nor window layers)."""
+        if not self.sum_only:
+            raise ValueError(f"{self.method}'s iteration time is not a function of Σ contexts")
+        fast = self._fast.get(batch)
+        if fast is None:
+            fast = self._fast_terms(batch)
+        total = np.zeros(csums.shape[0], dtype=np.float64)
+        for _, g0, h, per_c, serial, f in fast:
+            total += f * (serial + np.maximum(g0 + per_c * csums, h))
+        return total
+
     def _fast_terms(self, batch: int
                     ) -> list[tuple[_Term | None, float, float, float, float, float]]:
         """Per term at this batch size: (None for a "single" term, else the term; its GPU ms
@@ -244,10 +263,13 @@ class IterationCost:
         base = self._intercepts(batch)
         csum = float(c.sum())
         sel = self._selected_sum(c) if self._selects else 0.0
+        fast = self._fast.get(batch)
+        if fast is None:
+            fast = self._fast_terms(batch)  # each term's serial ms and batch factor, kept
         out: dict[str, float] = {}
-        for t, (b, h) in zip(self._terms, base):
+        for t, (b, h), (_, _, _, _, serial, f) in zip(self._terms, base, fast):
             if t.window_slope:  # window layers: Σ_b min(W + n_query − 1, C_b + n_query)
                 b += t.window_slope * float(window_kv_read(self._window, c, t.n_query).sum())
-            ms = t.repeats * t.group.serial + self._term_ms(t, b, h, batch, csum, c, sel)
-            out[t.phase] = out.get(t.phase, 0.0) + ms * self._model.batch_factor(t.group, batch)
+            ms = serial + self._term_ms(t, b, h, batch, csum, c, sel)
+            out[t.phase] = out.get(t.phase, 0.0) + ms * f
         return out

@@ -505,6 +505,12 @@ class LatencyModel:
             quantiles[key] = 100.0 * float(hit.quantile(q)) if len(hit) else math.nan
         return quantiles[key]
 
+    def fill_loo_quantiles(self, q: float) -> None:
+        """`loo_quantile_pct` at `q` of every fitted group, computed now: a fit cached with
+        them gives each predict row's interval without filtering the leave-one-out table."""
+        for phase, method in sorted(self._effective):
+            self.loo_quantile_pct(phase, method, q)
+
     def octaves_outside(self, batch: int, longest_context: int, n_query: int = 1
                         ) -> dict[str, float]:
         """How far (log2) a decode instance lies beyond the measured points: 'batch' past the

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
 from vegas_sim import fitcache
 from vegas_sim.errors import TraceSetError
@@ -92,6 +92,7 @@ class _Rows:
     sha256: str
     n_rows: int
     table: pa.Table | None = None  # parsed and checked already (a check that just ran)
+    collectives: bool = False  # some row records a collective call (`check_collective_claims`)
 
     def load(self) -> pd.DataFrame:
         if self.table is not None:
@@ -192,6 +193,8 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _parse_parquet(data: bytes | Path, path: Path) -> pa.Table:
+    import pyarrow.parquet as pq  # here: a command whose tables are checked and fitted
+    # already (cached) never parses one, nor pays for this import
     try:
         return pq.read_table(pa.BufferReader(data) if isinstance(data, bytes) else data)
     except (pa.ArrowException, OSError) as e:
@@ -290,8 +293,7 @@ def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None,
                       f"value ranges valid")
     check_row_claims(meta, tables[LATENCY_FILE].n_rows, tables[ACCEPTANCE_FILE].n_rows, root)
     passed.append("rows: the set holds rows, and as many as its meta.json records")
-    latency = tables[LATENCY_FILE].load()  # small: its collective columns checked each read
-    check_collective_claims(meta, latency, root)
+    check_collective_claims(meta, tables[LATENCY_FILE].collectives, root)
     if tensor_parallel_size(meta) > 1:
         passed.append(f"tensor parallel {tensor_parallel_size(meta)}: the model splits that "
                       "many ways, collective columns consistent")
@@ -303,25 +305,52 @@ def _load(path: str | Path, passed: list[str], packaged_dir: Path | None = None,
                 f"{recorded[:12]}…", where=f"{root / name} (meta.json key 'content_hash')",
                 fix=_hash_mismatch_fix(root))
     passed.append("content hash matches meta.json for " + ", ".join(DATA_FILES))
-    return TraceSet(root, meta, latency, tables[ACCEPTANCE_FILE])
+    return TraceSet(root, meta, tables[LATENCY_FILE], tables[ACCEPTANCE_FILE])
 
 
 def _checked_rows(file: Path, weights_kind: str, *, use_cache: bool) -> _Rows:
     """`file`'s table checked (`validate_file_table`), or known to have passed: its sha256
-    is recorded in the fit cache as checked by this code with `weights_kind`."""
-    data = _read_bytes(file)
-    digest = hashlib.sha256(data).hexdigest()
-    checked: list[pa.Table] = []
+    is recorded in the fit cache as checked by this code with `weights_kind`, with its row
+    count and whether a row records a collective call. use_cache False: read, hashed and
+    checked again."""
+    digest = _content_sha256(file) if use_cache else ""
+    checked: list[tuple[pa.Table, str]] = []
 
-    def check_table() -> int:
+    def check_table() -> tuple[int, bool]:
+        data = _read_bytes(file)
+        actual = hashlib.sha256(data).hexdigest()
+        if use_cache and actual != digest:
+            raise TraceSetError("the file changed while it was read", where=str(file),
+                                fix="read the trace set again")
         table = validate_file_table(file.name, _parse_parquet(data, file), file, weights_kind)
-        checked.append(table)
-        return table.num_rows
+        checked.append((table, actual))
+        return table.num_rows, _records_collectives(table)
 
-    key = fitcache.key("trace table checked", {"file": file.name, "sha256": digest,
-                                               "weights_kind": weights_kind}, _CHECK_CODE)
-    n_rows = fitcache.cached(key if use_cache else None, check_table)
-    return _Rows(file, digest, int(n_rows), checked[0] if checked else None)
+    key = fitcache.key("trace table checked, collectives", {
+        "file": file.name, "sha256": digest, "weights_kind": weights_kind}, _CHECK_CODE)
+    n_rows, collectives = fitcache.cached(key if use_cache else None, check_table)
+    table, actual = checked[0] if checked else (None, digest)
+    return _Rows(file, actual, int(n_rows), table, bool(collectives))
+
+
+def _records_collectives(table: pa.Table) -> bool:
+    """Some row's collective_calls is above 0 (a set without the column records none)."""
+    if "collective_calls" not in table.column_names or table.num_rows == 0:
+        return False
+    return bool(pc.any(pc.greater(table["collective_calls"], 0)).as_py())
+
+
+def _content_sha256(file: Path) -> str:
+    """sha256 of `file`'s bytes, recorded in the fit cache under the file's identity and
+    change stamp (device, inode, size, mtime and ctime, which every write moves), so that a
+    command does not read a large unchanged table only to hash it again."""
+    if not file.is_file():
+        raise _missing(file)
+    st = file.stat()
+    stamp = [str(file.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+             st.st_ctime_ns]
+    return str(fitcache.cached(fitcache.key("file sha256", {"file": stamp}, (fitcache,)),
+                               lambda: hashlib.sha256(_read_bytes(file)).hexdigest()))
 
 
 _CHECK_CODE = (validation_module, schema_module)  # the code whose checks a cache entry records

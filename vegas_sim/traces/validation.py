@@ -230,13 +230,13 @@ def tensor_parallel_size(meta: dict[str, Any]) -> int:
     return int(tp["size"]) if isinstance(tp, dict) and "size" in tp else 1
 
 
-def check_collective_claims(meta: dict[str, Any], latency: pd.DataFrame,
+def check_collective_claims(meta: dict[str, Any], collectives: bool,
                             where: Path | str) -> None:
-    """Collectives in the rows only where meta.json says tensor parallel, at a size the model
-    can be split by."""
+    """Collectives in the rows (`collectives`: some latency row records a collective call)
+    only where meta.json says tensor parallel, at a size the model can be split by."""
     size = tensor_parallel_size(meta)
     key = f"{where} (meta.json key 'tensor_parallel')"
-    if size == 1 and len(latency) and (latency["collective_calls"] > 0).any():
+    if size == 1 and collectives:
         raise TraceSetError("latency rows record collectives, but meta.json says one GPU (no "
                             "tensor_parallel, or size 1)", where=key,
                             fix="record the group in meta.json's tensor_parallel, or "

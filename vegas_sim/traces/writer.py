@@ -20,7 +20,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from vegas_sim.errors import TraceSetError
 from vegas_sim.files import atomic_write, sha256_file, write_json
@@ -55,6 +54,8 @@ from vegas_sim.traces.validation import (
 
 
 def _write_parquet_atomic(path: Path, table: pa.Table, durable: bool = True) -> None:
+    import pyarrow.parquet as pq  # here: commands that write no set do not pay for it
+
     # zstd: a third smaller than snappy on acceptance rows (the repository carries them)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"),
                  durable=durable)
