@@ -567,11 +567,13 @@ def build_long_workloads(
         "recall": recall_prompts(tokenizer, data, 0, rng, LONG_LENGTHS,
                                  per_cell=LONG_RECALL_PER_CELL, books=LONG_BOOKS),
     }
-    for w in ("code-long", "chat-long"):  # each from a stream of its own, after the first two
-        added = np.random.default_rng([LONG_SEED, ADDED_SEEDS[w]])
-        long_sources = {"packages": True} if w == "code-long" else {"tutoring": True}
-        prompts[w] = BUILDERS[w](tokenizer, data, 0, added, LONG_LENGTHS, LONG_ADDED_PER_LENGTH,
-                                 **long_sources)
+    # each from a stream of its own, after the first two
+    prompts["code-long"] = code_long_prompts(
+        tokenizer, data, 0, np.random.default_rng([LONG_SEED, ADDED_SEEDS["code-long"]]),
+        LONG_LENGTHS, LONG_ADDED_PER_LENGTH, packages=True)
+    prompts["chat-long"] = chat_long_prompts(
+        tokenizer, data, 0, np.random.default_rng([LONG_SEED, ADDED_SEEDS["chat-long"]]),
+        LONG_LENGTHS, LONG_ADDED_PER_LENGTH, tutoring=True)
     return _write_prompts(prompts, tokenizer, (out_dir or WORKLOAD_DIR) / f"{model}.long.npz")
 
 
