@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import math
 import pickle
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -479,12 +478,10 @@ def test_hand_built_dist_samples_from_rates() -> None:
         assert (smp >= i).mean() == pytest.approx(r, abs=0.01)
 
 
-def test_bootstrap_is_fast(model: AcceptanceModel) -> None:
+def test_bootstrap_samples_the_requested_shape(model: AcceptanceModel) -> None:
     d = model.lookup("vegas", 10, 0.075, 8192)  # mixture + extension: the slowest path
-    t = time.perf_counter()
     smp = d.sample(np.random.default_rng(0), 1000, 2000)
-    assert smp.shape == (1000, 2000)
-    assert time.perf_counter() - t < 3.0
+    assert smp.shape == (1000, 2000) and 0 <= smp.min() and smp.max() <= 10
 
 
 def test_reads_a_written_and_reloaded_synthetic_trace_set(tmp_path: Path) -> None:

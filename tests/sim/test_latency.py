@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -239,19 +238,6 @@ def test_iteration_cost_min_tokens_respected(fitted: LatencyModel) -> None:
     hi = fitted.iteration_cost("vegas", 4, 0.01, min_tokens=2048)
     assert lo(ctx) == pytest.approx(fitted.plan_ms("vegas", 4, ctx, 0.01, min_tokens=64), rel=1e-9)
     assert hi(ctx) > lo(ctx)
-
-
-def test_iteration_cost_is_fast(fitted: LatencyModel) -> None:
-    cost = fitted.iteration_cost("vegas", 7, 0.07)
-    ctx = np.random.default_rng(4).integers(1000, 100_000, 128)
-    cost(ctx)  # fill the per-batch cache
-    n = 2000
-    t = time.perf_counter()
-    for _ in range(n):
-        cost(ctx)
-    per_call_us = (time.perf_counter() - t) / n * 1e6
-    # the target is ~10 µs; leave room for a loaded CI machine
-    assert per_call_us < 60.0, per_call_us
 
 
 def test_what_if_scales_memory_bound_terms_by_bandwidth_ratio(fitted: LatencyModel) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -130,10 +129,3 @@ def test_refuses_the_package_defaults_directory() -> None:
     with pytest.raises(UserInputError, match="never be written into the packaged defaults"):
         make_synthetic_trace_set(io.PACKAGED_DIR / "oops")
     assert not (io.PACKAGED_DIR / "oops").exists()
-
-
-def test_small_grid_is_fast(tmp_path: Path) -> None:
-    make_synthetic_trace_set(tmp_path / "warm", **GRID)
-    start = time.perf_counter()
-    make_synthetic_trace_set(tmp_path / "s", **GRID)
-    assert time.perf_counter() - start < 1.0
