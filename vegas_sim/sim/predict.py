@@ -75,7 +75,7 @@ from vegas_sim.models import ModelSpec
 from vegas_sim.progress import Progress
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
-from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
+from vegas_sim.sim.analytic import analytic_throughput, kv_limited_batch
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import EngineConfig, Lengths, PrefillFn, simulate
 from vegas_sim.sim.latency import IterationCost, LatencyModel
@@ -216,7 +216,7 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     rates = np.zeros(0) if dist is None else np.asarray(dist.rates, dtype=np.float64)
     batch = _analytic_batch(sc, latency)
     res = analytic_throughput(cost, rates, batch, sc.context, sc.output_len, integrate=True)
-    iters = expected_iterations(rates, sc.output_len)
+    iters = res.iterations_per_request  # m(L), computed once (it is a loop over L)
     tpot = (iters - 1) * res.iter_ms / (sc.output_len - 1) if sc.output_len > 1 else math.nan
     mid = np.full(max(round(batch), 1), sc.context + sc.output_len // 2, np.int64)
     bd = cost.breakdown(mid)
