@@ -407,9 +407,12 @@ def predict_one(
         check_simulated_requests(scenario.n_requests, longest, scenario.requests is not None)
     seeds = _seeds(seed, replications)
     dist = _dist(acceptance, scenario)
-    runs = _runs(scenario, latency, dist, engine, seeds)
     cache = _baseline if _baseline is not None else {}
     key = (*_base_key(scenario), engine, seed, replications)
+    if not drafts(scenario.method) and key in cache:  # the baseline a drafting row ran
+        runs = cache[key]
+    else:
+        runs = _runs(scenario, latency, dist, engine, seeds)
     if not drafts(scenario.method):
         cache.setdefault(key, runs)
         base = runs
@@ -435,17 +438,19 @@ def predict(
     replications: int = 5,
     engine: str = "sim",
     progress: Progress | None = None,
+    baselines: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
 ) -> pd.DataFrame:
     """Predict every scenario; one row each (columns documented in the module docstring).
 
     All scenarios are validated before any is run, so a bad one fails fast. Vanilla baselines
-    are shared between scenarios with the same batch/context/output/arrivals.
-    ``progress(done, total)`` is called after each scenario.
+    are shared between scenarios with the same batch/context/output/arrivals, and with
+    earlier calls that pass the same `baselines` dict (for the same latency model: a sweep's
+    chunks). ``progress(done, total)`` is called after each scenario.
     """
     mem = gpu_memory(latency)
     for sc in scenarios:
         validate_scenario(sc, latency.gpu_model, mem, weight_format_of(latency))
-    cache: dict[tuple[Any, ...], list[RunMetrics]] = {}
+    cache: dict[tuple[Any, ...], list[RunMetrics]] = {} if baselines is None else baselines
     rows = []
     for i, sc in enumerate(scenarios):
         rows.append(predict_one(sc, latency, acceptance, seed=seed, replications=replications,
