@@ -381,10 +381,26 @@ def _base_key(sc: Scenario) -> tuple[Any, ...]:
             sc.kv_link_gbs)
 
 
+def _drafting_baseline(scenario: Scenario, latency: LatencyModel, engine: str,
+                       seeds: list[np.random.SeedSequence], key: tuple[Any, ...],
+                       shared: dict[tuple[Any, ...], list[RunMetrics]] | None
+                       ) -> list[RunMetrics]:
+    """The vanilla runs a drafting row's speedup is over, run after its own runs from the
+    same seeds (so from their next spawned streams: the same for every drafting row of a
+    key), or taken from `shared`, where earlier calls keep those."""
+    if shared is not None and key in shared:
+        return shared[key]
+    runs = _runs(scenario.vanilla(), latency, None, engine, seeds)
+    if shared is not None:
+        shared[key] = runs
+    return runs
+
+
 def predict_one(
     scenario: Scenario, latency: LatencyModel, acceptance: AcceptanceModel, *, seed: int = 0,
     replications: int = 5, engine: str = "sim",
     _baseline: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
+    _shared: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
 ) -> dict[str, Any]:
     """One scenario's row (the columns of `predict`). Validates the scenario first."""
     if engine not in ENGINES:
@@ -407,18 +423,15 @@ def predict_one(
         check_simulated_requests(scenario.n_requests, longest, scenario.requests is not None)
     seeds = _seeds(seed, replications)
     dist = _dist(acceptance, scenario)
+    runs = _runs(scenario, latency, dist, engine, seeds)
     cache = _baseline if _baseline is not None else {}
     key = (*_base_key(scenario), engine, seed, replications)
-    if not drafts(scenario.method) and key in cache:  # the baseline a drafting row ran
-        runs = cache[key]
-    else:
-        runs = _runs(scenario, latency, dist, engine, seeds)
     if not drafts(scenario.method):
         cache.setdefault(key, runs)
         base = runs
     else:
         if key not in cache:
-            cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
+            cache[key] = _drafting_baseline(scenario, latency, engine, seeds, key, _shared)
         base = cache[key]
     row = _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
                acceptance_source(acceptance, scenario.method))
@@ -443,18 +456,19 @@ def predict(
     """Predict every scenario; one row each (columns documented in the module docstring).
 
     All scenarios are validated before any is run, so a bad one fails fast. Vanilla baselines
-    are shared between scenarios with the same batch/context/output/arrivals, and with
-    earlier calls that pass the same `baselines` dict (for the same latency model: a sweep's
-    chunks). ``progress(done, total)`` is called after each scenario.
+    are shared between scenarios with the same batch/context/output/arrivals; the ones a
+    drafting row runs (no vanilla scenario before it in the call) also with earlier calls
+    that pass the same `baselines` dict (for the same latency model: a sweep's chunks), which
+    would run the same. ``progress(done, total)`` is called after each scenario.
     """
     mem = gpu_memory(latency)
     for sc in scenarios:
         validate_scenario(sc, latency.gpu_model, mem, weight_format_of(latency))
-    cache: dict[tuple[Any, ...], list[RunMetrics]] = {} if baselines is None else baselines
+    cache: dict[tuple[Any, ...], list[RunMetrics]] = {}
     rows = []
     for i, sc in enumerate(scenarios):
         rows.append(predict_one(sc, latency, acceptance, seed=seed, replications=replications,
-                                engine=engine, _baseline=cache))
+                                engine=engine, _baseline=cache, _shared=baselines))
         if progress is not None:
             progress(i + 1, len(scenarios))
     return pd.DataFrame(rows)
