@@ -14,7 +14,7 @@ CV below — an assumption: AIME25 outputs are model generations, not in any dat
 
     PYTHONPATH=. python benchmarks/paper_check.py [--cv 0.4] [--requests 256]
 
-Prints one row per method; CPU only, about 11 CPU-minutes (docs/RESULTS.md). Nothing is tuned
+Prints one row per method; CPU only, about 7 CPU-minutes (docs/RESULTS.md). Nothing is tuned
 to the paper.
 """
 
