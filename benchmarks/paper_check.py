@@ -14,7 +14,8 @@ CV below — an assumption: AIME25 outputs are model generations, not in any dat
 
     PYTHONPATH=. python benchmarks/paper_check.py [--cv 0.4] [--requests 256]
 
-Prints one row per method; CPU only, about a minute. Nothing is tuned to the paper.
+Prints one row per method; CPU only, about 7 CPU-minutes (docs/RESULTS.md). Nothing is tuned
+to the paper.
 """
 
 from __future__ import annotations
@@ -38,13 +39,19 @@ WORKLOAD = "reasoning"  # AIME25 is competition maths with long chains of though
 
 
 def tuned_gamma(method: str, extra: dict[str, object], latency: object,
-                acceptance: object) -> int:
-    """tune's step-2 γ for `method` at s = 0.07 (its own best γ, no baselines)."""
+                acceptance: object) -> tuple[int, str]:
+    """tune's γ for `method` at s = 0.07 (its own best γ, no baselines): the serving table's K,
+    or, where tune recommends no speculation (K = 0: the interval's low end does not beat
+    vanilla), the best speculative γ it found, with tune's reason."""
     cfg = TuneConfig(method=method, sparsity_coarse=(SPARSITY,), baselines=(),
                      output_len=MEAN_OUT, extra=extra)
     res = tune([(BATCH, CONTEXT)], latency, acceptance, config=cfg,  # type: ignore[arg-type]
                workers=1, model="qwen3-8b")
-    return res.gamma_by_batch()[BATCH]
+    k = res.gamma_by_batch()[BATCH]
+    if k:
+        return k, ""
+    cell = res.cells.iloc[0]
+    return int(cell["gamma"]), f"tune recommends K = 0 for {method}: {cell['k_reason']}"
 
 
 def main() -> None:
@@ -59,13 +66,14 @@ def main() -> None:
     dist = OutputLengths.lognormal(MEAN_OUT, args.cv)
     extra: dict[str, object] = {"temperature": TEMPERATURE, "workload": WORKLOAD,
                                 "output_dist": dist, "requests": args.requests}
-    gammas = {m: tuned_gamma(m, extra, latency, acceptance) for m in METHODS}
+    tuned = {m: tuned_gamma(m, extra, latency, acceptance) for m in METHODS}
+    gammas = {m: g for m, (g, _) in tuned.items()}
     scenarios = [Scenario("vanilla", 1, 1.0, BATCH, CONTEXT, MEAN_OUT, **extra)]  # type: ignore[arg-type]
     scenarios += [Scenario(m, gammas[m], SPARSITY, BATCH, CONTEXT, MEAN_OUT, **extra)  # type: ignore[arg-type]
                   for m in METHODS]
     table = predict(scenarios, latency, acceptance, replications=args.replications)
     print_table(table, gammas, args.cv, time.perf_counter() - t0)
-    for note in notes:
+    for note in [why for _, why in tuned.values() if why] + list(notes):
         print(f"note: {note}")
 
 

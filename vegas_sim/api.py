@@ -51,7 +51,7 @@ from vegas_sim.sim import (
     sparsity_trend,
 )
 from vegas_sim.sim import latency as latency_module
-from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance import AcceptanceModel, PastWindow
 from vegas_sim.sim.anchored import AnchoredAcceptance, MethodShift
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.parallel import TensorParallel
@@ -327,10 +327,30 @@ def _load_models(
                           f"({WEIGHT_FORMAT_NOTES[weight_format]}) and priced at the fitted "
                           "weight-stream efficiency; dequantisation cost not modelled — NOT "
                           "measured")]
+    shape = fit_acceptance(acceptance_set)
+    if acceptance_traces is None:  # a lookup that uses it says so in its row's notes
+        shape = _past_native_window(shape, acceptance_set, latency.model.name)
     acceptance, anchor_notes = anchor_acceptance(
-        fit_acceptance(acceptance_set), acceptance_set, latency.model.name,
-        acceptance_anchors)
+        shape, acceptance_set, latency.model.name, acceptance_anchors)
     return latency, acceptance, (*notes, *anchor_notes)
+
+
+def _past_native_window(shape: AcceptanceModel, shape_set: TraceSet, model: str
+                        ) -> AcceptanceModel:
+    """`shape`, answering contexts past `model`'s native positions (`catalog.NATIVE_POSITIONS`:
+    it runs RoPE-scaled there) from the shape model's RoPE-scaled set where one is packaged
+    (`AcceptanceModel.past_window`); unchanged otherwise."""
+    window = catalog.NATIVE_POSITIONS.get(model)
+    scaled = None if window is None else catalog.scaled_companion(shape_set)
+    if window is None or scaled is None:
+        return shape
+    past = PastWindow(window, functools.partial(_fit_packaged, scaled.name), scaled.name, model)
+    return shape.past_window(past)
+
+
+def _fit_packaged(name: str) -> AcceptanceModel:
+    """The fitted acceptance of a packaged set, by name (picklable for sweep workers)."""
+    return fit_acceptance(io.load_trace_set(name))
 
 
 def latency_loo(trace_set: TraceSet) -> tuple[LatencyModel, pd.DataFrame]:

@@ -15,6 +15,7 @@ import pytest
 
 from vegas_sim.errors import TraceSetError, UserInputError
 from vegas_sim.sim.acceptance import AcceptanceModel, smoother_matrix
+from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, extend_rates
 from vegas_sim.sim.acceptance_dist import match_rates as _match_rates
 from vegas_sim.sim.context_trend import parse_trend_note, shift_rates
@@ -706,3 +707,27 @@ def test_acceptance_follows_the_running_context(model: AcceptanceModel) -> None:
     first = run.stages[0].sample(np.random.default_rng(0), 64, 30)
     np.testing.assert_array_equal(acc[before < 40], first[before < 40])  # the prompt's stage
     assert acc.max() <= 4
+
+
+def _fixed(gamma: int, accepted: int) -> AcceptanceDist:
+    """Every iteration accepts exactly `accepted` of `gamma` drafts (rates 1 then 0)."""
+    return AcceptanceDist("vegas", gamma, (np.arange(1, gamma + 1) <= accepted).astype(float))
+
+
+@pytest.mark.parametrize("accepted, starts", [
+    ((2, 0, 4), (0, 10, 25)),  # three stages, each entered mid-run
+    ((0, 3), (0, 10)),  # one token an iteration: the next stage starts right after the span
+    ((4, 1, 0), (0, 5, 200)),  # the last stage is never reached inside the width
+])
+def test_running_stages_switch_at_their_generated_tokens(accepted: tuple[int, ...],
+                                                         starts: tuple[int, ...]) -> None:
+    """Stage j's draws start at the first iteration whose generated tokens reach its start."""
+    stages = [_fixed(4, a) for a in accepted]
+    run = RunningLengthDist.of(list(starts), stages, 300, [1000 * (j + 1) for j in starts])
+    got = run.sample(np.random.default_rng(1), 3, 40)
+    want, generated = [], 0
+    for _ in range(40):
+        stage = max(j for j, s in enumerate(starts) if generated >= s)
+        want.append(accepted[stage])
+        generated += accepted[stage] + 1
+    np.testing.assert_array_equal(got, np.tile(want, (3, 1)))

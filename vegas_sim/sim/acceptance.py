@@ -65,7 +65,9 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   all evidence), marked with a note
   that says "context trend" and the shift, its sd in `AcceptanceDist.context_trend_sd_pct`
   (prediction intervals). Below them: the first bucket held, marked (the budget floor makes a
-  short context's draft see more of it, against the trend).
+  short context's draft see more of it, against the trend). Past the predicted model's native
+  positions (`past_window`: it runs RoPE-scaled there), a workload the proxy's RoPE-scaled set
+  traced is looked up in that set instead (docs/DESIGN.md, "Past the model's native window").
 - output length (`lookup(..., output_len=)`): each run keeps only the iterations a request of
   that many tokens runs (tokens generated before the iteration < output_len), a prefix of the
   run. Acceptance rises along a generation (text turns repetitive): on the SmolLM2 longdoc
@@ -94,8 +96,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -142,6 +144,24 @@ from vegas_sim.sim.sparsity_trend import (
     sparsity_note,
 )
 
+@dataclass
+class PastWindow:
+    """Where a model's lookups come from past the predicted model's native positions: the same
+    real-weights model traced running past its own trained window with RoPE scaling (YaRN), as
+    the predicted model runs there. `load` fits it on first use (a picklable callable)."""
+
+    window: int  # the predicted model's native positions: beyond, it runs RoPE-scaled
+    load: Callable[[], AcceptanceModel]
+    name: str  # the scaled set's name
+    predicted: str  # the predicted model's name
+    model: AcceptanceModel | None = field(default=None, repr=False)
+
+    def scaled(self) -> AcceptanceModel:
+        if self.model is None:
+            self.model = self.load()
+        return self.model
+
+
 class AcceptanceModel:
     """Acceptance per traced configuration; `lookup` answers any (method, γ, s, C, ...)."""
 
@@ -149,6 +169,7 @@ class AcceptanceModel:
     # `acceptance_source` says (empty: "trace set <trace_set>").
     trace_set: str = ""
     source: str = ""
+    _past_window: PastWindow | None = None  # lookups past the predicted model's window
 
     def __init__(self, runs: pd.DataFrame, cells: dict[CellKey, TracedCell],
                  contexts: dict[CellKey, IterationContexts], smooth: bool = True,
@@ -236,6 +257,26 @@ class AcceptanceModel:
     def _cut(cell: TracedCell, output_len: int | None) -> TracedCell:
         return cell if output_len is None else cell.head(output_len)
 
+    def past_window(self, past: PastWindow) -> AcceptanceModel:
+        """A copy whose lookups of a context past `past.window`, for a workload (and method)
+        the scaled set traced, come from the scaled set (`lookup`)."""
+        out = copy.copy(self)
+        out._past_window = past
+        return out
+
+    def traces(self, method: str, workload: str) -> bool:
+        """Whether some cell of `method` was traced on `workload`."""
+        return any(k.method == method and k.workload == workload for k in self._cells)
+
+    def _scaled_lookup(self, method: str, context: int, workload: str | None
+                       ) -> AcceptanceModel | None:
+        """The scaled set that answers this lookup (`past_window`), or None."""
+        past = self._past_window
+        if past is None or context <= past.window or workload is None:
+            return None
+        scaled = past.scaled()
+        return scaled if scaled.traces(method, workload) else None
+
     # -- lookup --
     def lookup(
         self,
@@ -256,6 +297,17 @@ class AcceptanceModel:
         """
         if method == VANILLA:
             return AcceptanceDist(VANILLA, 0, np.zeros(0))
+        scaled = self._scaled_lookup(method, context, workload)
+        if scaled is not None:
+            past = self._past_window
+            assert past is not None
+            dist = scaled.lookup(method, gamma, sparsity, context, workload, temperature,
+                                 output_len)
+            dist.extrapolated.insert(0, (
+                f"context {context} past {past.predicted}'s native {past.window} positions, "
+                f"where it runs RoPE-scaled: acceptance from {past.name}, traced past its own "
+                "trained window with YaRN"))
+            return dist
         traced = sorted({k.method for k in self._cells})
         if method not in METHODS or method not in traced:
             raise TraceSetError(

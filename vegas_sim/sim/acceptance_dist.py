@@ -395,16 +395,35 @@ class RunningLengthDist(AcceptanceDist):
     def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
         """[n_requests, n_iterations] accepted drafts: the first stage's draws, then from the
         iteration at which a request's generated tokens (accepted + 1 per iteration) reach
-        stage j's start, stage j's draws replayed from their first column."""
-        out = self.stages[0].sample(rng, n_requests, n_iterations)
-        cols = np.arange(n_iterations)  # [W]
-        for start, stage in zip(self.starts[1:], self.stages[1:]):
-            before = np.cumsum(out + 1, axis=1) - (out + 1)  # [R, W] generated before column k
-            enter = np.sum(before < start, axis=1)  # [R] first column in this stage
-            if np.all(enter >= n_iterations):
+        stage j's start, stage j's draws replayed from their first column.
+
+        A request generates at least one token an iteration, so it leaves stage j within
+        (start of j+1 − start of j) iterations of entering it: each stage is drawn that many
+        columns wide (the last to the end), for the requests that reach it, and the entry
+        into the next stage is found inside the segment just drawn."""
+        width = n_iterations
+        out = np.zeros((n_requests, width), dtype=np.int64)
+        spans = [b - a for a, b in zip(self.starts, self.starts[1:])]  # [S − 1] tokens
+        rows = np.arange(n_requests)
+        enter = np.zeros(n_requests, dtype=np.int64)  # [R] first column of the current stage
+        done = np.zeros(n_requests, dtype=np.int64)  # [R] tokens generated before `enter`
+        for j, stage in enumerate(self.stages):
+            live = rows[enter < width]
+            if live.size == 0:
                 break
-            draws = stage.sample(rng, n_requests, n_iterations)  # [R, W]
-            rel = cols[None, :] - enter[:, None]  # [R, W] column inside the stage
-            take = rel >= 0
-            out[take] = draws[np.nonzero(take)[0], rel[take]]
+            span = width - int(enter[live].min())
+            if j < len(spans):
+                span = min(span, spans[j])
+            cols = enter[live, None] + np.arange(span)[None, :]  # [L, span]
+            fits = cols < width
+            draws = stage.sample(rng, live.size, span)  # [L, span] from the stage's start
+            out[np.broadcast_to(live[:, None], cols.shape)[fits], cols[fits]] = draws[fits]
+            if j == len(spans):
+                break
+            gen = np.where(fits, draws + 1, 0)  # tokens of each drawn column
+            before = done[live, None] + np.cumsum(gen, axis=1) - gen  # [L, span]
+            steps = np.sum((before < self.starts[j + 1]) & fits, axis=1)  # columns to stay
+            done[live] += np.sum(np.where(np.arange(span)[None, :] < steps[:, None], gen, 0),
+                                 axis=1)
+            enter[live] += steps  # the width where the request stays to the end
         return out

@@ -24,8 +24,10 @@ Model (DESIGN.md, "Simulator" → Engine):
 - **Pre-drawn randomness.** Output lengths and each request's row of accepted-draft counts are
   drawn before the run (``AcceptanceDist.sample``). So a request's number of iterations and
   its per-iteration token increments are known at admission; the per-iteration Python work is
-  one ``cost`` call, one SimPy timeout and three numpy ops on the running batch (vanilla, whose
-  cost is of Σ contexts alone: none, its iterations priced in blocks). Per-request
+  one ``cost`` call, one SimPy timeout and three numpy ops on the running batch. Vanilla, whose
+  cost is of Σ contexts alone, prices its iterations in blocks (``IterationCost.of_sums``); a
+  drafting method's iterations between two membership changes are evaluated a block at a time
+  (``IterationCost.of_contexts``) when the cost offers it: the same times, bit for bit. Per-request
   timelines (first token, finish), tokens and KV blocks per iteration are reconstructed
   afterwards from the iteration log and the running segments (`segments.Segments`).
 - **Arrivals.** Closed loop (N users; a user submits its next request the instant its previous
@@ -87,6 +89,7 @@ __all__ = ["PREFILL_MODES", "AcceptanceSampler", "Arrivals", "CostFn", "EngineCo
 
 BREAKDOWN_STRIDE = 64  # sample IterationCost.breakdown every this many iterations (cheap)
 VANILLA_BLOCK = 4096  # vanilla iterations evaluated at once, at most (`_iterate_vanilla`)
+DRAFT_BLOCK = 128  # drafting iterations evaluated at once, at most (`_iterate_drafting`)
 
 
 # ---------------------------------------------------------------------------- pre-draw
@@ -174,8 +177,10 @@ class _DecodeInstance:
         self.prefill_total = 0.0
         self.recompute_total = 0.0
         self.on_finish: Callable[[int], None] | None = None
-        # many iterations' costs at once, where a cost depends on Σ contexts alone (vanilla)
+        # many iterations' costs at once: of Σ contexts alone (vanilla), or of the contexts
+        # (IterationCost.of_contexts, drafting methods)
         self.of_sums = cost.of_sums if getattr(cost, "sum_only", False) else None  # type: ignore[attr-defined]
+        self.of_contexts = getattr(cost, "of_contexts", None) if inc is not None else None
 
     def _views(self) -> None:
         """Views over the running prefix, rebuilt only when membership changes."""
@@ -341,6 +346,9 @@ class _DecodeInstance:
         capacity, the loop stops before that iteration and the caller preempts. With an
         unlimited cache (``check_at`` −1) the loop never looks.
         """
+        if self.of_contexts is not None:
+            yield from self._iterate_drafting()
+            return
         if self.inc_flat is None and self.of_sums is not None:
             yield from self._iterate_vanilla()
             return
@@ -428,9 +436,61 @@ class _DecodeInstance:
         if it == self.next_fin:
             self._retire()
 
+    def _iterate_drafting(self) -> Generator[simpy.Event, Any, None]:
+        """`_iterate_until_change` for a drafting method whose cost evaluates many iterations
+        at once: the same iterations, times and clock, a block of them per numpy pass.
+
+        Membership is fixed until the next finish, so the contexts at the start of each of the
+        next K iterations are the running contexts plus the exclusive cumulative sum of the
+        requests' pre-drawn increments [K, n]; their times are `of_contexts` of those rows
+        (what the per-iteration call gives, bit for bit). The KV need is computed for every
+        row, and the block ends before the first iteration that would overflow (the one the
+        per-iteration loop's exact check stops at), after one iteration when a waiting request
+        could be admitted, and at the first iteration that ends at or after the next scheduled
+        event, which is then processed as there. The clock advances by sequential sums.
+        """
+        env, queue, n, inc_flat = self.env, self.queue, self.n, self.inc_flat
+        assert inc_flat is not None and self.of_contexts is not None
+        room = n < self.cfg.max_batch and not self.mem_blocked
+        it, next_fin, cap = self.it, self.next_fin, self.cap_blocks
+        bs = self.cfg.kv_block_size
+        pad = self.cfg.slack + bs - 1
+        now = env.now
+        while True:
+            size = 1 if room and queue else min(next_fin - it, DRAFT_BLOCK)
+            inc = inc_flat[self.pos_v[None, :] + np.arange(size)[:, None]]  # [K, n]
+            ctx = np.cumsum(inc, axis=0)
+            ctx -= inc
+            ctx += self.ctx_v  # [K, n] contexts at the start of each iteration
+            k = size
+            if cap is not None:
+                over = np.flatnonzero(np.add.reduce((ctx + pad) // bs, axis=1) > cap)
+                k = int(over[0]) if over.size else size
+                if k == 0:
+                    self.overflow = True
+                    break
+            dt = self.of_contexts(ctx[:k])
+            times = np.cumsum(np.concatenate([[now], dt]))  # sequential sums, as `now += dt`
+            due = np.flatnonzero(times[1:] >= env.peek())
+            k = int(due[0]) + 1 if due.size else k
+            for j in range(-it % BREAKDOWN_STRIDE, k, BREAKDOWN_STRIDE):
+                self._sample_breakdown(float(dt[j]), ctx[j])
+            self.starts.extend(times[:k].tolist())
+            self.dts.extend(dt[:k].tolist())
+            now = float(times[k])
+            if due.size:  # an event is due during iteration k − 1: let it happen
+                yield env.timeout(now - env.now)
+                now = env.now
+            self.ctx_v += np.add.reduce(inc[:k], axis=0)
+            self.pos_v += k
+            it += k
+            if it == next_fin or (room and queue):
+                break
+        yield from self._end_loop(now, it, it)  # the next loop computes the need exactly
+
     def _sample_breakdown(self, dt: float, contexts: np.ndarray | None = None) -> None:
-        for phase, ms in self.cost.breakdown(self.ctx_v if contexts is None else contexts
-                                             ).items():
+        contexts = self.ctx_v if contexts is None else contexts
+        for phase, ms in self.cost.breakdown(contexts).items():
             self.bd_sum[phase] = self.bd_sum.get(phase, 0.0) + float(ms)
         self.bd_iter_ms += dt
 

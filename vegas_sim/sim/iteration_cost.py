@@ -46,6 +46,15 @@ def _steps_max_sum(h: float, a: float, b: float, n: int) -> float:
     return k_star * h + (n - k_star) * a + b * (n * (n + 1) - k_star * (k_star + 1)) / 2
 
 
+def _steps_max_sum_rows(h: float, a: np.ndarray, b: float, n: int) -> np.ndarray:
+    """`_steps_max_sum` for an array of `a` [K], elementwise the same operations in the same
+    order (so each entry equals the scalar call bit for bit)."""
+    if b <= 0.0:
+        return n * np.maximum(h, a)
+    k_star = np.minimum(np.maximum(np.floor((h - a) / b), 0.0), float(n))
+    return k_star * h + (n - k_star) * a + b * (n * (n + 1) - k_star * (k_star + 1)) / 2
+
+
 @dataclass
 class _Term:
     """One plan entry: `repeats` calls of a phase, each costing serial + max(host, gpu).
@@ -179,6 +188,24 @@ class IterationCost:
             np.minimum(x, c, out=x)
         return float(np.add.reduce(x))
 
+    def _selected_sums(self, c: np.ndarray) -> np.ndarray:
+        """[K] `_selected_sum` of each row of `c` [K, B]: the same elementwise operations; each
+        row's sum adds integers, so it is exact in any order."""
+        x = c.astype(np.float64)
+        np.multiply(x, self.sparsity, out=x)
+        x += (self.sparsity if self._spec.selects_keys else 0.0) - 1e-9
+        np.ceil(x, out=x)
+        np.maximum(x, self.min_tokens, out=x)
+        np.minimum(x, self._hi, out=x)
+        np.minimum(x, c, out=x)
+        if self._spec.quest_pages:
+            np.floor_divide(x, QUEST_PAGE, out=x)
+            np.maximum(x, 1, out=x)
+            x += 1
+            x *= QUEST_PAGE
+            np.minimum(x, c, out=x)
+        return np.add.reduce(x, axis=1)
+
     def _quest_steps(self, c: np.ndarray) -> np.ndarray:
         """[γ] pages scored by quest_meta at draft step k: Σ_b ((C_b + k) // 16 + 1)."""
         assert self._quest_m is not None
@@ -238,6 +265,40 @@ class IterationCost:
         for _, g0, h, per_c, serial, f in fast:
             total += f * (serial + np.maximum(g0 + per_c * csums, h))
         return total
+
+    def of_contexts(self, contexts: np.ndarray) -> np.ndarray:
+        """[K] the times of K iterations whose requests hold `contexts` [K, B] (int64) tokens:
+        row k's entry is what `__call__(contexts[k])` returns, bit for bit (the same operations
+        in the same order, elementwise over the rows; sums of integers are exact). The engine
+        evaluates a drafting method's iterations many at once through it."""
+        c = contexts
+        if self._hybrid:  # window layers: per-phase breakdown per row
+            return np.array([self(row) for row in c], dtype=np.float64)
+        batch = c.shape[1]
+        fast = self._fast.get(batch)
+        if fast is None:
+            fast = self._fast_terms(batch)
+        csum = np.add.reduce(c, axis=1).astype(np.float64)  # exact integer sums
+        sel = self._selected_sums(c) if self._selects else np.zeros(c.shape[0])
+        total = np.zeros(c.shape[0], dtype=np.float64)
+        for t, g0, h, per_c, serial, f in fast:
+            if t is None:
+                total += f * (serial + np.maximum(g0 + per_c * csum, h))
+            else:
+                total += f * (serial + self._term_rows(t, g0, h, batch, csum, c, sel))
+        return total
+
+    def _term_rows(self, t: _Term, base: float, h: float, batch: int, csum: np.ndarray,
+                   c: np.ndarray, sel: np.ndarray) -> np.ndarray:
+        """`_term_ms` of each row (a draft-steps or a Quest-scoring term)."""
+        slope = t.slope_at(batch)
+        if t.kind == "steps":
+            return _steps_max_sum_rows(h, base + slope * sel, slope * batch, t.repeats)
+        p16 = np.add.reduce(c >> 4, axis=1).astype(np.float64) + batch
+        out = np.full(c.shape[0], t.repeats * h)  # every step host-bound (the usual case)
+        for k in np.flatnonzero(base + slope * (p16 + batch * ((t.repeats + 15) // 16)) > h):
+            out[k] = self._term_ms(t, base, h, batch, float(csum[k]), c[k], float(sel[k]))
+        return out
 
     def _fast_terms(self, batch: int
                     ) -> list[tuple[_Term | None, float, float, float, float, float]]:

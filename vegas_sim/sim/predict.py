@@ -75,7 +75,7 @@ from vegas_sim.models import ModelSpec
 from vegas_sim.progress import Progress
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
-from vegas_sim.sim.analytic import analytic_throughput, expected_iterations, kv_limited_batch
+from vegas_sim.sim.analytic import analytic_throughput, kv_limited_batch
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import EngineConfig, Lengths, PrefillFn, simulate
 from vegas_sim.sim.latency import IterationCost, LatencyModel
@@ -216,7 +216,7 @@ def _analytic_run(sc: Scenario, latency: LatencyModel, dist: AcceptanceDist | No
     rates = np.zeros(0) if dist is None else np.asarray(dist.rates, dtype=np.float64)
     batch = _analytic_batch(sc, latency)
     res = analytic_throughput(cost, rates, batch, sc.context, sc.output_len, integrate=True)
-    iters = expected_iterations(rates, sc.output_len)
+    iters = res.iterations_per_request  # m(L), computed once (it is a loop over L)
     tpot = (iters - 1) * res.iter_ms / (sc.output_len - 1) if sc.output_len > 1 else math.nan
     mid = np.full(max(round(batch), 1), sc.context + sc.output_len // 2, np.int64)
     bd = cost.breakdown(mid)
@@ -381,10 +381,26 @@ def _base_key(sc: Scenario) -> tuple[Any, ...]:
             sc.kv_link_gbs)
 
 
+def _drafting_baseline(scenario: Scenario, latency: LatencyModel, engine: str,
+                       seeds: list[np.random.SeedSequence], key: tuple[Any, ...],
+                       shared: dict[tuple[Any, ...], list[RunMetrics]] | None
+                       ) -> list[RunMetrics]:
+    """The vanilla runs a drafting row's speedup is over, run after its own runs from the
+    same seeds (so from their next spawned streams: the same for every drafting row of a
+    key), or taken from `shared`, where earlier calls keep those."""
+    if shared is not None and key in shared:
+        return shared[key]
+    runs = _runs(scenario.vanilla(), latency, None, engine, seeds)
+    if shared is not None:
+        shared[key] = runs
+    return runs
+
+
 def predict_one(
     scenario: Scenario, latency: LatencyModel, acceptance: AcceptanceModel, *, seed: int = 0,
     replications: int = 5, engine: str = "sim",
     _baseline: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
+    _shared: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
 ) -> dict[str, Any]:
     """One scenario's row (the columns of `predict`). Validates the scenario first."""
     if engine not in ENGINES:
@@ -415,7 +431,7 @@ def predict_one(
         base = runs
     else:
         if key not in cache:
-            cache[key] = _runs(scenario.vanilla(), latency, None, engine, seeds)
+            cache[key] = _drafting_baseline(scenario, latency, engine, seeds, key, _shared)
         base = cache[key]
     row = _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
                acceptance_source(acceptance, scenario.method))
@@ -435,12 +451,15 @@ def predict(
     replications: int = 5,
     engine: str = "sim",
     progress: Progress | None = None,
+    baselines: dict[tuple[Any, ...], list[RunMetrics]] | None = None,
 ) -> pd.DataFrame:
     """Predict every scenario; one row each (columns documented in the module docstring).
 
     All scenarios are validated before any is run, so a bad one fails fast. Vanilla baselines
-    are shared between scenarios with the same batch/context/output/arrivals.
-    ``progress(done, total)`` is called after each scenario.
+    are shared between scenarios with the same batch/context/output/arrivals; the ones a
+    drafting row runs (no vanilla scenario before it in the call) also with earlier calls
+    that pass the same `baselines` dict (for the same latency model: a sweep's chunks), which
+    would run the same. ``progress(done, total)`` is called after each scenario.
     """
     mem = gpu_memory(latency)
     for sc in scenarios:
@@ -449,7 +468,7 @@ def predict(
     rows = []
     for i, sc in enumerate(scenarios):
         rows.append(predict_one(sc, latency, acceptance, seed=seed, replications=replications,
-                                engine=engine, _baseline=cache))
+                                engine=engine, _baseline=cache, _shared=baselines))
         if progress is not None:
             progress(i + 1, len(scenarios))
     return pd.DataFrame(rows)

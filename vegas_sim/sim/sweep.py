@@ -202,10 +202,12 @@ def _engines(engine: str) -> tuple[str, ...]:
 
 
 def run_chunk(chunk: Sequence[Item], latency: LatencyModel,
-              acceptance: AcceptanceModel, job: _Job) -> pd.DataFrame:
+              acceptance: AcceptanceModel, job: _Job,
+              baselines: dict[tuple[Any, ...], Any] | None = None) -> pd.DataFrame:
     """Predict the (order, scenario) pairs of one chunk; adds `_order` and `seed` columns.
 
-    One `predict` call per engine, so vanilla baselines are shared inside the chunk; every
+    One `predict` call per engine, so vanilla baselines are shared inside the chunk, and with
+    the process's earlier chunks through `baselines` (a runner's, or a worker's); every
     scenario gets the same base seed, so the rows do not depend on how the grid was cut.
     """
     orders = [order for order, _ in chunk]
@@ -213,12 +215,13 @@ def run_chunk(chunk: Sequence[Item], latency: LatencyModel,
     frames = []
     for engine in job.engines:
         df = predict(scenarios, latency, acceptance, seed=job.seed,
-                     replications=job.replications, engine=engine)
+                     replications=job.replications, engine=engine, baselines=baselines)
         frames.append(df.assign(engine=engine, seed=job.seed, _order=orders))
     return pd.concat(frames, ignore_index=True)
 
 
 _WORKER_MODELS: tuple[Any, Any] | None = None
+_WORKER_BASELINES: dict[tuple[Any, ...], Any] = {}  # a worker's vanilla baselines (its models')
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -241,11 +244,12 @@ def _init_worker(payload: bytes) -> None:
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
     _WORKER_MODELS = pickle.loads(payload)
+    _WORKER_BASELINES.clear()  # baselines of these models only
 
 
 def _run_chunk_in_worker(chunk: Sequence[Item], job: _Job) -> pd.DataFrame:
     assert _WORKER_MODELS is not None, "worker started without models"
-    return run_chunk(chunk, _WORKER_MODELS[0], _WORKER_MODELS[1], job)
+    return run_chunk(chunk, _WORKER_MODELS[0], _WORKER_MODELS[1], job, _WORKER_BASELINES)
 
 
 def fitting(scenarios: Iterable[Scenario], latency: LatencyModel,
@@ -330,6 +334,8 @@ class SweepRunner:
         self._client: Any = None
         self._owns_client = False
         self._scattered: tuple[Any, Any] | None = None
+        # vanilla baselines of the chunks run in this process, shared across them and runs
+        self._baselines: dict[tuple[Any, ...], Any] = {}
         if scheduler is not None:
             self._client, self._owns_client = _dask_client(scheduler)
 
@@ -402,7 +408,7 @@ class SweepRunner:
             yield from self._imap_dask(itertools.chain(ahead, it), job)
         elif self.workers == 1 or len(ahead) <= 1:
             for key, chunk in itertools.chain(ahead, it):
-                yield key, run_chunk(chunk, self.latency, self.acceptance, job)
+                yield key, run_chunk(chunk, self.latency, self.acceptance, job, self._baselines)
         else:
             yield from self._imap_pool(itertools.chain(ahead, it), job, len(ahead))
 

@@ -86,7 +86,7 @@ from vegas_sim.sim.predict import PROVENANCE_COLUMNS, Scenario, is_extrapolated
 from vegas_sim.sim.ranking import score
 from vegas_sim.sim.roofline import ROOFLINE_COLUMNS
 from vegas_sim.sim.scenario import skipped_notes, split_fitting
-from vegas_sim.sim.sweep import Estimate, SweepRunner
+from vegas_sim.sim.sweep import Estimate, SweepRunner, engines_of
 from vegas_sim.sim.tune_result import SERVING_STEP, Cell, TuneConfig, TuneResult, cell_rows
 from vegas_sim.sim.tune_rules import (
     SPARSITY_DIGITS,
@@ -133,18 +133,37 @@ class _Steps:
         self.runner, self.cfg, self.seed, self.progress = runner, cfg, seed, progress
         self.evidence = evidence
         self.rows: list[pd.DataFrame] = []
+        # (scenario, engine) -> its row: a configuration a later step evaluates again with the
+        # same engine (the final ranking of a KV-bound cell re-runs step 4's points) is the same
+        # deterministic run (one seed, one replication count), so it is run once
+        self._done: dict[tuple[str, str], pd.DataFrame] = {}
 
     def run(self, label: str, scenarios: list[Scenario], engine: str | None = None) -> pd.DataFrame:
+        eng = engine or self.cfg.search_engine
+        if len(engines_of(eng)) != 1:  # "both": two rows a scenario, nothing reused
+            return self._keep(label, self._sweep(label, scenarios, eng, 0))
+        keys = [(repr(sc), eng) for sc in scenarios]
+        fresh = list({k: sc for k, sc in zip(keys, scenarios) if k not in self._done}.items())
+        if fresh:
+            df = self._sweep(label, [sc for _, sc in fresh], eng, len(scenarios) - len(fresh))
+            self._done.update((k, df.iloc[[i]]) for i, (k, _) in enumerate(fresh))
+        return self._keep(label, pd.concat([self._done[k] for k in keys], ignore_index=True))
+
+    def _sweep(self, label: str, scenarios: list[Scenario], engine: str,
+               known: int) -> pd.DataFrame:
+        """One sweep of `scenarios`; progress counts the `known` ones (reused) as done."""
         report = None
         if self.progress is not None:
             cb = self.progress
 
             def report(done: int, total: int) -> None:
-                cb(label, done, total)
+                cb(label, known + done, known + total)
 
-        eng = engine or self.cfg.search_engine
-        df = self.runner.run(scenarios, engine=eng, seed=self.seed,
-                             replications=self.cfg.replications, progress=report)
+        return self.runner.run(scenarios, engine=engine, seed=self.seed,
+                               replications=self.cfg.replications, progress=report)
+
+    def _keep(self, label: str, df: pd.DataFrame) -> pd.DataFrame:
+        """The step's rows tagged and scored, kept among every evaluated row."""
         on = self.evidence.mask(df)
         df = _tagged(df, label).assign(
             on_evidence=on, ranked_by=np.where(on, "value", "pi_low"),

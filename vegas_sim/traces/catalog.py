@@ -130,6 +130,24 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
 PROXY_MODEL = "smollm2-135m"
 
 
+# Positions a model serves without inference-time RoPE scaling, where that is fewer than its
+# `max_positions`: the Qwen3 model cards' native context, extended to their full length with
+# YaRN (what the Vegas paper applies at its long-context setting).
+NATIVE_POSITIONS = {"qwen3-4b": 32768, "qwen3-8b": 32768, "qwen3-30b-a3b": 32768}
+
+
+def scaled_companion(acceptance: TraceSet, default_dir: Path | None = None) -> TraceSet | None:
+    """The packaged real-weights set of `acceptance`'s model traced with RoPE scaling past its
+    trained window (e.g. smollm2-135m-real-yarn4 beside smollm2-135m-real), or None."""
+    for entry in sorted(_packaged_entries(default_dir), key=lambda s: s.name):
+        model = entry.meta.get("model")
+        if (entry.model_name == acceptance.model_name and entry.name != acceptance.name
+                and isinstance(model, dict) and model.get("rope_scaling")
+                and entry.may_have_real_acceptance):
+            return load_trace_set(entry.path)
+    return None
+
+
 def _pick_acceptance(model: str, packaged: list[_Entry]) -> TraceSet | None:
     """A packaged real-weight set with acceptance: the predicted model's own first, then
     PROXY_MODEL's."""

@@ -1,0 +1,62 @@
+"""Past the predicted model's native positions (where it runs RoPE-scaled), a lookup of a
+workload the proxy's RoPE-scaled set traced comes from that set; elsewhere nothing changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vegas_sim import api
+from vegas_sim.sim.anchored import shift_dist
+from vegas_sim.traces import catalog, io
+
+LONG = 110592
+
+
+@pytest.fixture(scope="module")
+def default() -> api.AnchoredAcceptance:
+    return api.load_models("qwen3-8b", None, "h100-nvl")[1]
+
+
+def test_the_scaled_companion_is_the_yarn_set() -> None:
+    native = io.load_trace_set("smollm2-135m-real")
+    scaled = catalog.scaled_companion(native)
+    assert scaled is not None and scaled.name == "smollm2-135m-real-yarn4"
+    assert scaled.meta["model"]["rope_scaling"]
+    assert catalog.scaled_companion(scaled) is None  # no other scaled set of that model
+
+
+def test_past_the_window_a_traced_workload_comes_from_the_scaled_set(
+        default: api.AnchoredAcceptance) -> None:
+    scaled = api._fit_packaged("smollm2-135m-real-yarn4")
+    for workload in ("longdoc", "recall"):
+        d = default.lookup("magicdec-stream", 5, 0.07, LONG, workload, 0.6, output_len=1024)
+        assert "smollm2-135m-real-yarn4" in d.extrapolated[0]
+        assert "native 32768 positions" in d.extrapolated[0]
+        # the scaled set's shape at the level the native shape's anchors set
+        delta = default.shifts["magicdec-stream"].delta_for(workload, LONG)
+        want = shift_dist(scaled.lookup("magicdec-stream", 5, 0.07, LONG, workload, 0.6,
+                                        output_len=1024), delta)
+        np.testing.assert_allclose(d.rates, want.rates, rtol=1e-12)
+        native = default.lookup("magicdec-stream", 5, 0.07, 32768, workload, 0.6,
+                                output_len=1024)
+        assert d.mean_length < native.mean_length  # the rise past the native set is not followed
+
+
+def test_inside_the_window_or_an_untraced_workload_stays_native(
+        default: api.AnchoredAcceptance) -> None:
+    for context, workload in ((32768, "longdoc"), (LONG, "code"), (LONG, None)):
+        d = default.lookup("vegas", 7, 0.07, context, workload, 0.6, output_len=1024)
+        assert not any("RoPE-scaled" in n for n in d.extrapolated), (context, workload)
+    a = default.lookup("vegas", 7, 0.07, 32768, "longdoc", 0.6, output_len=1024)
+    shape = api.load_models("qwen3-8b", None, "h100-nvl",
+                            acceptance_traces="smollm2-135m-real")[1]
+    b = shape.lookup("vegas", 7, 0.07, 32768, "longdoc", 0.6, output_len=1024)
+    np.testing.assert_array_equal(a.rates, b.rates)
+
+
+def test_a_model_without_a_native_window_is_unchanged() -> None:
+    assert "gpt-oss-20b" not in catalog.NATIVE_POSITIONS  # trained to its full length
+    model = api.load_models("gpt-oss-20b", None, None)[1]
+    d = model.lookup("vegas", 7, 0.07, LONG, "longdoc", 0.6, output_len=1024)
+    assert not any("RoPE-scaled" in n for n in d.extrapolated)
