@@ -16,7 +16,7 @@ Model (DESIGN.md, "Simulator" → Engine):
   readmitted are recomputed: their prompt + generated tokens are prefilled again on this
   instance (``recompute_fn``, in both prefill modes: the prefill instance of a disaggregated
   deployment only serves new prompts), stalling decoding. No prefix-cache hit is assumed.
-  A request that cannot fit the cache alone is refused before the run (``_check_fits``).
+  A request that cannot fit the cache alone is refused before the run (``engine_inputs.check_fits``).
 - **Iterations.** Each iteration's time is ``cost(contexts)`` with every running request's own
   context (tokens in its KV cache at the start of the iteration). A request's tokens per
   iteration are ``accepted + 1`` (bonus token included), capped at the tokens it still needs.
@@ -62,7 +62,6 @@ takes and gives is `engine_config`.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections import deque
@@ -81,48 +80,23 @@ from vegas_sim.sim.engine_config import (
     EngineResult,
     PrefillFn,
 )
+from vegas_sim.sim.engine_inputs import (
+    arrival_times_ms,
+    check_fits,
+    draw_token_plan,
+    prefill_memo,
+    prefill_stage,
+    request_lengths,
+)
 from vegas_sim.sim.segments import Segments
 from vegas_sim.sim.workload import Arrivals, Lengths, OutputLengths
 
 __all__ = ["PREFILL_MODES", "AcceptanceSampler", "Arrivals", "CostFn", "EngineConfig", "EngineResult",
-           "Lengths", "OutputLengths", "simulate"]
+           "Lengths", "OutputLengths", "prefill_stage", "simulate"]
 
 BREAKDOWN_STRIDE = 64  # sample IterationCost.breakdown every this many iterations (cheap)
 VANILLA_BLOCK = 4096  # vanilla iterations evaluated at once, at most (`_iterate_vanilla`)
 DRAFT_BLOCK = 128  # drafting iterations evaluated at once, at most (`_iterate_drafting`)
-
-
-# ---------------------------------------------------------------------------- pre-draw
-def _draw_token_plan(
-    dist: AcceptanceSampler | None, rng: np.random.Generator, out: np.ndarray, gamma: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Per request: iterations needed [R], token increments [R, W] (None for vanilla), and the
-    histogram [γ+1] of accepted drafts over the iterations that run (before truncation).
-
-    Draws W ≈ 1.3·max_out/E[len] columns first and redraws twice as wide (rarely) until every
-    request's cumulative tokens reach its output length. Vanilla (dist None): one token per
-    iteration.
-    """
-    if dist is None:
-        return np.array([int(out.sum())], np.int64), out.copy(), None
-    n, max_out = out.shape[0], int(out.max())
-    width = min(max_out, math.ceil(1.3 * max_out / max(dist.mean_length, 1.0)) + 16)
-    acc = np.asarray(dist.sample(rng, n, width), dtype=np.int64)  # [R, W]
-    while True:
-        cum = np.cumsum(acc, axis=1)  # [R, W]
-        cum += np.arange(1, acc.shape[1] + 1)  # tokens after k+1 iterations (bonus included)
-        if np.all(cum[:, -1] >= out):
-            break
-        # redrawn wider: a request's column k is its k-th iteration (its position matters)
-        width = min(max_out, 2 * width)
-        acc = np.asarray(dist.sample(rng, n, width), dtype=np.int64)
-    n_iters = np.sum(cum < out[:, None], axis=1) + 1  # first k with cum >= out, 1-based
-    ran = np.arange(acc.shape[1])[None, :] < n_iters[:, None]  # [R, W]
-    hist = np.bincount(acc[ran], minlength=gamma + 1).astype(np.int64)
-    del acc, ran
-    np.minimum(cum, out[:, None], out=cum)
-    inc = np.diff(cum, axis=1, prepend=0)  # [R, W] int64, 0 after finishing
-    return hist, n_iters.astype(np.int64), inc
 
 
 # ---------------------------------------------------------------------------- the instance
@@ -273,7 +247,7 @@ class _DecodeInstance:
         blocks = (self.ctx[:n] + (slack + bs - 1)) // bs  # [n]
         order = np.argsort(self.seq[:n], kind="stable")  # [n] slots, admission order
         fits = int(np.searchsorted(np.cumsum(blocks[order]), self.cap_blocks, side="right"))
-        victims = order[fits:]  # never all: one request alone always fits (_check_fits)
+        victims = order[fits:]  # never all: one request alone always fits (check_fits)
         for s in victims:
             r = int(self.rid[s])
             self._end_segment(int(s))
@@ -364,11 +338,9 @@ class _DecodeInstance:
         now = env.now
         while True:
             if it == check_at:
-                free = cap - self._blocks_in_use()  # type: ignore[operator]
-                if free < 0:
-                    self.overflow = True
+                check_at = self._next_check(it, step)
+                if check_at < 0:
                     break
-                check_at = it + 1 + free // step
             dt = cost(ctx_v)
             if it % BREAKDOWN_STRIDE == 0:
                 self._sample_breakdown(dt)
@@ -403,31 +375,52 @@ class _DecodeInstance:
         now = env.now
         while True:
             if it == check_at:
-                free = cap - self._blocks_in_use()  # type: ignore[operator]
-                if free < 0:
-                    self.overflow = True
+                check_at = self._next_check(it, n * self.step_blocks)
+                if check_at < 0:
                     break
-                check_at = it + 1 + free // (n * self.step_blocks)
             end = it + 1 if room and queue else min(
                 next_fin, check_at if check_at >= 0 else next_fin, it + VANILLA_BLOCK)
             base = int(np.add.reduce(self.ctx_v))
             dt = of_sums((base + n * np.arange(end - it)).astype(np.float64), n)
-            times = np.cumsum(np.concatenate([[now], dt]))  # sequential sums, as `now += dt`
-            due = np.flatnonzero(times[1:] >= env.peek())
-            k = int(due[0]) + 1 if due.size else end - it
-            for j in range(-it % BREAKDOWN_STRIDE, k, BREAKDOWN_STRIDE):
-                self._sample_breakdown(float(dt[j]), self.ctx_v + j)
-            self.starts.extend(times[:k].tolist())
-            self.dts.extend(dt[:k].tolist())
-            now = float(times[k])
-            if due.size:  # an event is due during iteration k − 1: let it happen
-                yield env.timeout(now - env.now)
-                now = env.now
+            ctx0 = self.ctx_v
+            k, now = yield from self._log_block(dt, now, it, lambda j: ctx0 + j)
             self.ctx_v += k
             it += k
             if it == next_fin or (room and queue):
                 break
         yield from self._end_loop(now, it, check_at)
+
+    def _next_check(self, it: int, step: int) -> int:
+        """The iteration of the next exact KV check (the KV invariant: the blocks in use grow
+        by at most `step` an iteration), or −1 (and `overflow` set) when they exceed the cache
+        now."""
+        free = self.cap_blocks - self._blocks_in_use()  # type: ignore[operator]
+        if free < 0:
+            self.overflow = True
+            return -1
+        return it + 1 + free // step
+
+    def _log_block(self, dt: np.ndarray, now: float, it: int,
+                   contexts_at: Callable[[int], np.ndarray]
+                   ) -> Generator[simpy.Event, Any, tuple[int, float]]:
+        """Log a block of iterations priced at once (`dt` [K] ms, from `now`, the first being
+        iteration `it`; `contexts_at(j)`: iteration it + j's contexts, for the sampled
+        breakdown) up to the first that ends at or after the next scheduled event, which is
+        then let happen. Returns (iterations logged, the clock after them); the clock advances
+        by sequential sums, as `now += dt` one at a time."""
+        env = self.env
+        times = np.cumsum(np.concatenate([[now], dt]))
+        due = np.flatnonzero(times[1:] >= env.peek())
+        k = int(due[0]) + 1 if due.size else len(dt)
+        for j in range(-it % BREAKDOWN_STRIDE, k, BREAKDOWN_STRIDE):
+            self._sample_breakdown(float(dt[j]), contexts_at(j))
+        self.starts.extend(times[:k].tolist())
+        self.dts.extend(dt[:k].tolist())
+        now = float(times[k])
+        if due.size:  # an event is due during iteration k − 1: let it happen
+            yield env.timeout(now - env.now)
+            now = env.now
+        return k, now
 
     def _end_loop(self, now: float, it: int, check_at: int) -> Generator[simpy.Event, Any, None]:
         if now > self.env.now:  # bring the clock to the end of the last fused iteration
@@ -470,17 +463,7 @@ class _DecodeInstance:
                     self.overflow = True
                     break
             dt = self.of_contexts(ctx[:k])
-            times = np.cumsum(np.concatenate([[now], dt]))  # sequential sums, as `now += dt`
-            due = np.flatnonzero(times[1:] >= env.peek())
-            k = int(due[0]) + 1 if due.size else k
-            for j in range(-it % BREAKDOWN_STRIDE, k, BREAKDOWN_STRIDE):
-                self._sample_breakdown(float(dt[j]), ctx[j])
-            self.starts.extend(times[:k].tolist())
-            self.dts.extend(dt[:k].tolist())
-            now = float(times[k])
-            if due.size:  # an event is due during iteration k − 1: let it happen
-                yield env.timeout(now - env.now)
-                now = env.now
+            k, now = yield from self._log_block(dt, now, it, ctx.__getitem__)
             self.ctx_v += np.add.reduce(inc[:k], axis=0)
             self.pos_v += k
             it += k
@@ -506,35 +489,6 @@ def _arrival_process(env: simpy.Environment, inst: _DecodeInstance, ready_ms: np
             yield env.timeout(t - env.now)
         submitted_ms[r] = env.now
         inst.submit(int(r))
-
-
-def prefill_stage(arrival_ms: np.ndarray, input_len: np.ndarray, prefill_ms: PrefillFn | None,
-                  gpus: int, transfer_ms_per_token: float) -> np.ndarray:
-    """[R] when each request's KV reaches the decode instance: FCFS in arrival order over
-    `gpus` prefill GPUs (a prompt on the first GPU free), then the transfer."""
-    free = [0.0] * gpus  # heap of the times each GPU is next free
-    ready = np.zeros(arrival_ms.shape[0])
-    one = _memo(prefill_ms)
-    for r in np.argsort(arrival_ms, kind="stable"):
-        start = max(float(arrival_ms[r]), heapq.heappop(free))
-        done = start + one(int(input_len[r]))
-        heapq.heappush(free, done)
-        ready[r] = done + transfer_ms_per_token * float(input_len[r])
-    return ready
-
-
-def _memo(prefill_ms: PrefillFn | None) -> Callable[[int], float]:
-    """One prompt's prefill time by its length, each length computed once (0 without one)."""
-    cache: dict[int, float] = {}
-
-    def one(n: int) -> float:
-        if prefill_ms is None:
-            return 0.0
-        if n not in cache:
-            cache[n] = float(prefill_ms(np.array([n], np.int64)))
-        return cache[n]
-
-    return one
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -571,9 +525,9 @@ def simulate(
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     rng_len, rng_arr, rng_acc = (np.random.default_rng(s) for s in ss.spawn(3))
     n = cfg.n_requests
-    inp, out = _request_lengths(cfg, rng_len)
-    _check_fits(cfg, inp, out)
-    hist, n_iters, inc = _draw_token_plan(acceptance, rng_acc, out, cfg.gamma)
+    inp, out = request_lengths(cfg, rng_len)
+    check_fits(cfg, inp, out)
+    hist, n_iters, inc = draw_token_plan(acceptance, rng_acc, out, cfg.gamma)
 
     env = simpy.Environment()
     inst = _DecodeInstance(env, cfg, cost, prefill_fn if cfg.prefill == "co-located" else None,
@@ -583,7 +537,7 @@ def simulate(
     handoff = np.zeros(n)
     staged = cfg.prefill == "disaggregated"
     if staged and cfg.arrivals.kind == "closed":  # the prefill stage runs ahead (docstring)
-        one = _memo(prefill_fn)
+        one = prefill_memo(prefill_fn)
         handoff = np.array([one(int(x)) + cfg.kv_transfer_ms_per_token * float(x)
                             for x in inp])
     if cfg.arrivals.kind == "closed":
@@ -600,7 +554,7 @@ def simulate(
         for r in range(users):
             inst.submit(r)
     else:
-        times = _arrival_times_ms(cfg, rng_arr)
+        times = arrival_times_ms(cfg, rng_arr)
         ready = (prefill_stage(times, inp, prefill_fn, cfg.prefill_gpus,
                                cfg.kv_transfer_ms_per_token) if staged else times)
         stamped = np.zeros(n)
@@ -616,38 +570,6 @@ def simulate(
     res.handoff_ms = handoff
     res.queued_ms = stamped if cfg.arrivals.kind != "closed" else arrival_ms.copy()
     return res
-
-
-def _request_lengths(cfg: EngineConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    if cfg.arrivals.kind == "trace" and cfg.arrivals.trace_lengths:
-        pairs = np.asarray(cfg.arrivals.trace_lengths, dtype=np.int64)  # [R, 2]
-        if pairs.min() < 1:
-            raise UserInputError("trace lengths must be >= 1", where="arrival trace",
-                                 fix="drop requests with zero lengths")
-        return pairs[:, 0].copy(), pairs[:, 1].copy()
-    return cfg.lengths.draw(rng, cfg.n_requests)
-
-
-def _check_fits(cfg: EngineConfig, inp: np.ndarray, out: np.ndarray) -> None:
-    """A request whose prompt + output + one step's slack does not fit the whole KV cache
-    alone would wait forever: refuse up front. Anything smaller runs (preempted if need be)."""
-    cap = cfg.kv_capacity_blocks
-    if cap is None:
-        return
-    tokens = int((inp + out).max())
-    if cfg.blocks(tokens) > cap:
-        raise UserInputError(
-            f"a request needs {tokens + cfg.slack} KV slots (input + output + {cfg.slack}) but "
-            f"the KV cache holds {cap * cfg.kv_block_size} tokens "
-            f"({cap} blocks of {cfg.kv_block_size})",
-            where="--context/--output-len", fix="shorten the request or give more KV capacity")
-
-
-def _arrival_times_ms(cfg: EngineConfig, rng: np.random.Generator) -> np.ndarray:
-    if cfg.arrivals.kind == "poisson":
-        gaps = rng.exponential(1000.0 / cfg.arrivals.rate_per_s, size=cfg.n_requests)
-        return np.cumsum(gaps)
-    return np.asarray(cfg.arrivals.times_s, dtype=np.float64) * 1000.0
 
 
 # ---------------------------------------------------------------------------- collection
