@@ -13,17 +13,9 @@ still rises markedly.
 
 A *cell* is all runs of one (method, temperature, workload, sparsity, bucket, traced γ).
 
-Smoothing. A cell holds few prompts, so its rates carry sampling noise (two independent
-measurements of the same grid differ point by point), while acceptance is smooth in sparsity
-and context. Each cell's per-position rates are replaced by a local-linear Gaussian-kernel fit
-over the cells of its (method, temperature, workload, γ_t) in (log s, log C), bandwidths 0.4
-and 0.5, weighted by runs (`smoother_matrix`; a linear trend passes unchanged, so pooling
-along a slope adds no bias). Chosen on calibration data only (two independent SmolLM2 H200
-sets): smoothing lowered the error of predicting one set's cells from the other and, slightly,
-leave-one-prompt-out error, and left greedy cells as they were (greedy noise is shared across
-a prompt's sparsities, so pooling them gains nothing); nearby bandwidths did as well, while
-much wider ones and a local mean (Nadaraya-Watson) over contexts were biased and worse.
-`from_traces(..., smooth=False)` keeps each cell on its own data.
+Smoothing: each cell's per-position rates are a local-linear kernel fit over the cells of its
+(method, temperature, workload, γ_t) in (log s, log C) (`smoother_matrix`; why and how it was
+chosen: docs/DESIGN.md, "Acceptance: smoothing, rates and replay").
 A lookup picks cells and turns them into an `AcceptanceDist`:
 
 - γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): truncation accepted' = min(accepted, γ);
@@ -75,28 +67,15 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   2 / 5 / 8 % at γ 4 / 8 / 12. Longer than the traced runs → every iteration, marked.
 - temperature: nearest traced (0 = greedy), marked when not exact.
 
-Rates r_i = P(accepted ≥ i) use the recorded acceptance probabilities where that is exact:
-P(accepted ≥ i) = E[1{accepted ≥ i−1} · accept_prob_i] (Rao-Blackwellised: the probability of
-accepting d_i given the first i−1 were accepted is recorded, the coin flip adds only noise).
-Replay (`AcceptanceDist.sample`) is a bootstrap of whole real runs (of their kept prefixes
-when `output_len` is given): each replayed request walks through one traced run from its start,
-at the pace of its own γ, so that it keeps the run's rise of acceptance along the generation
-and its prompt's level. (A circular block bootstrap instead, blocks of 8 iterations from
-random offsets, is position-blind: it over-predicts the steady window of closed
-batches at large γ and B by up to 12 % in acceptance, because that window, which ends when
-the first request finishes, covers the early, less accepted iterations only.) Each replayed
-iteration is then thinned / extended position by position (`_match_rates`) so that the
-replay's per-position rates equal the smoothed, Rao-Blackwellised `rates` in expectation; an
-iteration whose record already has the target rates (greedy, unsmoothed) is replayed
-unchanged. The smoothed rates of a (group, output_len)
-are computed once per model and cached on it (plain dicts and arrays: picklable).
+Rates and replay (Rao-Blackwellised rates, a bootstrap of whole runs thinned to them): docs/
+DESIGN.md, "Acceptance: smoothing, rates and replay".
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -129,8 +108,10 @@ from vegas_sim.sim.context_trend import (
     flat_trend,
     pool_trends,
     run_lengths,
+    covering_peers,
     shift_source,
     trend_note,
+    trend_sd_pct,
 )
 from vegas_sim.sim.sparsity_trend import (
     IterationContexts,
@@ -350,7 +331,7 @@ class AcceptanceModel:
             shifts += b_shifts
         rates = sum((wi * c.rates for wi, c in zip(w, comps)), np.zeros(gamma))
         dist = AcceptanceDist(method, gamma, np.asarray(rates), notes, comps, np.asarray(w))
-        dist.context_trend_sd_pct = _trend_sd_pct(dist, shifts)
+        dist.context_trend_sd_pct = trend_sd_pct(dist.weights, shifts)
         return dist
 
     def _context_mixture(self, keys: list[CellKey],
@@ -414,7 +395,7 @@ class AcceptanceModel:
                    for g, b in last.items()}
             pooled = pool_trends(own, cell_of=lambda g: (g.temperature, g.workload))
             for g, t in pooled.items():
-                peers = _covering_peers(g, pooled)
+                peers = covering_peers(g, pooled)
                 self._trends[(g, last[g])] = covering_trend(
                     t, [pooled[h] for h in peers], [h.workload for h in peers])
         return self._trends[(group, edge)]
@@ -668,26 +649,3 @@ class AcceptanceModel:
             "n_runs": len(self._runs),
             "n_iterations": int(sum(len(c.acc) for c in cells)),
         }
-
-
-def _covering_peers(group: GroupKey, trends: Mapping[GroupKey, ContextTrend]
-                    ) -> list[GroupKey]:
-    """The groups whose trends may cover the contexts beyond `group`'s reach: the other
-    workloads of its method and temperature (other prompts: independent evidence), one group
-    each, at the traced γ nearest its own."""
-    best: dict[str, GroupKey] = {}
-    for h in sorted(trends):
-        if (h.method, h.temperature) != (group.method, group.temperature) or \
-                h.workload == group.workload:
-            continue
-        if h.workload not in best or abs(h.gamma - group.gamma) < abs(
-                best[h.workload].gamma - group.gamma):
-            best[h.workload] = h
-    return [best[w] for w in sorted(best)]
-
-
-def _trend_sd_pct(dist: AcceptanceDist, shifts: list[TrendShift | None]) -> float:
-    """Relative sd (%) of the mean acceptance length from the context trends followed: each
-    component's (`TrendShift.sd_pct`), weighted like the mixture (fully correlated)."""
-    return float(sum(float(w) * sh.sd_pct for w, sh in zip(dist.weights, shifts)
-                     if sh is not None))

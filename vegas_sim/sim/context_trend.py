@@ -71,6 +71,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from vegas_sim.sim.acceptance_cells import GroupKey
 from vegas_sim.sim.acceptance_dist import DrawSource, TracedCell, conditional_rates
 
 COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
@@ -515,3 +516,28 @@ def parse_trend_note(text: str) -> dict[str, float | str] | None:
             "edge_bucket": float(m["bucket"]), "doublings": float(m["doublings"]),
             "shift": float(m["shift"]), "length_before": float(m["before"]),
             "length_after": float(m["after"])}
+
+
+def covering_peers(group: GroupKey, trends: Mapping[GroupKey, ContextTrend]
+                    ) -> list[GroupKey]:
+    """The groups whose trends may cover the contexts beyond `group`'s reach: the other
+    workloads of its method and temperature (other prompts: independent evidence), one group
+    each, at the traced γ nearest its own."""
+    best: dict[str, GroupKey] = {}
+    for h in sorted(trends):
+        if (h.method, h.temperature) != (group.method, group.temperature) or \
+                h.workload == group.workload:
+            continue
+        if h.workload not in best or abs(h.gamma - group.gamma) < abs(
+                best[h.workload].gamma - group.gamma):
+            best[h.workload] = h
+    return [best[w] for w in sorted(best)]
+
+
+def trend_sd_pct(weights: Sequence[float] | np.ndarray, shifts: list[TrendShift | None]
+                 ) -> float:
+    """Relative sd (%) of a mixture's mean acceptance length from the context trends its
+    components followed: each component's (`TrendShift.sd_pct`), weighted like the mixture
+    (fully correlated)."""
+    return float(sum(float(w) * sh.sd_pct for w, sh in zip(weights, shifts)
+                     if sh is not None))
