@@ -20,7 +20,7 @@ from vegas_sim.sim.predict import Scenario
 
 # What only one side has: the CLI's output options; the function's live reporting.
 CLI_ONLY = {"predict": {"fmt", "out"}, "sweep": {"out", "rank_by"}, "tune": {"out"}}
-API_ONLY = {"predict": set(), "sweep": set(), "tune": {"progress", "say"}}
+API_ONLY = {"predict": {"progress"}, "sweep": set(), "tune": {"progress", "say"}}
 FUNCTIONS = {"predict": api.predict, "sweep": api.sweep, "tune": api.tune}
 
 

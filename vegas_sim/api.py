@@ -40,7 +40,7 @@ from vegas_sim.methods import (
     check_sparsity,
     point_of,
 )
-from vegas_sim.progress import Say, StepProgress
+from vegas_sim.progress import Progress, Say, StepProgress
 from vegas_sim.sim import acceptance as acceptance_module
 from vegas_sim.sim import (
     acceptance_dist,
@@ -442,10 +442,12 @@ def predict(
     engine: str = "sim",
     seed: int = 0,
     replications: int = 5,
+    progress: Progress | None = None,
 ) -> pd.DataFrame:
     """`vegas-sim predict` as a function: one row per method (vanilla first), every metric
     with its 95 % CI (docs/OUTPUTS.md); ``table.attrs["notes"]`` says where the inputs came
-    from and what was extrapolated (the lines the CLI prints as notes).
+    from and what was extrapolated (the lines the CLI prints as notes). ``progress(done,
+    total)`` is called after each method's row.
 
     context takes 32768 or '32K'; sparsity 0.07 or '7%'; output_len N, 'lognormal:MEAN,CV'
     or 'file:PATH' (`output_lengths`); arrival the --arrival text or an `Arrivals`; gpu a datasheet name or a GpuSpec, gpu_spec a
@@ -457,7 +459,7 @@ def predict(
         >>> list(table["method"])
         ['vanilla', 'vegas']
     """
-    values = dict(locals())
+    values = {k: v for k, v in locals().items() if k != "progress"}
     check_options(values)  # every bounded number, before any fitting
     shared = scenario_extra("predict", values)  # --arrival parsed here, once
     context_tokens = one_int(context, "--context")
@@ -473,7 +475,7 @@ def predict(
                           **shared)
                  for m in ordered]
     table = predict_scenarios(scenarios, latency, acceptance, seed=seed,
-                              replications=replications, engine=engine)
+                              replications=replications, engine=engine, progress=progress)
     table.attrs["notes"] = notes
     return table
 

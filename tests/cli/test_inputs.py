@@ -271,3 +271,23 @@ def test_progress_in_a_log_steps_every_five_percent(capsys: pytest.CaptureFixtur
     assert done_seen[0] == 0 and done_seen[-1] == 2410
     assert 18 <= len(lines) <= 25  # about one per 5 %, not one per update (242)
     assert all(b - a <= 0.05 * 2410 + 10 for a, b in zip(done_seen, done_seen[1:]))
+
+
+def test_a_long_job_reports_while_it_runs_and_a_short_one_stays_quiet(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """predict's heartbeat: a line every period while the block runs (done of total, time
+    so far), none for a block that ends sooner; the reporting thread ends with the block."""
+    import threading
+    import time
+
+    from vegas_sim.cli.common import heartbeat
+
+    with heartbeat("predicting", "methods", every_s=0.02) as progress:
+        progress(1, 2)
+        time.sleep(0.5)
+    assert "predicting: 1/2 methods done" in capsys.readouterr().err
+    with heartbeat("predicting", "methods", every_s=30.0) as progress:
+        progress(2, 2)
+    assert capsys.readouterr().err == ""
+    assert not any(t.daemon and t.is_alive() and t.name.startswith("Thread")
+                   for t in threading.enumerate())

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.grids import one_int, one_sparsity
-from vegas_sim.progress import LabelledProgress, StepProgress
+from vegas_sim.progress import LabelledProgress, Progress, StepProgress
 from vegas_sim.sim.options import OPTIONS, Option, options_for
 
 
@@ -155,6 +155,35 @@ def progress_task(description: str) -> Iterator[LabelledProgress]:
         return
     with progress_bars(one_task=description) as update:
         yield lambda done, total, label: update(label, done, total)
+
+
+@contextmanager
+def heartbeat(description: str, unit: str, every_s: float | None = None
+              ) -> Iterator[Progress]:
+    """A line on stderr every `every_s` (LOG_EVERY_S) while a job that may run long (a
+    predict of many requests) is still at work, terminal or not: what is done of how many
+    `unit`, and the time so far; nothing for a job done sooner. Yields progress(done, total).
+    The reporting thread is a daemon and stops with the block."""
+    every = LOG_EVERY_S if every_s is None else every_s
+    state = {"done": 0, "total": 0}
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            counted = f"{state['done']}/{state['total']} {unit} done, " if state["total"] else ""
+            click.echo(f"{description}: {counted}{time.monotonic() - start:.0f} s", err=True)
+
+    def progress(done: int, total: int) -> None:
+        state.update(done=done, total=total)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield progress
+    finally:
+        stop.set()
+        thread.join()
 
 
 LOG_EVERY_S = 10.0  # without a terminal: a progress line at least this often as work is done,

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from vegas_sim import api
-from vegas_sim.cli.common import scenario_options, user_errors
+from vegas_sim.cli.common import heartbeat, scenario_options, user_errors
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, write_atomic
 from vegas_sim.reports import terminal
@@ -65,7 +65,8 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
     with user_errors():
         explicit = ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT
         fmt = _out_format(fmt, explicit, out)
-        table = api.predict(**kwargs)
+        with heartbeat("predicting", "methods") as progress:
+            table = api.predict(**kwargs, progress=progress)
         notes = list(table.attrs.pop("notes", []))
         # --out alone writes the file and still shows the table; an explicit --format does not
         show = out is not None and not explicit or out is None and fmt == "table"
