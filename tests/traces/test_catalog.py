@@ -152,6 +152,8 @@ def test_a_revision_that_changed_every_method_asks_for_a_new_set() -> None:
     note = catalog.runtime_note("old-set", "3")
     assert f"revision 3, this code's is {RUNTIME_REVISION}" in note and "only" not in note
     assert "only magicdec-quest" in catalog.runtime_note("old-set", "4")
+    newer = catalog.runtime_note("new-set", str(int(RUNTIME_REVISION) + 1))  # a later runtime's
+    assert "re-calibrate to predict this one" in newer and "only" not in newer
 
 
 def test_an_older_runtime_revision_is_named_in_the_notes(tmp_path: Path) -> None:

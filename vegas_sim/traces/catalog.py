@@ -91,19 +91,16 @@ def _model_mismatch(model: str, ts: TraceSet, packaged: list[_Entry]) -> UserInp
 def runtime_note(name: str, revision: str) -> str:
     """What a set of an older runtime revision prices as that runtime ran it: every method, or
     only the methods whose phases the later revisions changed (CHANGED_PHASES)."""
-    later = [r for r in CHANGED_PHASES if int(revision) < int(r) <= int(RUNTIME_REVISION)]
-    partial = all(r in CHANGED_PHASES for r in map(str, range(int(revision) + 1,
-                                                            int(RUNTIME_REVISION) + 1)))
-    if not partial:
-        return (f"{name} was measured on runtime revision {revision}, this code's is "
-                f"{RUNTIME_REVISION} (traces/schema.py): the latencies are that runtime's; "
-                "re-calibrate to predict this one")
-    changed = {m: p for r in later for m, p in CHANGED_PHASES[r].items()}
+    head = (f"{name} was measured on runtime revision {revision}, this code's is "
+            f"{RUNTIME_REVISION} (traces/schema.py):")
+    since = ([str(r) for r in range(int(revision) + 1, int(RUNTIME_REVISION) + 1)]
+             if revision.isdigit() else [])
+    if not since or not all(r in CHANGED_PHASES for r in since):
+        return f"{head} the latencies are that runtime's; re-calibrate to predict this one"
+    changed = {m: p for r in since for m, p in CHANGED_PHASES[r].items()}
     which = "; ".join(f"{m} ({', '.join(p)})" for m, p in sorted(changed.items()))
-    return (f"{name} was measured on runtime revision {revision}, this code's is "
-            f"{RUNTIME_REVISION} (traces/schema.py): only {which} changed since, and is priced "
-            f"as the older runtime ran it; re-calibrate {', '.join(sorted(changed))} to predict "
-            "this one")
+    return (f"{head} only {which} changed since, and is priced as the older runtime ran it; "
+            f"re-calibrate {', '.join(sorted(changed))} to predict this one")
 
 
 def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
