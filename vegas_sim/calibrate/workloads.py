@@ -72,6 +72,8 @@ WORKLOADS: tuple[str, ...] = FIRST_WORKLOADS + ADDED_WORKLOADS
 # Windows of a book (the question, if any, at the end); every other workload's prompt ends on
 # the request and the assistant's turn
 BOOK_WINDOW_WORKLOADS: tuple[str, ...] = ("longdoc", "recall")
+# Prompts that end on a question about the text before it, which any cut loses
+WHOLE_PROMPT_WORKLOADS: tuple[str, ...] = ("recall",)
 ADDED_SEEDS = {"code-long": 3, "chat-long": 4, "competitive": 5}
 # code-long / chat-long prompt lengths (longdoc's and recall's buckets), tokens
 ADDED_LENGTHS: tuple[int, ...] = (1024, 2048, 3072, 4096, 7168)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vegas_sim.calibrate.workloads import load_workload
+from vegas_sim.calibrate.workloads import WHOLE_PROMPT_WORKLOADS, load_workload
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import PHASES
 from vegas_sim.sim.predict import PROVENANCE_COLUMNS
@@ -184,9 +184,6 @@ def request_prompts(h: HeldOut, weights: str, workload_prompts: int | None
     workload = load_workload(h.workload or "longdoc")
     n = len(workload) if workload_prompts is None else workload_prompts
     return prompt_index(h, len(long_prompts(h, workload[:n])[0])), n
-
-
-WHOLE_PROMPT_WORKLOADS = ("recall",)  # a cut loses the question at the prompt's end
 
 
 def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
