@@ -385,9 +385,9 @@ def _drafting_baseline(scenario: Scenario, latency: LatencyModel, engine: str,
                        seeds: list[np.random.SeedSequence], key: tuple[Any, ...],
                        shared: dict[tuple[Any, ...], list[RunMetrics]] | None
                        ) -> list[RunMetrics]:
-    """The vanilla runs a drafting row's speedup is over, run after its own runs from the
-    same seeds (so from their next spawned streams: the same for every drafting row of a
-    key), or taken from `shared`, where earlier calls keep those."""
+    """The vanilla runs a drafting row's speedup is over, or those `shared` keeps from
+    earlier calls. `seeds` are fresh (unspawned) copies of the row's own, so vanilla draws
+    the row's lengths and arrivals (common random numbers), as a vanilla row run first would."""
     if shared is not None and key in shared:
         return shared[key]
     runs = _runs(scenario.vanilla(), latency, None, engine, seeds)
@@ -431,7 +431,8 @@ def predict_one(
         base = runs
     else:
         if key not in cache:
-            cache[key] = _drafting_baseline(scenario, latency, engine, seeds, key, _shared)
+            cache[key] = _drafting_baseline(scenario, latency, engine,
+                                            _seeds(seed, replications), key, _shared)
         base = cache[key]
     row = _row(scenario, engine, runs, base, dist, latency, time.perf_counter() - t0,
                acceptance_source(acceptance, scenario.method))
