@@ -45,7 +45,7 @@ def test_past_the_window_a_traced_workload_comes_from_the_scaled_set(
 
 def test_inside_the_window_or_an_untraced_workload_stays_native(
         default: api.AnchoredAcceptance) -> None:
-    for context, workload in ((32768, "longdoc"), (LONG, "code"), (LONG, None)):
+    for context, workload in ((32768, "longdoc"), (LONG, "code"), (32768, None)):
         d = default.lookup("vegas", 7, 0.07, context, workload, 0.6, output_len=1024)
         assert not any("RoPE-scaled" in n for n in d.extrapolated), (context, workload)
     a = default.lookup("vegas", 7, 0.07, 32768, "longdoc", 0.6, output_len=1024)
@@ -60,3 +60,17 @@ def test_a_model_without_a_native_window_is_unchanged() -> None:
     model = api.load_models("gpt-oss-20b", None, None)[1]
     d = model.lookup("vegas", 7, 0.07, LONG, "longdoc", 0.6, output_len=1024)
     assert not any("RoPE-scaled" in n for n in d.extrapolated)
+
+
+def test_every_workload_pooled_past_the_window_pools_the_scaled_sets(
+        default: api.AnchoredAcceptance) -> None:
+    """`--workload all` past the window: the scaled set's workloads pooled (the only evidence
+    there), not the native set's short-prompt workloads followed out by their trends."""
+    d = default.lookup("vegas", 7, 0.07, LONG, None, 0.6, output_len=1024)
+    assert "smollm2-135m-real-yarn4" in d.extrapolated[0]
+    assert "its workloads pooled: chat-long, code-long, longdoc, recall" in d.extrapolated[0]
+    native = api.load_models("qwen3-8b", None, "h100-nvl",
+                             acceptance_traces="smollm2-135m-real")[1]
+    n = native.lookup("vegas", 7, 0.07, LONG, None, 0.6, output_len=1024)
+    assert not any("RoPE-scaled" in x for x in n.extrapolated)
+    assert d.mean_length != pytest.approx(n.mean_length, rel=1e-3)

@@ -245,6 +245,11 @@ class AcceptanceModel:
         out._past_window = past
         return out
 
+    @property
+    def workloads(self) -> list[str]:
+        """The workloads some cell was traced on, sorted."""
+        return sorted({k.workload for k in self._cells})
+
     def traces(self, method: str, workload: str) -> bool:
         """Whether some cell of `method` was traced on `workload`."""
         return any(k.method == method and k.workload == workload for k in self._cells)
@@ -253,9 +258,11 @@ class AcceptanceModel:
                        ) -> AcceptanceModel | None:
         """The scaled set that answers this lookup (`past_window`), or None."""
         past = self._past_window
-        if past is None or context <= past.window or workload is None:
+        if past is None or context <= past.window:
             return None
         scaled = past.scaled()
+        if workload is None:  # every workload pooled: the scaled set's own, all of them
+            return scaled if any(k.method == method for k in scaled._cells) else None
         return scaled if scaled.traces(method, workload) else None
 
     # -- lookup --
@@ -287,7 +294,9 @@ class AcceptanceModel:
             dist.extrapolated.insert(0, (
                 f"context {context} past {past.predicted}'s native {past.window} positions, "
                 f"where it runs RoPE-scaled: acceptance from {past.name}, traced past its own "
-                "trained window with YaRN"))
+                "trained window with YaRN" + ("" if workload else
+                                              f" (its workloads pooled: "
+                                              f"{', '.join(scaled.workloads)})")))
             return dist
         traced = sorted({k.method for k in self._cells})
         if method not in METHODS or method not in traced:
