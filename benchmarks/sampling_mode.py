@@ -12,6 +12,10 @@ Two sources, whichever is given:
   over its rows of the greedy row's ms over the sampled row's at the same point.
 
     python benchmarks/sampling_mode.py --results benchmarks/results/validate_h100_smollm2_workloads_seed20261209.csv
+
+With --results it also prints how many of the table's rows the prediction interval would
+cover with the sampling-mode term (`sim.uncertainty.sampling_mode_pct`, from each greedy
+row's predicted phase ms) against without it (the table's own pi_low..pi_high).
     python benchmarks/sampling_mode.py --traces /root/tr/smollm2-135m-h200
 
 Nothing runs at import.
@@ -25,6 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from vegas_sim.sim.uncertainty import (
+    GREEDY_OVER_SAMPLED,
+    GREEDY_SAVED_MS_PER_CALL,
+    interval,
+)
 from vegas_sim.traces import io
 from vegas_sim.traces.schema import SAMPLING_PHASES, UNRECORDED_TEMPERATURE
 
@@ -65,6 +74,31 @@ def from_results(path: Path) -> dict[str, tuple[float, float]]:
     return out
 
 
+def term_pct(phases: dict[str, float], gamma: int) -> float:
+    """`sampling_mode_pct` of a greedy row priced as sampled, from its per-phase ms."""
+    total = sum(phases.values())
+    moved = sum(min(phases[p] * (1.0 - r), GREEDY_SAVED_MS_PER_CALL[p] * _calls(p, gamma))
+                for p, r in GREEDY_OVER_SAMPLED.items() if phases.get(p, 0.0) > 0)
+    return 100.0 * moved / (total - moved) if total > moved else 0.0
+
+
+def coverage(path: Path) -> tuple[int, int, int]:
+    """(rows, covered by the table's interval, covered with the sampling-mode term added to
+    its greedy rows)."""
+    table = pd.read_csv(path)
+    before = after = 0
+    for _, r in table.iterrows():
+        parts = {k: float(r[f"pi_{k.replace('-', '_')}_pct"]) for k in
+                 ("latency-fit", "acceptance-sampling", "extrapolation-distance", "simulation")}
+        mode = term_pct(_phases(r["predicted_phase_ms"]), int(r["gamma"])) if (
+            r["temperature"] == 0) else 0.0
+        lo, hi, _ = interval(float(r["predicted"]), parts, float(r["pi_host_protocol_pct"]),
+                             mode)
+        before += int(r["pi_low"] <= r["measured"] <= r["pi_high"])
+        after += int(max(lo, 0.0) <= r["measured"] <= hi)
+    return len(table), before, after
+
+
 def from_traces(path: Path) -> dict[str, float]:
     """{phase: greedy / sampled} from a trace set of both modes (see the module docstring)."""
     latency = io.load_trace_set(path).latency
@@ -72,7 +106,7 @@ def from_traces(path: Path) -> dict[str, float]:
     greedy = latency[latency["temperature"] == 0]
     sampled = latency[latency["temperature"] > 0]
     joined = greedy.merge(sampled, on=POINT, suffixes=("_g", "_s"))
-    return {phase: float((g["ms_median_g"] / g["ms_median_s"]).median())
+    return {str(phase): float((g["ms_median_g"] / g["ms_median_s"]).median())
             for phase, g in joined.groupby("phase") if phase in SAMPLING_PHASES}
 
 
@@ -87,6 +121,8 @@ def main() -> None:
         print(f"results {args.results}: " + ", ".join(
             f"{p} greedy/sampled {r:.3f}, saved {ms:.3f} ms per call"
             for p, (r, ms) in from_results(args.results).items()))
+        n, before, after = coverage(args.results)
+        print(f"interval covers {before} of {n} rows; with the sampling-mode term {after}")
     if args.traces is not None:
         print(f"traces {args.traces}: " + ", ".join(
             f"{p} greedy/sampled {r:.3f}" for p, r in from_traces(args.traces).items()))

@@ -35,8 +35,10 @@ standard deviations (%) combined in quadrature:
   small kernels, a fixed cost per call that a small model's host-bound step shows as a large
   share and a large model's forward does not), so a greedy run priced as sampled may be
   faster (> 0: pi_high raised) and a sampled run priced as greedy slower (< 0: pi_low
-  lowered) by that time over the iteration's, taken as a 95 % bound. A set that timed both
-  modes prices each run in its own and has no such term.
+  lowered) by that time over the iteration's: the median shift measured, taken as the bound
+  and combined in quadrature with the symmetric half-width, like host-protocol (rows whose
+  acceptance is also off can fall outside: docs/RESULTS.md). A set that timed both modes
+  prices each run in its own and has no such term.
 
 `pi_transfer_pct` is the shape-transfer part of the acceptance extrapolation and `pi_low_shape`
 the low end without it: what the interval would be were the anchors' model's acceptance shaped
@@ -126,7 +128,7 @@ def host_protocol_pct(latency: LatencyModel, method: str, breakdown: dict[str, f
 
 def sampling_mode_pct(latency: LatencyModel, temperature: float, gamma: int,
                       breakdown: dict[str, float]) -> float:
-    """The signed one-sided sampling-mode bound (%, 95 %) on a run's throughput: > 0 how much
+    """The signed one-sided sampling-mode bound (%) on a run's throughput: > 0 how much
     faster a greedy run priced as sampled may be, < 0 how much slower a sampled run priced as
     greedy may be; 0 when the set timed the run's mode (see the module docstring). `gamma`:
     draft steps per iteration (0 for vanilla)."""
