@@ -140,7 +140,7 @@ from vegas_sim.sim.latency_fit import (
     with_host,
 )
 from vegas_sim.traces.meta import GridMeta
-from vegas_sim.traces.schema import UNRECORDED_TEMPERATURE
+from vegas_sim.traces.schema import SAMPLING_PHASES, UNRECORDED_TEMPERATURE
 
 GREEDY, SAMPLED = "greedy", "sampled"
 
@@ -237,24 +237,27 @@ class LatencyModel:
         (meta.json), the temperature of rows that record none.
 
         The rows at the grid's latency_temperature (its mode, `sampling_mode`) make the
-        model's fits; rows in the other mode (calibrate's second pass over the sampling
-        phases) are fitted on their own and replace those phases' fits when a scenario runs
-        in that mode (`for_temperature`).
+        model's fits; the sampling phases' rows in the other mode (calibrate's second pass,
+        `schema.SAMPLING_PHASES`) are fitted on their own and replace those phases' fits when
+        a scenario runs in that mode (`for_temperature`).
         """
         latency = validate_latency_rows(latency)
         tp = tensor_parallel or TensorParallel(1, 0.0, 0.0)
         phys = shard_physics(model, tp.size, gpu.copy_bandwidth_gbs, gpu.bf16_tflops, "bf16")
         temps = row_temperatures(latency, latency_temperature)
         base = sampling_mode(latency_temperature)
-        modes = np.array([sampling_mode(t) for t in temps])
-        own = latency[modes == base]
+        # rows of the other mode price only the phases sampling touches (a merged set's other
+        # phases, timed at another temperature, run the same kernels: they join the fits)
+        apart = (np.array([sampling_mode(t) for t in temps]) != base) & latency[
+            "phase"].isin(list(SAMPLING_PHASES)).to_numpy()
+        own = latency[~apart]
         groups = _fit_groups(phys, own, graphed)
         temperatures = {base: float(latency_temperature)}
         mode_groups: dict[str, dict[tuple[str, str], FittedGroup]] = {}
-        other = latency[modes != base]
+        other = latency[apart]
         if len(other):
             second = GREEDY if base == SAMPLED else SAMPLED
-            temperatures[second] = float(temps[modes != base].max())
+            temperatures[second] = float(temps[apart].max())
             mode_groups = {base: groups, second: {**groups, **_fit_groups(phys, other, graphed)}}
         longest = own.groupby("batch")["context"].max().sort_index()
         envelope = tuple(zip(longest.index.astype(int).tolist(), longest.astype(int).tolist()))
