@@ -134,6 +134,10 @@ def fit_latency(trace_set: TraceSet) -> LatencyModel:
         model = LatencyModel.from_meta(trace_set.latency, trace_set.meta)
         model.loo_errors()  # computed once and cached with the fit: prediction intervals use it
         model.fill_loo_quantiles(LOO_QUANTILE)  # (its quantile per group, what they read)
+        for mode in model.measured_modes:  # a set of both modes: the other's fits likewise
+            other = model.for_temperature(0.0 if mode == "greedy" else 1.0)
+            other.loo_errors()
+            other.fill_loo_quantiles(LOO_QUANTILE)
         return model
 
     return _named(fitcache.cached(key, build), trace_set.name)

@@ -12,7 +12,8 @@
 #                          then traces check and a predict on the set it made
 #   full qwen3-8b|smollm2|gpt-oss-20b|qwen3-30b-a3b
 #                          the latency grid of the packaged set of that name (8 / 3 / 7 / 6
-#                          GPU-min)
+#                          GPU-min); smollm2 also times draft_step and sample greedy
+#                          (--greedy-latency: 4 of its 7 batches, about half the grid again)
 #   allreduce              python benchmarks/allreduce.py at TP 2/4/8 (as many as the machine's
 #                          GPUs allow): measured all-reduce / all-gather beside the datasheet
 #                          link and per-call latency sim/parallel.py assumes
@@ -151,13 +152,18 @@ full)  # the packaged latency sets' grids; a set cut by the timeout resumes if c
       --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
     finalize $TR/qwen3-8b-h200
     ;;
-  smollm2)  # real weights: run `gguf` first
+  smollm2)  # real weights: run `gguf` first; the grid at T 0.6 and its sampling phases at T 0
     [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
+    s0=$(date +%s)
     timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real \
       --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
       --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
-      --verify-after-draft --out $TR/smollm2-135m-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
+      --verify-after-draft --greedy-latency --out $TR/smollm2-135m-h200 2>&1 | tail -6 \
+      | tee "$OUT/calibrate.log"
+    echo "calibrate wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/calibrate.log"
     finalize $TR/smollm2-135m-h200
+    python3 benchmarks/sampling_mode.py --traces $TR/smollm2-135m-h200 2>&1 \
+      | tee -a "$OUT/calibrate.log"
     ;;
   gpt-oss-20b|qwen3-30b-a3b)  # MoE: contexts x4 (their latency is linear in C), B x2
     model=$1; ctx=1K,4K,16K,64K,128K

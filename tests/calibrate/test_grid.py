@@ -583,3 +583,29 @@ def test_free_form_workloads_are_not_cut() -> None:
 def test_unknown_acceptance_cuts_is_refused() -> None:
     with pytest.raises(UserInputError, match="acceptance cuts"):
         _plan(acceptance_cuts="all")
+
+
+def test_greedy_latency_times_the_sampling_phases_greedy_at_half_the_batches(
+        tmp_path: Path, tiny_net: Any) -> None:
+    """--greedy-latency: the grid at T 0.6, plus draft_step and sample at T 0 at the points of
+    greedy_batches (drafts at the extreme sparsities); the fit has both modes."""
+    from vegas_sim.sim.latency import LatencyModel
+    from vegas_sim.traces.schema import SAMPLING_PHASES
+
+    plan = tiny_plan(greedy_latency=True, batch=(1, 2, 4), context=(64,))
+    assert plans.greedy_batches(plan) == (1, 4)
+    assert plans.greedy_sparsities(plan) == (0.1, 0.5)
+    ts = load_trace_set(run_calibration(plan, tmp_path / "ts", model=(tiny_net, RANDOM_META)))
+    lat = ts.latency
+    assert ts.meta["grid"]["greedy_latency"] is True
+    sampled, greedy = lat[lat["temperature"] == 0.6], lat[lat["temperature"] == 0.0]
+    assert len(sampled) + len(greedy) == len(lat)
+    _assert_rows_cover_plans(sampled, plan, tiny_net.spec.max_positions)
+    assert set(greedy["phase"]) == set(SAMPLING_PHASES)
+    assert set(greedy["batch"]) == {1, 4}
+    assert set(greedy[greedy["phase"] == "sample"]["method"]) == set(
+        sampled[sampled["phase"] == "sample"]["method"])
+    model = LatencyModel.from_meta(lat, ts.meta)
+    assert model.measured_modes == ("greedy", "sampled") and model.prices_mode(0.0)
+    with pytest.raises(UserInputError, match="greedy"):
+        tiny_plan(greedy_latency=True, temperatures=(0.0,))

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -211,3 +212,28 @@ def test_gpu_minutes_count_overlapping_sessions_once() -> None:
     assert union_seconds([(0, 60), (30, 90), (200, 260)]) == 150
     assert union_seconds([(0, 100), (10, 20)]) == 100
     assert union_seconds([]) == 0
+
+
+def test_merge_keeps_each_sets_latency_temperature_on_its_rows(tmp_path: Path) -> None:
+    """A point timed at T 0 in one set and at T 0.6 in another is two rows, not one twice;
+    rows that record no temperature take their own set's latency_temperature."""
+    from vegas_sim.sim.latency import LatencyModel
+
+    def latency_set(name: str, temperature: float, ms: float) -> Path:
+        grid: dict[str, Any] = {"latency_temperature": temperature, "batch": [2]}
+        w = io.TraceSetWriter(tmp_path / name, synthetic_meta(get_preset("smollm2-135m"),
+                                                              grid=grid), durable=False)
+        rows = pd.concat([_latency(2), _latency(2).assign(phase="sample", kv_read=1025)])
+        w.append_latency(rows.assign(ms_median=ms, ms_p10=ms * 0.9, ms_p90=ms * 1.1))
+        w.finalize()
+        return tmp_path / name
+
+    merged = merge_trace_sets(tmp_path / "m", [latency_set("s", 0.6, 2.0),
+                                               latency_set("g", 0.0, 1.0)])
+    lat = merged.latency
+    assert sorted(lat["temperature"]) == [0.0, 0.0, 0.6, 0.6]
+    model = LatencyModel.from_meta(lat, merged.meta)
+    assert model.measured_modes == ("greedy", "sampled")  # the first set's grid: T 0.6
+    kv = np.array([1025])
+    assert model.for_temperature(0.0).phase_ms("sample", "vanilla", 1, kv) < model.phase_ms(
+        "sample", "vanilla", 1, kv)

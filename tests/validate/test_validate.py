@@ -223,17 +223,33 @@ def test_empty_temperature_resolves_to_the_latency_grids(tmp_path: Path) -> None
 
     traces = tmp_path / "traces"
     make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
-                             contexts=(64, 256), batches=(1, 2))
-    models = dataclasses.replace(load_models(traces, None), latency_temperature=0.6,
-                                 traced_temperatures=(0.0, 0.6))
+                             contexts=(64, 256), batches=(1, 2), latency_temperature=0.6)
+    models = dataclasses.replace(load_models(traces, None), traced_temperatures=(0.0, 0.6))
+    assert models.latency_temperature == 0.6
     h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=None), models)
     assert h.temperature == 0.6 and note == ""
     h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=0.0), models)
     assert "sampling cost differs" in note
+    assert "priced sampled at T 0.6 (run greedy: not measured)" in note
     greedy_only = dataclasses.replace(models, traced_temperatures=(0.0,))
     h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=None),
                                   greedy_only)
     assert h.temperature == 0.0 and "differs" in note
+
+
+def test_a_set_of_both_modes_notes_the_greedy_pricing(tmp_path: Path) -> None:
+    """A run at T 0 against a set that timed the sampling phases greedy too is priced greedy:
+    the note says so and no longer that the sampling cost differs."""
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.predict import load_models, resolve_temperature
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4), contexts=(64, 256),
+                             batches=(1, 2), latency_temperature=0.6,
+                             greedy_over_sampled={"draft_step": 0.5, "sample": 0.5})
+    models = load_models(traces, None)
+    h, note = resolve_temperature(HeldOut("vegas", 3, 0.1, 2, 80, temperature=0.0), models)
+    assert note == "sampling phases priced greedy"
 
 
 def test_committed_heldout_sets_are_valid_and_off_grid() -> None:

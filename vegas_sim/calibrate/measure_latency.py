@@ -24,6 +24,12 @@ charged to ``sample``; vanilla and verify repetitions chain `HOST_GAP_CHAIN` ite
 that a repetition's first launch and last sync are shared, as in the running loop; a
 repetition's wall is the timed chain's own.
 
+With `greedy_latency` the phases sampling touches (schema.SAMPLING_PHASES: ``draft_step``,
+and ``sample`` of vanilla and of the speculative acceptance) are timed again greedy (T 0: no
+top-k / top-p filter, no draw) at the points of `greedy_batches`, the drafts at
+`greedy_sparsities`; verify, select, quest_meta and decode run the same kernels either way and
+are not. Every row records the temperature it ran at.
+
 Every configuration runs `warmup` untimed, then `reps` timed repetitions through the
 SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); each row
 holds the median / p10 / p90 over the timed samples and their count. The synthetic state
@@ -58,6 +64,8 @@ from vegas_sim.calibrate.plan import (
     CalibrationPlan,
     LatencyPoint,
     effective_context,
+    greedy_batches,
+    greedy_sparsities,
     latency_temperature,
 )
 from vegas_sim.calibrate.runtime import DenseAttention, GraphedForward, capture_cuda_graph
@@ -76,6 +84,7 @@ from vegas_sim.methods import (
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.schema import (
     LATENCY_SCHEMA,
+    SAMPLING_PHASES,
 )
 
 
@@ -91,14 +100,16 @@ def stats(samples: Sequence[float]) -> dict[str, float | int]:
 
 
 def latency_row(phase: str, method: str, batch: int, context: int, n_query: int, kv_read: int,
-                collect: int, samples: Sequence[float], collectives: tuple[int, int] = (0, 0)
-                ) -> dict[str, Any]:
+                collect: int, samples: Sequence[float], collectives: tuple[int, int] = (0, 0),
+                temperature: float = 0.0) -> dict[str, Any]:
     """One latency row; `collectives`: (calls, bytes) of one call of the phase on a
-    tensor-parallel shard (their time, `collective_ms`, is set by calibrate/tp_run.py)."""
+    tensor-parallel shard (their time, `collective_ms`, is set by calibrate/tp_run.py);
+    `temperature`: the sampling temperature the phase ran at (0 = greedy)."""
     return {"phase": phase, "method": method, "batch": int(batch), "context": int(context),
             "n_query": int(n_query), "kv_read": int(kv_read), "collect_rows": int(collect),
             **stats(samples), "collective_calls": int(collectives[0]),
-            "collective_bytes": int(collectives[1]), "collective_ms": 0.0}
+            "collective_bytes": int(collectives[1]), "collective_ms": 0.0,
+            "temperature": float(temperature)}
 
 
 def latency_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -300,6 +311,8 @@ class PointContext:
     batch: int
     context: int  # effective context (capped so that context + 2γ + 2 fits max_positions)
     seed: int
+    temperature: float = 0.0  # the sampling temperature the decoders run at
+    sparsities: tuple[float, ...] = ()  # the drafts' (empty: the plan's)
 
     @property
     def spec(self) -> ModelSpec:
@@ -314,8 +327,7 @@ class PointContext:
 
 
 def _decoder(ctx: PointContext, method: str, gamma: int, sparsity: float, timer: Any) -> Any:
-    temp, top_p, top_k = sampling_args(latency_temperature(ctx.plan), ctx.plan.top_p,
-                                      ctx.plan.top_k)
+    temp, top_p, top_k = sampling_args(ctx.temperature, ctx.plan.top_p, ctx.plan.top_k)
     cfg = SpecConfig(method=method, gamma=gamma, sparsity=sparsity,
                      min_tokens=ctx.plan.min_tokens, temperature=temp, top_p=top_p, top_k=top_k)
     return SpecDecoder(ctx.model, cfg, timer)
@@ -444,7 +456,7 @@ def measure_drafts(ctx: PointContext, path: str, methods_here: Sequence[str]
     quest_pool: dict[int, list[float]] = {}
     once: list[float] = []  # 'other' per iteration, pooled over sparsities likewise
     draft = method_of(path)
-    for s in ctx.plan.sparsity:
+    for s in ctx.sparsities or ctx.plan.sparsity:
         # Sparsities whose budgets coincide here (the min_tokens floor at short contexts) give
         # the same kv_read: measure such a draft once.
         kv_key = tuple(int(draft_kv_read(m, s, contexts, ctx.max_len, j, ctx.plan.min_tokens)[0])
@@ -615,14 +627,25 @@ def measure_latency_point(model: Any, plan: CalibrationPlan, point: LatencyPoint
                           ) -> list[dict[str, Any]]:
     """Every latency row of one (batch, context) point (see the module docstring)."""
     ctx = PointContext(model, plan, point.batch, effective_context(plan, model.spec, point.context),
-                       seed=plan.seed + 7919 * point.batch + point.context)
+                       seed=plan.seed + 7919 * point.batch + point.context,
+                       temperature=latency_temperature(plan))
     with torch.no_grad():
-        rows = measure_vanilla(ctx)
-        for path, group in DRAFT_PATHS.items():
-            here = [m for m in group if m in plan.methods]
-            if here:
-                rows += measure_drafts(ctx, path, here)
-        if plan.spec_methods:
-            for nq in plan.verify_n_query():
-                rows += measure_verify(ctx, nq)
+        rows = _point_rows(ctx)
+        if plan.greedy_latency and point.batch in greedy_batches(plan):
+            greedy = dataclasses.replace(ctx, temperature=0.0, sparsities=greedy_sparsities(plan))
+            rows += [r for r in _point_rows(greedy) if r["phase"] in SAMPLING_PHASES]
     return rows
+
+
+def _point_rows(ctx: PointContext) -> list[dict[str, Any]]:
+    """The rows of one point at the context's temperature, each recording it."""
+    plan = ctx.plan
+    rows = measure_vanilla(ctx)
+    for path, group in DRAFT_PATHS.items():
+        here = [m for m in group if m in plan.methods]
+        if here:
+            rows += measure_drafts(ctx, path, here)
+    if plan.spec_methods:
+        for nq in plan.verify_n_query():
+            rows += measure_verify(ctx, nq)
+    return [{**r, "temperature": float(ctx.temperature)} for r in rows]

@@ -94,6 +94,7 @@ class CalibrationPlan:
     latency: bool = True
     acceptance: bool = True
     verify_after_draft: bool = False  # see _verify_samples
+    greedy_latency: bool = False  # the sampling phases timed greedy too (greedy_batches)
     rope_extension: float | None = None  # YaRN factor past the model's window (rope_extension)
     long_prompts: bool = False  # acceptance on the long windows (workloads.LONG_LENGTHS)
     tensor_parallel: int = 1  # ranks sharding the model (calibrate/tp_run.py); meta's own key
@@ -166,6 +167,10 @@ def validate_plan(plan: CalibrationPlan) -> None:
         raise UserInputError(f"must be >= 0, got {plan.acceptance_first_prompt}",
                              where="--first-prompt", fix="pass 0 or more")
     _validate_tensor_parallel(plan)
+    if plan.greedy_latency and latency_temperature(plan) == 0:
+        raise UserInputError("--greedy-latency with every temperature 0: the grid is already "
+                             "timed greedy", where="--greedy-latency",
+                             fix="add a sampled temperature (--temperature 0,0.6), or drop it")
     if plan.acceptance_first_prompt and plan.acceptance_cuts != "none":
         raise UserInputError("--first-prompt with cuts: a cut's request id would name "
                              "another prompt of the workload", where="--first-prompt",
@@ -315,6 +320,19 @@ def acceptance_points(plan: CalibrationPlan) -> list[AcceptancePoint]:
     return [AcceptancePoint(m, gamma, s, t, w)
             for s in coarse_to_fine(plan.sparsity, plan.ref_sparsity)
             for t in plan.temperatures for w in plan.workloads for m in plan.spec_methods]
+
+
+def greedy_batches(plan: CalibrationPlan) -> tuple[int, ...]:
+    """The batches whose points `greedy_latency` also times greedy: every other planned batch,
+    the largest always (the fits span the grid's range at about half the points)."""
+    batches = sorted(plan.batch)
+    return tuple(sorted({*batches[::2], batches[-1]}))
+
+
+def greedy_sparsities(plan: CalibrationPlan) -> tuple[float, ...]:
+    """The sparsities the greedy draft steps are timed at: the smallest and the largest (the
+    draft budget's range; the sampling work does not depend on it)."""
+    return tuple(sorted({min(plan.sparsity), max(plan.sparsity)}))
 
 
 def latency_temperature(plan: CalibrationPlan) -> float:

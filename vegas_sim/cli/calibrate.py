@@ -96,6 +96,10 @@ def _check_out_dir(out: Path) -> None:
               help="Time verify, acceptance and selection in whole iterations (γ draft steps "
                    "first, as decoding runs them): for host-bound (small) models, at the cost "
                    "of the draft steps.")
+@click.option("--greedy-latency", is_flag=True,
+              help="Also time the sampling phases (draft_step, sample) greedy (T 0), besides "
+                   "at the largest --temperature, at every other batch and the extreme "
+                   "sparsities: predictions then price greedy runs in their own mode.")
 @click.option("--rope-scaling", default=None, metavar="yarn:FACTOR",
               help="Extend the model past its trained positions with YaRN (e.g. yarn:4: 4x "
                    "them, the trained window as YaRN's original); the set's model records it.")
@@ -111,7 +115,7 @@ def _check_out_dir(out: Path) -> None:
 def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: int,
               min_tokens: int | None, prompts: int | None, first_prompt: int,
               acceptance_cuts: str,
-              latency: bool, acceptance: bool, verify_after_draft: bool,
+              latency: bool, acceptance: bool, verify_after_draft: bool, greedy_latency: bool,
               rope_scaling: str | None, acceptance_batch: int | None, long_prompts: bool,
               retry_failed: bool,
               out: Path, **grid: Any) -> None:
@@ -155,6 +159,7 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
                                  "acceptance_cuts": acceptance_cuts,
                                  "acceptance_first_prompt": first_prompt,
                                  "verify_after_draft": verify_after_draft,
+                                 "greedy_latency": greedy_latency,
                                  "long_prompts": long_prompts,
                                  "acceptance_batch": acceptance_batch}
         if rope_scaling is not None:

@@ -25,6 +25,7 @@ ANALYTIC_INTERVAL = "no interval (analytic engine)"
 # (label on the page, the table's column)
 FIELDS = (
     ("latency trace set", "latency_traces"),
+    ("sampling phases priced", "latency_sampling"),
     ("acceptance trace set", "acceptance_traces"),
     ("acceptance source", "acceptance_source"),
     ("acceptance anchors", "acceptance_anchors"),

@@ -221,12 +221,14 @@ def kv_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def acceptance_sources(df: pd.DataFrame) -> dict[str, list[str]]:
-    """{acceptance_source: its methods} of the rows that draft (vanilla's source is '')."""
+def acceptance_sources(df: pd.DataFrame, column: str = "acceptance_source"
+                       ) -> dict[str, list[str]]:
+    """{acceptance_source: its methods} of the rows that draft (vanilla's source is ''); or
+    of another per-row source `column` (latency_sampling: the mode that priced the row)."""
     out: dict[str, list[str]] = {}
-    if "acceptance_source" not in df:
+    if column not in df:
         return out
-    for method, source in zip(df["method"], df["acceptance_source"].fillna("")):
+    for method, source in zip(df["method"], df[column].fillna("")):
         if source and str(method) not in out.setdefault(str(source), []):
             out[str(source)].append(str(method))
     return out
@@ -264,5 +266,8 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
                       soft_wrap=True)
     for source, methods in acceptance_sources(df).items():
         console.print(f"[dim]acceptance of {', '.join(methods)}:[/dim] {source}", soft_wrap=True)
+    for mode, methods in acceptance_sources(df, "latency_sampling").items():
+        console.print(f"[dim]sampling phases of {', '.join(methods)} priced:[/dim] {mode}",
+                      soft_wrap=True)
     for note in notes:
         console.print(f"[dim]note:[/dim] {note}", soft_wrap=True)

@@ -140,6 +140,38 @@ from vegas_sim.sim.latency_fit import (
     with_host,
 )
 from vegas_sim.traces.meta import GridMeta
+from vegas_sim.traces.schema import SAMPLING_PHASES, UNRECORDED_TEMPERATURE
+
+GREEDY, SAMPLED = "greedy", "sampled"
+
+
+def sampling_mode(temperature: float | None) -> str:
+    """'greedy' at temperature 0 (argmax: no filter, no draw), else 'sampled'."""
+    return GREEDY if not temperature else SAMPLED
+
+
+def row_temperatures(latency: pd.DataFrame, latency_temperature: float) -> np.ndarray:
+    """Each latency row's sampling temperature: its own, or the grid's latency_temperature
+    where the set did not record one (the column's unrecorded marker, or no column)."""
+    if "temperature" not in latency.columns:
+        return np.full(len(latency), float(latency_temperature))
+    t = latency["temperature"].to_numpy(dtype=float)
+    return np.where(t == UNRECORDED_TEMPERATURE, float(latency_temperature), t)
+
+
+def _fit_groups(phys: Physics, latency: pd.DataFrame, graphed: bool
+                ) -> dict[tuple[str, str], FittedGroup]:
+    """One fit per (phase, method) of `latency`, plus the pooled fits of the
+    method-independent phases."""
+    groups: dict[tuple[str, str], FittedGroup] = {}
+    for (phase, method), rows in latency.groupby(["phase", "method"], sort=True):
+        groups[(str(phase), str(method))] = fit_group(phys, str(phase), str(method), rows,
+                                                      graphed)
+    for phase in METHOD_INDEPENDENT_PHASES:
+        rows = latency[latency["phase"] == phase]
+        if len(rows):
+            groups[(phase, POOLED)] = fit_group(phys, phase, POOLED, rows)
+    return groups
 
 
 class LatencyModel:
@@ -155,8 +187,16 @@ class LatencyModel:
         launch_ms: float | None = None, envelope: tuple[tuple[int, int], ...] = (),
         weight_format: str = "bf16", host_phases_in_loop: bool = True,
         tensor_parallel: TensorParallel | None = None, measured_model: ModelSpec | None = None,
+        mode: str = GREEDY, temperatures: dict[str, float] | None = None,
+        mode_groups: dict[str, dict[tuple[str, str], FittedGroup]] | None = None,
     ) -> None:
         self._model = model
+        # the sampling mode `groups` price (`sampling_mode`), the temperature each measured
+        # mode ran at, and, when the set measured both, every mode's whole set of fits
+        self.mode = mode
+        self._temperatures = dict(temperatures) if temperatures else {mode: 0.0}
+        self._mode_groups = dict(mode_groups or {})
+        self._mode_variants: dict[str, LatencyModel] = {}
         self._measured_model = measured_model or model  # the model the set measured
         self._tp = tensor_parallel or TensorParallel(1, 0.0, 0.0)
         # whether the set timed the host-bound phases after verify (sample, select) inside
@@ -184,7 +224,8 @@ class LatencyModel:
     @classmethod
     def fit(cls, latency: pd.DataFrame, model: ModelSpec, gpu: MeasuredGpu,
             host_phases_in_loop: bool = True, graphed: bool = False,
-            tensor_parallel: TensorParallel | None = None) -> LatencyModel:
+            tensor_parallel: TensorParallel | None = None, latency_temperature: float = 0.0
+            ) -> LatencyModel:
         """Fit every (phase, method) group of `latency` (rows of traces.schema.LATENCY_SCHEMA).
 
         `model` must be the model the rows were measured on; `gpu` is meta.json's 'gpu';
@@ -192,23 +233,37 @@ class LatencyModel:
         whole iterations; False: after verify alone, see `sim.uncertainty`); `graphed`: the
         grid's cuda_graphs (the forward phases replayed from CUDA graphs: constant floors);
         `tensor_parallel`: the group the rows were measured on (`TensorParallel.measured_at`;
-        None: one GPU): the features are its shard's.
+        None: one GPU): the features are its shard's; `latency_temperature`: the grid's
+        (meta.json), the temperature of rows that record none.
+
+        The rows at the grid's latency_temperature (its mode, `sampling_mode`) make the
+        model's fits; the sampling phases' rows in the other mode (calibrate's second pass,
+        `schema.SAMPLING_PHASES`) are fitted on their own and replace those phases' fits when
+        a scenario runs in that mode (`for_temperature`).
         """
         latency = validate_latency_rows(latency)
         tp = tensor_parallel or TensorParallel(1, 0.0, 0.0)
         phys = shard_physics(model, tp.size, gpu.copy_bandwidth_gbs, gpu.bf16_tflops, "bf16")
-        groups: dict[tuple[str, str], FittedGroup] = {}
-        for (phase, method), rows in latency.groupby(["phase", "method"], sort=True):
-            groups[(str(phase), str(method))] = fit_group(phys, str(phase), str(method), rows,
-                                                          graphed)
-        for phase in METHOD_INDEPENDENT_PHASES:
-            rows = latency[latency["phase"] == phase]
-            if len(rows):
-                groups[(phase, POOLED)] = fit_group(phys, phase, POOLED, rows)
-        longest = latency.groupby("batch")["context"].max().sort_index()
+        temps = row_temperatures(latency, latency_temperature)
+        base = sampling_mode(latency_temperature)
+        # rows of the other mode price only the phases sampling touches (a merged set's other
+        # phases, timed at another temperature, run the same kernels: they join the fits)
+        apart = (np.array([sampling_mode(t) for t in temps]) != base) & latency[
+            "phase"].isin(list(SAMPLING_PHASES)).to_numpy()
+        own = latency[~apart]
+        groups = _fit_groups(phys, own, graphed)
+        temperatures = {base: float(latency_temperature)}
+        mode_groups: dict[str, dict[tuple[str, str], FittedGroup]] = {}
+        other = latency[apart]
+        if len(other):
+            second = GREEDY if base == SAMPLED else SAMPLED
+            temperatures[second] = float(temps[apart].max())
+            mode_groups = {base: groups, second: {**groups, **_fit_groups(phys, other, graphed)}}
+        longest = own.groupby("batch")["context"].max().sort_index()
         envelope = tuple(zip(longest.index.astype(int).tolist(), longest.astype(int).tolist()))
         return cls(model, gpu, groups, envelope=envelope,
-                   host_phases_in_loop=host_phases_in_loop, tensor_parallel=tp)
+                   host_phases_in_loop=host_phases_in_loop, tensor_parallel=tp, mode=base,
+                   temperatures=temperatures, mode_groups=mode_groups)
 
     @classmethod
     def from_meta(cls, latency: pd.DataFrame, meta: dict[str, Any]) -> LatencyModel:
@@ -223,7 +278,40 @@ class LatencyModel:
                                 fix="record the measured GPU in meta.json")
         return cls.fit(latency, model, MeasuredGpu.from_meta(meta["gpu"]),
                        host_phases_in_loop(meta), forward_phases_graphed(meta),
-                       measured_group(meta))
+                       measured_group(meta), GridMeta.from_meta(meta).latency_temperature)
+
+    # -- sampling mode --
+    @property
+    def measured_modes(self) -> tuple[str, ...]:
+        """The sampling modes the set timed its sampling phases in (one or both)."""
+        return tuple(sorted(self._mode_groups)) or (self.mode,)
+
+    def prices_mode(self, temperature: float | None) -> bool:
+        """Whether a run at `temperature` is priced in its own sampling mode."""
+        return sampling_mode(temperature) in self.measured_modes
+
+    def for_temperature(self, temperature: float | None) -> LatencyModel:
+        """The model that prices a run at `temperature`: its mode's fits when the set measured
+        that mode (greedy: no top-k / top-p filter and no draw), else this model."""
+        want = sampling_mode(temperature)
+        if want == self.mode or want not in self._mode_groups:
+            return self
+        cache = getattr(self, "_mode_variants", None)  # absent from models cached before it
+        if cache is None:
+            cache = self._mode_variants = {}
+        if want not in cache:
+            cache[want] = self._variant(groups=self._mode_groups[want], mode=want)
+        return cache[want]
+
+    def mode_label(self, temperature: float | None) -> str:
+        """Which measured mode prices a run at `temperature`: 'greedy', 'sampled at T 0.6',
+        or the mode with '(run greedy: not measured)' when the set lacks the run's."""
+        priced = self.for_temperature(temperature)
+        label = priced.mode if priced.mode == GREEDY else (
+            f"{SAMPLED} at T {self._temperatures.get(SAMPLED, 0.0):g}")
+        if sampling_mode(temperature) != priced.mode:
+            label += f" (run {sampling_mode(temperature)}: not measured)"
+        return label
 
     # -- prediction --
     def fitted_group(self, phase: str, method: str) -> FittedGroup:
@@ -461,7 +549,8 @@ class LatencyModel:
             what_if=self._what_if, effective=self._gpu, launch_ms=self._launch_ms,
             envelope=self._envelope, weight_format=self._weight_format,
             host_phases_in_loop=self.host_phases_in_loop, tensor_parallel=self._tp,
-            measured_model=self._measured_model)
+            measured_model=self._measured_model, mode=self.mode,
+            temperatures=self._temperatures, mode_groups=self._mode_groups)
         args.update(changes)
         out = LatencyModel(**args)
         out.trace_set = self.trace_set

@@ -178,7 +178,8 @@ def ttft_includes(sc: Scenario) -> str:
 def iteration_cost(latency: LatencyModel, sc: Scenario) -> IterationCost:
     """The scenario's iteration cost (an unresolved budget floor is the default one)."""
     floor = MIN_TOKENS if sc.min_tokens is None else sc.min_tokens
-    return latency.iteration_cost(sc.method, sc.gamma, sc.sparsity, floor)
+    return latency.for_temperature(sc.temperature).iteration_cost(sc.method, sc.gamma,
+                                                                  sc.sparsity, floor)
 
 
 def _dist(acceptance: AcceptanceModel, sc: Scenario) -> AcceptanceDist | None:
@@ -338,12 +339,16 @@ def draft_step_vs_decode(sc: Scenario, runs: list[RunMetrics], base: list[RunMet
     return draft / sc.gamma / decode
 
 
-def provenance(latency: LatencyModel, acceptance: AcceptanceModel) -> dict[str, str]:
+def provenance(latency: LatencyModel, acceptance: AcceptanceModel, temperature: float
+               ) -> dict[str, str]:
     """The provenance columns of a row: the trace sets the latency and the acceptance were
-    fitted from, and where the acceptance level comes from (a trace set, or anchors)."""
+    fitted from, the sampling mode that priced the row's sampling phases (`latency_sampling`,
+    `LatencyModel.mode_label`), and where the acceptance level comes from (a trace set, or
+    anchors)."""
     acc_set = str(getattr(acceptance, "trace_set", "") or "")
     source = str(getattr(acceptance, "source", "") or "")
     return {"latency_traces": str(getattr(latency, "trace_set", "") or ""),
+            "latency_sampling": latency.mode_label(temperature),
             "acceptance_traces": acc_set,
             "acceptance_source": source or (f"trace set {acc_set}" if acc_set else "")}
 
@@ -440,7 +445,8 @@ def predict_one(
                                 {p: row[f"ms_{p}"] for p in PHASES}))
     row.update(roofline_at(scenario, latency, row))
     # a column the row already has (an anchored acceptance's own source) is kept
-    return {**row, **{k: v for k, v in provenance(latency, acceptance).items() if k not in row}}
+    return {**row, **{k: v for k, v in provenance(latency, acceptance, scenario.temperature).items()
+                     if k not in row}}
 
 
 def predict(
@@ -475,7 +481,8 @@ def predict(
     return pd.DataFrame(rows)
 
 
-PROVENANCE_COLUMNS = ("latency_traces", "acceptance_traces", "acceptance_source")
+PROVENANCE_COLUMNS = ("latency_traces", "latency_sampling", "acceptance_traces",
+                      "acceptance_source")
 
 
 def is_extrapolated(value: Any) -> bool:

@@ -26,7 +26,19 @@ standard deviations (%) combined in quadrature:
   steps' long device wait, and there they cost more: on SmolLM2, timed both ways, up to
   about the phases' own time again (calibrate.measure_latency, `_verify_samples`), so the
   term is HOST_PROTOCOL_SHARE × their predicted share of the
-  iteration, taken as a 95 % bound.
+  iteration, taken as a 95 % bound;
+- sampling-mode (one-sided, `pi_sampling_mode_pct`), for a run whose sampling mode (greedy at
+  temperature 0, else sampled) the latency set did not time (`LatencyModel.prices_mode`
+  False: a set calibrated at one temperature, priced in that one): the sampling phases
+  (schema.SAMPLING_PHASES) cost GREEDY_OVER_SAMPLED of their sampled time when greedy, at
+  most GREEDY_SAVED_MS_PER_CALL less per call (the skipped filter and draw: launches and
+  small kernels, a fixed cost per call that a small model's host-bound step shows as a large
+  share and a large model's forward does not), so a greedy run priced as sampled may be
+  faster (> 0: pi_high raised) and a sampled run priced as greedy slower (< 0: pi_low
+  lowered) by that time over the iteration's: the median shift measured, taken as the bound
+  and combined in quadrature with the symmetric half-width, like host-protocol (rows whose
+  acceptance is also off can fall outside: docs/RESULTS.md). A set that timed both modes
+  prices each run in its own and has no such term.
 
 `pi_transfer_pct` is the shape-transfer part of the acceptance extrapolation and `pi_low_shape`
 the low end without it: what the interval would be were the anchors' model's acceptance shaped
@@ -34,7 +46,8 @@ like the shape set's (tune ranks by it: the term moves every speculative configu
 method together, so it cannot tell them apart; `sim.tune_rules.lower_score`).
 
 pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval, its low end then lowered by the
-host-protocol term (in quadrature with the symmetric half-width), then clipped into [0, the
+host-protocol term (in quadrature with the symmetric half-width), either end moved likewise by
+the sampling-mode term, then clipped into [0, the
 physical bound] (`physical_bound`: every draft accepted, γ + 1 tokens per iteration);
 `pi_dominant` names the largest part, and when that is the extrapolation distance the axis
 whose term is largest: 'extrapolation-distance (context)' (axes: batch, kv_length, n_query,
@@ -55,7 +68,8 @@ import numpy as np
 from vegas_sim.methods import VANILLA, drafts, query_rows
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist
-from vegas_sim.sim.latency import LatencyModel
+from vegas_sim.sim.latency import GREEDY, LatencyModel, sampling_mode
+from vegas_sim.traces.schema import SAMPLING_PHASES
 
 Z95 = 1.96
 # The latency-fit part takes each phase's empirical LOO quantile, not a normal sd from the
@@ -69,10 +83,18 @@ EXTRAP_PCT_PER_SPARSITY_OCTAVE = 8.0
 HOST_PROTOCOL_SHARE = 1.0
 HOST_PROTOCOL_PHASES = ("sample", "select")
 HOST_PROTOCOL = "host-protocol"
+# A sampling phase's greedy ms over its sampled ms, and the ms a greedy call saves (the
+# sampling-mode term): measured by benchmarks/sampling_mode.py on the SmolLM2 held-out
+# validation of docs/RESULTS.md (greedy and sampled rows against one grid timed sampled),
+# its figures there.
+GREEDY_OVER_SAMPLED = {"draft_step": 0.785, "sample": 0.671}
+GREEDY_SAVED_MS_PER_CALL = {"draft_step": 0.267, "sample": 0.368}
+SAMPLING_MODE = "sampling-mode"
 PARTS = ("latency-fit", "acceptance-sampling", "extrapolation-distance", "simulation")
 COLUMNS = ("pi_low", "pi_high", "pi_dominant", "pi_latency_fit_pct", "pi_acceptance_pct",
            "pi_extrapolation_latency_pct", "pi_extrapolation_acceptance_pct",
-           "pi_simulation_pct", "pi_host_protocol_pct", "pi_transfer_pct", "pi_low_shape")
+           "pi_simulation_pct", "pi_host_protocol_pct", "pi_sampling_mode_pct",
+           "pi_transfer_pct", "pi_low_shape")
 
 
 def latency_fit_pct(latency: LatencyModel, method: str, breakdown: dict[str, float]) -> float:
@@ -102,6 +124,27 @@ def host_protocol_pct(latency: LatencyModel, method: str, breakdown: dict[str, f
         return 0.0
     return 100.0 * HOST_PROTOCOL_SHARE * sum(
         breakdown.get(p, 0.0) for p in HOST_PROTOCOL_PHASES) / total
+
+
+def sampling_mode_pct(latency: LatencyModel, temperature: float, gamma: int,
+                      breakdown: dict[str, float]) -> float:
+    """The signed one-sided sampling-mode bound (%) on a run's throughput: > 0 how much
+    faster a greedy run priced as sampled may be, < 0 how much slower a sampled run priced as
+    greedy may be; 0 when the set timed the run's mode (see the module docstring). `gamma`:
+    draft steps per iteration (0 for vanilla)."""
+    total = sum(breakdown.values())
+    if latency.prices_mode(temperature) or total <= 0:
+        return 0.0
+    greedy = sampling_mode(temperature) == GREEDY
+    moved = 0.0
+    for phase, ratio in GREEDY_OVER_SAMPLED.items():
+        ms = breakdown.get(phase, 0.0)
+        calls = gamma if phase == "draft_step" else 1
+        gap = ms * (1.0 - ratio) if greedy else ms * (1.0 / ratio - 1.0)
+        moved += min(gap, GREEDY_SAVED_MS_PER_CALL[phase] * calls) if ms > 0 else 0.0
+    if greedy:  # priced sampled: the phases shrink
+        return 100.0 * moved / max(total - moved, 1e-12)
+    return -100.0 * moved / (total + moved)
 
 
 def _run_lengths(acc: np.ndarray, run_start: np.ndarray, gamma: int) -> np.ndarray:
@@ -199,17 +242,22 @@ def simulation_pct(mean: float, low: float, high: float) -> float:
     return 100.0 * (high - low) / 2.0 / Z95 / mean
 
 
-def interval(predicted: float, parts: dict[str, float], slower_pct: float = 0.0
-             ) -> tuple[float, float, str]:
-    """(pi_low, pi_high, the dominant part) from the parts' relative sd (%) and a one-sided
-    95 % bound `slower_pct` (%) on how much lower the throughput may be (host-protocol)."""
+def interval(predicted: float, parts: dict[str, float], slower_pct: float = 0.0,
+             mode_pct: float = 0.0) -> tuple[float, float, str]:
+    """(pi_low, pi_high, the dominant part) from the parts' relative sd (%), a one-sided
+    95 % bound `slower_pct` (%) on how much lower the throughput may be (host-protocol) and
+    the signed one-sided sampling-mode bound `mode_pct` (`sampling_mode_pct`)."""
     sd = math.sqrt(sum(v * v for v in parts.values() if math.isfinite(v)))
     half = Z95 * sd / 100.0 * predicted
     slower = slower_pct / 100.0 * predicted if math.isfinite(slower_pct) else 0.0
-    low = math.hypot(half, slower)
+    mode = mode_pct / 100.0 * predicted if math.isfinite(mode_pct) else 0.0
+    low = math.hypot(half, slower, min(mode, 0.0))
+    high = math.hypot(half, max(mode, 0.0))
     sized = {**parts, HOST_PROTOCOL: slower_pct / Z95 if math.isfinite(slower_pct) else 0.0}
+    if mode:
+        sized[SAMPLING_MODE] = abs(mode_pct) / Z95
     dominant = max(sized, key=lambda k: sized[k] if math.isfinite(sized[k]) else -1.0)
-    return predicted - low, predicted + half, dominant if low > 0 else ""
+    return predicted - low, predicted + high, dominant if low > 0 or high > 0 else ""
 
 
 def parts_of(row: dict[str, Any], *, acceptance: bool = True, simulation: bool = True,
@@ -230,6 +278,7 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
                      dist: AcceptanceDist | None, breakdown: dict[str, float]) -> dict[str, Any]:
     """The pi_* columns of one predict row (see the module docstring)."""
     method, gamma = str(row["method"]), int(row["gamma"])
+    temperature = float(row.get("temperature") or 0.0)
     n_query = query_rows(method, gamma)
     lat_axes = latency_extrapolation_axes(latency, int(row["batch"]),
                                           int(row["context"]) + int(row["output_len"]), n_query)
@@ -240,7 +289,8 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     axes = {**lat_axes, **acc_axes}
     transfer = transfer_axes_of(dist)
     out: dict[str, Any] = {
-        "pi_latency_fit_pct": latency_fit_pct(latency, method, breakdown),
+        "pi_latency_fit_pct": latency_fit_pct(latency.for_temperature(temperature), method,
+                                              breakdown),
         "pi_acceptance_pct": acceptance_sampling_pct(dist),
         "pi_extrapolation_latency_pct": sum(lat_axes.values()),
         "pi_extrapolation_acceptance_pct": sum(acc_axes.values()),
@@ -248,14 +298,16 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
                                             float(row["throughput_ci_low"]),
                                             float(row["throughput_ci_high"])),
         "pi_host_protocol_pct": host_protocol_pct(latency, method, breakdown),
+        "pi_sampling_mode_pct": sampling_mode_pct(latency, temperature,
+                                                  gamma if drafts(method) else 0, breakdown),
     }
     lo, hi, dominant = interval(float(row["throughput_tok_s"]), parts_of(out),
-                                out["pi_host_protocol_pct"])
+                                out["pi_host_protocol_pct"], out["pi_sampling_mode_pct"])
     lo, hi = bounded(lo, hi, physical_bound(row))
     out["pi_transfer_pct"] = sum(transfer.values())
     shape = {**out, "pi_extrapolation_acceptance_pct": sum(acc_axes.values())
              - out["pi_transfer_pct"]}
     lo_shape = interval(float(row["throughput_tok_s"]), parts_of(shape),
-                        out["pi_host_protocol_pct"])[0]
+                        out["pi_host_protocol_pct"], out["pi_sampling_mode_pct"])[0]
     return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant_axis(dominant, axes), **out,
             "pi_low_shape": max(0.0, lo_shape)}

@@ -27,6 +27,7 @@ pooled, the copy would pass for an independent replicate and understate the samp
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -50,9 +51,11 @@ from vegas_sim.traces.schema import (
     ACCEPTANCE_POINT_KEYS,
     LATENCY_FILE,
     RUN_LOG_FILE,
+    UNRECORDED_TEMPERATURE,
 )
 
-LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows"]
+LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows",
+               "temperature"]
 ACCEPTANCE_KEY = [*ACCEPTANCE_POINT_KEYS, "request"]  # one run: the group on one prompt
 
 
@@ -66,7 +69,7 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
         raise TraceSetError("merge needs at least two trace sets", where="SOURCES",
                             fix="name two or more trace-set directories")
     _check_output(out)
-    sets = [load_trace_set(s) for s in sources]
+    sets = [_with_temperatures(load_trace_set(s)) for s in sources]
     _check_distinct(sources, sets)
     _check_same_model_and_gpu(sets)
     _check_disjoint(sets, "latency", LATENCY_KEY)
@@ -91,6 +94,17 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
     merged = writer.finalize()
     _write_run_log(out, sets, merged)
     return merged
+
+
+def _with_temperatures(ts: TraceSet) -> TraceSet:
+    """`ts` with its latency rows' unrecorded temperatures set to its grid's
+    latency_temperature: merged under another set's grid, they keep what they were timed at."""
+    lat = ts.latency
+    unrecorded = lat["temperature"] == UNRECORDED_TEMPERATURE
+    if unrecorded.any():
+        temps = lat["temperature"].mask(unrecorded, ts.info.grid.latency_temperature)
+        ts = dataclasses.replace(ts, _latency=lat.assign(temperature=temps))
+    return ts
 
 
 def _check_output(out: Path) -> None:

@@ -46,10 +46,20 @@ LATENCY_SCHEMA = pa.schema([
     ("collective_calls", pa.int64()),
     ("collective_bytes", pa.int64()),
     ("collective_ms", pa.float64()),
+    # The sampling temperature the row's phase ran at (0 = greedy: argmax, no top-k / top-p
+    # filter, no draw); UNRECORDED_TEMPERATURE in sets from before the column: the grid's
+    # latency_temperature (meta.json), the one temperature such a set measured at.
+    ("temperature", pa.float64()),
 ])
-# Columns a table may lack (sets measured on one GPU before they existed): read as these.
+UNRECORDED_TEMPERATURE = -1.0
+# The phases whose work depends on greedy vs sampled decoding (calibrate times them in both
+# modes when asked; the rest run the same kernels either way).
+SAMPLING_PHASES = ("draft_step", "sample")
+# Columns a table may lack (sets measured on one GPU, or at one temperature, before they
+# existed): read as these.
 LATENCY_DEFAULTS: dict[str, int | float] = {
-    "collective_calls": 0, "collective_bytes": 0, "collective_ms": 0.0}
+    "collective_calls": 0, "collective_bytes": 0, "collective_ms": 0.0,
+    "temperature": UNRECORDED_TEMPERATURE}
 
 # One row per (request, iteration).
 ACCEPTANCE_SCHEMA = pa.schema([
@@ -156,7 +166,8 @@ GRID_FIELDS: dict[str, Field] = {
     "sparsity": Field("number_list", above=0), "min_tokens": Field("int", 1),
     "methods": Field("str_list"), "workloads": Field("str_list"),
     "temperatures": Field("number_list", 0), "verify_after_draft": Field("bool"),
-    "cuda_graphs": Field("bool"),
+    "cuda_graphs": Field("bool"), "latency_temperature": Field("number", 0),
+    "greedy_latency": Field("bool"),
 }
 # meta.json's `tensor_parallel` (TP_FIELDS all required when the key is there).
 TP_FIELDS: dict[str, Field] = {

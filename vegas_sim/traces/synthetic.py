@@ -156,6 +156,18 @@ def _latency_rows(
                         ms_p90=median * (1 + spread), n=20)
 
 
+def _with_greedy_rows(rows: pd.DataFrame, temperature: float, ratio: dict[str, float]
+                      ) -> pd.DataFrame:
+    """`rows` at `temperature` plus their sampling phases' greedy rows (ms × the phase's
+    ratio, temperature 0)."""
+    greedy = rows[rows["phase"].isin(list(ratio))].copy()
+    scale = greedy["phase"].map(ratio).to_numpy(dtype=float)
+    for col in ("ms_median", "ms_p10", "ms_p90"):
+        greedy[col] = greedy[col].to_numpy(dtype=float) * scale
+    return pd.concat([rows.assign(temperature=float(temperature)),
+                      greedy.assign(temperature=0.0)], ignore_index=True)
+
+
 def _acceptance_rows(
     spec: ModelSpec, method: str, gamma: int, sparsity: float, context: int, temperature: float,
     workload: str, requests: int, iterations: int, request_spread: float, weights_kind: str,
@@ -215,6 +227,8 @@ def make_synthetic_trace_set(
     noise: float = 0.02,
     request_spread: float = 0.0,
     gpu: dict[str, Any] | None = None,
+    latency_temperature: float = 0.0,
+    greedy_over_sampled: dict[str, float] | None = None,
 ) -> TraceSet:
     """Write a synthetic trace set to `path` through TraceSetWriter and return it (validated).
 
@@ -227,7 +241,11 @@ def make_synthetic_trace_set(
     noise: log-normal sigma of the latency medians (0 = exact roofline_ms).
     request_spread: std-dev of a per-request offset of alpha (correlates a request's
     iterations; 0 = every request has the same alpha). gpu: meta 'gpu' dict, default
-    SYNTHETIC_GPU.
+    SYNTHETIC_GPU. latency_temperature: the grid's (recorded in meta.json when not 0);
+    greedy_over_sampled {phase: ratio}: with a latency_temperature > 0, the latency rows also
+    hold the sampling phases (schema.SAMPLING_PHASES) timed greedy, at ratio × their sampled
+    ms (a set of both modes, `calibrate --greedy-latency`); every row then records its
+    temperature.
     """
     _refuse_package_dir(Path(path))
     spec, gpu_d = _spec(model), dict(gpu or SYNTHETIC_GPU)
@@ -235,12 +253,16 @@ def make_synthetic_trace_set(
     grid = {"methods": list(methods), "gamma": list(gammas), "sparsity": list(sparsities),
             "context": list(contexts), "batch": list(batches),
             "temperature": list(temperatures)}
+    if latency_temperature:
+        grid["latency_temperature"] = float(latency_temperature)
     meta = synthetic_meta(spec, weights_kind=weights_kind, seed=seed, grid=grid,
                           workloads=workloads, gpu=gpu_d)
     writer = TraceSetWriter(path, meta, durable=False)  # throwaway test data: skip fsyncs
     for method in methods:
         rows = _latency_rows(spec, gpu_d, method, gammas, sparsities, contexts, batches, noise,
                              rng)
+        if greedy_over_sampled is not None and latency_temperature:
+            rows = _with_greedy_rows(rows, latency_temperature, greedy_over_sampled)
         writer.append_latency(rows, key=f"latency/{method}")
         writer.mark_done(f"latency/{method}")
     if acceptance:

@@ -23,6 +23,7 @@ from vegas_sim.traces.schema import (
     LATENCY_FILE,
     LATENCY_METHODS,
     LATENCY_DEFAULTS,
+    UNRECORDED_TEMPERATURE,
     LATENCY_SCHEMA,
     META_KEYS,
     MODEL_CHOICES,
@@ -385,6 +386,10 @@ def validate_latency(table: pa.Table, where: Path | str) -> pa.Table:
                  col, "re-measure the point, or drop it")
     _check_kv_read(table, where)
     _check_collectives(table, ms["ms_median"], where)
+    temp = _np(table, "temperature")
+    _require(~np.isfinite(temp) | ((temp < 0) & (temp != UNRECORDED_TEMPERATURE)), temp,
+             "temperature must be finite and >= 0 (or the unrecorded marker of older sets)",
+             where, "temperature", "record the sampling temperature the phase ran at, 0 = greedy")
     order_bad = (ms["ms_p10"] > ms["ms_median"]) | (ms["ms_median"] > ms["ms_p90"])
     _require(order_bad, ms["ms_median"], "ms_p10 <= ms_median <= ms_p90 violated", where,
              "ms_median", "compute the three statistics from the same timings")

@@ -88,18 +88,23 @@ def load_models(traces: Path, acceptance_traces: Path | None,
 
 def resolve_temperature(h: HeldOut, models: Models) -> tuple[HeldOut, str]:
     """An empty temperature becomes the latency grid's when the acceptance set traced it
-    (else the traced one nearest to it); a temperature other than the latency grid's is
-    noted: the sample phase and sampled draft steps cost more than greedy argmax, and the
-    latency model only knows the cost at the temperature it was measured at."""
+    (else the traced one nearest to it); a run whose sampling mode (greedy at T 0, else
+    sampled) the latency set did not time is noted: the sample phase and sampled draft steps
+    cost more than greedy argmax, and it is priced in the mode the set measured (the interval
+    carries the sampling-mode term, sim.uncertainty). A set that timed both modes prices the
+    run in its own: the note says which."""
     if h.temperature is None:
         want, traced = models.latency_temperature, models.traced_temperatures
         temp = want if not traced or any(abs(t - want) < 1e-9 for t in traced) else min(
             traced, key=lambda t: (abs(t - want), t))
         h = dataclasses.replace(h, temperature=temp)
     run_temp = float(h.temperature or 0.0)
-    if abs(run_temp - models.latency_temperature) > 1e-9:
+    if not models.latency.prices_mode(run_temp):
         return h, (f"latency traced at temperature {models.latency_temperature:g}, run at "
-                   f"{run_temp:g}: sampling cost differs")
+                   f"{run_temp:g}: sampling cost differs (priced "
+                   f"{models.latency.mode_label(run_temp)})")
+    if abs(run_temp - models.latency_temperature) > 1e-9:
+        return h, f"sampling phases priced {models.latency.mode_label(run_temp)}"
     return h, ""
 
 
@@ -157,5 +162,6 @@ def predicted_phases(h: HeldOut, latency: Any, m: Measurement, min_tokens: int
         return {}
     per_request = m.tokens / max(h.batch * h.waves, 1)
     contexts = np.full(h.batch, h.context + int(per_request / 2), dtype=np.int64)
-    cost = latency.iteration_cost(h.method, h.gamma, h.sparsity, min_tokens)
+    cost = latency.for_temperature(h.temperature).iteration_cost(h.method, h.gamma, h.sparsity,
+                                                                 min_tokens)
     return {k: float(v) for k, v in cost.breakdown(contexts).items()}

@@ -271,7 +271,8 @@ def validation_interval(pred: pd.Series, predicted: float, weights: str,
     """pi_low / pi_high / pi_dominant of `predicted` (sim.uncertainty): real weights add the
     run's own acceptance sampling error to the model's; the replay regime feeds the run's
     accept counts, so neither acceptance term nor the Monte-Carlo one applies. The one-sided
-    host-protocol term (sim.uncertainty) lowers pi_low in both."""
+    host-protocol term (sim.uncertainty) lowers pi_low in both; the one-sided sampling-mode
+    term (a run in a mode the latency set did not time) moves pi_high or pi_low in both."""
     if "pi_latency_fit_pct" not in pred:
         return {"pi_low": math.nan, "pi_high": math.nan, "pi_dominant": ""}
     se = run_acceptance_se_pct if math.isfinite(run_acceptance_se_pct) else 0.0
@@ -279,10 +280,11 @@ def validation_interval(pred: pd.Series, predicted: float, weights: str,
     parts = parts_of(dict(pred), acceptance=real, simulation=real,
                      extra_acceptance_pct=se)
     slower = float(pred.get("pi_host_protocol_pct", 0.0))
-    lo, hi, dominant = interval(predicted, parts, slower)
+    mode = float(pred.get("pi_sampling_mode_pct", 0.0))
+    lo, hi, dominant = interval(predicted, parts, slower, mode)
     return {"pi_low": max(0.0, lo), "pi_high": hi, "pi_dominant": dominant,
             **{f"pi_{k.replace('-', '_')}_pct": v for k, v in parts.items()},
-            "pi_host_protocol_pct": slower}
+            "pi_host_protocol_pct": slower, "pi_sampling_mode_pct": mode}
 
 
 REQUIRED_RESULT_COLUMNS = ("method", "gamma", "sparsity", "batch", "context", "output_len",
