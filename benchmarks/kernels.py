@@ -869,6 +869,13 @@ QUEST_PICK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("radix chunk 128", {"radix_chunk": 128}), ("radix chunk 512", {"radix_chunk": 512}),
     ("radix chunk 1024", {"radix_chunk": 1024}),
     ("search pick w16", {"pick": "search", "pick_warps": 16}),
+    # the wide scoring kernel (every KV head of a page block in one load)
+    ("score wide p4 w4", {"score_wide": True, "score_block_p": 4}),
+    ("score wide p8 w4", {"score_wide": True, "score_block_p": 8}),
+    ("score wide p8 w8", {"score_wide": True, "score_block_p": 8, "score_warps": 8}),
+    ("score wide p16 w8", {"score_wide": True, "score_block_p": 16, "score_warps": 8}),
+    ("score wide p8 w8, search pick", {"score_wide": True, "score_block_p": 8,
+                                       "score_warps": 8, "pick": "search"}),
 ]
 QUEST_OLD_VARIANTS: list[tuple[str, dict[str, Any]]] = [  # a quest.py with the search only
     ("pick w4", {"pick_warps": 4}), ("pick w16", {"pick_warps": 16}),

@@ -122,8 +122,8 @@ def quest_inputs(device: str, B: int, S: int, seed: int, Hq: int = 8, Hkv: int =
 def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
                      ctx: torch.Tensor, n_pages: torch.Tensor, max_pages: int | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ops.quest_select (Triton, the default radix pick) and the one-program search pick
-    return the reference's index list exactly: the same pages, in ascending order, the same
+    """ops.quest_select (Triton, the default radix pick), the one-program search pick and the
+    wide scoring kernel return the reference's index list exactly: the same pages, in ascending order, the same
     partial page, -1 past n_idx."""
     from vegas_sim.kernels import quest
 
@@ -131,7 +131,9 @@ def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
     ref, n_ref = reference.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
     for got, n_got in [ops.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev), max_pages),
                        quest.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev),
-                                          max_pages, pick="search")]:
+                                          max_pages, pick="search"),
+                       quest.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev),
+                                          max_pages, score_wide=True)]:
         assert torch.equal(n_got.cpu(), n_ref.cpu())
         assert torch.equal(got.cpu(), ref.cpu())
     return ref.cpu(), n_ref.cpu()
@@ -178,6 +180,29 @@ def test_quest_select_ties_and_edges(device: str, use_triton: None) -> None:
     assert {3, 5} <= chosen and not {9, 12} & chosen
     assert n_ref.tolist() == [int(n_pages[0]) * 16 + 13, int(n_pages[1]) * 16, 9, 8]
     check_quest_same(q, kmin, kmax, ctx, torch.tensor([30, 30, 30, 30]))  # all full pages
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("heads", [(8, 2, 32), (6, 3, 24)])
+def test_quest_scores_and_first_digit(device: str, use_triton: None, poison: None, wide: bool,
+                                      heads: tuple[int, int, int]) -> None:
+    """Both scoring kernels (head counts and a head dim that are not powers of two too): the
+    reference's page scores to fp32 rounding, -inf past the full pages, and with a histogram
+    the first radix digit of exactly the full pages' keys."""
+    from vegas_sim.kernels import quest
+
+    Hq, Hkv, D = heads
+    _, q, kmin, kmax = quest_inputs(device, 2, 200, seed=14, Hq=Hq, Hkv=Hkv, D=D)
+    ctx = torch.tensor([200, 70], dtype=torch.int32, device=device)
+    hist = quest.radix_histograms(2, q.device)
+    got = quest.quest_scores(q, kmin, kmax, ctx, hist=hist, wide=wide, block_p=4 if wide else None)
+    ref = reference.quest_page_scores(q, kmin, kmax)
+    for b, full in enumerate([12, 4]):
+        assert torch.allclose(got[b, :full], ref[b, :full], rtol=1e-5, atol=1e-4)
+        assert (got[b, full:] == float("-inf")).all()
+        want = torch.bincount(order_keys(got[b, :full].cpu()) >> 21, minlength=2048)
+        assert torch.equal(hist[b, 0].cpu(), want.int())
+        assert (hist[b, 1:] == 0).all()
 
 
 def test_quest_select_chunked_rows(device: str, use_triton: None, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -292,6 +317,8 @@ def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
     """Qwen3-8B heads, B 4 at contexts up to 32K: the Triton list is the reference's (pages
     whose scores differ from the take-th by fp32 rounding alone may swap); captured once in a
     CUDA graph with a fixed max_pages and replayed on new queries, the same lists as eager."""
+    from vegas_sim.kernels import quest
+
     gen = torch.Generator(device="cuda").manual_seed(13)
     B, Hq, Hkv, D, C = 4, 32, 8, 128, 32768
     P = C // 16 + 8
@@ -316,9 +343,16 @@ def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
                 for page in {t // 16 for t in g ^ r}:
                     assert abs(float(scores[b, page] - kth)) <= 1e-5 * abs(float(kth)) + 1e-3
             assert (got[b, n_got[b]:] == -1).all()
+            listed = got[b, : n_got[b]]
+            assert bool((listed[1:] > listed[:-1]).all())  # ascending pages, then the partial
 
     eager = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
     check(*eager)
+    # the search pick on the same scoring kernel: the same list exactly; the wide scoring
+    # kernel: the reference's, to fp32 rounding
+    search = quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, pick="search")
+    assert torch.equal(search[0], eager[0]) and torch.equal(search[1], eager[1])
+    check(*quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, score_wide=True))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, n_out = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)

@@ -49,6 +49,8 @@ SCORE_WARPS = 4
 PICK_WHOLE_MAX = 16384
 PICK_CHUNK = 1024  # pages per step of the chunked search and of the index write-out
 SCORE_PROGRAMS_PER_SM = 4  # target programs per SM of the scoring launch
+SCORE_WIDE = False  # quest_select's scoring kernel: the wide one (all KV heads in one tile)?
+WIDE_BLOCK_P = 8  # pages per program of the wide scoring kernel
 PICKS = ("radix", "search")  # quest_select's pick: the radix levels (default), the one-program search
 RADIX_CHUNK = 256  # pages per program of the radix pick's launches
 RADIX_WARPS = 4
@@ -128,11 +130,53 @@ def _quest_score_kernel(
         hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
         lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
         acc += tl.sum(hi * q_pos[None, :] + lo * q_neg[None, :], 1)
+    _store_scores(OUT, HIST, b, P, pages, full, acc, NB, WITH_HIST)
+
+
+@triton.jit
+def _store_scores(OUT, HIST, b, P, pages, full, acc, NB: tl.constexpr,
+                  WITH_HIST: tl.constexpr):
+    """OUT[b, pages] = acc on the full pages, -inf on the others; WITH_HIST: the full pages'
+    first radix digits counted into HIST[b, 0]."""
     tl.store(OUT + b * P + pages, tl.where(pages < full, acc, float("-inf")), mask=pages < P)
     if WITH_HIST:
         digit = _order_key(acc) >> RADIX_SHIFT0
         tl.atomic_add(HIST + b * (RADIX_LEVELS * NB) + digit, 1, mask=pages < full,
                       sem="relaxed")
+
+
+@triton.jit
+def _quest_score_wide_kernel(
+    Q, KMIN, KMAX, CTX, OUT, HIST, HQ, P,
+    HKV: tl.constexpr, BLOCK_H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
+    NB: tl.constexpr, WITH_HIST: tl.constexpr,
+):
+    """`_quest_score_kernel`'s scores with every KV head of a page block in one tile
+    [BLOCK_P, HKV, D] (one load of all its metadata, no loop over heads): short programs,
+    many bytes in flight each."""
+    b = tl.program_id(0)
+    p0 = tl.program_id(1) * BLOCK_P
+    pages = p0 + tl.arange(0, BLOCK_P)
+    full = tl.minimum(tl.load(CTX + b) // PAGE, P)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    hd_ok = (offs_h < HKV)[:, None] & (offs_d < D)[None, :]  # [BLOCK_H, BLOCK_D]
+    # q [B, HQ, D] as [BLOCK_H, BLOCK_G, BLOCK_D]: query head kvh * G + g
+    q_off = ((b * HQ + offs_h[:, None, None] * G + offs_g[None, :, None]) * D
+             + offs_d[None, None, :])
+    q_ok = hd_ok[:, None, :] & (offs_g < G)[None, :, None]
+    qg = tl.load(Q + q_off, mask=q_ok, other=0.0).to(tl.float32)
+    q_pos = tl.sum(tl.maximum(qg, 0.0), 1)  # [BLOCK_H, BLOCK_D] Σ_g max(q, 0)
+    q_neg = tl.sum(tl.minimum(qg, 0.0), 1)  # [BLOCK_H, BLOCK_D] Σ_g min(q, 0)
+    m_off = (((b * P + pages) * HKV).to(tl.int64)[:, None, None] * D
+             + (offs_h[:, None] * D + offs_d[None, :])[None, :, :])
+    ok = (pages < full)[:, None, None] & hd_ok[None, :, :]
+    hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
+    lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
+    acc = tl.sum(tl.sum(hi * q_pos[None, :, :] + lo * q_neg[None, :, :], 2), 1)
+    _store_scores(OUT, HIST, b, P, pages, full, acc, NB, WITH_HIST)
 
 
 @triton.jit
@@ -328,8 +372,8 @@ def _quest_write_kernel(
 def quest_select(
     q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
     max_pages: int | None = None, *, score_block_p: int | None = None,
-    score_warps: int = SCORE_WARPS, pick: str = "radix", pick_warps: int = PICK_WARPS,
-    radix_chunk: int = RADIX_CHUNK,
+    score_warps: int = SCORE_WARPS, score_wide: bool = SCORE_WIDE, pick: str = "radix",
+    pick_warps: int = PICK_WARPS, radix_chunk: int = RADIX_CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """Same contract as `reference.quest_select`: indices [B, K] int32, n_idx [B] int32; one
     host sync (K depends on max n_pages) unless `max_pages` is given (then capturable in a
@@ -337,16 +381,17 @@ def quest_select(
     scoring launch counts the first radix digit, then `quest_pick_radix`'s three launches of
     (request, chunk) programs) or "search" (`quest_pick`, one program per request). The other
     keywords are launch settings (None / defaults: `score_block`, SCORE_WARPS, PICK_WARPS for
-    the search, RADIX_CHUNK pages a radix program)."""
+    the search, RADIX_CHUNK pages a radix program); score_wide: `quest_scores(wide=True)`."""
     assert pick in PICKS, pick
     n_max = reference.quest_page_bound(n_pages, max_pages)
     ctx = context.to(device=q.device, dtype=torch.int32).contiguous()
     if pick == "search":
-        scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps)
+        scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps,
+                              wide=score_wide)
         return quest_pick(scores, ctx, n_pages, n_max, num_warps=pick_warps)
     hist = radix_histograms(q.shape[0], q.device)
     scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps,
-                          hist=hist)
+                          hist=hist, wide=score_wide)
     return quest_pick_radix(scores, hist, ctx, n_pages, n_max, chunk=radix_chunk)
 
 
@@ -358,9 +403,11 @@ def radix_histograms(batch: int, device: torch.device) -> Tensor:
 
 def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
                  block_p: int | None = None, num_warps: int = SCORE_WARPS,
-                 hist: Tensor | None = None) -> Tensor:
+                 hist: Tensor | None = None, wide: bool = False) -> Tensor:
     """[B, P] fp32 page scores of the full pages of [0, context), -inf past them; with `hist`
-    (`radix_histograms`), their first radix digits are counted into hist[:, 0]."""
+    (`radix_histograms`), their first radix digits are counted into hist[:, 0]. `wide`: the
+    kernel that loads every KV head of its pages at once (`_quest_score_wide_kernel`;
+    block_p then defaults to WIDE_BLOCK_P)."""
     B, Hq, D = q.shape
     P, Hkv = kmin.shape[1], kmin.shape[2]
     assert kmin.is_contiguous() and kmax.is_contiguous()
@@ -369,9 +416,19 @@ def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
     if B == 0:
         return scores
     G = Hq // Hkv
+    counts = scores if hist is None else hist
+    if wide:
+        block_p = WIDE_BLOCK_P if block_p is None else block_p
+        _quest_score_wide_kernel[(B, triton.cdiv(P, block_p))](
+            q.contiguous(), kmin, kmax, ctx, scores, counts, Hq, P, HKV=Hkv,
+            BLOCK_H=next_pow2(Hkv), G=G, BLOCK_G=next_pow2(G), D=D,
+            BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE, NB=RADIX_BINS,
+            WITH_HIST=hist is not None, num_warps=num_warps,
+        )
+        return scores
     block_p = score_block(B, P, num_sms(q.device)) if block_p is None else block_p
     _quest_score_kernel[(B, triton.cdiv(P, block_p))](
-        q.contiguous(), kmin, kmax, ctx, scores, scores if hist is None else hist, Hq, Hkv, P,
+        q.contiguous(), kmin, kmax, ctx, scores, counts, Hq, Hkv, P,
         G=G, BLOCK_G=next_pow2(G), D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p,
         PAGE=QUEST_PAGE, NB=RADIX_BINS, WITH_HIST=hist is not None, num_warps=num_warps,
     )
