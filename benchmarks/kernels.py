@@ -836,6 +836,17 @@ def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
               f"{quest * 1e3:.1f} us, launch {launch[pick] * 1e3:.1f} us", flush=True)
     print(f"quest   B={B} C={C} {QUEST_RATIO} (target <= 1.3): "
           + ", ".join(f"{name} {r:.2f}" for name, r in ratios.items()), flush=True)
+    # the sparse attention alone over Quest's lists (scattered 16-token pages) against
+    # Stream's window of the same size: what the scatter costs, apart from the selection
+    lists = [ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+             for q, (kmin, kmax) in zip(qs, metas)]
+    scattered = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, idx, n, ctx, lens,
+                                        SCALE) for q, (kk, vv), (idx, n)
+                                in zip(qs, caches, lists)]))
+    out.append(row("quest_variant", ms=scattered, config="attention alone over quest's list",
+                   note=f"stream layer {stream:.4f} ms", **shape))
+    print(f"quest   B={B} C={C} sparse attention alone: over quest's pages "
+          f"{scattered * 1e3:.1f} us, over stream's window {stream * 1e3:.1f} us", flush=True)
     quest_variants(out, B, C, qs, metas, ctx, n_pages, max_pages, select)
     del caches, metas
 
