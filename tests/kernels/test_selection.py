@@ -123,8 +123,8 @@ def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
                      ctx: torch.Tensor, n_pages: torch.Tensor, max_pages: int | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """ops.quest_select (Triton, the default radix pick), the one-program search pick and the
-    wide scoring kernel return the reference's index list exactly: the same pages, in ascending order, the same
-    partial page, -1 past n_idx."""
+    wide scoring kernel return the reference's index list exactly: the same pages, in
+    ascending order, the same partial page, -1 past n_idx."""
     from vegas_sim.kernels import quest
 
     dev = q.device
@@ -234,7 +234,8 @@ def near_tie_scores(gen: torch.Generator, B: int, P: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("chunk", [16, 64])
 def test_quest_radix_pick_exact_on_near_ties(device: str, use_triton: None, poison: None,
-                                             chunk: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+                                             chunk: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The radix pick over constructed scores (keys differing in one radix digit only, many
     exact ties, budgets cutting tie classes, several chunks per request, the write's count of
     the pages before its chunk in several steps) gives the reference's exact list, as does

@@ -51,7 +51,8 @@ PICK_CHUNK = 1024  # pages per step of the chunked search and of the index write
 SCORE_PROGRAMS_PER_SM = 4  # target programs per SM of the scoring launch
 SCORE_WIDE = False  # quest_select's scoring kernel: the wide one (all KV heads in one tile)?
 WIDE_BLOCK_P = 8  # pages per program of the wide scoring kernel
-PICKS = ("radix", "search")  # quest_select's pick: the radix levels (default), the one-program search
+# quest_select's picks, the default first: the radix levels, the one-program search
+PICKS = ("radix", "search")
 RADIX_CHUNK = 256  # pages per program of the radix pick's launches
 RADIX_WARPS = 4
 # The radix pick's three levels over the 32-bit order key: digits of 11, 11 and 10 bits.
@@ -372,7 +373,7 @@ def _quest_write_kernel(
 def quest_select(
     q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
     max_pages: int | None = None, *, score_block_p: int | None = None,
-    score_warps: int = SCORE_WARPS, score_wide: bool = SCORE_WIDE, pick: str = "radix",
+    score_warps: int = SCORE_WARPS, score_wide: bool = SCORE_WIDE, pick: str = PICKS[0],
     pick_warps: int = PICK_WARPS, radix_chunk: int = RADIX_CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """Same contract as `reference.quest_select`: indices [B, K] int32, n_idx [B] int32; one
