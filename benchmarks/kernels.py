@@ -714,19 +714,44 @@ def quest_metadata(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, 
 
 def quest_layer(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, k: torch.Tensor,
                 v: torch.Tensor, ctx: torch.Tensor, n_pages: torch.Tensor, lens: torch.Tensor,
-                max_pages: int) -> torch.Tensor:
-    """One layer of a Quest draft step, as policies.QuestDraftAttention runs it."""
-    from vegas_sim.kernels import ops
+                max_pages: int, select: Callable[..., Any] | None = None) -> torch.Tensor:
+    """One layer of a Quest draft step, as policies.QuestDraftAttention runs it (`select`:
+    the selection op, ops.quest_select unless given)."""
     from vegas_sim.kernels import sparse_attention as sa
 
-    idx, n_idx = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+    select = quest_select_with(None) if select is None else select
+    idx, n_idx = select(q, kmin, kmax, ctx, n_pages, max_pages)
     return sa.sparse_draft_attention(q, k, v, idx, n_idx, ctx, lens, SCALE)
+
+
+def quest_picks() -> list[str]:
+    """quest_select's picks other than the default (ops.quest_select's), each timed beside it
+    (the old one-program search beside the radix default); none where kernels/quest.py has
+    no choice of pick."""
+    try:
+        from vegas_sim.kernels import quest
+    except ImportError:
+        return []
+    return list(getattr(quest, "PICKS", ()))[1:]
+
+
+def quest_select_with(pick: str | None) -> Callable[..., Any]:
+    """ops.quest_select (pick None), or kernels.quest.quest_select with that pick."""
+    from vegas_sim.kernels import ops
+
+    if pick is None:
+        return ops.quest_select  # type: ignore[no-any-return]
+    from vegas_sim.kernels import quest
+
+    return partial(quest.quest_select, pick=pick)
 
 
 def bench_quest(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
     """Quest draft step against Stream's at the same budget (rows kind=quest): per layer the
     Stream sparse attention, Quest's selection alone, selection + attention, and the
-    metadata bytes at the copy bandwidth; then the draft steps (36 layers + measured GEMMs)."""
+    metadata bytes at the copy bandwidth; then the draft steps (36 layers + measured GEMMs).
+    Every other pick of quest_select (`quest_picks`) the same way (rows kind=quest_variant,
+    config "pick NAME"), with its own launch cost and ratio."""
     from vegas_sim.kernels import ops
     from vegas_sim.kernels import sparse_attention as sa
 
@@ -734,10 +759,16 @@ def bench_quest(args: argparse.Namespace, copy_bw: float, out: list[dict[str, An
     one = torch.ones(1, dtype=torch.int32, device=DEV)
     q1 = torch.randn(1, HQ, D, generator=gen, device=DEV, dtype=torch.bfloat16)
     m1 = quest_metadata(gen, 1, 64)
-    launch = bench(partial(ops.quest_select, q1, *m1, one * 64, one, 1))
-    out.append(row("quest", batch=1, context=64, ms=launch,
-                   note="launch: quest_select on 4 pages, CUDA-graph replayed"))
-    print_row(out[-1])
+    launch: dict[str | None, float] = {}
+    for pick in [None, *quest_picks()]:
+        launch[pick] = bench(partial(quest_select_with(pick), q1, *m1, one * 64, one, 1))
+        note = "launch: quest_select on 4 pages, CUDA-graph replayed"
+        if pick is None:
+            out.append(row("quest", batch=1, context=64, ms=launch[pick], note=note))
+        else:
+            out.append(row("quest_variant", batch=1, context=64, ms=launch[pick],
+                           config=f"pick {pick}", note=note))
+        print_row(out[-1])
     for B, C in QUEST_SHAPES:
         try:
             quest_shape(out, gen, B, C, copy_bw, launch, ops, sa)
@@ -749,7 +780,7 @@ def bench_quest(args: argparse.Namespace, copy_bw: float, out: list[dict[str, An
 
 
 def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
-                copy_bw: float, launch: float, ops: Any, sa: Any) -> None:
+                copy_bw: float, launch: dict[str | None, float], ops: Any, sa: Any) -> None:
     budget = math.ceil(QUEST_SPARSITY * C)
     pages = budget // QUEST_PAGE
     max_pages = math.ceil(QUEST_TOP_SPARSITY * C) // QUEST_PAGE + 1
@@ -771,15 +802,58 @@ def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
     s_idx = cap
     stream = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, s_idx, s_n, ctx,
                                      lens, SCALE) for q, (kk, vv) in zip(qs, caches)]))
-    select = bench(rotating([partial(ops.quest_select, q, kmin, kmax, ctx, n_pages, max_pages)
-                             for q, (kmin, kmax) in zip(qs, metas)]))
-    quest = bench(rotating([partial(quest_layer, q, kmin, kmax, kk, vv, ctx, n_pages, lens,
-                                    max_pages)
-                            for q, (kmin, kmax), (kk, vv) in zip(qs, metas, caches)]))
     meta_ms = meta_bytes / copy_bw / 1e6
-    ratio = (quest - stream - launch) / meta_ms
     gemm = qwen3_8b_gemm_ms(B)
     shape = {"batch": B, "context": C, "sparsity": QUEST_SPARSITY}
+    ratios: dict[str, float] = {}
+    select = math.nan
+    for pick in launch:
+        select_fn = quest_select_with(pick)
+        sel_ms = bench(rotating([partial(select_fn, q, kmin, kmax, ctx, n_pages, max_pages)
+                                 for q, (kmin, kmax) in zip(qs, metas)]))
+        quest = bench(rotating([partial(quest_layer, q, kmin, kmax, kk, vv, ctx, n_pages, lens,
+                                        max_pages, select_fn)
+                                for q, (kmin, kmax), (kk, vv) in zip(qs, metas, caches)]))
+        ratio = (quest - stream - launch[pick]) / meta_ms
+        ratios["default" if pick is None else pick] = ratio
+        if pick is None:
+            select = sel_ms
+            quest_rows(out, shape, stream, sel_ms, quest, meta_ms, gemm, ratio)
+            print(f"quest   B={B} C={C} s={QUEST_SPARSITY}: draft step quest "
+                  f"{gemm + LAYERS * quest:.3f} ms / stream {gemm + LAYERS * stream:.3f} ms "
+                  f"(gemm {gemm:.3f}); per layer quest_select {sel_ms * 1e3:.1f} us, + "
+                  f"attention {quest * 1e3:.1f} us, stream {stream * 1e3:.1f} us, metadata at "
+                  f"copy {meta_ms * 1e3:.1f} us, launch {launch[pick] * 1e3:.1f} us; "
+                  f"{QUEST_RATIO} = {ratio:.2f}", flush=True)
+            continue
+        for note, ms in [("quest layer: quest_select alone", sel_ms),
+                         ("quest layer: quest_select + sparse attention", quest),
+                         ("quest draft step (gemm + 36 layers)", gemm + LAYERS * quest),
+                         (f"{QUEST_RATIO} = {ratio:.2f}", LAYERS * (quest - stream))]:
+            out.append(row("quest_variant", ms=ms, config=f"pick {pick}", note=note, **shape))
+        print(f"quest   B={B} C={C} pick {pick}: draft step quest {gemm + LAYERS * quest:.3f} "
+              f"ms; per layer quest_select {sel_ms * 1e3:.1f} us, + attention "
+              f"{quest * 1e3:.1f} us, launch {launch[pick] * 1e3:.1f} us", flush=True)
+    print(f"quest   B={B} C={C} {QUEST_RATIO} (target <= 1.3): "
+          + ", ".join(f"{name} {r:.2f}" for name, r in ratios.items()), flush=True)
+    # the sparse attention alone over Quest's lists (scattered 16-token pages) against
+    # Stream's window of the same size: what the scatter costs, apart from the selection
+    lists = [ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
+             for q, (kmin, kmax) in zip(qs, metas)]
+    scattered = bench(rotating([partial(sa.sparse_draft_attention, q, kk, vv, idx, n, ctx, lens,
+                                        SCALE) for q, (kk, vv), (idx, n)
+                                in zip(qs, caches, lists)]))
+    out.append(row("quest_variant", ms=scattered, config="attention alone over quest's list",
+                   note=f"stream layer {stream:.4f} ms", **shape))
+    print(f"quest   B={B} C={C} sparse attention alone: over quest's pages "
+          f"{scattered * 1e3:.1f} us, over stream's window {stream * 1e3:.1f} us", flush=True)
+    quest_variants(out, B, C, qs, metas, ctx, n_pages, max_pages, select)
+    del caches, metas
+
+
+def quest_rows(out: list[dict[str, Any]], shape: dict[str, Any], stream: float, select: float,
+               quest: float, meta_ms: float, gemm: float, ratio: float) -> None:
+    """The default quest_select's rows of one shape (kind=quest)."""
     for note, ms in [("stream layer: sparse attention", stream),
                      ("quest layer: quest_select alone", select),
                      ("quest layer: quest_select + sparse attention", quest),
@@ -790,14 +864,6 @@ def quest_shape(out: list[dict[str, Any]], gen: torch.Generator, B: int, C: int,
         out.append(row("quest", ms=ms, note=note, **shape))
     out.append(row("quest", ms=LAYERS * (quest - stream), overhead_pct=100 * (quest / stream - 1),
                    note=f"{QUEST_RATIO} = {ratio:.2f}", **shape))
-    quest_variants(out, B, C, qs, metas, ctx, n_pages, max_pages, select)
-    print(f"quest   B={B} C={C} s={QUEST_SPARSITY}: draft step quest "
-          f"{gemm + LAYERS * quest:.3f} ms / stream {gemm + LAYERS * stream:.3f} ms "
-          f"(gemm {gemm:.3f}); per layer quest_select {select * 1e3:.1f} us, + attention "
-          f"{quest * 1e3:.1f} us, stream {stream * 1e3:.1f} us, metadata at copy "
-          f"{meta_ms * 1e3:.1f} us, launch {launch * 1e3:.1f} us; {QUEST_RATIO} = {ratio:.2f}",
-          flush=True)
-    del caches, metas
 
 
 # quest_select's launch settings beside the defaults: (label, kernels.quest.quest_select knobs)
@@ -807,6 +873,22 @@ QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
                                                                "score_warps": 8}),
     ("score p64 w8", {"score_block_p": 64, "score_warps": 8}),
     ("score p128 w8", {"score_block_p": 128, "score_warps": 8}),
+]
+# the same for a quest.py with a choice of pick (PICKS): the radix pick's chunk, the search's
+# warps
+QUEST_PICK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("radix chunk 128", {"radix_chunk": 128}), ("radix chunk 512", {"radix_chunk": 512}),
+    ("radix chunk 1024", {"radix_chunk": 1024}),
+    ("search pick w16", {"pick": "search", "pick_warps": 16}),
+    # the wide scoring kernel (every KV head of a page block in one load)
+    ("score wide p4 w4", {"score_wide": True, "score_block_p": 4}),
+    ("score wide p8 w4", {"score_wide": True, "score_block_p": 8}),
+    ("score wide p8 w8", {"score_wide": True, "score_block_p": 8, "score_warps": 8}),
+    ("score wide p16 w8", {"score_wide": True, "score_block_p": 16, "score_warps": 8}),
+    ("score wide p8 w8, search pick", {"score_wide": True, "score_block_p": 8,
+                                       "score_warps": 8, "pick": "search"}),
+]
+QUEST_OLD_VARIANTS: list[tuple[str, dict[str, Any]]] = [  # a quest.py with the search only
     ("pick w4", {"pick_warps": 4}), ("pick w16", {"pick_warps": 16}),
 ]
 
@@ -814,19 +896,30 @@ QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
 def quest_variants(out: list[dict[str, Any]], B: int, C: int, qs: list[torch.Tensor],
                    metas: list[Any], ctx: torch.Tensor, n_pages: torch.Tensor,
                    max_pages: int, default_ms: float) -> None:
-    """Quest's two launches apart (scores, pick) and quest_select at other launch settings
+    """Quest's launches apart (scores, the picks) and quest_select at other launch settings
     (rows kind=quest_variant, ms of one layer's selection); nothing where the package has no
     kernels/quest.py (the kernels before it)."""
     try:
         from vegas_sim.kernels import quest
     except ImportError:
         return
+    has_picks = hasattr(quest, "PICKS")
     scores = [quest.quest_scores(q, kmin, kmax, ctx) for q, (kmin, kmax) in zip(qs, metas)]
     timed = [("scores alone", bench(rotating([partial(quest.quest_scores, q, kmin, kmax, ctx)
                                               for q, (kmin, kmax) in zip(qs, metas)]))),
-             ("pick alone", bench(rotating([partial(quest.quest_pick, sc, ctx, n_pages,
-                                                    max_pages) for sc in scores])))]
-    for label, kw in QUEST_VARIANTS:
+             ("search pick alone", bench(rotating([partial(quest.quest_pick, sc, ctx, n_pages,
+                                                           max_pages) for sc in scores])))]
+    if has_picks:
+        hists = [quest.radix_histograms(q.shape[0], q.device) for q in qs]
+        scores = [quest.quest_scores(q, kmin, kmax, ctx, hist=h)
+                  for q, (kmin, kmax), h in zip(qs, metas, hists)]
+        timed += [("scores + first digit", bench(rotating([
+                       partial(scores_with_hist, quest, q, kmin, kmax, ctx)
+                       for q, (kmin, kmax) in zip(qs, metas)]))),
+                   ("radix pick alone (+ zeroing its levels)", bench(rotating([
+                       partial(radix_pick_alone, quest, sc, h, ctx, n_pages, max_pages)
+                       for sc, h in zip(scores, hists)])))]
+    for label, kw in QUEST_VARIANTS + (QUEST_PICK_VARIANTS if has_picks else QUEST_OLD_VARIANTS):
         try:
             timed.append((label, bench(rotating([
                 partial(quest.quest_select, q, kmin, kmax, ctx, n_pages, max_pages, **kw)
@@ -840,6 +933,21 @@ def quest_variants(out: list[dict[str, Any]], B: int, C: int, qs: list[torch.Ten
                        config=label, note=f"default quest_select {default_ms:.4f} ms"))
     print(f"quest   B={B} C={C} quest_select {default_ms * 1e3:.1f} us (default); "
           + ", ".join(f"{label} {ms * 1e3:.1f}" for label, ms in timed), flush=True)
+
+
+def scores_with_hist(quest: Any, q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
+                     ctx: torch.Tensor) -> torch.Tensor:
+    """The radix path's first launches: the zeroed histograms, the scores counting digit 1."""
+    return quest.quest_scores(q, kmin, kmax, ctx,  # type: ignore[no-any-return]
+                              hist=quest.radix_histograms(q.shape[0], q.device))
+
+
+def radix_pick_alone(quest: Any, scores: torch.Tensor, hist: torch.Tensor, ctx: torch.Tensor,
+                     n_pages: torch.Tensor, max_pages: int) -> Any:
+    """The radix pick on scores whose first digit `hist` holds: its later levels zeroed first
+    (they count up on every call)."""
+    hist[:, 1:].zero_()
+    return quest.quest_pick_radix(scores, hist, ctx, n_pages, max_pages)
 
 
 # gpt-oss-20b's attention (Hq 64, Hkv 8: G 8, D 64) at the paper's 12 verify rows: B, C, NQ

@@ -107,6 +107,14 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
         r["note"] for r in quest}
     assert any(r["note"].startswith(bk.QUEST_RATIO) for r in quest)
     assert "| Quest draft step:" in text and "Quest vs Stream draft step" in text
+    # the old one-program search pick beside the default (radix), with its own ratio
+    old = [r for r in rows if r["kind"] == "quest_variant" and r["config"] == "pick search"]
+    assert any(r["note"].startswith(bk.QUEST_RATIO) for r in old)
+    assert any(r["context"] == "64" and r["note"].startswith("launch") for r in old)
+    assert f"{bk.QUEST_RATIO} (target <= 1.3): default " in text and ", search " in text
+    variants = {r["config"] for r in rows if r["kind"] == "quest_variant"}
+    assert {"radix pick alone (+ zeroing its levels)", "radix chunk 128",
+            "attention alone over quest's list"} <= variants
     # the big cache: recorded, context declared lost, nothing measured there, report written
     assert any(r["batch"] == "2" and r["context"] == "128" and "illegal" in r["note"]
                for r in errors)

@@ -122,13 +122,20 @@ def quest_inputs(device: str, B: int, S: int, seed: int, Hq: int = 8, Hkv: int =
 def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
                      ctx: torch.Tensor, n_pages: torch.Tensor, max_pages: int | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ops.quest_select (Triton) returns the reference's index list exactly: the same pages,
-    in ascending order, the same partial page, -1 past n_idx."""
+    """ops.quest_select (Triton, the default radix pick), the one-program search pick and the
+    wide scoring kernel return the reference's index list exactly: the same pages, in
+    ascending order, the same partial page, -1 past n_idx."""
+    from vegas_sim.kernels import quest
+
     dev = q.device
-    got, n_got = ops.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev), max_pages)
     ref, n_ref = reference.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
-    assert torch.equal(n_got.cpu(), n_ref.cpu())
-    assert torch.equal(got.cpu(), ref.cpu())
+    for got, n_got in [ops.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev), max_pages),
+                       quest.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev),
+                                          max_pages, pick="search"),
+                       quest.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev),
+                                          max_pages, score_wide=True)]:
+        assert torch.equal(n_got.cpu(), n_ref.cpu())
+        assert torch.equal(got.cpu(), ref.cpu())
     return ref.cpu(), n_ref.cpu()
 
 
@@ -175,6 +182,29 @@ def test_quest_select_ties_and_edges(device: str, use_triton: None) -> None:
     check_quest_same(q, kmin, kmax, ctx, torch.tensor([30, 30, 30, 30]))  # all full pages
 
 
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("heads", [(8, 2, 32), (6, 3, 24)])
+def test_quest_scores_and_first_digit(device: str, use_triton: None, poison: None, wide: bool,
+                                      heads: tuple[int, int, int]) -> None:
+    """Both scoring kernels (head counts and a head dim that are not powers of two too): the
+    reference's page scores to fp32 rounding, -inf past the full pages, and with a histogram
+    the first radix digit of exactly the full pages' keys."""
+    from vegas_sim.kernels import quest
+
+    Hq, Hkv, D = heads
+    _, q, kmin, kmax = quest_inputs(device, 2, 200, seed=14, Hq=Hq, Hkv=Hkv, D=D)
+    ctx = torch.tensor([200, 70], dtype=torch.int32, device=device)
+    hist = quest.radix_histograms(2, q.device)
+    got = quest.quest_scores(q, kmin, kmax, ctx, hist=hist, wide=wide, block_p=4 if wide else None)
+    ref = reference.quest_page_scores(q, kmin, kmax)
+    for b, full in enumerate([12, 4]):
+        assert torch.allclose(got[b, :full], ref[b, :full], rtol=1e-5, atol=1e-4)
+        assert (got[b, full:] == float("-inf")).all()
+        want = torch.bincount(order_keys(got[b, :full].cpu()) >> 21, minlength=2048)
+        assert torch.equal(hist[b, 0].cpu(), want.int())
+        assert (hist[b, 1:] == 0).all()
+
+
 def test_quest_select_chunked_rows(device: str, use_triton: None, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Rows longer than the pick kernel holds in registers take the chunked search: same list."""
     from vegas_sim.kernels import quest
@@ -183,6 +213,62 @@ def test_quest_select_chunked_rows(device: str, use_triton: None, monkeypatch) -
     monkeypatch.setattr(quest, "PICK_CHUNK", 16)
     _, q, kmin, kmax = quest_inputs(device, 2, 1000, seed=12)
     check_quest_same(q, kmin, kmax, torch.tensor([999, 640]), torch.tensor([20, 7]))
+
+
+def order_keys(scores: torch.Tensor) -> torch.Tensor:
+    """The 32-bit order keys of fp32 scores (as kernels.quest orders them), int64."""
+    bits = scores.view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() + 2**31
+
+
+def near_tie_scores(gen: torch.Generator, B: int, P: int) -> torch.Tensor:
+    """[B, P] fp32 scores drawn from a few values that share the radix pick's first digit or
+    its first two (1.0 plus a few ulps, plus multiples of 1024 ulps), a few negatives and
+    exact repeats: every level of the radix search and the ties at the take-th score."""
+    one = torch.tensor([1.0]).view(torch.int32)
+    ulps = torch.tensor([0, 1, 2, 3, 1024, 1025, 2048, 2 ** 21, 2 ** 22])
+    pos = (one + ulps).view(torch.float32)
+    values = torch.cat([pos, -pos[:3], torch.tensor([0.5, 7.0])])
+    return values[torch.randint(len(values), (B, P), generator=gen)]
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_quest_radix_pick_exact_on_near_ties(device: str, use_triton: None, poison: None,
+                                             chunk: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The radix pick over constructed scores (keys differing in one radix digit only, many
+    exact ties, budgets cutting tie classes, several chunks per request, the write's count of
+    the pages before its chunk in several steps) gives the reference's exact list, as does
+    the one-program search; request 3 has n_pages 0, request 2 a context below one page.
+    Outputs start poisoned: every column is written (the -1 fill shared among programs)."""
+    from vegas_sim.kernels import quest
+
+    monkeypatch.setattr(quest, "RADIX_ROW", 32)
+    gen = torch.Generator().manual_seed(21)
+    B, P = 5, 150
+    scores = near_tie_scores(gen, B, P)
+    ctx = torch.tensor([2400, 1000, 9, 1500, 2391], dtype=torch.int32)
+    n_pages = torch.tensor([40, 12, 2, 0, 149], dtype=torch.int32)  # 4: every full page
+    n_max = 149
+    full = (ctx // 16).clamp(max=P)
+    past = torch.arange(P)[None, :] >= full[:, None]
+    scores = torch.where(past, float("-inf"), scores)  # as quest_scores leaves them
+    hist = torch.zeros(B, 3, 2048, dtype=torch.int32)
+    for b in range(B):
+        hist[b, 0] = torch.bincount(order_keys(scores[b, : full[b]]) >> 21, minlength=2048)
+    ref, n_ref = reference.quest_pick(scores, ctx, n_pages, n_max)
+    take = n_pages.clamp(max=full)
+    for b in (0, 1):  # the budgets cut a class of tied scores
+        row = scores[b, : full[b]]
+        kth = row.sort(descending=True).values[take[b] - 1]
+        above, tied = int((row > kth).sum()), int((row == kth).sum())
+        assert above < take[b] < above + tied
+    dev = device
+    got, n_got = quest.quest_pick_radix(scores.to(dev), hist.to(dev), ctx.to(dev),
+                                        n_pages.to(dev), n_max, chunk=chunk)
+    assert torch.equal(n_got.cpu(), n_ref) and torch.equal(got.cpu(), ref)
+    got, n_got = quest.quest_pick(scores.to(dev), ctx.to(dev), n_pages.to(dev), n_max)
+    assert torch.equal(n_got.cpu(), n_ref) and torch.equal(got.cpu(), ref)
 
 
 def test_vegas_pipeline_selects_inside_rank_len(device: str, use_triton: None) -> None:
@@ -232,6 +318,8 @@ def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
     """Qwen3-8B heads, B 4 at contexts up to 32K: the Triton list is the reference's (pages
     whose scores differ from the take-th by fp32 rounding alone may swap); captured once in a
     CUDA graph with a fixed max_pages and replayed on new queries, the same lists as eager."""
+    from vegas_sim.kernels import quest
+
     gen = torch.Generator(device="cuda").manual_seed(13)
     B, Hq, Hkv, D, C = 4, 32, 8, 128, 32768
     P = C // 16 + 8
@@ -256,9 +344,16 @@ def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
                 for page in {t // 16 for t in g ^ r}:
                     assert abs(float(scores[b, page] - kth)) <= 1e-5 * abs(float(kth)) + 1e-3
             assert (got[b, n_got[b]:] == -1).all()
+            listed = got[b, : n_got[b]]
+            assert bool((listed[1:] > listed[:-1]).all())  # ascending pages, then the partial
 
     eager = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
     check(*eager)
+    # the search pick on the same scoring kernel: the same list exactly; the wide scoring
+    # kernel: the reference's, to fp32 rounding
+    search = quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, pick="search")
+    assert torch.equal(search[0], eager[0]) and torch.equal(search[1], eager[1])
+    check(*quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, score_wide=True))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, n_out = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)

@@ -1,14 +1,27 @@
-"""Quest on the GPU: page metadata update and page selection, two launches per selection.
+"""Quest on the GPU: page metadata update and page selection.
 
 - `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
-- `quest_select`: (1) `_quest_score_kernel` reads each full page's min/max once, spread over
-  (request, page block) programs, and writes one fp32 score per page; (2) `_quest_pick_kernel`,
-  one program per request, finds the take-th largest score by a bitwise search on its
-  order-preserving integer key (the row held in registers), then writes the chosen pages'
-  token positions in ascending page order, the partial page after them and -1 past n_idx.
-  The first is bound by the metadata bytes; the second reads the [B, P] scores back from the
-  L2 and writes the index list. Ties at the take-th score go to the smaller page index, as
-  `reference.quest_select` does.
+- `quest_select` scores the pages, then picks them. `_quest_score_kernel` reads each full
+  page's min/max once, spread over (request, page block) programs, and writes one fp32 score
+  per page; it is bound by the metadata bytes. The pick finds the take-th largest score on
+  its order-preserving 32-bit integer key, exactly, then writes the chosen pages' token
+  positions in ascending page order, the partial page after them and -1 past n_idx. Ties at
+  the take-th score go to the smaller page index, as `reference.quest_select` does. Two picks:
+  - "radix" (the default): a radix select of three digits (11, 11 and 10 bits of the key),
+    each level a histogram counted by atomics (integer counts: the same on every run) over
+    (request, chunk of pages) programs, so that every launch spreads over the GPU at any
+    batch. The scoring launch counts the first digit of every full page's key (the histograms
+    are zeroed before it); `_quest_level_kernel` twice: every program resolves the previous
+    level from its histogram (the digit where the count at or above first reaches take) and
+    counts the next digit of its chunk's keys that share the prefix so far;
+    `_quest_write_kernel` resolves the last level — the take-th key t and the count above it
+    — and each program writes its chunk's chosen pages at their slots, which it finds by
+    counting the keys > t and == t of the pages before its chunk. Five launches (the zeroing
+    included), each short and wide.
+  - "search": `_quest_pick_kernel`, one program per request, finds the key by a bitwise
+    search (the row held in registers, or read chunk by chunk from the L2), then writes the
+    list. Two launches in all, but at a small batch the pick is a few programs on the whole
+    GPU, bound by their instructions; kept for comparison (docs/KERNELS.md, Quest).
 
 Score of page p: Σ_h Σ_d max(q_hd·kmax_pd, q_hd·kmin_pd) over the query heads h of each KV
 head. Since kmax >= kmin, max(q·kmax, q·kmin) = max(q, 0)·kmax + min(q, 0)·kmin, so per KV head
@@ -36,6 +49,19 @@ SCORE_WARPS = 4
 PICK_WHOLE_MAX = 16384
 PICK_CHUNK = 1024  # pages per step of the chunked search and of the index write-out
 SCORE_PROGRAMS_PER_SM = 4  # target programs per SM of the scoring launch
+SCORE_WIDE = False  # quest_select's scoring kernel: the wide one (all KV heads in one tile)?
+WIDE_BLOCK_P = 8  # pages per program of the wide scoring kernel
+# quest_select's picks, the default first: the radix levels, the one-program search
+PICKS = ("radix", "search")
+RADIX_CHUNK = 256  # pages per program of the radix pick's launches
+RADIX_WARPS = 4
+# The radix pick's three levels over the 32-bit order key: digits of 11, 11 and 10 bits.
+RADIX_LEVELS = tl.constexpr(3)
+RADIX_BINS = tl.constexpr(2048)  # bins per level's histogram (the widest digit)
+RADIX_SHIFT0 = tl.constexpr(21)  # the first digit: key >> 21
+RADIX_SHIFT1 = tl.constexpr(10)  # the second: (key >> 10) & 2047; the third: key & 1023
+RADIX_FILL = 1024  # columns per step of the -1 fill
+RADIX_ROW = 2048  # pages per step of the write's count of the pages before its chunk
 
 
 @triton.jit
@@ -78,12 +104,13 @@ def quest_update_meta(
 
 @triton.jit
 def _quest_score_kernel(
-    Q, KMIN, KMAX, CTX, OUT, HQ, HKV, P,
+    Q, KMIN, KMAX, CTX, OUT, HIST, HQ, HKV, P,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_P: tl.constexpr, PAGE: tl.constexpr, NB: tl.constexpr, WITH_HIST: tl.constexpr,
 ):
     """OUT[b, p] = page p's score for the full pages of [0, ctx); -inf for the others, whose
-    metadata is not read (a block past the last full page loads nothing)."""
+    metadata is not read (a block past the last full page loads nothing). WITH_HIST: also
+    counts the full pages' first radix digit into HIST[b, 0] (the radix pick's first level)."""
     b = tl.program_id(0)
     p0 = tl.program_id(1) * BLOCK_P
     pages = p0 + tl.arange(0, BLOCK_P)
@@ -104,7 +131,53 @@ def _quest_score_kernel(
         hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
         lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
         acc += tl.sum(hi * q_pos[None, :] + lo * q_neg[None, :], 1)
+    _store_scores(OUT, HIST, b, P, pages, full, acc, NB, WITH_HIST)
+
+
+@triton.jit
+def _store_scores(OUT, HIST, b, P, pages, full, acc, NB: tl.constexpr,
+                  WITH_HIST: tl.constexpr):
+    """OUT[b, pages] = acc on the full pages, -inf on the others; WITH_HIST: the full pages'
+    first radix digits counted into HIST[b, 0]."""
     tl.store(OUT + b * P + pages, tl.where(pages < full, acc, float("-inf")), mask=pages < P)
+    if WITH_HIST:
+        digit = _order_key(acc) >> RADIX_SHIFT0
+        tl.atomic_add(HIST + b * (RADIX_LEVELS * NB) + digit, 1, mask=pages < full,
+                      sem="relaxed")
+
+
+@triton.jit
+def _quest_score_wide_kernel(
+    Q, KMIN, KMAX, CTX, OUT, HIST, HQ, P,
+    HKV: tl.constexpr, BLOCK_H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
+    NB: tl.constexpr, WITH_HIST: tl.constexpr,
+):
+    """`_quest_score_kernel`'s scores with every KV head of a page block in one tile
+    [BLOCK_P, HKV, D] (one load of all its metadata, no loop over heads): short programs,
+    many bytes in flight each."""
+    b = tl.program_id(0)
+    p0 = tl.program_id(1) * BLOCK_P
+    pages = p0 + tl.arange(0, BLOCK_P)
+    full = tl.minimum(tl.load(CTX + b) // PAGE, P)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    hd_ok = (offs_h < HKV)[:, None] & (offs_d < D)[None, :]  # [BLOCK_H, BLOCK_D]
+    # q [B, HQ, D] as [BLOCK_H, BLOCK_G, BLOCK_D]: query head kvh * G + g
+    q_off = ((b * HQ + offs_h[:, None, None] * G + offs_g[None, :, None]) * D
+             + offs_d[None, None, :])
+    q_ok = hd_ok[:, None, :] & (offs_g < G)[None, :, None]
+    qg = tl.load(Q + q_off, mask=q_ok, other=0.0).to(tl.float32)
+    q_pos = tl.sum(tl.maximum(qg, 0.0), 1)  # [BLOCK_H, BLOCK_D] Σ_g max(q, 0)
+    q_neg = tl.sum(tl.minimum(qg, 0.0), 1)  # [BLOCK_H, BLOCK_D] Σ_g min(q, 0)
+    m_off = (((b * P + pages) * HKV).to(tl.int64)[:, None, None] * D
+             + (offs_h[:, None] * D + offs_d[None, :])[None, :, :])
+    ok = (pages < full)[:, None, None] & hd_ok[None, :, :]
+    hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
+    lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
+    acc = tl.sum(tl.sum(hi * q_pos[None, :, :] + lo * q_neg[None, :, :], 2), 1)
+    _store_scores(OUT, HIST, b, P, pages, full, acc, NB, WITH_HIST)
 
 
 @triton.jit
@@ -189,24 +262,153 @@ def _quest_pick_kernel(
     tl.store(N_OUT + b, n_out)
 
 
+@triton.jit
+def _resolve(HIST, prefix, above, take, BITS: tl.constexpr, NB: tl.constexpr):
+    """One radix level: among the keys whose higher digits are `prefix` (`above` keys lie
+    above them), the digit d holding the take-th largest key, from the level's histogram
+    HIST[NB] of their next BITS bits: d is the highest digit with at least take - above keys
+    at or above it. Returns (prefix << BITS | d, above + the keys of digits above d)."""
+    d = tl.arange(0, NB)
+    h = tl.load(HIST + d)
+    ge = tl.sum(h, 0) - tl.cumsum(h, 0) + h  # keys at digit >= d
+    pick = tl.max(tl.where(ge >= take - above, d, 0), 0)
+    gt = tl.sum(tl.where(d > pick, h, 0), 0)
+    return (prefix << BITS) | pick.to(tl.int64), above + gt.to(tl.int64)
+
+
+@triton.jit
+def _take(CTX, N_PAGES, b, P, max_take, PAGE: tl.constexpr):
+    """(ctx, full, take) of request b: full pages of [0, ctx), pages to choose."""
+    ctx = tl.load(CTX + b)
+    full = tl.minimum(ctx // PAGE, P)
+    take = tl.minimum(tl.minimum(tl.load(N_PAGES + b), full), max_take)
+    return ctx, full, take
+
+
+@triton.jit(do_not_specialize=["max_take"])
+def _quest_level_kernel(
+    SCORES, CTX, N_PAGES, HIST, STATE, P, max_take,
+    LEVEL: tl.constexpr, PREV_BITS: tl.constexpr, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
+    NB: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr,
+):
+    """Program (b, chunk), LEVEL 1 or 2: resolves level LEVEL - 1 (its digit PREV_BITS wide)
+    from its histogram, every program alike; program 0 keeps the result in STATE[b, LEVEL - 1].
+    Then counts the digit of level LEVEL ((key >> SHIFT) & (2^WIDTH - 1)) of its chunk's keys
+    that share the resolved prefix into HIST[b, LEVEL]."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    _, full, take = _take(CTX, N_PAGES, b, P, max_take, PAGE)
+    hist = HIST + b * (RADIX_LEVELS * NB)
+    zero = take.to(tl.int64) * 0
+    if LEVEL == 1:
+        prev_prefix = zero
+        prev_above = zero
+    else:
+        prev_prefix = tl.load(STATE + b * 4 + 2 * (LEVEL - 2))
+        prev_above = tl.load(STATE + b * 4 + 2 * (LEVEL - 2) + 1)
+    prefix, above = _resolve(hist + (LEVEL - 1) * NB, prev_prefix, prev_above, take,
+                             PREV_BITS, NB)
+    if c == 0:
+        tl.store(STATE + b * 4 + 2 * (LEVEL - 1), prefix)
+        tl.store(STATE + b * 4 + 2 * (LEVEL - 1) + 1, above)
+    pages = c * CH + tl.arange(0, CH)
+    k = _row_keys(SCORES + b.to(tl.int64) * P, pages, full)
+    match = (k >= 0) & ((k >> (SHIFT + WIDTH)) == prefix)
+    digit = (k >> SHIFT) & ((1 << WIDTH) - 1)
+    tl.atomic_add(hist + LEVEL * NB + digit, 1, mask=match, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["max_take"])
+def _quest_write_kernel(
+    SCORES, CTX, N_PAGES, HIST, STATE, OUT, N_OUT, P, K_COLS, max_take, n_chunks,
+    NB: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr, ROW: tl.constexpr,
+    FILL: tl.constexpr,
+):
+    """Program (b, chunk): resolves the last level (t = the take-th largest key, exactly, and
+    the count of keys above it), then writes the token positions of its chunk's chosen pages
+    at their slots of the ascending list: pages with key > t, and of those tied at t the
+    first take - above by page index; the slots before the chunk come from counting the keys
+    of the pages before it. Program 0 writes the partial page and N_OUT[b]; the -1 past
+    n_idx is shared out among the chunk programs."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    ctx, full, take = _take(CTX, N_PAGES, b, P, max_take, PAGE)
+    t, above = _resolve(HIST + b * (RADIX_LEVELS * NB) + 2 * NB, tl.load(STATE + b * 4 + 2),
+                        tl.load(STATE + b * 4 + 3), take, RADIX_SHIFT1, NB)
+    t = tl.where(take > 0, t, 1 << 32)  # take 0: no key qualifies
+    ties_left = tl.where(take > 0, take - above, 0)  # the first ties_left keys equal to t
+    row = SCORES + b.to(tl.int64) * P
+    c0 = c * CH
+    n_gt = take * 0
+    n_eq = take * 0
+    before = tl.minimum(full, c0)
+    for s0 in range(0, before, ROW):
+        k = _row_keys(row, s0 + tl.arange(0, ROW), before)
+        n_gt += tl.sum((k > t).to(tl.int32), 0)
+        n_eq += tl.sum((k == t).to(tl.int32), 0)
+    pages = c0 + tl.arange(0, CH)
+    k = _row_keys(row, pages, full)
+    tie = (k == t).to(tl.int32)
+    tie_rank = n_eq + tl.cumsum(tie, 0) - tie
+    sel = (k > t) | ((tie > 0) & (tie_rank < ties_left))
+    sel_i = sel.to(tl.int32)
+    slot = n_gt + tl.minimum(n_eq, ties_left) + tl.cumsum(sel_i, 0) - sel_i
+    out = OUT + b.to(tl.int64) * K_COLS
+    offs_t = tl.arange(0, PAGE)
+    tl.store(out + slot[:, None] * PAGE + offs_t[None, :], pages[:, None] * PAGE + offs_t[None, :],
+             mask=sel[:, None])
+    n_part = ctx - full * PAGE
+    n_out = take * PAGE + n_part
+    if c == 0:  # the current partial page [16·full, ctx)
+        tl.store(out + take * PAGE + offs_t, full * PAGE + offs_t, mask=offs_t < n_part)
+        tl.store(N_OUT + b, n_out)
+    span = tl.cdiv(K_COLS - n_out, n_chunks)
+    lo = n_out + c * span
+    hi = tl.minimum(lo + span, K_COLS)
+    for j in range(lo, hi, FILL):
+        col = j + tl.arange(0, FILL)
+        tl.store(out + col, tl.full([FILL], -1, tl.int32), mask=col < hi)
+
+
 def quest_select(
     q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
     max_pages: int | None = None, *, score_block_p: int | None = None,
-    score_warps: int = SCORE_WARPS, pick_warps: int = PICK_WARPS,
+    score_warps: int = SCORE_WARPS, score_wide: bool = SCORE_WIDE, pick: str = PICKS[0],
+    pick_warps: int = PICK_WARPS, radix_chunk: int = RADIX_CHUNK,
 ) -> tuple[Tensor, Tensor]:
     """Same contract as `reference.quest_select`: indices [B, K] int32, n_idx [B] int32; one
     host sync (K depends on max n_pages) unless `max_pages` is given (then capturable in a
-    CUDA graph). Two launches (`quest_scores`, `quest_pick`); the keyword knobs are their
-    launch settings (None / defaults: `score_block`, SCORE_WARPS, PICK_WARPS)."""
+    CUDA graph). `pick` chooses how the pages are picked from the scores: "radix" (the
+    scoring launch counts the first radix digit, then `quest_pick_radix`'s three launches of
+    (request, chunk) programs) or "search" (`quest_pick`, one program per request). The other
+    keywords are launch settings (None / defaults: `score_block`, SCORE_WARPS, PICK_WARPS for
+    the search, RADIX_CHUNK pages a radix program); score_wide: `quest_scores(wide=True)`."""
+    assert pick in PICKS, pick
     n_max = reference.quest_page_bound(n_pages, max_pages)
     ctx = context.to(device=q.device, dtype=torch.int32).contiguous()
-    scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps)
-    return quest_pick(scores, ctx, n_pages, n_max, num_warps=pick_warps)
+    if pick == "search":
+        scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps,
+                              wide=score_wide)
+        return quest_pick(scores, ctx, n_pages, n_max, num_warps=pick_warps)
+    hist = radix_histograms(q.shape[0], q.device)
+    scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps,
+                          hist=hist, wide=score_wide)
+    return quest_pick_radix(scores, hist, ctx, n_pages, n_max, chunk=radix_chunk)
+
+
+def radix_histograms(batch: int, device: torch.device) -> Tensor:
+    """Zeroed [B, RADIX_LEVELS, RADIX_BINS] int32 counts for one radix pick."""
+    return torch.zeros(batch, RADIX_LEVELS.value, RADIX_BINS.value, dtype=torch.int32,
+                       device=device)
 
 
 def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
-                 block_p: int | None = None, num_warps: int = SCORE_WARPS) -> Tensor:
-    """[B, P] fp32 page scores of the full pages of [0, context), -inf past them."""
+                 block_p: int | None = None, num_warps: int = SCORE_WARPS,
+                 hist: Tensor | None = None, wide: bool = False) -> Tensor:
+    """[B, P] fp32 page scores of the full pages of [0, context), -inf past them; with `hist`
+    (`radix_histograms`), their first radix digits are counted into hist[:, 0]. `wide`: the
+    kernel that loads every KV head of its pages at once (`_quest_score_wide_kernel`;
+    block_p then defaults to WIDE_BLOCK_P)."""
     B, Hq, D = q.shape
     P, Hkv = kmin.shape[1], kmin.shape[2]
     assert kmin.is_contiguous() and kmax.is_contiguous()
@@ -215,11 +417,21 @@ def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
     if B == 0:
         return scores
     G = Hq // Hkv
+    counts = scores if hist is None else hist
+    if wide:
+        block_p = WIDE_BLOCK_P if block_p is None else block_p
+        _quest_score_wide_kernel[(B, triton.cdiv(P, block_p))](
+            q.contiguous(), kmin, kmax, ctx, scores, counts, Hq, P, HKV=Hkv,
+            BLOCK_H=next_pow2(Hkv), G=G, BLOCK_G=next_pow2(G), D=D,
+            BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE, NB=RADIX_BINS,
+            WITH_HIST=hist is not None, num_warps=num_warps,
+        )
+        return scores
     block_p = score_block(B, P, num_sms(q.device)) if block_p is None else block_p
     _quest_score_kernel[(B, triton.cdiv(P, block_p))](
-        q.contiguous(), kmin, kmax, ctx, scores, Hq, Hkv, P,
+        q.contiguous(), kmin, kmax, ctx, scores, counts, Hq, Hkv, P,
         G=G, BLOCK_G=next_pow2(G), D=D, BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p,
-        PAGE=QUEST_PAGE, num_warps=num_warps,
+        PAGE=QUEST_PAGE, NB=RADIX_BINS, WITH_HIST=hist is not None, num_warps=num_warps,
     )
     return scores
 
@@ -227,22 +439,60 @@ def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
 def quest_pick(scores: Tensor, context: Tensor, n_pages: Tensor, n_max: int, *,
                num_warps: int = PICK_WARPS) -> tuple[Tensor, Tensor]:
     """The index list of `quest_select` from the page scores [B, P]: K = 16·(n_max + 1)
-    columns, n_max >= every n_pages."""
+    columns, n_max >= every n_pages. One program per request (the "search" pick)."""
     B, P = scores.shape
     dev = scores.device
-    K = QUEST_PAGE * (n_max + 1) if B else 0
-    out = torch.empty(B, K, dtype=torch.int32, device=dev)
-    n_out = torch.empty(B, dtype=torch.int32, device=dev)
+    out, n_out = _index_buffers(B, n_max, dev)
     if B == 0:
         return out, n_out
     whole = P <= PICK_WHOLE_MAX
     _quest_pick_kernel[(B,)](
         scores, context.to(device=dev, dtype=torch.int32).contiguous(),
-        n_pages.to(device=dev, dtype=torch.int32).contiguous(), out, n_out, P, K, n_max,
-        BLOCK=max(16, next_pow2(P)) if whole else 16, WHOLE=whole, CHUNK=PICK_CHUNK,
+        n_pages.to(device=dev, dtype=torch.int32).contiguous(), out, n_out, P, out.shape[1],
+        n_max, BLOCK=max(16, next_pow2(P)) if whole else 16, WHOLE=whole, CHUNK=PICK_CHUNK,
         PAGE=QUEST_PAGE, num_warps=num_warps,
     )
     return out, n_out
+
+
+def quest_pick_radix(scores: Tensor, hist: Tensor, context: Tensor, n_pages: Tensor,
+                     n_max: int, *, chunk: int = RADIX_CHUNK) -> tuple[Tensor, Tensor]:
+    """`quest_pick`'s list from the scores and `hist`, whose first level the scoring launch
+    counted: two launches count the second and third digits of the keys under the prefix
+    resolved so far, a third writes the list; each over (request, chunk of `chunk` pages)
+    programs, so every launch spreads over the GPU whatever the batch."""
+    B, P = scores.shape
+    dev = scores.device
+    out, n_out = _index_buffers(B, n_max, dev)
+    if B == 0:
+        return out, n_out
+    assert chunk == next_pow2(chunk), chunk
+    ctx = context.to(device=dev, dtype=torch.int32).contiguous()
+    n_pg = n_pages.to(device=dev, dtype=torch.int32).contiguous()
+    state = torch.empty(B, 2, 2, dtype=torch.int64, device=dev)  # (prefix, above) per level
+    n_chunks = triton.cdiv(P, chunk)
+    grid = (B, n_chunks)
+    wide = RADIX_SHIFT0.value - RADIX_SHIFT1.value
+    for level, prev_bits, shift, width in ((1, 32 - RADIX_SHIFT0.value, RADIX_SHIFT1.value,
+                                            wide), (2, wide, 0, RADIX_SHIFT1.value)):
+        _quest_level_kernel[grid](
+            scores, ctx, n_pg, hist, state, P, n_max, LEVEL=level, PREV_BITS=prev_bits,
+            SHIFT=shift, WIDTH=width, NB=RADIX_BINS, CH=chunk, PAGE=QUEST_PAGE,
+            num_warps=RADIX_WARPS,
+        )
+    _quest_write_kernel[grid](
+        scores, ctx, n_pg, hist, state, out, n_out, P, out.shape[1], n_max, n_chunks,
+        NB=RADIX_BINS, CH=chunk, PAGE=QUEST_PAGE, ROW=RADIX_ROW, FILL=RADIX_FILL,
+        num_warps=RADIX_WARPS,
+    )
+    return out, n_out
+
+
+def _index_buffers(batch: int, n_max: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The uninitialised index list [B, 16·(n_max + 1)] and n_idx [B], both int32."""
+    K = QUEST_PAGE * (n_max + 1) if batch else 0
+    return (torch.empty(batch, K, dtype=torch.int32, device=device),
+            torch.empty(batch, dtype=torch.int32, device=device))
 
 
 def score_block(batch: int, pages: int, n_sms: int) -> int:

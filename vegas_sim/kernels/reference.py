@@ -239,14 +239,21 @@ def quest_select(
     given; -1 past n_idx) and n_idx [B]. The chosen pages come in ascending page order; of the
     pages tied at the take-th score, the smaller page indices are chosen (a stable sort).
     """
-    B, P = kmin.shape[0], kmin.shape[1]
     n_max = quest_page_bound(n_pages, max_pages)
+    return quest_pick(quest_page_scores(q, kmin, kmax), context, n_pages, n_max)
+
+
+def quest_pick(scores: Tensor, context: Tensor, n_pages: Tensor, n_max: int
+               ) -> tuple[Tensor, Tensor]:
+    """`quest_select`'s list from the page scores [B, P]: per request the top
+    min(n_pages, full, n_max) of the full pages by score (ties to the smaller page index) in
+    ascending page order, then the partial page, -1 up to K = 16·(n_max + 1)."""
+    B, P = scores.shape
     K = QUEST_PAGE * (n_max + 1) if B else 0
-    scores = quest_page_scores(q, kmin, kmax)  # [B, P]
-    out = torch.full((B, K), -1, dtype=torch.int32, device=q.device)
-    n_out = torch.zeros(B, dtype=torch.int32, device=q.device)
+    out = torch.full((B, K), -1, dtype=torch.int32, device=scores.device)
+    n_out = torch.zeros(B, dtype=torch.int32, device=scores.device)
     c_list, n_list = context.tolist(), n_pages.tolist()
-    offs = torch.arange(QUEST_PAGE, device=q.device)
+    offs = torch.arange(QUEST_PAGE, device=scores.device)
     for b in range(B):
         ctx = int(c_list[b])
         full = min(ctx // QUEST_PAGE, P)
@@ -254,7 +261,7 @@ def quest_select(
         order = torch.sort(scores[b, :full], descending=True, stable=True).indices
         pages = order[:take].sort().values  # [take]
         tok = (pages[:, None] * QUEST_PAGE + offs[None, :]).reshape(-1)  # [take*16]
-        partial = torch.arange(full * QUEST_PAGE, ctx, device=q.device)  # the current page
+        partial = torch.arange(full * QUEST_PAGE, ctx, device=scores.device)  # the current page
         tok = torch.cat([tok, partial])
         out[b, : tok.numel()] = tok.to(torch.int32)
         n_out[b] = tok.numel()
