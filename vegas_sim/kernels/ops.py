@@ -14,16 +14,20 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import moe, reference
+from vegas_sim.kernels.reference import LogScores
 from vegas_sim.methods import MAX_VERIFY_ROWS
 
 ENV = "VEGAS_SIM_KERNELS"
+# The collected-score format of the spec-decode runtime when its config names none
+# (calibrate/spec_state.SpecConfig): "bf16" (default) or "fp8" (reference.LogScores).
+SCORE_FORMAT_ENV = "VEGAS_SIM_SCORE_FORMAT"
 COLLECT_MODES = ("none", "first_last", "all")
 # rows of verify_attention's q whose scores are written for a collect mode; index lse with it
 # (lse[:, collect_row_ids(NQ, mode)]) to get the lse that score_weights wants
@@ -31,9 +35,10 @@ collect_row_ids = reference.collect_row_ids
 WEIGHT_FLOOR = reference.WEIGHT_FLOOR
 # collected-score formats (reference.py): "bf16" raw q·k, "fp8" `LogScores`
 SCORE_FORMATS = reference.SCORE_FORMATS
-LogScores = reference.LogScores
-Scores = Tensor | reference.LogScores
+Scores: TypeAlias = Tensor | LogScores
 empty_scores = reference.empty_scores
+score_tiles = reference.score_tiles
+FP8_DTYPE = reference.FP8_DTYPE
 
 
 def backend(t: Tensor) -> str:
@@ -47,6 +52,15 @@ def backend(t: Tensor) -> str:
             fix="set it to 'triton' or 'reference', or unset it",
         )
     return "triton" if t.is_cuda else "reference"
+
+
+def default_score_format() -> str:
+    """The score format from env VEGAS_SIM_SCORE_FORMAT (read at each call), "bf16" unset."""
+    value = os.environ.get(SCORE_FORMAT_ENV, "").strip().lower() or "bf16"
+    if value not in SCORE_FORMATS:
+        raise UserInputError(f"unknown score format {value!r}", where=f"env {SCORE_FORMAT_ENV}",
+                             fix=f"set it to one of {', '.join(SCORE_FORMATS)}, or unset it")
+    return value
 
 
 def _triton_module(name: str) -> ModuleType:
@@ -84,7 +98,7 @@ def verify_attention(
     cache_lens: Tensor,
     scale: float,
     collect: str = "none",
-    scores_out: Tensor | None = None,
+    scores_out: Scores | None = None,
     sinks: Tensor | None = None,
     window: int = 0,
     score_format: str = "bf16",

@@ -50,10 +50,9 @@ class LogScores(NamedTuple):
     def shape(self) -> torch.Size:
         return self.d.shape
 
-    def reshape(self, *lead: int) -> LogScores:
-        """Both tensors with new leading dims (the key dims kept)."""
-        return LogScores(self.d.reshape(*lead, self.d.shape[-1]),
-                         self.m.reshape(*lead, self.m.shape[-1]))
+    def reshape(self, *shape: int) -> LogScores:
+        """d reshaped as Tensor.reshape (same last dim, S_max), m to the same leading dims."""
+        return LogScores(self.d.reshape(*shape), self.m.reshape(*shape[:-1], self.m.shape[-1]))
 
 
 def score_tiles(s_max: int) -> int:

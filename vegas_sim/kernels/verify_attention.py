@@ -387,7 +387,7 @@ def verify_attention(
     max_len: int | None = None,
     min_m: int | None = None,
     offs64: bool | None = None,
-    scores_out: Tensor | None = None,
+    scores_out: Tensor | LogScores | None = None,
     tma: bool | None = None,
     sinks: Tensor | None = None,
     window: int = 0,
@@ -427,16 +427,16 @@ def verify_attention(
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
     fp8 = score_format == "fp8"
-    scores = scores_out if scores_out is not None and R else (
-        empty_scores((B, R, Hq), S_max, score_format, q.device) if R else None)
+    scores: Tensor | LogScores | None = None
+    if R:
+        scores = (scores_out if scores_out is not None
+                  else empty_scores((B, R, Hq), S_max, score_format, q.device))
     if fp8 and block_n is not None and block_n < SCORE_TILE:
         raise UserInputError(f"block_n={block_n} with the fp8 score format",
                              where="verify_attention(block_n)",
                              fix=f"pass block_n >= {SCORE_TILE} (SCORE_TILE) or None")
-    if isinstance(scores, LogScores):
-        score_d, score_m = scores.d, scores.m
-    else:
-        score_d = score_m = scores
+    score_d: Tensor | None = scores.d if isinstance(scores, LogScores) else scores
+    score_m: Tensor | None = scores.m if isinstance(scores, LogScores) else None
     single = cfg.splits == 1
     n_part = 1 if single else B * Hkv * cfg.splits * BLOCK_M
     o_part = torch.empty(n_part, BLOCK_D, dtype=torch.float32, device=q.device)
@@ -455,7 +455,7 @@ def verify_attention(
         _verify_attention_kernel[(B * Hkv, c.splits)](
             q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
             score_d if score_d is not None else lse,  # dummy pointer when nothing is collected
-            score_m if fp8 and score_m is not None else lse,  # fp8's m, else a dummy
+            score_m if score_m is not None else lse,  # fp8's m, else a dummy
             sinks if sinks is not None else lse,  # dummy pointer without sinks
             scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1), window,
             k_cache.stride(0), k_cache.stride(1),
