@@ -21,7 +21,11 @@ rows), beside the Vegas paper's 37 % / 189 %.
 Step quest: a Quest draft step against a Stream draft step at the same budget (B 4, C 32K and
 120K), with Quest's selection apart and its metadata bytes at the copy bandwidth.
 
-Rows of the CSV: `kind` (copy, quest, c2q, verify, sdpa, sparse, select, b1, oss, probe, error,
+Step c2q also times, per shape, the plain verify and Collect-2-Query in each score format
+(bf16, fp8) at the default launch, interleaved (kind c2q_format), with each overhead against
+the 6 % target; `--only c2q` runs just that step.
+
+Rows of the CSV: `kind` (copy, quest, c2q, c2q_format, verify, sdpa, sparse, select, b1, oss, probe, error,
 tune, variant, sweep), the
 shape columns, `ms` (median of CUDA-graph replays, triton.testing.do_bench_cudagraph: host
 launch overhead excluded, as in the calibration runtime; inputs rotated past the L2), `gbps`
@@ -630,6 +634,12 @@ C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("rows m64 st6", {"min_m": 64, "num_stages": 6}),
     ("rows m16 n64 st4", {"min_m": 16, "block_n": 64, "num_stages": 4}),
 ]
+# Score formats (kernels/reference.py, SCORE_FORMATS) timed beside the plain verify at every
+# C2Q_SHAPES shape, each at the default launch, interleaved over --rounds (min_of_rounds):
+# rows kind=c2q_format, config = the format, overhead_pct against the none call of the same
+# rounds; C2Q_TARGET_PCT is DESIGN.md's Collect-2-Query target.
+C2Q_FORMATS = ("bf16", "fp8")
+C2Q_TARGET_PCT = 6.0
 # The score bytes' floor: the same [B, 2, Hq, S_max] bf16 written by a plain fill, over the
 # collect="none" call (what Collect-2-Query would cost if its stores cost only their bytes).
 C2Q_FLOOR = "score bytes by a plain fill / none"
@@ -669,12 +679,70 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
                                config=label, note=f"none (default) {base:.4f} ms"))
                 print(f"c2q     B={B:2d} C={C:6d} NQ={NQ:2d} {label:22s} ms={ms:.4f} "
                       f"none={base:.4f} ovh%={ovh:6.1f}", flush=True)
+            c2q_formats(args, copy_bw, out, caches, lens, q, B, C, NQ)
             del caches
         except ContextLost:
             raise
         except Exception as e:  # noqa: BLE001 - one shape must not stop the run
             failed(out, "c2q", e, batch=B, context=C, n_query=NQ)
         torch.cuda.empty_cache()
+
+
+def c2q_formats(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                caches: list[Any], lens: torch.Tensor, q: torch.Tensor, B: int, C: int,
+                NQ: int) -> None:
+    """The plain verify and Collect-2-Query in every score format at the default launch,
+    interleaved (min_of_rounds): rows kind=c2q_format, overhead % against this none call."""
+    calls = {"none": verify_call(caches, q, lens, "none", C)}
+    for fmt in C2Q_FORMATS:
+        calls[fmt] = verify_call(caches, q, lens, "first_last", C, score_format=fmt)
+    try:
+        best = min_of_rounds(calls, args.rounds)
+    except ContextLost:
+        raise
+    except Exception as e:  # noqa: BLE001 - a format that fails is a result
+        failed(out, "c2q_format", e, batch=B, context=C, n_query=NQ)
+        return
+    base = best["none"]
+    for fmt in C2Q_FORMATS:
+        ms = best[fmt]
+        gb = kv_bytes(B, C) / ms / 1e6
+        ovh = 100 * (ms / base - 1)
+        out.append(row("c2q_format", batch=B, context=C, n_query=NQ, collect="first_last",
+                       ms=ms, gbps=gb, ratio_copy=gb / copy_bw, overhead_pct=ovh, config=fmt,
+                       note=f"none {base:.4f} ms, same rounds"))
+        print(f"c2q_fmt B={B:2d} C={C:6d} NQ={NQ:2d} {fmt:5s} ms={ms:.4f} none={base:.4f} "
+              f"ovh%={ovh:6.1f} (target <= {C2Q_TARGET_PCT:.0f} %: "
+              f"{_verdict(ovh <= C2Q_TARGET_PCT)})", flush=True)
+
+
+def format_summary(rows: list[dict[str, Any]]) -> None:
+    """The c2q_format rows: overhead % of each score format per shape, with its verdict
+    against C2Q_TARGET_PCT, and the worst shape per format."""
+    fr = [r for r in rows if r["kind"] == "c2q_format" and r["ms"] != ""]
+    if not fr:
+        return
+    fmts = list(dict.fromkeys(str(r["config"]) for r in fr))
+    shapes = sorted({(r["batch"], r["context"], r["n_query"]) for r in fr})
+    print(f"\nCollect-2-Query by score format, overhead % over collect=none (same rounds; "
+          f"target <= {C2Q_TARGET_PCT:.0f} %):")
+    print(f"  {'shape':20s}" + "".join(f"{f:>16s}" for f in fmts))
+    for b, c, n in shapes:
+        cells = []
+        for f in fmts:
+            hit = [r for r in fr if r["config"] == f and (r["batch"], r["context"],
+                                                          r["n_query"]) == (b, c, n)]
+            if hit:
+                ovh = hit[0]["overhead_pct"]
+                cells.append(f"{ovh:9.1f} {_verdict(ovh <= C2Q_TARGET_PCT)}".rjust(16))
+            else:
+                cells.append(f"{'-':>16}")
+        print(f"  {f'B{b} C{c // 1024}K NQ{n}':20s}" + "".join(cells))
+    for f in fmts:
+        worst = max((r for r in fr if r["config"] == f), key=lambda r: r["overhead_pct"])
+        print(f"  {f}: max {worst['overhead_pct']:.1f} % at B={worst['batch']} "
+              f"C={worst['context']} NQ={worst['n_query']} -> "
+              f"{_verdict(worst['overhead_pct'] <= C2Q_TARGET_PCT)}")
 
 
 def score_floor(out: list[dict[str, Any]], caches: list[Any], B: int, C: int, NQ: int,
@@ -1021,6 +1089,7 @@ def summary(rows: list[dict[str, Any]]) -> None:
     errors = [r for r in rows if r["kind"] == "error"]
     ver_err = [r for r in errors if str(r["note"]).startswith(("verify", "CUDA context"))]
     candidate_summary(rows)
+    format_summary(rows)
     b1 = [r for r in plain if r["batch"] == 1 and r["context"] == B1_CONTEXT]
     b1_min = min((r["ratio_copy"] for r in b1), default=None)
 
@@ -1052,6 +1121,12 @@ def summary(rows: list[dict[str, Any]]) -> None:
     print(f"| Vegas selection share of an iteration (γ 7), B=4 C=128K | {fmt(sh, '.1f')} % "
           f"(verify pass alone: {fmt(sh_verify, '.1f')} %) | <= 8 % | "
           f"{_verdict(None if sh is None else sh <= 8.0)} |")
+    for f in C2Q_FORMATS:
+        fo = [r["overhead_pct"] for r in rows if r["kind"] == "c2q_format"
+              and r["config"] == f and r["ms"] != ""]
+        if fo:
+            print(f"| Collect-2-Query, {f} scores, c2q shapes (max) | {max(fo):.1f} % | "
+                  f"<= {C2Q_TARGET_PCT:.0f} % | {_verdict(max(fo) <= C2Q_TARGET_PCT)} |")
     print(f"| no failed shape (kind=error rows) | {len(errors)} | 0 | "
           f"{_verdict(not errors)} |", flush=True)
     for r in errors:
