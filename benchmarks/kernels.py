@@ -521,6 +521,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
                        for c in ("none", "first_last")}, args.rounds)
     plain, coll = t["none"], t["first_last"]
     _, lse, scores = va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C)
+    assert isinstance(scores, torch.Tensor)  # bf16, the default format
     assert scores is not None
     lse2 = lse[:, [0, NQ - 1]].contiguous()
     rank = lens - NQ + 1
