@@ -431,6 +431,11 @@ def verify_attention(
     if R:
         scores = (scores_out if scores_out is not None
                   else empty_scores((B, R, Hq), S_max, score_format, q.device))
+    if fp8 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        raise UserInputError("the fp8 score format needs float8 e4m3 conversions (compute "
+                             "capability 8.9 or newer: Ada, Hopper)",
+                             where="verify_attention(score_format)",
+                             fix="use score_format='bf16' on this GPU")
     if fp8 and block_n is not None and block_n < SCORE_TILE:
         raise UserInputError(f"block_n={block_n} with the fp8 score format",
                              where="verify_attention(block_n)",
