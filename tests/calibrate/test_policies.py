@@ -62,10 +62,14 @@ def test_fp8_weights_follow_the_bf16_weights(per_row: bool) -> None:
     dev = torch.device("cpu")
     shape = (2, 3, 4, 2, 16, 96)
     L, B, Hq, _Hkv, _D, S = shape
-    kw = {"per_row": True, "max_rows": 4} if per_row else {"n_heads": Hq}
-    collect = "all" if per_row else "first_last"
-    fp8 = CollectingVerifyAttention(L, B, S, dev, collect, score_format="fp8", **kw)
-    bf16 = CollectingVerifyAttention(L, B, S, dev, collect, **kw)
+    def policy(score_format: str) -> CollectingVerifyAttention:
+        if per_row:
+            return CollectingVerifyAttention(L, B, S, dev, "all", per_row=True, max_rows=4,
+                                             score_format=score_format)
+        return CollectingVerifyAttention(L, B, S, dev, "first_last", n_heads=Hq,
+                                         score_format=score_format)
+
+    fp8, bf16 = policy("fp8"), policy("bf16")
     for policy in (fp8, bf16):
         policy.rank_len.fill_(30)
         forward(policy, shape, 4, 5, dev)
