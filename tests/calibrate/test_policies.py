@@ -62,14 +62,14 @@ def test_fp8_weights_follow_the_bf16_weights(per_row: bool) -> None:
     dev = torch.device("cpu")
     shape = (2, 3, 4, 2, 16, 96)
     L, B, Hq, _Hkv, _D, S = shape
-    def policy(score_format: str) -> CollectingVerifyAttention:
+    def make(score_format: str) -> CollectingVerifyAttention:
         if per_row:
             return CollectingVerifyAttention(L, B, S, dev, "all", per_row=True, max_rows=4,
                                              score_format=score_format)
         return CollectingVerifyAttention(L, B, S, dev, "first_last", n_heads=Hq,
                                          score_format=score_format)
 
-    fp8, bf16 = policy("fp8"), policy("bf16")
+    fp8, bf16 = make("fp8"), make("bf16")
     for policy in (fp8, bf16):
         policy.rank_len.fill_(30)
         forward(policy, shape, 4, 5, dev)
