@@ -63,6 +63,11 @@ def test_fp8_kernel_matches_reference(case: tuple, use_triton: None, poison: Non
     assert torch.equal(out, out16) and torch.equal(lse, lse16)
     _, _, ref = reference.verify_attention(q, k, v, lens, D ** -0.5, collect,
                                            score_format="fp8")
+    check_fp8_scores(sc, ref)
+
+
+def check_fp8_scores(sc: object, ref: object) -> None:
+    """The kernel's fp8 scores against the reference's (module docstring)."""
     assert isinstance(sc, LogScores) and isinstance(ref, LogScores)
     assert sc.d.dtype == torch.float8_e4m3fn and sc.m.shape == ref.m.shape
     d, rd = sc.d.float(), ref.d.float()
@@ -192,3 +197,44 @@ def test_ops_checks_fp8_buffers() -> None:
     bad_d = LogScores(good.d.float(), good.m)
     with pytest.raises(UserInputError, match="LogScores"):
         ops.score_weights(bad_d, lse[:, [0, NQ - 1]], 1.0, lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("B,NQ,C,knobs", [
+    (4, 8, 32768, {}), (2, 5, 32768, {"min_m": 16}), (1, 1, 32768, {}),
+    (1, 16, 32768, {"splits": 64, "block_n": 64}),
+    (16, 8, 32768, {}),  # wide_config: M 64, 32-key TMA tiles
+    (12, 7, 49152, {}),
+])
+def test_fp8_scores_gpu_real_shapes(B: int, NQ: int, C: int, knobs: dict,
+                                    poison: None) -> None:
+    """Qwen3-8B heads: the fp8 launch against the reference and against the bf16 launch
+    (same output and lse; weights whose top-k keeps the bf16 top-k's mass)."""
+    from tests.kernels.test_attention import verify_gpu_inputs
+    from vegas_sim.kernels import verify_attention as tri
+
+    D = 128
+    q, k, v, lens = verify_gpu_inputs(torch.Generator(device="cuda").manual_seed(B * 100 + NQ),
+                                      B, NQ, C, (32, 8, D))
+    out, lse, sc = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
+                                        score_format="fp8", **knobs)
+    out16, lse16, sc16 = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", **knobs)
+    assert torch.equal(out, out16) and torch.equal(lse, lse16)
+    _, _, ref = reference.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
+                                           score_format="fp8")
+    check_fp8_scores(sc, ref)
+    assert sc is not None and sc16 is not None
+    rows = [0, NQ - 1] if NQ > 1 else [0]
+    rank = lens - NQ + 1
+    w8 = ops.score_weights(sc, lse[:, rows], D ** -0.5, rank)
+    w16 = ops.score_weights(sc16, lse[:, rows], D ** -0.5, rank)
+    assert torch.allclose(w8, reference.score_weights(sc, lse[:, rows], D ** -0.5, rank),
+                          rtol=1e-4, atol=1e-12)
+    for b, r in enumerate(rank.tolist()):
+        kk = max(256, r // 14)
+        top8 = torch.topk(w8[b, :r], kk).indices
+        top16 = torch.topk(w16[b, :r], kk).indices
+        assert float(w16[b, top8].sum()) >= 0.99 * float(w16[b, top16].sum())
+        same = len(set(top8.tolist()) & set(top16.tolist()))
+        assert same >= 0.85 * kk, (same, kk)
