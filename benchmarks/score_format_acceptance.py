@@ -72,7 +72,7 @@ def run_cell(model: Any, args: argparse.Namespace, method: str, gamma: int, temp
     from vegas_sim.calibrate.measure_acceptance import acceptance_prompts, measure_acceptance_group
     from vegas_sim.calibrate.plan import AcceptancePoint, CalibrationPlan
 
-    plan = CalibrationPlan(model="smollm2-135m", weights="real", methods=(method,),
+    plan = CalibrationPlan(model="smollm2-135m", weights=args.weights, methods=(method,),
                            gamma=(gamma,), sparsity=tuple(args.sparsity),
                            workloads=(workload,), iterations=args.iterations,
                            temperatures=(temp,), device=args.device, seed=args.seed,
@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests per call (default: the calibration's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--weights", default="real", choices=("real", "random"),
+                   help="random: SmolLM2's shape with random weights (a plumbing check only)")
     p.add_argument("--budget-s", type=float, default=130.0,
                    help="start no cell after this many seconds (model load included)")
     args = p.parse_args(argv)
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     from vegas_sim.calibrate.loading import load_model
 
     t0 = time.time()
-    model, _tok, meta = load_model("smollm2-135m", weights="real", device=args.device)
+    model, _tok, meta = load_model("smollm2-135m", weights=args.weights, device=args.device)
     print(f"SmolLM2 {meta.get('sha256', '')} on {args.device}: loaded in "
           f"{time.time() - t0:.0f} s", flush=True)
     rows: list[dict[str, Any]] = []
