@@ -25,8 +25,8 @@ Step c2q also times, per shape, the plain verify and Collect-2-Query in each sco
 (bf16, fp8) at the default launch, interleaved (kind c2q_format), with each overhead against
 the 6 % target; `--only c2q` runs just that step.
 
-Rows of the CSV: `kind` (copy, quest, c2q, c2q_format, verify, sdpa, sparse, select, b1, oss, probe, error,
-tune, variant, sweep), the
+Rows of the CSV: `kind` (copy, quest, c2q, c2q_format, verify, sdpa, sparse, select, b1, oss,
+probe, error, tune, variant, sweep), the
 shape columns, `ms` (median of CUDA-graph replays, triton.testing.do_bench_cudagraph: host
 launch overhead excluded, as in the calibration runtime; inputs rotated past the L2), `gbps`
 (bytes counted / time), `ratio_copy` (gbps / copy), and a free-form `note`. Nothing runs at import.

@@ -105,9 +105,11 @@ def run_cell(model: Any, args: argparse.Namespace, method: str, gamma: int, temp
 
 
 def print_row(r: dict[str, Any]) -> None:
-    same = "" if math.isnan(r["identical_share"]) else f" identical {100 * r['identical_share']:5.1f} %"
+    share = r["identical_share"]
+    same = "" if math.isnan(share) else f" identical {100 * share:5.1f} %"
+    per_request = r["iterations"] // max(r["requests"], 1)
     print(f"{r['method']:9s} g{r['gamma']:<2d} T{r['temperature']:<3g} {r['workload']:10s} "
-          f"s{r['sparsity']:<5g} n={r['requests']:3d}x{r['iterations'] // max(r['requests'], 1):<3d} "
+          f"s{r['sparsity']:<5g} n={r['requests']:3d}x{per_request:<3d} "
           f"bf16 {r['accepted_bf16']:.3f}  fp8 {r['accepted_fp8']:.3f}  "
           f"diff {r['diff']:+.3f} ± {r['diff_se']:.3f}{same}", flush=True)
 

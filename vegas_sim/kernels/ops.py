@@ -237,7 +237,8 @@ def score_weights(
     lse of a verify_attention with sinks, the model's sink-normalised probabilities.
 
     scores [B, R, Hq, S_max] bf16 (or the fp8 format's `LogScores`: weights
-    exp2(d + m − lse·log2(e)), 0 where d is masked) and lse [B, R, Hq] from verify_attention; rank_len [B]:
+    exp2(d + m − lse·log2(e)), 0 where d is masked) and lse [B, R, Hq] from
+    verify_attention; rank_len [B]:
     positions >= rank_len get 0 (inside: >= reference.WEIGHT_FLOOR, so top-k never prefers the
     outside); rows [B]: one row per request (SpecExtend) instead of the mean over R; `out`
     (contiguous fp32 [B, S_max]) receives the weights instead of a new tensor.
