@@ -506,6 +506,36 @@ SHARE_OF_ITERATION = "share of the iteration"
 SHARE_OF_VERIFY = "share of the verify pass"
 
 
+def fp8_weights(out: list[dict[str, Any]], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                lens: torch.Tensor, lse2: torch.Tensor, rank: torch.Tensor,
+                copy_bw: float) -> None:
+    """score_weights of all 36 layers in one launch from fp8 scores (kernels/reference.py,
+    LogScores), beside the bf16 line of bench_selection: row note
+    score_weights_36_layers_one_launch_fp8. A failure is recorded, the step goes on."""
+    from vegas_sim.kernels import ops
+    from vegas_sim.kernels import verify_attention as va
+
+    B, C = k.shape[0], int(lens.max())
+    try:
+        _, _, sc = va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C,
+                                       score_format="fp8")
+        assert isinstance(sc, ops.LogScores)
+        every = ops.LogScores(sc.d.repeat(LAYERS, 1, 1, 1), sc.m.repeat(LAYERS, 1, 1, 1))
+        ms = bench(partial(ops.score_weights, every, lse2.repeat(LAYERS, 1, 1), SCALE,
+                           rank.repeat(LAYERS)))
+    except ContextLost:
+        raise
+    except Exception as e:  # noqa: BLE001 - the bf16 selection line does not depend on it
+        failed(out, "select fp8 weights", e, batch=B, context=C)
+        return
+    nbytes = LAYERS * (sc.d.numel() + sc.m.numel() * 4.0 + B * sc.d.shape[-1] * 4.0)
+    gbps = nbytes / ms / 1e6
+    out.append(row("select", batch=B, context=C, n_query=q.shape[1], ms=ms, gbps=gbps,
+                   ratio_copy=gbps / copy_bw, note="score_weights_36_layers_one_launch_fp8"))
+    print(f"score_weights of 36 layers in one launch, fp8 scores: {ms:.3f} ms "
+          f"({gbps / copy_bw:.2f} of copy)", flush=True)
+
+
 def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
     """Vegas selection at B=4, C=128K (NQ 8, Collect-2-Query: γ 7) as a share of one
     iteration (7 sparse draft steps + the verify pass) and of the verify pass alone."""
@@ -540,6 +570,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     topk_sorted_ms = bench(partial(torch.topk, weights, K, dim=-1, sorted=True))
     radix_ms = bench_radix_topk(weights, K, out)
     sparse_ms = draft_attention_ms(gen, k, v, C, K, NQ - 1)
+    fp8_weights(out, q, k, v, lens, lse2, rank, copy_bw)
     del k, v, weights
     torch.cuda.empty_cache()
     # What the runtime does for Vegas (policies.CollectingVerifyAttention keeps every layer's

@@ -99,6 +99,8 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
         (str(b), str(c), f) for b, c, _n in bk.C2Q_SHAPES for f in bk.C2Q_FORMATS)
     assert "Collect-2-Query by score format" in text
     assert "| Collect-2-Query, fp8 scores, c2q shapes (max) |" in text
+    assert any(r["kind"] == "select" and r["note"] == "score_weights_36_layers_one_launch_fp8"
+               for r in rows)
     # the score bytes' floor beside every verify shape measured (a plain fill)
     floor = [r for r in rows if r["kind"] == "c2q_floor"]
     verify_shapes = {(r["batch"], r["context"], r["n_query"]) for r in rows
