@@ -21,8 +21,12 @@ rows), beside the Vegas paper's 37 % / 189 %.
 Step quest: a Quest draft step against a Stream draft step at the same budget (B 4, C 32K and
 120K), with Quest's selection apart and its metadata bytes at the copy bandwidth.
 
-Rows of the CSV: `kind` (copy, quest, c2q, verify, sdpa, sparse, select, b1, oss, probe, error,
-tune, variant, sweep), the
+Step c2q also times, per shape, the plain verify and Collect-2-Query in each score format
+(bf16, fp8) at the default launch, interleaved (kind c2q_format), with each overhead against
+the 6 % target; `--only c2q` runs just that step.
+
+Rows of the CSV: `kind` (copy, quest, c2q, c2q_format, verify, sdpa, sparse, select, b1, oss,
+probe, error, tune, variant, sweep), the
 shape columns, `ms` (median of CUDA-graph replays, triton.testing.do_bench_cudagraph: host
 launch overhead excluded, as in the calibration runtime; inputs rotated past the L2), `gbps`
 (bytes counted / time), `ratio_copy` (gbps / copy), and a free-form `note`. Nothing runs at import.
@@ -502,6 +506,36 @@ SHARE_OF_ITERATION = "share of the iteration"
 SHARE_OF_VERIFY = "share of the verify pass"
 
 
+def fp8_weights(out: list[dict[str, Any]], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                lens: torch.Tensor, lse2: torch.Tensor, rank: torch.Tensor,
+                copy_bw: float) -> None:
+    """score_weights of all 36 layers in one launch from fp8 scores (kernels/reference.py,
+    LogScores), beside the bf16 line of bench_selection: row note
+    score_weights_36_layers_one_launch_fp8. A failure is recorded, the step goes on."""
+    from vegas_sim.kernels import ops
+    from vegas_sim.kernels import verify_attention as va
+
+    B, C = k.shape[0], int(lens.max())
+    try:
+        _, _, sc = va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C,
+                                       score_format="fp8")
+        assert isinstance(sc, ops.LogScores)
+        every = ops.LogScores(sc.d.repeat(LAYERS, 1, 1, 1), sc.m.repeat(LAYERS, 1, 1, 1))
+        ms = bench(partial(ops.score_weights, every, lse2.repeat(LAYERS, 1, 1), SCALE,
+                           rank.repeat(LAYERS)))
+    except ContextLost:
+        raise
+    except Exception as e:  # noqa: BLE001 - the bf16 selection line does not depend on it
+        failed(out, "select fp8 weights", e, batch=B, context=C)
+        return
+    nbytes = LAYERS * (sc.d.numel() + sc.m.numel() * 4.0 + B * sc.d.shape[-1] * 4.0)
+    gbps = nbytes / ms / 1e6
+    out.append(row("select", batch=B, context=C, n_query=q.shape[1], ms=ms, gbps=gbps,
+                   ratio_copy=gbps / copy_bw, note="score_weights_36_layers_one_launch_fp8"))
+    print(f"score_weights of 36 layers in one launch, fp8 scores: {ms:.3f} ms "
+          f"({gbps / copy_bw:.2f} of copy)", flush=True)
+
+
 def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]]) -> None:
     """Vegas selection at B=4, C=128K (NQ 8, Collect-2-Query: γ 7) as a share of one
     iteration (7 sparse draft steps + the verify pass) and of the verify pass alone."""
@@ -517,6 +551,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
                        for c in ("none", "first_last")}, args.rounds)
     plain, coll = t["none"], t["first_last"]
     _, lse, scores = va.verify_attention(q, k, v, lens, SCALE, "first_last", max_len=C)
+    assert isinstance(scores, torch.Tensor)  # bf16, the default format
     assert scores is not None
     lse2 = lse[:, [0, NQ - 1]].contiguous()
     rank = lens - NQ + 1
@@ -535,6 +570,7 @@ def bench_selection(args: argparse.Namespace, copy_bw: float, out: list[dict[str
     topk_sorted_ms = bench(partial(torch.topk, weights, K, dim=-1, sorted=True))
     radix_ms = bench_radix_topk(weights, K, out)
     sparse_ms = draft_attention_ms(gen, k, v, C, K, NQ - 1)
+    fp8_weights(out, q, k, v, lens, lse2, rank, copy_bw)
     del k, v, weights
     torch.cuda.empty_cache()
     # What the runtime does for Vegas (policies.CollectingVerifyAttention keeps every layer's
@@ -630,6 +666,12 @@ C2Q_CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("rows m64 st6", {"min_m": 64, "num_stages": 6}),
     ("rows m16 n64 st4", {"min_m": 16, "block_n": 64, "num_stages": 4}),
 ]
+# Score formats (kernels/reference.py, SCORE_FORMATS) timed beside the plain verify at every
+# C2Q_SHAPES shape, each at the default launch, interleaved over --rounds (min_of_rounds):
+# rows kind=c2q_format, config = the format, overhead_pct against the none call of the same
+# rounds; C2Q_TARGET_PCT is DESIGN.md's Collect-2-Query target.
+C2Q_FORMATS = ("bf16", "fp8")
+C2Q_TARGET_PCT = 6.0
 # The score bytes' floor: the same [B, 2, Hq, S_max] bf16 written by a plain fill, over the
 # collect="none" call (what Collect-2-Query would cost if its stores cost only their bytes).
 C2Q_FLOOR = "score bytes by a plain fill / none"
@@ -669,12 +711,70 @@ def bench_c2q_candidates(args: argparse.Namespace, copy_bw: float,
                                config=label, note=f"none (default) {base:.4f} ms"))
                 print(f"c2q     B={B:2d} C={C:6d} NQ={NQ:2d} {label:22s} ms={ms:.4f} "
                       f"none={base:.4f} ovh%={ovh:6.1f}", flush=True)
+            c2q_formats(args, copy_bw, out, caches, lens, q, B, C, NQ)
             del caches
         except ContextLost:
             raise
         except Exception as e:  # noqa: BLE001 - one shape must not stop the run
             failed(out, "c2q", e, batch=B, context=C, n_query=NQ)
         torch.cuda.empty_cache()
+
+
+def c2q_formats(args: argparse.Namespace, copy_bw: float, out: list[dict[str, Any]],
+                caches: list[Any], lens: torch.Tensor, q: torch.Tensor, B: int, C: int,
+                NQ: int) -> None:
+    """The plain verify and Collect-2-Query in every score format at the default launch,
+    interleaved (min_of_rounds): rows kind=c2q_format, overhead % against this none call."""
+    calls = {"none": verify_call(caches, q, lens, "none", C)}
+    for fmt in C2Q_FORMATS:
+        calls[fmt] = verify_call(caches, q, lens, "first_last", C, score_format=fmt)
+    try:
+        best = min_of_rounds(calls, args.rounds)
+    except ContextLost:
+        raise
+    except Exception as e:  # noqa: BLE001 - a format that fails is a result
+        failed(out, "c2q_format", e, batch=B, context=C, n_query=NQ)
+        return
+    base = best["none"]
+    for fmt in C2Q_FORMATS:
+        ms = best[fmt]
+        gb = kv_bytes(B, C) / ms / 1e6
+        ovh = 100 * (ms / base - 1)
+        out.append(row("c2q_format", batch=B, context=C, n_query=NQ, collect="first_last",
+                       ms=ms, gbps=gb, ratio_copy=gb / copy_bw, overhead_pct=ovh, config=fmt,
+                       note=f"none {base:.4f} ms, same rounds"))
+        print(f"c2q_fmt B={B:2d} C={C:6d} NQ={NQ:2d} {fmt:5s} ms={ms:.4f} none={base:.4f} "
+              f"ovh%={ovh:6.1f} (target <= {C2Q_TARGET_PCT:.0f} %: "
+              f"{_verdict(ovh <= C2Q_TARGET_PCT)})", flush=True)
+
+
+def format_summary(rows: list[dict[str, Any]]) -> None:
+    """The c2q_format rows: overhead % of each score format per shape, with its verdict
+    against C2Q_TARGET_PCT, and the worst shape per format."""
+    fr = [r for r in rows if r["kind"] == "c2q_format" and r["ms"] != ""]
+    if not fr:
+        return
+    fmts = list(dict.fromkeys(str(r["config"]) for r in fr))
+    shapes = sorted({(r["batch"], r["context"], r["n_query"]) for r in fr})
+    print(f"\nCollect-2-Query by score format, overhead % over collect=none (same rounds; "
+          f"target <= {C2Q_TARGET_PCT:.0f} %):")
+    print(f"  {'shape':20s}" + "".join(f"{f:>16s}" for f in fmts))
+    for b, c, n in shapes:
+        cells = []
+        for f in fmts:
+            hit = [r for r in fr if r["config"] == f and (r["batch"], r["context"],
+                                                          r["n_query"]) == (b, c, n)]
+            if hit:
+                ovh = hit[0]["overhead_pct"]
+                cells.append(f"{ovh:9.1f} {_verdict(ovh <= C2Q_TARGET_PCT)}".rjust(16))
+            else:
+                cells.append(f"{'-':>16}")
+        print(f"  {f'B{b} C{c // 1024}K NQ{n}':20s}" + "".join(cells))
+    for f in fmts:
+        worst = max((r for r in fr if r["config"] == f), key=lambda r: r["overhead_pct"])
+        print(f"  {f}: max {worst['overhead_pct']:.1f} % at B={worst['batch']} "
+              f"C={worst['context']} NQ={worst['n_query']} -> "
+              f"{_verdict(worst['overhead_pct'] <= C2Q_TARGET_PCT)}")
 
 
 def score_floor(out: list[dict[str, Any]], caches: list[Any], B: int, C: int, NQ: int,
@@ -1129,6 +1229,7 @@ def summary(rows: list[dict[str, Any]]) -> None:
     errors = [r for r in rows if r["kind"] == "error"]
     ver_err = [r for r in errors if str(r["note"]).startswith(("verify", "CUDA context"))]
     candidate_summary(rows)
+    format_summary(rows)
     b1 = [r for r in plain if r["batch"] == 1 and r["context"] == B1_CONTEXT]
     b1_min = min((r["ratio_copy"] for r in b1), default=None)
 
@@ -1160,6 +1261,12 @@ def summary(rows: list[dict[str, Any]]) -> None:
     print(f"| Vegas selection share of an iteration (γ 7), B=4 C=128K | {fmt(sh, '.1f')} % "
           f"(verify pass alone: {fmt(sh_verify, '.1f')} %) | <= 8 % | "
           f"{_verdict(None if sh is None else sh <= 8.0)} |")
+    for f in C2Q_FORMATS:
+        fo = [r["overhead_pct"] for r in rows if r["kind"] == "c2q_format"
+              and r["config"] == f and r["ms"] != ""]
+        if fo:
+            print(f"| Collect-2-Query, {f} scores, c2q shapes (max) | {max(fo):.1f} % | "
+                  f"<= {C2Q_TARGET_PCT:.0f} % | {_verdict(max(fo) <= C2Q_TARGET_PCT)} |")
     print(f"| no failed shape (kind=error rows) | {len(errors)} | 0 | "
           f"{_verdict(not errors)} |", flush=True)
     for r in errors:

@@ -67,6 +67,15 @@
 #                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
 #                          benchmarks/results/kernels_h200.csv)
+#   c2q [ARGS...]          python benchmarks/kernels.py --only c2q --rounds 3: the Collect-2-Query
+#                          candidates, and per shape the plain verify beside bf16 and fp8
+#                          scores (kind c2q_format) against the 6 % target; ARGS replace the
+#                          defaults; writes kernels_c2q.csv
+#   score-format [ARGS...] SmolLM2 acceptance A/B of the bf16 and fp8 score formats (needs
+#                          `gguf`): benchmarks/score_format_acceptance.py (vegas, vegas-all;
+#                          longdoc, code-long, reasoning; γ 12 then 4; s 0.03, 0.1; T 0, 0.6;
+#                          same prompts and seeds; cells until --budget-s); ARGS replace the
+#                          defaults; writes score_format.csv
 #
 # Carry .whl (wheels the image lacks, e.g. simpy and gguf: `pip download --no-deps -d .whl`)
 # on every call. A call carries at most 64 MiB with the tracked tree (about 43 MiB), so the
@@ -379,8 +388,21 @@ kernels)  # each kernel against the copy bandwidth measured in the same run
   timeout 540 python3 benchmarks/kernels.py "${args[@]}" --out "$OUT/kernels_h200.csv" 2>&1 \
     | tail -60 | tee "$OUT/kernels.log"
   ;;
+c2q)  # Collect-2-Query by candidate and by score format (bf16 / fp8) against collect=none
+  args=("$@")
+  [ $# -eq 0 ] && args=(--only c2q --rounds 3)
+  timeout 540 python3 benchmarks/kernels.py "${args[@]}" --out "$OUT/kernels_c2q.csv" 2>&1 \
+    | tail -80 | tee "$OUT/kernels_c2q.log"
+  ;;
+score-format)  # acceptance A/B of the score formats on real SmolLM2 (after `gguf`)
+  [ -f $GGUF ] || { echo "no $GGUF: run the part and gguf stages first"; exit 2; }
+  args=("$@")
+  [ $# -eq 0 ] && args=(--budget-s 100)
+  timeout 200 python3 benchmarks/score_format_acceptance.py "${args[@]}" \
+    --out "$OUT/score_format.csv" 2>&1 | tail -80 | tee "$OUT/score_format.log"
+  ;;
 *)
-  echo "unknown stage $stage: part, gguf, tests, quick, full, validate or kernels"; exit 2
+  echo "unknown stage $stage: part, gguf, tests, quick, full, validate, kernels, c2q or score-format"; exit 2
   ;;
 esac
 ls -la "$OUT"

@@ -208,6 +208,21 @@ def test_records_and_batching_on_tiny_model() -> None:
         _check_records(res, 5, prompts, greedy=True)
 
 
+def test_fp8_scores_keep_greedy_decoding_lossless() -> None:
+    """The collecting methods decode with the fp8 score format (reference kernels on the CPU):
+    greedy tokens stay the target's, and the verify policy holds fp8 scores."""
+    model = tiny_model("qwen3", seed=1)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 101, (n,), generator=gen) for n in (30, 55)]
+    ref = SpecDecoder(model, SpecConfig("vanilla", 1)).generate(prompts, 16).tokens
+    for method in ("vegas", "vegas-all", "specextend"):
+        cfg = SpecConfig(method, 4, sparsity=0.1, min_tokens=8, score_format="fp8")
+        dec = SpecDecoder(model, cfg)
+        state = dec.prefill_state(prompts, 16)
+        assert state.verify_policy.score_format == "fp8"
+        assert dec.generate(prompts, 16).tokens == ref, method
+
+
 @pytest.mark.parametrize("method", SPEC_METHODS)
 def test_per_request_sparsity_equals_one_run_per_sparsity(method: str) -> None:
     """A batch whose requests draft at their own sparsities (acceptance calibration) records

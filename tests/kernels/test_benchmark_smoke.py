@@ -42,7 +42,8 @@ def fake_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.T
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
     if kw.get("num_stages") == 6 and kw.get("min_m") == 64:
         raise ValueError("out of resources: shared memory")  # a candidate that fails to build
-    return reference.verify_attention(q, k, v, lens, scale, collect)
+    return reference.verify_attention(q, k, v, lens, scale, collect,
+                                      score_format=kw.get("score_format", "bf16"))
 
 
 def fake_sparse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
@@ -92,6 +93,14 @@ def test_quick_run_records_failures_and_reports(bk: ModuleType, tmp_path: Path,
     c2q = [r for r in rows if r["kind"] == "c2q"]
     assert len(c2q) == 2 * (len(bk.C2Q_NONE_CANDIDATES) + len(bk.C2Q_CANDIDATES) - 1)
     assert any(r["config"] == "rows m64 (default)" for r in c2q)
+    # every score format beside the plain call at every c2q shape, each against the target
+    fmt = [r for r in rows if r["kind"] == "c2q_format"]
+    assert sorted((r["batch"], r["context"], r["config"]) for r in fmt) == sorted(
+        (str(b), str(c), f) for b, c, _n in bk.C2Q_SHAPES for f in bk.C2Q_FORMATS)
+    assert "Collect-2-Query by score format" in text
+    assert "| Collect-2-Query, fp8 scores, c2q shapes (max) |" in text
+    assert any(r["kind"] == "select" and r["note"] == "score_weights_36_layers_one_launch_fp8"
+               for r in rows)
     # the score bytes' floor beside every verify shape measured (a plain fill)
     floor = [r for r in rows if r["kind"] == "c2q_floor"]
     verify_shapes = {(r["batch"], r["context"], r["n_query"]) for r in rows

@@ -126,12 +126,20 @@ class CollectingVerifyAttention:
     launch instead of one launch a layer (benchmarks/kernels.py times both); the buffer costs
     2·Hq bf16 per (layer, request, slot), small beside the KV cache's 2·Hkv·D per token.
     Otherwise each layer folds its own scores right after its attention.
+    score_format: the collected scores' format (ops.SCORE_FORMATS): "bf16" raw q·k, or "fp8"
+    (base-2 d = x − m in float8 e4m3 plus fp32 m per SCORE_TILE keys; the batched fold's
+    buffer then holds 1 + 4/SCORE_TILE bytes per score instead of 2).
     """
 
     def __init__(self, n_layers: int, batch: int, max_seq: int, device: torch.device,
                  collect: str, per_row: bool = False, max_rows: int = 1,
-                 n_heads: int = 0, fold_layer: int | None = None) -> None:
+                 n_heads: int = 0, fold_layer: int | None = None,
+                 score_format: str = "bf16") -> None:
+        if score_format not in ops.SCORE_FORMATS:
+            raise ValueError(f"score_format must be one of {ops.SCORE_FORMATS}, "
+                             f"got {score_format!r}")
         self.collect = collect
+        self.score_format = score_format
         # the layer after whose attention the batched fold runs: the last layer that calls the
         # policy (a hybrid model's sliding-window layers attend without it)
         self.fold_layer = n_layers - 1 if fold_layer is None else fold_layer
@@ -142,10 +150,15 @@ class CollectingVerifyAttention:
         self.weights = torch.zeros(shape if collect != "none" else (0,), dtype=torch.float32,
                                    device=device)
         fold_all = collect == "first_last" and not per_row and n_heads > 0
-        # [L, B, R, Hq, S_max] bf16 and [L, B, R, Hq] fp32 for R <= 2, viewed per call's R;
-        # zeroed: layers that never call the policy (window layers) fold to finite weights
-        self.all_scores = torch.zeros(n_layers * batch * 2 * n_heads * max_seq if fold_all else 0,
-                                      dtype=torch.bfloat16, device=device)
+        # [L, B, R, Hq, S_max] bf16 (fp8: d [L, B, R, Hq, S_max] e4m3 and m [L, B, R, Hq,
+        # tiles] fp32) and [L, B, R, Hq] fp32 for R <= 2, viewed per call's R; zeroed: layers
+        # that never call the policy (window layers) fold to finite weights
+        lines = n_layers * batch * 2 * n_heads if fold_all else 0
+        fp8 = score_format == "fp8"
+        self.all_scores = torch.zeros(lines * max_seq, device=device,
+                                      dtype=ops.FP8_DTYPE if fp8 else torch.bfloat16)
+        self.all_score_max = torch.zeros(lines * ops.score_tiles(max_seq) if fp8 else 0,
+                                         dtype=torch.float32, device=device)
         self.all_lse = torch.zeros(n_layers * batch * 2 * n_heads if fold_all else 0,
                                    dtype=torch.float32, device=device)
 
@@ -154,7 +167,8 @@ class CollectingVerifyAttention:
         if self.all_scores.numel():
             return self._attend_fold_all(layer, q, k_cache, v_cache, cache_lens, scale, sinks)
         out, lse, scores = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale,
-                                                self.collect, sinks=sinks)
+                                                self.collect, sinks=sinks,
+                                                score_format=self.score_format)
         if scores is not None:
             lse_rows = collected_rows(lse, self.collect)  # [B, R, Hq] of the collected rows
             if self.per_row:
@@ -171,17 +185,26 @@ class CollectingVerifyAttention:
         B, NQ, Hq, _ = q.shape
         S, L = k_cache.shape[1], self.n_layers
         R = len(ops.collect_row_ids(NQ, self.collect))  # first_last: rows 0 and NQ-1
-        scores = self.all_scores[: L * B * R * Hq * S].view(L, B, R, Hq, S)
-        lse_all = self.all_lse[: L * B * R * Hq].view(L, B, R, Hq)
+        lines = L * B * R * Hq
+        d = self.all_scores[: lines * S].view(L, B, R, Hq, S)
+        lse_all = self.all_lse[:lines].view(L, B, R, Hq)
+        layer_out: ops.Scores = d[layer]
+        every: ops.Scores = d.view(L * B, R, Hq, S)
+        if self.score_format == "fp8":
+            n_t = ops.score_tiles(S)
+            m = self.all_score_max[: lines * n_t].view(L, B, R, Hq, n_t)
+            layer_out = ops.LogScores(d[layer], m[layer])
+            every = ops.LogScores(d.view(L * B, R, Hq, S), m.view(L * B, R, Hq, n_t))
         out, lse, _ = ops.verify_attention(q, k_cache, v_cache, cache_lens, scale, self.collect,
-                                           scores_out=scores[layer], sinks=sinks)
+                                           scores_out=layer_out, sinks=sinks,
+                                           score_format=self.score_format)
         lse_all[layer].copy_(collected_rows(lse, self.collect))
         if layer == self.fold_layer:
-            ops.score_weights(scores.view(L * B, R, Hq, S), lse_all.view(L * B, R, Hq), scale,
+            ops.score_weights(every, lse_all.view(L * B, R, Hq), scale,
                               self.rank_len.repeat(L), out=self.weights.view(L * B, S))
         return out
 
-    def _per_row_weights(self, layer: int, scores: Tensor, lse_rows: Tensor,
+    def _per_row_weights(self, layer: int, scores: ops.Scores, lse_rows: Tensor,
                          scale: float) -> None:
         # Fold rows into the batch so one score_weights call gives each row its own head-mean:
         # [B, R, Hq, S] -> [B·R, 1, Hq, S] -> weights [B·R, S] -> [B, R, S].

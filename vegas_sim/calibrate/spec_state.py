@@ -18,6 +18,7 @@ from vegas_sim.calibrate.replay import AcceptanceReplay
 from vegas_sim.calibrate.runtime import GraphedForward, KVCache
 from vegas_sim.calibrate.sampling import TokenProbs, check_sampling
 from vegas_sim.errors import UserInputError
+from vegas_sim.kernels import ops
 
 MAX_GAMMA = 15  # verify_attention takes at most 16 query rows
 
@@ -41,8 +42,17 @@ class SpecConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    # the verify pass's collected-score format (kernels/ops.SCORE_FORMATS); None: env
+    # VEGAS_SIM_SCORE_FORMAT, else "bf16" (ops.default_score_format)
+    score_format: str | None = None
 
     def __post_init__(self) -> None:
+        if self.score_format is None:
+            object.__setattr__(self, "score_format", ops.default_score_format())
+        if self.score_format not in ops.SCORE_FORMATS:
+            raise UserInputError(f"unknown score format {self.score_format!r}",
+                                 where="score_format",
+                                 fix=f"use one of {', '.join(ops.SCORE_FORMATS)}")
         if methods.drafts(self.method):
             methods.check_gamma(self.gamma)
         if self.gamma > MAX_GAMMA:

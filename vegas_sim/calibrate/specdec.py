@@ -168,7 +168,8 @@ class SpecDecoder:
         verify = CollectingVerifyAttention(
             s.n_layers, batch, max_seq, self.device, c.collect,
             per_row=c.spec.selects_from == "last_accepted", max_rows=gamma + 1, n_heads=s.n_heads,
-            fold_layer=max(i for i in range(s.n_layers) if s.layer_kind(i) == "full"))
+            fold_layer=max(i for i in range(s.n_layers) if s.layer_kind(i) == "full"),
+            score_format=c.score_format or "bf16")
         return BatchState(
             cache=cache,
             context=torch.zeros(batch, dtype=torch.int32, device=self.device),

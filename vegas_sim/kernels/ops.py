@@ -14,21 +14,31 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels import moe, reference
+from vegas_sim.kernels.reference import LogScores
 from vegas_sim.methods import MAX_VERIFY_ROWS
 
 ENV = "VEGAS_SIM_KERNELS"
+# The collected-score format of the spec-decode runtime when its config names none
+# (calibrate/spec_state.SpecConfig): "bf16" (default) or "fp8" (reference.LogScores).
+SCORE_FORMAT_ENV = "VEGAS_SIM_SCORE_FORMAT"
 COLLECT_MODES = ("none", "first_last", "all")
 # rows of verify_attention's q whose scores are written for a collect mode; index lse with it
 # (lse[:, collect_row_ids(NQ, mode)]) to get the lse that score_weights wants
 collect_row_ids = reference.collect_row_ids
 WEIGHT_FLOOR = reference.WEIGHT_FLOOR
+# collected-score formats (reference.py): "bf16" raw q·k, "fp8" `LogScores`
+SCORE_FORMATS = reference.SCORE_FORMATS
+Scores: TypeAlias = Tensor | LogScores
+empty_scores = reference.empty_scores
+score_tiles = reference.score_tiles
+FP8_DTYPE = reference.FP8_DTYPE
 
 
 def backend(t: Tensor) -> str:
@@ -42,6 +52,15 @@ def backend(t: Tensor) -> str:
             fix="set it to 'triton' or 'reference', or unset it",
         )
     return "triton" if t.is_cuda else "reference"
+
+
+def default_score_format() -> str:
+    """The score format from env VEGAS_SIM_SCORE_FORMAT (read at each call), "bf16" unset."""
+    value = os.environ.get(SCORE_FORMAT_ENV, "").strip().lower() or "bf16"
+    if value not in SCORE_FORMATS:
+        raise UserInputError(f"unknown score format {value!r}", where=f"env {SCORE_FORMAT_ENV}",
+                             fix=f"set it to one of {', '.join(SCORE_FORMATS)}, or unset it")
+    return value
 
 
 def _triton_module(name: str) -> ModuleType:
@@ -79,10 +98,11 @@ def verify_attention(
     cache_lens: Tensor,
     scale: float,
     collect: str = "none",
-    scores_out: Tensor | None = None,
+    scores_out: Scores | None = None,
     sinks: Tensor | None = None,
     window: int = 0,
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    score_format: str = "bf16",
+) -> tuple[Tensor, Tensor, Scores | None]:
     """Causal attention of NQ (1..16) new rows per request; optional score write-out.
 
     q [B, NQ, Hq, D]; k_cache/v_cache [B, S_max, Hkv, D] with the NQ new tokens written;
@@ -95,7 +115,9 @@ def verify_attention(
     scores [B, R, Hq, S_max] bf16 raw q·k (-inf where masked) or None; R = 2 (rows 0 and
     NQ−1; 1 if NQ == 1) for collect="first_last", NQ for "all". `scores_out` (contiguous,
     that shape and dtype) receives the scores instead of a new tensor, e.g. one layer's slice
-    of a buffer that holds every layer's.
+    of a buffer that holds every layer's. score_format "fp8": the scores are a
+    `LogScores` (reference.py: base-2 d = x − m as float8 e4m3 plus fp32 m per SCORE_TILE
+    keys), and `scores_out` one of those (`empty_scores`).
     """
     op = "verify_attention"
     _check(q.dim() == 4, op, "q", f"q must be [B, NQ, Hq, D], got {tuple(q.shape)}",
@@ -112,23 +134,63 @@ def verify_attention(
     _check(window == 0 or collect == "none", op, "collect",
            f"collect={collect!r} with window={window}: sliding-window layers collect no scores",
            "pass collect='none' with a window")
+    _check(score_format in SCORE_FORMATS, op, "score_format",
+           f"unknown score format {score_format!r}", f"use one of {', '.join(SCORE_FORMATS)}")
     if scores_out is not None:
         B, NQ, Hq, _ = q.shape
         want = (B, len(collect_row_ids(NQ, collect)), Hq, k_cache.shape[1])
-        _check(want[1] > 0 and tuple(scores_out.shape) == want and scores_out.is_contiguous()
-               and scores_out.dtype == torch.bfloat16, op, "scores_out",
-               f"scores_out must be a contiguous bf16 {want}, got {tuple(scores_out.shape)} "
-               f"{scores_out.dtype}", "allocate it for this call's collect mode and shapes")
+        _check(want[1] > 0, op, "scores_out", f"scores_out with collect={collect!r}",
+               "pass scores_out only when rows are collected")
+        _check_scores(op, "scores_out", scores_out, want, score_format)
     if backend(q) == "triton":
         mod = _triton_module("verify_attention")
         return mod.verify_attention(  # type: ignore[no-any-return]
             q, k_cache, v_cache, cache_lens, scale, collect, scores_out=scores_out, sinks=sinks,
-            window=window)
+            window=window, score_format=score_format)
     out, lse, scores = reference.verify_attention(q, k_cache, v_cache, cache_lens, scale, collect,
-                                                  sinks, window)
+                                                  sinks, window, score_format)
     if scores_out is not None and scores is not None:
-        scores = scores_out.copy_(scores)
+        scores = _copy_scores(scores_out, scores)
     return out, lse, scores
+
+
+def _copy_scores(dst: Scores, src: Scores) -> Scores:
+    if isinstance(dst, LogScores) and isinstance(src, LogScores):
+        dst.d.copy_(src.d)
+        dst.m.copy_(src.m)
+        return dst
+    assert isinstance(dst, Tensor) and isinstance(src, Tensor)
+    return dst.copy_(src)
+
+
+def _check_scores(op: str, arg: str, scores: object, want: tuple[int, ...] | None,
+                  score_format: str) -> None:
+    """scores is a contiguous buffer of `score_format` (of shape `want` unless None)."""
+    if score_format == "bf16":
+        ok = (isinstance(scores, Tensor) and scores.dim() == 4 and scores.is_contiguous()
+              and scores.dtype == torch.bfloat16
+              and (want is None or tuple(scores.shape) == want))
+        got = (f"{tuple(scores.shape)} {scores.dtype}" if isinstance(scores, Tensor)
+               else type(scores).__name__)
+        _check(ok, op, arg, f"{arg} must be a contiguous bf16 {want or '[B, R, Hq, S_max]'}, "
+               f"got {got}", "allocate it for this call's collect mode and shapes "
+               "(ops.empty_scores), or pass score_format='fp8' with a LogScores")
+        return
+    ok = isinstance(scores, LogScores)
+    if isinstance(scores, LogScores):
+        d, m = scores
+        lead = tuple(d.shape[:-1])
+        ok = (d.dim() == 4 and d.dtype == reference.FP8_DTYPE and m.dtype == torch.float32
+              and d.is_contiguous() and m.is_contiguous() and tuple(m.shape[:-1]) == lead
+              and m.shape[-1] == reference.score_tiles(d.shape[-1])
+              and (want is None or tuple(d.shape) == want))
+        got = f"d {tuple(d.shape)} {d.dtype}, m {tuple(m.shape)} {m.dtype}"
+    else:
+        got = type(scores).__name__
+    _check(ok, op, arg, f"{arg} of the fp8 format must be a contiguous LogScores: d "
+           f"{want or '[B, R, Hq, S_max]'} float8_e4m3fn and m [B, R, Hq, "
+           f"ceil(S_max / {reference.SCORE_TILE})] fp32, got {got}",
+           "allocate it with ops.empty_scores(..., 'fp8')")
 
 
 def sparse_draft_attention(
@@ -164,7 +226,7 @@ def sparse_draft_attention(
 
 
 def score_weights(
-    scores: Tensor,
+    scores: Scores,
     lse: Tensor,
     scale: float,
     rank_len: Tensor,
@@ -174,13 +236,17 @@ def score_weights(
     """Mean over heads (and collected rows) of exp(scale·s − lse): [B, S_max] fp32 — with the
     lse of a verify_attention with sinks, the model's sink-normalised probabilities.
 
-    scores [B, R, Hq, S_max] bf16 and lse [B, R, Hq] from verify_attention; rank_len [B]:
+    scores [B, R, Hq, S_max] bf16 (or the fp8 format's `LogScores`: weights
+    exp2(d + m − lse·log2(e)), 0 where d is masked) and lse [B, R, Hq] from
+    verify_attention; rank_len [B]:
     positions >= rank_len get 0 (inside: >= reference.WEIGHT_FLOOR, so top-k never prefers the
     outside); rows [B]: one row per request (SpecExtend) instead of the mean over R; `out`
     (contiguous fp32 [B, S_max]) receives the weights instead of a new tensor.
     """
     op = "score_weights"
-    _check(scores.dim() == 4 and lse.shape == scores.shape[:3], op, "scores, lse",
+    if isinstance(scores, LogScores):
+        _check_scores(op, "scores", scores, None, "fp8")
+    _check(len(scores.shape) == 4 and lse.shape == scores.shape[:3], op, "scores, lse",
            f"scores {tuple(scores.shape)} / lse {tuple(lse.shape)} do not match",
            "pass the scores and lse of the same verify_attention call")
     if out is not None:
@@ -189,7 +255,7 @@ def score_weights(
                and out.dtype == torch.float32, op, "out",
                f"out must be a contiguous fp32 {want}, got {tuple(out.shape)} {out.dtype}",
                "allocate [B, S_max] fp32")
-    if backend(scores) == "triton":
+    if backend(scores.d if isinstance(scores, LogScores) else scores) == "triton":
         mod = _triton_module("selection")
         return mod.score_weights(scores, lse, scale, rank_len, rows,  # type: ignore[no-any-return]
                                  out=out)

@@ -13,10 +13,85 @@ The returned lse then includes it, so exp(scale·s − lse) are the probabilitie
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 QUEST_PAGE = 16  # tokens per Quest page (vegas_sim.methods.QUEST_PAGE)
+
+# Score formats of the collected rows (API.md, DESIGN.md "score contract"):
+# "bf16": raw q·k, -inf where masked.
+# "fp8": log-domain, `LogScores`: d = x − m (x = scale·log2(e)·q·k, base-2 units) as float8
+# e4m3 (≤ 0; FP8_MASKED where masked: e4m3fn has no inf) and one fp32 m per SCORE_TILE keys.
+# e4m3 keeps three mantissa bits, so d is exact near 0 (the keys that carry the weight) and
+# coarse far below the tile's maximum, where the weight is small anyway.
+SCORE_FORMATS = ("bf16", "fp8")
+# Keys per m entry: the smallest BLOCK_N a collecting verify launch uses, so every launch
+# writes whole m entries and the consumer never depends on the launch.
+SCORE_TILE = 32
+FP8_MASKED = -448.0  # e4m3fn's most negative finite value
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+class LogScores(NamedTuple):
+    """Collected scores in the "fp8" format: d [..., S_max] float8_e4m3fn, m [..., n_tiles]
+    fp32 with n_tiles = ceil(S_max / SCORE_TILE). Key j of a line has base-2 logit
+    d[j] + m[j // SCORE_TILE]; m is at least the largest visible logit of its tile (the
+    reference: exactly that, -inf for a tile with no visible key; the kernel: its split's
+    running maximum, -inf only for a tile with no visible key); d == FP8_MASKED marks a
+    masked key (weight 0, whatever m is)."""
+
+    d: Tensor
+    m: Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.d.shape
+
+    def reshape(self, *shape: int) -> LogScores:
+        """d reshaped as Tensor.reshape (same last dim, S_max), m to the same leading dims."""
+        return LogScores(self.d.reshape(*shape), self.m.reshape(*shape[:-1], self.m.shape[-1]))
+
+
+def score_tiles(s_max: int) -> int:
+    """m entries per line of an "fp8" score buffer of S_max keys."""
+    return math.ceil(s_max / SCORE_TILE)
+
+
+def empty_scores(lead: tuple[int, ...], s_max: int, score_format: str,
+                 device: torch.device | str) -> Tensor | LogScores:
+    """An uninitialised score buffer [*lead, S_max] of `score_format`."""
+    if score_format == "bf16":
+        return torch.empty(*lead, s_max, dtype=torch.bfloat16, device=device)
+    if score_format == "fp8":
+        return LogScores(torch.empty(*lead, s_max, dtype=FP8_DTYPE, device=device),
+                         torch.empty(*lead, score_tiles(s_max), dtype=torch.float32,
+                                     device=device))
+    raise ValueError(f"score_format must be one of {SCORE_FORMATS}, got {score_format!r}")
+
+
+def to_log_scores(scores: Tensor, scale: float) -> LogScores:
+    """Raw q·k [..., S_max] (-inf where masked, any float dtype) → the "fp8" format with
+    m = each tile's largest visible logit (-inf for a tile with none)."""
+    s_max = scores.shape[-1]
+    n_t = score_tiles(s_max)
+    x = scores.float() * (scale * math.log2(math.e))
+    pad = torch.full((*x.shape[:-1], n_t * SCORE_TILE - s_max), float("-inf"), device=x.device)
+    tiles = torch.cat([x, pad], -1).unflatten(-1, (n_t, SCORE_TILE))
+    m = tiles.amax(-1)  # [..., n_t]
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    d = (tiles - m_safe[..., None]).clamp_min(FP8_MASKED).flatten(-2)[..., :s_max]
+    return LogScores(d.to(FP8_DTYPE), m)
+
+
+def log_scores_logits(scores: LogScores) -> Tensor:
+    """The base-2 logits d + m of an "fp8" buffer, fp32, -inf where masked."""
+    s_max = scores.d.shape[-1]
+    m = scores.m.repeat_interleave(SCORE_TILE, dim=-1)[..., :s_max]
+    d = scores.d.float()
+    return torch.where(d <= FP8_MASKED, torch.full_like(d, float("-inf")), d + m)
 
 
 def _expand_kv(x: Tensor, group: int) -> Tensor:
@@ -44,14 +119,15 @@ def verify_attention(
     collect: str = "none",
     sinks: Tensor | None = None,
     window: int = 0,
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    score_format: str = "bf16",
+) -> tuple[Tensor, Tensor, Tensor | LogScores | None]:
     """Causal attention of NQ new rows per request over its KV cache (see API.md).
 
     q [B, NQ, Hq, D]; caches [B, S_max, Hkv, D]; cache_lens [B] (includes the NQ new tokens);
     sinks [Hq] or None (module docstring); window > 0: row i sees only its `window` newest
     keys (a sliding-window layer; no collection). Returns out [B, NQ, Hq, D] (q's dtype), lse
     [B, NQ, Hq] fp32 (with the sink) and scores [B, R, Hq, S_max] bf16 (raw q·k, -inf where
-    masked) or None.
+    masked) or None; with score_format "fp8" the scores are `to_log_scores` of those.
     """
     B, NQ, Hq, _D = q.shape
     S_max, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -59,8 +135,10 @@ def verify_attention(
     rows = collect_row_ids(NQ, collect)
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
+    # "fp8" is encoded from the fp32 q·k, as the kernel does
+    raw_dtype = torch.float32 if score_format == "fp8" else torch.bfloat16
     scores = (
-        torch.full((B, len(rows), Hq, S_max), float("-inf"), dtype=torch.bfloat16, device=q.device)
+        torch.full((B, len(rows), Hq, S_max), float("-inf"), dtype=raw_dtype, device=q.device)
         if rows else None
     )
     lens = cache_lens.tolist()
@@ -83,7 +161,9 @@ def verify_attention(
         out[b] = torch.einsum("hnl,lhd->nhd", p, v).to(q.dtype)
         lse[b] = row_lse.transpose(0, 1)
         if scores is not None:
-            scores[b, :, :, :L] = s[:, rows].transpose(0, 1).to(torch.bfloat16)
+            scores[b, :, :, :L] = s[:, rows].transpose(0, 1).to(raw_dtype)
+    if scores is not None and score_format == "fp8":
+        return out, lse, to_log_scores(scores, scale)
     return out, lse, scores
 
 
@@ -128,7 +208,7 @@ WEIGHT_FLOOR = float(torch.finfo(torch.float32).tiny)
 
 
 def score_weights(
-    scores: Tensor,
+    scores: Tensor | LogScores,
     lse: Tensor,
     scale: float,
     rank_len: Tensor,
@@ -138,10 +218,13 @@ def score_weights(
     With an lse that includes the attention sink (verify_attention with sinks) these are the
     model's probabilities, which then sum to less than 1 per row and head.
 
-    scores [B, R, Hq, S_max] bf16; lse [B, R, Hq]; rank_len [B]; rows [B] picks one row per
+    scores [B, R, Hq, S_max] bf16 (or `LogScores`: the "fp8" format, weights
+    exp2(d + m − lse·log2(e))); lse [B, R, Hq]; rank_len [B]; rows [B] picks one row per
     request (SpecExtend) instead of the mean over all R rows. Zero at positions >= rank_len;
     inside, at least WEIGHT_FLOOR.
     """
+    if isinstance(scores, LogScores):
+        return _log_score_weights(scores, lse, rank_len, rows)
     B, _R, Hq, S_max = scores.shape
     if rows is not None:
         pick = rows.long().view(B, 1, 1, 1).expand(B, 1, Hq, S_max)
@@ -150,6 +233,19 @@ def score_weights(
     w = torch.exp(scale * scores.float() - lse[..., None].float())  # [B, R', Hq, S_max]
     w = w.mean(dim=(1, 2))  # [B, S_max]
     inside = torch.arange(S_max, device=scores.device)[None, :] < rank_len.long()[:, None]
+    return torch.where(inside, w.clamp_min(WEIGHT_FLOOR), torch.zeros_like(w))
+
+
+def _log_score_weights(scores: LogScores, lse: Tensor, rank_len: Tensor,
+                       rows: Tensor | None) -> Tensor:
+    """score_weights of the "fp8" format: exp2(d + m − lse·log2(e)), 0 where d is masked."""
+    B, _R, Hq, S_max = scores.shape
+    x = log_scores_logits(scores)  # [B, R, Hq, S_max]
+    if rows is not None:
+        x = torch.gather(x, 1, rows.long().view(B, 1, 1, 1).expand(B, 1, Hq, S_max))
+        lse = torch.gather(lse, 1, rows.long().view(B, 1, 1).expand(B, 1, Hq))
+    w = torch.exp2(x - lse[..., None].float() * math.log2(math.e)).mean(dim=(1, 2))
+    inside = torch.arange(S_max, device=x.device)[None, :] < rank_len.long()[:, None]
     return torch.where(inside, w.clamp_min(WEIGHT_FLOOR), torch.zeros_like(w))
 
 

@@ -1,7 +1,9 @@
 """Selection on the GPU: score → weight → mean, batched top-k, StreamingLLM and Quest indices.
 
-- `score_weights`: one Triton pass over the collected bf16 scores: exp2(scale·log2e·s − lse·log2e)
-  averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0 outside.
+- `score_weights`: one Triton pass over the collected scores: exp2(scale·log2e·s − lse·log2e)
+  of bf16 scores, or exp2(d + m − lse·log2e) of the fp8 format (`reference.LogScores`, 0 where
+  d is masked), averaged over heads (and rows), floored at WEIGHT_FLOOR inside rank_len, 0
+  outside.
 - `topk_select`: one top-k over [L, B, S] (batched over layers): `topk.radix_topk` on a GPU
   when all budgets are equal, else torch.topk; measured in
   benchmarks/kernels.py against the verify iteration.
@@ -17,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from vegas_sim.kernels import reference
-from vegas_sim.kernels.reference import WEIGHT_FLOOR
+from vegas_sim.kernels.reference import SCORE_TILE, WEIGHT_FLOOR, LogScores
 from vegas_sim.kernels.topk import radix_topk
 from vegas_sim.kernels.verify_attention import LOG2E
 from vegas_sim.kernels.verify_launch import OVERRIDES, next_pow2
@@ -25,9 +27,9 @@ from vegas_sim.kernels.verify_launch import OVERRIDES, next_pow2
 
 @triton.jit
 def _score_weights_kernel(
-    SCORES, LSE, RANK, ROWS, OUT, qk_scale2, R, HQ, S_MAX, inv_count,
+    SCORES, SCORE_MAX, LSE, RANK, ROWS, OUT, qk_scale2, R, HQ, S_MAX, inv_count,
     ONE_ROW: tl.constexpr, FLOOR: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
-    EVEN_S: tl.constexpr,
+    EVEN_S: tl.constexpr, FP8: tl.constexpr, SCORE_TILE: tl.constexpr,
 ):
     """One program = BLOCK_S keys of one request; steps over the request's (row, head) lines
     BLOCK_R at a time ([BLOCK_R, BLOCK_S] bf16 tile per step). The lines are contiguous:
@@ -35,7 +37,9 @@ def _score_weights_kernel(
 
     No per-key load mask: keys past rank_len are read and discarded (they are valid memory),
     because a mask `offs < rank` (rank loaded at run time) stops Triton from vectorising the
-    loads (docs/KERNELS.md, Score weights). Blocks entirely past rank_len skip the loads."""
+    loads (docs/KERNELS.md, Score weights). Blocks entirely past rank_len skip the loads.
+    FP8: SCORES holds d (float8 e4m3) and SCORE_MAX the m of every SCORE_TILE keys, read by a
+    gather (SCORE_TILE keys share an address)."""
     b = tl.program_id(0)
     block0 = tl.program_id(1) * BLOCK_S
     offs = tl.max_contiguous(tl.multiple_of(block0 + tl.arange(0, BLOCK_S), BLOCK_S), BLOCK_S)
@@ -55,10 +59,19 @@ def _score_weights_kernel(
         lse2 = tl.load(LSE + line, mask=ok, other=float("inf")) * 1.4426950408889634
         ptr = SCORES + line.to(tl.int64)[:, None] * S_MAX + offs[None, :]
         if EVEN_S:
-            s = tl.load(ptr, mask=ok[:, None], other=float("-inf"))
+            mask = ok[:, None]
         else:
-            s = tl.load(ptr, mask=ok[:, None] & (offs < S_MAX)[None, :], other=float("-inf"))
-        acc += tl.sum(tl.exp2(s.to(tl.float32) * qk_scale2 - lse2[:, None]), 0)
+            mask = ok[:, None] & (offs < S_MAX)[None, :]
+        if FP8:
+            n_t = tl.cdiv(S_MAX, SCORE_TILE)
+            d = tl.load(ptr, mask=mask, other=-448.0).to(tl.float32)
+            mt = tl.load(SCORE_MAX + line.to(tl.int64)[:, None] * n_t
+                         + (offs // SCORE_TILE)[None, :], mask=mask, other=0.0)
+            x = tl.where(d > -448.0, d + mt - lse2[:, None], float("-inf"))
+            acc += tl.sum(tl.exp2(x), 0)
+        else:
+            s = tl.load(ptr, mask=mask, other=float("-inf"))
+            acc += tl.sum(tl.exp2(s.to(tl.float32) * qk_scale2 - lse2[:, None]), 0)
     w = tl.where(offs < rank, tl.maximum(acc * inv_count, FLOOR), 0.0)
     if EVEN_S:
         tl.store(OUT + b.to(tl.int64) * S_MAX + offs, w)
@@ -79,7 +92,7 @@ def weights_blocks(s_max: int, n_lines: int) -> tuple[int, int, int]:
 
 
 def score_weights(
-    scores: Tensor,
+    scores: Tensor | LogScores,
     lse: Tensor,
     scale: float,
     rank_len: Tensor,
@@ -93,23 +106,25 @@ def score_weights(
 ) -> Tensor:
     """Triton launcher; same contract as `reference.score_weights` (API.md); `out` a
     contiguous fp32 [B, S_max] that receives the weights."""
-    B, R, Hq, S_max = scores.shape
-    assert scores.is_contiguous()
+    fp8 = isinstance(scores, LogScores)
+    d, m = (scores.d, scores.m) if isinstance(scores, LogScores) else (scores, None)
+    B, R, Hq, S_max = d.shape
+    assert d.is_contiguous() and (m is None or m.is_contiguous())
     lse = lse.float().contiguous()
-    rank = rank_len.to(device=scores.device, dtype=torch.int32).contiguous()
+    rank = rank_len.to(device=d.device, dtype=torch.int32).contiguous()
     if out is None:
-        out = torch.empty(B, S_max, dtype=torch.float32, device=scores.device)
+        out = torch.empty(B, S_max, dtype=torch.float32, device=d.device)
     one_row = rows is not None
-    row_t = rows.to(device=scores.device, dtype=torch.int64).contiguous() if rows is not None else rank
+    row_t = rows.to(device=d.device, dtype=torch.int64).contiguous() if rows is not None else rank
     count = Hq if one_row else R * Hq
     auto_s, auto_r, auto_w = weights_blocks(S_max, count)
     block_s = auto_s if block_s is None else block_s
     block_r = auto_r if block_r is None else block_r
     num_warps = auto_w if num_warps is None else num_warps
     _score_weights_kernel[(B, triton.cdiv(S_max, block_s))](
-        scores, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max, 1.0 / count,
-        ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r,
-        EVEN_S=S_max % block_s == 0, num_warps=num_warps,
+        d, m if m is not None else lse, lse, rank, row_t, out, scale * LOG2E, R, Hq, S_max,
+        1.0 / count, ONE_ROW=one_row, FLOOR=WEIGHT_FLOOR, BLOCK_S=block_s, BLOCK_R=block_r,
+        EVEN_S=S_max % block_s == 0, FP8=fp8, SCORE_TILE=SCORE_TILE, num_warps=num_warps,
         **({} if num_stages is None else {"num_stages": num_stages}),
     )
     return out

@@ -8,8 +8,17 @@ split's log2-sum-exp); `_combine_kernel` merges them, one program per (request, 
 packed row), so the merge is one load round trip. With one split the main kernel writes
 the final output directly.
 
-Score write-out (Collect-2-Query / collect-all): the raw q·k (fp32 accumulate → bf16) of the
-collected rows, -inf where masked, for every position in [0, S_max).
+Score write-out (Collect-2-Query / collect-all), for every position in [0, S_max) of the
+collected rows, in one of two formats (`score_format`; DESIGN.md, score contract):
+- "bf16": the raw q·k (fp32 accumulate → bf16), -inf where masked.
+- "fp8" (`reference.LogScores`): the online softmax's own exponent d = x − m_new (x the
+  base-2 logit, m_new the split's running maximum after the tile, so d <= 0) as float8 e4m3,
+  −448 where masked (e4m3fn has no inf), plus m_new as fp32 once per SCORE_TILE keys
+  ([B, R, Hq, ceil(S_max / SCORE_TILE)]; a BLOCK_N tile writes BLOCK_N / SCORE_TILE equal
+  entries; SCORE_TILE is the smallest collecting BLOCK_N, so the consumer never depends on
+  the launch). 1 + 4/SCORE_TILE bytes per key instead of 2: the score bytes compete with the
+  KV read stream (docs/KERNELS.md, Collect-2-Query). The fill pass past cache_lens writes
+  d = −448, m = −inf.
 - The packed rows are ordered row 0, row NQ−1, then rows 1..NQ−2 (`_packed_row`), so the
   first_last rows are the first R·G rows of the M tile: the kernel stores those rows of the
   main score tile (row mask constant along keys → 16-byte stores). A separate dot of the
@@ -51,7 +60,7 @@ from torch import Tensor
 
 from vegas_sim.errors import UserInputError
 from vegas_sim.kernels.fit import launch_fitted
-from vegas_sim.kernels.reference import collect_row_ids
+from vegas_sim.kernels.reference import SCORE_TILE, LogScores, collect_row_ids, empty_scores
 from vegas_sim.kernels.verify_launch import (
     VerifyConfig,
     interpreted,
@@ -88,13 +97,50 @@ def _store_scores(sc_base, row_off, row_ok, n, vals, S_MAX, EVEN_S: tl.constexpr
 
 
 @triton.jit
+def _to_e4m3(x, GRID_FIRST: tl.constexpr):
+    """x (fp32, in [−448, 0]) as float8 e4m3, rounded to nearest. GRID_FIRST (the CPU
+    interpreter): round to e4m3's grid in fp32 first: Triton 3.9's interpreter cast drops the
+    carry of a mantissa that rounds up into the next power of two."""
+    if GRID_FIRST:
+        e = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(x), 1e-30))), -6.0)
+        step = tl.exp2(e - 3.0)
+        x = tl.floor(x / step + 0.5) * step
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _store_tile_max(mx_base, mx_row, row_ok, start, m_new, S_MAX, BLOCK_N: tl.constexpr,
+                    TILE: tl.constexpr, EVEN_S: tl.constexpr):
+    """The fp8 format's m: m_new [rows] (base 2) to every TILE-key entry of the BLOCK_N tile
+    at keys start.. of rows mx_row (element offsets from mx_base); ceil(S_max / TILE) entries
+    per row."""
+    n_t = tl.cdiv(S_MAX, TILE)
+    if BLOCK_N == TILE:
+        t = start // TILE
+        if EVEN_S:
+            tl.store(mx_base + mx_row + t, m_new, mask=row_ok)
+        else:
+            tl.store(mx_base + mx_row + t, m_new, mask=row_ok & (mx_row * 0 + t < n_t))
+    else:
+        t = start // TILE + tl.arange(0, BLOCK_N // TILE)
+        vals = m_new[:, None] + tl.zeros([1, BLOCK_N // TILE], tl.float32)
+        if EVEN_S:
+            tl.store(mx_base + mx_row[:, None] + t[None, :], vals, mask=row_ok[:, None])
+        else:
+            tl.store(mx_base + mx_row[:, None] + t[None, :], vals,
+                     mask=row_ok[:, None] & (t < n_t)[None, :])
+
+
+@triton.jit
 def _attend_tile(q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok,
-                 qk_scale2, S_MAX, BLOCK_N: tl.constexpr, COLLECT: tl.constexpr,
-                 EVEN_S: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                 HAS_WINDOW: tl.constexpr):
+                 mx_base, mx_row, qk_scale2, S_MAX, BLOCK_N: tl.constexpr,
+                 COLLECT: tl.constexpr, EVEN_S: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr, FP8: tl.constexpr,
+                 SCORE_TILE: tl.constexpr):
     """One K/V tile (keys start..start+BLOCK_N) of the online softmax, plus the score store
     of the collected rows: returns the new (m_i, l_i, acc). Row m sees keys [floor, limit]
-    (floor only with a sliding window)."""
+    (floor only with a sliding window). FP8: the collected rows store d = x − m_new (the
+    exponent of p, clamped at e4m3's −448) as float8 e4m3 and m_new per SCORE_TILE keys."""
     offs_n = tl.arange(0, BLOCK_N)
     n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
     if UPCAST:
@@ -106,11 +152,17 @@ def _attend_tile(q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_
     s = tl.where(n[None, :] <= limit[:, None], s, float("-inf"))
     if HAS_WINDOW:
         s = tl.where(n[None, :] >= floor[:, None], s, float("-inf"))
-    if COLLECT != 0:
+    if COLLECT != 0 and not FP8:
         _store_scores(sc_base, m_row, m_ok, n, s.to(tl.bfloat16), S_MAX, EVEN_S)
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale2)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s * qk_scale2 - m_safe[:, None])
+    dx = s * qk_scale2 - m_safe[:, None]  # <= 0: max(s)·c is the largest s·c (c > 0)
+    p = tl.exp2(dx)
+    if COLLECT != 0 and FP8:
+        _store_scores(sc_base, m_row, m_ok, n, _to_e4m3(tl.maximum(dx, -448.0), UPCAST),
+                      S_MAX, EVEN_S)
+        _store_tile_max(mx_base, mx_row, m_ok, start, m_new, S_MAX, BLOCK_N, SCORE_TILE,
+                        EVEN_S)
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
@@ -129,14 +181,15 @@ def _add_sink(m_i, l_i, SINKS, head, row_ok):
 
 @triton.jit
 def _verify_attention_kernel(
-    Q, K, V, K_DESC, V_DESC, LENS, OUT, LSE, O_PART, LSE_PART, SCORES, SINKS,
+    Q, K, V, K_DESC, V_DESC, LENS, OUT, LSE, O_PART, LSE_PART, SCORES, SCORE_MAX, SINKS,
     qk_scale2,  # scale * log2(e): softmax in base 2
     S_MAX, HQ, HKV, NQ, SPLITS, R, WINDOW,
     stride_kb, stride_ks,  # cache strides (elements) of request and token; head stride = D
     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, COLLECT: tl.constexpr, SINGLE: tl.constexpr, EVEN_S: tl.constexpr, OFFS64: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, FP8: tl.constexpr,
+    SCORE_TILE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -172,6 +225,10 @@ def _verify_attention_kernel(
     sc_base = SCORES + (b * R * HQ + kvh * G).to(tl.int64) * S_MAX
     m_row = (r_m * HQ + offs_m % G) * S_MAX  # [BLOCK_M] int32, relative to sc_base
     m_ok = offs_m < R * G if COLLECT == 1 else row_ok
+    # fp8 format: m per SCORE_TILE keys, [B, R, HQ, ceil(S_MAX / SCORE_TILE)] fp32
+    n_tiles = tl.cdiv(S_MAX, SCORE_TILE)
+    mx_base = SCORE_MAX + (b * R * HQ + kvh * G).to(tl.int64) * n_tiles
+    mx_row = (r_m * HQ + offs_m % G) * n_tiles
     # this split's key range [lo, hi): whole BLOCK_N tiles aligned to multiples of BLOCK_N,
     # from the tile that holds row 0's first key (0 without a window)
     first = 0
@@ -192,8 +249,9 @@ def _verify_attention_kernel(
             k = tl.reshape(K_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
             v = tl.reshape(V_DESC.load([b, start, kvh * D]), [BLOCK_N, BLOCK_D])
             m_i, l_i, acc = _attend_tile(
-                q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok, qk_scale2,
-                S_MAX, BLOCK_N, COLLECT, EVEN_S, INPUT_PRECISION, UPCAST, HAS_WINDOW)
+                q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok, mx_base,
+                mx_row, qk_scale2, S_MAX, BLOCK_N, COLLECT, EVEN_S, INPUT_PRECISION, UPCAST,
+                HAS_WINDOW, FP8, SCORE_TILE)
         lo_ptr = hi_tma
     else:
         lo_ptr = lo
@@ -207,8 +265,9 @@ def _verify_attention_kernel(
         k = tl.load(k_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(v_base + kv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         m_i, l_i, acc = _attend_tile(
-            q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok, qk_scale2,
-            S_MAX, BLOCK_N, COLLECT, EVEN_S, INPUT_PRECISION, UPCAST, HAS_WINDOW)
+            q, k, v, start, limit, floor, m_i, l_i, acc, sc_base, m_row, m_ok, mx_base,
+            mx_row, qk_scale2, S_MAX, BLOCK_N, COLLECT, EVEN_S, INPUT_PRECISION, UPCAST,
+            HAS_WINDOW, FP8, SCORE_TILE)
 
     if COLLECT != 0:
         # -inf for keys [round_up(L, BLOCK_N), S_MAX): each split fills its share, store-only
@@ -220,8 +279,15 @@ def _verify_attention_kernel(
         # constant (no get_bf16); the compiler folds the cast
         for start in range(f_lo, f_hi, BLOCK_N):
             n = tl.max_contiguous(tl.multiple_of(start + offs_n, BLOCK_N), BLOCK_N)
-            neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
-            _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
+            if FP8:  # d = -448 (masked), m = -inf
+                neg_d = tl.full([BLOCK_M, BLOCK_N], -448.0, tl.float32).to(tl.float8e4nv)
+                _store_scores(sc_base, m_row, m_ok, n, neg_d, S_MAX, EVEN_S)
+                _store_tile_max(mx_base, mx_row, m_ok, start,
+                                tl.full([BLOCK_M], float("-inf"), tl.float32), S_MAX, BLOCK_N,
+                                SCORE_TILE, EVEN_S)
+            else:
+                neg_m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32).to(tl.bfloat16)
+                _store_scores(sc_base, m_row, m_ok, n, neg_m, S_MAX, EVEN_S)
 
     if SINGLE and HAS_SINKS:  # one split: the softmax ends here (else in the combine)
         m_i, l_i, alpha = _add_sink(m_i, l_i, SINKS, head, row_ok)
@@ -321,11 +387,12 @@ def verify_attention(
     max_len: int | None = None,
     min_m: int | None = None,
     offs64: bool | None = None,
-    scores_out: Tensor | None = None,
+    scores_out: Tensor | LogScores | None = None,
     tma: bool | None = None,
     sinks: Tensor | None = None,
     window: int = 0,
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    score_format: str = "bf16",
+) -> tuple[Tensor, Tensor, Tensor | LogScores | None]:
     """Triton launcher; same contract as `reference.verify_attention` (API.md).
 
     Keyword-only knobs (None = `launch_config`'s defaults) exist for the benchmark;
@@ -333,7 +400,9 @@ def verify_attention(
     a device sync. `min_m` the smallest M tile (default `default_min_m`); `offs64` forces the
     int64 (True) or int32 (False) hot-loop tile offsets (default: int64 only for caches of
     >= 2^31 elements; False there exists only for the benchmark's crash probe);
-    `scores_out` a contiguous bf16 [B, R, Hq, S_max] that receives the scores (ops checks it);
+    `scores_out` a contiguous bf16 [B, R, Hq, S_max] (score_format "bf16") or `LogScores`
+    ("fp8") that receives the scores (ops checks it); "fp8" launches only tiles of at least
+    SCORE_TILE keys;
     `sinks` [Hq] attention-sink logits (any float dtype) or None; `window` > 0 a sliding
     window (each row its `window` newest keys; ops refuses collection with it), whose keys
     alone size the split count.
@@ -357,8 +426,22 @@ def verify_attention(
     BLOCK_D = max(16, next_pow2(D))
     out = torch.empty_like(q)
     lse = torch.empty(B, NQ, Hq, dtype=torch.float32, device=q.device)
-    scores = scores_out if scores_out is not None and R else (
-        torch.empty(B, R, Hq, S_max, dtype=torch.bfloat16, device=q.device) if R else None)
+    fp8 = score_format == "fp8"
+    scores: Tensor | LogScores | None = None
+    if R:
+        scores = (scores_out if scores_out is not None
+                  else empty_scores((B, R, Hq), S_max, score_format, q.device))
+    if fp8 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        raise UserInputError("the fp8 score format needs float8 e4m3 conversions (compute "
+                             "capability 8.9 or newer: Ada, Hopper)",
+                             where="verify_attention(score_format)",
+                             fix="use score_format='bf16' on this GPU")
+    if fp8 and block_n is not None and block_n < SCORE_TILE:
+        raise UserInputError(f"block_n={block_n} with the fp8 score format",
+                             where="verify_attention(block_n)",
+                             fix=f"pass block_n >= {SCORE_TILE} (SCORE_TILE) or None")
+    score_d: Tensor | None = scores.d if isinstance(scores, LogScores) else scores
+    score_m: Tensor | None = scores.m if isinstance(scores, LogScores) else None
     single = cfg.splits == 1
     n_part = 1 if single else B * Hkv * cfg.splits * BLOCK_M
     o_part = torch.empty(n_part, BLOCK_D, dtype=torch.float32, device=q.device)
@@ -376,7 +459,8 @@ def verify_attention(
                           if use_tma else (k_cache, v_cache))
         _verify_attention_kernel[(B * Hkv, c.splits)](
             q, k_cache, v_cache, k_desc, v_desc, lens, out, lse, o_part, lse_part,
-            scores if scores is not None else lse,  # dummy pointer when nothing is collected
+            score_d if score_d is not None else lse,  # dummy pointer when nothing is collected
+            score_m if score_m is not None else lse,  # fp8's m, else a dummy
             sinks if sinks is not None else lse,  # dummy pointer without sinks
             scale * LOG2E, S_max, Hq, Hkv, NQ, c.splits, max(R, 1), window,
             k_cache.stride(0), k_cache.stride(1),
@@ -384,6 +468,7 @@ def verify_attention(
             COLLECT=COLLECT_CODE[collect], SINGLE=single,
             EVEN_S=S_max % c.block_n == 0, INPUT_PRECISION=precision, UPCAST=interpreted(q),
             TMA=use_tma, HAS_SINKS=sinks is not None, HAS_WINDOW=window > 0,
+            FP8=fp8 and R > 0, SCORE_TILE=SCORE_TILE,
             # int32 tile offsets crash (illegal address) on the H200 at B=16 C=128K, the
             # smallest measured cache of >= 2^31 elements, where int64 offsets work. Until it
             # is known where the int32 path overflows, such caches take int64 offsets.
@@ -392,8 +477,9 @@ def verify_attention(
         )
 
     fit_key = ("verify", q.device, q.dtype, D, G, BLOCK_M, collect, single,
-               use_tma, cfg, sinks is not None, window > 0)
-    launch_fitted(fit_key, smaller_configs(cfg), launch, "verify attention")
+               use_tma, cfg, sinks is not None, window > 0, fp8)
+    configs = [c for c in smaller_configs(cfg) if not fp8 or c.block_n >= SCORE_TILE]
+    launch_fitted(fit_key, configs, launch, "verify attention")
     if not single:
         combine(out, lse, o_part, lse_part, NQ, Hkv, cfg.splits, BLOCK_M, sinks)
     return out, lse, scores
