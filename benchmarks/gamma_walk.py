@@ -19,11 +19,16 @@ from pathlib import Path
 import pandas as pd
 
 from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance_dist import TracedCell
 from vegas_sim.sim.acceptance_walk import rewalk
 from vegas_sim.traces.io import load_trace_set
 
 SET = Path(__file__).resolve().parents[1] / "vegas_sim/traces/default/smollm2-135m-real"
 OUTPUT_LENS = (None, 127)
+
+
+def _cut(cell: TracedCell, output_len: int | None) -> TracedCell:
+    return cell if output_len is None else cell.head(output_len)
 
 
 def cells(acceptance: pd.DataFrame) -> pd.DataFrame:
@@ -37,12 +42,11 @@ def cells(acceptance: pd.DataFrame) -> pd.DataFrame:
         traced12 = model._cells[key._replace(gamma=12)]
         walked = rewalk(traced12, 4)
         for n in OUTPUT_LENS:
-            cut = (lambda c: c) if n is None else (lambda c, n=n: c.head(n))
             out.append({"method": key.method, "context": key.bucket, "sparsity": key.sparsity,
                         "output_len": n or 0,
-                        "traced": 1 + cut(cell).rates().sum(),
-                        "truncated": 1 + cut(traced12).rates()[:4].sum(),
-                        "walked": 1 + cut(walked).rates().sum()})
+                        "traced": 1 + _cut(cell, n).rates().sum(),
+                        "truncated": 1 + _cut(traced12, n).rates()[:4].sum(),
+                        "walked": 1 + _cut(walked, n).rates().sum()})
     return pd.DataFrame(out)
 
 
