@@ -102,7 +102,7 @@ from vegas_sim.sim.acceptance_cells import (
 )
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
 from vegas_sim.sim.acceptance_pack import pack_state, unpack_state
-from vegas_sim.sim.acceptance_walk import rewalk, rewalk_cells
+from vegas_sim.sim.acceptance_walk import rewalk_cells
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
     ContextTrend,
@@ -257,8 +257,8 @@ class AcceptanceModel:
         (`acceptance_walk.rewalk`; the cell itself at its traced γ), cached."""
         if gamma >= key.gamma:
             return self._cells[key]
-        if (key, gamma) not in self._walks:
-            self._walks[(key, gamma)] = rewalk(self._cells[key], gamma)
+        if (key, gamma) not in self._walks:  # its group's cells are smoothed together
+            self._walk_group(self._groups[key.group][0], gamma)
         return self._walks[(key, gamma)]
 
     @staticmethod
