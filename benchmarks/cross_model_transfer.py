@@ -52,6 +52,8 @@ import pandas as pd
 from scipy.optimize import brentq, nnls
 
 from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance_cells import make_cell, split_runs
+from vegas_sim.sim.acceptance_walk import rewalk
 from vegas_sim.sim.anchored import (TRANSFER_SD, AnchoredAcceptance, TransferSd, far_reasons,
                                     shifted_sd_pct, transfer_axes)
 from vegas_sim.sim.context_trend import DELTA_BOUND
@@ -71,16 +73,29 @@ def with_buckets(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(bucket=np.round(np.log2(first)).astype(int))
 
 
+def walked(c: pd.DataFrame, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """(accepted [M], request [M]) of one traced γ's rows walked again at `gamma`
+    (`sim.acceptance_walk`: what drafting γ accepts over the same runs, not each iteration
+    truncated, which under-states a smaller γ: benchmarks/gamma_walk.py)."""
+    runs = split_runs(c)
+    traced = int(runs.gamma.iloc[0])
+    cell = make_cell(runs, traced, float(runs.sparsity.iloc[0]), 0.0)
+    out = rewalk(cell, gamma)
+    first = runs.groupby("run", sort=True)["request"].first().to_numpy()  # [runs]
+    run_of = np.cumsum(np.concatenate([[True], out.run_start[1:] != out.run_start[:-1]])) - 1
+    return out.acc, first[run_of]
+
+
 def count(cell: pd.DataFrame, gamma: int) -> tuple[float, float, tuple[int, int], int] | None:
     """(mean acceptance length, its relative standard error %, context range, drafts) of a
-    cell's iterations at γ: the smallest traced γ ≥ it, truncated."""
+    cell's iterations at γ: the smallest traced γ ≥ it, its runs walked again at γ."""
     traced = [g for g in cell.gamma.unique() if g >= gamma]
     if not traced:
         return None
     c = cell[cell.gamma == min(traced)]
-    acc = np.minimum(c.accepted.to_numpy(), gamma)
+    acc, request = walked(c, gamma)
     mean = 1.0 + float(acc.mean())
-    per_run = 1.0 + c.assign(a=acc).groupby("request")["a"].mean()
+    per_run = 1.0 + pd.Series(acc).groupby(request).mean()
     se = float(per_run.std(ddof=1) / math.sqrt(len(per_run))) if len(per_run) > 1 else 0.0
     return mean, 100.0 * se / mean, (int(c.context.min()), int(c.context.max())), len(acc)
 

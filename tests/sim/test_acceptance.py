@@ -1,4 +1,4 @@
-"""Acceptance model: truncation exactness, decay extrapolation, interpolation, labels, bootstrap,
+"""Acceptance model: a smaller γ walked again, decay extrapolation, interpolation, labels, bootstrap,
 smoothing over neighbouring cells and the rate-matching replay."""
 
 from __future__ import annotations
@@ -146,29 +146,68 @@ def test_vanilla_needs_no_acceptance(model: AcceptanceModel) -> None:
     assert (d.sample(np.random.default_rng(0), 3, 5) == 0).all()
 
 
-# ---- truncation --------------------------------------------------------------------------
+# ---- a smaller γ than traced: the runs walked again ---------------------------------------
 
 
-def test_truncation_is_exact(traces: pd.DataFrame, raw: AcceptanceModel,
-                             model: AcceptanceModel) -> None:
+def walked_outcomes(rows: pd.DataFrame, gamma: int, traced: int) -> np.ndarray:
+    """The accepted counts of `rows`' runs walked at `gamma` by hand: each run's tokens
+    (accepted drafts, then the correction, or the bonus counted as accepted), an iteration
+    accepting the consecutive accepted tokens from where it starts, at most γ, until a run's
+    end leaves one undecided."""
+    out: list[int] = []
+    for _, run in rows.groupby(["workload", "request"], sort=False):
+        tokens: list[bool] = []
+        for a in run.sort_values("iteration")["accepted"]:
+            tokens += [True] * int(a) + [int(a) >= traced]
+        p = 0
+        while p < len(tokens):
+            k = 0
+            while k < gamma and p + k < len(tokens) and tokens[p + k]:
+                k += 1
+            if k < gamma and p + k >= len(tokens):
+                break
+            out.append(k)
+            p += k + 1
+    return np.array(out)
+
+
+def test_a_smaller_gamma_walks_the_runs_again(traces: pd.DataFrame, raw: AcceptanceModel,
+                                              model: AcceptanceModel) -> None:
+    """γ below the traced γ_t: the rates and the replay are those of the runs walked at γ
+    (`acceptance_walk`), not of their iterations truncated."""
     d3 = raw.lookup("vegas", 3, 0.1, 8192)  # traced at γ 4 and 8: uses γ_t = 4
     assert d3.extrapolated == []
     rows = cell_rows(traces, 4, 0.1, 8192)
-    acc = np.minimum(rows["accepted"].to_numpy(), 3)
-    direct = np.array([(acc >= i).mean() for i in (1, 2, 3)])
+    walked = walked_outcomes(rows, 3, 4)
+    direct = np.array([(walked >= i).mean() for i in (1, 2, 3)])
     np.testing.assert_allclose(d3.rates, direct, rtol=1e-12)  # greedy: prob = outcome
-    for m in (raw, model):  # smoothed or not: γ 3's rates are γ 4's truncated
-        d3, d4 = m.lookup("vegas", 3, 0.1, 8192), m.lookup("vegas", 4, 0.1, 8192)
-        np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
-    # draws: the same runs (same seed), γ 4's outcomes truncated, walked at γ 3's slower pace
-    d3, d4 = raw.lookup("vegas", 3, 0.1, 8192), raw.lookup("vegas", 4, 0.1, 8192)
-    stretch = d3.sources[0].stretch
-    assert d4.sources[0].stretch == 1.0 and stretch == pytest.approx(
-        (1 + rows["accepted"].mean()) / (1 + acc.mean()))
-    s3 = d3.sample(np.random.default_rng(7), 50, 100)
-    s4 = d4.sample(np.random.default_rng(7), 50, 100)
-    pace = np.floor(np.arange(100) / stretch).astype(int)  # [W] traced iteration of column k
-    assert np.array_equal(s3, np.minimum(s4[:, pace], 3))
+    truncated = np.minimum(rows["accepted"].to_numpy(), 3)
+    # an all-accepted γ_t iteration is more than one at γ: truncation under-counts it
+    assert d3.mean_length > 1 + truncated.mean()
+    # smoothed: the walked cells are smoothed as traced ones, between the traced γ's rates
+    smoothed = model.lookup("vegas", 3, 0.1, 8192)
+    assert model.lookup("vegas", 4, 0.1, 8192).mean_length > smoothed.mean_length > 1.0
+    # draws: the walked runs, replayed at their own pace (one walked iteration per iteration)
+    assert d3.sources[0].stretch == 1.0
+    s3 = d3.sample(np.random.default_rng(7), 400, 30)
+    assert abs(s3.mean() - walked.mean()) < 4 * request_se(s3)
+
+
+def test_walk_splits_an_all_accepted_iteration() -> None:
+    """One γ-12 run: all 12 accepted, then a rejection at the first draft. Walked at γ 4 it
+    is 4, 4 and 3 accepted (13 accepted tokens, then the rejected one), each iteration at the
+    tokens generated before it; at γ 12 it is itself."""
+    probs = [np.ones(12, np.float32), np.zeros(12, np.float32)]
+    rows = acceptance_frame([("vegas", 12, 0.1, 103, 1024 + g, 0.0, "chat", 0, it, a, p, "real")
+                             for it, (a, g, p) in enumerate([(12, 0, probs[0]),
+                                                             (0, 13, probs[1])])])
+    model = AcceptanceModel.from_traces(rows, "real", smooth=False)
+    key = next(iter(model._cells))
+    walked = model._walked(key, 4)
+    assert walked.acc.tolist() == [4, 4, 3] and walked.gen.tolist() == [0, 5, 10]
+    assert walked.prob[2].tolist() == [1.0, 1.0, 1.0, 0.0]  # the rejected draft's record
+    assert model._walked(key, 12) is model._cells[key]
+    assert model.lookup("vegas", 4, 0.1, 1024).mean_length == pytest.approx(1 + 11 / 3)
 
 
 def test_rates_use_accept_prob_when_sampling(traces: pd.DataFrame,
@@ -446,9 +485,12 @@ def test_replay_keeps_the_rise_along_a_generation() -> None:
     early, late = smp[:, :10].mean(), smp[:, 20:].mean()
     assert late > early + 4 * (request_se(smp[:, :10]) + request_se(smp[:, 20:]))
     d2 = m.lookup("vegas", 2, 0.1, 4096)
-    assert d2.sources[0].stretch > 1.2  # ~1.3 γ-2 iterations per traced γ-8 iteration
+    walked = d2.sources[0].cell
+    assert walked is not None and d2.sources[0].stretch == 1.0
+    # the runs walked at γ 2 take ~1.3 iterations per traced γ-8 iteration
+    assert len(walked.acc) > 1.2 * len(df)
     slow = d2.sample(np.random.default_rng(1), 400, 30)
-    # column k of the γ-2 replay is traced iteration k / stretch: earlier, less accepted
+    # column k of the γ-2 replay is walked iteration k: earlier in the text, less accepted
     assert slow[:, 20:].mean() < np.minimum(smp[:, 20:], 2).mean()
 
 
@@ -549,16 +591,18 @@ def test_output_len_blocks_are_windows_of_the_kept_prefix() -> None:
     np.testing.assert_allclose(d.rates, [2 / 6, 0, 0])
 
 
-def test_output_len_truncation_and_mixture_stay_exact(traces: pd.DataFrame,
-                                                     raw: AcceptanceModel) -> None:
+def test_output_len_walk_and_mixture_stay_exact(traces: pd.DataFrame,
+                                               raw: AcceptanceModel) -> None:
     model = raw
     d3 = model.lookup("vegas", 3, 0.1, 8192, output_len=20)
-    d4 = model.lookup("vegas", 4, 0.1, 8192, output_len=20)
-    np.testing.assert_allclose(d3.rates, d4.rates[:3], rtol=1e-12)
     rows = cell_rows(traces, 4, 0.1, 8192)
+    walked = model._walked(next(k for k in model._cells if k.gamma == 4 and k.sparsity == 0.1
+                                and k.bucket == 8192 and k.temperature == 0.0
+                                and k.workload == "chat"), 3)
+    assert np.all(np.diff(walked.gen[walked.run_start == 0]) > 0)  # gen rises along a run
     first = rows.groupby(["workload", "request"])["context"].transform("min")
-    acc = np.minimum(rows.loc[rows["context"] - first < 20, "accepted"].to_numpy(), 3)
-    np.testing.assert_allclose(d3.rates, [(acc >= i).mean() for i in (1, 2, 3)], rtol=1e-12)
+    kept = rows[rows["context"] - first < 20]
+    assert d3.mean_length >= 1 + np.minimum(kept["accepted"].to_numpy(), 3).mean()
     mid = model.lookup("vegas", 6, np.sqrt(0.05 * 0.1), 8192, output_len=20)  # log-midpoint
     lo = model.lookup("vegas", 6, 0.05, 8192, output_len=20)
     hi = model.lookup("vegas", 6, 0.1, 8192, output_len=20)

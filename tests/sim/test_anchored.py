@@ -144,7 +144,7 @@ def test_qwen3_uses_published_anchors_by_default_and_none_turns_them_off() -> No
     assert rows_off["vegas"]["acceptance_source"] == "trace set smollm2-135m-real"
     # the anchors raise vegas's level (at 32K both follow the context trend up, the unanchored
     # lower level more: a logit shift moves a saturating length less)
-    assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.3
+    assert rows_on["vegas"]["acceptance_length"] > rows_off["vegas"]["acceptance_length"] + 0.2
 
 
 def test_predicting_the_anchors_own_setting_gives_them_back() -> None:

@@ -1,7 +1,7 @@
 """Measuring acceptance (real weights only): for each method × sparsity × temperature ×
 workload, SpecDecoder's own loop (`prefill_state`, then `step` exactly `iterations` times)
-at the largest γ of the plan (the simulator truncates to smaller γ) over the workload's
-prompts; one row per (request, iteration). A method × temperature × workload's sparsities
+at the largest γ of the plan (the simulator walks the runs again at a smaller γ) over the
+workload's prompts; one row per (request, iteration). A method × temperature × workload's sparsities
 decode as one batch, each request drafting at its own sparsity (`measure_acceptance_group`):
 acceptance is host-bound, so 8 sparsities cost little more than one (the grid's GPU time:
 docs/RESULTS.md, Calibration)."""

@@ -18,9 +18,13 @@ Smoothing: each cell's per-position rates are a local-linear kernel fit over the
 chosen: docs/DESIGN.md, "Acceptance: smoothing, rates and replay").
 A lookup picks cells and turns them into an `AcceptanceDist`:
 
-- γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): truncation accepted' = min(accepted, γ);
-  the rates of γ are the first γ rates of γ_t (without smoothing exactly the cell's), and a
-  replay of γ replays the γ_t runs truncated, walked at γ's slower pace (see Replay).
+- γ ≤ traced γ_t (the smallest traced γ_t ≥ γ is used): the γ_t runs walked again at γ
+  (`acceptance_walk.rewalk`: each run read as the tokens it generated, an iteration at γ
+  accepting the consecutive accepted tokens from where it starts, at most γ), a cell as if
+  traced at γ, smoothed like one; at γ_t the cell itself. Truncating each iteration instead
+  (min(accepted, γ)) counts an easy stretch that one γ_t iteration accepts whole as one
+  iteration, where γ takes several, and under-states acceptance where it comes in stretches
+  (docs/RESULTS.md, "Acceptance at a smaller γ than traced").
 - γ > max traced γ: every all-accepted iteration is extended position by position with
   conditional rates a_i = r_i / r_{i−1} extrapolated by a decay fitted to the last traced
   positions (log a_i linear in i, slope ≤ 0, clamped to [0, 1]). Marked extrapolated.
@@ -98,6 +102,7 @@ from vegas_sim.sim.acceptance_cells import (
 )
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, DrawSource, TracedCell, extend_rates
 from vegas_sim.sim.acceptance_pack import pack_state, unpack_state
+from vegas_sim.sim.acceptance_walk import rewalk_cells
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
     ContextTrend,
@@ -174,8 +179,10 @@ class AcceptanceModel:
             n_runs = np.array([len(np.unique(cells[k].run_start)) for k in members], dtype=float)
             op = smoother_matrix(coords, n_runs) if smooth else np.eye(len(members))
             self._groups[g] = (members, op)
-        # (group, output_len) → {cell key: smoothed rates}; filled lazily by lookups
-        self._smoothed: dict[tuple[GroupKey, int | None], dict[CellKey, np.ndarray]] = {}
+        # (group, output_len, γ walked at) → {cell key: smoothed rates}; filled lazily
+        self._smoothed: dict[tuple[GroupKey, int | None, int], dict[CellKey, np.ndarray]] = {}
+        # (cell key, γ) → the cell's runs walked at γ below its traced γ (`acceptance_walk`)
+        self._walks: dict[tuple[CellKey, int], TracedCell] = {}
         # (group, edge bucket) → its context trend (`sim.context_trend`); filled lazily
         self._trends: dict[tuple[GroupKey, float], ContextTrend] = {}
         # (method, temperature, workload, bucket, γ_t) → its sparsity trend; filled lazily
@@ -222,17 +229,37 @@ class AcceptanceModel:
         runs = first.assign(bucket=run_bucket)[keys + ["run", "context"]]
         return cls(runs.reset_index(drop=True), cells, contexts, smooth, min_tokens)
 
-    def _cell_rates(self, key: CellKey, output_len: int | None) -> np.ndarray:
-        """[γ_t] the (smoothed) rates of one cell, its runs cut to `output_len` tokens."""
+    def _cell_rates(self, key: CellKey, output_len: int | None,
+                    gamma: int | None = None) -> np.ndarray:
+        """[γ] the (smoothed) rates of one cell, its runs cut to `output_len` tokens, walked at
+        `gamma` where that is below the traced γ (`_walked`; None or above: the traced γ_t)."""
         group = key.group
-        cached = self._smoothed.get((group, output_len))
+        walk = key.gamma if gamma is None else min(gamma, key.gamma)
+        cached = self._smoothed.get((group, output_len, walk))
         if cached is None:
             members, op = self._groups[group]
-            raw = np.stack([self._cut(self._cells[k], output_len).rates() for k in members])
-            smoothed = np.minimum.accumulate(np.clip(op @ raw, 0.0, 1.0), axis=1)  # [K, γ_t]
+            self._walk_group(members, walk)
+            raw = np.stack([self._cut(self._walked(k, walk), output_len).rates()
+                            for k in members])
+            smoothed = np.minimum.accumulate(np.clip(op @ raw, 0.0, 1.0), axis=1)  # [K, γ]
             cached = dict(zip(members, smoothed))
-            self._smoothed[(group, output_len)] = cached
+            self._smoothed[(group, output_len, walk)] = cached
         return cached[key]
+
+    def _walk_group(self, members: list[CellKey], gamma: int) -> None:
+        """Walk the cells of one group at `gamma` together (`_walked`, cached)."""
+        todo = [k for k in members if gamma < k.gamma and (k, gamma) not in self._walks]
+        for k, walked in zip(todo, rewalk_cells([self._cells[k] for k in todo], gamma)):
+            self._walks[(k, gamma)] = walked
+
+    def _walked(self, key: CellKey, gamma: int) -> TracedCell:
+        """The cell's runs as drafting `gamma` ≤ its traced γ would have accepted them
+        (`acceptance_walk.rewalk`; the cell itself at its traced γ), cached."""
+        if gamma >= key.gamma:
+            return self._cells[key]
+        if (key, gamma) not in self._walks:  # its group's cells are smoothed together
+            self._walk_group(self._groups[key.group][0], gamma)
+        return self._walks[(key, gamma)]
 
     @staticmethod
     def _cut(cell: TracedCell, output_len: int | None) -> TracedCell:
@@ -597,18 +624,19 @@ class AcceptanceModel:
         weighted by iterations)."""
         members = self._members(keys, s, gamma)
         gt = members[0].gamma
-        cuts = [self._cut(self._cells[k], output_len) for k in members]
+        cuts = [self._cut(self._walked(k, gamma), output_len) for k in members]
         cell = pool_cells(cuts)
         notes: list[str] = []
         if output_len is not None:
             last = np.unique(cell.run_start + cell.run_len - 1)  # [runs] last kept iteration
-            traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], gt) + 1))
+            traced = int(np.median(cell.gen[last] + np.minimum(cell.acc[last], cell.gamma) + 1))
             if output_len > traced:
                 notes.append(f"output length {output_len} beyond the {traced} tokens traced per "
                              "request (median): past its run, a request replays it again")
         # pooled workloads: the iteration-weighted mean, as the pooled raw estimate would be
         n_it = np.array([len(c.acc) for c in cuts], dtype=float)
-        cell_rates = np.stack([self._cell_rates(k, output_len) for k in members])  # [W, γ_t]
+        cell_rates = np.stack([self._cell_rates(k, output_len, gamma)
+                               for k in members])  # [W, min(γ, γ_t)]
         pooled = np.minimum.accumulate(n_it @ cell_rates / n_it.sum())
         rates, _ = extend_rates(pooled, gamma)
         if gamma > gt:

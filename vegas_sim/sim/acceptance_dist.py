@@ -122,7 +122,7 @@ def _cell_from(gamma: int, sparsity: float, bucket: float, ctx_min: int, ctx_max
 
 @dataclass(frozen=True)
 class DrawSource:
-    """One mixture component of a lookup: a cell truncated / extended to γ, or all-accepted.
+    """One mixture component of a lookup: a cell walked at / extended to γ, or all-accepted.
 
     Replay draws the cell's recorded accepted counts and then thins / extends each iteration
     position by position so that the replayed per-position rates are `rates` in expectation
@@ -142,8 +142,8 @@ class DrawSource:
 
         Iteration k of a request replays traced iteration ⌊k / stretch⌋ of its run (circular
         past the run's end). stretch = traced acceptance length / this γ's, so a request walks
-        through the run at the pace its own tokens advance: a γ-2 replay of a γ-12 trace
-        spends ~3 iterations per traced one. This keeps what a request's position in its
+        through the run at the pace its own tokens advance (1 for a cell walked at a smaller
+        γ, whose runs already take that γ's iterations; below 1 past the traced γ). This keeps what a request's position in its
         generation does to acceptance (it rises as the text turns repetitive: on SmolLM2
         longdoc at T 0.6, γ 12, from ~5.5 in the first iteration to ~8 by the tenth) and a
         prompt's persistent level; a closed batch's steady window, which ends when its first

@@ -81,6 +81,7 @@ def pack_state(state: dict[str, Any]) -> dict[str, Any]:
     out["_smoothed"] = {at: (list(rates), np.stack(list(rates.values())))
                         if rates and _same_shape(list(rates.values())) else rates
                         for at, rates in state["_smoothed"].items()}
+    out["_walks"] = {}  # cells walked at another γ: remade on use, not worth their bytes
     return out
 
 
