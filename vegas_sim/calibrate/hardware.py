@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from vegas_sim.kernels.ops import default_score_format
 from vegas_sim.methods import MAX_VERIFY_ROWS
 from vegas_sim.models import ModelSpec
 from vegas_sim.traces.schema import RUNTIME_REVISION
@@ -49,6 +50,7 @@ def software_versions() -> dict[str, str]:
         "numpy": np.__version__,
         "vegas_sim": vegas_sim.__version__,
         "runtime": RUNTIME_REVISION,
+        "score_format": default_score_format(),  # Collect-2-Query's scores (kernels/ops.py)
         "platform": platform.platform(),
     }
     try:

@@ -84,7 +84,7 @@ META_KEYS = {
     "schema_version": "int, == SCHEMA_VERSION",
     "model": "ModelSpec.to_dict() plus 'weights': {'kind': 'real'|'random', 'id': str, 'sha256': str}",
     "gpu": "{'name', 'sm_count', 'memory_gb', 'copy_bandwidth_gbs', 'bf16_tflops'} measured in the run",
-    "software": "{'python', 'torch', 'triton', 'vegas_sim', 'runtime', ...}",
+    "software": "{'python', 'torch', 'triton', 'vegas_sim', 'runtime', 'score_format', ...}",
     "date": "ISO 8601",
     "grid": "the calibration grid: {'methods', 'gamma', 'sparsity', 'batch', 'context', ...}",
     "workload": "list of workload names",
@@ -101,13 +101,16 @@ WEIGHT_KINDS = ("real", "random")
 # distribution in less GPU time); "4": that distribution held on top-k + slack slots through
 # drawing, p(d) / q(d) and the rejection residual (faster draft-step sampling and acceptance:
 # benchmarks/sampling.py); "5": MagicDec-Quest's page selection in two Triton launches
-# (kernels/quest.py) instead of page scoring then torch.topk, a faster quest_meta phase.
-RUNTIME_REVISION = "5"
+# (kernels/quest.py) instead of page scoring then torch.topk, a faster quest_meta phase; "6":
+# Quest's pick as a radix select over (request, chunk) programs instead of one program per
+# request (kernels/quest.py), faster again at long contexts.
+RUNTIME_REVISION = "6"
 # Revisions that changed only some methods' phases: method -> the phases that changed. A set
 # of an older revision keeps the other methods' rows current; a revision not listed here
 # changed every method.
 CHANGED_PHASES: dict[str, dict[str, tuple[str, ...]]] = {
     "5": {"magicdec-quest": ("quest_meta",)},
+    "6": {"magicdec-quest": ("quest_meta",)},
 }
 
 # meta.json: optional keys that the writer / generator add.
