@@ -440,3 +440,35 @@ def test_repredict_keeps_the_passes_and_scores_the_first_alone(tmp_path: Path) -
     assert new["measured_passes"] == 2 and new["measured_pass_tokens"] == "42;42"
     assert new["error_first_pass_pct"] == pytest.approx(
         100 * (new["predicted"] - 525.0) / 525.0)
+
+
+def test_a_row_that_runs_out_of_gpu_memory_is_skipped_and_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held-out row too large for the GPU is left out of the table with a line saying why;
+    the rows after it are still measured (a whole validate used to stop at the first one)."""
+    import torch
+
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate import run as validate_run
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4),
+                             contexts=(64, 256), batches=(1, 2))
+    write_heldout([HeldOut("vegas", 2, 0.5, 2, 80, output_len=8),
+                   HeldOut("vanilla", 1, 1.0, 1, 100, 8)], tmp_path / "h.csv")
+    measure = validate_run.measure_config
+
+    def too_big(model: object, h: HeldOut, *args: object) -> object:
+        if h.method == "vegas":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return measure(model, h, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(validate_run, "measure_config", too_big)
+    said: list[str] = []
+    table = validate_run.run_validation(
+        traces=traces, acceptance_traces=None, heldout_file=tmp_path / "h.csv", n_random=None,
+        model="smollm2-135m", weights="random", max_batch=2, contexts=(64, 256), output_len=8,
+        device="cpu", seed=0, out=tmp_path / "val.csv", replications=2, phase_wave=False,
+        log=said.append)
+    assert list(table["method"]) == ["vanilla"]
+    assert any("skipped, out of GPU memory" in s and "vegas" in s for s in said)

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from vegas_sim.calibrate import loading, tp_run
+from vegas_sim.calibrate.measure_latency import oom_types
 from vegas_sim.calibrate.runner import check_device
 from vegas_sim.calibrate.tp_run import RankGroup
 from vegas_sim.errors import UserInputError
@@ -179,8 +180,18 @@ def _validate(
         if progress:
             progress(step, total, label)
         t_cfg = time.perf_counter()
-        m, prompt_note = measure_config(runtime_model, run.h, models.acceptance, weights, seed,
-                                        i, models, phase_wave and p == 0)
+        try:
+            m, prompt_note = measure_config(runtime_model, run.h, models.acceptance, weights,
+                                            seed, i, models, phase_wave and p == 0)
+        except oom_types():
+            if group is not None:  # the ranks would part ways: stop them all
+                raise
+            torch.cuda.empty_cache()
+            step += 1
+            if log:
+                log(f"{label}: skipped, out of GPU memory (the row is not in the table; a "
+                    "GPU with more memory, or a smaller batch or context, measures it)")
+            continue
         run.add(m, prompt_note, time.perf_counter() - t_cfg)
         step += 1
         if not lead:
