@@ -187,6 +187,12 @@ class _FlatLatency:
     def octaves_outside(self, batch: int, context: int, n_query: int) -> dict[str, float]:
         return {}
 
+    def for_temperature(self, temperature: float) -> _FlatLatency:
+        return self
+
+    def prices_mode(self, temperature: float) -> bool:  # no sampling-mode term
+        return True
+
 
 def test_the_trend_uncertainty_enters_the_prediction_interval(rising: AcceptanceModel) -> None:
     row = {"method": "vegas", "gamma": GAMMA, "batch": 1, "context": 65536, "output_len": 64,
