@@ -78,7 +78,7 @@ from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, run
 from vegas_sim.sim.analytic import analytic_throughput, kv_limited_batch
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import EngineConfig, Lengths, PrefillFn, simulate
-from vegas_sim.sim.latency import IterationCost, LatencyModel
+from vegas_sim.sim.latency import IterationCost, LatencyModel, sampling_mode
 from vegas_sim.sim.metrics import RunMetrics, mean_ci, summarize
 from vegas_sim.sim.roofline import roofline_columns
 from vegas_sim.sim.scenario import (
@@ -381,9 +381,11 @@ def _check_analytic(sc: Scenario) -> None:
 
 
 def _base_key(sc: Scenario) -> tuple[Any, ...]:
+    """What a vanilla baseline depends on: the sampling mode too, since a latency set timed in
+    both modes prices a greedy vanilla step cheaper than a sampled one."""
     return (sc.batch, sc.context, sc.output_len, sc.n_requests, sc.arrival, sc.prefill,
             sc.kv_capacity_tokens, sc.output_dist, sc.kv_block_size, sc.prefill_gpus,
-            sc.kv_link_gbs)
+            sc.kv_link_gbs, sampling_mode(sc.temperature))
 
 
 def _drafting_baseline(scenario: Scenario, latency: LatencyModel, engine: str,
@@ -463,7 +465,8 @@ def predict(
     """Predict every scenario; one row each (columns documented in the module docstring).
 
     All scenarios are validated before any is run, so a bad one fails fast. Vanilla baselines
-    are shared between scenarios with the same batch/context/output/arrivals; the ones a
+    are shared between scenarios with the same batch/context/output/arrivals and sampling
+    mode (greedy or sampled); the ones a
     drafting row runs (no vanilla scenario before it in the call) also with earlier calls
     that pass the same `baselines` dict (for the same latency model: a sweep's chunks), which
     would run the same. ``progress(done, total)`` is called after each scenario.
