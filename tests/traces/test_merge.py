@@ -237,3 +237,22 @@ def test_merge_keeps_each_sets_latency_temperature_on_its_rows(tmp_path: Path) -
     kv = np.array([1025])
     assert model.for_temperature(0.0).phase_ms("sample", "vanilla", 1, kv) < model.phase_ms(
         "sample", "vanilla", 1, kv)
+
+
+def test_merge_refuses_methods_timed_in_different_sampling_modes(tmp_path: Path) -> None:
+    """One method timed only sampled beside another timed only greedy: the merged grid
+    would price one of them in a mode nobody timed for it, so the merge says so instead."""
+
+    def latency_set(name: str, temperature: float, method: str) -> Path:
+        grid: dict[str, Any] = {"latency_temperature": temperature, "batch": [2]}
+        w = io.TraceSetWriter(tmp_path / name, synthetic_meta(get_preset("smollm2-135m"),
+                                                              grid=grid), durable=False)
+        rows = pd.concat([_latency(2).assign(phase=p) for p in ("draft_step", "sample")])
+        w.append_latency(rows.assign(method=method, ms_median=1.0, ms_p10=0.9, ms_p90=1.1))
+        w.finalize()
+        return tmp_path / name
+
+    with pytest.raises(TraceSetError, match="different modes .*magicdec-quest: greedy.*"
+                                            "magicdec-stream: sampled"):
+        merge_trace_sets(tmp_path / "m", [latency_set("s", 0.6, "magicdec-stream"),
+                                          latency_set("g", 0.0, "magicdec-quest")])

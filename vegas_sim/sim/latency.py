@@ -140,15 +140,13 @@ from vegas_sim.sim.latency_fit import (
     with_host,
 )
 from vegas_sim.traces.meta import GridMeta
-from vegas_sim.traces.schema import SAMPLING_PHASES, UNRECORDED_TEMPERATURE
-
-GREEDY, SAMPLED = "greedy", "sampled"
-
-
-def sampling_mode(temperature: float | None) -> str:
-    """'greedy' at temperature 0 (argmax: no filter, no draw), else 'sampled'."""
-    return GREEDY if not temperature else SAMPLED
-
+from vegas_sim.traces.schema import (
+    GREEDY,
+    SAMPLED,
+    SAMPLING_PHASES,
+    UNRECORDED_TEMPERATURE,
+    sampling_mode,
+)
 
 def row_temperatures(latency: pd.DataFrame, latency_temperature: float) -> np.ndarray:
     """Each latency row's sampling temperature: its own, or the grid's latency_temperature

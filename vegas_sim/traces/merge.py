@@ -51,7 +51,9 @@ from vegas_sim.traces.schema import (
     ACCEPTANCE_POINT_KEYS,
     LATENCY_FILE,
     RUN_LOG_FILE,
+    SAMPLING_PHASES,
     UNRECORDED_TEMPERATURE,
+    sampling_mode,
 )
 
 LATENCY_KEY = ["phase", "method", "batch", "context", "n_query", "kv_read", "collect_rows",
@@ -72,6 +74,7 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
     sets = [_with_temperatures(load_trace_set(s)) for s in sources]
     _check_distinct(sources, sets)
     _check_same_model_and_gpu(sets)
+    _check_same_sampling_modes(sets)
     _check_disjoint(sets, "latency", LATENCY_KEY)
     if not replicates:
         _check_disjoint(sets, "acceptance", ACCEPTANCE_KEY)
@@ -172,6 +175,27 @@ def _check_same_model_and_gpu(sets: list[TraceSet]) -> None:
                 f"{first.meta.get('tensor_parallel')}, {ts.path} has "
                 f"{ts.meta.get('tensor_parallel')}", where=f"{ts.path}/meta.json, key "
                 "'tensor_parallel'", fix="merge only sets measured on the same group")
+
+
+def _check_same_sampling_modes(sets: list[TraceSet]) -> None:
+    """Every method of the merged latency must have its sampling phases timed in the same
+    modes (greedy, sampled or both): the merged grid prices a run in a mode wherever the set
+    timed it, so a method timed only sampled beside one timed greedy would be priced greedy
+    from its sampled rows, under a label that says measured (or find no fit in its mode)."""
+    rows = [ts.latency for ts in sets if len(ts.latency)]
+    if not rows:
+        return
+    lat = pd.concat(rows)
+    lat = lat[lat["phase"].isin(list(SAMPLING_PHASES))]
+    modes = {str(m): tuple(sorted({sampling_mode(float(t)) for t in g["temperature"]}))
+             for m, g in lat.groupby("method")}
+    if len(set(modes.values())) > 1:
+        said = "; ".join(f"{m}: {' and '.join(v)}" for m, v in sorted(modes.items()))
+        raise TraceSetError(
+            f"the methods' sampling phases were timed in different modes ({said})",
+            where="SOURCES, latency column temperature",
+            fix="calibrate every source at the same --temperature (and all with or all "
+                "without --greedy-latency), then merge")
 
 
 def _check_disjoint(sets: list[TraceSet], table: str, key: list[str]) -> None:

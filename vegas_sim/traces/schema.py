@@ -55,6 +55,12 @@ UNRECORDED_TEMPERATURE = -1.0
 # The phases whose work depends on greedy vs sampled decoding (calibrate times them in both
 # modes when asked; the rest run the same kernels either way).
 SAMPLING_PHASES = ("draft_step", "sample")
+GREEDY, SAMPLED = "greedy", "sampled"
+
+
+def sampling_mode(temperature: float | None) -> str:
+    """'greedy' at temperature 0 (argmax: no filter, no draw), else 'sampled'."""
+    return GREEDY if not temperature else SAMPLED
 # Columns a table may lack (sets measured on one GPU, or at one temperature, before they
 # existed): read as these.
 LATENCY_DEFAULTS: dict[str, int | float] = {
