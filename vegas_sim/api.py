@@ -240,7 +240,8 @@ def _anchored(shape: AcceptanceModel, shape_set: TraceSet, sets: list[AnchorSet]
     shape_key = fitcache.cache_key("acceptance with trends", shape_set.meta, ACCEPTANCE_FILE,
                                    ACCEPTANCE_CODE)
     key = None if shape_key is None else fitcache.key(
-        "anchor shifts", {"shape": shape_key, "anchors": [repr(s) for s in sets]},
+        "anchor shifts", {"shape": shape_key, "anchors": [repr(s) for s in sets],
+                          "past_window": shape.past_window_key},
         (*ACCEPTANCE_CODE, anchored_module))
     fitted: list[AnchoredAcceptance] = []
 

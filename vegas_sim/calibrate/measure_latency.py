@@ -27,8 +27,9 @@ repetition's wall is the timed chain's own.
 With `greedy_latency` the phases sampling touches (schema.SAMPLING_PHASES: ``draft_step``,
 and ``sample`` of vanilla and of the speculative acceptance) are timed again greedy (T 0: no
 top-k / top-p filter, no draw) at the points of `greedy_batches`, the drafts at
-`greedy_sparsities`; verify, select, quest_meta and decode run the same kernels either way and
-are not. Every row records the temperature it ran at.
+`greedy_sparsities`. The greedy pass runs every phase of those points but keeps only the
+sampling phases' rows: verify, select, quest_meta and decode run the same kernels either way.
+Every row records the temperature it ran at.
 
 Every configuration runs `warmup` untimed, then `reps` timed repetitions through the
 SpecDecoder phase API and a PhaseTimer (CUDA events, resolved once at the end); each row

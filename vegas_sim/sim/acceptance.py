@@ -273,6 +273,13 @@ class AcceptanceModel:
         return out
 
     @property
+    def past_window_key(self) -> tuple[int, str] | None:
+        """(window, scaled set) when lookups past a window come from a scaled set, else None:
+        part of any cache key of fits made through `lookup`."""
+        past = self._past_window
+        return None if past is None else (past.window, past.name)
+
+    @property
     def workloads(self) -> list[str]:
         """The workloads some cell was traced on, sorted."""
         return sorted({k.workload for k in self._cells})

@@ -84,8 +84,9 @@ def argbest(df: pd.DataFrame, rank_by: str = "throughput") -> pd.Series:
 @dataclass(frozen=True)
 class Evidence:
     """Per method, the span its acceptance traces support: (largest traced γ, smallest and
-    largest traced sparsity). Below the largest traced γ a lookup truncates a traced γ
-    exactly; between traced sparsities it interpolates; past either it extrapolates."""
+    largest traced sparsity). Below the largest traced γ a lookup walks the traced runs again
+    at that γ (`acceptance_walk`); between traced sparsities it interpolates; past either it
+    extrapolates."""
 
     spans: dict[str, tuple[int, float, float]]
 
