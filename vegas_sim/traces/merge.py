@@ -10,8 +10,8 @@ sparsity, temperature, workload, request) found in two sources is refused, since
 set would weight it double. Latency whose methods' sampling phases were timed in different
 modes (one only sampled, another only greedy) is refused too: the merged grid would price a
 method in a mode nobody timed for it. One acceptance group in two sources with different
-requests is the group run on more prompts (`calibrate --first-prompt`: a workload's later prompts, under their own
-request ids) and merges as such. The merged meta keeps the first source's meta, with every
+requests is the group run on more prompts (`calibrate --first-prompt`: a workload's later
+prompts, under their own request ids) and merges as such. The merged meta keeps the first source's meta, with every
 list-valued grid entry the sorted union over the sources, the workload list the union, the
 latest date, and `merged_from` naming each source. run_log.json lists every source's sessions.
 
