@@ -1,17 +1,17 @@
 """Merge trace sets measured separately — parallel calibration processes, several sessions —
 into one.
 
-The sources must describe the same model (all of meta['model'], weights included), those
-with latency rows on the same GPU model (an acceptance-only source may come from another GPU:
+The sources must describe the same model (all of meta['model'], weights included), those with
+latency rows on the same GPU model (an acceptance-only source may come from another GPU:
 acceptance is the model's and the sampler's, not the GPU's; `merged_from` names each source's
-GPU), and must not measure the same thing twice: a latency row key (phase, method,
-batch, context, n_query, kv_read, collect_rows, temperature) or an acceptance run (method, γ,
-sparsity, temperature, workload, request) found in two sources is refused, since the merged
-set would weight it double. Latency whose methods' sampling phases were timed in different
-modes (one only sampled, another only greedy) is refused too: the merged grid would price a
-method in a mode nobody timed for it. One acceptance group in two sources with different
-requests is the group run on more prompts (`calibrate --first-prompt`: a workload's later
-prompts, under their own request ids) and merges as such. The merged meta keeps the first source's meta, with every
+GPU), and must not measure the same thing twice: a latency row key (phase, method, batch,
+context, n_query, kv_read, collect_rows, temperature) or an acceptance run (method, γ,
+sparsity, temperature, workload, request) found in two sources is refused, since the merged set
+would weight it double. Latency whose methods' sampling phases were timed in different modes
+(one only sampled, another only greedy) is refused too: the merged grid would price a method in
+a mode nobody timed for it. One acceptance group in two sources with different requests is the
+group run on more prompts (`calibrate --first-prompt`: a workload's later prompts, under their
+own request ids) and merges as such. The merged meta keeps the first source's meta, with every
 list-valued grid entry the sorted union over the sources, the workload list the union, the
 latest date, and `merged_from` naming each source. run_log.json lists every source's sessions.
 
