@@ -3,8 +3,6 @@ setting, whatever the chunk size, and the same rows."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 

@@ -284,9 +284,9 @@ class AcceptanceModel:
         """The workloads some cell was traced on, sorted."""
         return sorted({k.workload for k in self._cells})
 
-    def traces(self, method: str, workload: str) -> bool:
-        """Whether some cell of `method` was traced on `workload`."""
-        return any(k.method == method and k.workload == workload for k in self._cells)
+    def traces(self, method: str, workload: str | None) -> bool:
+        """Whether some cell of `method` was traced on `workload` (None: on any workload)."""
+        return any(k.method == method and workload in (None, k.workload) for k in self._cells)
 
     def _scaled_lookup(self, method: str, context: int, workload: str | None
                        ) -> AcceptanceModel | None:
@@ -294,9 +294,7 @@ class AcceptanceModel:
         past = self._past_window
         if past is None or context <= past.window:
             return None
-        scaled = past.scaled()
-        if workload is None:  # every workload pooled: the scaled set's own, all of them
-            return scaled if any(k.method == method for k in scaled._cells) else None
+        scaled = past.scaled()  # a pooled lookup (workload None) pools the scaled set's own
         return scaled if scaled.traces(method, workload) else None
 
     # -- lookup --

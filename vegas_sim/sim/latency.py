@@ -294,12 +294,9 @@ class LatencyModel:
         want = sampling_mode(temperature)
         if want == self.mode or want not in self._mode_groups:
             return self
-        cache = getattr(self, "_mode_variants", None)  # absent from models cached before it
-        if cache is None:
-            cache = self._mode_variants = {}
-        if want not in cache:
-            cache[want] = self._variant(groups=self._mode_groups[want], mode=want)
-        return cache[want]
+        if want not in self._mode_variants:
+            self._mode_variants[want] = self._variant(groups=self._mode_groups[want], mode=want)
+        return self._mode_variants[want]
 
     def mode_label(self, temperature: float | None) -> str:
         """Which measured mode prices a run at `temperature`: 'greedy', 'sampled at T 0.6',

@@ -137,8 +137,8 @@ def sampling_mode_pct(latency: LatencyModel, temperature: float, gamma: int,
         return 0.0
     greedy = sampling_mode(temperature) == GREEDY
     moved = 0.0
-    for phase, ratio in GREEDY_OVER_SAMPLED.items():
-        ms = breakdown.get(phase, 0.0)
+    for phase in SAMPLING_PHASES:
+        ratio, ms = GREEDY_OVER_SAMPLED[phase], breakdown.get(phase, 0.0)
         calls = gamma if phase == "draft_step" else 1
         gap = ms * (1.0 - ratio) if greedy else ms * (1.0 / ratio - 1.0)
         moved += min(gap, GREEDY_SAVED_MS_PER_CALL[phase] * calls) if ms > 0 else 0.0

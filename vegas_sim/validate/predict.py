@@ -14,7 +14,7 @@ import numpy as np
 
 from vegas_sim import api
 from vegas_sim.gpus import datasheet_for_device
-from vegas_sim.methods import MIN_TOKENS, drafts
+from vegas_sim.methods import drafts
 from vegas_sim.sim.acceptance_dist import FixedSequences
 from vegas_sim.sim.engine import simulate
 from vegas_sim.sim.metrics import steady_window
