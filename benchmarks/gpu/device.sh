@@ -13,7 +13,10 @@
 #   full qwen3-8b|smollm2|gpt-oss-20b|qwen3-30b-a3b
 #                          the latency grid of the packaged set of that name (8 / 3 / 7 / 6
 #                          GPU-min); smollm2 also times draft_step and sample greedy
-#                          (--greedy-latency: 4 of its 7 batches, about half the grid again)
+#                          (--greedy-latency: 4 of its 7 batches, about half the grid again);
+#                          the set is named MODEL-GPU (e.g. qwen3-8b-h200, from nvidia-smi);
+#                          METHODS=magicdec-quest TAG=-quest measures one method's rows
+#                          (`traces merge` them over a `traces subset` of the rest)
 #   allreduce              python benchmarks/allreduce.py at TP 2/4/8 (as many as the machine's
 #                          GPUs allow): measured all-reduce / all-gather beside the datasheet
 #                          link and per-call latency sim/parallel.py assumes
@@ -62,7 +65,8 @@
 #                          inside TIMEOUT s; packs added-METHOD / comp-METHOD sets for `traces
 #                          merge`. LONG_BATCH / COMP_BATCH: requests per call (the defaults fit
 #                          five processes in an H100's 80 GB); LONG_WORKLOADS, LONG_FIRST (the
-#                          first prompt, e.g. 20 for the next 20), COMP_PROMPTS=0 (none)
+#                          first prompt, e.g. 20 for the next 20), LONG_PROMPTS=0 (none),
+#                          COMP_FIRST (the first problem), COMP_PROMPTS=0 (none)
 #   sampling               python benchmarks/sampling.py: the top-k-slot sampler against the
 #                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
@@ -114,6 +118,11 @@ mkdir -p $TR /root/model
 [ -f $GGUF ] && export VEGAS_SIM_SMOLLM2_GGUF=$GGUF
 [ -f /root/model/gemma.gguf ] && export VEGAS_SIM_GEMMA3_GGUF=/root/model/gemma.gguf  # `gemma`
 
+gpu_tag() {  # h200 / h100 / ...: the card this stage runs on, as the packaged sets name it
+  nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' \
+    | grep -o 'h[0-9]\{3\}' | head -1
+}
+
 pack() {  # the set, as a .tgz under $OUT
   tar czf "$OUT/$(basename "$1").tgz" -C "$(dirname "$1")" "$(basename "$1")"
 }
@@ -154,33 +163,38 @@ quick)  # the --quick preset (< 2 min on the H200), then what a user does with t
   pack $TR/quick
   ;;
 full)  # the packaged latency sets' grids; a set cut by the timeout resumes if carried back
+  # METHODS (default all; e.g. magicdec-quest to re-measure one method of a packaged set),
+  # TAG (appended to the set's name, e.g. -quest); the set is named after the GPU it ran on
+  methods=${METHODS:-all}; tag=${TAG:-}; gpu=$(gpu_tag)
   case ${1:?full qwen3-8b or full smollm2} in
   qwen3-8b)
     timeout ${TIMEOUT:-560} "${cli[@]}" calibrate --model qwen3-8b --weights random \
-      --methods all --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
-      --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
-    finalize $TR/qwen3-8b-h200
+      --methods $methods --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
+      --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-$gpu$tag 2>&1 | tail -6 \
+      | tee "$OUT/calibrate$tag.log"
+    finalize $TR/qwen3-8b-$gpu$tag
     ;;
   smollm2)  # real weights: run `gguf` first; the grid at T 0.6 and its sampling phases at T 0
     [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
     s0=$(date +%s)
     timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model $GGUF --weights real \
-      --methods all --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
+      --methods $methods --no-acceptance --batch 1..64:x2 --context 1K,2K,4K,7K --n-query 1 \
       --gamma 1,3,7,12 --sparsity 0.01,0.05,0.2 --min-tokens 32 --temperature 0,0.6 \
-      --verify-after-draft --greedy-latency --out $TR/smollm2-135m-h200 2>&1 | tail -6 \
-      | tee "$OUT/calibrate.log"
-    echo "calibrate wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/calibrate.log"
-    finalize $TR/smollm2-135m-h200
-    python3 benchmarks/sampling_mode.py --traces $TR/smollm2-135m-h200 2>&1 \
-      | tee -a "$OUT/calibrate.log"
+      --verify-after-draft --greedy-latency --out $TR/smollm2-135m-$gpu$tag 2>&1 | tail -6 \
+      | tee "$OUT/calibrate$tag.log"
+    echo "calibrate wall: $(( $(date +%s) - s0 )) s" | tee -a "$OUT/calibrate$tag.log"
+    finalize $TR/smollm2-135m-$gpu$tag
+    python3 benchmarks/sampling_mode.py --traces $TR/smollm2-135m-$gpu$tag 2>&1 \
+      | tee -a "$OUT/calibrate$tag.log"
     ;;
   gpt-oss-20b|qwen3-30b-a3b)  # MoE: contexts x4 (their latency is linear in C), B x2
     model=$1; ctx=1K,4K,16K,64K,128K
     [ "$model" = qwen3-30b-a3b ] && ctx=1K,4K,16K,40K  # 40960 positions
     timeout ${TIMEOUT:-480} "${cli[@]}" calibrate --model "$model" --weights random \
-      --methods all --batch 1..128:x2 --context $ctx --n-query 1 --gamma 1,3,7,15 \
-      --sparsity 0.01,0.05,0.2 --out $TR/$model-h200 2>&1 | tail -6 | tee "$OUT/calibrate.log"
-    finalize $TR/$model-h200
+      --methods $methods --batch 1..128:x2 --context $ctx --n-query 1 --gamma 1,3,7,15 \
+      --sparsity 0.01,0.05,0.2 --out $TR/$model-$gpu$tag 2>&1 | tail -6 \
+      | tee "$OUT/calibrate$tag.log"
+    finalize $TR/$model-$gpu$tag
     ;;
   *) echo "full: qwen3-8b, smollm2, gpt-oss-20b or qwen3-30b-a3b"; exit 2 ;;
   esac
@@ -353,13 +367,15 @@ added)  # adds code-long, chat-long and competitive to smollm2-135m-real (docs/R
   for m in $methods; do
     common=(--model $GGUF --weights real --methods $m --gamma 12 --temperature 0,0.6
             --sparsity $sparsity --min-tokens 32 --no-latency)
-    ( timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
+    ( [ "${LONG_PROMPTS:-20}" = 0 ] ||
+      timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
         --workload ${LONG_WORKLOADS:-code-long,chat-long} --iterations 32 \
         --first-prompt ${LONG_FIRST:-0} --prompts ${LONG_PROMPTS:-20} \
         --acceptance-batch ${LONG_BATCH:-54} --out $TR/added-$m
       [ "${COMP_PROMPTS:-8}" = 0 ] ||
       timeout $(( end - $(date +%s) )) "${cli[@]}" calibrate "${common[@]}" \
-        --workload competitive --iterations ${COMP_ITERS:-192} --prompts ${COMP_PROMPTS:-8} \
+        --workload competitive --iterations ${COMP_ITERS:-192} \
+        --first-prompt ${COMP_FIRST:-0} --prompts ${COMP_PROMPTS:-8} \
         --acceptance-batch ${COMP_BATCH:-64} --out $TR/comp-$m ) \
       > "$OUT/calibrate-added-$m.log" 2>&1 &
     sleep 3  # staggered: each process sizes its batches by the memory the others left

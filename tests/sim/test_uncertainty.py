@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
+import pytest
+
 from vegas_sim import api
+from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.context_trend import run_lengths
 from vegas_sim.sim.predict import Scenario, predict
-from vegas_sim.sim.uncertainty import interval, parts_of
+from vegas_sim.sim.uncertainty import acceptance_sampling_pct, interval, parts_of
 
 
 def test_interval_combines_parts_in_quadrature_and_names_the_largest() -> None:
@@ -80,3 +86,42 @@ def test_dominant_extrapolation_names_its_axis() -> None:
     axes = {"batch": 0.0, "gamma": 3.0, "sparsity": 8.0, "context": 2.0}
     assert dominant_axis("extrapolation-distance", axes) == "extrapolation-distance (sparsity)"
     assert dominant_axis("latency-fit", axes) == "latency-fit"
+
+
+def _small_traces(n_requests: int, seed: int = 3) -> pd.DataFrame:
+    from tests.sim.test_acceptance import make_acceptance
+
+    return make_acceptance(np.random.default_rng(seed), gammas=(4,), sparsities=(0.05, 0.1),
+                           workloads=("code",), temperatures=(0.6,), n_requests=n_requests,
+                           n_iterations=20)
+
+
+def test_a_cell_of_one_run_takes_its_groups_prompt_spread() -> None:
+    """A cell traced on one prompt (competitive's buckets are one problem each) has no spread
+    of its own, yet its mean stands for every other prompt: its sampling term is the spread of
+    the group's runs across buckets, not zero; cells of several runs keep their own."""
+    one = AcceptanceModel.from_traces(_small_traces(1), "real")
+    dist = one.lookup("vegas", 4, 0.05, 8192, "code", 0.6)
+    assert all(src.run_spread > 0.0 for src in dist.sources)
+    assert acceptance_sampling_pct(dist) > 0.0
+
+    several = AcceptanceModel.from_traces(_small_traces(6), "real")
+    dist = several.lookup("vegas", 4, 0.05, 8192, "code", 0.6)
+    assert all(src.run_spread == 0.0 for src in dist.sources)
+
+
+def test_one_run_among_several_takes_the_pooled_within_cell_spread() -> None:
+    """One bucket cut to a single prompt: its spread is the other cells' own, pooled."""
+    rows = _small_traces(6)
+    first = rows[rows["iteration"] == 0]
+    keep = first[(first["context"] != 32768) | (first["request"] == 0)][
+        ["sparsity", "request", "context"]].rename(columns={"context": "start"})
+    runs = rows.merge(rows[rows["iteration"] == 0][["sparsity", "request", "context"]]
+                      .rename(columns={"context": "start"}), on=["sparsity", "request"])
+    cut = runs.merge(keep, on=["sparsity", "request", "start"]).drop(columns="start")
+    model = AcceptanceModel.from_traces(cut[rows.columns], "real")
+    group = next(k.group for k in model._cells)
+    spread = model.run_spread(group)
+    lengths = [run_lengths(model._cells[k]) for k in model._cells if k.bucket < 32768]
+    own = np.sqrt(np.mean([np.var(x / x.mean(), ddof=1) for x in lengths]))
+    assert spread == pytest.approx(own, rel=0.05)

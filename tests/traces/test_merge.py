@@ -256,3 +256,38 @@ def test_merge_refuses_methods_timed_in_different_sampling_modes(tmp_path: Path)
                                             "magicdec-stream: sampled"):
         merge_trace_sets(tmp_path / "m", [latency_set("s", 0.6, "magicdec-stream"),
                                           latency_set("g", 0.0, "magicdec-quest")])
+
+
+def _revision_set(path: Path, revision: str, methods: tuple[str, ...], batch: int) -> Path:
+    """A latency set of runtime revision `revision` with a decode row per method."""
+    meta = synthetic_meta(get_preset("smollm2-135m"), grid={"batch": [batch]})
+    meta["software"] = {**meta.get("software", {}), "runtime": revision}
+    w = io.TraceSetWriter(path, meta, durable=False)
+    w.append_latency(pd.concat([_latency(batch).assign(method=m) for m in methods]))
+    w.finalize()
+    return path
+
+
+def test_a_method_measured_again_merges_over_an_older_revision(tmp_path: Path) -> None:
+    """Revisions 5 and 6 changed only magicdec-quest's quest_meta: its rows measured on
+    revision 6 merge over a revision-4 set without them, and the merged set says 6, so
+    predict no longer calls Quest the older runtime's."""
+    old = _revision_set(tmp_path / "old", "4", ("vanilla", "vegas"), batch=1)
+    new = _revision_set(tmp_path / "new", "6", ("magicdec-quest",), batch=1)
+    merged = merge_trace_sets(tmp_path / "m", [old, new])
+    assert merged.runtime_revision == "6"
+    assert sorted(merged.latency["method"]) == ["magicdec-quest", "vanilla", "vegas"]
+
+
+def test_merge_refuses_a_changed_method_priced_by_two_runtimes(tmp_path: Path) -> None:
+    old = _revision_set(tmp_path / "old", "4", ("vanilla", "magicdec-quest"), batch=1)
+    new = _revision_set(tmp_path / "new", "6", ("magicdec-quest",), batch=2)
+    with pytest.raises(TraceSetError, match="holds latency of magicdec-quest"):
+        merge_trace_sets(tmp_path / "m", [old, new])
+
+
+def test_merge_refuses_revisions_apart_by_a_change_of_every_method(tmp_path: Path) -> None:
+    old = _revision_set(tmp_path / "old", "3", ("vanilla",), batch=1)
+    new = _revision_set(tmp_path / "new", "6", ("magicdec-quest",), batch=1)
+    with pytest.raises(TraceSetError, match="changed every method"):
+        merge_trace_sets(tmp_path / "m", [old, new])

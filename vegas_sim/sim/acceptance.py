@@ -190,6 +190,7 @@ class AcceptanceModel:
         # the same cells' trends as used: own, or borrowed where own saw no budget change
         self._borrowed_trends: dict[BucketKey, ContextTrend] = {}
         self._coverage: dict[str, object] | None = None  # `coverage`, made once
+        self._spreads: dict[GroupKey, float] = {}  # `run_spread` per group; filled lazily
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled (the fit cache) with its many small arrays in columns (`acceptance_pack`):
@@ -648,13 +649,36 @@ class AcceptanceModel:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
         stretch = replay_stretch(cell, rates)
+        spread = 0.0 if len(np.unique(cell.run_start)) > 1 else float(
+            n_it @ [self.run_spread(k.group) for k in members] / n_it.sum())
+        source = DrawSource(cell, rates, cell.outcome_cond(gamma), stretch, spread)
         if beyond is None:
-            return DrawSource(cell, rates, cell.outcome_cond(gamma), stretch), notes, None
+            return source, notes, None
         trends = [self.context_trend(k.group, k.bucket) for k in members]
         share = n_it / n_it.sum()
         shift = TrendShift.of(trends, [k.workload for k in members], share, beyond, rates)
-        source = DrawSource(cell, rates, cell.outcome_cond(gamma), stretch)
         return shift_source(source, shift.delta), notes, shift
+
+    def run_spread(self, group: GroupKey) -> float:
+        """Relative sd of one run's acceptance length about its cell's mean in `group`
+        (method, temperature, workload, γ_t), for a cell of one run: pooled over the group's
+        cells of several runs; where every cell holds one run (a workload whose buckets are
+        one prompt each, e.g. competitive's problems), over the buckets at each sparsity (the
+        prompts' spread, with the little context trend between them). 0 with one run in all."""
+        if group not in self._spreads:
+            members = self._groups[group][0]
+            runs = [run_lengths(self._cells[k]) for k in members]
+            several = [x for x in runs if len(x) > 1]
+            if not several:  # one run per cell: the runs at one sparsity, across buckets
+                by_s: dict[float, list[float]] = {}
+                for k, x in zip(members, runs):
+                    by_s.setdefault(k.sparsity, []).extend(x.tolist())
+                several = [np.array(v) for v in by_s.values() if len(v) > 1]
+            dev = [x / x.mean() - 1.0 for x in several]
+            dof = sum(len(d) - 1 for d in dev)
+            self._spreads[group] = (math.sqrt(sum(float(d @ d) for d in dev) / dof)
+                                    if dof else 0.0)
+        return self._spreads[group]
 
     def traced_contexts(self, method: str, workload: str | None = None) -> tuple[int, int]:
         """(min, max) context the traces of `method` on `workload` (None: any) cover."""

@@ -9,7 +9,10 @@ standard deviations (%) combined in quadrature:
   percentile (`LatencyModel.loo_quantile_pct`; LOO_QUANTILE) / 1.96 as a standard deviation,
   weighted by the phase's share of the iteration;
 - acceptance-sampling: the acceptance model's mean is the mean of the traced runs it draws
-  on; their spread (prompt to prompt, at the scenario's γ) over √runs. A validation row adds
+  on; their spread (prompt to prompt, at the scenario's γ) over √runs; a cell of one run (one
+  prompt: competitive's buckets are a problem each) takes the prompt-to-prompt spread of its
+  group's other runs (`DrawSource.run_spread`), since its one prompt's mean stands for
+  prompts it never saw. A validation row adds
   its own run's sampling error (`acceptance_se_pct`: a run of few prompts measures those);
 - extrapolation-distance: grows with how far the scenario lies beyond what was measured —
   EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
@@ -169,6 +172,8 @@ def acceptance_sampling_pct(dist: AcceptanceDist | None) -> float:
         mean += w * float(x.mean())
         if len(x) > 1:
             var += (w * float(x.std(ddof=1)) / math.sqrt(len(x))) ** 2
+        else:  # one run: a prompt's spread about the mean, from the group's other runs
+            var += (w * src.run_spread * float(x[0])) ** 2
     return 100.0 * math.sqrt(var) / mean if mean > 0 else 0.0
 
 

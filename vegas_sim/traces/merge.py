@@ -9,7 +9,10 @@ context, n_query, kv_read, collect_rows, temperature) or an acceptance run (meth
 sparsity, temperature, workload, request) found in two sources is refused, since the merged set
 would weight it double. Latency whose methods' sampling phases were timed in different modes
 (one only sampled, another only greedy) is refused too: the merged grid would price a method in
-a mode nobody timed for it. One acceptance group in two sources with different requests is the
+a mode nobody timed for it. Latency of different runtime revisions (schema.RUNTIME_REVISION)
+merges only where the older sources hold no method whose phases a later revision changed
+(CHANGED_PHASES): one method measured again, merged over a `traces subset` of the rest; the
+merged set records the newest revision. One acceptance group in two sources with different requests is the
 group run on more prompts (`calibrate --first-prompt`: a workload's later prompts, under their
 own request ids) and merges as such. The merged meta keeps the first source's meta, with every
 list-valued grid entry the sorted union over the sources, the workload list the union, the
@@ -51,6 +54,7 @@ from vegas_sim.traces.schema import (
     EXPECTED_ROWS_KEY,
     ACCEPTANCE_FILE,
     ACCEPTANCE_POINT_KEYS,
+    CHANGED_PHASES,
     LATENCY_FILE,
     RUN_LOG_FILE,
     SAMPLING_PHASES,
@@ -80,7 +84,10 @@ def merge_trace_sets(out: str | Path, sources: Sequence[str | Path],
     _check_disjoint(sets, "latency", LATENCY_KEY)
     if not replicates:
         _check_disjoint(sets, "acceptance", ACCEPTANCE_KEY)
+    revision = merged_runtime_revision(sets)
     meta = merged_meta(sets)
+    if revision is not None:
+        meta["software"] = {**meta.get("software", {}), "runtime": revision}
     if replicates:
         meta["grid"]["acceptance_replicates"] = len(sets)
     meta[EXPECTED_ROWS_KEY] = {"latency": sum(len(ts.latency) for ts in sets),
@@ -214,6 +221,40 @@ def _check_disjoint(sets: list[TraceSet], table: str, key: list[str]) -> None:
                     where=str(ts.path), fix="drop one of the two sets from the merge, or "
                     "re-calibrate one of them without that grid point")
             seen[k] = ts.path
+
+
+def merged_runtime_revision(sets: list[TraceSet]) -> str | None:
+    """The runtime revision (schema.RUNTIME_REVISION) the merged latency is of: None when the
+    timed sources agree (the first source's meta says it). Where they differ, the newest, if
+    no older source holds latency of a method whose phases a later revision changed
+    (CHANGED_PHASES): one method measured again on today's runtime, merged over a `traces
+    subset` of the older set without it. Else a TraceSetError: the merged set would price
+    that method as two runtimes ran it under one revision."""
+    timed = [ts for ts in sets if len(ts.latency)]
+    revisions = {ts.runtime_revision for ts in timed}
+    if len(revisions) <= 1:
+        return None
+    if not all(r.isdigit() for r in revisions):
+        raise TraceSetError(f"runtime revisions {sorted(revisions)} cannot be ordered",
+                            where="SOURCES, meta.json software.runtime",
+                            fix="merge sets calibrated on one runtime revision")
+    newest = max(revisions, key=int)
+    for ts in timed:
+        later = [str(r) for r in range(int(ts.runtime_revision) + 1, int(newest) + 1)]
+        if not all(r in CHANGED_PHASES for r in later):
+            raise TraceSetError(
+                f"{ts.path} was measured on runtime revision {ts.runtime_revision}, another "
+                f"source on {newest}, and a revision between changed every method",
+                where=str(ts.path), fix="re-calibrate it on this runtime, then merge")
+        changed = {m for r in later for m in CHANGED_PHASES[r]}
+        stale = sorted(changed & set(ts.latency["method"].astype(str)))
+        if stale:
+            raise TraceSetError(
+                f"{ts.path} (runtime revision {ts.runtime_revision}) holds latency of "
+                f"{', '.join(stale)}, whose phases changed by revision {newest}",
+                where=str(ts.path), fix=f"merge a `traces subset --where \"method in ...\"` "
+                f"of it without {', '.join(stale)}, beside {stale[0]} measured again")
+    return newest
 
 
 def merged_meta(sets: list[TraceSet]) -> dict[str, Any]:
