@@ -29,7 +29,11 @@ column is how to reproduce it).
 Far out: `--cut 8K --held-out smollm2-135m-real-yarn4 --out
 benchmarks/results/context_extrapolation_yarn.csv` fits on the whole set (1K-7K) and holds out
 the YaRN-extended set's 12K-31K buckets (the same weights with RoPE scaled x4: a slightly
-different model, +11-13 % perplexity inside the trained window).
+different model, +11-13 % perplexity inside the trained window). `--step` predicts them as
+`predict` does a workload its RoPE-scaled set did not trace, past the model's native window
+(8K; `AcceptanceModel._scaled_shift`): the native lookup moved by the mean level step of the
+scaled set's other workloads (each held-out workload left out of the scaled set in turn), its
+spread in the sd.
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ import numpy as np
 import pandas as pd
 
 from vegas_sim.methods import MIN_TOKENS
-from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.acceptance import AcceptanceModel, PastWindow
 from vegas_sim.traces.io import load_trace_set
 from vegas_sim.traces.subset import parse_where, subset_trace_set
 
 SET = "smollm2-135m-real"
 WORKLOADS = ("longdoc", "recall")
 RESULTS = Path(__file__).resolve().parent / "results"
+NATIVE_WINDOW = 8192  # SmolLM2-135M's trained positions: past them it runs RoPE-scaled
 RUN_KEYS = ["method", "gamma", "sparsity", "temperature", "workload", "request"]
 
 
@@ -91,18 +96,32 @@ def measured(rows: pd.DataFrame) -> pd.DataFrame:
                                                       end=("end", "max")))
 
 
+def stepped(model: AcceptanceModel, scaled: pd.DataFrame, workload: str) -> AcceptanceModel:
+    """`model` with lookups past SmolLM2's native window stepped by the scaled set's rows of
+    every workload but `workload` (`--step`: the held-out workload is not traced there)."""
+    rest = scaled[scaled.workload != workload]
+    return model.past_window(PastWindow(NATIVE_WINDOW, lambda: AcceptanceModel.from_traces(
+        rest, "real"), f"the scaled set less {workload}", "smollm2-135m"))
+
+
 def held_out_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int,
-                    edges: dict[str, int]) -> list[dict[str, object]]:
-    """One row per held-out (workload, temperature, method, γ, bucket) (module docstring)."""
+                    edges: dict[str, int], scaled: pd.DataFrame | None = None
+                    ) -> list[dict[str, object]]:
+    """One row per held-out (workload, temperature, method, γ, bucket) (module docstring);
+    `scaled`: the RoPE-scaled set's rows, for `--step`."""
     out: list[dict[str, object]] = []
     keys = ["workload", "temperature", "method", "gamma", "start"]
+    models: dict[str, AcceptanceModel] = {}
     for (wl, temp, method, gamma, start), g in runs[runs.start > traced_max].groupby(keys):
+        if scaled is not None and wl not in models:
+            models[str(wl)] = stepped(model, scaled, str(wl))
+        lookup = models.get(str(wl), model).lookup
         sparsities = sorted(g.sparsity.unique())
         per_prompt = g.groupby("request")["length"].mean()  # over the sparsities
         truth = float(g.groupby("sparsity")["length"].mean().mean())
         se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt)))
-        dists = [model.lookup(str(method), int(gamma), float(s), int(start), str(wl),
-                              float(temp)) for s in sparsities]
+        dists = [lookup(str(method), int(gamma), float(s), int(start), str(wl), float(temp))
+                 for s in sparsities]
         edge = edges[str(wl)]
         nearest = [model.lookup(str(method), int(gamma), float(s), int(edge), str(wl),
                                 float(temp)).mean_length for s in sparsities]
@@ -163,12 +182,16 @@ def main() -> None:
                     help=f"the set whose buckets above the fit are predicted (default {SET})")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help=f"the workloads fitted and held out (default {','.join(WORKLOADS)})")
+    ap.add_argument("--step", action="store_true",
+                    help="past the 8K native window, step each held-out workload by the "
+                         "held-out set's other workloads (module docstring)")
     args = ap.parse_args()
     workloads = tuple(args.workloads.split(","))
     full = load_trace_set(args.held_out).acceptance
     runs = measured(full[full.workload.isin(workloads)])
     model, traced_max, edges = fit_subset(args.cut, runs)
-    points = score(pd.DataFrame(held_out_points(model, runs, traced_max, edges)))
+    scaled = full[full.workload.isin(workloads)] if args.step else None
+    points = score(pd.DataFrame(held_out_points(model, runs, traced_max, edges, scaled)))
     cols = ["workload", "temperature", "method", "gamma", "context", "prompts", "measured",
             "measured_se_pct", "predicted", "predicted_err_pct", "err_over_measured_se",
             "within_2_measured_se", "trend_sd_pct", "covered", "nearest_bucket",
@@ -181,7 +204,8 @@ def main() -> None:
     command = "PYTHONPATH=. python benchmarks/context_extrapolation.py" + (
         f" --cut {args.cut}" if args.cut != "3K" else "") + (
         f" --held-out {args.held_out} --out {args.out}" if args.held_out != SET else "") + (
-        f" --workloads {args.workloads}" if workloads != WORKLOADS else "")
+        f" --workloads {args.workloads}" if workloads != WORKLOADS else "") + (
+        " --step" if args.step else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     points[cols + ["note"]].assign(command=command).to_csv(args.out, index=False)
     print(f"wrote {args.out}")

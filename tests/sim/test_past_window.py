@@ -1,5 +1,6 @@
 """Past the predicted model's native positions (where it runs RoPE-scaled), a lookup of a
-workload the proxy's RoPE-scaled set traced comes from that set; elsewhere nothing changes."""
+workload the proxy's RoPE-scaled set traced comes from that set, one it did not trace takes
+the level step the traced ones show; inside the window nothing changes."""
 
 from __future__ import annotations
 
@@ -43,9 +44,8 @@ def test_past_the_window_a_traced_workload_comes_from_the_scaled_set(
         assert d.mean_length < native.mean_length  # the rise past the native set is not followed
 
 
-def test_inside_the_window_or_an_untraced_workload_stays_native(
-        default: api.AnchoredAcceptance) -> None:
-    for context, workload in ((32768, "longdoc"), (LONG, "code"), (32768, None)):
+def test_inside_the_window_a_lookup_stays_native(default: api.AnchoredAcceptance) -> None:
+    for context, workload in ((32768, "longdoc"), (32768, "code"), (32768, None)):
         d = default.lookup("vegas", 7, 0.07, context, workload, 0.6, output_len=1024)
         assert not any("RoPE-scaled" in n for n in d.extrapolated), (context, workload)
     a = default.lookup("vegas", 7, 0.07, 32768, "longdoc", 0.6, output_len=1024)
@@ -74,3 +74,19 @@ def test_every_workload_pooled_past_the_window_pools_the_scaled_sets(
     n = native.lookup("vegas", 7, 0.07, LONG, None, 0.6, output_len=1024)
     assert not any("RoPE-scaled" in x for x in n.extrapolated)
     assert d.mean_length != pytest.approx(n.mean_length, rel=1e-3)
+
+
+def test_past_the_window_an_untraced_workload_takes_the_scaled_sets_level_step(
+        default: api.AnchoredAcceptance) -> None:
+    """A workload the scaled set did not trace (code) keeps its native lookup, moved by the
+    mean step of the traced ones from the native set's longest context to the scaled set's
+    shortest: lower, with that step's spread added to its context sd."""
+    native = api.load_models("qwen3-8b", None, "h100-nvl",
+                             acceptance_traces="smollm2-135m-real")[1]
+    d = default.lookup("vegas", 7, 0.07, LONG, "code", 0.6, output_len=1024)
+    n = native.lookup("vegas", 7, 0.07, LONG, "code", 0.6, output_len=1024)
+    note = next(x for x in d.extrapolated if "not traced so" in x)
+    assert "code not traced so in smollm2-135m-real-yarn4" in note
+    assert all(w in note for w in ("chat-long", "code-long", "longdoc", "recall"))
+    assert d.mean_length < n.mean_length
+    assert d.context_trend_sd_pct > n.context_trend_sd_pct

@@ -63,7 +63,9 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   (prediction intervals). Below them: the first bucket held, marked (the budget floor makes a
   short context's draft see more of it, against the trend). Past the predicted model's native
   positions (`past_window`: it runs RoPE-scaled there), a workload the proxy's RoPE-scaled set
-  traced is looked up in that set instead (docs/DESIGN.md, "Past the model's native window").
+  traced is looked up in that set instead, and one it did not trace is moved by the level step
+  the traced ones take into it (`_scaled_shift`; docs/DESIGN.md, "Past the model's native
+  window").
 - output length (`lookup(..., output_len=)`): each run keeps only the iterations a request of
   that many tokens runs (tokens generated before the iteration < output_len), a prefix of the
   run. Acceptance rises along a generation (text turns repetitive): on the SmolLM2 longdoc
@@ -114,7 +116,10 @@ from vegas_sim.sim.context_trend import (
     pool_trends,
     run_lengths,
     covering_peers,
+    delta_to_length,
+    shift_rates,
     shift_source,
+    shifted_sd_pct,
     trend_note,
     trend_sd_pct,
 )
@@ -331,6 +336,69 @@ class AcceptanceModel:
                                               f" (its workloads pooled: "
                                               f"{', '.join(scaled.workloads)})")))
             return dist
+        dist = self._native_lookup(method, gamma, sparsity, context, workload, temperature,
+                                   output_len)
+        past = self._past_window
+        if past is None or context <= past.window or workload is None:
+            return dist
+        return self._scaled_shift(dist, past, method, gamma, sparsity, context, workload,
+                                  temperature, output_len)
+
+    def _scaled_shift(self, dist: AcceptanceDist, past: PastWindow, method: str, gamma: int,
+                      sparsity: float, context: int, workload: str, temperature: float,
+                      output_len: int | None) -> AcceptanceDist:
+        """`dist` (a native lookup past the predicted model's window, of a workload the scaled
+        set did not trace) moved by the level step into the RoPE-scaled regime: per workload V
+        both sets traced, the logit shift δ_V from this set's acceptance of V at its longest
+        traced context to the scaled set's at its shortest (each inside its own evidence, so
+        neither set's trend enters); their mean moves `dist`, their spread (sd over the
+        workloads; one workload: its own |δ|) joins its context sd. The RoPE-scaled model
+        accepts less than the native one (SmolLM2 ×4: every one of 160 points below the native
+        trend, δ −0.4 to −2.1; docs/RESULTS.md): without the step such a workload kept the
+        native level there while the traced ones fell."""
+        scaled = past.scaled()
+        peers = [v for v in scaled.workloads
+                 if scaled.traces(method, v) and self.traces(method, v)]
+        if not peers or dist.gamma == 0:
+            return dist
+        deltas = np.array([self._level_step(scaled, method, gamma, sparsity, v, temperature,
+                                            output_len) for v in peers])
+        delta = float(deltas.mean())
+        sd = float(deltas.std(ddof=1)) if len(deltas) > 1 else abs(delta)
+        sources = [shift_source(src, delta) for src in dist.sources]
+        rates = sum((w * src.rates for w, src in zip(dist.weights, sources)), np.zeros(gamma))
+
+        def length(x: float) -> float:
+            return 1.0 + float(sum(w * shift_rates(src.rates, x).sum()
+                                   for w, src in zip(dist.weights, sources)))
+
+        note = (f"context {context} past {past.predicted}'s native {past.window} positions, "
+                f"where it runs RoPE-scaled; {workload} not traced so in {past.name}: its "
+                f"acceptance moved by δ {delta:+.2f} logit (sd {sd:.2f}), the mean step from "
+                "this set's longest traced context to the scaled set's shortest on "
+                + ", ".join(f"{v} {d:+.2f}" for v, d in zip(peers, deltas)))
+        out = replace(dist, rates=np.asarray(rates), sources=sources,
+                      extrapolated=[note, *dist.extrapolated])
+        out.context_trend_sd_pct = math.hypot(dist.context_trend_sd_pct,
+                                              shifted_sd_pct(length, sd))
+        return out
+
+    def _level_step(self, scaled: AcceptanceModel, method: str, gamma: int, sparsity: float,
+                    workload: str, temperature: float, output_len: int | None) -> float:
+        """δ from this set's lookup of `workload` at its longest traced context to the scaled
+        set's at its shortest (`_scaled_shift`)."""
+        native = self._native_lookup(method, gamma, sparsity,
+                                     self.traced_contexts(method, workload)[1], workload,
+                                     temperature, output_len)
+        target = scaled.lookup(method, gamma, sparsity,
+                               scaled.traced_contexts(method, workload)[0], workload,
+                               temperature, output_len)
+        return delta_to_length([native.rates], target.mean_length)
+
+    def _native_lookup(self, method: str, gamma: int, sparsity: float, context: int,
+                       workload: str | None, temperature: float, output_len: int | None
+                       ) -> AcceptanceDist:
+        """`lookup` from this set's own cells (module docstring), past any window."""
         traced = sorted({k.method for k in self._cells})
         if method not in METHODS or method not in traced:
             raise TraceSetError(

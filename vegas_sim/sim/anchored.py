@@ -83,7 +83,7 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY, VANILLA
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
-from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates, shift_source
+from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates, shift_source, shifted_sd_pct
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
 N_CONTEXT_NODES = 8  # contexts an anchor's context range is evaluated at
@@ -95,7 +95,6 @@ CONTEXT_RATIO = 2.0  # lo / ratio ≤ context ≤ hi × ratio
 CONTEXT_SLOPE_RATIO = 2.0  # anchors this far apart in context fit δ's slope in log2 context
 TEMPERATURE_NEAR = 0.05
 REACH_TOLERANCE = 1e-3  # relative: an anchor matched worse than this is reported
-Z95 = 1.96  # the transfer term's half-width is taken at ±Z95 sd
 
 
 @dataclass(frozen=True)
@@ -359,17 +358,6 @@ def transfer_axes(anchor: Anchor, gamma: int, sparsity: float, context: int,
 def transfer_sd(axes: Mapping[str, float]) -> float:
     """The axes' logit sds combined (in quadrature: independent)."""
     return math.sqrt(sum(v * v for v in axes.values()))
-
-
-def shifted_sd_pct(length: Callable[[float], float], sd: float, z: float = Z95) -> float:
-    """Relative sd (%) of a mean acceptance length `length(x)` (x: a further logit shift of
-    its level) from a logit sd `sd`: the larger of its moves under x = ±z·sd, over z (a
-    length near γ + 1 moves little up and much down; the interval takes the larger side)."""
-    if sd <= 0.0:
-        return 0.0
-    base = length(0.0)
-    move = max(length(z * sd) - base, base - length(-z * sd))
-    return 100.0 * move / z / base
 
 
 def transfer_sd_pct(dist: AcceptanceDist, sd: float) -> float:

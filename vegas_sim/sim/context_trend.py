@@ -127,6 +127,20 @@ def delta_to_length(rates: Sequence[np.ndarray], target: float) -> float:
     return float(brentq(excess, lo, hi, xtol=1e-12))
 
 
+Z95 = 1.96  # a logit sd's relative sd of the length is taken at ±Z95 sd (`shifted_sd_pct`)
+
+
+def shifted_sd_pct(length: Callable[[float], float], sd: float, z: float = Z95) -> float:
+    """Relative sd (%) of a mean acceptance length `length(x)` (x: a further logit shift of
+    its level) from a logit sd `sd`: the larger of its moves under x = ±z·sd, over z (a
+    length near γ + 1 moves little up and much down; the interval takes the larger side)."""
+    if sd <= 0.0:
+        return 0.0
+    base = length(0.0)
+    move = max(length(z * sd) - base, base - length(-z * sd))
+    return 100.0 * move / z / base
+
+
 def _cond_logits(rates: np.ndarray) -> np.ndarray:
     """Logits of the conditional per-position rates, clipped as `shift_rates` clips them."""
     c = np.clip(conditional_rates(np.asarray(rates, dtype=float)), COND_EPS, 1.0 - COND_EPS)
