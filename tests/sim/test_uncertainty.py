@@ -12,7 +12,7 @@ from vegas_sim import api
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.context_trend import run_lengths
 from vegas_sim.sim.predict import Scenario, predict
-from vegas_sim.sim.uncertainty import acceptance_sampling_pct, interval, parts_of
+from vegas_sim.sim.uncertainty import acceptance_sampling_pct, interval, parts_of, run_sd
 
 
 def test_interval_combines_parts_in_quadrature_and_names_the_largest() -> None:
@@ -107,7 +107,12 @@ def test_a_cell_of_one_run_takes_its_groups_prompt_spread() -> None:
 
     several = AcceptanceModel.from_traces(_small_traces(6), "real")
     dist = several.lookup("vegas", 4, 0.05, 8192, "code", 0.6)
-    assert all(src.run_spread == 0.0 for src in dist.sources)
+    x = np.array([2.0, 3.0, 4.0, 5.0])
+    assert run_sd(x, 10.0) == pytest.approx(x.std(ddof=1))  # 4 runs: their own sd
+    assert run_sd(x[:3], 10.0) == pytest.approx(30.0)  # 3: at least the group's spread
+    assert run_sd(x[:3], 0.01) == pytest.approx(x[:3].std(ddof=1))
+    assert run_sd(x[:1], 0.5) == pytest.approx(1.0)  # one run: the group's alone
+    assert acceptance_sampling_pct(dist) > 0.0
 
 
 def test_one_run_among_several_takes_the_pooled_within_cell_spread() -> None:

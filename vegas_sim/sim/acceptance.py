@@ -717,8 +717,7 @@ class AcceptanceModel:
             notes.append(f"gamma {gamma} above traced max {gt}: positions {gt + 1}..{gamma} "
                          "extrapolated by a fitted decay")
         stretch = replay_stretch(cell, rates)
-        spread = 0.0 if len(np.unique(cell.run_start)) > 1 else float(
-            n_it @ [self.run_spread(k.group) for k in members] / n_it.sum())
+        spread = float(n_it @ [self.run_spread(k.group) for k in members] / n_it.sum())
         source = DrawSource(cell, rates, cell.outcome_cond(gamma), stretch, spread)
         if beyond is None:
             return source, notes, None
@@ -729,7 +728,8 @@ class AcceptanceModel:
 
     def run_spread(self, group: GroupKey) -> float:
         """Relative sd of one run's acceptance length about its cell's mean in `group`
-        (method, temperature, workload, γ_t), for a cell of one run: pooled over the group's
+        (method, temperature, workload, γ_t), for a cell of too few runs to measure its own
+        (`uncertainty.acceptance_sampling_pct`): pooled over the group's
         cells of several runs; where every cell holds one run (a workload whose buckets are
         one prompt each, e.g. competitive's problems), over the buckets at each sparsity (the
         prompts' spread, with the little context trend between them). 0 with one run in all."""

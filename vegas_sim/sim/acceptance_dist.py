@@ -134,9 +134,9 @@ class DrawSource:
     base_cond: np.ndarray | None = None  # [γ] conditional rates of the replayed outcomes
     # (None only for the all-accepted component, which replays nothing)
     stretch: float = 1.0  # replayed iterations per traced iteration (see `draw_requests`)
-    # relative sd of one run's acceptance length about its cell's mean, from the group's other
-    # runs (`AcceptanceModel.run_spread`): set where the cell holds one run, whose mean then
-    # stands for prompts it never saw (0: the cell's own runs measure their spread)
+    # relative sd of one run's acceptance length about its cell's mean, pooled over its group
+    # (`AcceptanceModel.run_spread`): what a cell of too few runs to measure its own spread
+    # takes (`uncertainty.acceptance_sampling_pct`); 0 where unknown
     run_spread: float = 0.0
 
     def draw_requests(self, rng: np.random.Generator, n_requests: int, n_iterations: int,

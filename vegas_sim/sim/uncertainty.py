@@ -12,7 +12,8 @@ standard deviations (%) combined in quadrature:
   on; their spread (prompt to prompt, at the scenario's γ) over √runs; a cell of one run (one
   prompt: competitive's buckets are a problem each) takes the prompt-to-prompt spread of its
   group's other runs (`DrawSource.run_spread`), since its one prompt's mean stands for
-  prompts it never saw. A validation row adds
+  prompts it never saw, and a cell of 2-3 runs the larger of its own and that (`run_sd`:
+  an sd of 1-2 degrees of freedom may be a sixth of the true one). A validation row adds
   its own run's sampling error (`acceptance_se_pct`: a run of few prompts measures those);
 - extrapolation-distance: grows with how far the scenario lies beyond what was measured —
   EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
@@ -79,6 +80,10 @@ Z95 = 1.96
 # median (× 1.4826): the LOO errors are heavier-tailed than a normal's (q95 / median 2.2-6.5 over the packaged sets'
 # groups against 2.9; draft_step and verify, most of an iteration, 3.0-6.5).
 LOO_QUANTILE = 0.95
+# A cell's own sd of its runs' lengths is used from this many runs (3 degrees of freedom); with
+# fewer it may be a sixth of the true one (χ² with 2 dof: 95 % of draws within 0.16-1.9 σ):
+# there the group's pooled spread bounds it from below (`run_sd`)
+OWN_SPREAD_MIN_RUNS = 4
 EXTRAP_PCT_PER_OCTAVE = 4.0
 EXTRAP_PCT_PER_GAMMA = 1.5
 EXTRAP_PCT_PER_SPARSITY_OCTAVE = 8.0
@@ -158,6 +163,17 @@ def _run_lengths(acc: np.ndarray, run_start: np.ndarray, gamma: int) -> np.ndarr
     return np.asarray(1.0 + np.add.reduceat(cut, starts) / lengths)
 
 
+def run_sd(lengths: np.ndarray, group_spread: float) -> float:
+    """The sd of one run's acceptance length in a cell of these runs' `lengths`: their own
+    sd from OWN_SPREAD_MIN_RUNS runs on; below, the larger of it and the group's pooled
+    relative spread (`DrawSource.run_spread`) × their mean (one run: the group's alone)."""
+    mean = float(lengths.mean())
+    if len(lengths) < 2:
+        return group_spread * mean
+    own = float(lengths.std(ddof=1))
+    return own if len(lengths) >= OWN_SPREAD_MIN_RUNS else max(own, group_spread * mean)
+
+
 def acceptance_sampling_pct(dist: AcceptanceDist | None) -> float:
     """Relative standard error (%) of the acceptance model's mean length: per mixture
     component, the traced runs' spread / √runs, weighted like the mixture."""
@@ -170,10 +186,7 @@ def acceptance_sampling_pct(dist: AcceptanceDist | None) -> float:
             continue
         x = _run_lengths(src.cell.acc, src.cell.run_start, dist.gamma)
         mean += w * float(x.mean())
-        if len(x) > 1:
-            var += (w * float(x.std(ddof=1)) / math.sqrt(len(x))) ** 2
-        else:  # one run: a prompt's spread about the mean, from the group's other runs
-            var += (w * src.run_spread * float(x[0])) ** 2
+        var += (w * run_sd(x, src.run_spread) / math.sqrt(len(x))) ** 2
     return 100.0 * math.sqrt(var) / mean if mean > 0 else 0.0
 
 
