@@ -153,6 +153,19 @@ class PastWindow:
         return self.model
 
 
+def step_sd(steps: np.ndarray) -> float:
+    """The logit sd of a workload's level step predicted as the mean of `steps` (one per
+    workload traced both ways): the predictive sd of one more draw, sd·√(1 + 1/k), widened by
+    Student's t with k − 1 degrees of freedom over the 1.96 the interval takes (k = 4: ×1.8);
+    one step: its own size."""
+    k = len(steps)
+    if k < 2:
+        return abs(float(steps.mean())) if k else 0.0
+    from scipy.stats import t  # past a model's window only: most predictions never import it
+
+    return float(steps.std(ddof=1) * math.sqrt(1.0 + 1.0 / k) * t.ppf(0.975, k - 1) / 1.96)
+
+
 class AcceptanceModel:
     """Acceptance per traced configuration; `lookup` answers any (method, γ, s, C, ...)."""
 
@@ -364,7 +377,7 @@ class AcceptanceModel:
         deltas = np.array([self._level_step(scaled, method, gamma, sparsity, v, temperature,
                                             output_len) for v in peers])
         delta = float(deltas.mean())
-        sd = float(deltas.std(ddof=1)) if len(deltas) > 1 else abs(delta)
+        sd = step_sd(deltas)
         sources = [shift_source(src, delta) for src in dist.sources]
         rates = sum((w * src.rates for w, src in zip(dist.weights, sources)), np.zeros(gamma))
 
