@@ -90,3 +90,16 @@ def test_past_the_window_an_untraced_workload_takes_the_scaled_sets_level_step(
     assert all(w in note for w in ("chat-long", "code-long", "longdoc", "recall"))
     assert d.mean_length < n.mean_length
     assert d.context_trend_sd_pct > n.context_trend_sd_pct
+
+
+def test_the_steps_sd_is_one_more_workloads_predictive_sd() -> None:
+    """k steps: sd·√(1 + 1/k), widened by Student's t (k − 1 dof) over 1.96; one: its size."""
+    from scipy.stats import t
+
+    from vegas_sim.sim.acceptance import step_sd
+
+    steps = np.array([-0.75, -1.08, -1.16, -1.51])
+    want = steps.std(ddof=1) * np.sqrt(1.25) * t.ppf(0.975, 3) / 1.96
+    assert step_sd(steps) == pytest.approx(want)
+    assert step_sd(steps) > 1.5 * steps.std(ddof=1)
+    assert step_sd(np.array([-0.9])) == pytest.approx(0.9)
