@@ -270,8 +270,11 @@ def merged_meta(sets: list[TraceSet]) -> dict[str, Any]:
     meta["grid"] = grid
     meta["workload"] = _union(*(ts.meta.get("workload", []) for ts in sets))
     meta["date"] = max(str(ts.meta["date"]) for ts in sets)
+    # a source that was itself merged keeps its own sources' list: each one's GPU stays named
     meta["merged_from"] = [{"path": str(ts.path), "date": ts.meta["date"],
-                            "gpu": ts.gpu_name, "grid": ts.meta["grid"]} for ts in sets]
+                            "gpu": ts.gpu_name, "grid": ts.meta["grid"],
+                            **({"merged_from": ts.meta["merged_from"]}
+                               if "merged_from" in ts.meta else {})} for ts in sets]
     return meta
 
 
@@ -306,7 +309,9 @@ def _write_run_log(out: Path, sets: list[TraceSet], merged: TraceSet) -> None:
             "process_minutes": sum(float(log.get("process_minutes", _log_minutes(log)))
                                    for log in logs),
             "acceptance_summary": acceptance_summary(merged.acceptance)}
-    (out / RUN_LOG_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    # compact: a merged log repeats every source's sessions (1.2 MB instead of 2.2 indented)
+    (out / RUN_LOG_FILE).write_text(json.dumps(data, sort_keys=True, separators=(",", ":"))
+                                    + "\n")
 
 
 def _collect_sessions(log: dict[str, Any], intervals: list[tuple[float, float]]) -> float:
