@@ -364,8 +364,8 @@ class AcceptanceModel:
         set did not trace) moved by the level step into the RoPE-scaled regime: per workload V
         both sets traced, the logit shift δ_V from this set's acceptance of V at its longest
         traced context to the scaled set's at its shortest (each inside its own evidence, so
-        neither set's trend enters); their mean moves `dist`, their spread (sd over the
-        workloads; one workload: its own |δ|) joins its context sd. The RoPE-scaled model
+        neither set's trend enters); their mean moves `dist`, their spread (one more
+        workload's predictive sd, `step_sd`) joins its context sd. The RoPE-scaled model
         accepts less than the native one (SmolLM2 ×4: every one of 160 points below the native
         trend, δ −0.4 to −2.1; docs/RESULTS.md): without the step such a workload kept the
         native level there while the traced ones fell."""
