@@ -55,8 +55,8 @@ from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_cells import make_cell, split_runs
 from vegas_sim.sim.acceptance_walk import rewalk
 from vegas_sim.sim.anchored import (TRANSFER_SD, AnchoredAcceptance, TransferSd, far_reasons,
-                                    shifted_sd_pct, transfer_axes)
-from vegas_sim.sim.context_trend import DELTA_BOUND
+                                    transfer_axes)
+from vegas_sim.sim.context_trend import DELTA_BOUND, shifted_sd_pct
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 from vegas_sim.traces.io import load_trace_set
 

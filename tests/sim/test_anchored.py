@@ -14,8 +14,8 @@ from vegas_sim import api
 from vegas_sim.cli import cli
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist
-from vegas_sim.sim.anchored import (AnchoredAcceptance, TransferSd, shift_dist, shift_rates,
-                                    transfer_sd_pct)
+from vegas_sim.sim.anchored import AnchoredAcceptance, TransferSd
+from vegas_sim.sim.context_trend import shift_dist, shift_rates, shifted_dist_sd_pct
 from vegas_sim.sim.tune_rules import lower_score
 from vegas_sim.traces.anchors import Anchor, AnchorSet, write_anchors
 from vegas_sim.traces.io import load_trace_set
@@ -262,8 +262,8 @@ def test_transfer_term_takes_the_larger_side() -> None:
     down = 1.0 + float(shift_rates(rates, -1.96 * 0.5).sum())
     up = 1.0 + float(shift_rates(rates, 1.96 * 0.5).sum())
     assert base - down > up - base
-    assert transfer_sd_pct(dist, 0.5) == pytest.approx(100 * (base - down) / 1.96 / base)
-    assert transfer_sd_pct(dist, 0.0) == 0.0
+    assert shifted_dist_sd_pct(dist, 0.5) == pytest.approx(100 * (base - down) / 1.96 / base)
+    assert shifted_dist_sd_pct(dist, 0.0) == 0.0
 
 
 def test_the_interval_widens_by_the_transfer_term_but_tune_ranks_without_it() -> None:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.anchored import AnchoredAcceptance, shift_dist
+from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
     ContextTrend,
@@ -21,6 +21,7 @@ from vegas_sim.sim.context_trend import (
     parse_trend_note,
     pool_trends,
     random_effects,
+    shift_dist,
     shift_rates,
     shrink_to_flat,
 )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vegas_sim import api
-from vegas_sim.sim.anchored import shift_dist
+from vegas_sim.sim.context_trend import shift_dist
 from vegas_sim.traces import catalog, io
 
 LONG = 110592

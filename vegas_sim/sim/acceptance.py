@@ -117,9 +117,9 @@ from vegas_sim.sim.context_trend import (
     run_lengths,
     covering_peers,
     delta_to_length,
-    shift_rates,
+    shift_dist,
     shift_source,
-    shifted_sd_pct,
+    shifted_dist_sd_pct,
     trend_note,
     trend_sd_pct,
 )
@@ -366,8 +366,8 @@ class AcceptanceModel:
         traced context to the scaled set's at its shortest (each inside its own evidence, so
         neither set's trend enters); their mean moves `dist`, their spread (one more
         workload's predictive sd, `step_sd`) joins its context sd. The RoPE-scaled model
-        accepts less than the native one (SmolLM2 ×4: every one of 160 points below the native
-        trend, δ −0.4 to −2.1; docs/RESULTS.md): without the step such a workload kept the
+        accepts less than the native one (docs/RESULTS.md, Context extrapolation: every
+        YaRN point lies below the native trend): without the step such a workload kept the
         native level there while the traced ones fell."""
         scaled = past.scaled()
         peers = [v for v in scaled.workloads
@@ -378,22 +378,15 @@ class AcceptanceModel:
                                             output_len) for v in peers])
         delta = float(deltas.mean())
         sd = step_sd(deltas)
-        sources = [shift_source(src, delta) for src in dist.sources]
-        rates = sum((w * src.rates for w, src in zip(dist.weights, sources)), np.zeros(gamma))
-
-        def length(x: float) -> float:
-            return 1.0 + float(sum(w * shift_rates(src.rates, x).sum()
-                                   for w, src in zip(dist.weights, sources)))
-
         note = (f"context {context} past {past.predicted}'s native {past.window} positions, "
                 f"where it runs RoPE-scaled; {workload} not traced so in {past.name}: its "
                 f"acceptance moved by δ {delta:+.2f} logit (sd {sd:.2f}), the mean step from "
                 "this set's longest traced context to the scaled set's shortest on "
                 + ", ".join(f"{v} {d:+.2f}" for v, d in zip(peers, deltas)))
-        out = replace(dist, rates=np.asarray(rates), sources=sources,
-                      extrapolated=[note, *dist.extrapolated])
+        out = shift_dist(dist, delta)
+        out.extrapolated.insert(0, note)
         out.context_trend_sd_pct = math.hypot(dist.context_trend_sd_pct,
-                                              shifted_sd_pct(length, sd))
+                                              shifted_dist_sd_pct(out, sd))
         return out
 
     def _level_step(self, scaled: AcceptanceModel, method: str, gamma: int, sparsity: float,

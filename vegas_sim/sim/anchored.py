@@ -83,7 +83,13 @@ from vegas_sim.errors import UserInputError
 from vegas_sim.methods import DEFAULT_SPARSITY, VANILLA
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, running_stages
-from vegas_sim.sim.context_trend import DELTA_BOUND, shift_rates, shift_source, shifted_sd_pct
+from vegas_sim.sim.context_trend import (
+    DELTA_BOUND,
+    shift_dist,
+    shift_rates,
+    shifted_dist_sd_pct,
+    source_parts,
+)
 from vegas_sim.traces.anchors import Anchor, AnchorSet
 
 N_CONTEXT_NODES = 8  # contexts an anchor's context range is evaluated at
@@ -118,32 +124,6 @@ TRANSFER_AXES = ("anchor", "workload", "temperature", "sparsity", "context")
 
 
 # ------------------------------------------------------------------------------ transform
-def shift_dist(dist: AcceptanceDist, delta: float) -> AcceptanceDist:
-    """`dist` with every traced source's target rates shifted by `delta` (module docstring)."""
-    if delta == 0.0 or dist.gamma == 0:
-        return dataclasses.replace(dist, extrapolated=list(dist.extrapolated))
-    if not dist.sources:
-        return dataclasses.replace(dist, rates=shift_rates(dist.rates, delta),
-                                   extrapolated=list(dist.extrapolated))
-    sources = []
-    for src in dist.sources:
-        if src.cell is None:  # draft = target: every draft accepted, at any δ
-            sources.append(src)
-            continue
-        sources.append(shift_source(src, delta))
-    rates = sum((w * s.rates for w, s in zip(dist.weights, sources)), np.zeros(dist.gamma))
-    return dataclasses.replace(dist, rates=np.asarray(rates), extrapolated=list(dist.extrapolated),
-                               sources=sources)
-
-
-def _source_parts(dist: AcceptanceDist) -> list[tuple[float, np.ndarray, bool]]:
-    """(weight, rates, shiftable) of each mixture component (a hand-built dist: one)."""
-    if not dist.sources:
-        return [(1.0, np.asarray(dist.rates, dtype=float), True)]
-    return [(float(w), np.asarray(s.rates, dtype=float), s.cell is not None)
-            for w, s in zip(dist.weights, dist.sources)]
-
-
 # ------------------------------------------------------------------------------------ fit
 _Node = tuple[tuple[float, np.ndarray, bool], ...]  # one context's (weight, rates, shiftable)
 
@@ -360,19 +340,6 @@ def transfer_sd(axes: Mapping[str, float]) -> float:
     return math.sqrt(sum(v * v for v in axes.values()))
 
 
-def transfer_sd_pct(dist: AcceptanceDist, sd: float) -> float:
-    """`shifted_sd_pct` of `dist`'s mean acceptance length."""
-    if dist.gamma == 0:
-        return 0.0
-    parts = _source_parts(dist)
-
-    def length(delta: float) -> float:
-        return 1.0 + float(sum(w * (shift_rates(r, delta) if ok else r).sum()
-                               for w, r, ok in parts))
-
-    return shifted_sd_pct(length, sd)
-
-
 class AnchoredAcceptance(AcceptanceModel):
     """An AcceptanceModel whose lookups are shifted to the anchors' level (module docstring).
 
@@ -469,7 +436,7 @@ class AnchoredAcceptance(AcceptanceModel):
                                                 output_len=output_len) for _, ctx in stages]
                 dist = dists[0] if len(dists) == 1 else RunningLengthDist.of(
                     [g for g, _ in stages], dists, output_len, [ctx for _, ctx in stages])
-            nodes.append(tuple(_source_parts(dist)))
+            nodes.append(tuple(source_parts(dist)))
         return nodes, contexts, note
 
     def _target(self, a: Anchor) -> _AnchorTarget:
@@ -529,7 +496,7 @@ class AnchoredAcceptance(AcceptanceModel):
         out = shift_dist(dist, shift.delta_for(workload, context))
         axes = self.transfer_axes_for(method, gamma, sparsity, context, workload, temperature)
         sd = transfer_sd(axes)
-        out.transfer_sd_pct = transfer_sd_pct(out, sd)
+        out.transfer_sd_pct = shifted_dist_sd_pct(out, sd)
         out.transfer_axes_pct = {k: out.transfer_sd_pct * v * v / (sd * sd)
                                  for k, v in axes.items() if v > 0.0} if sd > 0 else {}
         far = [far_reasons(a, gamma, sparsity, context, workload, temperature)

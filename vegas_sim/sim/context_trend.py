@@ -72,7 +72,12 @@ from typing import TypeVar
 import numpy as np
 
 from vegas_sim.sim.acceptance_cells import GroupKey
-from vegas_sim.sim.acceptance_dist import DrawSource, TracedCell, conditional_rates
+from vegas_sim.sim.acceptance_dist import (
+    AcceptanceDist,
+    DrawSource,
+    TracedCell,
+    conditional_rates,
+)
 
 COND_EPS = 1e-6  # conditional rates are clipped into [ε, 1 − ε] before the logit
 DELTA_BOUND = 12.0  # |δ| at most: logit shifts beyond this move every rate to 0 or 1
@@ -139,6 +144,42 @@ def shifted_sd_pct(length: Callable[[float], float], sd: float, z: float = Z95) 
     base = length(0.0)
     move = max(length(z * sd) - base, base - length(-z * sd))
     return 100.0 * move / z / base
+
+
+def shift_dist(dist: AcceptanceDist, delta: float) -> AcceptanceDist:
+    """`dist` with every traced source's rates shifted by `delta` (`shift_source`; the
+    all-accepted component of s = 1 stays: its draft is the target at any δ), the mixture's
+    rates made again from them."""
+    if delta == 0.0 or dist.gamma == 0:
+        return replace(dist, extrapolated=list(dist.extrapolated))
+    if not dist.sources:
+        return replace(dist, rates=shift_rates(dist.rates, delta),
+                       extrapolated=list(dist.extrapolated))
+    sources = [src if src.cell is None else shift_source(src, delta) for src in dist.sources]
+    rates = sum((w * s.rates for w, s in zip(dist.weights, sources)), np.zeros(dist.gamma))
+    return replace(dist, rates=np.asarray(rates), extrapolated=list(dist.extrapolated),
+                   sources=sources)
+
+
+def source_parts(dist: AcceptanceDist) -> list[tuple[float, np.ndarray, bool]]:
+    """(weight, rates, shiftable) of each mixture component (a hand-built dist: one)."""
+    if not dist.sources:
+        return [(1.0, np.asarray(dist.rates, dtype=float), True)]
+    return [(float(w), np.asarray(s.rates, dtype=float), s.cell is not None)
+            for w, s in zip(dist.weights, dist.sources)]
+
+
+def shifted_dist_sd_pct(dist: AcceptanceDist, sd: float) -> float:
+    """`shifted_sd_pct` of `dist`'s mean acceptance length, its shiftable sources moved."""
+    if dist.gamma == 0:
+        return 0.0
+    parts = source_parts(dist)
+
+    def length(delta: float) -> float:
+        return 1.0 + float(sum(w * (shift_rates(r, delta) if ok else r).sum()
+                               for w, r, ok in parts))
+
+    return shifted_sd_pct(length, sd)
 
 
 def _cond_logits(rates: np.ndarray) -> np.ndarray:
