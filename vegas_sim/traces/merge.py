@@ -309,7 +309,7 @@ def _write_run_log(out: Path, sets: list[TraceSet], merged: TraceSet) -> None:
             "process_minutes": sum(float(log.get("process_minutes", _log_minutes(log)))
                                    for log in logs),
             "acceptance_summary": acceptance_summary(merged.acceptance)}
-    # compact: a merged log repeats every source's sessions (1.2 MB instead of 2.2 indented)
+    # compact JSON: a merged log repeats every source's sessions (docs/RESULTS.md, Calibration)
     (out / RUN_LOG_FILE).write_text(json.dumps(data, sort_keys=True, separators=(",", ":"))
                                     + "\n")
 

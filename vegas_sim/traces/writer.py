@@ -56,9 +56,8 @@ from vegas_sim.traces.validation import (
 def _write_parquet_atomic(path: Path, table: pa.Table, durable: bool = True) -> None:
     import pyarrow.parquet as pq  # here: commands that write no set do not pay for it
 
-    # zstd: a third smaller than snappy on acceptance rows (the repository carries them, and a
-    # device call carries the repository); level 9: the real SmolLM2 set's 1.9M rows 25.1 ->
-    # 23.4 MB for 3 s more to write (level 19: 21.9 MB in 34 s)
+    # zstd at level 9: acceptance rows are most of the repository, which a device call
+    # carries beside a part of the GGUF (sizes and write times: docs/RESULTS.md, Calibration)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd",
                                                   compression_level=9),
                  durable=durable)
