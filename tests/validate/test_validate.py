@@ -472,3 +472,32 @@ def test_a_row_that_runs_out_of_gpu_memory_is_skipped_and_said(
         log=said.append)
     assert list(table["method"]) == ["vanilla"]
     assert any("skipped, out of GPU memory" in s and "vegas" in s for s in said)
+
+
+def test_a_request_keeps_its_template_head_and_the_prompts_nearest_its_context() -> None:
+    from vegas_sim.validate.results import (
+        NEAREST_PROMPTS,
+        cut_prompt,
+        long_prompts,
+        request_prompts,
+        template_head,
+    )
+
+    head = [1, 2, 3]
+    prompts = [head + [10 + n] * n for n in range(2, 80)]  # lengths 5..82, one of each
+    assert template_head(prompts) == 3 and template_head(prompts[:1]) == 0
+    short = HeldOut("vegas", 3, 0.1, batch=2, context=12, output_len=8, workload="competitive")
+    long, note = long_prompts(short, prompts)  # 12..15 are within 25 %: fewer than 8
+    assert note == "" and [len(p) for p in long] == list(range(12, 12 + NEAREST_PROMPTS))
+    wide = HeldOut("vegas", 3, 0.1, batch=2, context=40, output_len=8, workload="chat")
+    assert [len(p) for p in long_prompts(wide, prompts)[0]] == list(range(40, 51))  # <= 50
+    end, _ = long_prompts(short, prompts, "end")  # the old protocol: every prompt >= C
+    assert [len(p) for p in end] == list(range(12, 83))
+    longdoc = HeldOut("vegas", 3, 0.1, batch=2, context=12, output_len=8, workload="longdoc")
+    assert len(long_prompts(longdoc, prompts)[0]) == 71  # a book window is one at any cut
+    ids = head + [7] * 10 + [8] * 12  # 25 tokens
+    assert cut_prompt(ids, 12, keep_end=True, head=3) == head + [8] * 9  # the 7s cut
+    assert cut_prompt(ids, 12, keep_end=True) == [8] * 12  # the old cut: no head
+    assert cut_prompt(ids, 12, keep_end=False) == ids[:12]
+    assert cut_prompt([5, 6], 5, keep_end=True, head=1) == [5, 5, 6, 5, 6]  # repeated first
+    assert request_prompts(short, "random", None) == (None, None)

@@ -14,16 +14,20 @@ from vegas_sim.calibrate.replay import AcceptanceReplay
 from vegas_sim.calibrate.sampling import sampling_args
 from vegas_sim.calibrate.specdec import SpecConfig, SpecDecoder
 from vegas_sim.calibrate.timers import PhaseTimer
-from vegas_sim.calibrate.workloads import BOOK_WINDOW_WORKLOADS, load_workload
+from vegas_sim.calibrate.workloads import load_workload
 from vegas_sim.methods import INDEX_PREP_METHODS, MIN_TOKENS, QUEST_PAGE, drafts
 from vegas_sim.validate.heldout import HeldOut
 from vegas_sim.validate.predict import Models
 from vegas_sim.validate.results import (
+    PROMPT_CUT,
     Measurement,
     acceptance_length,
+    book_window,
+    cut_prompt,
     long_prompts,
     pool,
     prompt_index,
+    template_head,
 )
 
 
@@ -139,23 +143,20 @@ def prompts_for(h: HeldOut, workload_prompts: Sequence[Sequence[int]], wave: int
                 ) -> tuple[list[torch.Tensor], str]:
     """B prompts of exactly h.context tokens for wave `wave`, and a note ('' if natural).
 
-    Natural text only: prompts at least h.context long, cut to h.context tokens, taken in
-    turn (wave w, request b → long prompt (w·B + b) mod n), so that waves see other prompts.
-    A book window (longdoc, recall) keeps its first tokens; a request that ends on its
-    instruction and the assistant's turn (every other workload) keeps its last, so that the
-    model still answers it. Repeating a short prompt to reach the context (the old
+    Natural text only: prompts at least h.context long (the nearest ones, `results.PROMPT_CUT`),
+    cut to h.context tokens, taken in turn (wave w, request b → long prompt (w·B + b) mod n),
+    so that waves see other prompts. A book window (longdoc, recall) keeps its first tokens; a
+    request that ends on its instruction and the assistant's turn (every other workload) keeps
+    its template head and its last tokens, so that it stays a chat turn the model answers.
+    Repeating a short prompt to reach the context (the old
     behaviour) makes degenerate, copyable text whose acceptance is not the traced workload's;
     it is done only when no prompt is long enough, and the note says so.
     """
-    long, note = long_prompts(h, workload_prompts)
-    keep_end = (h.workload or "longdoc") not in BOOK_WINDOW_WORKLOADS
-    out = []
-    for k in prompt_index(h, len(long), wave + 1)[wave]:
-        ids = long[k]
-        while len(ids) < h.context:
-            ids = ids + ids
-        cut = ids[len(ids) - h.context:] if keep_end else ids[: h.context]
-        out.append(torch.tensor(cut, dtype=torch.long))
+    long, note = long_prompts(h, workload_prompts, PROMPT_CUT)
+    keep_end = not book_window(h)
+    head = template_head(workload_prompts) if PROMPT_CUT == "nearest" else 0
+    out = [torch.tensor(cut_prompt(long[k], h.context, keep_end, head), dtype=torch.long)
+           for k in prompt_index(h, len(long), wave + 1)[wave]]
     return out, note
 
 

@@ -12,7 +12,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from vegas_sim.calibrate.workloads import WHOLE_PROMPT_WORKLOADS, load_workload
+from vegas_sim.calibrate.workloads import (
+    BOOK_WINDOW_WORKLOADS,
+    WHOLE_PROMPT_WORKLOADS,
+    load_workload,
+)
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import PHASES
 from vegas_sim.sim.predict import PROVENANCE_COLUMNS
@@ -174,24 +178,40 @@ def pct_error(a: float, b: float) -> float:
     return 100.0 * (a - b) / b if b else float("nan")
 
 
-def request_prompts(h: HeldOut, weights: str, workload_prompts: int | None
-                     ) -> tuple[list[list[int]] | None, int | None]:
+# How a real run cuts a workload's prompts to the row's context C (a table's `prompt_cut`):
+# "end": every prompt at least C long, a request keeping its last C tokens (tables before the
+# column); "nearest": the prompts nearest above C (those within NEAREST_CUT of it, at least
+# NEAREST_PROMPTS), each keeping the workload's template head (the chat template's system turn
+# and user tag, the prefix every prompt shares) and losing the start of the text after it. A
+# request then stays a whole chat turn of about C tokens, as the traced prompts near C are,
+# instead of a fragment of a prompt twice as long without its chat header. Book windows
+# (longdoc, recall) keep their first C tokens either way: a window of a book is one at any cut.
+PROMPT_CUTS = ("end", "nearest")
+PROMPT_CUT = "nearest"
+NEAREST_CUT = 0.25  # a request keeps >= 80 % of its prompt's text when enough prompts are that close
+NEAREST_PROMPTS = 8  # fewer distinct prompts would leave the run's sampling error unmeasured
+
+
+def request_prompts(h: HeldOut, weights: str, workload_prompts: int | None,
+                    cut: str = PROMPT_CUT) -> tuple[list[list[int]] | None, int | None]:
     """([wave][request] prompt of each request of a real run, the workload's prompt count it
     assumes): the run decoded the first `workload_prompts` prompts of h's workload (None:
-    all of today's). (None, None) for replay, where every request draws on its own."""
+    all of today's), picked as `cut` picks them. (None, None) for replay, where every request
+    draws on its own."""
     if weights == "random":
         return None, None
     workload = load_workload(h.workload or "longdoc")
     n = len(workload) if workload_prompts is None else workload_prompts
-    return prompt_index(h, len(long_prompts(h, workload[:n])[0])), n
+    return prompt_index(h, len(long_prompts(h, workload[:n], cut)[0])), n
 
 
-def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
+def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]], cut: str = PROMPT_CUT
                  ) -> tuple[list[list[int]], str]:
     """The prompts h's requests take in turn, and a note ('' if natural): those at least
-    h.context long, or (when none is) every prompt, to be repeated up to the context. A
-    recall prompt ends on its question and the cue the answer follows, which any cut loses:
-    only those of exactly h.context tokens are natural."""
+    h.context long (under "nearest", the nearest of them, shortest first), or (when none is)
+    every prompt, to be repeated up to the context. A recall prompt ends on its question and
+    the cue the answer follows, which any cut loses: only those of exactly h.context tokens
+    are natural."""
     if h.workload in WHOLE_PROMPT_WORKLOADS:
         whole = [list(p) for p in workload_prompts if len(p) == h.context]
         if whole:
@@ -200,11 +220,49 @@ def long_prompts(h: HeldOut, workload_prompts: Sequence[Sequence[int]]
             f"no {h.workload} prompt has exactly {h.context} tokens: prompts cut or repeated "
             "to reach it, without their question (acceptance not the traced workload's)")
     long = [list(p) for p in workload_prompts if len(p) >= h.context]
+    if long and cut == "nearest" and not book_window(h):
+        return nearest_prompts(long, h.context), ""
     if long:
         return long, ""
     return [list(p) for p in workload_prompts if len(p) >= 2], (
         f"no workload prompt has {h.context} tokens: prompts repeated to reach it "
         "(acceptance not the traced workload's)")
+
+
+def nearest_prompts(long: list[list[int]], context: int) -> list[list[int]]:
+    """The prompts of `long` (each >= context) within NEAREST_CUT of the context, or the
+    NEAREST_PROMPTS shortest when fewer are; shortest first, ties in workload order."""
+    by_length = sorted(long, key=len)
+    close = [p for p in by_length if len(p) <= (1.0 + NEAREST_CUT) * context]
+    return close if len(close) >= NEAREST_PROMPTS else by_length[:NEAREST_PROMPTS]
+
+
+def book_window(h: HeldOut) -> bool:
+    """A book window keeps its first tokens; every other request its end (the question)."""
+    return (h.workload or "longdoc") in BOOK_WINDOW_WORKLOADS
+
+
+def template_head(workload_prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt of the workload starts with (its chat template's head); 0 for
+    fewer than two prompts."""
+    if len(workload_prompts) < 2:
+        return 0
+    first, n = workload_prompts[0], min(len(p) for p in workload_prompts)
+    k = 0
+    while k < n and all(p[k] == first[k] for p in workload_prompts):
+        k += 1
+    return k
+
+
+def cut_prompt(ids: list[int], context: int, keep_end: bool, head: int = 0) -> list[int]:
+    """`ids` cut (or, when shorter, repeated) to `context` tokens: its first ones, or its
+    first `head` then its last context − head (head capped at half the context)."""
+    while len(ids) < context:
+        ids = ids + ids
+    if not keep_end:
+        return ids[:context]
+    head = min(head, context // 2)
+    return ids[:head] + ids[len(ids) - (context - head):]
 
 
 def prompt_index(h: HeldOut, n_prompts: int, waves: int | None = None) -> list[list[int]]:
@@ -217,14 +275,15 @@ def prompt_index(h: HeldOut, n_prompts: int, waves: int | None = None) -> list[l
 def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
                 replayed: float, replayed_iter_ms: float, notes: str,
                 wall_s: float, predicted_phase_ms: dict[str, float] | None = None,
-                workload_prompts: int | None = None) -> dict[str, Any]:
+                workload_prompts: int | None = None, prompt_cut: str = PROMPT_CUT
+                ) -> dict[str, Any]:
     """One result row. `predicted` is what the issue's targets are judged on: the simulator
     from the trace sets alone for real weights; for the replay regime the simulator fed the
     same replayed accept counts as the run (the acceptance there is an input drawn from the
     acceptance model, like an arrival trace; the regime validates the performance model).
     `workload_prompts`: how many prompts the workload had when the run was measured (default
-    today's), which fixes the prompt each request decoded."""
-    prompts, workload_prompts = request_prompts(h, weights, workload_prompts)
+    today's), which with `prompt_cut` fixes the prompt each request decoded."""
+    prompts, workload_prompts = request_prompts(h, weights, workload_prompts, prompt_cut)
     sim = float(pred["throughput_tok_s"])
     primary = sim if weights == "real" else replayed
     measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
@@ -247,6 +306,7 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
                                      m.acceptance_length),
         "acceptance_se_pct": acceptance_se_pct(m.accepted, prompts),
         "workload_prompts": math.nan if workload_prompts is None else workload_prompts,
+        "prompt_cut": prompt_cut if weights == "real" else "",
         "measured_iterations": m.iterations,
         "measured_seconds": m.seconds,
         "measured_tokens": m.tokens,
