@@ -16,9 +16,10 @@ measured: the mean over the held-out bucket's runs of 1 + accepted (vLLM's count
 included) averaged over the sparsities; its standard error from the prompt-to-prompt spread.
 nearest: the fit's last bucket of W held (no trend). Error: (predicted − measured) / measured;
 `covered`: |predicted − measured| within 1.96 × the trend's sd (% of the prediction) and the
-measurement's standard error (% of the measured) combined. A held-out bucket of one prompt
-(competitive's: one problem each) has no spread of its own: its standard error is the
-prompt-to-prompt spread of the workload's fitted prompts (`fit_spread`; `se_from` says which).
+measurement's standard error (% of the measured) combined. A held-out bucket of few prompts
+cannot measure its own spread: as a prediction sizes a run's (`sim.uncertainty.run_sd`), one
+prompt takes the prompt-to-prompt spread of the workload's fitted prompts (`fit_spread`), two
+or three the larger of their own and that (`se_from` says which).
 `trend` says which trend the prediction followed ('own' or 'covering' beyond the own reach).
 Prints per-point rows and per-workload median / max |error|, writes a CSV (the `command` column
 reproduces it).
@@ -38,6 +39,7 @@ import pandas as pd
 
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.uncertainty import run_sd
 from vegas_sim.sim.acceptance_cells import split_runs, workload_buckets
 from vegas_sim.traces.io import load_trace_set
 
@@ -85,12 +87,11 @@ def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
         sparsities = sorted(g.sparsity.unique())
         per_prompt = g.groupby("request")["length"].mean()  # over the sparsities
         truth = float(g.groupby("sparsity")["length"].mean().mean())
-        se_from = "own prompts"
-        if len(per_prompt) > 1:
-            se = float(per_prompt.std(ddof=1) / math.sqrt(len(per_prompt)))
-        else:  # one prompt: it lies off the workload's mean by the prompt-to-prompt spread
-            se, se_from = truth * fit_spread(runs, workload, temp, method, gamma, cut), \
-                "fitted prompts' spread"
+        spread = fit_spread(runs, workload, temp, method, gamma, cut)
+        sd = run_sd(per_prompt.to_numpy(), spread)  # as a prediction sizes a run's sd
+        se = sd / math.sqrt(len(per_prompt))
+        se_from = ("own prompts" if len(per_prompt) > 1 and sd <= float(per_prompt.std(ddof=1))
+                   else "fitted prompts' spread")
         dists = [model.lookup(str(method), int(gamma), float(s), int(round(bucket)), workload,
                               float(temp)) for s in sparsities]
         nearest = [model.lookup(str(method), int(gamma), float(s), int(round(cut)), workload,
