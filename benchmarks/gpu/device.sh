@@ -237,7 +237,8 @@ validate)  # --time-budget stops starting rows early enough that the table is st
   esac
   name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')${TP:+_tp$TP}
   # PASSES=N measures the list N times in turn; RESUME=TABLE continues a table an earlier
-  # call brought back (carried in the tree), adding the passes it did not reach
+  # call brought back (carried in the tree), adding the passes it did not reach; every row is
+  # predicted again from TRACES, so resume on the grid the table's rows were measured beside
   resume=(); [ -n "${RESUME:-}" ] && { cp "$RESUME" "$OUT/$name.csv"; resume=(--resume); }
   timeout ${TIMEOUT:-560} "${cli[@]}" validate --traces "$traces" \
     --acceptance-traces $D/smollm2-135m-real --seed 0 "${model[@]}" --heldout "$heldout" \

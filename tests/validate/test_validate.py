@@ -501,3 +501,20 @@ def test_a_request_keeps_its_template_head_and_the_prompts_nearest_its_context()
     assert cut_prompt(ids, 12, keep_end=False) == ids[:12]
     assert cut_prompt([5, 6], 5, keep_end=True, head=1) == [5, 5, 6, 5, 6]  # repeated first
     assert request_prompts(short, "random", None) == (None, None)
+
+
+def test_resume_keeps_how_a_row_picked_its_prompts(tmp_path: Path) -> None:
+    """A resumed row is scored with its own table's prompt count and cut, not today's."""
+    import pandas as pd
+
+    from vegas_sim.validate.heldout import heldout_from_record
+    from vegas_sim.validate.run import resumed_passes
+
+    table = Path(__file__).parents[2] / "benchmarks/results/validate_h100_smollm2_workloads_seed20261209.csv"
+    rows = pd.read_csv(table).head(2).assign(workload_prompts=[8, float("nan")])
+    rows["prompt_cut"] = ["", "nearest"]
+    rows.to_csv(tmp_path / "t.csv", index=False)
+    configs = [heldout_from_record(r) for r in rows.to_dict(orient="records")]
+    done = resumed_passes(tmp_path / "t.csv", configs)
+    assert (done[0].workload_prompts, done[0].prompt_cut) == (8, "end")  # before the column
+    assert (done[1].workload_prompts, done[1].prompt_cut) == (None, "nearest")

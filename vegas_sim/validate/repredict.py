@@ -28,6 +28,8 @@ from vegas_sim.validate.results import (
     pct_error,
     pool_passes,
     read_results,
+    recorded_prompt_cut,
+    recorded_workload_size,
     result_row,
 )
 
@@ -72,7 +74,7 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
                           "" if notes is None or pd.isna(notes) else str(notes),
                           float(row.get("wall_s", math.nan)),
                           predicted_phases(h, models.latency, m, models.min_tokens),
-                          _recorded_workload_size(row), _recorded_prompt_cut(row))
+                          recorded_workload_size(row), recorded_prompt_cut(row))
         new["measured"] = float(row["measured"])  # as measured, not recomputed from the parts
         for pred_col, err_col in (("predicted", "error_pct"), ("predicted_sim", "error_sim_pct"),
                                   ("predicted_replay", "error_replay_pct")):
@@ -87,14 +89,3 @@ def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, ou
     table.to_csv(out, index=False)
     return old, table
 
-
-def _recorded_workload_size(row: dict[str, Any]) -> int | None:
-    """The row's `workload_prompts`, or None (today's) for a table from before the column."""
-    n = row.get("workload_prompts")
-    return None if n is None or pd.isna(n) else int(n)
-
-
-def _recorded_prompt_cut(row: dict[str, Any]) -> str:
-    """The row's `prompt_cut`, or "end" (how every run cut its prompts before the column)."""
-    cut = row.get("prompt_cut")
-    return "end" if not isinstance(cut, str) or not cut else cut

@@ -265,6 +265,18 @@ def cut_prompt(ids: list[int], context: int, keep_end: bool, head: int = 0) -> l
     return ids[:head] + ids[len(ids) - (context - head):]
 
 
+def recorded_workload_size(row: dict[str, Any]) -> int | None:
+    """A table row's `workload_prompts`, or None (today's) for a table from before the column."""
+    n = row.get("workload_prompts")
+    return None if n is None or pd.isna(n) else int(n)
+
+
+def recorded_prompt_cut(row: dict[str, Any]) -> str:
+    """A table row's `prompt_cut`, or "end" (how every run cut its prompts before the column)."""
+    cut = row.get("prompt_cut")
+    return "end" if not isinstance(cut, str) or not cut else cut
+
+
 def prompt_index(h: HeldOut, n_prompts: int, waves: int | None = None) -> list[list[int]]:
     """[wave][request] index of the prompt each request takes, (w·B + b) mod n: waves see
     other prompts. `waves` defaults to h's."""

@@ -40,6 +40,7 @@ from vegas_sim.validate.predict import (
     scenario,
 )
 from vegas_sim.validate.results import (
+    PROMPT_CUT,
     Measurement,
     pass_columns,
     passes_from_row,
@@ -47,6 +48,8 @@ from vegas_sim.validate.results import (
     phase_line,
     pool_passes,
     read_results,
+    recorded_prompt_cut,
+    recorded_workload_size,
     result_row,
 )
 
@@ -253,7 +256,8 @@ def resumed_passes(out: Path, configs: Sequence[HeldOut]) -> dict[int, _ConfigRu
         notes = row.get("notes")
         done[index[dataclasses.astuple(h)]] = _ConfigRun(
             h, "" if not isinstance(notes, str) else notes, passes_from_row(row),
-            wall_s=float(np.nan_to_num(row.get("wall_s", 0.0))))
+            wall_s=float(np.nan_to_num(row.get("wall_s", 0.0))),
+            workload_prompts=recorded_workload_size(row), prompt_cut=recorded_prompt_cut(row))
     return done
 
 
@@ -275,6 +279,9 @@ class _ConfigRun:
     passes: list[Measurement]
     prompt_note: str = ""
     wall_s: float = 0.0
+    # how its real prompts were picked (a resumed row keeps its table's: results.PROMPT_CUT)
+    workload_prompts: int | None = None
+    prompt_cut: str = PROMPT_CUT
     pred: pd.Series | None = None
     replayed: tuple[float, float] | None = None  # (throughput, iteration ms)
 
@@ -296,5 +303,6 @@ class _ConfigRun:
         rep, rep_iter = self.replayed
         notes = ";".join(n for n in (self.note, self.prompt_note) if n)
         row = result_row(self.h, self.pred, m, weights, rep, rep_iter, notes, self.wall_s,
-                         predicted_phases(self.h, latency, m, models.min_tokens))
+                         predicted_phases(self.h, latency, m, models.min_tokens),
+                         self.workload_prompts, self.prompt_cut)
         return {**row, **pass_columns(self.passes, row["predicted"])}
