@@ -39,8 +39,8 @@ import pandas as pd
 
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance import AcceptanceModel
-from vegas_sim.sim.uncertainty import run_sd
 from vegas_sim.sim.acceptance_cells import split_runs, workload_buckets
+from vegas_sim.sim.uncertainty import run_sd
 from vegas_sim.traces.io import load_trace_set
 
 SET = "smollm2-135m-real"

@@ -510,7 +510,8 @@ def test_resume_keeps_how_a_row_picked_its_prompts(tmp_path: Path) -> None:
     from vegas_sim.validate.heldout import heldout_from_record
     from vegas_sim.validate.run import resumed_passes
 
-    table = Path(__file__).parents[2] / "benchmarks/results/validate_h100_smollm2_workloads_seed20261209.csv"
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    table = results / "validate_h100_smollm2_workloads_seed20261209.csv"
     rows = pd.read_csv(table).head(2).assign(workload_prompts=[8, float("nan")])
     rows["prompt_cut"] = ["", "nearest"]
     rows.to_csv(tmp_path / "t.csv", index=False)
@@ -518,3 +519,6 @@ def test_resume_keeps_how_a_row_picked_its_prompts(tmp_path: Path) -> None:
     done = resumed_passes(tmp_path / "t.csv", configs)
     assert (done[0].workload_prompts, done[0].prompt_cut) == (8, "end")  # before the column
     assert (done[1].workload_prompts, done[1].prompt_cut) == (None, "nearest")
+    rows.assign(prompt_cut="middle").to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(UserInputError, match="prompt_cut 'middle' is none of end, nearest"):
+        resumed_passes(tmp_path / "bad.csv", configs)

@@ -274,7 +274,13 @@ def recorded_workload_size(row: dict[str, Any]) -> int | None:
 def recorded_prompt_cut(row: dict[str, Any]) -> str:
     """A table row's `prompt_cut`, or "end" (how every run cut its prompts before the column)."""
     cut = row.get("prompt_cut")
-    return "end" if not isinstance(cut, str) or not cut else cut
+    if not isinstance(cut, str) or not cut:
+        return "end"
+    if cut not in PROMPT_CUTS:
+        raise UserInputError(f"prompt_cut {cut!r} is none of {', '.join(PROMPT_CUTS)}",
+                             where="the results table",
+                             fix="re-measure the row, or write the cut its prompts had")
+    return cut
 
 
 def prompt_index(h: HeldOut, n_prompts: int, waves: int | None = None) -> list[list[int]]:
