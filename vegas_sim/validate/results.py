@@ -188,7 +188,7 @@ def pct_error(a: float, b: float) -> float:
 # (longdoc, recall) keep their first C tokens either way: a window of a book is one at any cut.
 PROMPT_CUTS = ("end", "nearest")
 PROMPT_CUT = "nearest"
-NEAREST_CUT = 0.25  # a request keeps >= 80 % of its prompt's text when enough prompts are that close
+NEAREST_CUT = 0.25  # a request keeps >= 80 % of its prompt's text where enough prompts allow
 NEAREST_PROMPTS = 8  # fewer distinct prompts would leave the run's sampling error unmeasured
 
 
