@@ -107,6 +107,7 @@ from vegas_sim.sim.acceptance_pack import pack_state, unpack_state
 from vegas_sim.sim.acceptance_walk import rewalk_cells
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
+    Z95,
     ContextTrend,
     TrendShift,
     bucket_se,
@@ -156,14 +157,14 @@ class PastWindow:
 def step_sd(steps: np.ndarray) -> float:
     """The logit sd of a workload's level step predicted as the mean of `steps` (one per
     workload traced both ways): the predictive sd of one more draw, sd·√(1 + 1/k), widened by
-    Student's t with k − 1 degrees of freedom over the 1.96 the interval takes (k = 4: ×1.8);
+    Student's t with k − 1 degrees of freedom over the Z95 the interval takes (k = 4: ×1.8);
     one step: its own size."""
     k = len(steps)
     if k < 2:
         return abs(float(steps.mean())) if k else 0.0
     from scipy.stats import t  # past a model's window only: most predictions never import it
 
-    return float(steps.std(ddof=1) * math.sqrt(1.0 + 1.0 / k) * t.ppf(0.975, k - 1) / 1.96)
+    return float(steps.std(ddof=1) * math.sqrt(1.0 + 1.0 / k) * t.ppf(0.975, k - 1) / Z95)
 
 
 class AcceptanceModel:

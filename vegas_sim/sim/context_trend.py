@@ -132,7 +132,7 @@ def delta_to_length(rates: Sequence[np.ndarray], target: float) -> float:
     return float(brentq(excess, lo, hi, xtol=1e-12))
 
 
-Z95 = 1.96  # a logit sd's relative sd of the length is taken at ±Z95 sd (`shifted_sd_pct`)
+Z95 = 1.96  # a normal's 97.5th percentile: 95 % intervals, and `shifted_sd_pct`'s ±Z95 sd
 
 
 def shifted_sd_pct(length: Callable[[float], float], sd: float, z: float = Z95) -> float:

@@ -72,17 +72,17 @@ import numpy as np
 from vegas_sim.methods import VANILLA, drafts, query_rows
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_dist import AcceptanceDist
+from vegas_sim.sim.context_trend import Z95
 from vegas_sim.sim.latency import GREEDY, LatencyModel, sampling_mode
 from vegas_sim.traces.schema import SAMPLING_PHASES
 
-Z95 = 1.96
 # The latency-fit part takes each phase's empirical LOO quantile, not a normal sd from the
 # median (× 1.4826): the LOO errors are heavier-tailed than a normal's (q95 / median 2.2-6.5 over the packaged sets'
 # groups against 2.9; draft_step and verify, most of an iteration, 3.0-6.5).
 LOO_QUANTILE = 0.95
 # A cell's own sd of its runs' lengths is used from this many runs (3 degrees of freedom); with
-# fewer it may be a sixth of the true one (χ² with 2 dof: 95 % of draws within 0.16-1.9 σ):
-# there the group's pooled spread bounds it from below (`run_sd`)
+# fewer, a sample sd of 1-2 degrees of freedom can be several times too small, so the
+# group's pooled spread bounds it from below (`run_sd`)
 OWN_SPREAD_MIN_RUNS = 4
 EXTRAP_PCT_PER_OCTAVE = 4.0
 EXTRAP_PCT_PER_GAMMA = 1.5
