@@ -31,9 +31,9 @@ benchmarks/results/context_extrapolation_yarn.csv` fits on the whole set (1K-7K)
 the YaRN-extended set's 12K-31K buckets (the same weights with RoPE scaled x4: a slightly
 different model, +11-13 % perplexity inside the trained window). `--step` predicts them as
 `predict` does a workload its RoPE-scaled set did not trace, past the model's native window
-(8K; `AcceptanceModel._scaled_shift`): the native lookup moved by the mean level step of the
-scaled set's other workloads (each held-out workload left out of the scaled set in turn), its
-spread in the sd.
+(8K; `AcceptanceModel._scaled_shift`): the native lookup where the native evidence ends,
+moved by the mean step of the scaled set's other workloads from there to the row's context
+(each held-out workload left out of the scaled set in turn), their spread in the sd.
 """
 
 from __future__ import annotations

@@ -78,9 +78,9 @@ def test_every_workload_pooled_past_the_window_pools_the_scaled_sets(
 
 def test_past_the_window_an_untraced_workload_takes_the_scaled_sets_level_step(
         default: api.AnchoredAcceptance) -> None:
-    """A workload the scaled set did not trace (code) keeps its native lookup, moved by the
-    mean step of the traced ones from the native set's longest context to the scaled set's
-    shortest: lower, with that step's spread added to its context sd."""
+    """A workload the scaled set did not trace (code) is moved by the mean step of the traced
+    ones from the native set's longest context into the scaled set: lower, with that step's
+    spread added to its context sd."""
     native = api.load_models("qwen3-8b", None, "h100-nvl",
                              acceptance_traces="smollm2-135m-real")[1]
     d = default.lookup("vegas", 7, 0.07, LONG, "code", 0.6, output_len=1024)
@@ -90,6 +90,30 @@ def test_past_the_window_an_untraced_workload_takes_the_scaled_sets_level_step(
     assert all(w in note for w in ("chat-long", "code-long", "longdoc", "recall"))
     assert d.mean_length < n.mean_length
     assert d.context_trend_sd_pct > n.context_trend_sd_pct
+
+
+def test_past_the_window_an_untraced_workload_leaves_its_native_trend_where_evidence_ends(
+        ) -> None:
+    """Longdoc left out of the scaled set: its native lookup is taken at the longest context
+    the scaled set's workloads were traced natively, not followed out along its own rising
+    trend; at any context past the window it is that lookup moved by the δ its note prints
+    (the other workloads' step to the scaled set there)."""
+    from vegas_sim.sim.acceptance import AcceptanceModel, PastWindow
+
+    native = api._fit_packaged("smollm2-135m-real")
+    rows = io.load_trace_set("smollm2-135m-real-yarn4").acceptance
+    scaled = AcceptanceModel.from_traces(rows[rows.workload != "longdoc"], "real")
+    model = native.past_window(PastWindow(8192, lambda: scaled, "the scaled set", "smollm2"))
+    edge = max(native.traced_contexts("vegas", w)[1] for w in scaled.workloads)
+    base = native.lookup("vegas", 7, 0.07, edge, "longdoc", 0.6)
+    for context in (16384, 28672):
+        d = model.lookup("vegas", 7, 0.07, context, "longdoc", 0.6)
+        note = d.extrapolated[0]
+        assert f"its acceptance at {edge} moved by" in note, note
+        delta = float(note.split("moved by δ ")[1].split()[0])
+        assert d.mean_length == pytest.approx(shift_dist(base, delta).mean_length, rel=0.01)
+        along = native.lookup("vegas", 7, 0.07, context, "longdoc", 0.6)
+        assert along.mean_length > base.mean_length  # the native trend it no longer follows
 
 
 def test_the_steps_sd_is_one_more_workloads_predictive_sd() -> None:

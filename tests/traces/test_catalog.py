@@ -105,6 +105,18 @@ def test_model_mismatch_lists_models(sets: dict[str, Path], tmp_path: Path) -> N
     msg = str(info.value)
     assert "'qwen3-8b'" in msg and "'llama-3.1-8b'" in msg
     assert "qwen3-8b" in msg.split("fix:")[1] and "smollm2-135m" in msg.split("fix:")[1]
+    assert "--model-what-if llama-3.1-8b" in msg  # a preset: its shape can be priced
+
+
+def test_a_preset_without_a_set_is_pointed_to_the_what_if(sets: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    d = _defaults(tmp_path, sets["qwen-random"], sets["small-real"])
+    with pytest.raises(UserInputError) as info:
+        catalog.resolve("qwen3-4b", None, default_dir=d)
+    assert "--model-what-if qwen3-4b" in str(info.value)
+    with pytest.raises(UserInputError) as info:
+        catalog.resolve("no-such-model", None, default_dir=d)
+    assert "--model-what-if" not in str(info.value)  # not a preset: nothing to price
 
 
 def test_default_resolution_by_model(sets: dict[str, Path], tmp_path: Path) -> None:

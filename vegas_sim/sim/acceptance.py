@@ -63,9 +63,9 @@ A lookup picks cells and turns them into an `AcceptanceDist`:
   (prediction intervals). Below them: the first bucket held, marked (the budget floor makes a
   short context's draft see more of it, against the trend). Past the predicted model's native
   positions (`past_window`: it runs RoPE-scaled there), a workload the proxy's RoPE-scaled set
-  traced is looked up in that set instead, and one it did not trace is moved by the level step
-  the traced ones take into it (`_scaled_shift`; docs/DESIGN.md, "Past the model's native
-  window").
+  traced is looked up in that set instead, and one it did not trace is looked up where the
+  native evidence ends and moved as the traced ones move from there into the scaled set
+  (`_scaled_shift`; docs/DESIGN.md, "Past the model's native window").
 - output length (`lookup(..., output_len=)`): each run keeps only the iterations a request of
   that many tokens runs (tokens generated before the iteration < output_len), a prefix of the
   run. Acceptance rises along a generation (text turns repetitive): on the SmolLM2 longdoc
@@ -350,40 +350,46 @@ class AcceptanceModel:
                                               f" (its workloads pooled: "
                                               f"{', '.join(scaled.workloads)})")))
             return dist
-        dist = self._native_lookup(method, gamma, sparsity, context, workload, temperature,
-                                   output_len)
         past = self._past_window
         if past is None or context <= past.window or workload is None:
-            return dist
-        return self._scaled_shift(dist, past, method, gamma, sparsity, context, workload,
+            return self._native_lookup(method, gamma, sparsity, context, workload, temperature,
+                                       output_len)
+        return self._scaled_shift(past, method, gamma, sparsity, context, workload,
                                   temperature, output_len)
 
-    def _scaled_shift(self, dist: AcceptanceDist, past: PastWindow, method: str, gamma: int,
-                      sparsity: float, context: int, workload: str, temperature: float,
+    def _scaled_shift(self, past: PastWindow, method: str, gamma: int, sparsity: float,
+                      context: int, workload: str, temperature: float,
                       output_len: int | None) -> AcceptanceDist:
-        """`dist` (a native lookup past the predicted model's window, of a workload the scaled
-        set did not trace) moved by the level step into the RoPE-scaled regime: per workload V
-        both sets traced, the logit shift δ_V from this set's acceptance of V at its longest
-        traced context to the scaled set's at its shortest (each inside its own evidence, so
-        neither set's trend enters); their mean moves `dist`, their spread (one more
-        workload's predictive sd, `step_sd`) joins its context sd. The RoPE-scaled model
-        accepts less than the native one (docs/RESULTS.md, Context extrapolation: every
-        YaRN point lies below the native trend): without the step such a workload kept the
-        native level there while the traced ones fell."""
+        """A workload the scaled set did not trace, past the predicted model's window: its native
+        lookup where the native evidence ends (the longest context the peers traced natively,
+        or `context` if nearer) moved as the peers moved into the RoPE-scaled regime. Per
+        workload V both sets traced, δ_V is the logit shift from this set's acceptance of V at
+        its longest traced context to the scaled set's at `context`; their mean moves the
+        lookup, their spread (one more workload's predictive sd, `step_sd`) joins its context
+        sd. So past the window the workload follows the scaled set's evidence, never the
+        native set's own trend: the RoPE-scaled model accepts less than the native one and
+        its acceptance is flat over 12–31K where the native trend rises (docs/RESULTS.md,
+        Context extrapolation)."""
         scaled = past.scaled()
         peers = [v for v in scaled.workloads
                  if scaled.traces(method, v) and self.traces(method, v)]
-        if not peers or dist.gamma == 0:
+        if not peers:
+            return self._native_lookup(method, gamma, sparsity, context, workload,
+                                       temperature, output_len)
+        edge = min(context, max(self.traced_contexts(method, v)[1] for v in peers))
+        dist = self._native_lookup(method, gamma, sparsity, edge, workload, temperature,
+                                   output_len)
+        if dist.gamma == 0:
             return dist
-        deltas = np.array([self._level_step(scaled, method, gamma, sparsity, v, temperature,
-                                            output_len) for v in peers])
+        deltas = np.array([self._level_step(scaled, method, gamma, sparsity, context, v,
+                                            temperature, output_len) for v in peers])
         delta = float(deltas.mean())
         sd = step_sd(deltas)
         note = (f"context {context} past {past.predicted}'s native {past.window} positions, "
                 f"where it runs RoPE-scaled; {workload} not traced so in {past.name}: its "
-                f"acceptance moved by δ {delta:+.2f} logit (sd {sd:.2f}), the mean step from "
-                "this set's longest traced context to the scaled set's shortest on "
-                + ", ".join(f"{v} {d:+.2f}" for v, d in zip(peers, deltas)))
+                f"acceptance at {edge} moved by δ {delta:+.2f} logit (sd {sd:.2f}), the mean "
+                f"step from this set's longest traced context to the scaled set's at {context} "
+                "on " + ", ".join(f"{v} {d:+.2f}" for v, d in zip(peers, deltas)))
         out = shift_dist(dist, delta)
         out.extrapolated.insert(0, note)
         out.context_trend_sd_pct = math.hypot(dist.context_trend_sd_pct,
@@ -391,15 +397,15 @@ class AcceptanceModel:
         return out
 
     def _level_step(self, scaled: AcceptanceModel, method: str, gamma: int, sparsity: float,
-                    workload: str, temperature: float, output_len: int | None) -> float:
+                    context: int, workload: str, temperature: float,
+                    output_len: int | None) -> float:
         """δ from this set's lookup of `workload` at its longest traced context to the scaled
-        set's at its shortest (`_scaled_shift`)."""
+        set's at `context` (`_scaled_shift`)."""
         native = self._native_lookup(method, gamma, sparsity,
                                      self.traced_contexts(method, workload)[1], workload,
                                      temperature, output_len)
-        target = scaled.lookup(method, gamma, sparsity,
-                               scaled.traced_contexts(method, workload)[0], workload,
-                               temperature, output_len)
+        target = scaled.lookup(method, gamma, sparsity, context, workload, temperature,
+                               output_len)
         return delta_to_length([native.rates], target.mean_length)
 
     def _native_lookup(self, method: str, gamma: int, sparsity: float, context: int,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.models import PRESETS
 from vegas_sim.traces import io
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
 from vegas_sim.traces.meta import TraceSetMeta
@@ -79,13 +80,19 @@ def _packaged_entries(default_dir: Path | None) -> list[_Entry]:
     return entries
 
 
+def _what_if_hint(model: str) -> str:
+    """How to price a preset that has no trace set of its own (empty for other names)."""
+    return (f"; or price its shape on another model's set, not measured: --model-what-if "
+            f"{model}" if model in PRESETS else "")
+
+
 def _model_mismatch(model: str, ts: TraceSet, packaged: list[_Entry]) -> UserInputError:
     available = sorted({s.model_name for s in packaged} | {ts.model_name})
     return UserInputError(
         f"trace set {ts.path} is for model {ts.model_name!r}, not {model!r}",
         where="--model",
         fix=f"pass --model {ts.model_name}, or a trace set for {model!r}; models with trace "
-            f"sets: {', '.join(available)}")
+            f"sets: {', '.join(available)}{_what_if_hint(model)}")
 
 
 def runtime_note(name: str, revision: str) -> str:
@@ -113,7 +120,7 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
         models = sorted({s.model_name for s in packaged})
         raise UserInputError(
             f"no packaged trace set for model {model!r}", where="--model",
-            fix=f"use one of: {', '.join(models)}; or {_HOW_TO_MAKE}")
+            fix=f"use one of: {', '.join(models)}; or {_HOW_TO_MAKE}{_what_if_hint(model)}")
     # Prefer measured sets over synthetic ones (packaged sets should never be synthetic), and
     # sets that measured latency (an acceptance-only set of the same model may sit beside).
     sets = [load_trace_set(e.path) for e in sorted(matches, key=lambda s: (s.synthetic, s.name))]
