@@ -21,7 +21,11 @@ engine at this setting (tune's step 2), then the SimPy engine at that γ (5 repl
 Acceptance: the packaged defaults; `--acceptance-traces NAME` for another set.
 
     PYTHONPATH=. python benchmarks/paper_long_context.py [--context 110592]
-        [--acceptance-traces smollm2-135m-real-yarn4]
+        [--acceptance-traces smollm2-135m-real-yarn4] [--model qwen3-8b|qwen3-4b|qwen3-30b|
+        gpt-oss-20b|all]
+
+`--model`: §5.3 for another of the paper's four models at its batch and sampling (`SETTINGS`);
+Qwen3-4B and Qwen3-30B (the Thinking-2507 checkpoint) priced on their siblings' latency sets.
 
 Prints the §5.3 table (per workload: each method's tok/s, its 95 % PI, acceptance length,
 the axis it extrapolates on; Vegas over the best baseline beside the paper's range, with the
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +49,39 @@ from vegas_sim.reports.terminal import _extrapolated
 from vegas_sim.sim.predict import Scenario, predict
 
 BATCH, SPARSITY, TEMPERATURE, OUTPUT = 4, 0.07, 0.6, 1024
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One model of §5.3 as the paper ran it (Appendix E.1's sampling, its max batch) and as
+    vegas-sim prices it: the packaged latency set of `latency_model`, `what_if` the preset
+    whose shape is priced on it when the model has no set of its own."""
+
+    model: str
+    batch: int
+    temperature: float
+    weight_format: str = "bf16"
+    latency_model: str | None = None
+    what_if: str | None = None
+
+    def load(self, acceptance_traces: str | None) -> tuple[object, object, tuple[str, ...]]:
+        return api.load_models(self.latency_model or self.model, None, "h100-nvl",
+                               weight_format=self.weight_format,
+                               acceptance_traces=acceptance_traces,
+                               model_what_if=self.what_if)
+
+
+# §5.3: max batch 4, 4, 5 and 20; Qwen3 at T 0.6, gpt-oss-20b at T 1.0 (its model card);
+# Qwen3-30B is the FP8 Thinking-2507 checkpoint (262K native positions), gpt-oss-20b's MoE
+# weights MXFP4. Qwen3-4B and Qwen3-30B-2507 have no latency set: their shapes are priced on
+# their siblings' (what-ifs, and the rows say so).
+SETTINGS = {
+    "qwen3-8b": Setting("qwen3-8b", 4, 0.6),
+    "qwen3-4b": Setting("qwen3-4b", 4, 0.6, latency_model="qwen3-8b", what_if="qwen3-4b"),
+    "qwen3-30b": Setting("qwen3-30b-a3b-thinking-2507", 5, 0.6, "fp8",
+                         latency_model="qwen3-30b-a3b", what_if="qwen3-30b-a3b-thinking-2507"),
+    "gpt-oss-20b": Setting("gpt-oss-20b", 20, 1.0, "mxfp4"),
+}
 METHODS = ("magicdec-stream", "magicdec-quest", "specextend", "vegas")
 BASELINES = METHODS[:3]
 WORKLOADS = ("longdoc", "recall")
@@ -56,11 +94,11 @@ PHASES = ("draft_step", "quest_meta", "verify", "select", "sample", "other")
 KERNELS = Path(__file__).parent / "results"
 
 
-def best_gammas(latency: object, acceptance: object, context: int,
-                workload: str) -> dict[str, int]:
+def best_gammas(latency: object, acceptance: object, context: int, workload: str,
+                setting: Setting) -> dict[str, int]:
     """Each method's γ of highest analytic throughput at the setting (tune's step 2)."""
-    scen = [Scenario(m, g, SPARSITY, BATCH, context, OUTPUT, workload=workload,
-                     temperature=TEMPERATURE) for m in METHODS for g in GAMMAS]
+    scen = [Scenario(m, g, SPARSITY, setting.batch, context, OUTPUT, workload=workload,
+                     temperature=setting.temperature) for m in METHODS for g in GAMMAS]
     df = predict(scen, latency, acceptance, engine="analytic")  # type: ignore[arg-type]
     df = df[df["method"] != "vanilla"]
     best = df.loc[df.groupby("method")["throughput_tok_s"].idxmax()]
@@ -72,13 +110,15 @@ def extrapolating(row: pd.Series) -> str:
     return _extrapolated(row) or "no"
 
 
-def section_53(latency: object, acceptance: object, context: int) -> None:
-    print(f"§5.3 long context: qwen3-8b, h100-nvl, batch {BATCH}, context {context}, output "
-          f"{OUTPUT}, s {SPARSITY}, T {TEMPERATURE}, disaggregated prefill")
+def section_53(latency: object, acceptance: object, context: int, setting: Setting) -> None:
+    print(f"§5.3 long context: {setting.model}, h100-nvl, batch {setting.batch}, context "
+          f"{context}, output {OUTPUT}, s {SPARSITY}, T {setting.temperature}, weights "
+          f"{setting.weight_format}, disaggregated prefill")
     for workload in WORKLOADS:
-        gammas = best_gammas(latency, acceptance, context, workload)
-        scen = [Scenario(m, gammas[m], SPARSITY, BATCH, context, OUTPUT, workload=workload,
-                         temperature=TEMPERATURE) for m in METHODS]
+        gammas = best_gammas(latency, acceptance, context, workload, setting)
+        scen = [Scenario(m, gammas[m], SPARSITY, setting.batch, context, OUTPUT,
+                         workload=workload, temperature=setting.temperature)
+                for m in METHODS]
         df = predict(scen, latency, acceptance)  # type: ignore[arg-type]
         print(f"\nworkload {workload}")
         print(f"{'method':16} {'γ':>2} {'tok/s':>6} {'95% PI':>11} {'speedup':>7} "
@@ -163,16 +203,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=110592)
     ap.add_argument("--acceptance-traces", default=None)
+    ap.add_argument("--model", choices=[*SETTINGS, "all"], default="qwen3-8b",
+                    help="§5.3 for this model of the paper (all: the four); Figure 3 and §2.2 "
+                         "are Qwen3-8B's")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    latency, acceptance, notes = api.load_models("qwen3-8b", None, "h100-nvl",
-                                                 acceptance_traces=args.acceptance_traces)
     print(f"acceptance: {args.acceptance_traces or 'packaged defaults'}")
-    section_53(latency, acceptance, args.context)
-    figure_3(latency, acceptance, args.context)
-    section_22(latency)
-    for note in notes:
-        print(f"note: {note}")
+    for name in SETTINGS if args.model == "all" else [args.model]:
+        latency, acceptance, notes = SETTINGS[name].load(args.acceptance_traces)
+        section_53(latency, acceptance, args.context, SETTINGS[name])
+        if name == "qwen3-8b":
+            figure_3(latency, acceptance, args.context)
+            section_22(latency)
+        for note in notes:
+            print(f"note: {note}")
+        print()
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 

@@ -396,6 +396,14 @@ PRESETS: dict[str, ModelSpec] = {
         rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=False, qk_norm=True,
         n_experts=128, experts_per_token=8, expert_ffn=768,
     ),
+    # huggingface.co/Qwen/Qwen3-30B-A3B-Thinking-2507 config.json: Qwen3-30B-A3B's shape with
+    # 262,144 native positions (RoPE base 1e7); the Vegas paper's "Qwen3-30B"
+    "qwen3-30b-a3b-thinking-2507": ModelSpec(
+        name="qwen3-30b-a3b-thinking-2507", architecture="qwen3_moe", n_layers=48, hidden=2048,
+        n_heads=32, n_kv_heads=4, head_dim=128, ffn=6144, vocab=151936, max_positions=262144,
+        rope_theta=10000000.0, rms_eps=1e-6, tie_embeddings=False, qk_norm=True,
+        n_experts=128, experts_per_token=8, expert_ffn=768,
+    ),
     # huggingface.co/openai/gpt-oss-20b config.json (model_type gpt_oss; layer_types
     # [sliding_attention, full_attention] x 12; YaRN factor 32 over 4096 not modelled here)
     "gpt-oss-20b": ModelSpec(

@@ -10,8 +10,8 @@
 #                          real-weight tests run when the joined GGUF is there, else skip
 #   quick [MODEL]          vegas-sim calibrate --quick (default qwen3-8b, random weights),
 #                          then traces check and a predict on the set it made
-#   full qwen3-8b|smollm2|gpt-oss-20b|qwen3-30b-a3b
-#                          the latency grid of the packaged set of that name (8 / 3 / 7 / 6
+#   full qwen3-8b|qwen3-4b|smollm2|gpt-oss-20b|qwen3-30b-a3b
+#                          the latency grid of the packaged set of that name (8 / 8 / 3 / 7 / 6
 #                          GPU-min); smollm2 also times draft_step and sample greedy
 #                          (--greedy-latency: 4 of its 7 batches, about half the grid again);
 #                          the set is named MODEL-GPU (e.g. qwen3-8b-h200, from nvidia-smi);
@@ -167,12 +167,12 @@ full)  # the packaged latency sets' grids; a set cut by the timeout resumes if c
   # TAG (appended to the set's name, e.g. -quest); the set is named after the GPU it ran on
   methods=${METHODS:-all}; tag=${TAG:-}; gpu=$(gpu_tag)
   case ${1:?full qwen3-8b or full smollm2} in
-  qwen3-8b)
-    timeout ${TIMEOUT:-560} "${cli[@]}" calibrate --model qwen3-8b --weights random \
+  qwen3-8b|qwen3-4b)  # dense Qwen3: the same attention shape, the same grid
+    timeout ${TIMEOUT:-560} "${cli[@]}" calibrate --model $1 --weights random \
       --methods $methods --batch 1..128:x2 --context 1K..128K:x2 --n-query 1 --gamma 1,3,7,15 \
-      --sparsity 0.01,0.05,0.2 --out $TR/qwen3-8b-$gpu$tag 2>&1 | tail -6 \
+      --sparsity 0.01,0.05,0.2 --out $TR/$1-$gpu$tag 2>&1 | tail -6 \
       | tee "$OUT/calibrate$tag.log"
-    finalize $TR/qwen3-8b-$gpu$tag
+    finalize $TR/$1-$gpu$tag
     ;;
   smollm2)  # real weights: run `gguf` first; the grid at T 0.6 and its sampling phases at T 0
     [ -f $GGUF ] || { echo "no $GGUF: run the gguf stage first"; exit 2; }
@@ -196,7 +196,7 @@ full)  # the packaged latency sets' grids; a set cut by the timeout resumes if c
       | tee "$OUT/calibrate$tag.log"
     finalize $TR/$model-$gpu$tag
     ;;
-  *) echo "full: qwen3-8b, smollm2, gpt-oss-20b or qwen3-30b-a3b"; exit 2 ;;
+  *) echo "full: qwen3-8b, qwen3-4b, smollm2, gpt-oss-20b or qwen3-30b-a3b"; exit 2 ;;
   esac
   ;;
 allreduce)  # all-reduce / all-gather at every TP the machine's GPUs allow
