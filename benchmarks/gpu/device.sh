@@ -56,7 +56,8 @@
 #                          measured: every workload (WORKLOADS), 32 prompts each, γ 12 (32
 #                          iterations), the 8 sparsities, T 0 and 0.6, one process per method;
 #                          packs gemma-METHOD sets for `traces merge` (TAG=-b names a second
-#                          call's sets gemma-b-METHOD, e.g. WORKLOADS=longdoc,recall TAG=-b)
+#                          call's sets gemma-b-METHOD, e.g. WORKLOADS=longdoc,recall TAG=-b);
+#                          LONG=1: the long windows (12K-31K, inside Gemma's native 32K)
 #   added                  SmolLM2 acceptance of the added workloads (needs `gguf`): code-long and
 #                          chat-long (1K-7K prompts; LONG_PROMPTS of each, one per length per
 #                          round; γ 12, 32 iterations), then competitive (COMP_PROMPTS problem
@@ -86,7 +87,7 @@
 # 98 MB GGUF goes in sixths (`split -n 6 .model/smollm2.gguf .model/smollm2.gguf.part.`):
 # part.aa to part.ae each with `part`, part.af with `gguf`. An idle machine is given back,
 # /root with it: make the calls back to back. `timeout` keeps each stage under the 10-minute
-# call limit. Gemma-3-270M's 253 MB GGUF goes the same way in 18 MB parts (`split -b 18M
+# call limit. Gemma-3-270M's 253 MB GGUF goes the same way in 19 MiB parts (`split -b 19M
 # .model/gemma.gguf .gemma/gemma.gguf.part.`, git-ignored as .gemma/ must be): the first ones
 # with `gemma-part`, the last with `gemma`. Size the parts to what the tree leaves.
 set -u
@@ -349,8 +350,8 @@ gemma)  # Gemma-3-270M acceptance, every workload, one process per method (docs/
       --workload ${WORKLOADS:-reasoning,code,chat,longdoc,recall} --gamma 12 \
       --sparsity ${SPARSITY:-0.01,0.02,0.03,0.05,0.07,0.1,0.15,0.2} --temperature 0,0.6 \
       --iterations 32 --min-tokens 32 --prompts ${PROMPTS:-32} \
-      ${ACCEPTANCE_BATCH:+--acceptance-batch $ACCEPTANCE_BATCH} --no-latency \
-      --out $TR/gemma${TAG:-}-$m > "$OUT/calibrate-gemma${TAG:-}-$m.log" 2>&1 &
+      ${ACCEPTANCE_BATCH:+--acceptance-batch $ACCEPTANCE_BATCH} ${LONG:+--long-prompts} \
+      --no-latency --out $TR/gemma${TAG:-}-$m > "$OUT/calibrate-gemma${TAG:-}-$m.log" 2>&1 &
   done
   wait
   for m in $methods; do
