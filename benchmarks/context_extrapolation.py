@@ -68,7 +68,8 @@ def fit_where(where: str, source: str = SET) -> tuple[AcceptanceModel, pd.DataFr
         return model, sub.acceptance
 
 
-def fit_subset(cut: str, runs: pd.DataFrame) -> tuple[AcceptanceModel, int, dict[str, int]]:
+def fit_subset(cut: str, runs: pd.DataFrame, source: str = SET
+               ) -> tuple[AcceptanceModel, int, dict[str, int]]:
     """The acceptance model of the set's runs whose prompt is <= `cut` tokens, each run whole
     (to the prompt plus the most any of `runs` generated), its traced max, and each workload's last
     traced bucket (its longest prompt there: the nearest-bucket rule's).
@@ -80,7 +81,7 @@ def fit_subset(cut: str, runs: pd.DataFrame) -> tuple[AcceptanceModel, int, dict
     if ((runs["start"] > prompt_max) & (runs["start"] <= reach)).any():
         raise SystemExit(f"a prompt above {cut} starts before the cut's runs end ({reach}): "
                          "its first iterations would enter the fit; choose another --cut")
-    model, rows = fit_where(f"context<={reach}")
+    model, rows = fit_where(f"context<={reach}", source)
     edges = measured(rows).groupby("workload")["start"].max().astype(int).to_dict()
     return model, int(rows["context"].max()), edges
 
@@ -178,8 +179,9 @@ def main() -> None:
     ap.add_argument("--cut", default="3K",
                     help="fit on the runs of prompts <= this, whole (default 3K)")
     ap.add_argument("--out", type=Path, default=RESULTS / "context_extrapolation.csv")
-    ap.add_argument("--held-out", default=SET,
-                    help=f"the set whose buckets above the fit are predicted (default {SET})")
+    ap.add_argument("--fit", default=SET, help=f"the set fitted below the cut (default {SET})")
+    ap.add_argument("--held-out", default=None,
+                    help="the set whose buckets above the fit are predicted (default: --fit)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help=f"the workloads fitted and held out (default {','.join(WORKLOADS)})")
     ap.add_argument("--step", action="store_true",
@@ -187,23 +189,26 @@ def main() -> None:
                          "held-out set's other workloads (module docstring)")
     args = ap.parse_args()
     workloads = tuple(args.workloads.split(","))
-    full = load_trace_set(args.held_out).acceptance
+    held_out = args.held_out or args.fit
+    full = load_trace_set(held_out).acceptance
     runs = measured(full[full.workload.isin(workloads)])
-    model, traced_max, edges = fit_subset(args.cut, runs)
+    model, traced_max, edges = fit_subset(args.cut, runs, args.fit)
     scaled = full[full.workload.isin(workloads)] if args.step else None
     points = score(pd.DataFrame(held_out_points(model, runs, traced_max, edges, scaled)))
     cols = ["workload", "temperature", "method", "gamma", "context", "prompts", "measured",
             "measured_se_pct", "predicted", "predicted_err_pct", "err_over_measured_se",
             "within_2_measured_se", "trend_sd_pct", "covered", "nearest_bucket",
             "nearest_bucket_err_pct"]
-    print(f"fit: {SET} runs of prompts <= {args.cut}, whole (traced up to {traced_max}); "
-          f"held out: {args.held_out}'s {', '.join(workloads)} buckets above")
+    print(f"fit: {args.fit} runs of prompts <= {args.cut}, whole (traced up to {traced_max}); "
+          f"held out: {held_out}'s {', '.join(workloads)} buckets above")
     print(points[cols].round(3).to_string(index=False))
     print("\n".join(summary_lines(points)))
     print("e.g.", points.note.iloc[0])
     command = "PYTHONPATH=. python benchmarks/context_extrapolation.py" + (
         f" --cut {args.cut}" if args.cut != "3K" else "") + (
-        f" --held-out {args.held_out} --out {args.out}" if args.held_out != SET else "") + (
+        f" --fit {args.fit}" if args.fit != SET else "") + (
+        f" --held-out {held_out}" if held_out != args.fit else "") + (
+        f" --out {args.out}" if args.out != RESULTS / "context_extrapolation.csv" else "") + (
         f" --workloads {args.workloads}" if workloads != WORKLOADS else "") + (
         " --step" if args.step else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
