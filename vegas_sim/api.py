@@ -31,7 +31,7 @@ from vegas_sim.grids import (
     parse_int_grid,
     sparsity_box,
 )
-from vegas_sim.models import get_preset
+from vegas_sim.models import get_preset, model_family
 from vegas_sim.methods import (
     DEFAULT_SPARSITY,
     VANILLA,
@@ -171,9 +171,13 @@ def _named(fitted: _Model, trace_set: str) -> _Model:
 
 
 def _default_anchor_sets(model_name: str) -> list[AnchorSet]:
-    """The packaged anchor sets measured on `model_name`."""
-    sets = [load_anchors(name) for name in packaged_anchor_sets()]
-    return [s for s in sets if s.model is not None and s.model.lower() == model_name.lower()]
+    """The packaged anchor sets measured on `model_name`; without one, those of its family
+    (`models.model_family`: Qwen3-8B's published acceptance for Qwen3-4B): a sibling's level
+    is nearer than the proxy's own, and its rows carry the `model` transfer axis."""
+    sets = [(s, s.model) for s in (load_anchors(name) for name in packaged_anchor_sets())
+            if s.model is not None]
+    own = [s for s, model in sets if model.lower() == model_name.lower()]
+    return own or [s for s, model in sets if model_family(model) == model_family(model_name)]
 
 
 def anchor_acceptance(
@@ -205,11 +209,16 @@ def anchor_acceptance(
                          "own level")
     else:
         sets = []
+    others = sorted({s.model for s in sets
+                     if s.model is not None and s.model.lower() != model_name.lower()})
     for s in sets:
-        if s.model is not None and s.model.lower() != model_name.lower():
+        if s.model in others:
             notes.append(f"acceptance anchors {s.name()} were measured on {s.model}, used for "
-                         f"{model_name}")
-    model = _anchored(shape, shape_set, sets)
+                         f"{model_name}: another model's level, its spread in the interval "
+                         "('anchors: model')")
+    proxy = shape_set.model_name.lower() != model_name.lower()
+    model = _anchored(shape, shape_set, sets, others[0] if others else None,
+                      shape_set.model_name if proxy else None)
     return model, [*notes, *model.notes()]
 
 
@@ -231,12 +240,15 @@ def _files_stamp(paths: Sequence[str | Path | None]) -> tuple[tuple[str, int, in
 
 
 
-def _anchored(shape: AcceptanceModel, shape_set: TraceSet, sets: list[AnchorSet]
+def _anchored(shape: AcceptanceModel, shape_set: TraceSet, sets: list[AnchorSet],
+              anchor_model: str | None = None, shape_model: str | None = None
               ) -> AnchoredAcceptance:
     """`AnchoredAcceptance(shape, ...)` with its fitted shifts cached on disk: the key is the
-    shape's fit key, the anchors and the code that fits them."""
+    shape's fit key, the anchors and the code that fits them. anchor_model / shape_model: the
+    models whose levels stand in for the predicted one's (`AnchoredAcceptance`)."""
     if not sets:
-        return AnchoredAcceptance(shape, shape_set.name, sets)
+        return AnchoredAcceptance(shape, shape_set.name, sets, anchor_model=anchor_model,
+                                  shape_model=shape_model)
     shape_key = fitcache.cache_key("acceptance with trends", shape_set.meta, ACCEPTANCE_FILE,
                                    ACCEPTANCE_CODE)
     key = None if shape_key is None else fitcache.key(
@@ -246,11 +258,13 @@ def _anchored(shape: AcceptanceModel, shape_set: TraceSet, sets: list[AnchorSet]
     fitted: list[AnchoredAcceptance] = []
 
     def fit() -> dict[str, MethodShift]:
-        fitted.append(AnchoredAcceptance(shape, shape_set.name, sets))
+        fitted.append(AnchoredAcceptance(shape, shape_set.name, sets, anchor_model=anchor_model,
+                                         shape_model=shape_model))
         return fitted[0].shifts
 
     shifts = fitcache.cached(key, fit)
-    return fitted[0] if fitted else AnchoredAcceptance(shape, shape_set.name, sets, shifts)
+    return fitted[0] if fitted else AnchoredAcceptance(
+        shape, shape_set.name, sets, shifts, anchor_model=anchor_model, shape_model=shape_model)
 
 
 def load_models(

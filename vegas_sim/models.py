@@ -428,6 +428,12 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
+def model_family(name: str) -> str:
+    """The family a model belongs to, as its name begins: qwen3-4b, qwen3-8b and
+    qwen3-30b-a3b are qwen3's; llama-3.1-8b llama's (presets are named family first)."""
+    return name.lower().split("-")[0]
+
+
 def get_preset(name: str) -> ModelSpec:
     """The preset called `name`, or a UserInputError that lists the known ones."""
     try:

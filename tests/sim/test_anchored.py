@@ -284,3 +284,42 @@ def test_a_long_generation_carries_the_transfer_term_through_its_stages() -> Non
     row = rows[rows.method == "vegas"].iloc[0]
     assert "running context" in row.extrapolated
     assert row.pi_transfer_pct > 0
+
+
+def test_another_models_level_adds_the_model_axis(shape: AcceptanceModel) -> None:
+    """Anchors measured on another model (`anchor_model`) widen an anchored method by the
+    `model` sd; a method without an anchor keeps the shape set's level, and when that is
+    another model's (`shape_model`) it carries the same axis alone; the predicted model's
+    own levels carry none."""
+    sds = TransferSd(near=0.1, model=0.9)
+    own = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)], transfer=sds)
+    sibling = AnchoredAcceptance(shape, SHAPE, [_set(VEGAS)], transfer=sds, anchor_model="m",
+                                 shape_model=SHAPE)
+    at = ("vegas", 6, 0.07, 300, "reasoning", 0.6)
+    assert set(own.lookup(*at).transfer_axes_pct) == {"anchor"}
+    widened = sibling.lookup(*at)
+    assert set(widened.transfer_axes_pct) == {"anchor", "model"}
+    assert widened.transfer_sd_pct > own.lookup(*at).transfer_sd_pct
+    assert widened.mean_length == pytest.approx(own.lookup(*at).mean_length)  # the level
+    unanchored = ("magicdec-stream", 6, 0.07, 300, "reasoning", 0.6)
+    assert own.lookup(*unanchored).transfer_sd_pct == 0.0
+    proxy = sibling.lookup(*unanchored)
+    assert set(proxy.transfer_axes_pct) == {"model"} and proxy.transfer_sd_pct > 0.0
+
+
+def test_a_model_without_anchors_takes_its_familys() -> None:
+    """Qwen3-4B has no anchors of its own: Qwen3-8B's published ones set its level, marked as
+    another model's; gpt-oss-20b has no family anchors and keeps the proxy's level, whose
+    interval carries the `model` axis all the same."""
+    qwen = api.load_models("qwen3-8b", None, None, model_what_if="qwen3-4b")
+    assert any("qwen3-8b-published were measured on qwen3-8b, used for qwen3-4b" in n
+               for n in qwen[2])
+    d = qwen[1].lookup("vegas", 6, 0.07, 182, "reasoning", 0.6)
+    assert "model" in d.transfer_axes_pct
+    oss = api.load_models("gpt-oss-20b", None, None)
+    assert not oss[1].anchor_sets
+    d = oss[1].lookup("vegas", 6, 0.07, 182, "reasoning", 0.6)
+    assert set(d.transfer_axes_pct) == {"model"}
+    own = api.load_models("qwen3-8b", None, None)[1].lookup("vegas", 6, 0.07, 182,
+                                                            "reasoning", 0.6)
+    assert "model" not in own.transfer_axes_pct  # its own published anchors

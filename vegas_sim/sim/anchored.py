@@ -67,7 +67,11 @@ axis (`transfer_axes`; from the nearest anchor, the axes in quadrature); a looku
 into a relative sd of its mean acceptance length (`AcceptanceDist.transfer_sd_pct`: the
 larger move of the length under ±1.96 sd, over 1.96) with its share per axis
 (`transfer_axes_pct`), which the prediction interval adds as the 'anchors: <axis>'
-extrapolation terms (`sim.uncertainty`).
+extrapolation terms (`sim.uncertainty`). A level that is not the predicted model's own —
+anchors measured on another model (a sibling's, `api.anchor_acceptance`), or no anchor for the
+method (the shape set's level stands in, another model's) — adds the `model` axis
+(`anchor_model`, `shape_model`): how far two real models' levels lie apart at one setting
+(`benchmarks/model_level.py`).
 """
 
 from __future__ import annotations
@@ -114,13 +118,16 @@ class TransferSd:
     temperature: float = 0.0  # another temperature
     per_sparsity_octave: float = 0.0  # per octave of sparsity beyond SPARSITY_RATIO
     per_context_octave: float = 0.0  # per octave of context beyond CONTEXT_RATIO
+    model: float = 0.0  # the level measured on another model than the one predicted
 
 
 # Measured between two real models, each predicted from the other's shape and a handful of its
-# own anchors (benchmarks/cross_model_transfer.py --calibrate, docs/RESULTS.md).
+# own anchors (benchmarks/cross_model_transfer.py --calibrate, docs/RESULTS.md); `model`: the
+# root mean square of the two models' level difference at 70 common settings
+# (benchmarks/model_level.py).
 TRANSFER_SD = TransferSd(near=0.23, workload=0.68, temperature=0.90, per_sparsity_octave=0.0,
-                         per_context_octave=0.47)
-TRANSFER_AXES = ("anchor", "workload", "temperature", "sparsity", "context")
+                         per_context_octave=0.47, model=0.99)
+TRANSFER_AXES = ("anchor", "workload", "temperature", "sparsity", "context", "model")
 
 
 # ------------------------------------------------------------------------------ transform
@@ -319,7 +326,7 @@ def transfer_axes(anchor: Anchor, gamma: int, sparsity: float, context: int,
     from `anchor` (TRANSFER_AXES; module docstring, Uncertainty). γ adds none: the shift
     moves every draft position alike."""
     del gamma
-    out = dict.fromkeys(TRANSFER_AXES, 0.0)
+    out = dict.fromkeys(TRANSFER_AXES, 0.0)  # `model`: the anchored model's (`anchor_model`)
     out["anchor"] = sds.near
     if anchor.workload is not None and workload != anchor.workload:
         out["workload"] = sds.workload
@@ -350,9 +357,13 @@ class AnchoredAcceptance(AcceptanceModel):
     def __init__(self, shape: AcceptanceModel, shape_name: str,
                  anchor_sets: Sequence[AnchorSet] = (),
                  shifts: Mapping[str, MethodShift] | None = None,
-                 transfer: TransferSd = TRANSFER_SD) -> None:
+                 transfer: TransferSd = TRANSFER_SD, anchor_model: str | None = None,
+                 shape_model: str | None = None) -> None:
         """shifts: the `shifts` an earlier model of the same shape and anchors fitted (a
-        cached fit); None fits them. transfer: the shape-transfer uncertainty's sds."""
+        cached fit); None fits them. transfer: the shape-transfer uncertainty's sds.
+        anchor_model / shape_model: the model the anchors / the shape set were measured on
+        when it is not the predicted one (None when it is): an anchored method's lookups add
+        the `model` axis for the first, an unanchored method's for the second."""
         if isinstance(shape, AnchoredAcceptance):
             raise UserInputError("an anchored model cannot be a shape set", where="anchors",
                                  fix="pass the plain AcceptanceModel of the shape set")
@@ -360,6 +371,8 @@ class AnchoredAcceptance(AcceptanceModel):
         self.shape_name = shape_name
         self.anchor_sets = tuple(anchor_sets)
         self.transfer = transfer
+        self.anchor_model = anchor_model
+        self.shape_model = shape_model
         self.shifts: dict[str, MethodShift] = {}
         if shifts is not None:
             self.shifts = dict(shifts)
@@ -478,6 +491,21 @@ class AnchoredAcceptance(AcceptanceModel):
         return min((transfer_axes(a, gamma, sparsity, context, workload, temperature,
                                   self.transfer) for a in shift.anchors), key=transfer_sd)
 
+    def _model_sd(self, model: str | None) -> float:
+        return self.transfer.model if model is not None else 0.0
+
+    @staticmethod
+    def _with_transfer(dist: AcceptanceDist, axes: Mapping[str, float]) -> AcceptanceDist:
+        """`dist` with the shape-transfer term of `axes` (logit sds) as a relative sd of its
+        mean acceptance length, and each axis's share."""
+        sd = transfer_sd(axes)
+        if sd <= 0.0:
+            return dist
+        dist.transfer_sd_pct = shifted_dist_sd_pct(dist, sd)
+        dist.transfer_axes_pct = {k: dist.transfer_sd_pct * v * v / (sd * sd)
+                                  for k, v in axes.items() if v > 0.0}
+        return dist
+
     # -- lookup --
     def lookup(self, method: str, gamma: int, sparsity: float, context: int,
                workload: str | None = None, temperature: float = 0.0,
@@ -486,19 +514,19 @@ class AnchoredAcceptance(AcceptanceModel):
         configuration is far from every anchor (module docstring)."""
         dist = super().lookup(method, gamma, sparsity, context, workload, temperature,
                               output_len=output_len)
-        if method == VANILLA or not self.anchor_sets:
+        if method == VANILLA:
             return dist
         shift = self.shifts.get(method)
         if shift is None:
-            dist.extrapolated.append(f"{method} has no acceptance anchor in {self.anchors_name}: "
-                                     f"the level is {self.shape_name}'s")
-            return dist
+            if self.anchor_sets:
+                dist.extrapolated.append(f"{method} has no acceptance anchor in "
+                                         f"{self.anchors_name}: the level is "
+                                         f"{self.shape_name}'s")
+            return self._with_transfer(dist, {"model": self._model_sd(self.shape_model)})
         out = shift_dist(dist, shift.delta_for(workload, context))
         axes = self.transfer_axes_for(method, gamma, sparsity, context, workload, temperature)
-        sd = transfer_sd(axes)
-        out.transfer_sd_pct = shifted_dist_sd_pct(out, sd)
-        out.transfer_axes_pct = {k: out.transfer_sd_pct * v * v / (sd * sd)
-                                 for k, v in axes.items() if v > 0.0} if sd > 0 else {}
+        axes["model"] = self._model_sd(self.anchor_model)
+        out = self._with_transfer(out, axes)
         far = [far_reasons(a, gamma, sparsity, context, workload, temperature)
                for a in shift.anchors]
         if all(far):
