@@ -100,13 +100,14 @@ def count(cell: pd.DataFrame, gamma: int) -> tuple[float, float, tuple[int, int]
     return mean, 100.0 * se / mean, (int(c.context.min()), int(c.context.max())), len(acc)
 
 
-def anchor_set(target: pd.DataFrame, name: str, workload: str) -> tuple[AnchorSet, int]:
+def anchor_set(target: pd.DataFrame, name: str, workload: str,
+               temperature: float = ANCHOR_TEMPERATURE) -> tuple[AnchorSet, int]:
     """One anchor per method at the anchor workload's shortest bucket, at the traced sparsity
     nearest ANCHOR_SPARSITY; (the set, the bucket)."""
     traced = np.array(sorted(target.sparsity.unique()))
     s_anchor = float(traced[np.argmin(np.abs(np.log(traced / ANCHOR_SPARSITY)))])
     sl = target[(target.workload == workload)
-                & np.isclose(target.temperature, ANCHOR_TEMPERATURE)
+                & np.isclose(target.temperature, temperature)
                 & np.isclose(target.sparsity, s_anchor)]
     bucket = int(sl.bucket.min())
     anchors = []
@@ -116,7 +117,7 @@ def anchor_set(target: pd.DataFrame, name: str, workload: str) -> tuple[AnchorSe
             continue
         mean, _, ctx, n = got
         anchors.append(Anchor(m, ANCHOR_GAMMA, s_anchor, ctx, workload,
-                              ANCHOR_TEMPERATURE, mean, num_drafts=n, source=name))
+                              temperature, mean, num_drafts=n, source=name))
     return AnchorSet(model=name, source=f"{name} anchors", anchors=tuple(anchors),
                      path=f"{name}-anchors"), bucket
 

@@ -44,10 +44,9 @@ def level_differences() -> pd.DataFrame:
     mine, other = cmt.with_buckets(shape_rows), cmt.with_buckets(load_trace_set(OTHER).acceptance)
     rows = []
     for temperature in TEMPERATURES:
-        cmt.ANCHOR_TEMPERATURE = temperature
         for workload in sorted(set(mine.workload) & set(other.workload)):
-            own, _ = cmt.anchor_set(mine, SHAPE, workload)
-            theirs, _ = cmt.anchor_set(other, OTHER, workload)
+            own, _ = cmt.anchor_set(mine, SHAPE, workload, temperature)
+            theirs, _ = cmt.anchor_set(other, OTHER, workload, temperature)
             fit_own = AnchoredAcceptance(shape, SHAPE, [own]).shifts
             fit_theirs = AnchoredAcceptance(shape, SHAPE, [theirs]).shifts
             for a in theirs.anchors:
