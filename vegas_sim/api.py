@@ -187,12 +187,14 @@ def anchor_acceptance(
     """The acceptance model of `shape_set` at the level of `acceptance_anchors` (files or
     packaged names; `sim.anchored`), and notes saying what was used.
 
-    No anchors given: the packaged anchor sets of `model_name` when the shape set was
-    measured on another model (its acceptance is then a proxy), else none. ["none"]: none.
+    No anchors given: the packaged anchor sets of `model_name` (else of its family,
+    `_default_anchor_sets`) when the shape set was measured on another model (its acceptance
+    is then a proxy), else none. ["none"]: none.
     """
     given = [str(a) for a in acceptance_anchors]
     notes: list[str] = []
     sets: list[AnchorSet] = []
+    proxy = shape_set.model_name.lower() != model_name.lower()
     if NO_ANCHORS in given:
         if len(given) > 1:
             raise UserInputError("--acceptance-anchor none cannot be combined with anchor files",
@@ -200,15 +202,13 @@ def anchor_acceptance(
                                  fix="pass either 'none' or the anchor files")
     elif given:
         sets = [load_anchors(a) for a in given]
-    elif shape_set.model_name.lower() != model_name.lower():
+    elif proxy:
         sets = _default_anchor_sets(model_name)
         if sets:
             notes.append(f"{model_name}: acceptance anchors {', '.join(s.name() for s in sets)} "
                          f"(packaged) set the acceptance level by default, on the shape of "
                          f"{shape_set.name}; --acceptance-anchor none uses {shape_set.name}'s "
                          "own level")
-    else:
-        sets = []
     others = sorted({s.model for s in sets
                      if s.model is not None and s.model.lower() != model_name.lower()})
     for s in sets:
@@ -216,7 +216,6 @@ def anchor_acceptance(
             notes.append(f"acceptance anchors {s.name()} were measured on {s.model}, used for "
                          f"{model_name}: another model's level, its spread in the interval "
                          "('anchors: model')")
-    proxy = shape_set.model_name.lower() != model_name.lower()
     model = _anchored(shape, shape_set, sets, others[0] if others else None,
                       shape_set.model_name if proxy else None)
     return model, [*notes, *model.notes()]
