@@ -17,6 +17,7 @@ from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
     ContextTrend,
     covering_trend,
+    toward_evidence,
     fit_trend,
     parse_trend_note,
     pool_trends,
@@ -311,11 +312,27 @@ def test_beyond_its_reach_a_short_trend_follows_the_evidence_that_covers_it() ->
     pooled = random_effects([(0.4, 0.05), (0.2, 0.05)], correlated=False)
     assert t.covering.slope == pytest.approx(pooled.mean)
     assert t.covering.sd == pytest.approx(math.hypot(pooled.se, math.sqrt(pooled.tau2)))
-    assert t.shift(2.0) == pytest.approx(-2.0)  # inside the reach: own
-    assert t.shift(3.8) == pytest.approx(-3.5 + 0.3 * pooled.mean)
+    # its own slope, precise and far from the evidence's, keeps nearly all of itself
+    assert -1.0 < t.slope < -0.9
+    assert t.shift(2.0) == pytest.approx(2.0 * t.slope)  # inside the reach: own
+    assert t.shift(3.8) == pytest.approx(3.5 * t.slope + 0.3 * pooled.mean)
     assert t.shift(9.0) == t.shift(4.0)  # past the evidence: held
     sds = [t.shift_sd(d) for d in (1.0, 3.5, 4.0, 9.0)]
     assert all(b > a for a, b in zip(sds, sds[1:]))
     assert "then covering" in t.source(3.8) and t.source(2.0) == "own"
     # nothing traced past the reach: unchanged (held past the reach)
     assert covering_trend(short, far[2:], ["chat"]) == short
+
+
+def test_a_slope_measured_over_a_short_span_moves_to_the_evidence_that_covers_it() -> None:
+    """The own slope is pooled with the covering evidence (`toward_evidence`): one whose
+    standard error is large against the evidence's spread moves most of the way to it, one
+    the evidence cannot explain keeps its own; the sd shrinks with what was borrowed."""
+    far = [_line(1024.0, 8192.0, 0.4, 0.05), _line(1024.0, 8192.0, 0.45, 0.05)]
+    noisy = covering_trend(_line(128.0, 160.0, 1.5, 1.0), far, ["longdoc", "recall"])
+    assert 0.4 < noisy.slope < 0.6 and noisy.slope_se < 1.0
+    assert "toward the covering evidence" in noisy.reason
+    precise = covering_trend(_line(128.0, 512.0, -1.4, 0.05), far, ["longdoc", "recall"])
+    assert -1.4 <= precise.slope < -1.3
+    assert toward_evidence(_line(128.0, 512.0, -1.4, 0.05), []) == _line(128.0, 512.0, -1.4,
+                                                                          0.05)

@@ -44,6 +44,12 @@ move it):
   √(B se² + (1 − B)² sd_prior²). A group alone over its buckets reduces to its own slope
   shrunk toward flat. No constant is tuned: τ² and every weight come from the standard errors.
 
+Beyond the own reach (`covering_trend`) the groups of other workloads traced past it take
+over; where they exist the own slope is first pooled with theirs (`toward_evidence`: the same
+normal empirical Bayes, τ² over own and evidence together), so a slope measured over a short
+span (chat traced at 49..61 tokens: ±0.4) moves to the evidence while one the evidence cannot
+explain (short code's −1.4 ± 0.1 against the long prompts' +0.4) keeps its own.
+
 A group with one traced bucket, or no sparsity traced at all its buckets, has a flat trend.
 
 Uncertainty (`ContextTrend.shift_sd`): sd of δ at d doublings beyond the edge,
@@ -306,19 +312,42 @@ def covering_trend(trend: ContextTrend, evidence: Sequence[ContextTrend],
     `evidence` (trends of independent prompts: other workloads, another set; `labels` name
     them), those whose last traced bucket lies past the contexts `trend` reaches, their slopes
     pooled as independent estimates, sd √(se² + τ²), followed up to the farthest of their last
-    traced buckets (held beyond: their own extrapolation is no evidence). `trend` unchanged
-    where none covers (it is then held past its reach)."""
+    traced buckets (held beyond: their own extrapolation is no evidence); its own slope first
+    pooled with theirs (`toward_evidence`). `trend` unchanged where none covers (it is then
+    held past its reach)."""
     reach_ctx = (trend.edge + trend.generated) * 2.0 ** trend.reach - trend.generated
     cover = [(t, lab) for t, lab in zip(evidence, labels)
              if len(t.buckets) > 1 and max(t.buckets) > reach_ctx]  # traced there, not reached
     if not cover:
         return trend
     pooled = random_effects([(t.slope, t.slope_se) for t, _ in cover], correlated=False)
+    trend = toward_evidence(trend, [(t.slope, t.slope_se) for t, _ in cover])
     end = max(math.log2((max(t.buckets) + t.generated) / (trend.edge + trend.generated))
               for t, _ in cover)  # the evidence's own last bucket: past it nothing covers
     names = ", ".join(f"{lab} {min(t.buckets):.0f}..{max(t.buckets):.0f}" for t, lab in cover)
     sd = math.hypot(pooled.se, math.sqrt(pooled.tau2))
     return replace(trend, covering=CoveringTrend(pooled.mean, sd, trend.reach, end, names))
+
+
+def toward_evidence(trend: ContextTrend, evidence: Sequence[tuple[float, float]]
+                    ) -> ContextTrend:
+    """`trend`'s own slope partially pooled with the covering evidence's slopes (normal
+    empirical Bayes over own + evidence: τ² by DerSimonian-Laird with the own estimate among
+    them, `posterior` toward their random-effects mean). A slope measured over a short or noisy
+    span (large se) moves to the evidence; one that differs from it by more than its se allows
+    (a large τ²) keeps its own. Unchanged without an own estimate."""
+    if trend.estimate is None or trend.slope_se <= 0.0 or not evidence:
+        return trend
+    own = (trend.slope, trend.slope_se)
+    everyone = random_effects([own, *evidence], correlated=False)
+    slope, sd = posterior(*own, everyone.tau2, everyone.mean, everyone.se)
+    if abs(slope - trend.slope) < 1e-12:
+        return trend
+    ref = [np.asarray(r) for r in trend.edge_rates]
+    pct = 100.0 * (mean_length(ref, slope) / mean_length(ref) - 1.0) if ref else 0.0
+    reason = (f"{trend.reason + '; ' if trend.reason else ''}toward the covering evidence: "
+              f"{trend.slope:+.2f} ± {trend.slope_se:.2f} -> {slope:+.2f} ± {sd:.2f}")
+    return replace(trend, slope=slope, slope_se=sd, pct_per_doubling=pct, reason=reason)
 
 
 def flat_trend(edge: float, reason: str) -> ContextTrend:
