@@ -1,6 +1,7 @@
 """Acceptance hold-outs per workload on real traces, scored on mean acceptance length.
 
-CPU, about a minute. Data: the packaged real-weights set `smollm2-135m-real`. For each workload W
+CPU, about a minute. Data: the packaged real-weights set `smollm2-135m-real` (`--set` another,
+e.g. `gemma3-270m-real`). For each workload W
 in turn the fit is the whole set less W's runs whose prompt lies above a cut, each run kept
 whole (a run belongs to its prompt), and the held-out runs are predicted with
 `AcceptanceModel.lookup` at their bucket's context (W's own buckets: exact prompt lengths when it
@@ -165,11 +166,12 @@ def summary(points: pd.DataFrame) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--design", choices=("third", "workload"), default="third")
+    ap.add_argument("--set", default=SET, help=f"the real-weights trace set (default {SET})")
     ap.add_argument("--out", type=Path, default=None,
                     help="CSV (default benchmarks/results/acceptance_holdout_<design>.csv)")
     args = ap.parse_args()
     out = args.out or RESULTS / f"acceptance_holdout_{args.design}.csv"
-    ts = load_trace_set(SET)
+    ts = load_trace_set(args.set)
     floor = int(ts.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
     df, runs = run_table(ts.acceptance)
     rows: list[dict[str, object]] = []
@@ -183,6 +185,8 @@ def main() -> None:
     print(points[cols].round(3).to_string(index=False))
     print("\n".join(summary(points)))
     command = f"PYTHONPATH=. python benchmarks/acceptance_holdout.py --design {args.design}"
+    if args.set != SET:
+        command += f" --set {args.set}"
     out.parent.mkdir(parents=True, exist_ok=True)
     points.assign(command=command).to_csv(out, index=False)
     print(f"wrote {out}")
