@@ -496,12 +496,32 @@ class AcceptanceModel:
 
     def _trend_note(self, keys: list[CellKey], context: int, bucket: float,
                     weights: list[float], shifts: list[TrendShift | None], gamma: int) -> str:
-        """What a lookup outside the traced contexts did (`context_trend.trend_note`)."""
+        """What a lookup outside the traced contexts did (`context_trend.trend_note`), and
+        the workload's long twin where one was traced at the asked context."""
         lo, hi = self._traced_range(keys)
         if context <= hi:  # inside the iterations' contexts, past the longest traced prompt
             return trend_note(context, (lo, int(bucket)), bucket, weights, shifts, gamma,
-                              "traced prompts")
-        return trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
+                              "traced prompts") + self._long_twin(keys, context)
+        return trend_note(context, (lo, hi), bucket, weights, shifts, gamma) + \
+            self._long_twin(keys, context)
+
+    def _long_twin(self, keys: list[CellKey], context: int) -> str:
+        """', W-long ... traced at lo..hi: --workload W-long' when the lookup's one workload W
+        has a twin of long prompts of its kind (code-long for HumanEval's code, chat-long for
+        MT-Bench's chat) traced from below `context`: the trend stands in for what the twin
+        measured."""
+        workloads = {k.workload for k in keys}
+        if len(workloads) != 1:
+            return ""
+        twin = f"{next(iter(workloads))}-long"
+        twin_keys = [k for k in self._cells if k.workload == twin]
+        if not twin_keys:
+            return ""
+        lo, hi = self._traced_range(twin_keys)
+        if context < lo:
+            return ""
+        return (f", while {twin}, long prompts of the same kind, was traced at {lo}..{hi}: "
+                f"--workload {twin} predicts this context from them")
 
     def context_trend(self, group: GroupKey, edge: float) -> ContextTrend:
         """The context trend of one (method, temperature, workload, traced γ) beyond its
