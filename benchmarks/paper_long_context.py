@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -104,6 +103,11 @@ def best_gammas(latency: object, acceptance: object, context: int, workload: str
     return {str(r["method"]): int(r["gamma"]) for _, r in best.iterrows()}
 
 
+def pi_ratio(a: pd.Series, b: pd.Series) -> tuple[float, float]:
+    """The interval of a's throughput over b's that the two rows' 95 % PIs allow."""
+    return a["pi_low"] / b["pi_high"], a["pi_high"] / b["pi_low"]
+
+
 def extrapolating(row: pd.Series) -> str:
     """What predict's table prints in its extrap. column ('no' where it prints nothing)."""
     return _extrapolated(row) or "no"
@@ -131,7 +135,7 @@ def section_53(latency: object, acceptance: object, context: int, setting: Setti
         best = spec.loc[list(BASELINES), "throughput_tok_s"].idxmax()
         v, b = spec.loc["vegas"], spec.loc[best]
         ratio = v["throughput_tok_s"] / b["throughput_tok_s"]
-        lo, hi = v["pi_low"] / b["pi_high"], v["pi_high"] / b["pi_low"]
+        lo, hi = pi_ratio(v, b)
         inside = lo <= PAPER_VEGAS_OVER_BEST[1] and hi >= PAPER_VEGAS_OVER_BEST[0]
         ranking = " > ".join(spec.sort_values("throughput_tok_s", ascending=False).index)
         print(f"Vegas / best baseline ({best}): {ratio:.2f} (from the PIs {lo:.2f}-{hi:.2f}); "
@@ -159,8 +163,8 @@ def figure_3(latency: object, acceptance: object, context: int) -> None:
     print(f"{'':24} {'Stream':>8} {'Quest':>8} {'Q/S':>6} {'paper':>6}")
     for name, (a, b) in rows.items():
         print(f"{name:24} {a:8.2f} {b:8.2f} {b / a:6.2f} {PAPER_FIG3[name]:6.2f}")
-    print(f"Quest / Stream throughput from the PIs: {q['pi_low'] / s['pi_high']:.2f}-"
-          f"{q['pi_high'] / s['pi_low']:.2f}")
+    lo, hi = pi_ratio(q, s)
+    print(f"Quest / Stream throughput from the PIs: {lo:.2f}-{hi:.2f}")
 
 
 def section_22(latency: object) -> None:

@@ -500,10 +500,11 @@ class AcceptanceModel:
         the workload's long twin where one was traced at the asked context."""
         lo, hi = self._traced_range(keys)
         if context <= hi:  # inside the iterations' contexts, past the longest traced prompt
-            return trend_note(context, (lo, int(bucket)), bucket, weights, shifts, gamma,
-                              "traced prompts") + self._long_twin(keys, context)
-        return trend_note(context, (lo, hi), bucket, weights, shifts, gamma) + \
-            self._long_twin(keys, context)
+            note = trend_note(context, (lo, int(bucket)), bucket, weights, shifts, gamma,
+                              "traced prompts")
+        else:
+            note = trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
+        return note + self._long_twin(keys, context)
 
     def _long_twin(self, keys: list[CellKey], context: int) -> str:
         """', W-long ... traced at lo..hi: --workload W-long' when the lookup's one workload W

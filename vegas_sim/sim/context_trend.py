@@ -320,8 +320,9 @@ def covering_trend(trend: ContextTrend, evidence: Sequence[ContextTrend],
              if len(t.buckets) > 1 and max(t.buckets) > reach_ctx]  # traced there, not reached
     if not cover:
         return trend
-    pooled = random_effects([(t.slope, t.slope_se) for t, _ in cover], correlated=False)
-    trend = toward_evidence(trend, [(t.slope, t.slope_se) for t, _ in cover])
+    slopes = [(t.slope, t.slope_se) for t, _ in cover]
+    pooled = random_effects(slopes, correlated=False)
+    trend = toward_evidence(trend, slopes)
     end = max(math.log2((max(t.buckets) + t.generated) / (trend.edge + trend.generated))
               for t, _ in cover)  # the evidence's own last bucket: past it nothing covers
     names = ", ".join(f"{lab} {min(t.buckets):.0f}..{max(t.buckets):.0f}" for t, lab in cover)
@@ -343,11 +344,9 @@ def toward_evidence(trend: ContextTrend, evidence: Sequence[tuple[float, float]]
     slope, sd = posterior(*own, everyone.tau2, everyone.mean, everyone.se)
     if abs(slope - trend.slope) < 1e-12:
         return trend
-    ref = [np.asarray(r) for r in trend.edge_rates]
-    pct = 100.0 * (mean_length(ref, slope) / mean_length(ref) - 1.0) if ref else 0.0
-    reason = (f"{trend.reason + '; ' if trend.reason else ''}toward the covering evidence: "
-              f"{trend.slope:+.2f} ± {trend.slope_se:.2f} -> {slope:+.2f} ± {sd:.2f}")
-    return replace(trend, slope=slope, slope_se=sd, pct_per_doubling=pct, reason=reason)
+    return _with_pooled_slope(trend, slope, sd, (
+        f"{trend.reason + '; ' if trend.reason else ''}toward the covering evidence: "
+        f"{trend.slope:+.2f} ± {trend.slope_se:.2f} -> {slope:+.2f} ± {sd:.2f}"))
 
 
 def flat_trend(edge: float, reason: str) -> ContextTrend:
@@ -494,10 +493,16 @@ def _with_slope(t: ContextTrend, slope: float, sd: float, in_cell: int, cells: i
                 groups: int) -> ContextTrend:
     if groups == 1:  # nothing to pool with: the group's own slope shrunk toward flat
         return t
+    return _with_pooled_slope(t, slope, sd, (
+        f"pooled: own {t.estimate:+.2f} ± {t.slope_se:.2f} -> {slope:+.2f} ± {sd:.2f} "
+        f"(its cell's {in_cell} trends, {cells} cells over this span)"))
+
+
+def _with_pooled_slope(t: ContextTrend, slope: float, sd: float, reason: str) -> ContextTrend:
+    """`t` at a pooled slope: its % change per doubling made again from the edge bucket's
+    rates (0 for a trend built without them)."""
     ref = [np.asarray(r) for r in t.edge_rates]
-    pct = 100.0 * (mean_length(ref, slope) / mean_length(ref) - 1.0)
-    reason = (f"pooled: own {t.estimate:+.2f} ± {t.slope_se:.2f} -> {slope:+.2f} ± {sd:.2f} "
-              f"(its cell's {in_cell} trends, {cells} cells over this span)")
+    pct = 100.0 * (mean_length(ref, slope) / mean_length(ref) - 1.0) if ref else 0.0
     return replace(t, slope=slope, slope_se=sd, pct_per_doubling=pct, reason=reason)
 
 
