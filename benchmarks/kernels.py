@@ -966,7 +966,8 @@ def quest_rows(out: list[dict[str, Any]], shape: dict[str, Any], stream: float, 
                    note=f"{QUEST_RATIO} = {ratio:.2f}", **shape))
 
 
-# quest_select's launch settings beside the defaults: (label, kernels.quest.quest_select knobs)
+# quest_select's launch settings beside the defaults, for a quest.py with one scoring
+# kernel and the search pick only (the kernels before the radix pick): its block and warps
 QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("score p16 w4", {"score_block_p": 16}), ("score p32 w4", {"score_block_p": 32}),
     ("score p64 w4", {"score_block_p": 64}), ("score p32 w8", {"score_block_p": 32,
@@ -974,19 +975,18 @@ QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("score p64 w8", {"score_block_p": 64, "score_warps": 8}),
     ("score p128 w8", {"score_block_p": 128, "score_warps": 8}),
 ]
-# the same for a quest.py with a choice of pick (PICKS): the radix pick's chunk, the search's
-# warps
+# the same for a quest.py with a choice of pick (PICKS) and of scoring kernel (score_wide):
+# the scoring kernel looped over the KV heads (the default of runtime revision 6 first), the
+# wide one's block and warps, the radix pick's chunk, the search's warps
 QUEST_PICK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("score looped (revision 6)", {"score_wide": False}),
+    ("score looped p64 w4", {"score_wide": False, "score_block_p": 64}),
+    ("score looped p32 w8", {"score_wide": False, "score_block_p": 32, "score_warps": 8}),
+    ("score looped p128 w8", {"score_wide": False, "score_block_p": 128, "score_warps": 8}),
+    ("score wide p4 w4", {"score_block_p": 4}), ("score wide p16 w4", {"score_block_p": 16}),
+    ("score wide p8 w8", {"score_block_p": 8, "score_warps": 8}),
     ("radix chunk 128", {"radix_chunk": 128}), ("radix chunk 512", {"radix_chunk": 512}),
-    ("radix chunk 1024", {"radix_chunk": 1024}),
     ("search pick w16", {"pick": "search", "pick_warps": 16}),
-    # the wide scoring kernel (every KV head of a page block in one load)
-    ("score wide p4 w4", {"score_wide": True, "score_block_p": 4}),
-    ("score wide p8 w4", {"score_wide": True, "score_block_p": 8}),
-    ("score wide p8 w8", {"score_wide": True, "score_block_p": 8, "score_warps": 8}),
-    ("score wide p16 w8", {"score_wide": True, "score_block_p": 16, "score_warps": 8}),
-    ("score wide p8 w8, search pick", {"score_wide": True, "score_block_p": 8,
-                                       "score_warps": 8, "pick": "search"}),
 ]
 QUEST_OLD_VARIANTS: list[tuple[str, dict[str, Any]]] = [  # a quest.py with the search only
     ("pick w4", {"pick_warps": 4}), ("pick w16", {"pick_warps": 16}),
@@ -1019,7 +1019,7 @@ def quest_variants(out: list[dict[str, Any]], B: int, C: int, qs: list[torch.Ten
                    ("radix pick alone (+ zeroing its levels)", bench(rotating([
                        partial(radix_pick_alone, quest, sc, h, ctx, n_pages, max_pages)
                        for sc, h in zip(scores, hists)])))]
-    for label, kw in QUEST_VARIANTS + (QUEST_PICK_VARIANTS if has_picks else QUEST_OLD_VARIANTS):
+    for label, kw in (QUEST_PICK_VARIANTS if has_picks else QUEST_VARIANTS + QUEST_OLD_VARIANTS):
         try:
             timed.append((label, bench(rotating([
                 partial(quest.quest_select, q, kmin, kmax, ctx, n_pages, max_pages, **kw)

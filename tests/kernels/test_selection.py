@@ -122,9 +122,10 @@ def quest_inputs(device: str, B: int, S: int, seed: int, Hq: int = 8, Hkv: int =
 def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
                      ctx: torch.Tensor, n_pages: torch.Tensor, max_pages: int | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ops.quest_select (Triton, the default radix pick), the one-program search pick and the
-    wide scoring kernel return the reference's index list exactly: the same pages, in
-    ascending order, the same partial page, -1 past n_idx."""
+    """ops.quest_select (Triton: the default radix pick on the wide scoring kernel), the
+    one-program search pick and the scoring kernel looped over the KV heads return the
+    reference's index list exactly: the same pages, in ascending order, the same partial
+    page, -1 past n_idx."""
     from vegas_sim.kernels import quest
 
     dev = q.device
@@ -133,7 +134,7 @@ def check_quest_same(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor,
                        quest.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev),
                                           max_pages, pick="search"),
                        quest.quest_select(q, kmin, kmax, ctx.to(dev), n_pages.to(dev),
-                                          max_pages, score_wide=True)]:
+                                          max_pages, score_wide=False)]:
         assert torch.equal(n_got.cpu(), n_ref.cpu())
         assert torch.equal(got.cpu(), ref.cpu())
     return ref.cpu(), n_ref.cpu()
@@ -349,11 +350,11 @@ def test_quest_select_gpu_real_shape_and_graph_replay() -> None:
 
     eager = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)
     check(*eager)
-    # the search pick on the same scoring kernel: the same list exactly; the wide scoring
-    # kernel: the reference's, to fp32 rounding
+    # the search pick on the same scoring kernel: the same list exactly; the scoring kernel
+    # looped over the KV heads: the reference's, to fp32 rounding
     search = quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, pick="search")
     assert torch.equal(search[0], eager[0]) and torch.equal(search[1], eager[1])
-    check(*quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, score_wide=True))
+    check(*quest.quest_select(q, kmin, kmax, ctx, n_pages, max_pages, score_wide=False))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, n_out = ops.quest_select(q, kmin, kmax, ctx, n_pages, max_pages)

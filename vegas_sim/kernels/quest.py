@@ -1,9 +1,11 @@
 """Quest on the GPU: page metadata update and page selection.
 
 - `quest_update_meta`: one program per (request, KV head) recomputes the touched pages.
-- `quest_select` scores the pages, then picks them. `_quest_score_kernel` reads each full
-  page's min/max once, spread over (request, page block) programs, and writes one fp32 score
-  per page; it is bound by the metadata bytes. The pick finds the take-th largest score on
+- `quest_select` scores the pages, then picks them. `_quest_score_wide_kernel` (the default)
+  reads each full page's min/max once, every KV head of a block of pages in one load, spread
+  over (request, page block) programs, and writes one fp32 score per page; it is bound by the
+  metadata bytes. `_quest_score_kernel` (looped over the KV heads, kept for comparison) has
+  fewer bytes in flight per program. The pick finds the take-th largest score on
   its order-preserving 32-bit integer key, exactly, then writes the chosen pages' token
   positions in ascending page order, the partial page after them and -1 past n_idx. Ties at
   the take-th score go to the smaller page index, as `reference.quest_select` does. Two picks:
@@ -48,9 +50,13 @@ SCORE_WARPS = 4
 # thread at 8 warps); longer rows are searched chunk by chunk from the L2.
 PICK_WHOLE_MAX = 16384
 PICK_CHUNK = 1024  # pages per step of the chunked search and of the index write-out
-SCORE_PROGRAMS_PER_SM = 4  # target programs per SM of the scoring launch
-SCORE_WIDE = False  # quest_select's scoring kernel: the wide one (all KV heads in one tile)?
-WIDE_BLOCK_P = 8  # pages per program of the wide scoring kernel
+SCORE_PROGRAMS_PER_SM = 4  # target programs per SM of the looped scoring launch
+# quest_select's scoring kernel: the wide one (every KV head of a page block in one tile),
+# faster than the looped one at every shape timed (docs/KERNELS.md, Quest selection).
+SCORE_WIDE = True
+# Metadata elements per tensor in one wide program's tile [pages, Hkv, D]: 8 pages at
+# Qwen3-8B's 8 x 128, the best page count timed there.
+WIDE_TILE = 8192
 # quest_select's picks, the default first: the radix levels, the one-program search
 PICKS = ("radix", "search")
 RADIX_CHUNK = 256  # pages per program of the radix pick's launches
@@ -381,8 +387,9 @@ def quest_select(
     CUDA graph). `pick` chooses how the pages are picked from the scores: "radix" (the
     scoring launch counts the first radix digit, then `quest_pick_radix`'s three launches of
     (request, chunk) programs) or "search" (`quest_pick`, one program per request). The other
-    keywords are launch settings (None / defaults: `score_block`, SCORE_WARPS, PICK_WARPS for
-    the search, RADIX_CHUNK pages a radix program); score_wide: `quest_scores(wide=True)`."""
+    keywords are launch settings (None / defaults: `wide_block` or `score_block`, SCORE_WARPS,
+    PICK_WARPS for the search, RADIX_CHUNK pages a radix program); score_wide: which scoring
+    kernel (`quest_scores`' wide)."""
     assert pick in PICKS, pick
     n_max = reference.quest_page_bound(n_pages, max_pages)
     ctx = context.to(device=q.device, dtype=torch.int32).contiguous()
@@ -404,11 +411,12 @@ def radix_histograms(batch: int, device: torch.device) -> Tensor:
 
 def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
                  block_p: int | None = None, num_warps: int = SCORE_WARPS,
-                 hist: Tensor | None = None, wide: bool = False) -> Tensor:
+                 hist: Tensor | None = None, wide: bool = SCORE_WIDE) -> Tensor:
     """[B, P] fp32 page scores of the full pages of [0, context), -inf past them; with `hist`
-    (`radix_histograms`), their first radix digits are counted into hist[:, 0]. `wide`: the
-    kernel that loads every KV head of its pages at once (`_quest_score_wide_kernel`;
-    block_p then defaults to WIDE_BLOCK_P)."""
+    (`radix_histograms`), their first radix digits are counted into hist[:, 0]. `wide` (the
+    default, SCORE_WIDE): the kernel that loads every KV head of its pages at once
+    (`_quest_score_wide_kernel`; block_p then defaults to `wide_block`), else the one looped
+    over the KV heads (block_p: `score_block`)."""
     B, Hq, D = q.shape
     P, Hkv = kmin.shape[1], kmin.shape[2]
     assert kmin.is_contiguous() and kmax.is_contiguous()
@@ -419,7 +427,7 @@ def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
     G = Hq // Hkv
     counts = scores if hist is None else hist
     if wide:
-        block_p = WIDE_BLOCK_P if block_p is None else block_p
+        block_p = wide_block(Hkv, D) if block_p is None else block_p
         _quest_score_wide_kernel[(B, triton.cdiv(P, block_p))](
             q.contiguous(), kmin, kmax, ctx, scores, counts, Hq, P, HKV=Hkv,
             BLOCK_H=next_pow2(Hkv), G=G, BLOCK_G=next_pow2(G), D=D,
@@ -493,6 +501,13 @@ def _index_buffers(batch: int, n_max: int, device: torch.device) -> tuple[Tensor
     K = QUEST_PAGE * (n_max + 1) if batch else 0
     return (torch.empty(batch, K, dtype=torch.int32, device=device),
             torch.empty(batch, dtype=torch.int32, device=device))
+
+
+def wide_block(n_kv_heads: int, head_dim: int) -> int:
+    """Pages per wide scoring program: WIDE_TILE metadata elements a tile, 1 to 64 pages (a
+    power of two)."""
+    per_page = next_pow2(n_kv_heads) * max(16, next_pow2(head_dim))
+    return min(64, max(1, next_pow2(max(1, WIDE_TILE // per_page))))
 
 
 def score_block(batch: int, pages: int, n_sms: int) -> int:

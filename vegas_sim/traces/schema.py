@@ -109,14 +109,17 @@ WEIGHT_KINDS = ("real", "random")
 # benchmarks/sampling.py); "5": MagicDec-Quest's page selection in two Triton launches
 # (kernels/quest.py) instead of page scoring then torch.topk, a faster quest_meta phase; "6":
 # Quest's pick as a radix select over (request, chunk) programs instead of one program per
-# request (kernels/quest.py), faster again at long contexts.
-RUNTIME_REVISION = "6"
+# request (kernels/quest.py), faster again at long contexts; "7": Quest's page scoring loads
+# every KV head of a block of pages at once (kernels/quest.py, the wide kernel), faster at
+# every context.
+RUNTIME_REVISION = "7"
 # Revisions that changed only some methods' phases: method -> the phases that changed. A set
 # of an older revision keeps the other methods' rows current; a revision not listed here
 # changed every method.
 CHANGED_PHASES: dict[str, dict[str, tuple[str, ...]]] = {
     "5": {"magicdec-quest": ("quest_meta",)},
     "6": {"magicdec-quest": ("quest_meta",)},
+    "7": {"magicdec-quest": ("quest_meta",)},
 }
 
 # meta.json: optional keys that the writer / generator add.
