@@ -507,7 +507,7 @@ def wide_block(n_kv_heads: int, head_dim: int) -> int:
     """Pages per wide scoring program: WIDE_TILE metadata elements a tile, 1 to 64 pages (a
     power of two)."""
     per_page = next_pow2(n_kv_heads) * max(16, next_pow2(head_dim))
-    return min(64, max(1, next_pow2(max(1, WIDE_TILE // per_page))))
+    return min(64, next_pow2(max(1, WIDE_TILE // per_page)))
 
 
 def score_block(batch: int, pages: int, n_sms: int) -> int:
