@@ -33,6 +33,7 @@ from vegas_sim.methods import METHODS
     ("1M", [1024 * 1024]),
     (" 1 , 2 ", [1, 2]),
     ("256,1K..4K:x2", [256, 1024, 2048, 4096]),
+    ("1.5K,0.5k,.25M", [512, 1536, 262144]),
 ])
 def test_int_grid_values(text: str, expected: list[int]) -> None:
     assert parse_int_grid(text, "batch") == expected
@@ -45,6 +46,7 @@ def test_int_grid_values(text: str, expected: list[int]) -> None:
     ("5..2", "below its start"),
     ("2..12:0", "step 0"),
     ("1.5", "not an integer"),
+    ("5.6K", "5734.4, not a whole number"),
     ("1..8:x1", "geometric"),
     ("0..8:x2", "geometric"),
     ("4:2", "needs a range"),

@@ -13,7 +13,8 @@ syntax                 meaning                                      example → 
 =====================  ===========================================  ==========================
 
 Integers take the suffixes ``K`` (×1024) and ``M`` (×1024²), case-insensitive, so
-``1K,32K,128K`` is 1024, 32768, 131072.
+``1K,32K,128K`` is 1024, 32768, 131072; a suffixed decimal is taken when it is whole
+(``1.5K`` is 1536; ``5.6K``, 5734.4, is an error that names the whole values beside it).
 
 Floats (sparsity) are plain decimals or percentages (``7%`` = 0.07). A float range needs an
 explicit step — ``0.01..0.2:0.01`` — because "every float between" has no natural step;
@@ -41,6 +42,7 @@ from vegas_sim.errors import UserInputError
 _T = TypeVar("_T")
 _INT_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
 _INT_RE = re.compile(r"^([+-]?\d+)([kKmM]?)$")
+_SUFFIXED_DECIMAL_RE = re.compile(r"^([+-]?\d*\.\d+)([kKmM])$")
 _MAX_ITEMS = 100_000  # a typo such as 1..1M:1 must not build a million-point grid silently
 _FLOAT_DECIMALS = 10
 
@@ -76,10 +78,17 @@ def _items(text: str, option: str) -> list[str]:
 # ---- integers -------------------------------------------------------------------------------
 def _parse_int(token: str, option: str, text: str, item: str) -> int:
     m = _INT_RE.match(token.strip())
-    if m is None:
+    if m is not None:
+        return int(m.group(1)) * _INT_SUFFIX[m.group(2).lower()]
+    d = _SUFFIXED_DECIMAL_RE.match(token.strip())
+    if d is None:
         raise _bad(option, text, item, f"{token!r} is not an integer",
                    f"use integers with optional K/M suffix ({INT_GRID_HELP})")
-    return int(m.group(1)) * _INT_SUFFIX[m.group(2).lower()]
+    value = float(d.group(1)) * _INT_SUFFIX[d.group(2).lower()]
+    if value != round(value):
+        raise _bad(option, text, item, f"{token!r} is {value:g}, not a whole number",
+                   f"use {math.floor(value)} or {math.ceil(value)}")
+    return int(round(value))
 
 
 def _int_range(item: str, option: str, text: str) -> list[int]:
