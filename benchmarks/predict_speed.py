@@ -13,18 +13,20 @@ compare numbers measured in one run, not across runs):
   importing numpy, pandas and the rest, loading the models (trace sets checked, fits read
   from the cache), simulating and printing;
 - the engine's simulated iterations/s (Vegas γ 7 and vanilla, batch 128, the packaged
-  qwen3-8b models), per wall and per CPU second;
+  qwen3-8b models), per wall and per CPU second, each tree in a child process;
 - a 1,000-configuration analytic sweep of the packaged qwen3-8b models on all cores.
 
 Every run uses a fit cache of its own (a temporary VEGAS_SIM_CACHE_DIR), so the cold run is
 cold and another user's entries do not answer. With --before DIR the CLI runs of DIR (another
 checkout, e.g. a `git worktree` of an older commit) alternate with this checkout's, and the
-two printed tables are compared (the text is deterministic: seeded replications).
+two printed tables are compared (the text is deterministic: seeded replications), as are the
+two engines' runs; the engine lines print this / before.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import resource
@@ -159,30 +161,64 @@ def bench_parts(name: str, tree: Path, env: dict[str, str], runs: int = 3) -> No
           f"{sum(statistics.median(c) for c in cpus.values()):.3f}")
 
 
-def bench_engine() -> None:
+ENGINE = r"""
+import hashlib, json, sys, time
+import numpy as np
+from vegas_sim import api
+from vegas_sim.sim.engine import EngineConfig, Lengths, simulate
+latency, acceptance, _ = api.load_models("qwen3-8b")
+rows = {}
+for method, gamma in (("vegas", 7), ("vanilla", 1)):
+    cost = latency.iteration_cost(method, gamma, 0.07)
+    dist = acceptance.lookup(method, gamma, 0.07, 4096) if method != "vanilla" else None
+    cfg = EngineConfig(method, gamma, 128, 4 * 128, Lengths(4096, 8192))
+    simulate(cfg, cost, dist, seed=0)  # warm the per-batch caches
+    wall, cpu, digest = [], [], hashlib.sha256()
+    for seed in range(1, int(sys.argv[1]) + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(cfg, cost, dist, seed=seed)
+        wall.append(res.iterations / (time.perf_counter() - t0))
+        cpu.append(res.iterations / max(time.process_time() - c0, 1e-9))
+        for a in (res.iter_ms, res.iter_tokens, res.iter_kv_blocks, res.finish_ms):
+            digest.update(np.ascontiguousarray(a).tobytes())
+    rows[method] = {"iterations": res.iterations, "wall": wall, "cpu": cpu,
+                    "digest": digest.hexdigest()[:16]}
+print(json.dumps(rows))
+"""
+
+
+def bench_engine(trees: dict[str, Path], tmp: Path, rounds: int = 3) -> None:
     """Simulated iterations per second (wall and CPU) at batch 128, 512 requests of 4K + 8K
-    tokens: Vegas γ 7 (one cost call an iteration) and vanilla (priced in blocks)."""
-    import numpy as np
-
-    from vegas_sim import api
-    from vegas_sim.sim.engine import EngineConfig, Lengths, simulate
-
-    latency, acceptance, _ = api.load_models("qwen3-8b")
-    for method, gamma in (("vegas", 7), ("vanilla", 1)):
-        cost = latency.iteration_cost(method, gamma, 0.07)
-        dist = acceptance.lookup(method, gamma, 0.07, 4096) if method != "vanilla" else None
-        cfg = EngineConfig(method, gamma, 128, 4 * 128, Lengths(4096, 8192))
-        simulate(cfg, cost, dist, seed=0)  # warm the per-batch caches
-        rates, cpu_rates, at = [], [], load()
-        for seed in range(1, ENGINE_RUNS + 1):
-            t0, c0 = time.perf_counter(), time.process_time()
-            res = simulate(cfg, cost, dist, seed=seed)
-            rates.append(res.iterations / (time.perf_counter() - t0))
-            cpu_rates.append(res.iterations / max(time.process_time() - c0, 1e-9))
-        print(f"engine, {method} γ {gamma}, batch 128 (qwen3-8b-h200): {res.iterations} "
-              f"iterations a run, median of {ENGINE_RUNS} runs {float(np.median(rates)):,.0f} "
-              f"iterations/s wall (min {min(rates):,.0f}, max {max(rates):,.0f}), "
-              f"{float(np.median(cpu_rates)):,.0f} per CPU s ({at} → {load().split()[1]})")
+    tokens: Vegas γ 7 (its iterations a block at a time between membership changes) and
+    vanilla (priced in blocks). Each tree in a child process of its own, the trees alternating
+    round by round; with two trees, the ratio of their medians and whether their runs agree
+    bit for bit (a digest of the iteration times, tokens, KV blocks and finish times)."""
+    rates: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+    digests: dict[str, dict[str, str]] = {name: {} for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            at = load()
+            out = subprocess.run([sys.executable, "-c", ENGINE, str(ENGINE_RUNS)],
+                                 env=env_for(tree, tmp / name), cwd=tree, capture_output=True,
+                                 text=True, check=True).stdout
+            for method, row in json.loads(out).items():
+                rates[name].setdefault(f"{method} wall", []).extend(row["wall"])
+                rates[name].setdefault(f"{method} cpu", []).extend(row["cpu"])
+                rates[name].setdefault(f"{method} load", []).append(float(at.split()[1]))
+                digests[name][method] = row["digest"]
+    for method in ("vegas", "vanilla"):
+        for name in trees:
+            r = rates[name]
+            print(f"[{name}] engine, {method}, batch 128 (qwen3-8b-h200): median of "
+                  f"{len(r[method + ' wall'])} runs {statistics.median(r[method + ' wall']):,.0f} "
+                  f"iterations/s wall (min {min(r[method + ' wall']):,.0f}), "
+                  f"{statistics.median(r[method + ' cpu']):,.0f} per CPU s; loads "
+                  f"{', '.join(f'{x:.2f}' for x in r[method + ' load'])}")
+        if len(trees) == 2:
+            this, before = (rates[name][f"{method} wall"] for name in trees)
+            same = len({digests[name][method] for name in trees}) == 1
+            print(f"engine, {method}: this / before {statistics.median(this) / statistics.median(before):.2f}x "
+                  f"(median iterations/s wall); runs identical: {'yes' if same else 'NO'}")
 
 
 def bench_sweep(workers: int) -> None:
@@ -230,8 +266,8 @@ def main() -> None:
     sys.path.insert(0, str(HERE))  # this checkout's vegas_sim, not an installed one
     with tempfile.TemporaryDirectory() as tmp:
         bench_cli(trees, args.warm_runs, Path(tmp))
+        bench_engine(trees, Path(tmp))
         os.environ.update(env_for(HERE, Path(tmp) / "this"))  # the fits the CLI runs cached
-        bench_engine()
         bench_sweep(args.workers)
 
 

@@ -18,6 +18,7 @@ from vegas_sim.sim.acceptance import AcceptanceModel, smoother_matrix
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist
 from vegas_sim.sim.acceptance_dist import AcceptanceDist, extend_rates
 from vegas_sim.sim.acceptance_dist import match_rates as _match_rates
+from vegas_sim.sim.acceptance_dist import uniform16
 from vegas_sim.sim.context_trend import parse_trend_note, shift_rates
 from vegas_sim.traces.schema import ACCEPTANCE_SCHEMA
 
@@ -722,6 +723,20 @@ def test_match_rates_hits_the_target_and_keeps_a_matching_record() -> None:
     np.testing.assert_allclose(got, want, atol=0.006)
     same = _match_rates(np.random.default_rng(11), vals, base, base)
     assert same is vals  # nothing to change: the record replays unchanged, no draws
+
+
+@pytest.mark.parametrize("buffered", [0, 1, 2])
+def test_uniform16_is_generator_bytes_and_leaves_the_same_state(buffered: int) -> None:
+    """match_rates' uniforms from the raw outputs: the same values as `Generator.bytes`, and
+    the same generator afterwards, whatever 32-bit word a bounded draw left buffered."""
+    for count in (0, 1, 2, 3, 5, 8, 999, 4096, 4097):
+        a, b = np.random.default_rng(count), np.random.default_rng(count)
+        for g in (a, b):
+            g.integers(0, 1000, buffered)  # bounded 32-bit draws: an odd count buffers a word
+        want = np.frombuffer(a.bytes(2 * count), dtype=np.uint16)
+        np.testing.assert_array_equal(uniform16(b, count), want)
+        assert a.bit_generator.state == b.bit_generator.state
+        np.testing.assert_array_equal(a.integers(0, 1 << 20, 7), b.integers(0, 1 << 20, 7))
 
 
 def test_fitted_model_pickles(model: AcceptanceModel) -> None:

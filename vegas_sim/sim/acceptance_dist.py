@@ -160,7 +160,9 @@ class DrawSource:
         run = starts[rng.integers(0, len(starts), n_requests)]  # [R] flat start of each run
         length = cell.run_len[run]  # [R]
         pos = np.floor(np.arange(n_iterations) / self.stretch).astype(np.int64)  # [W]
-        idx = run[:, None] + pos[None, :] % length[:, None]  # [R, W]
+        lengths, which = np.unique(length, return_inverse=True)  # a cell's runs share few
+        idx = (pos[None, :] % lengths[:, None])[which]  # [R, W] position in each run
+        idx += run[:, None]
         vals = np.minimum(cell.acc[idx], gamma)
         assert self.base_cond is not None, "a traced component knows its outcomes' rates"
         # thins to the smoothed rates and extends past the traced γ (base rate 0 there)
@@ -199,28 +201,58 @@ def match_rates(rng: np.random.Generator, vals: np.ndarray, base: np.ndarray,
         return vals  # the record already has the target rates: replay it as it is
     flat = np.minimum(vals.reshape(-1), gamma).astype(np.int8)  # [N] (γ ≤ 127)
     n = flat.shape[0]
-    u = np.frombuffer(rng.bytes(2 * n * gamma), dtype=np.uint16).reshape(gamma, n)
+    u = uniform16(rng, n * gamma).reshape(gamma, n)
     out = np.zeros(n, dtype=np.int8)
     following = np.ones(n, dtype=bool)  # alive and still equal to the record
     free = np.zeros(n, dtype=bool)  # alive after a turned rejection
+    rec_acc, below, turned = (np.empty(n, dtype=bool) for _ in range(3))  # scratch, in place
     for i in range(1, gamma + 1):
         ui = u[i - 1]
-        rec_acc = flat >= i
+        np.greater_equal(flat, i, out=rec_acc)
         k_lvl, f_lvl, t_lvl = (uniform_levels(p) for p in (keep[i - 1], flip[i - 1], target[i - 1]))
-        turned = following & ~rec_acc & (ui < f_lvl) if f_lvl > 0 else None
+        if f_lvl > 0:  # turned = following & ~rec_acc & (u < f)
+            np.greater(following, rec_acc, out=turned)
+            turned &= np.less(ui, f_lvl, out=below)
         following &= rec_acc
         if k_lvl < UNIFORM_LEVELS:
-            following &= ui < k_lvl
+            following &= np.less(ui, k_lvl, out=below)
         if t_lvl < UNIFORM_LEVELS:
-            free &= ui < t_lvl
-        if turned is not None:
+            free &= np.less(ui, t_lvl, out=below)
+        if f_lvl > 0:
             free |= turned
-        out += following
-        out += free  # disjoint from following
+        out += following.view(np.int8)
+        out += free.view(np.int8)  # disjoint from following
     return out.astype(vals.dtype).reshape(vals.shape)
 
 
 UNIFORM_LEVELS = 1 << 16  # match_rates' uniforms: u in {0, …, 65535}, P(u < k) = k / 65536
+
+
+def uniform16(rng: np.random.Generator, count: int) -> np.ndarray:
+    """[count] uint16: the values of ``np.frombuffer(rng.bytes(2 * count), np.uint16)``, and
+    the generator left in the same state, from the bit generator's raw 64-bit outputs.
+
+    `Generator.bytes` draws 32-bit words one at a time (the low half of each 64-bit output, then
+    the high half, kept in the bit generator's `has_uint32` / `uinteger` buffer), several times
+    slower than `random_raw`; this takes a buffered word first, then the raw outputs' halves in
+    that order, and leaves the buffer as `bytes` does (tests/sim/test_acceptance.py holds
+    the two equal). A bit generator without that buffer falls back to `bytes`."""
+    bg = rng.bit_generator
+    state = bg.state
+    if "has_uint32" not in state or count == 0:
+        return np.frombuffer(rng.bytes(2 * count), dtype=np.uint16)
+    words = -(-count // 2)  # 32-bit words `bytes` draws
+    head = [np.uint32(state["uinteger"])] if state["has_uint32"] else []
+    rest = words - len(head)
+    raw = bg.random_raw(-(-rest // 2)).astype("<u8", copy=False).view("<u4")
+    if head or rest:  # the last output's high half stays, marked unused when `rest` is odd
+        after = dict(bg.state)
+        after["has_uint32"] = rest % 2
+        if rest:
+            after["uinteger"] = int(raw[-1])
+        bg.state = after
+    u32 = np.concatenate([np.asarray(head, "<u4"), raw[:rest]]) if head else raw[:rest]
+    return u32.view(np.uint16)[:count]
 
 
 def uniform_levels(p: float) -> int:

@@ -40,10 +40,12 @@ def draw_token_plan(
         # redrawn wider: a request's column k is its k-th iteration (its position matters)
         width = min(max_out, 2 * width)
         acc = np.asarray(dist.sample(rng, n, width), dtype=np.int64)
-    n_iters = np.sum(cum < out[:, None], axis=1) + 1  # first k with cum >= out, 1-based
-    ran = np.arange(acc.shape[1])[None, :] < n_iters[:, None]  # [R, W]
+    short = cum < out[:, None]  # [R, W] still short of its output after iteration k + 1
+    n_iters = np.add.reduce(short, axis=1) + 1  # first k with cum >= out, 1-based
+    ran = np.ones_like(short)  # [R, W] iteration k ran: k = 0, or still short after k
+    ran[:, 1:] = short[:, :-1]
     hist = np.bincount(acc[ran], minlength=gamma + 1).astype(np.int64)
-    del acc, ran
+    del acc, ran, short
     np.minimum(cum, out[:, None], out=cum)
     inc = np.diff(cum, axis=1, prepend=0)  # [R, W] int64, 0 after finishing
     return hist, n_iters.astype(np.int64), inc

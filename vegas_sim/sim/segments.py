@@ -4,7 +4,8 @@ A request runs in one segment — (request, first global iteration, its own iter
 then, iterations) — or in several when it is preempted and later resumed. Its own iteration
 j has the pre-drawn token increment ``inc[request, j]`` (vanilla: one token), so tokens,
 running batch and KV blocks per global iteration follow from the segments alone, after the
-run, with a few numpy passes instead of work in the engine's hot loop.
+run, with a few numpy passes instead of work in the engine's hot loop: over every step at
+once when segments are short, one slice per segment when they are long (`LONG_SEGMENT`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+# Mean iterations per segment from which a loop over the segments, adding each one's run as
+# a slice, beats indexing every step (docs/RESULTS.md, Simulator).
+LONG_SEGMENT = 64
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,15 @@ class Segments:
         np.maximum.at(last, self.request, self.first_iter + self.iters - 1)
         return last
 
+    def _long(self) -> bool:
+        return int(self.iters.sum()) >= LONG_SEGMENT * self.iters.shape[0]
+
+    def _rows(self) -> zip[tuple[int, int, int, int]]:
+        """(request, first global iteration, first own iteration, iterations) per segment, as
+        Python ints."""
+        return zip(self.request.tolist(), self.first_iter.tolist(), self.first_local.tolist(),
+                   self.iters.tolist())
+
     def _expand(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, global iteration, own iteration) of every [Σ iters] step that ran."""
         total = int(self.iters.sum())
@@ -54,6 +68,13 @@ class Segments:
         if inc is None:  # vanilla: one token per request per iteration
             per_req = np.bincount(self.request, weights=self.iters, minlength=n_req)
             return running.copy(), per_req.astype(np.int64)
+        if self._long():
+            per_iter, per_req = np.zeros(n_iter, np.int64), np.zeros(n_req, np.int64)
+            for r, g, j, k in self._rows():
+                run = inc[r, j:j + k]
+                per_iter[g:g + k] += run
+                per_req[r] += run.sum()
+            return per_iter, per_req
         req, glob, local = self._expand()
         toks = inc[req, local]  # [T]
         per_iter = np.bincount(glob, weights=toks, minlength=n_iter).astype(np.int64)
@@ -65,10 +86,18 @@ class Segments:
         over the running requests, context = prompt + tokens generated before the step."""
         if inc is None:
             return self._kv_blocks_vanilla(inp, slack, block, n_iter)
-        req, glob, local = self._expand()
+        pad = slack + block - 1
         before = np.cumsum(inc, axis=1)
         before -= inc  # [R, W] tokens generated before own iteration j
-        blocks = (inp[req] + before[req, local] + (slack + block - 1)) // block  # [T]
+        if self._long():
+            before += (inp + pad)[:, None]
+            before //= block  # [R, W] blocks held at own iteration j
+            per_iter = np.zeros(n_iter, np.int64)
+            for r, g, j, k in self._rows():
+                per_iter[g:g + k] += before[r, j:j + k]
+            return per_iter
+        req, glob, local = self._expand()
+        blocks = (inp[req] + before[req, local] + pad) // block  # [T]
         return np.bincount(glob, weights=blocks, minlength=n_iter).astype(np.int64)
 
     def _kv_blocks_vanilla(self, inp: np.ndarray, slack: int, block: int,
