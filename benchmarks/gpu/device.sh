@@ -17,6 +17,16 @@
 #                          the set is named MODEL-GPU (e.g. qwen3-8b-h200, from nvidia-smi);
 #                          METHODS=magicdec-quest TAG=-quest measures one method's rows
 #                          (`traces merge` them over a `traces subset` of the rest)
+#   remeasure METHOD MODEL...
+#                          METHOD's rows of the packaged sets of MODEL (as `full` names them)
+#                          measured again on this runtime (`full` with METHODS=METHOD), cut to
+#                          the temperatures the set timed, merged over the set's other methods
+#                          (`traces subset` + `traces merge`), then the held-out rows of that
+#                          method validated on the merged set, regime (b), where a list exists
+#                          (benchmarks/validation/heldout_REGIME_SHORT.csv, SHORT = METHOD less
+#                          "magicdec-"; BUDGET s each); packs remeasured.tgz: the merged sets
+#                          to replace vegas_sim/traces/default/SET and the validation tables.
+#                          MEASURE=0 merges sets an earlier call measured (still in /root/tr)
 #   allreduce              python benchmarks/allreduce.py at TP 2/4/8 (as many as the machine's
 #                          GPUs allow): measured all-reduce / all-gather beside the datasheet
 #                          link and per-call latency sim/parallel.py assumes
@@ -199,6 +209,42 @@ full)  # the packaged latency sets' grids; a set cut by the timeout resumes if c
     ;;
   *) echo "full: qwen3-8b, qwen3-4b, smollm2, gpt-oss-20b or qwen3-30b-a3b"; exit 2 ;;
   esac
+  ;;
+remeasure)  # one method's rows of packaged sets measured again and merged (see the header)
+  method=${1:?remeasure METHOD MODEL...}; shift
+  short=${method#magicdec-}; gpu=${GPU:-$(gpu_tag)}; new=$TR/remeasured
+  mkdir -p $new
+  for model in "$@"; do
+    set=$model-$gpu; [ "$model" = smollm2 ] && set=smollm2-135m-$gpu
+    [ -d $D/$set ] || { echo "remeasure: no packaged set $set"; continue; }
+    if [ "${MEASURE:-1}" = 1 ]; then
+      METHODS=$method TAG=-$short bash "$0" full "$model"
+      mv "$OUT/calibrate-$short.log" "$OUT/calibrate-$short-$model.log" 2> /dev/null
+      rm -f "$OUT/$set-$short.tgz"  # the merged set below is what comes back
+    fi
+    [ -d $TR/$set-$short ] || { echo "remeasure: no $TR/$set-$short"; continue; }
+    # the set's other methods, and the temperature(s) its latency rows were timed at
+    read -r others temps <<< "$(python3 -c "import pandas as p, sys
+d = p.read_parquet('$D/$set/latency.parquet')
+print('|'.join(sorted(set(d.method) - {'$method'})), '|'.join(f'{t:g}' for t in sorted(set(d.temperature))))")"
+    rm -rf $TR/rest-$set $TR/only-$set $new/$set
+    "${cli[@]}" traces subset $D/$set --where "method in $others" --out $TR/rest-$set \
+      && "${cli[@]}" traces subset $TR/$set-$short \
+           --where "method==$method,temperature in $temps" --out $TR/only-$set \
+      && "${cli[@]}" traces merge $new/$set $TR/rest-$set $TR/only-$set \
+      && rm -rf $new/$set/parts \
+      && "${cli[@]}" traces check $new/$set 2>&1 | tail -1 | tee -a "$OUT/remeasure.log"
+    regime=$(echo "$model" | tr - _)
+    heldout=benchmarks/validation/heldout_${regime}_$short.csv
+    if [ -f "$heldout" ] && [ -d $new/$set ] && [ "${VALIDATE:-1}" = 1 ]; then
+      TIMEOUT=$(( ${BUDGET:-120} + 60 )) BUDGET=${BUDGET:-120} bash "$0" validate "$regime" \
+        "$heldout" $new/$set
+    fi
+  done
+  tar czf "$OUT/remeasured.tgz" -C $new $(cd $new && ls)
+  logs=$(cd "$OUT" && ls validate_* calibrate-* remeasure.log 2> /dev/null)
+  [ -n "$logs" ] && tar czf "$OUT/remeasure_logs.tgz" -C "$OUT" $logs \
+    && (cd "$OUT" && rm -f $logs)
   ;;
 allreduce)  # all-reduce / all-gather at every TP the machine's GPUs allow
   n=$(nvidia-smi -L | wc -l); tps=()
