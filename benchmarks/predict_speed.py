@@ -191,12 +191,14 @@ def bench_engine(trees: dict[str, Path], tmp: Path, rounds: int = 3) -> None:
     """Simulated iterations per second (wall and CPU) at batch 128, 512 requests of 4K + 8K
     tokens: Vegas γ 7 (its iterations a block at a time between membership changes) and
     vanilla (priced in blocks). Each tree in a child process of its own, the trees alternating
-    round by round; with two trees, the ratio of their medians and whether their runs agree
+    and their order reversed every other round; with two trees, the ratio of their medians and whether their runs agree
     bit for bit (a digest of the iteration times, tokens, KV blocks and finish times)."""
     rates: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     digests: dict[str, dict[str, str]] = {name: {} for name in trees}
-    for _ in range(rounds):
-        for name, tree in trees.items():
+    iterations: dict[str, int] = {}
+    for k in range(rounds):
+        order = list(trees.items())
+        for name, tree in order[::-1] if k % 2 else order:  # neither tree always goes first
             at = load()
             out = subprocess.run([sys.executable, "-c", ENGINE, str(ENGINE_RUNS)],
                                  env=env_for(tree, tmp / name), cwd=tree, capture_output=True,
@@ -206,10 +208,12 @@ def bench_engine(trees: dict[str, Path], tmp: Path, rounds: int = 3) -> None:
                 rates[name].setdefault(f"{method} cpu", []).extend(row["cpu"])
                 rates[name].setdefault(f"{method} load", []).append(float(at.split()[1]))
                 digests[name][method] = row["digest"]
+                iterations[method] = row["iterations"]
     for method in ("vegas", "vanilla"):
         for name in trees:
             r = rates[name]
-            print(f"[{name}] engine, {method}, batch 128 (qwen3-8b-h200): median of "
+            print(f"[{name}] engine, {method}, batch 128 (qwen3-8b-h200): "
+                  f"{iterations[method]} iterations a run, median of "
                   f"{len(r[method + ' wall'])} runs {statistics.median(r[method + ' wall']):,.0f} "
                   f"iterations/s wall (min {min(r[method + ' wall']):,.0f}), "
                   f"{statistics.median(r[method + ' cpu']):,.0f} per CPU s; loads "
