@@ -59,3 +59,13 @@ def test_help_examples_are_not_rewrapped(path: tuple[str, ...]) -> None:
             f"`vegas-sim {' '.join(path)} --help`: {line.strip()!r} is a fragment of a "
             f"rewrapped example")
         previous = line.rstrip()
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: " ".join(p) or "vegas-sim")
+def test_help_examples_keep_their_line_breaks(path: tuple[str, ...]) -> None:
+    """A `\\` that ends a docstring line must be written `\\\\`: a single one joins the next
+    line in Python, and --help then prints the indentation in the middle of the command."""
+    result = CliRunner().invoke(cli, [*path, "--help"], terminal_width=200)
+    for line in example_lines(result.output):
+        assert "   " not in line.strip(), (
+            f"`vegas-sim {' '.join(path)} --help`: {line.strip()!r} has a line joined into it")

@@ -56,7 +56,7 @@ def predict(ctx: click.Context, fmt: str, out: Path | None, **kwargs: Any) -> No
         vegas-sim predict --arrival poisson:0.3 --slo-tpot-ms 8 --slo-ttft-ms 2000
 
     \b
-        vegas-sim predict --gamma 6 --workload reasoning --temperature 0.6 --context 4K \
+        vegas-sim predict --gamma 6 --workload reasoning --temperature 0.6 --context 4K \\
             -m vegas -m magicdec-stream --acceptance-anchor qwen3-8b-published
 
     \b
