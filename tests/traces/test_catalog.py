@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from vegas_sim.errors import TraceSetError, UserInputError
@@ -128,6 +131,30 @@ def test_default_resolution_by_model(sets: dict[str, Path], tmp_path: Path) -> N
     with pytest.raises(UserInputError) as info:
         catalog.resolve("llama-3.1-8b", None, default_dir=d)
     assert "qwen3-8b" in str(info.value) and "smollm2-135m" in str(info.value)
+
+
+def _time_nothing(root: Path) -> None:
+    """Empty a set's latency table, as a real-weights set that measured acceptance only."""
+    latency = root / "latency.parquet"
+    pd.read_parquet(latency).iloc[:0].to_parquet(latency)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["content_hash"]["latency.parquet"] = hashlib.sha256(latency.read_bytes()).hexdigest()
+    meta.get("expected_rows", {})["latency"] = 0
+    (root / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_model_with_acceptance_only_is_pointed_to_another_models_latency(
+        sets: dict[str, Path], tmp_path: Path) -> None:
+    d = _defaults(tmp_path, sets["qwen-random"], sets["small-real"])
+    _time_nothing(d / sets["small-real"].name)
+    with pytest.raises(UserInputError) as info:
+        catalog.resolve("smollm2-135m", None, default_dir=d)
+    msg = str(info.value)
+    assert "measured acceptance only" in msg and "no latency rows" in msg
+    assert "--model qwen3-8b --acceptance-traces smollm2-135m-synth-real" in msg
+    lat, acc, _ = catalog.resolve("qwen3-8b", None, acceptance="smollm2-135m-synth-real",
+                                  default_dir=d)
+    assert lat.name == "qwen3-8b-synth-random" and acc.name == "smollm2-135m-synth-real"
 
 
 def test_model_none_uses_traces_model(sets: dict[str, Path], tmp_path: Path) -> None:

@@ -125,7 +125,23 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
     # sets that measured latency (an acceptance-only set of the same model may sit beside).
     sets = [load_trace_set(e.path) for e in sorted(matches, key=lambda s: (s.synthetic, s.name))]
     with_latency = [ts for ts in sets if ts.n_rows("latency")]
-    return (with_latency or sets)[0]
+    if not with_latency:
+        raise _acceptance_only(model, sets, packaged)
+    return with_latency[0]
+
+
+def _acceptance_only(model: str, sets: list[TraceSet], packaged: list[_Entry]) -> UserInputError:
+    """A model whose packaged sets measured acceptance only (real weights, no phases timed):
+    its acceptance can stand in for another model's, whose latency prices the prediction."""
+    timed = sorted({e.model_name for e in packaged
+                    if e.model_name != model and load_trace_set(e.path).n_rows("latency")})
+    names = ", ".join(ts.name for ts in sets)
+    return UserInputError(
+        f"the packaged set of model {model!r} ({names}) measured acceptance only: it has no "
+        f"latency rows to price {model!r} with", where="--model",
+        fix=f"take its acceptance for a model that has latency, e.g. --model {timed[0]} "
+            f"--acceptance-traces {sets[0].name} (models with latency: {', '.join(timed)}); "
+            f"or {_HOW_TO_MAKE}" if timed else _HOW_TO_MAKE)
 
 
 # The real model whose acceptance stands in for a model without its own: the shape the
