@@ -296,3 +296,13 @@ def test_drafting_rows_baseline_is_common_random_numbers(models: Models) -> None
                     *models, replications=3, seed=5)
     cols = ["speedup_vs_vanilla", "speedup_ci_low", "speedup_ci_high"]
     assert alone[cols].iloc[0].tolist() == after[cols].iloc[1].tolist()
+
+
+def test_outputs_inside_one_decode_chunk_have_no_tpot_speedup(models: Models) -> None:
+    """γ 6 drafts cover a 2-token output in the first decode iteration: the method's TPOT is 0
+    and its ratio to vanilla's is undefined (NaN), not a division by zero."""
+    df = predict([sc("vanilla", output_len=2), sc("vegas", gamma=6, output_len=2)], *models,
+                 replications=2)
+    vegas = df.set_index("method").loc["vegas"]
+    assert vegas["tpot_ms_p50"] == 0.0 and np.isnan(vegas["tpot_speedup"])
+    assert df.set_index("method").loc["vanilla", "tpot_speedup"] == 1.0

@@ -269,6 +269,12 @@ def acceptance_source(acceptance: AcceptanceModel, method: str) -> str:
     return ""
 
 
+def _tpot_ratio(base: RunMetrics, run: RunMetrics) -> float:
+    """Vanilla's TPOT over the method's; NaN where the method's is 0 (every request's tokens
+    came in its first decode chunk, so it has no time per output token to compare)."""
+    return base.tpot_ms_p50 / run.tpot_ms_p50 if run.tpot_ms_p50 > 0 else math.nan
+
+
 def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetrics],
          dist: AcceptanceDist | None, latency: LatencyModel, wall_s: float,
          source: str) -> dict[str, Any]:
@@ -277,7 +283,7 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     sp, sp_lo, sp_hi = mean_ci([a.throughput_tok_s / b.throughput_tok_s
                                 for a, b in zip(runs, base)])
     rates = np.mean([r.rates for r in runs], axis=0) if runs[0].rates else np.zeros(0)
-    tp, tp_lo, tp_hi = mean_ci([b.tpot_ms_p50 / a.tpot_ms_p50 for a, b in zip(runs, base)])
+    tp, tp_lo, tp_hi = mean_ci([_tpot_ratio(b, a) for a, b in zip(runs, base)])
     row: dict[str, Any] = {
         "method": sc.method, "gamma": sc.gamma, "sparsity": sc.sparsity, "batch": sc.batch,
         "context": sc.context, "output_len": sc.output_len, "output_dist": sc.output_label,
