@@ -117,10 +117,10 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
             where="--traces", fix=_HOW_TO_MAKE)
     matches = [s for s in packaged if s.model_name == model]
     if not matches:
-        models = sorted({s.model_name for s in packaged})
         raise UserInputError(
             f"no packaged trace set for model {model!r}", where="--model",
-            fix=f"use one of: {', '.join(models)}; or {_HOW_TO_MAKE}{_what_if_hint(model)}")
+            fix=f"use one of: {', '.join(_timed_models(packaged))}; or {_HOW_TO_MAKE}"
+                f"{_what_if_hint(model)}")
     # Prefer measured sets over synthetic ones (packaged sets should never be synthetic), and
     # sets that measured latency (an acceptance-only set of the same model may sit beside).
     sets = [load_trace_set(e.path) for e in sorted(matches, key=lambda s: (s.synthetic, s.name))]
@@ -130,11 +130,15 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
     return with_latency[0]
 
 
+def _timed_models(packaged: list[_Entry]) -> list[str]:
+    """The models whose packaged sets measured latency (a prediction's --model), sorted."""
+    return sorted({e.model_name for e in packaged if load_trace_set(e.path).n_rows("latency")})
+
+
 def _acceptance_only(model: str, sets: list[TraceSet], packaged: list[_Entry]) -> UserInputError:
     """A model whose packaged sets measured acceptance only (real weights, no phases timed):
     its acceptance can stand in for another model's, whose latency prices the prediction."""
-    timed = sorted({e.model_name for e in packaged
-                    if e.model_name != model and load_trace_set(e.path).n_rows("latency")})
+    timed = [m for m in _timed_models(packaged) if m != model]
     names = ", ".join(ts.name for ts in sets)
     return UserInputError(
         f"the packaged set of model {model!r} ({names}) measured acceptance only: it has no "
