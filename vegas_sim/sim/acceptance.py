@@ -422,7 +422,7 @@ class AcceptanceModel:
         check_sparsity(sparsity)
         if output_len is not None and output_len < 1:
             raise UserInputError(f"output length must be >= 1, got {output_len}",
-                                 where="output_len", fix="give the tokens each request generates")
+                                 where="--output-len", fix="give the tokens each request generates")
         notes: list[str] = []
         keys = [k for k in self._cells if k.method == method]
         temps = sorted({k.temperature for k in keys})
@@ -435,7 +435,7 @@ class AcceptanceModel:
             if workload not in wls:
                 raise UserInputError(
                     f"unknown workload {workload!r} for {method} at temperature {temp:g}",
-                    where="workload", fix=f"use one of: {', '.join(wls)} (or none to pool all)")
+                    where="--workload", fix=f"use one of: {', '.join(wls)} (or none to pool all)")
             keys = [k for k in keys if k.workload == workload]
         comps: list[DrawSource] = []
         w: list[float] = []
