@@ -577,7 +577,7 @@ def test_output_len_keeps_the_iterations_a_short_request_runs() -> None:
         full.mean_length)  # past the traced tokens: every iteration, and a note
     assert any("output length 10000 beyond the" in n
                for n in m.lookup("vegas", 3, 0.1, 4096, output_len=10_000).extrapolated)
-    with pytest.raises(UserInputError, match="output_len"):
+    with pytest.raises(UserInputError, match="--output-len"):
         m.lookup("vegas", 3, 0.1, 4096, output_len=0)
 
 
