@@ -41,7 +41,7 @@ end values outside them, so the anchored acceptance follows the anchors' context
 over their span instead of the shape's, and the shape's own trend beyond it.
 
 Replay. `AcceptanceDist.sample` replays whole traced runs and thins / extends each iteration
-position by position to its sources' target rates (`acceptance._match_rates`); the transform
+position by position to its sources' target rates (`acceptance_dist.match_rates`); the transform
 replaces each traced source's target rates by the shifted ones, so the replay keeps the runs'
 correlation along a generation and reaches the anchored level in expectation. Each source's
 `stretch` (traced iterations per replayed one) is divided by the shifted over the unshifted
