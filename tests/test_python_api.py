@@ -57,3 +57,11 @@ def test_api_errors_name_the_argument() -> None:
         vegas_sim.predict(gpu="mi300x")
     with pytest.raises(UserInputError, match="is a grid"):
         vegas_sim.predict(context="4K,8K")
+
+
+@pytest.mark.parametrize("output_len", ["lognormal:300,0.5", "256,512"])
+def test_tune_refuses_more_than_one_output_length(output_len: str) -> None:
+    """tune prices every configuration at one length: a distribution or a grid is refused
+    before anything is loaded, naming the option (it was a bare int() ValueError)."""
+    with pytest.raises(UserInputError, match="--output-len: tune takes one output length"):
+        vegas_sim.tune(batch="4", context="2K", output_len=output_len)  # type: ignore[arg-type]

@@ -565,6 +565,23 @@ def sweep(
     return table
 
 
+def _one_output_len(value: int | str) -> int:
+    """Tune's output length: one number of tokens (its search prices every configuration at
+    it); a distribution or a grid is refused with what to pass instead."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        lengths = [value]
+    elif isinstance(value, str) and ":" not in value:
+        lengths = parse_int_grid(value, "--output-len")
+    else:
+        lengths = []
+    if len(lengths) != 1:
+        raise UserInputError(
+            f"tune takes one output length in tokens, got {value!r}", where="--output-len",
+            fix="pass one length, e.g. a distribution's mean (--output-len 300); predict "
+                "takes a distribution (lognormal:MEAN,CV, file:PATH)")
+    return lengths[0]
+
+
 def tune_setup(values: Mapping[str, Any]) -> tuple[list[tuple[int, int]], TuneConfig]:
     """The (batch, context) cells and the search of a tune's option values."""
     from vegas_sim.sim.tune import TuneConfig
@@ -574,7 +591,7 @@ def tune_setup(values: Mapping[str, Any]) -> tuple[list[tuple[int, int]], TuneCo
              for c in parse_int_grid(grid_text(values["context"]), "--context")]
     check_grid("batch", [b for b, _ in cells])
     check_grid("gamma", int_box(values["gamma"]) or ())
-    config = TuneConfig(method=values["method"], output_len=int(values["output_len"]),
+    config = TuneConfig(method=values["method"], output_len=_one_output_len(values["output_len"]),
                         stable_pct=values["stable_pct"], final_engine=values["final_engine"],
                         search_engine=values["search_engine"], rank_by=values["rank_by"],
                         outside_evidence=values["outside_evidence"],
