@@ -114,8 +114,8 @@ def make_cache(gen: torch.Generator, B: int, C: int) -> tuple[torch.Tensor, torc
     """Caches for contexts up to C; S_max = C + 128 (a multiple of 128, as the runtime should
     allocate it: the score write-out then needs no key mask). Filled one request at a time
     (no single random op over >= 2^31 elements: an illegal-address crash at B=16 C=128K came at
-    the first sync after such a fill, see docs/KERNELS.md) and synchronised, so a setup failure
-    is reported here and not by the next timed kernel."""
+    the first sync after such a fill) and synchronised, so a setup failure is reported here and
+    not by the next timed kernel."""
     S = C + 128
     k = torch.empty(B, S, HKV, D, device=DEV, dtype=torch.bfloat16)
     v = torch.empty_like(k)
