@@ -70,6 +70,7 @@ def test_a_bad_spec_names_the_file_and_the_problem(tmp_path: Path, text: str,
     with pytest.raises(UserInputError) as e:
         load_gpu_spec(path)
     assert message in e.value.message() and f"--gpu-spec {path}" in e.value.message()
+    assert e.value.fix, "every refusal says what to do"
 
 
 def test_unknown_gpu_names_the_option_the_list_and_gpu_spec() -> None:

@@ -27,6 +27,8 @@ from vegas_sim.bounds import GPU_SPEC_RANGES
 from vegas_sim.errors import UserInputError
 
 
+_SPEC_EXAMPLE = ('write e.g. {"name": "mi300x", "memory_gb": 192, "hbm_bandwidth_gbs": 5300, '
+                 '"bf16_tflops": 1307}')
 DEFAULT_ALLREDUCE_LATENCY_US = 10.0  # assumed, not measured: see docs/DESIGN.md, Tensor parallelism
 
 
@@ -34,7 +36,8 @@ def _spec_number(raw: dict[str, Any], key: str, where: str) -> float:
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and value > 0):
-        raise UserInputError(f"{key} must be a number > 0, got {value!r}", where=where)
+        raise UserInputError(f"{key} must be a number > 0, got {value!r}", where=where,
+                             fix=f"give {key} from the GPU's datasheet (units: {_unit(key)})")
     lo, hi = GPU_SPEC_RANGES[key]
     if not lo <= value <= hi:  # past any GPU built, a what-if's ratios overflow or vanish
         raise UserInputError(f"{key} {value:g} is outside the plausible range [{lo:g}, {hi:g}] "
@@ -125,10 +128,10 @@ def load_gpu_spec(path: Path) -> GpuSpec:
                              fix="give the path of a JSON or TOML GPU spec") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:  # JSON/TOML errors are ValueErrors
         raise UserInputError(f"not a readable JSON or TOML file: {e}", where=where,
-                             fix='write e.g. {"name": "mi300x", "memory_gb": 192, '
-                                 '"hbm_bandwidth_gbs": 5300, "bf16_tflops": 1307}') from None
+                             fix=_SPEC_EXAMPLE) from None
     if not isinstance(raw, dict):
-        raise UserInputError("the spec must be one object (table) of keys", where=where)
+        raise UserInputError("the spec must be one object (table) of keys", where=where,
+                             fix=_SPEC_EXAMPLE)
     unknown = sorted(set(raw) - {"name", *SPEC_NUMBERS})
     if unknown:
         raise UserInputError(f"unknown key(s) {', '.join(unknown)}", where=where,
