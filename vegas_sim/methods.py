@@ -203,7 +203,7 @@ def draft_kv_read(
         pages = np.maximum(b // QUEST_PAGE, 1) + 1  # top pages + the current page
         selected = np.minimum(pages * QUEST_PAGE, contexts)
     else:
-        raise UserInputError(f"{method!r} does not draft")
+        raise UserInputError(f"{method!r} does not draft", fix="pass a drafting method")
     return selected + step
 
 

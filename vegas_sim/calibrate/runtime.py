@@ -620,7 +620,8 @@ class GraphedForward:
         if model.device.type != "cuda":
             raise UserInputError("CUDA graphs need a CUDA model", fix="use device='cuda' or run eagerly")
         if cache.batch != batch:
-            raise UserInputError(f"cache batch {cache.batch} != graph batch {batch}")
+            raise UserInputError(f"cache batch {cache.batch} != graph batch {batch}",
+                                 fix="capture the graph at the cache's batch")
         self.model, self.cache = model, cache
         self.policy = policy if policy is not None else DenseAttention()
         self.tokens = torch.zeros(batch, n_query, dtype=torch.long, device=model.device)

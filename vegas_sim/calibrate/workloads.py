@@ -274,7 +274,8 @@ def _book_window(tok: Tokenizer, name: str, body: str, length: int, rng: np.rand
     start = int(starts[int(rng.integers(len(starts)))])
     ids = tok.encode(body[start:start + length * 8], add_bos=True)  # BOS if the model has one
     if len(ids) < length:
-        raise UserInputError(f"book {name} too short for a {length}-token window", where=name)
+        raise UserInputError(f"book {name} too short for a {length}-token window", where=name,
+                             fix="ask for a shorter window (--context)")
     return Prompt("longdoc", f"{name.split('_')[0]}@{start}+{length}", ids[:length])
 
 
@@ -396,7 +397,8 @@ def _code_window(tok: Tokenizer, name: str, text: str, length: int,
     start = int(starts[int(rng.integers(len(starts)))])
     body = tok.encode(text[start:start + room * 10])
     if len(body) < room:
-        raise UserInputError(f"{name} too short for a {length}-token window", where=name)
+        raise UserInputError(f"{name} too short for a {length}-token window", where=name,
+                             fix="ask for a shorter window (--context)")
     return Prompt("code-long", f"py{CODE_LONG_PYTHON}/{name}@{start}+{length}",
                   head + body[:room] + tail)
 
@@ -617,5 +619,6 @@ def synthetic_prompts(n: int, length: int, vocab: int, rng: np.random.Generator)
     """n prompts of `length` uniform random ids in [0, vocab): for random-weight models,
     whose acceptance comes from replay and whose latency does not depend on token values."""
     if n < 1 or length < 1:
-        raise UserInputError(f"need n >= 1 and length >= 1, got n={n}, length={length}")
+        raise UserInputError(f"need n >= 1 and length >= 1, got n={n}, length={length}",
+                             fix="ask for at least one prompt of at least one token")
     return [row.tolist() for row in rng.integers(0, vocab, size=(n, length), dtype=np.int64)]
