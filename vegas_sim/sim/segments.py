@@ -49,11 +49,19 @@ class Segments:
     def _long(self) -> bool:
         return int(self.iters.sum()) >= LONG_SEGMENT * self.iters.shape[0]
 
-    def _rows(self) -> zip[tuple[int, int, int, int]]:
-        """(request, first global iteration, first own iteration, iterations) per segment, as
-        Python ints."""
-        return zip(self.request.tolist(), self.first_iter.tolist(), self.first_local.tolist(),
-                   self.iters.tolist())
+    def _add_runs(self, values: np.ndarray, n_iter: int,
+                  per_request: np.ndarray | None = None) -> np.ndarray:
+        """[I] Σ over the segments of `values` [R, W] at the request's own iterations, placed at
+        the global iterations they ran: one slice per segment; each slice's sum is also added
+        to its request's entry of `per_request` [R] when given."""
+        per_iter = np.zeros(n_iter, np.int64)
+        for r, g, j, k in zip(self.request.tolist(), self.first_iter.tolist(),
+                              self.first_local.tolist(), self.iters.tolist()):
+            run = values[r, j:j + k]
+            per_iter[g:g + k] += run
+            if per_request is not None:
+                per_request[r] += run.sum()
+        return per_iter
 
     def _expand(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, global iteration, own iteration) of every [Σ iters] step that ran."""
@@ -69,12 +77,8 @@ class Segments:
             per_req = np.bincount(self.request, weights=self.iters, minlength=n_req)
             return running.copy(), per_req.astype(np.int64)
         if self._long():
-            per_iter, per_req = np.zeros(n_iter, np.int64), np.zeros(n_req, np.int64)
-            for r, g, j, k in self._rows():
-                run = inc[r, j:j + k]
-                per_iter[g:g + k] += run
-                per_req[r] += run.sum()
-            return per_iter, per_req
+            per_req = np.zeros(n_req, np.int64)
+            return self._add_runs(inc, n_iter, per_req), per_req
         req, glob, local = self._expand()
         toks = inc[req, local]  # [T]
         per_iter = np.bincount(glob, weights=toks, minlength=n_iter).astype(np.int64)
@@ -92,10 +96,7 @@ class Segments:
         if self._long():
             before += (inp + pad)[:, None]
             before //= block  # [R, W] blocks held at own iteration j
-            per_iter = np.zeros(n_iter, np.int64)
-            for r, g, j, k in self._rows():
-                per_iter[g:g + k] += before[r, j:j + k]
-            return per_iter
+            return self._add_runs(before, n_iter)
         req, glob, local = self._expand()
         blocks = (inp[req] + before[req, local] + pad) // block  # [T]
         return np.bincount(glob, weights=blocks, minlength=n_iter).astype(np.int64)
