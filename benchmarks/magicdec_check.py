@@ -11,12 +11,13 @@ decoding of the same batch at the paper's optimal speculation length:
     8xA100      32K  B 32 γ 3 1.22 · B 64 γ 3 1.38 · B 128 γ 4 1.47 · 100K B 32 γ 5 1.84
 
 Here: Llama-3.1-8B's shape (preset `llama-3.1-8b`) priced at the efficiencies of the packaged
-Qwen3-8B H200 latency set, scaled to the GPU by its datasheet, split 8 ways with modelled
-all-reduces (`sim.parallel`; NOT measured); acceptance from MagicDec's own published
+Qwen3-8B latency set measured on that GPU (the H100 rows: `qwen3-8b-h100`), or of the H200 set
+scaled to it by its datasheet (the A100 rows), split 8 ways with modelled all-reduces
+(`sim.parallel`; NOT measured); acceptance from MagicDec's own published
 acceptance rates for this model and draft (packaged anchors `llama-3.1-8b-magicdec`, PG-19,
 budget 512) on SmolLM2's longdoc shape; sparsity = budget / context; closed loop, prefill
 done before decoding (not timed, as in the benchmark). Every row is a what-if: no Llama,
-no H100/A100 and no TP was measured.
+no A100 and no TP was measured.
 
     PYTHONPATH=. python benchmarks/magicdec_check.py [--budget 512] [--engine sim|analytic]
 
@@ -96,7 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     short, long = GENERATED
-    print(f"MagicDec self-speculation: {MODEL} (what-if on the {LATENCY_SET_MODEL} H200 set), "
+    print(f"MagicDec self-speculation: {MODEL} (what-if on the {LATENCY_SET_MODEL} sets), "
           f"TP {TP}, {METHOD}, budget {args.budget}, engine {args.engine}; speedup at {short} "
           f"generated tokens (the benchmark's) with its 95 % PI, and at {long}")
     print(f"{'gpu':9} {'context':>7} {'B':>4} {'γ':>2} {'acc len':>7} {'speedup':>7} "

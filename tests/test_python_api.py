@@ -52,6 +52,20 @@ def test_predict_returns_the_rows_and_notes_the_cli_prints() -> None:
         [r["throughput_tok_s"] for r in shown["rows"]], rel=1e-9)
 
 
+def test_a_gpu_with_a_measured_set_is_not_a_what_if() -> None:
+    """--gpu h100-sxm for qwen3-8b takes the set measured on an H100, and every output says
+    it is measured; --gpu h100-nvl, measured nowhere, stays a what-if from the H200 set."""
+    measured = vegas_sim.predict(gamma=5, engine="analytic", context=16384, gpu="h100-sxm")
+    notes = measured.attrs["notes"]
+    assert "latency: qwen3-8b-h100 (random weights, NVIDIA H100 80GB HBM3 measured)" in notes
+    assert "GPU h100-sxm: measured (qwen3-8b-h100)" in notes
+    assert not any("what-if" in n for n in notes)
+    assert set(measured["gpu"]) == {"NVIDIA H100 80GB HBM3 (measured)"}
+    what_if = vegas_sim.predict(gamma=5, engine="analytic", context=16384, gpu="h100-nvl")
+    assert "GPU h100-nvl: what-if by datasheet ratios — NOT measured" in what_if.attrs["notes"]
+    assert set(what_if["gpu"]) == {"h100-nvl (what-if, not measured)"}
+
+
 def test_api_errors_name_the_argument() -> None:
     with pytest.raises(UserInputError, match="--gpu: unknown GPU"):
         vegas_sim.predict(gpu="mi300x")

@@ -307,8 +307,10 @@ def _load_models(
     if model is None and traces is None:
         model = DEFAULT_MODEL
     model = None if model is None else model.lower()  # presets are lower-case: SmolLM2-135M
+    gpu_name = gpu if isinstance(gpu, str) else None
     latency_set, acceptance_set, notes = catalog.resolve(model, traces,
-                                                         acceptance=acceptance_traces)
+                                                         acceptance=acceptance_traces,
+                                                         gpu=gpu_name)
     latency = fit_latency(latency_set)
     if model_what_if is not None:
         latency = latency.for_model(get_preset(model_what_if.lower()))
@@ -318,9 +320,12 @@ def _load_models(
     target = None
     if gpu is not None:  # a datasheet name (--gpu) or a GpuSpec (--gpu-spec FILE)
         target = get_gpu(gpu) if isinstance(gpu, str) else gpu
-        latency = latency.what_if(target)
-        notes = [*notes, target.label() if isinstance(gpu, GpuSpec) else
-                 f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
+        if catalog.measured_on(latency_set, gpu_name):  # the set was measured on that GPU
+            notes = [*notes, f"GPU {gpu}: measured ({latency_set.name})"]
+        else:
+            latency = latency.what_if(target)
+            notes = [*notes, target.label() if isinstance(gpu, GpuSpec) else
+                     f"GPU {gpu}: what-if by datasheet ratios — NOT measured"]
     measured_tp = latency.tensor_parallel
     if measured_tp.measured and tensor_parallel == measured_tp.size:
         notes = [*notes, measured_tp.label]

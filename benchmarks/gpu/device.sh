@@ -282,7 +282,7 @@ validate)  # --time-budget stops starting rows early enough that the table is st
             model=(--model $GGUF --weights real); traces=${3:-$D/smollm2-135m-h200} ;;
   *) echo "validate: qwen3_8b, qwen3_8b_tp, gpt_oss_20b, qwen3_30b_a3b or smollm2"; exit 2 ;;
   esac
-  name=validate_h200_$(basename "$heldout" .csv | sed 's/^heldout_//')${TP:+_tp$TP}
+  name=validate_$(gpu_tag)_$(basename "$heldout" .csv | sed 's/^heldout_//')${TP:+_tp$TP}
   # PASSES=N measures the list N times in turn; RESUME=TABLE continues a table an earlier
   # call brought back (carried in the tree), adding the passes it did not reach; every row is
   # predicted again from TRACES, so resume on the grid the table's rows were measured beside

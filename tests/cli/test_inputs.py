@@ -239,6 +239,39 @@ def test_repredict_will_not_overwrite_its_input(tmp_path: Path) -> None:
     assert table.read_text() == "method\nvegas\n"
 
 
+H100_RUNS = Path(__file__).parents[2] / "benchmarks/results/validate_h100_rev7_qwen3_8b.csv"
+
+
+def test_repredict_on_another_gpu_prices_a_what_if_that_its_interval_admits(
+        tmp_path: Path) -> None:
+    """Rows run on an H100, predicted from the H200 set as an H100 what-if (said so, with the
+    'gpu' term in the interval), and from the H100's own set as measured."""
+    table = tmp_path / "h100.csv"
+    pd.read_csv(H100_RUNS).iloc[:3].to_csv(table, index=False)
+    result = CliRunner().invoke(cli, ["validate", "--repredict", str(table), "--traces",
+                                      "qwen3-8b-h200", "--gpu", "h100-sxm", "--out",
+                                      str(tmp_path / "what_if.csv")])
+    assert result.exit_code == 0, result.output
+    assert "GPU h100-sxm: what-if by datasheet ratios from qwen3-8b-h200" in result.output
+    what_if = pd.read_csv(tmp_path / "what_if.csv")
+    assert set(what_if["gpu"]) == {"h100-sxm (what-if, not measured)"}
+    assert (what_if["pi_low"] <= what_if["measured"]).all()
+    result = CliRunner().invoke(cli, ["validate", "--repredict", str(table), "--traces",
+                                      "qwen3-8b-h100", "--gpu", "h100-sxm", "--out",
+                                      str(tmp_path / "measured.csv")])
+    assert "GPU h100-sxm: measured (qwen3-8b-h100)" in result.output
+    measured = pd.read_csv(tmp_path / "measured.csv")
+    assert (measured["pi_extrapolation_distance_pct"]
+            < what_if["pi_extrapolation_distance_pct"]).all()
+
+
+def test_validate_refuses_a_gpu_for_a_run(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["validate", "--traces", "qwen3-8b-h200", "--random", "2",
+                                      "--model", "qwen3-8b", "--gpu", "h100-sxm", "--out",
+                                      str(tmp_path / "v.csv")])
+    assert result.exit_code == 2 and "a run is priced on the GPU it runs on" in result.output
+
+
 def test_sweep_without_a_terminal_reports_progress_as_calibrate_does(tmp_path: Path) -> None:
     result = run(["sweep", "--gamma", "2..4", "--out", str(tmp_path / "s.csv")])
     assert result.exit_code == 0, result.output

@@ -189,6 +189,9 @@ class _FlatLatency:
     def octaves_outside(self, batch: int, context: int, n_query: int) -> dict[str, float]:
         return {}
 
+    def what_if_octaves(self) -> float:  # the measured GPU
+        return 0.0
+
     def for_temperature(self, temperature: float) -> _FlatLatency:
         return self
 

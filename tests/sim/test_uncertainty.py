@@ -130,3 +130,26 @@ def test_one_run_among_several_takes_the_pooled_within_cell_spread() -> None:
     lengths = [run_lengths(model._cells[k]) for k in model._cells if k.bucket < 32768]
     own = np.sqrt(np.mean([np.var(x / x.mean(), ddof=1) for x in lengths]))
     assert spread == pytest.approx(own, rel=0.05)
+
+
+def test_a_gpu_what_if_widens_the_interval_by_its_distance_from_the_measured_gpu() -> None:
+    """The H200 set priced as an A100 (1.66 octaves of bf16 rate) carries the 'gpu' axis at
+    WHAT_IF_PCT_PER_OCTAVE per octave, vanilla's row too; the measured GPU none; and tune's
+    low end (pi_low_shape) leaves it out, since it moves every configuration together."""
+    from vegas_sim.sim.uncertainty import WHAT_IF_PCT_PER_OCTAVE
+
+    latency, acceptance = api.load_models("qwen3-8b")[:2]
+    a100 = api.load_models("qwen3-8b", gpu="a100")[0]
+    assert latency.what_if_octaves() == 0.0
+    assert math.isclose(a100.what_if_octaves(), math.log2(989.0 / 312.0))
+    scenarios = [Scenario(m, 7, 0.07, batch=4, context=32768, output_len=256)
+                 for m in ("vanilla", "vegas")]
+    measured = predict(scenarios, latency, acceptance, replications=2)
+    what_if = predict(scenarios, a100, acceptance, replications=2)
+    added = what_if["pi_extrapolation_latency_pct"] - measured["pi_extrapolation_latency_pct"]
+    assert np.allclose(added, WHAT_IF_PCT_PER_OCTAVE * a100.what_if_octaves())
+    widths = (what_if["pi_high"] - what_if["pi_low"]) / what_if["throughput_tok_s"]
+    assert (widths > (measured["pi_high"] - measured["pi_low"])
+            / measured["throughput_tok_s"]).all()
+    vegas = what_if.iloc[1]
+    assert vegas["pi_low"] < vegas["pi_low_shape"] < vegas["throughput_tok_s"]

@@ -522,3 +522,12 @@ def test_resume_keeps_how_a_row_picked_its_prompts(tmp_path: Path) -> None:
     rows.assign(prompt_cut="middle").to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(UserInputError, match="prompt_cut 'middle' is none of end, nearest"):
         resumed_passes(tmp_path / "bad.csv", configs)
+
+
+def test_a_run_on_another_gpu_than_the_sets_is_noted() -> None:
+    from vegas_sim.validate.predict import load_models, other_gpu_note
+
+    models = load_models(Path("qwen3-8b-h200"), None)
+    assert other_gpu_note(models, "NVIDIA H200") is None
+    note = other_gpu_note(models, "NVIDIA H100 80GB HBM3")
+    assert note is not None and "measured on NVIDIA H200" in note and "--traces" in note

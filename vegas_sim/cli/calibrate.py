@@ -235,6 +235,10 @@ def calibrate(model: str, weights: str | None, device: str, quick: bool, seed: i
 @click.option("--phase-wave/--no-phase-wave", default=True, show_default=True,
               help="One more wave per configuration with per-phase timers (not measured "
                    "throughput): measured vs predicted ms per phase in the table.")
+@click.option("--gpu", default=None,
+              help="With --repredict: price the rows on this GPU (a --gpu datasheet name of "
+                   "predict) from --traces measured on another, a what-if: how far it lands "
+                   "from runs made on that GPU.")
 @acceptance_anchor_option
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="Result CSV (predicted, measured, error %, CI, extrapolated); the "
@@ -244,7 +248,7 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
              weights: str | None, max_batch: int, context_range: str, output_len: int,
              device: str, seed: int, replications: int, time_budget: float | None,
              passes: int, resume: bool, tensor_parallel: int, phase_wave: bool,
-             acceptance_anchors: tuple[str, ...], out: Path) -> None:
+             gpu: str | None, acceptance_anchors: tuple[str, ...], out: Path) -> None:
     """Compare predictions with real GPU decoding at configurations outside the grid.
 
     Runs real end-to-end decoding for every held-out configuration, predicts each one from
@@ -274,6 +278,10 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
     \b
         vegas-sim validate --repredict val-q8b.csv --traces traces/q8b \\
             --acceptance-traces traces/smol --out val-q8b-new.csv
+
+    \b
+        vegas-sim validate --repredict val-h100.csv --traces qwen3-8b-h200 \\
+            --gpu h100-sxm --out val-h100-from-h200.csv
     """
     with user_errors():
         check_out(out, (".csv",))
@@ -291,11 +299,14 @@ def validate(traces: Path, acceptance_traces: Path | None, heldout: Path | None,
                     repredict, traces=traces, acceptance_traces=acceptance_traces, out=out,
                     seed=seed, replications=replications,
                     log=lambda line: click.echo(line, err=True),
-                    acceptance_anchors=acceptance_anchors)
+                    acceptance_anchors=acceptance_anchors, gpu=gpu)
             click.echo(compare(before, after))
             click.echo(summarize(after))
             click.echo(f"wrote {out}")
             return
+        if gpu is not None:
+            raise click.UsageError("--gpu prices a --repredict table on another GPU; a run is "
+                                   "priced on the GPU it runs on: drop --gpu")
         if (heldout is None) == (n_random is None):
             raise click.UsageError("pass exactly one of --heldout FILE or --random N "
                                    "(or --repredict RESULTS.csv)")

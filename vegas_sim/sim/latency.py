@@ -611,6 +611,14 @@ class LatencyModel:
                 "context": max(0.0, math.log2(max(longest_context, 1) / longest)),
                 "n_query": max(0.0, math.log2(n_query / top_nq))}
 
+    def what_if_octaves(self) -> float:
+        """How far (log2) a GPU what-if lies from the measured GPU: the larger of its copy
+        bandwidth's and its bf16 rate's ratio to the measured ones (0 without a GPU what-if)."""
+        if self._what_if is None:
+            return 0.0
+        return max(abs(math.log2(self._gpu.copy_bandwidth_gbs / self._measured.copy_bandwidth_gbs)),
+                   abs(math.log2(self._gpu.bf16_tflops / self._measured.bf16_tflops)))
+
     def outside_measured(self, batch: int, longest_context: int) -> list[str]:
         """Why a decode instance of `batch` requests whose KV grows to `longest_context` tokens
         lies outside the measured (batch, context) points, where the fitted roofline alone

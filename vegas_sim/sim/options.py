@@ -64,8 +64,10 @@ ACCEPTANCE_ANCHOR_HELP = (
     ".json/.csv anchors file or a packaged name (qwen3-8b-published); repeatable. "
     "'none': the acceptance trace set's own level [default: the packaged anchors of the "
     "model predicted when its acceptance comes from another model's traces].")
-GPU_HELP = ("Hardware what-if: rescale to this GPU's datasheet (a100, h100-sxm, h100-nvl, "
-            "h200, b200). Not measured.")
+GPU_HELP = ("The GPU to predict for (a100, h100-sxm, h100-nvl, h200, b200): the model's "
+            "packaged set measured on it where there is one (qwen3-8b: h100-sxm, h200), else "
+            "a what-if rescaled from the H200 set by datasheet ratios, not measured, its "
+            "interval widened by the distance.")
 GPU_SPEC_HELP = ("Hardware what-if for a GPU not in --gpu's list: a JSON or TOML file with "
                  "name, memory_gb, hbm_bandwidth_gbs (datasheet; or copy_bandwidth_gbs, "
                  "measured), bf16_tflops (dense, datasheet). Not measured.")

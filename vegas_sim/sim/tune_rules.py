@@ -120,8 +120,9 @@ class Evidence:
 def lower_score(df: pd.DataFrame, rank_by: str) -> pd.Series:
     """The score at the low end of the prediction interval: score × pi_low / throughput
     (the score itself where a row has no interval). The low end is `pi_low_shape` where the
-    rows carry it: pi_low without an anchored acceptance's shape-transfer term, which moves
-    every speculative configuration of a method together (`sim.uncertainty`)."""
+    rows carry it: pi_low without an anchored acceptance's shape-transfer term and a GPU
+    what-if's term, which move every speculative configuration of a method together
+    (`sim.uncertainty`)."""
     sc = score(df, rank_by)
     col = "pi_low_shape" if "pi_low_shape" in df.columns else "pi_low"
     if col not in df.columns:
@@ -153,8 +154,8 @@ def selection_rule(rank_by: str, tie_pct: float, outside_evidence: str) -> str:
     outside = ("ranked by its pi_low" if outside_evidence == "pi_low" else "not searched")
     return (f"among the speculative configurations whose pi_low beats vanilla, the best by "
             f"{rank_by} (a point outside the traced γ/sparsity span {outside}; pi_low here "
-            f"leaves out the anchors' shape-transfer term, which moves every speculative "
-            f"configuration of a method together); those within "
+            f"leaves out the anchors' shape-transfer term and a GPU what-if's, which move every "
+            f"speculative configuration of a method together); those within "
             f"{tie_pct:g} % of the best go to the smaller K, then the smaller sparsity; K = 0 "
             f"where none beats vanilla by its interval, or vanilla is within {tie_pct:g} % "
             f"of the best")

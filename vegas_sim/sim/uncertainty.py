@@ -17,7 +17,9 @@ standard deviations (%) combined in quadrature:
   its own run's sampling error (`acceptance_se_pct`: a run of few prompts measures those);
 - extrapolation-distance: grows with how far the scenario lies beyond what was measured —
   EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
-  set's points, EXTRAP_PCT_PER_GAMMA per γ past the traced γ, EXTRAP_PCT_PER_SPARSITY_OCTAVE
+  set's points, WHAT_IF_PCT_PER_OCTAVE per octave from the measured GPU to a what-if's
+  (--gpu, --gpu-spec: axis 'gpu'), EXTRAP_PCT_PER_GAMMA per γ past the traced γ,
+  EXTRAP_PCT_PER_SPARSITY_OCTAVE
   per octave of sparsity outside the traced ones, and beyond the traced contexts the
   context trend's own sd (`AcceptanceDist.context_trend_sd_pct`, `sim.context_trend`), and
   where an anchored acceptance carries a shape set to anchors the scenario is far from, the
@@ -45,9 +47,10 @@ standard deviations (%) combined in quadrature:
   prices each run in its own and has no such term.
 
 `pi_transfer_pct` is the shape-transfer part of the acceptance extrapolation and `pi_low_shape`
-the low end without it: what the interval would be were the anchors' model's acceptance shaped
-like the shape set's (tune ranks by it: the term moves every speculative configuration of a
-method together, so it cannot tell them apart; `sim.tune_rules.lower_score`).
+the low end without it and without the GPU what-if's term: what the interval would be were the
+anchors' model's acceptance shaped like the shape set's and the target GPU the measured one
+(tune ranks by it: each term moves every configuration of a method together, vanilla's too for
+the GPU, so it cannot tell them apart; `sim.tune_rules.lower_score`).
 
 pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval, its low end then lowered by the
 host-protocol term (in quadrature with the symmetric half-width), either end moved likewise by
@@ -87,6 +90,11 @@ OWN_SPREAD_MIN_RUNS = 4
 EXTRAP_PCT_PER_OCTAVE = 4.0
 EXTRAP_PCT_PER_GAMMA = 1.5
 EXTRAP_PCT_PER_SPARSITY_OCTAVE = 8.0
+# A GPU what-if's error per octave between the measured and the target GPU
+# (`LatencyModel.what_if_octaves`): the 95th percentile of the H200 set's misses priced as an
+# H100 SXM, on rows run on an H100, over 1.96 and the 0.52 octave between them
+# (docs/RESULTS.md, "Qwen3-8B on an H100").
+WHAT_IF_PCT_PER_OCTAVE = 13.0
 # The host-protocol term's bound, in units of the predicted sample + select time (see above).
 HOST_PROTOCOL_SHARE = 1.0
 HOST_PROTOCOL_PHASES = ("sample", "select")
@@ -193,10 +201,12 @@ def acceptance_sampling_pct(dist: AcceptanceDist | None) -> float:
 def latency_extrapolation_axes(latency: LatencyModel, batch: int, longest_context: int,
                                n_query: int) -> dict[str, float]:
     """{axis: % sd} of the latency extrapolation: EXTRAP_PCT_PER_OCTAVE per octave of batch,
-    KV length ('kv_length') and verify query rows past the latency set's points."""
+    KV length ('kv_length') and verify query rows past the latency set's points, and
+    WHAT_IF_PCT_PER_OCTAVE per octave from the measured GPU to a what-if's ('gpu')."""
     octaves = latency.octaves_outside(batch, longest_context, n_query)
     names = {"batch": "batch", "context": "kv_length", "n_query": "n_query"}
-    return {names.get(k, k): EXTRAP_PCT_PER_OCTAVE * v for k, v in octaves.items()}
+    return {**{names.get(k, k): EXTRAP_PCT_PER_OCTAVE * v for k, v in octaves.items()},
+            "gpu": WHAT_IF_PCT_PER_OCTAVE * latency.what_if_octaves()}
 
 
 def acceptance_extrapolation_axes(acceptance: AcceptanceModel, method: str, gamma: int,
@@ -324,7 +334,8 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     lo, hi = bounded(lo, hi, physical_bound(row))
     out["pi_transfer_pct"] = sum(transfer.values())
     shape = {**out, "pi_extrapolation_acceptance_pct": sum(acc_axes.values())
-             - out["pi_transfer_pct"]}
+             - out["pi_transfer_pct"],
+             "pi_extrapolation_latency_pct": sum(lat_axes.values()) - lat_axes["gpu"]}
     lo_shape = interval(float(row["throughput_tok_s"]), parts_of(shape),
                         out["pi_host_protocol_pct"], out["pi_sampling_mode_pct"])[0]
     return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant_axis(dominant, axes), **out,

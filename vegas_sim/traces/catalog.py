@@ -18,12 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from vegas_sim.errors import UserInputError
+from vegas_sim.gpus import datasheet_for_device, get_gpu
 from vegas_sim.models import PRESETS
 from vegas_sim.traces import io
 from vegas_sim.traces.io import TraceSet, load_trace_set, require_real_acceptance
 from vegas_sim.traces.meta import TraceSetMeta
 from vegas_sim.traces.schema import (ACCEPTANCE_FILE, CHANGED_PHASES, META_FILE,
                                      RUNTIME_REVISION)
+
+# The GPU whose packaged set answers a prediction that names none (--gpu): every packaged
+# latency model was measured on it, so the default prediction is the same for every model.
+DEFAULT_GPU = "h200"
 
 _HOW_TO_MAKE = (
     "make one on a GPU with `vegas-sim calibrate --model MODEL --out DIR` and pass "
@@ -110,7 +115,9 @@ def runtime_note(name: str, revision: str) -> str:
             f"re-calibrate {', '.join(sorted(changed))} to predict this one")
 
 
-def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
+def _pick_latency(model: str, packaged: list[_Entry], gpu: str | None) -> TraceSet:
+    """The packaged latency set of `model` measured on `gpu` (a --gpu datasheet name), else on
+    DEFAULT_GPU, else the first by name."""
     if not packaged:
         raise UserInputError(
             "no default trace set is packaged with this build of vegas-sim yet",
@@ -127,7 +134,17 @@ def _pick_latency(model: str, packaged: list[_Entry]) -> TraceSet:
     with_latency = [ts for ts in sets if ts.n_rows("latency")]
     if not with_latency:
         raise _acceptance_only(model, sets, packaged)
+    for wanted in (gpu, DEFAULT_GPU):
+        on_it = [ts for ts in with_latency if measured_on(ts, wanted)]
+        if on_it:
+            return on_it[0]
     return with_latency[0]
+
+
+def measured_on(ts: TraceSet, gpu: str | None) -> bool:
+    """Whether `ts` was measured on the GPU that --gpu `gpu` names (its datasheet entry)."""
+    return (gpu is not None and not ts.synthetic
+            and datasheet_for_device(ts.gpu_name) == get_gpu(gpu))
 
 
 def _timed_models(packaged: list[_Entry]) -> list[str]:
@@ -191,6 +208,7 @@ def resolve(
     *,
     acceptance: Path | None = None,
     default_dir: Path | None = None,
+    gpu: str | None = None,
 ) -> tuple[TraceSet, TraceSet, list[str]]:
     """(latency set, real-weight acceptance set, notes) for predicting `model`.
 
@@ -201,6 +219,8 @@ def resolve(
     acceptance: an explicit acceptance set (directory or packaged name); it must have real
     weights (TraceSetError if not).
     default_dir: where packaged sets live (tests point it elsewhere).
+    gpu: the --gpu datasheet name asked for: among the model's packaged sets, the one measured
+    on that GPU, if any (else the one measured on DEFAULT_GPU); `traces` given, unused.
 
     Raises UserInputError when nothing is packaged and no `traces` is given, or when the latency
     set is for another model (listing the models available); TraceSetError when no real-weight
@@ -215,7 +235,7 @@ def resolve(
         if model is None:
             models = sorted({s.model_name for s in packaged})
             model = models[0] if len(models) == 1 else ""
-        latency = _pick_latency(model or "", packaged)
+        latency = _pick_latency(model or "", packaged, gpu)
     notes = [f"latency: {describe(latency)}"]
     if not latency.synthetic and latency.runtime_revision != RUNTIME_REVISION:
         notes.append(runtime_note(latency.name, latency.runtime_revision))

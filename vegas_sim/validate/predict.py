@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from vegas_sim import api
-from vegas_sim.gpus import datasheet_for_device
+from vegas_sim.gpus import datasheet_for_device, get_gpu
 from vegas_sim.methods import drafts
 from vegas_sim.sim.acceptance_dist import FixedSequences
 from vegas_sim.sim.engine import simulate
@@ -44,7 +44,7 @@ class Models:
 def load_models(traces: Path, acceptance_traces: Path | None,
                 log: Callable[[str], None] | None = None,
                 acceptance_anchors: Sequence[str | Path] = (),
-                tensor_parallel: int = 1) -> Models:
+                tensor_parallel: int = 1, gpu: str | None = None) -> Models:
     """Latency model of `traces`; acceptance model of `acceptance_traces`, by default of
     `traces` when it has real-weights acceptance, else of the packaged real-weights set (as
     `predict` does; `notes` say which, and go to `log` as "note: ..." lines).
@@ -56,13 +56,22 @@ def load_models(traces: Path, acceptance_traces: Path | None,
 
     tensor_parallel: the group size the run decodes at (`validate --tp`): a latency set
     measured at it is used as measured; one measured on one GPU is priced at it as a what-if
-    (`sim.parallel`, noted); any other is refused."""
+    (`sim.parallel`, noted); any other is refused.
+
+    gpu: a --gpu datasheet name: `traces` priced on that GPU by datasheet ratios (as `predict
+    --gpu` prices a what-if), unless it was measured there (noted either way)."""
     latency_set, acc_set, notes = catalog.resolve(None, traces, acceptance=acceptance_traces)
     acceptance, anchor_notes = api.anchor_acceptance(
         api.fit_acceptance(acc_set), acc_set, latency_set.model_name,
         tuple(acceptance_anchors) or (api.NO_ANCHORS,))
     notes = [*notes, *anchor_notes]
     latency = api.fit_latency(latency_set)
+    if gpu is not None and catalog.measured_on(latency_set, gpu):
+        notes = [*notes, f"GPU {gpu}: measured ({latency_set.name})"]
+    elif gpu is not None:
+        latency = latency.what_if(get_gpu(gpu))
+        notes = [*notes, f"GPU {gpu}: what-if by datasheet ratios from {latency_set.name} "
+                         f"({latency_set.gpu_name}) — NOT measured"]
     if tensor_parallel != latency.tensor_parallel.size:
         group = TensorParallel.of(latency.model, tensor_parallel,
                                   datasheet_for_device(latency.measured_gpu.name))
@@ -84,6 +93,17 @@ def load_models(traces: Path, acceptance_traces: Path | None,
         traced_temperatures=tuple(sorted(float(t) for t in acc_set.acceptance["temperature"]
                                          .unique())),
         notes=tuple(notes))
+
+
+def other_gpu_note(models: Models, run_gpu: str) -> str | None:
+    """A note when the GPU a validation runs on is not the one its latency set measured (by
+    datasheet): the predictions are then that GPU's, and every error carries the gap."""
+    measured = models.latency.measured_gpu.name
+    if datasheet_for_device(run_gpu) == datasheet_for_device(measured) or run_gpu == measured:
+        return None
+    return (f"runs on {run_gpu}, the latency set was measured on {measured}: the predictions "
+            f"are that GPU's (pass --traces a set measured on this GPU, e.g. `vegas-sim "
+            f"calibrate` here)")
 
 
 def resolve_temperature(h: HeldOut, models: Models) -> tuple[HeldOut, str]:

@@ -37,17 +37,19 @@ from vegas_sim.validate.results import (
 def repredict(results: Path, *, traces: Path, acceptance_traces: Path | None, out: Path,
               seed: int = 0, replications: int = 5,
               log: Callable[[str], None] | None = None,
-              acceptance_anchors: Sequence[str | Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+              acceptance_anchors: Sequence[str | Path] = (), gpu: str | None = None,
+              ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Re-predict every row of an earlier result table with the *current* simulator.
 
     The measured columns (throughput, iterations, accept counts, time) are kept; every
     predicted column and error is recomputed from `traces` / `acceptance_traces`. Writes the
     new table to `out` and returns (old table, new table); `compare` summarises the two.
     A table from before accept counts were recorded gets NaN for the replay columns (and for
-    `predicted` in the replay regime).
+    `predicted` in the replay regime). gpu: price the rows on that GPU (a --gpu datasheet
+    name) from `traces` measured on another: how far the what-if lands from runs made there.
     """
     old = read_results(results)
-    models = load_models(traces, acceptance_traces, log, acceptance_anchors)
+    models = load_models(traces, acceptance_traces, log, acceptance_anchors, gpu=gpu)
     rows = []
     for i, rec in enumerate(old.to_dict(orient="records")):
         row = {str(k): v for k, v in rec.items()}

@@ -33,6 +33,7 @@ from vegas_sim.validate.heldout import (
 from vegas_sim.validate.measure import measure_config
 from vegas_sim.validate.predict import (
     load_models,
+    other_gpu_note,
     predict_replayed,
     predicted_phases,
     prediction_replications,
@@ -149,6 +150,10 @@ def _validate(
         write_heldout(heldout, out.with_suffix(".heldout.csv"))
     resolved = [resolve_temperature(h0, models) for h0 in heldout]
     done = resumed_passes(out, [h for h, _ in resolved]) if resume else {}
+    if device == "cuda" and lead and log is not None:
+        note = other_gpu_note(models, torch.cuda.get_device_name())
+        if note:
+            log(f"note: {note}")
     if group is None:
         runtime_model: Any = loading.load_model(model, weights=weights, device=device,
                                                 seed=seed)[0]
