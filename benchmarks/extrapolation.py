@@ -22,7 +22,7 @@ predicted from the whole sets (`full_*` columns): the same rows' interpolation e
 
 Writes `benchmarks/results/extrapolation_by_axis.csv` (per axis and regime: rows, median and
 max |error| from the cut sets and from the whole sets, share of rows inside the prediction
-interval) and `benchmarks/results/extrapolation_rows.csv` (every scored row), and
+interval) and `benchmarks/results/extrapolation_rows.csv.gz` (every scored row), and
 `benchmarks/results/pi_coverage.csv`: over every validation row predicted from the whole
 sets (per regime, overall and per table), the share inside the prediction interval, its
 median half-width and how often each part dominates.
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", default=",".join(str(RESULTS / t) for t in TABLES),
                     help="comma-separated validation tables (default: the committed ones)")
     ap.add_argument("--out", type=Path, default=RESULTS / "extrapolation_by_axis.csv")
-    ap.add_argument("--rows-out", type=Path, default=RESULTS / "extrapolation_rows.csv")
+    ap.add_argument("--rows-out", type=Path, default=RESULTS / "extrapolation_rows.csv.gz")
     ap.add_argument("--coverage-out", type=Path, default=RESULTS / "pi_coverage.csv")
     args = ap.parse_args(argv)
     tables = [Path(t) for t in args.tables.split(",")]
