@@ -531,3 +531,16 @@ def test_a_run_on_another_gpu_than_the_sets_is_noted() -> None:
     assert other_gpu_note(models, "NVIDIA H200") is None
     note = other_gpu_note(models, "NVIDIA H100 80GB HBM3")
     assert note is not None and "measured on NVIDIA H200" in note and "--traces" in note
+
+
+def test_a_run_on_an_unknown_gpu_is_noted_unless_the_set_names_the_same(tmp_path: Path) -> None:
+    """Two GPUs without a datasheet entry are told apart by name, not taken as one."""
+    from vegas_sim.traces.synthetic import make_synthetic_trace_set
+    from vegas_sim.validate.predict import load_models, other_gpu_note
+
+    traces = tmp_path / "traces"
+    make_synthetic_trace_set(traces, model="smollm2-135m", gammas=(2, 4), contexts=(64, 256),
+                             batches=(1, 2))
+    models = load_models(traces, None)
+    assert other_gpu_note(models, models.latency.measured_gpu.name) is None
+    assert other_gpu_note(models, "AMD Instinct MI300X") is not None

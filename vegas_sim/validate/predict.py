@@ -99,7 +99,8 @@ def other_gpu_note(models: Models, run_gpu: str) -> str | None:
     """A note when the GPU a validation runs on is not the one its latency set measured (by
     datasheet): the predictions are then that GPU's, and every error carries the gap."""
     measured = models.latency.measured_gpu.name
-    if datasheet_for_device(run_gpu) == datasheet_for_device(measured) or run_gpu == measured:
+    # by datasheet where both are known, else by name: two unknown cards are not the same
+    if (datasheet_for_device(run_gpu) or run_gpu) == (datasheet_for_device(measured) or measured):
         return None
     return (f"runs on {run_gpu}, the latency set was measured on {measured}: the predictions "
             f"are that GPU's (pass --traces a set measured on this GPU, e.g. `vegas-sim "
