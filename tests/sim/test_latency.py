@@ -797,3 +797,16 @@ def test_quest_meta_prices_a_requests_pages_apart_from_the_batchs() -> None:
     fitted = one.coefficients().set_index(["phase", "method"]).loc[
         ("quest_meta", "magicdec-quest"), "fitted"]
     assert "per_request" not in fitted.split(",")
+
+
+def test_what_if_memory_is_the_measured_capacity_scaled_by_datasheet_ratio(
+        packaged: LatencyModel) -> None:
+    """Datasheet capacities are the vendor's "GB" (80 for an H100 that torch reports as 85.0e9
+    bytes); a what-if from the H200 set lands on the H100 set's measured capacity, not 80e9."""
+    from vegas_sim.traces.io import load_trace_set
+
+    h100 = load_trace_set(PACKAGED.parent / "qwen3-8b-h100")
+    measured = h100.meta["gpu"]["memory_gb"]
+    assert measured > 84.0  # 79.2 GiB as 1e9-byte GB
+    assert packaged.what_if(get_gpu("h100-sxm")).gpu.memory_gb == pytest.approx(measured,
+                                                                               rel=0.01)

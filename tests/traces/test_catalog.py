@@ -213,11 +213,15 @@ def test_an_older_runtime_revision_is_named_in_the_notes(tmp_path: Path) -> None
 
 
 def test_the_packaged_set_measured_on_the_gpu_asked_for_answers() -> None:
-    """qwen3-8b has sets from two GPUs: --gpu h100-sxm takes the H100's, no --gpu (or a GPU
-    nothing was measured on) the default GPU's; a model measured on one GPU keeps it."""
+    """qwen3-8b, gpt-oss-20b and qwen3-30b-a3b have sets from two GPUs: --gpu h100-sxm takes
+    the H100's, no --gpu (or a GPU nothing was measured on) the default GPU's; a model measured
+    on one GPU keeps it."""
     assert catalog.resolve("qwen3-8b", None)[0].name == f"qwen3-8b-{catalog.DEFAULT_GPU}"
     assert catalog.resolve("qwen3-8b", None, gpu="h100-sxm")[0].name == "qwen3-8b-h100"
     assert catalog.resolve("qwen3-8b", None, gpu="a100")[0].name == "qwen3-8b-h200"
-    assert catalog.resolve("gpt-oss-20b", None, gpu="h100-sxm")[0].name == "gpt-oss-20b-h200"
+    for model in ("gpt-oss-20b", "qwen3-30b-a3b"):
+        assert catalog.resolve(model, None, gpu="h100-sxm")[0].name == f"{model}-h100"
+        assert catalog.resolve(model, None)[0].name == f"{model}-h200"
+    assert catalog.resolve("smollm2-135m", None, gpu="h100-sxm")[0].name == "smollm2-135m-h200"
     h100 = catalog.resolve("qwen3-8b", None, gpu="h100-sxm")[0]
     assert catalog.measured_on(h100, "h100-sxm") and not catalog.measured_on(h100, "h100-nvl")

@@ -468,7 +468,9 @@ class LatencyModel:
                                 base.copy_bandwidth_gbs * target.bandwidth_gbs
                                 / source.bandwidth_gbs),
             bf16_tflops=base.bf16_tflops * target.bf16_tflops / source.bf16_tflops,
-            memory_gb=target.memory_gb,
+            # datasheet capacities are the vendor's (GiB-like) "GB", a trace set's are 1e9 bytes
+            # as torch reports them: scaled by ratio like the rates (H100 80 GB: 85.0e9 bytes)
+            memory_gb=base.memory_gb * target.memory_gb / source.memory_gb,
         )
         return self._variant(what_if=target, effective=scaled)
 

@@ -65,7 +65,7 @@ ACCEPTANCE_ANCHOR_HELP = (
     "'none': the acceptance trace set's own level [default: the packaged anchors of the "
     "model predicted when its acceptance comes from another model's traces].")
 GPU_HELP = ("The GPU to predict for (a100, h100-sxm, h100-nvl, h200, b200): the model's "
-            "packaged set measured on it where there is one (qwen3-8b: h100-sxm, h200), else "
+            "packaged set measured on it where there is one (h200; h100-sxm for qwen3-8b, gpt-oss-20b, qwen3-30b-a3b), else "
             "a what-if rescaled from the H200 set by datasheet ratios, not measured, its "
             "interval widened by the distance.")
 GPU_SPEC_HELP = ("Hardware what-if for a GPU not in --gpu's list: a JSON or TOML file with "

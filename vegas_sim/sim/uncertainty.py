@@ -93,7 +93,7 @@ EXTRAP_PCT_PER_SPARSITY_OCTAVE = 8.0
 # A GPU what-if's error per octave between the measured and the target GPU
 # (`LatencyModel.what_if_octaves`): the 95th percentile of the H200 set's misses priced as an
 # H100 SXM, on rows run on an H100, over 1.96 and the 0.52 octave between them
-# (docs/RESULTS.md, "Qwen3-8B on an H100").
+# (docs/RESULTS.md, "Three models on an H100").
 WHAT_IF_PCT_PER_OCTAVE = 13.0
 # The host-protocol term's bound, in units of the predicted sample + select time (see above).
 HOST_PROTOCOL_SHARE = 1.0
