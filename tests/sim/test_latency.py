@@ -810,3 +810,9 @@ def test_what_if_memory_is_the_measured_capacity_scaled_by_datasheet_ratio(
     assert measured > 84.0  # 79.2 GiB as 1e9-byte GB
     assert packaged.what_if(get_gpu("h100-sxm")).gpu.memory_gb == pytest.approx(measured,
                                                                                rel=0.01)
+
+
+def test_what_if_memory_of_a_set_without_a_recorded_capacity_is_the_datasheet() -> None:
+    df = synthetic_latency(np.random.default_rng(7), methods=("vanilla",))
+    lm = LatencyModel.fit(df, MODEL, MeasuredGpu("NVIDIA H200", 4000.0, 800.0, 0.0))
+    assert lm.what_if(get_gpu("h100-sxm")).gpu.memory_gb == get_gpu("h100-sxm").memory_gb

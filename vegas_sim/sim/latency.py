@@ -172,6 +172,16 @@ def _fit_groups(phys: Physics, latency: pd.DataFrame, graphed: bool
     return groups
 
 
+def _what_if_memory_gb(measured: MeasuredGpu, source: GpuSpec, target: GpuSpec) -> float:
+    """The target's capacity in the measured set's units. A datasheet's capacity is the vendor's
+    "GB" (an H100's 80 is 85.0e9 bytes as torch reports it), a trace set's is 1e9 bytes: the
+    measured capacity scaled by the datasheet ratio, like the rates; the datasheet figure as it
+    is when the set recorded none."""
+    if measured.memory_gb <= 0:
+        return target.memory_gb
+    return measured.memory_gb * target.memory_gb / source.memory_gb
+
+
 class LatencyModel:
     """Per-(phase, method) roofline fits. Build with `LatencyModel.fit` (or `from_meta`)."""
 
@@ -468,9 +478,7 @@ class LatencyModel:
                                 base.copy_bandwidth_gbs * target.bandwidth_gbs
                                 / source.bandwidth_gbs),
             bf16_tflops=base.bf16_tflops * target.bf16_tflops / source.bf16_tflops,
-            # datasheet capacities are the vendor's (GiB-like) "GB", a trace set's are 1e9 bytes
-            # as torch reports them: scaled by ratio like the rates (H100 80 GB: 85.0e9 bytes)
-            memory_gb=base.memory_gb * target.memory_gb / source.memory_gb,
+            memory_gb=_what_if_memory_gb(base, source, target),
         )
         return self._variant(what_if=target, effective=scaled)
 
