@@ -65,9 +65,9 @@ ACCEPTANCE_ANCHOR_HELP = (
     "'none': the acceptance trace set's own level [default: the packaged anchors of the "
     "model predicted when its acceptance comes from another model's traces].")
 GPU_HELP = ("The GPU to predict for (a100, h100-sxm, h100-nvl, h200, b200): the model's "
-            "packaged set measured on it where there is one (h200; h100-sxm for qwen3-8b, gpt-oss-20b, qwen3-30b-a3b), else "
-            "a what-if rescaled from the H200 set by datasheet ratios, not measured, its "
-            "interval widened by the distance.")
+            "packaged set measured on it where there is one (h200; h100-sxm for qwen3-8b, "
+            "gpt-oss-20b, qwen3-30b-a3b), else a what-if rescaled from the H200 set by "
+            "datasheet ratios, not measured, its interval widened by the distance.")
 GPU_SPEC_HELP = ("Hardware what-if for a GPU not in --gpu's list: a JSON or TOML file with "
                  "name, memory_gb, hbm_bandwidth_gbs (datasheet; or copy_bandwidth_gbs, "
                  "measured), bf16_tflops (dense, datasheet). Not measured.")
