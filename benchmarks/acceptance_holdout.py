@@ -41,6 +41,7 @@ import pandas as pd
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_cells import split_runs, workload_buckets
+from vegas_sim.sim.context_trend import TREND_SD_SCALE, Z95
 from vegas_sim.sim.uncertainty import run_sd
 from vegas_sim.traces.io import load_trace_set
 
@@ -143,10 +144,43 @@ def score(points: pd.DataFrame) -> pd.DataFrame:
         points[f"{col}_err_pct"] = 100 * (points[col] - points.measured) / points.measured
     # the trend's sd is % of the prediction (the interval is around it), the measurement's %
     # of the measured mean
-    band = 1.96 * np.hypot(points.trend_sd_pct * points.predicted,
+    band = Z95 * np.hypot(points.trend_sd_pct * points.predicted,
                            points.measured_se_pct * points.measured) / 100.0
     points["covered"] = (points.predicted - points.measured).abs() <= band
+    points["scale_needed"] = scale_needed(points)
     return points
+
+
+def scale_needed(points: pd.DataFrame) -> pd.Series:
+    """The factor on the trend's unscaled sd (the product's / TREND_SD_SCALE) each point needs
+    to fall inside the 95 % interval, its measurement's error beside it (0: inside without
+    any trend sd)."""
+    half = (points.predicted - points.measured).abs() / Z95
+    measured = points.measured_se_pct * points.measured / 100.0
+    trend = points.trend_sd_pct / TREND_SD_SCALE * points.predicted / 100.0
+    need = np.sqrt(np.maximum(half ** 2 - measured ** 2, 0.0))
+    return need / trend.where(trend > 0.0, np.nan)
+
+
+def calibration(points: pd.DataFrame, quantile: float = 0.95) -> list[str]:
+    """TREND_SD_SCALE's evidence: the `quantile` of the factors the points need (a point
+    no factor covers, the trend's sd 0, counts as needing more than any), and split by
+    workload: each workload's points against the quantile of the other workloads' (their
+    coverage is then out of sample)."""
+    need = points.scale_needed.fillna(np.inf)
+    lines = [f"trend sd scale the points need: {quantile:.0%} quantile "
+             f"{np.quantile(need, quantile):.2f} (TREND_SD_SCALE {TREND_SD_SCALE:g})"]
+    covered = 0
+    for wl in sorted(points.workload.unique()):
+        mine = points.workload == wl
+        scale = float(np.quantile(need[~mine], quantile))
+        inside = int((need[mine] <= scale).sum())
+        covered += inside
+        lines.append(f"  {wl:<12} scale of the others {scale:5.2f}: covers {inside} of "
+                     f"{int(mine.sum())}")
+    lines.append(f"  each workload by the others' scale: covers {covered / len(points):.0%} "
+                 f"of {len(points)}")
+    return lines
 
 
 def summary(points: pd.DataFrame) -> list[str]:
@@ -184,6 +218,7 @@ def main() -> None:
             "predicted_err_pct", "trend_sd_pct", "covered", "nearest_bucket_err_pct", "trend"]
     print(points[cols].round(3).to_string(index=False))
     print("\n".join(summary(points)))
+    print("\n".join(calibration(points)))
     command = f"PYTHONPATH=. python benchmarks/acceptance_holdout.py --design {args.design}"
     if args.set != SET:
         command += f" --set {args.set}"

@@ -174,6 +174,22 @@ def test_uncertainty_widens_with_distance(rising: AcceptanceModel) -> None:
     assert [t.shift_sd(d) for d in (0, 1, 2)] == sorted({t.shift_sd(d) for d in (0, 1, 2)})
 
 
+def test_calibrated_sd_widens_the_interval_and_moves_no_prediction(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TREND_SD_SCALE multiplies the context trend's sd and nothing else: the pooled slopes,
+    the shift and the mean acceptance length beyond the traced contexts are the unscaled
+    model's (a scale leaking into the pooling weights would move them)."""
+    def far(scale: float) -> Any:
+        monkeypatch.setattr("vegas_sim.sim.context_trend.TREND_SD_SCALE", scale)
+        model = AcceptanceModel.from_traces(trend_traces(0.4), "real")
+        return model.lookup("vegas", GAMMA, 0.1, 16384, "longdoc", 0.6)
+
+    one, two = far(1.0), far(2.0)
+    np.testing.assert_allclose(two.rates, one.rates)
+    assert one.context_trend_sd_pct > 0.0
+    assert two.context_trend_sd_pct == pytest.approx(2.0 * one.context_trend_sd_pct)
+
+
 class _FlatLatency:
     """What interval_columns asks of a LatencyModel (inside every measured range; sample and
     select timed in the decoding loop, so no host-protocol term)."""

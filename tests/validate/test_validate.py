@@ -311,6 +311,19 @@ def test_acceptance_sampling_error_is_the_spread_of_requests() -> None:
     assert math.isnan(acceptance_se_pct(waves, [[0, 0], [0, 0]]))  # one prompt: no spread
 
 
+def test_a_runs_sampling_error_widens_by_students_t_for_its_prompts() -> None:
+    """The run's acceptance error in the interval: its SE × t(0.975, n − 1) / 1.96 for n
+    distinct prompts (3 prompts: 4.30 / 1.96), nearly the SE itself for many, 0 unmeasured."""
+    from vegas_sim.validate.results import prompt_lengths, run_error_pct
+
+    waves = [[[1, 1], [3, 3]], [[2, 2, 2], [1, 3]]]
+    np.testing.assert_allclose(sorted(prompt_lengths(waves, [[0, 1], [0, 1]])), [2.5, 3.5])
+    assert len(prompt_lengths(waves)) == 4  # no prompt ids: every request its own
+    assert run_error_pct(10.0, 3) == pytest.approx(10.0 * 4.302653 / 1.96, rel=1e-5)
+    assert 10.0 < run_error_pct(10.0, 200) < 10.1
+    assert run_error_pct(10.0, 1) == 0.0 and run_error_pct(math.nan, 8) == 0.0
+
+
 def test_prompt_index_cycles_through_the_long_prompts() -> None:
     from vegas_sim.validate.results import long_prompts, prompt_index
 

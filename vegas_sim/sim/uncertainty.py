@@ -14,7 +14,8 @@ standard deviations (%) combined in quadrature:
   group's other runs (`DrawSource.run_spread`), since its one prompt's mean stands for
   prompts it never saw, and a cell of 2-3 runs the larger of its own and that (`run_sd`:
   an sd of 1-2 degrees of freedom may be a sixth of the true one). A validation row adds
-  its own run's sampling error (`acceptance_se_pct`: a run of few prompts measures those);
+  its own run's sampling error (`acceptance_se_pct`: a run of few prompts measures those),
+  widened by Student's t for the prompts it was measured on (`validate.results.run_error_pct`);
 - extrapolation-distance: grows with how far the scenario lies beyond what was measured —
   EXTRAP_PCT_PER_OCTAVE per octave of batch, KV length or verify query rows past the latency
   set's points, WHAT_IF_PCT_PER_OCTAVE per octave from the measured GPU to a what-if's

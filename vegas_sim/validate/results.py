@@ -20,6 +20,8 @@ from vegas_sim.calibrate.workloads import (
 from vegas_sim.errors import UserInputError
 from vegas_sim.methods import PHASES
 from vegas_sim.sim.predict import PROVENANCE_COLUMNS
+from vegas_sim.sim.context_trend import Z95
+from vegas_sim.sim.metrics import t_quantile
 from vegas_sim.sim.uncertainty import interval, parts_of
 from vegas_sim.validate.heldout import HeldOut
 
@@ -118,26 +120,42 @@ def acceptance_length(waves: Sequence[Sequence[Sequence[int]]]) -> float:
     return 1.0 + float(np.mean(draws)) if draws else 1.0
 
 
-def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]],
-                      prompts: Sequence[Sequence[int]] | None = None) -> float:
-    """Sampling error of a run's acceptance length, % of it: the standard deviation of the
-    per-prompt acceptance lengths / √prompts. `prompts` [wave][request] names each request's
-    prompt (requests of one prompt are averaged first: at B 64 and C ≥ 4K the 32 longdoc
-    prompts give 8–16 distinct ones, so the requests are not independent); None = every
-    request its own. Acceptance varies widely from prompt to prompt (SmolLM2 on longdoc), so
-    a run of few prompts measures those prompts, not the workload the prediction describes:
-    an acceptance error within ~2 of these is noise. NaN with fewer than 2 prompts (and for
-    vanilla)."""
+def prompt_lengths(waves: Sequence[Sequence[Sequence[int]]],
+                   prompts: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+    """[distinct prompts] each prompt's acceptance length in a run: its requests' (1 + mean
+    accepted) averaged. `prompts` [wave][request] names each request's prompt (requests of one
+    prompt are averaged first: at B 64 and C ≥ 4K the 32 longdoc prompts give 8–16 distinct
+    ones, so the requests are not independent); None = every request its own."""
     by_prompt: dict[int, list[float]] = {}
     for w, wave in enumerate(waves):
         for r, req in enumerate(wave):
             if len(req):
                 key = prompts[w][r] if prompts is not None else len(by_prompt)
                 by_prompt.setdefault(key, []).append(1.0 + float(np.mean(req)))
-    if len(by_prompt) < 2:
+    return np.asarray([np.mean(v) for v in by_prompt.values()], dtype=np.float64)
+
+
+def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]],
+                      prompts: Sequence[Sequence[int]] | None = None) -> float:
+    """Sampling error of a run's acceptance length, % of it: the standard deviation of the
+    per-prompt acceptance lengths (`prompt_lengths`) / √prompts. Acceptance varies widely from
+    prompt to prompt (SmolLM2 on longdoc), so a run of few prompts measures those prompts, not
+    the workload the prediction describes: an acceptance error within ~2 of these is noise.
+    NaN with fewer than 2 prompts (and for vanilla)."""
+    x = prompt_lengths(waves, prompts)
+    if len(x) < 2:
         return float("nan")
-    x = np.asarray([np.mean(v) for v in by_prompt.values()])
     return float(100.0 * x.std(ddof=1) / math.sqrt(len(x)) / x.mean())
+
+
+def run_error_pct(se_pct: float, prompts: int) -> float:
+    """A run's acceptance sampling error as the interval takes it: `se_pct` (from `prompts`
+    distinct prompts, so an sd of prompts − 1 degrees of freedom) widened by Student's t over
+    the normal quantile the interval uses, t(0.975, prompts − 1) / Z95 (8 prompts: ×1.2); 0
+    when unmeasured."""
+    if not math.isfinite(se_pct) or prompts < 2:
+        return 0.0
+    return se_pct * t_quantile(prompts - 1, 0.975) / Z95
 
 
 def format_phases(phases: dict[str, float]) -> str:
@@ -323,6 +341,7 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "acceptance_error_pct": pct_error(float(pred["window_acceptance_length"]),
                                      m.acceptance_length),
         "acceptance_se_pct": acceptance_se_pct(m.accepted, prompts),
+        "acceptance_prompts": len(prompt_lengths(m.accepted, prompts)),
         "workload_prompts": math.nan if workload_prompts is None else workload_prompts,
         "prompt_cut": prompt_cut if weights == "real" else "",
         "measured_iterations": m.iterations,
@@ -340,17 +359,19 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "wall_s": wall_s,
         "measured_accepted": encode_accepted(m.accepted),
     }
-    row.update(validation_interval(pred, primary, weights, row["acceptance_se_pct"]))
+    row.update(validation_interval(pred, primary, weights, run_error_pct(
+        row["acceptance_se_pct"], row["acceptance_prompts"])))
     return row
 
 
 def validation_interval(pred: pd.Series, predicted: float, weights: str,
                         run_acceptance_se_pct: float) -> dict[str, Any]:
     """pi_low / pi_high / pi_dominant of `predicted` (sim.uncertainty): real weights add the
-    run's own acceptance sampling error to the model's; the replay regime feeds the run's
-    accept counts, so neither acceptance term nor the Monte-Carlo one applies. The one-sided
-    host-protocol term (sim.uncertainty) lowers pi_low in both; the one-sided sampling-mode
-    term (a run in a mode the latency set did not time) moves pi_high or pi_low in both."""
+    run's own acceptance sampling error (`run_error_pct`) to the model's; the replay regime
+    feeds the run's accept counts, so neither acceptance term nor the Monte-Carlo one applies.
+    The one-sided host-protocol term (sim.uncertainty) lowers pi_low in both; the one-sided
+    sampling-mode term (a run in a mode the latency set did not time) moves pi_high or pi_low
+    in both."""
     if "pi_latency_fit_pct" not in pred:
         return {"pi_low": math.nan, "pi_high": math.nan, "pi_dominant": ""}
     se = run_acceptance_se_pct if math.isfinite(run_acceptance_se_pct) else 0.0
