@@ -66,15 +66,16 @@ acceptance length (`context_trend_sd_pct`), linearised at the edge bucket (`Tren
 it keeps growing where the shifted rates saturate), which the prediction interval adds to its
 acceptance extrapolation term.
 
-Calibration (TREND_SD_SCALE): the sd above is a model's, from the buckets' standard errors; the
-context hold-outs measure how far the trend actually misses. Held out per workload (SmolLM2's
-real set, each workload fitted on its shortest third of buckets, `benchmarks/acceptance_holdout.py`),
-the factor each held-out point needs on the trend's sd to fall inside the 95 % interval (with
-its own measurement's error beside it) has a 95th percentile of about 2: the slopes of two or
-three buckets vary between workloads more than their standard errors and the curvature
-allowance say. So the sd is scaled by it, split-conformal style: it widens the interval only,
-never moves the prediction; scored per workload with the factor of the other workloads alone
-(1.8-2.2), the intervals cover the held-out points at about the nominal rate.
+Calibration (TREND_SD_SCALE): the sd above is a model's, from the buckets' standard errors;
+the context hold-outs measure how far the trend actually misses. Held out per workload
+(SmolLM2's real set, each workload fitted on its shortest third of buckets,
+`benchmarks/acceptance_holdout.py`), the factor each held-out point needs on the trend's sd to
+fall inside the 95 % interval (with its own measurement's error beside it) has a 95th
+percentile of about 2: the slopes of two or three buckets vary between workloads more than
+their standard errors and the curvature allowance say. So the sd is scaled by it,
+split-conformal style: it widens the interval only, never moves the prediction; scored per
+workload with the factor of the other workloads alone (1.8-2.2), the intervals cover the
+held-out points at about the nominal rate.
 """
 
 from __future__ import annotations

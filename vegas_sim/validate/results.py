@@ -365,7 +365,7 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
 
 
 def validation_interval(pred: pd.Series, predicted: float, weights: str,
-                        run_acceptance_se_pct: float) -> dict[str, Any]:
+                        run_acceptance_error_pct: float) -> dict[str, Any]:
     """pi_low / pi_high / pi_dominant of `predicted` (sim.uncertainty): real weights add the
     run's own acceptance sampling error (`run_error_pct`) to the model's; the replay regime
     feeds the run's accept counts, so neither acceptance term nor the Monte-Carlo one applies.
@@ -374,7 +374,7 @@ def validation_interval(pred: pd.Series, predicted: float, weights: str,
     in both."""
     if "pi_latency_fit_pct" not in pred:
         return {"pi_low": math.nan, "pi_high": math.nan, "pi_dominant": ""}
-    se = run_acceptance_se_pct if math.isfinite(run_acceptance_se_pct) else 0.0
+    se = run_acceptance_error_pct if math.isfinite(run_acceptance_error_pct) else 0.0
     real = weights == "real"
     parts = parts_of(dict(pred), acceptance=real, simulation=real,
                      extra_acceptance_pct=se)
