@@ -1,10 +1,10 @@
 """CPU smoke run of benchmarks/kernels.py: the control flow the H200 run depends on.
 
-The kernels are replaced by the torch reference (tiny shapes, device "cpu", timings stubbed),
-so what is tested is the benchmark itself: every step runs, the Collect-2-Query candidate and
-B=1 lines are produced, a failing candidate is recorded and the run goes on, an illegal
-address at the big cache (the crash once seen on the H200) is recorded, stops the GPU work, and the CSV and
-the PASS/FAIL table are still written.
+The kernels are replaced by the torch reference (tiny shapes, device "cpu", timings stubbed;
+the radix top-k by torch.topk), so what is tested is the benchmark itself: every step runs, the
+Collect-2-Query candidate and B=1 lines are produced, a failing candidate is recorded and the
+run goes on, an illegal address at the big cache (the crash once seen on the H200) is
+recorded, stops the GPU work, and the CSV and the PASS/FAIL table are still written.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from vegas_sim.kernels import reference
 from vegas_sim.kernels import sparse_attention as sa
+from vegas_sim.kernels import topk
 from vegas_sim.kernels import verify_attention as va
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +47,12 @@ def fake_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.T
                                       score_format=kw.get("score_format", "bf16"))
 
 
+def fake_radix_topk(weights: torch.Tensor, k: int, **kw: Any) -> torch.Tensor:
+    """torch.topk in radix_topk's contract (int32 indices [..., k]); the kernel itself is
+    tested in test_topk.py, and under the interpreter it would be most of this file's time."""
+    return torch.topk(weights, k, dim=-1, sorted=False).indices.to(torch.int32)
+
+
 def fake_sparse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
                 n: torch.Tensor, tail: torch.Tensor, lens: torch.Tensor, scale: float,
                 **kw: Any) -> torch.Tensor:
@@ -66,6 +73,7 @@ def bk(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setattr(mod, "qwen3_8b_gemm_ms", lambda tokens: 1.0)
     monkeypatch.setattr(va, "verify_attention", fake_verify)
     monkeypatch.setattr(sa, "sparse_draft_attention", fake_sparse)
+    monkeypatch.setattr(topk, "radix_topk", fake_radix_topk)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
