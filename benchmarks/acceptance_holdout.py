@@ -154,12 +154,12 @@ def score(points: pd.DataFrame) -> pd.DataFrame:
 def scale_needed(points: pd.DataFrame) -> pd.Series:
     """The factor on the trend's unscaled sd (the product's / TREND_SD_SCALE) each point needs
     to fall inside the 95 % interval, its measurement's error beside it (0: inside without
-    any trend sd)."""
+    any trend sd; NaN: outside with a trend sd of 0, which no factor widens)."""
     half = (points.predicted - points.measured).abs() / Z95
     measured = points.measured_se_pct * points.measured / 100.0
     trend = points.trend_sd_pct / TREND_SD_SCALE * points.predicted / 100.0
     need = np.sqrt(np.maximum(half ** 2 - measured ** 2, 0.0))
-    return need / trend.where(trend > 0.0, np.nan)
+    return (need / trend.where(trend > 0.0, np.nan)).where(need > 0.0, 0.0)
 
 
 def calibration(points: pd.DataFrame, quantile: float = 0.95) -> list[str]:

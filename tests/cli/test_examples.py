@@ -121,8 +121,9 @@ def without_out(example: str) -> tuple[str, ...]:
     return tuple(args)
 
 
-HELP_RUNS = {without_out(e) for e in help_examples()}
-GROUPS = [(source, group) for source, found in (("--help", help_examples()),
+HELP_EXAMPLES = help_examples()
+HELP_RUNS = {without_out(e) for e in HELP_EXAMPLES}
+GROUPS = [(source, group) for source, found in (("--help", HELP_EXAMPLES),
                                                  ("README", readme_examples()))
           for group in example_groups(found)]
 

@@ -124,6 +124,7 @@ from vegas_sim.sim.context_trend import (
     trend_note,
     trend_sd_pct,
 )
+from vegas_sim.sim.metrics import t_quantile
 from vegas_sim.sim.sparsity_trend import (
     IterationContexts,
     borrowed_trend,
@@ -162,9 +163,7 @@ def step_sd(steps: np.ndarray) -> float:
     k = len(steps)
     if k < 2:
         return abs(float(steps.mean())) if k else 0.0
-    from scipy.stats import t  # past a model's window only: most predictions never import it
-
-    return float(steps.std(ddof=1) * math.sqrt(1.0 + 1.0 / k) * t.ppf(0.975, k - 1) / Z95)
+    return float(steps.std(ddof=1) * math.sqrt(1.0 + 1.0 / k) * t_quantile(k - 1, 0.975) / Z95)
 
 
 class AcceptanceModel:

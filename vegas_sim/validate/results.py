@@ -75,15 +75,13 @@ def pass_columns(passes: Sequence[Measurement], predicted: float) -> dict[str, A
       configuration changed;
     - `error_first_pass_pct`: the prediction's error against the first pass alone, what a
       single pass would have scored."""
-    tok_s = np.asarray([m.throughput for m in passes])
-    se = (100.0 * float(tok_s.std(ddof=1)) / float(tok_s.mean()) / math.sqrt(len(tok_s))
-          if len(tok_s) > 1 else math.nan)
+    tok_s = np.asarray([m.throughput for m in passes], dtype=np.float64)
     return {
         "measured_passes": len(passes),
         "measured_pass_tokens": ";".join(str(m.tokens) for m in passes),
         "measured_pass_seconds": ";".join(f"{m.seconds:.9g}" for m in passes),
         "measured_pass_iterations": ";".join(str(m.iterations) for m in passes),
-        "measured_pass_se_pct": se,
+        "measured_pass_se_pct": se_pct_of(tok_s),
         "error_first_pass_pct": pct_error(predicted, float(tok_s[0])),
     }
 
@@ -142,10 +140,15 @@ def acceptance_se_pct(waves: Sequence[Sequence[Sequence[int]]],
     prompt to prompt (SmolLM2 on longdoc), so a run of few prompts measures those prompts, not
     the workload the prediction describes: an acceptance error within ~2 of these is noise.
     NaN with fewer than 2 prompts (and for vanilla)."""
-    x = prompt_lengths(waves, prompts)
-    if len(x) < 2:
+    return se_pct_of(prompt_lengths(waves, prompts))
+
+
+def se_pct_of(values: np.ndarray) -> float:
+    """The standard error of the mean of `values` (sd / √n), % of the mean; NaN with fewer
+    than 2."""
+    if len(values) < 2:
         return float("nan")
-    return float(100.0 * x.std(ddof=1) / math.sqrt(len(x)) / x.mean())
+    return float(100.0 * values.std(ddof=1) / math.sqrt(len(values)) / values.mean())
 
 
 def run_error_pct(se_pct: float, prompts: int) -> float:
@@ -322,6 +325,7 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
     prompts, workload_prompts = request_prompts(h, weights, workload_prompts, prompt_cut)
     sim = float(pred["throughput_tok_s"])
     primary = sim if weights == "real" else replayed
+    lengths = prompt_lengths(m.accepted, prompts)
     measured_iter_ms = 1000.0 * m.seconds / max(m.iterations, 1)
     row = {
         **dataclasses.asdict(h),
@@ -340,8 +344,8 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
         "measured_acceptance_length": m.acceptance_length,
         "acceptance_error_pct": pct_error(float(pred["window_acceptance_length"]),
                                      m.acceptance_length),
-        "acceptance_se_pct": acceptance_se_pct(m.accepted, prompts),
-        "acceptance_prompts": len(prompt_lengths(m.accepted, prompts)),
+        "acceptance_se_pct": se_pct_of(lengths),
+        "acceptance_prompts": len(lengths),
         "workload_prompts": math.nan if workload_prompts is None else workload_prompts,
         "prompt_cut": prompt_cut if weights == "real" else "",
         "measured_iterations": m.iterations,
@@ -367,17 +371,16 @@ def result_row(h: HeldOut, pred: pd.Series, m: Measurement, weights: str,
 def validation_interval(pred: pd.Series, predicted: float, weights: str,
                         run_acceptance_error_pct: float) -> dict[str, Any]:
     """pi_low / pi_high / pi_dominant of `predicted` (sim.uncertainty): real weights add the
-    run's own acceptance sampling error (`run_error_pct`) to the model's; the replay regime
-    feeds the run's accept counts, so neither acceptance term nor the Monte-Carlo one applies.
-    The one-sided host-protocol term (sim.uncertainty) lowers pi_low in both; the one-sided
-    sampling-mode term (a run in a mode the latency set did not time) moves pi_high or pi_low
-    in both."""
+    run's own acceptance sampling error (`run_error_pct`: finite, 0 unmeasured) to the
+    model's; the replay regime feeds the run's accept counts, so neither acceptance term nor
+    the Monte-Carlo one applies. The one-sided host-protocol term (sim.uncertainty) lowers
+    pi_low in both; the one-sided sampling-mode term (a run in a mode the latency set did not
+    time) moves pi_high or pi_low in both."""
     if "pi_latency_fit_pct" not in pred:
         return {"pi_low": math.nan, "pi_high": math.nan, "pi_dominant": ""}
-    se = run_acceptance_error_pct if math.isfinite(run_acceptance_error_pct) else 0.0
     real = weights == "real"
     parts = parts_of(dict(pred), acceptance=real, simulation=real,
-                     extra_acceptance_pct=se)
+                     extra_acceptance_pct=run_acceptance_error_pct)
     slower = float(pred.get("pi_host_protocol_pct", 0.0))
     mode = float(pred.get("pi_sampling_mode_pct", 0.0))
     lo, hi, dominant = interval(predicted, parts, slower, mode)
