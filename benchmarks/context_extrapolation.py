@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from vegas_sim.api import with_calibration
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance import AcceptanceModel, PastWindow
 from vegas_sim.traces.io import load_trace_set
@@ -65,7 +66,7 @@ def fit_where(where: str, source: str = SET) -> tuple[AcceptanceModel, pd.DataFr
         sub = subset_trace_set(source, Path(tmp) / "subset", where)
         floor = int(sub.meta.get("grid", {}).get("min_tokens", MIN_TOKENS))
         model = AcceptanceModel.from_traces(sub.acceptance, sub.weights_kind, min_tokens=floor)
-        return model, sub.acceptance
+        return with_calibration(model, load_trace_set(source).info), sub.acceptance
 
 
 def fit_subset(cut: str, runs: pd.DataFrame, source: str = SET

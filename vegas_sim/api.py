@@ -63,6 +63,7 @@ from vegas_sim.sim.workload import Arrivals, OutputLengths
 from vegas_sim.traces import catalog, io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, packaged_anchor_sets
 from vegas_sim.traces.io import TraceSet
+from vegas_sim.traces.meta import TraceSetMeta
 from vegas_sim.traces.schema import ACCEPTANCE_FILE, LATENCY_FILE
 from vegas_sim.workload_info import describe
 
@@ -156,7 +157,17 @@ def fit_acceptance(trace_set: TraceSet) -> AcceptanceModel:
         model.coverage()  # traced contexts use them (the first such lookup fits them all);
         return model  # the traced ranges, which every predict row's intervals read
 
-    return _named(fitcache.cached(key, build), trace_set.name)
+    return with_calibration(_named(fitcache.cached(key, build), trace_set.name), trace_set.info)
+
+
+def with_calibration(model: AcceptanceModel, info: TraceSetMeta) -> AcceptanceModel:
+    """`model` (in place) with the context-trend sd scale of the set `info` describes, where it
+    carries one (meta.json `acceptance_calibration`); a model fitted on part of that set's rows
+    (a hold-out) takes the set's."""
+    if info.context_trend_sd_scale is not None:
+        model.trend_sd_scale = info.context_trend_sd_scale
+        model.trend_sd_scale_from = "this set's context hold-out"
+    return model
 
 
 _Model = TypeVar("_Model", LatencyModel, AcceptanceModel)

@@ -16,6 +16,7 @@ from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
     ContextTrend,
+    calibrated_scale,
     covering_trend,
     toward_evidence,
     fit_trend,
@@ -174,20 +175,29 @@ def test_uncertainty_widens_with_distance(rising: AcceptanceModel) -> None:
     assert [t.shift_sd(d) for d in (0, 1, 2)] == sorted({t.shift_sd(d) for d in (0, 1, 2)})
 
 
-def test_calibrated_sd_widens_the_interval_and_moves_no_prediction(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """TREND_SD_SCALE multiplies the context trend's sd and nothing else: the pooled slopes,
-    the shift and the mean acceptance length beyond the traced contexts are the unscaled
-    model's (a scale leaking into the pooling weights would move them)."""
+def test_calibrated_sd_widens_the_interval_and_moves_no_prediction() -> None:
+    """The model's trend_sd_scale multiplies the context trend's sd and nothing else: the
+    pooled slopes, the shift and the mean acceptance length beyond the traced contexts are the
+    unscaled model's (a scale leaking into the pooling weights would move them); the note
+    says which scale it took."""
     def far(scale: float) -> Any:
-        monkeypatch.setattr("vegas_sim.sim.context_trend.TREND_SD_SCALE", scale)
         model = AcceptanceModel.from_traces(trend_traces(0.4), "real")
+        model.trend_sd_scale = scale
         return model.lookup("vegas", GAMMA, 0.1, 16384, "longdoc", 0.6)
 
     one, two = far(1.0), far(2.0)
     np.testing.assert_allclose(two.rates, one.rates)
     assert one.context_trend_sd_pct > 0.0
     assert two.context_trend_sd_pct == pytest.approx(2.0 * one.context_trend_sd_pct)
+    assert any("its sd x2 (the default" in n for n in two.extrapolated)
+
+
+def test_calibrated_scale_rounds_and_never_narrows() -> None:
+    """A hold-out's quantile becomes a scale in SCALE_STEP steps, never below 1."""
+    assert calibrated_scale(2.06) == 2.0
+    assert calibrated_scale(5.22) == 5.0
+    assert calibrated_scale(3.26) == 3.5
+    assert calibrated_scale(0.4) == 1.0
 
 
 class _FlatLatency:

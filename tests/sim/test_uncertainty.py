@@ -71,13 +71,33 @@ def test_host_protocol_term_only_for_sets_timing_sample_and_select_apart() -> No
     assert host_protocol_pct(smol, "vegas", {"verify": 1.0, "sample": 1.0}) == 0.0
 
 
-def test_interval_is_clipped_into_zero_and_the_all_accepted_bound() -> None:
-    from vegas_sim.sim.uncertainty import bounded, physical_bound
+def test_interval_is_clipped_into_the_all_rejected_and_all_accepted_bounds() -> None:
+    from vegas_sim.sim.uncertainty import bounded, physical_bound, rejected_floor
 
     row = {"method": "vegas", "gamma": 7, "acceptance_length": 4.0, "throughput_tok_s": 100.0}
     assert math.isclose(physical_bound(row), 200.0)  # every draft accepted: 8 of 4 tokens
-    assert bounded(-30.0, 250.0, physical_bound(row)) == (0.0, 200.0)
     assert physical_bound({**row, "method": "vanilla", "gamma": 0}) == math.inf
+    # every draft rejected: 1 of 4 tokens, lowered by the latency terms alone (not acceptance's)
+    out = {"pi_latency_fit_pct": 5.0, "pi_acceptance_pct": 30.0,
+           "pi_extrapolation_latency_pct": 0.0, "pi_extrapolation_acceptance_pct": 80.0,
+           "pi_simulation_pct": 0.0, "pi_host_protocol_pct": 0.0, "pi_sampling_mode_pct": 0.0}
+    floor = rejected_floor(row, out)
+    assert math.isclose(floor, 25.0 * (1 - 1.96 * 0.05))
+    assert bounded(-30.0, 250.0, floor, physical_bound(row)) == (floor, 200.0)
+    assert rejected_floor({**row, "method": "vanilla"}, out) == 0.0
+    assert rejected_floor(row, {**out, "pi_latency_fit_pct": 80.0}) == 0.0  # never negative
+
+
+def test_far_extrapolation_keeps_the_interval_above_every_draft_rejected() -> None:
+    """A context far past every trace widens the acceptance term until the symmetric interval
+    would reach 0; the low end stops at the all-rejected throughput instead."""
+    latency, acceptance = api.load_models(None, None)[:2]
+    sc = Scenario("magicdec-stream", 12, 0.07, batch=4, context=110592, output_len=256,
+                  workload="longdoc")
+    row = predict([sc], latency, acceptance, replications=1).iloc[0]
+    all_rejected = row["throughput_tok_s"] / row["acceptance_length"]
+    assert 1.96 * row["pi_extrapolation_acceptance_pct"] > 100.0  # symmetric: below 0
+    assert 0.9 * all_rejected < row["pi_low"] <= all_rejected < row["throughput_tok_s"]
 
 
 def test_dominant_extrapolation_names_its_axis() -> None:

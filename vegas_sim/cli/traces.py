@@ -17,6 +17,7 @@ from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, output_lock
 from vegas_sim.methods import SPEC_METHODS
+from vegas_sim.sim.context_trend import TREND_SD_SCALE
 from vegas_sim.traces import io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, write_anchors
 from vegas_sim.traces.merge import merge_trace_sets
@@ -24,6 +25,14 @@ from vegas_sim.traces.subset import WHERE_HELP, subset_trace_set
 from vegas_sim.traces.summary import format_context_trends
 from vegas_sim.traces.vllm_import import FORMATS, ImportOptions, append_to, import_vllm
 from vegas_sim.traces.vllm_traces import write_trace_set
+from vegas_sim.validate.context_holdout import (
+    DESIGNS,
+    calibration_lines,
+    holdout,
+    needed_scale,
+    summary_lines,
+    write_scale,
+)
 
 
 @click.group()
@@ -84,8 +93,11 @@ def traces_show(directory: Path) -> None:
         _show_latency_fit(trace_set)
     if len(trace_set.acceptance) and trace_set.weights_kind == "real":
         with user_errors():
-            trends = api.fit_acceptance(trace_set).context_trends()
-        click.echo(format_context_trends(trends), nl=False)
+            model = api.fit_acceptance(trace_set)
+        click.echo(format_context_trends(model.context_trends()), nl=False)
+        source = trace_set.info.calibrated_by or "the default; `traces trend-holdout "
+        source += "" if trace_set.info.calibrated_by else "--write-scale` calibrates it"
+        click.echo(f"  context trend sd scale: {model.trend_sd_scale:g} ({source})")
 
 
 def _show_latency_fit(trace_set: Any) -> None:
@@ -100,6 +112,77 @@ def _show_latency_fit(trace_set: Any) -> None:
             click.echo(f"    {phase:<11} {n:>4} points  n/a (too few points)")
         else:
             click.echo(f"    {phase:<11} {n:>4} points  median {median:5.1f} %  max {top:6.1f} %")
+
+
+@traces.command("trend-holdout")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--design", type=click.Choice(DESIGNS), default="third", show_default=True,
+              help="third: fit each workload on its shortest third of prompt contexts (the "
+                   "context hold-out the scale means); workload: on its shortest alone.")
+@click.option("--write-scale", is_flag=True,
+              help="Record the scale the held-out points need in the set's meta.json "
+                   "(acceptance_calibration): every prediction from the set then takes it.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Also write every held-out point to this CSV.")
+def traces_trend_holdout(directory: Path, design: str, write_scale: bool,
+                         out: Path | None) -> None:
+    """Check a real-weights set's context trend on contexts it was not fitted on, and calibrate
+    the trend's interval.
+
+    Each workload's longer prompts are held out in turn and predicted from the rest of the set
+    along the context trend, as `predict` extrapolates past the traced contexts. Prints the
+    error (median, max) and the interval's coverage per workload, and the factor on the
+    trend's sd that 95 % of the held-out points need (per workload also from the other
+    workloads alone, out of sample). --write-scale records that factor, rounded to 0.5, so
+    that intervals from this set widen as its own slopes stray; a set without it takes the
+    default scale (docs/DESIGN.md, context trend). CPU, about a minute for a large set.
+
+    Example:
+
+    \b
+        vegas-sim traces trend-holdout ./my-real-traces --write-scale --out holdout.csv
+    """
+    with user_errors():
+        if write_scale and design != "third":
+            raise UserInputError("the scale is the context hold-out's", where="--write-scale",
+                                 fix="leave out --design workload")
+        if out is not None:
+            check_out(out, (".csv",))
+        trace_set = io.load_trace_set(directory)
+        if trace_set.weights_kind != "real":
+            raise UserInputError(
+                "its acceptance was measured with random weights, which says nothing about a "
+                "model's", where=str(directory),
+                fix="run it on a set calibrated with real weights (calibrate --weights real)")
+        points = holdout(trace_set, design,
+                         lambda wl, n: click.echo(f"{wl}: {n} held-out points", err=True))
+        if points.empty:
+            raise UserInputError(
+                "no workload was traced at two or more prompt contexts: nothing to hold out",
+                where=str(directory),
+                fix="calibrate acceptance at several contexts (calibrate --context 1K,2K,4K)")
+    scale = trace_set.info.context_trend_sd_scale or TREND_SD_SCALE
+    click.echo("\n".join(summary_lines(points) + calibration_lines(points, scale)))
+    if out is not None:
+        points.to_csv(out, index=False)
+        click.echo(f"wrote {out}")
+    if write_scale:
+        _record_scale(trace_set, points, directory)
+
+
+def _record_scale(trace_set: Any, points: Any, directory: Path) -> None:
+    """--write-scale: the scale the points need into the set's meta.json."""
+    with user_errors():
+        scale = needed_scale(points)
+        if not math.isfinite(scale):
+            raise UserInputError(
+                "the context trend misses more than 5 % of the held-out points by more than any "
+                "scale of its sd covers", where="--write-scale",
+                fix="trace more contexts per workload; predictions keep the default scale")
+        with output_lock(trace_set.path, "DIRECTORY", make=False):
+            write_scale(trace_set.path, scale,
+                        f"vegas-sim traces trend-holdout {directory} --write-scale")
+    click.echo(f"{trace_set.path / 'meta.json'}: context trend sd scale {scale:g}")
 
 
 @traces.command("finalize")

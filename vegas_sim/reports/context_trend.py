@@ -18,7 +18,8 @@ TITLE = "Acceptance context trend beyond the traced contexts"
 CAPTION = ("Acceptance above the traced contexts follows the trend each workload's traces show "
            "in log-context (a logit shift of the conditional per-position acceptance per "
            "doubling, shrunk by its standard error, capped, held past twice the traced span); "
-           "its uncertainty grows with the distance and is part of the prediction interval. "
+           "its uncertainty grows with the distance and is part of the prediction interval, its "
+           "sd scaled by the factor the acceptance set's own context hold-out needs (sd scale). "
            "Mean acceptance length includes the bonus token; ranges span the rows' γ and "
            "sparsities.")
 KEYS = ("method", "workload", "temperature")
@@ -41,6 +42,10 @@ def _span(values: pd.Series, fmt: str) -> str:
     return format(lo, fmt) if lo == hi else f"{format(lo, fmt)} .. {format(hi, fmt)}"
 
 
+def _span_text(values: pd.Series) -> str:
+    return "; ".join(sorted({str(v) for v in values if v}))
+
+
 def context_trend_table(df: pd.DataFrame) -> Chart | None:
     """The table (module docstring), or None when no row followed a context trend."""
     if "extrapolated" not in df.columns:
@@ -60,6 +65,7 @@ def context_trend_table(df: pd.DataFrame) -> Chart | None:
                      "shift (logit)": _span(g["shift"], "+.2f"),
                      "mean acceptance length": (f"{_span(g['length_before'], '.2f')} → "
                                                 f"{_span(g['length_after'], '.2f')}"),
+                     "sd scale": _span_text(g["sd_scale"]),
                      "rows": len(g)})
     return Chart(TITLE, None, caption=CAPTION, table=pd.DataFrame(rows), slug="context-trend",
                  table_only=True)

@@ -107,6 +107,7 @@ from vegas_sim.sim.acceptance_pack import pack_state, unpack_state
 from vegas_sim.sim.acceptance_walk import rewalk_cells
 from vegas_sim.sim.context_trend import (
     OWN_SPAN_FACTOR,
+    TREND_SD_SCALE,
     Z95,
     ContextTrend,
     TrendShift,
@@ -173,6 +174,10 @@ class AcceptanceModel:
     # `acceptance_source` says (empty: "trace set <trace_set>").
     trace_set: str = ""
     source: str = ""
+    # the context trend's sd scale (`sim.context_trend`, Calibration): the trace set's own
+    # hold-out's where it carries one, and where it came from ('' = the default)
+    trend_sd_scale: float = TREND_SD_SCALE
+    trend_sd_scale_from: str = ""
     _past_window: PastWindow | None = None  # lookups past the predicted model's window
 
     def __init__(self, runs: pd.DataFrame, cells: dict[CellKey, TracedCell],
@@ -503,7 +508,12 @@ class AcceptanceModel:
                               "traced prompts")
         else:
             note = trend_note(context, (lo, hi), bucket, weights, shifts, gamma)
-        return note + self._long_twin(keys, context)
+        return note + self._scale_note() + self._long_twin(keys, context)
+
+    def _scale_note(self) -> str:
+        """Which calibration scaled the trend's sd (`sim.context_trend`, Calibration)."""
+        source = self.trend_sd_scale_from or "the default: the packaged sets' hold-outs pooled"
+        return f", its sd x{self.trend_sd_scale:g} ({source})"
 
     def _long_twin(self, keys: list[CellKey], context: int) -> str:
         """', W-long ... traced at lo..hi: --workload W-long' when the lookup's one workload W
@@ -756,7 +766,8 @@ class AcceptanceModel:
             return source, notes, None
         trends = [self.context_trend(k.group, k.bucket) for k in members]
         share = n_it / n_it.sum()
-        shift = TrendShift.of(trends, [k.workload for k in members], share, beyond, rates)
+        shift = TrendShift.of(trends, [k.workload for k in members], share, beyond, rates,
+                              self.trend_sd_scale)
         return shift_source(source, shift.delta), notes, shift
 
     def run_spread(self, group: GroupKey) -> float:

@@ -66,16 +66,19 @@ acceptance length (`context_trend_sd_pct`), linearised at the edge bucket (`Tren
 it keeps growing where the shifted rates saturate), which the prediction interval adds to its
 acceptance extrapolation term.
 
-Calibration (TREND_SD_SCALE): the sd above is a model's, from the buckets' standard errors;
-the context hold-outs measure how far the trend actually misses. Held out per workload
-(SmolLM2's real set, each workload fitted on its shortest third of buckets,
+Calibration (the sd scale): the sd above is a model's, from the buckets' standard errors;
+the context hold-outs measure how far the trend actually misses. Held out per workload (a
+real-weights set, each workload fitted on its shortest third of buckets,
 `benchmarks/acceptance_holdout.py`), the factor each held-out point needs on the trend's sd to
 fall inside the 95 % interval (with its own measurement's error beside it) has a 95th
-percentile of about 2: the slopes of two or three buckets vary between workloads more than
-their standard errors and the curvature allowance say. So the sd is scaled by it,
-split-conformal style: it widens the interval only, never moves the prediction; scored per
-workload with the factor of the other workloads alone (1.8-2.2), the intervals cover the
-held-out points at about the nominal rate.
+percentile above 1: the slopes of two or three buckets vary between workloads more than their
+standard errors and the curvature allowance say, and by how much differs between models. So
+the sd is scaled, split-conformal style: it widens the interval only, never moves the
+prediction. A set that carries its own hold-out's factor (meta.json `acceptance_calibration`,
+`calibrated_scale` of that quantile) is scaled by it; any other by TREND_SD_SCALE, the same
+quantile over the packaged sets' hold-out points pooled. Scored per workload with the factor of
+the set's other workloads alone, and per set with the factor of the other sets alone, the
+intervals cover the held-out points at about the nominal rate (docs/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -104,11 +107,19 @@ MAX_SPAN_MULTIPLE = 2.0  # the sparsity trend is followed for at most this many 
 # where the own trend still beat the held bucket on every workload (docs/RESULTS.md)
 OWN_SPAN_FACTOR = 1.75
 CURVATURE_SD = 0.25  # relative sd of a shift: single doublings vs the line, 1-7K set
-# the trend's sd × this: the 95th percentile of the factor the SmolLM2 context hold-outs need
-TREND_SD_SCALE = 2.0
+# the trend's sd × this for a set without its own calibration: the 95th percentile of the
+# factor the packaged real sets' context hold-out points need, pooled (`calibrated_scale`)
+TREND_SD_SCALE = 3.5
+SCALE_STEP = 0.5  # a hold-out's quantile is rounded to this: a few hundred points fix no more
 SE_FLOOR = 1e-3  # relative: a bucket of identical runs still has some sampling error
 
 _K = TypeVar("_K")
+
+
+def calibrated_scale(quantile: float) -> float:
+    """The sd scale a hold-out's 95th-percentile factor gives: rounded to SCALE_STEP, at
+    least 1 (the model's own sd is never narrowed)."""
+    return max(1.0, round(quantile / SCALE_STEP) * SCALE_STEP)
 
 
 def shift_rates(rates: np.ndarray, delta: float) -> np.ndarray:
@@ -280,18 +291,18 @@ class ContextTrend:
             return own
         return own + self.covering.slope * self.covering.followed(doublings)
 
-    def shift_sd(self, doublings: float) -> float:
+    def shift_sd(self, doublings: float, scale: float = TREND_SD_SCALE) -> float:
         """sd of δ at `doublings` from the edge (module docstring, Uncertainty): the own
         slope's over the whole distance up to `reach`, the covering slope's (its spread
-        included) beyond, added (both grow with the distance), × TREND_SD_SCALE."""
+        included) beyond, added (both grow with the distance), × `scale` (Calibration)."""
         d = abs(doublings)
         near = min(d, self.reach) if self.covering is not None else d
         own = math.hypot(self.slope_se * near, CURVATURE_SD * self.slope * near)
         if self.covering is None or d <= self.reach:
-            return TREND_SD_SCALE * own
+            return scale * own
         far = d - self.reach
         cover = math.hypot(self.covering.sd * far, CURVATURE_SD * self.covering.slope * far)
-        return TREND_SD_SCALE * (own + cover)
+        return scale * (own + cover)
 
     def source(self, doublings: float) -> str:
         """Which trend a shift at `doublings` followed: 'own' or 'own, then covering'."""
@@ -538,13 +549,13 @@ class TrendShift:
 
     @classmethod
     def of(cls, trends: Sequence[ContextTrend], workloads: Sequence[str], share: np.ndarray,
-           context: int, rates: np.ndarray) -> TrendShift:
+           context: int, rates: np.ndarray, sd_scale: float = TREND_SD_SCALE) -> TrendShift:
         """The shift of a component pooling `workloads` (iteration shares `share`) at
-        `context`, beyond their common edge bucket."""
+        `context`, beyond their common edge bucket; its sd × `sd_scale` (Calibration)."""
         dist = [t.doublings_to(context) for t in trends]
         doublings = float(sum(w * d for w, d in zip(share, dist)))
         delta = float(sum(w * t.shift(d) for w, t, d in zip(share, trends, dist)))
-        sd = float(sum(w * t.shift_sd(d) for w, t, d in zip(share, trends, dist)))
+        sd = float(sum(w * t.shift_sd(d, sd_scale) for w, t, d in zip(share, trends, dist)))
         slope = float(sum(w * t.slope for w, t in zip(share, trends)))
         seen: dict[str, ContextTrend] = {}
         for wl, t in zip(workloads, trends):
@@ -610,15 +621,21 @@ _NOTE_RE = re.compile(
     r"(?P<shift>[+-][\d.]+), mean acceptance length (?P<before>[\d.]+) -> (?P<after>[\d.]+)")
 
 
+# the calibration `AcceptanceModel` appends to a trend note (`_scale_note`)
+_SCALE_RE = re.compile(r"its sd x(?P<scale>[\d.]+) \((?P<source>[^)]*)\)")
+
+
 def parse_trend_note(text: str) -> dict[str, float | str] | None:
     """The numbers of a `trend_note` inside an `extrapolated` text (None: no trend followed)."""
     m = _NOTE_RE.search(text)
     if m is None:
         return None
+    scale = _SCALE_RE.search(text, m.end())
     return {"slope_per_doubling": float(m["slope"]), "fitted_on": m["fitted_on"],
             "edge_bucket": float(m["bucket"]), "doublings": float(m["doublings"]),
             "shift": float(m["shift"]), "length_before": float(m["before"]),
-            "length_after": float(m["after"])}
+            "length_after": float(m["after"]),
+            "sd_scale": f"x{scale['scale']} ({scale['source']})" if scale else ""}
 
 
 def covering_peers(group: GroupKey, trends: Mapping[GroupKey, ContextTrend]

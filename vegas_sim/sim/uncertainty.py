@@ -55,8 +55,11 @@ the GPU, so it cannot tell them apart; `sim.tune_rules.lower_score`).
 
 pi = predicted × (1 ± 1.96 σ / 100), a 95 % interval, its low end then lowered by the
 host-protocol term (in quadrature with the symmetric half-width), either end moved likewise by
-the sampling-mode term, then clipped into [0, the
-physical bound] (`physical_bound`: every draft accepted, γ + 1 tokens per iteration);
+the sampling-mode term, then clipped into [every draft rejected, every draft accepted]: at
+most `physical_bound` (γ + 1 tokens per iteration), at least `rejected_floor` (1 token per
+iteration, lowered by the interval's latency, simulation, host-protocol and sampling-mode
+terms, which acceptance does not bound; never below 0), so that an acceptance known to lie in
+[1, γ + 1] gives a throughput inside the interval however far it is extrapolated;
 `pi_dominant` names the largest part, and when that is the extrapolation distance the axis
 whose term is largest: 'extrapolation-distance (context)' (axes: batch, kv_length, n_query,
 gamma, sparsity, context, and the anchors' transfer axes).
@@ -250,10 +253,24 @@ def physical_bound(row: dict[str, Any]) -> float:
     return float(row["throughput_tok_s"]) * (gamma + 1.0) / length
 
 
-def bounded(lo: float, hi: float, upper: float) -> tuple[float, float]:
-    """An interval clipped into [0, upper]: a throughput is never negative nor above the
-    physical bound (`physical_bound`)."""
-    return max(0.0, lo), min(hi, upper)
+def rejected_floor(row: dict[str, Any], out: dict[str, Any]) -> float:
+    """The least a speculative row's throughput can be for its acceptance alone: every draft
+    rejected, acceptance length 1 in the same iterations (throughput / its acceptance length),
+    lowered by the interval's other parts (`out`'s latency, simulation, host-protocol and
+    sampling-mode terms: the iterations may be slower too); 0 for vanilla and rows without an
+    acceptance length."""
+    length = float(row.get("acceptance_length", math.nan) or math.nan)
+    if row.get("method") == VANILLA or not (length >= 1.0):
+        return 0.0
+    floor = interval(float(row["throughput_tok_s"]) / length, parts_of(out, acceptance=False),
+                     out["pi_host_protocol_pct"], out["pi_sampling_mode_pct"])[0]
+    return max(0.0, floor)
+
+
+def bounded(lo: float, hi: float, lower: float, upper: float) -> tuple[float, float]:
+    """An interval clipped into [lower, upper]: a throughput never below every draft rejected
+    (`rejected_floor`, >= 0) nor above every draft accepted (`physical_bound`)."""
+    return max(lower, lo), min(hi, upper)
 
 
 def dominant_axis(dominant: str, axes: dict[str, float]) -> str:
@@ -332,7 +349,8 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     }
     lo, hi, dominant = interval(float(row["throughput_tok_s"]), parts_of(out),
                                 out["pi_host_protocol_pct"], out["pi_sampling_mode_pct"])
-    lo, hi = bounded(lo, hi, physical_bound(row))
+    floor = rejected_floor(row, out)
+    lo, hi = bounded(lo, hi, floor, physical_bound(row))
     out["pi_transfer_pct"] = sum(transfer.values())
     shape = {**out, "pi_extrapolation_acceptance_pct": sum(acc_axes.values())
              - out["pi_transfer_pct"],
@@ -340,4 +358,4 @@ def interval_columns(row: dict[str, Any], latency: LatencyModel, acceptance: Acc
     lo_shape = interval(float(row["throughput_tok_s"]), parts_of(shape),
                         out["pi_host_protocol_pct"], out["pi_sampling_mode_pct"])[0]
     return {"pi_low": lo, "pi_high": hi, "pi_dominant": dominant_axis(dominant, axes), **out,
-            "pi_low_shape": max(0.0, lo_shape)}
+            "pi_low_shape": max(floor, lo_shape)}

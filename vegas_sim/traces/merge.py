@@ -51,6 +51,7 @@ from vegas_sim.traces.io import (
     load_trace_set,
 )
 from vegas_sim.traces.schema import (
+    CALIBRATION_KEY,
     EXPECTED_ROWS_KEY,
     ACCEPTANCE_FILE,
     ACCEPTANCE_POINT_KEYS,
@@ -259,7 +260,9 @@ def merged_runtime_revision(sets: list[TraceSet]) -> str | None:
 
 def merged_meta(sets: list[TraceSet]) -> dict[str, Any]:
     """The first set's meta, grid lists unioned, workloads unioned, the latest date."""
-    meta = {k: v for k, v in sets[0].meta.items() if k not in ("content_hash", "parts")}
+    # a calibration was of the first set's rows alone: the merged rows need their own
+    meta = {k: v for k, v in sets[0].meta.items()
+            if k not in ("content_hash", "parts", CALIBRATION_KEY)}
     grid = dict(meta["grid"])
     for ts in sets[1:]:
         for k, v in ts.meta["grid"].items():

@@ -78,11 +78,16 @@ class TraceSetMeta:
     runtime_revision: str
     grid: GridMeta
     content_hash: Mapping[str, str] = field(default_factory=dict)
+    # the context trend's sd scale this set's own hold-out chose, and where from
+    # ('acceptance_calibration'; None: the default scale, sim.context_trend.TREND_SD_SCALE)
+    context_trend_sd_scale: float | None = None
+    calibrated_by: str = ""
 
     @classmethod
     def from_dict(cls, meta: Mapping[str, Any]) -> TraceSetMeta:
         model: Mapping[str, Any] = meta.get("model") or {}
         weights: Mapping[str, Any] = model.get("weights") or {}
+        calibration: Mapping[str, Any] = meta.get("acceptance_calibration") or {}
         return cls(
             model_name=str(model.get("name", "?")),
             weights_kind=str(weights.get("kind", "")),
@@ -92,4 +97,11 @@ class TraceSetMeta:
                                                                     UNRECORDED_RUNTIME)),
             grid=GridMeta.from_meta(meta),
             content_hash=dict(meta.get("content_hash") or {}),
+            context_trend_sd_scale=_scale(calibration),
+            calibrated_by=str(calibration.get("from", "")),
         )
+
+
+def _scale(calibration: Mapping[str, Any]) -> float | None:
+    scale = calibration.get("context_trend_sd_scale")
+    return None if scale is None else float(scale)

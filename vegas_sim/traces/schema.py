@@ -134,6 +134,10 @@ OPTIONAL_META_KEYS = {
                      "subset` wrote; finalize and check refuse parts that hold other counts",
     "tensor_parallel": "{'size', 'backend', 'interconnect'}: the latency was measured on one "
                        "rank of a tensor-parallel group of `size` GPUs (absent: one GPU)",
+    "acceptance_calibration": "{'context_trend_sd_scale', 'from'}: the factor on the context "
+                              "trend's model sd that this set's own context hold-out needs "
+                              "(sim.context_trend), and the command that measured it; `traces "
+                              "merge` and `traces subset` drop it (other rows, another fit)",
 }
 
 # meta.json's typed fields, the one table `traces check` and every loader validate them by
@@ -186,6 +190,12 @@ TP_FIELDS: dict[str, Field] = {
     "size": Field("int", 1), "backend": Field("str"), "interconnect": Field("str"),
 }
 TP_BACKENDS = ("nccl", "gloo")
+# meta.json's `acceptance_calibration` (both required when the key is there): a scale below 1
+# would narrow the model's own sd, which no hold-out has asked for.
+CALIBRATION_KEY = "acceptance_calibration"
+CALIBRATION_FIELDS: dict[str, Field] = {
+    "context_trend_sd_scale": Field("number", 1.0), "from": Field("str"),
+}
 # Rows a writer that knows them up front (`traces merge`, `traces subset`) records before its
 # first append; a finalize whose parts hold other counts (the writer stopped early) is refused.
 EXPECTED_ROWS_KEY = "expected_rows"

@@ -34,6 +34,7 @@ from vegas_sim.traces.io import TraceSet, TraceSetWriter, load_trace_set
 from vegas_sim.traces.merge import _check_output
 from vegas_sim.traces.schema import (
     ACCEPTANCE_POINT_KEYS,
+    CALIBRATION_KEY,
     ACCEPTANCE_SCHEMA,
     EXPECTED_ROWS_KEY,
     LATENCY_SCHEMA,
@@ -208,7 +209,8 @@ def _check_left(name: str, before: int, after: int, where: str) -> None:
 def subset_meta(source: TraceSet, where: str, conditions: list[Condition],
                 acceptance: pd.DataFrame) -> dict[str, Any]:
     """The subset's meta.json (content hash and parts are the writer's)."""
-    meta = {k: v for k, v in source.meta.items() if k not in ("content_hash", "parts", EXPECTED_ROWS_KEY)}
+    meta = {k: v for k, v in source.meta.items()
+            if k not in ("content_hash", "parts", EXPECTED_ROWS_KEY, CALIBRATION_KEY)}
     meta["grid"] = _trim_grid(dict(source.meta.get("grid", {})), conditions, acceptance)
     meta["subset_of"] = {"path": str(source.path), "date": source.meta.get("date"),
                          "content_hash": source.meta.get("content_hash")}

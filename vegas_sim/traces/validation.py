@@ -18,6 +18,8 @@ from vegas_sim.methods import PHASES, SPEC_METHODS
 from vegas_sim.models import ModelSpec, check_tensor_parallel
 from vegas_sim.traces.schema import (
     ACCEPTANCE_SCHEMA,
+    CALIBRATION_FIELDS,
+    CALIBRATION_KEY,
     DATA_FILES,
     EXPECTED_ROWS_KEY,
     LATENCY_FILE,
@@ -90,6 +92,7 @@ def validate_meta(meta: Any, where: Path, *, require_hash: bool = True) -> None:
                                         f"got {type(meta[key]).__name__}")
     _validate_claims(meta, where)
     _validate_tensor_parallel(meta.get("tensor_parallel"), where)
+    _validate_calibration(meta.get(CALIBRATION_KEY), where)
     try:
         dt.datetime.fromisoformat(str(meta["date"]).replace("Z", "+00:00"))
     except ValueError:
@@ -133,6 +136,18 @@ def _validate_tensor_parallel(tp: Any, where: Path) -> None:
         raise _meta_err(where, "tensor_parallel",
                         f"tensor_parallel.backend is {tp['backend']!r}; it must be one of "
                         f"{', '.join(TP_BACKENDS)}")
+
+
+def _validate_calibration(cal: Any, where: Path) -> None:
+    """meta.json's optional `acceptance_calibration`: {context_trend_sd_scale >= 1, from}."""
+    if cal is None:
+        return
+    if not isinstance(cal, dict) or set(CALIBRATION_FIELDS) - set(cal):
+        raise _meta_err(where, CALIBRATION_KEY, f"{CALIBRATION_KEY} is {cal!r}; it must hold "
+                        f"{', '.join(CALIBRATION_FIELDS)}",
+                        fix="re-run `vegas-sim traces trend-holdout SET --write-scale`, "
+                            "or delete the key (the default scale then applies)")
+    check_fields(cal, CALIBRATION_FIELDS, where, CALIBRATION_KEY)
 
 
 def _kind_ok(value: Any, kind: str) -> bool:
