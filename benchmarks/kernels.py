@@ -826,8 +826,9 @@ def quest_layer(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, k: torc
 
 def quest_picks() -> list[str]:
     """quest_select's picks other than the default (ops.quest_select's), each timed beside it
-    (the old one-program search beside the radix default); none where kernels/quest.py has
-    no choice of pick."""
+    (the radix levels whose write re-counts the pages before its chunk, and the old
+    one-program search, beside the radix default); none where kernels/quest.py has no choice
+    of pick."""
     try:
         from vegas_sim.kernels import quest
     except ImportError:
@@ -977,7 +978,8 @@ QUEST_VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]
 # the same for a quest.py with a choice of pick (PICKS) and of scoring kernel (score_wide):
 # the scoring kernel looped over the KV heads (the default of runtime revision 6 first), the
-# wide one's block and warps, the radix pick's chunk, the search's warps
+# wide one's block and warps, the radix pick's chunk, the metadata loads' eviction policy,
+# the search's warps
 QUEST_PICK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("score looped (revision 6)", {"score_wide": False}),
     ("score looped p64 w4", {"score_wide": False, "score_block_p": 64}),
@@ -985,7 +987,10 @@ QUEST_PICK_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("score looped p128 w8", {"score_wide": False, "score_block_p": 128, "score_warps": 8}),
     ("score wide p4 w4", {"score_block_p": 4}), ("score wide p16 w4", {"score_block_p": 16}),
     ("score wide p8 w8", {"score_block_p": 8, "score_warps": 8}),
-    ("radix chunk 128", {"radix_chunk": 128}), ("radix chunk 512", {"radix_chunk": 512}),
+    ("score wide p8 w2", {"score_block_p": 8, "score_warps": 2}),
+    ("radix chunk 64", {"radix_chunk": 64}), ("radix chunk 128", {"radix_chunk": 128}),
+    ("radix chunk 256", {"radix_chunk": 256}), ("radix chunk 512", {"radix_chunk": 512}),
+    ("radix, metadata loads evict-normal", {"evict_first": False}),
     ("search pick w16", {"pick": "search", "pick_warps": 16}),
 ]
 QUEST_OLD_VARIANTS: list[tuple[str, dict[str, Any]]] = [  # a quest.py with the search only
@@ -1019,6 +1024,10 @@ def quest_variants(out: list[dict[str, Any]], B: int, C: int, qs: list[torch.Ten
                    ("radix pick alone (+ zeroing its levels)", bench(rotating([
                        partial(radix_pick_alone, quest, sc, h, ctx, n_pages, max_pages)
                        for sc, h in zip(scores, hists)])))]
+        if "radix_rescan" in quest.PICKS:
+            timed += [("radix_rescan pick alone (+ zeroing its levels)", bench(rotating([
+                partial(radix_pick_alone, quest, sc, h, ctx, n_pages, max_pages, rescan=True)
+                for sc, h in zip(scores, hists)])))]
     for label, kw in (QUEST_PICK_VARIANTS if has_picks else QUEST_VARIANTS + QUEST_OLD_VARIANTS):
         try:
             timed.append((label, bench(rotating([
@@ -1043,11 +1052,11 @@ def scores_with_hist(quest: Any, q: torch.Tensor, kmin: torch.Tensor, kmax: torc
 
 
 def radix_pick_alone(quest: Any, scores: torch.Tensor, hist: torch.Tensor, ctx: torch.Tensor,
-                     n_pages: torch.Tensor, max_pages: int) -> Any:
+                     n_pages: torch.Tensor, max_pages: int, **kw: Any) -> Any:
     """The radix pick on scores whose first digit `hist` holds: its later levels zeroed first
-    (they count up on every call)."""
+    (they count up on every call); `kw`: quest_pick_radix's settings."""
     hist[:, 1:].zero_()
-    return quest.quest_pick_radix(scores, hist, ctx, n_pages, max_pages)
+    return quest.quest_pick_radix(scores, hist, ctx, n_pages, max_pages, **kw)
 
 
 # gpt-oss-20b's attention (Hq 64, Hkv 8: G 8, D 64) at the paper's 12 verify rows: B, C, NQ

@@ -233,14 +233,16 @@ def near_tie_scores(gen: torch.Generator, B: int, P: int) -> torch.Tensor:
     return values[torch.randint(len(values), (B, P), generator=gen)]
 
 
+@pytest.mark.parametrize("rescan", [False, True])
 @pytest.mark.parametrize("chunk", [16, 64])
 def test_quest_radix_pick_exact_on_near_ties(device: str, use_triton: None, poison: None,
-                                             chunk: int,
+                                             chunk: int, rescan: bool,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """The radix pick over constructed scores (keys differing in one radix digit only, many
-    exact ties, budgets cutting tie classes, several chunks per request, the write's count of
-    the pages before its chunk in several steps) gives the reference's exact list, as does
-    the one-program search; request 3 has n_pages 0, request 2 a context below one page.
+    """The radix pick (its write from the chunk summaries, or re-counting the pages before
+    each chunk) over constructed scores (keys differing in one radix digit only, many exact
+    ties, budgets cutting tie classes, several chunks per request, the write's count of the
+    pages before its chunk in several steps) gives the reference's exact list, as does the
+    one-program search; request 3 has n_pages 0, request 2 a context below one page.
     Outputs start poisoned: every column is written (the -1 fill shared among programs)."""
     from vegas_sim.kernels import quest
 
@@ -266,9 +268,72 @@ def test_quest_radix_pick_exact_on_near_ties(device: str, use_triton: None, pois
         assert above < take[b] < above + tied
     dev = device
     got, n_got = quest.quest_pick_radix(scores.to(dev), hist.to(dev), ctx.to(dev),
-                                        n_pages.to(dev), n_max, chunk=chunk)
+                                        n_pages.to(dev), n_max, chunk=chunk, rescan=rescan)
     assert torch.equal(n_got.cpu(), n_ref) and torch.equal(got.cpu(), ref)
     got, n_got = quest.quest_pick(scores.to(dev), ctx.to(dev), n_pages.to(dev), n_max)
+    assert torch.equal(n_got.cpu(), n_ref) and torch.equal(got.cpu(), ref)
+
+
+def ulps_above_one(n: torch.Tensor) -> torch.Tensor:
+    """fp32 1.0 plus n ulps (n int)."""
+    return (torch.tensor([1.0]).view(torch.int32) + n.int()).view(torch.float32)
+
+
+def summary_cannot_tell(row: torch.Tensor, take: int, chunk: int, upto: int) -> bool:
+    """Whether the "radix" write must count pages for some chunk before `upto`: a chunk with
+    three or more keys on the take-th key's top 22 bits whose last 10 bits lie on both sides
+    of (or at) the take-th's, not all equal (kernels.quest `_chunk_summary`)."""
+    keys = order_keys(row)
+    t = int(keys.sort(descending=True).values[take - 1])
+    for c0 in range(0, upto, chunk):
+        k = keys[c0: c0 + chunk]
+        low = k[(k >> 10) == t >> 10] & 1023
+        d = t & 1023
+        if len(low) >= 3 and int(low.min()) <= d <= int(low.max()) and low.min() < low.max():
+            return True
+    return False
+
+
+def test_quest_radix_write_from_chunk_summaries(device: str, use_triton: None, poison: None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "radix" write's slots from the chunk summaries, each case of them against the
+    reference's exact list: chunks with two keys on the take-th key's 22-bit prefix on either
+    side of it (row 0), chunks of exact ties at the take-th key (row 1), chunks whose keys on
+    the prefix all lie above or below it (row 2), a chunk the summary cannot order, so that
+    the later chunks count its pages (row 3), and continuous scores (row 4). Ten chunks a
+    request, summaries read four at a time, the -1 fill in several steps."""
+    from vegas_sim.kernels import quest
+
+    monkeypatch.setattr(quest, "RADIX_SUMMARY_BLOCK", 4)
+    monkeypatch.setattr(quest, "RADIX_FILL_MAX", 16)
+    monkeypatch.setattr(quest, "RADIX_ROW", 32)
+    gen = torch.Generator().manual_seed(5)
+    B, P, chunk = 5, 160, 16
+    low = 0.5 + torch.rand(B, P, generator=gen) * 0.25  # far below 1.0: off the prefix
+    scores = low.clone()
+    page = torch.arange(P)
+    scores[0, page % chunk == 3] = float(ulps_above_one(torch.tensor([3])))
+    scores[0, page % chunk == 9] = float(ulps_above_one(torch.tensor([1])))
+    scores[1, page % 4 == 1] = 1.0
+    scores[1, page % 16 == 6] = float(ulps_above_one(torch.tensor([1024])))  # the next prefix
+    digits = torch.tensor([0, 1, 1, 5, 5, 5, 9, 9, 9, 9])  # per chunk: below / at / above d 5
+    for c, dg in enumerate(digits.tolist()):
+        scores[2, c * chunk + torch.arange(3) * 5] = float(ulps_above_one(torch.tensor([dg])))
+    scores[3, :chunk] = ulps_above_one(torch.arange(chunk) % 4)  # 0..3 ulps, chunk 0 only
+    scores[3, 40::16] = float(ulps_above_one(torch.tensor([2])))
+    scores[4] = torch.randn(P, generator=gen)
+    ctx = torch.full((B,), P * 16 + 5, dtype=torch.int32)
+    n_pages = torch.tensor([15, 30, 13, 12, 37], dtype=torch.int32)
+    hist = torch.zeros(B, 3, 2048, dtype=torch.int32)
+    for b in range(B):
+        hist[b, 0] = torch.bincount(order_keys(scores[b]) >> 21, minlength=2048)
+    needs_count = [summary_cannot_tell(scores[b], int(n_pages[b]), chunk, P - chunk)
+                   for b in range(B)]
+    assert needs_count == [False, False, False, True, False]
+    ref, n_ref = reference.quest_pick(scores, ctx, n_pages, 40)
+    dev = device
+    got, n_got = quest.quest_pick_radix(scores.to(dev), hist.to(dev), ctx.to(dev),
+                                        n_pages.to(dev), 40, chunk=chunk)
     assert torch.equal(n_got.cpu(), n_ref) and torch.equal(got.cpu(), ref)
 
 

@@ -4,22 +4,30 @@
 - `quest_select` scores the pages, then picks them. `_quest_score_wide_kernel` (the default)
   reads each full page's min/max once, every KV head of a block of pages in one load, spread
   over (request, page block) programs, and writes one fp32 score per page; it is bound by the
-  metadata bytes. `_quest_score_kernel` (looped over the KV heads, kept for comparison) has
-  fewer bytes in flight per program. The pick finds the take-th largest score on
-  its order-preserving 32-bit integer key, exactly, then writes the chosen pages' token
-  positions in ascending page order, the partial page after them and -1 past n_idx. Ties at
-  the take-th score go to the smaller page index, as `reference.quest_select` does. Two picks:
+  metadata bytes (read with the evict-first policy: used once). `_quest_score_kernel`
+  (looped over the KV heads, kept for comparison) has fewer bytes in flight per program. The
+  pick finds the take-th largest score on its order-preserving 32-bit integer key, exactly,
+  then writes the chosen pages' token positions in ascending page order, the partial page
+  after them and -1 past n_idx. Ties at the take-th score go to the smaller page index, as
+  `reference.quest_select` does. Three picks:
   - "radix" (the default): a radix select of three digits (11, 11 and 10 bits of the key),
     each level a histogram counted by atomics (integer counts: the same on every run) over
     (request, chunk of pages) programs, so that every launch spreads over the GPU at any
     batch. The scoring launch counts the first digit of every full page's key (the histograms
     are zeroed before it); `_quest_level_kernel` twice: every program resolves the previous
     level from its histogram (the digit where the count at or above first reaches take) and
-    counts the next digit of its chunk's keys that share the prefix so far;
-    `_quest_write_kernel` resolves the last level — the take-th key t and the count above it
-    — and each program writes its chunk's chosen pages at their slots, which it finds by
-    counting the keys > t and == t of the pages before its chunk. Five launches (the zeroing
-    included), each short and wide.
+    counts the next digit of its chunk's keys that share the prefix so far; the second also
+    stores a summary of its chunk against the 22-bit prefix it resolved (`_chunk_summary`).
+    `_quest_write_sum_kernel` resolves the last level — the take-th key t and the count
+    above it — and each program writes its chunk's chosen pages at their slots, which it
+    finds by summing the summaries of the chunks before its own (counting those chunks'
+    keys only where a summary cannot tell). Five launches (the zeroing included), each
+    short and wide; a program's work grows with the pages of a request only by the
+    summaries it sums (or the chunks it must count).
+  - "radix_rescan" (runtime revision 7's default, kept for comparison): the same levels
+    (chunks of 256 pages) without the summaries; `_quest_write_kernel` finds the slots by
+    counting the keys > t and == t of every page before its chunk, work that grows with
+    the pages before it.
   - "search": `_quest_pick_kernel`, one program per request, finds the key by a bitwise
     search (the row held in registers, or read chunk by chunk from the L2), then writes the
     list. Two launches in all, but at a small batch the pick is a few programs on the whole
@@ -57,17 +65,26 @@ SCORE_WIDE = True
 # Metadata elements per tensor in one wide program's tile [pages, Hkv, D]: 8 pages at
 # Qwen3-8B's 8 x 128, the best page count timed there.
 WIDE_TILE = 8192
-# quest_select's picks, the default first: the radix levels, the one-program search
-PICKS = ("radix", "search")
-RADIX_CHUNK = 256  # pages per program of the radix pick's launches
+# quest_select's picks, the default first: the radix levels with per-chunk counts, the same
+# levels whose write re-counts the pages before its chunk (runtime revision 7's), the search
+PICKS = ("radix", "radix_rescan", "search")
+RADIX_CHUNK = 128  # pages per program of the radix pick's launches (docs/KERNELS.md, Quest)
+RESCAN_CHUNK = 256  # the same for "radix_rescan"
+# The wide scoring kernel loads the metadata, read once, with the evict-first policy: the L2
+# keeps what the pick and the layer read again (docs/KERNELS.md, Quest, chunk summaries).
+EVICT_FIRST = True
 RADIX_WARPS = 4
 # The radix pick's three levels over the 32-bit order key: digits of 11, 11 and 10 bits.
 RADIX_LEVELS = tl.constexpr(3)
 RADIX_BINS = tl.constexpr(2048)  # bins per level's histogram (the widest digit)
 RADIX_SHIFT0 = tl.constexpr(21)  # the first digit: key >> 21
 RADIX_SHIFT1 = tl.constexpr(10)  # the second: (key >> 10) & 2047; the third: key & 1023
-RADIX_FILL = 1024  # columns per step of the -1 fill
+RADIX_LOW = tl.constexpr(1023)  # the third digit's mask
+RADIX_FILL = 1024  # columns per step of the -1 fill ("radix_rescan")
+RADIX_FILL_MAX = 8192  # the "radix" write's -1 fill: one step of its share, up to this wide
 RADIX_ROW = 2048  # pages per step of the write's count of the pages before its chunk
+# The "radix" write's chunk summaries (`_chunk_summary`), read in blocks of up to this many
+RADIX_SUMMARY_BLOCK = 1024
 
 
 @triton.jit
@@ -157,7 +174,7 @@ def _quest_score_wide_kernel(
     Q, KMIN, KMAX, CTX, OUT, HIST, HQ, P,
     HKV: tl.constexpr, BLOCK_H: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr,
-    NB: tl.constexpr, WITH_HIST: tl.constexpr,
+    NB: tl.constexpr, WITH_HIST: tl.constexpr, EVICT: tl.constexpr,
 ):
     """`_quest_score_kernel`'s scores with every KV head of a page block in one tile
     [BLOCK_P, HKV, D] (one load of all its metadata, no loop over heads): short programs,
@@ -180,8 +197,14 @@ def _quest_score_wide_kernel(
     m_off = (((b * P + pages) * HKV).to(tl.int64)[:, None, None] * D
              + (offs_h[:, None] * D + offs_d[None, :])[None, :, :])
     ok = (pages < full)[:, None, None] & hd_ok[None, :, :]
-    hi = tl.load(KMAX + m_off, mask=ok, other=0.0).to(tl.float32)
-    lo = tl.load(KMIN + m_off, mask=ok, other=0.0).to(tl.float32)
+    if EVICT:  # read once: leave the L2 to what the later launches and the layer reuse
+        hi = tl.load(KMAX + m_off, mask=ok, other=0.0, eviction_policy="evict_first")
+        lo = tl.load(KMIN + m_off, mask=ok, other=0.0, eviction_policy="evict_first")
+    else:
+        hi = tl.load(KMAX + m_off, mask=ok, other=0.0)
+        lo = tl.load(KMIN + m_off, mask=ok, other=0.0)
+    hi = hi.to(tl.float32)
+    lo = lo.to(tl.float32)
     acc = tl.sum(tl.sum(hi * q_pos[None, :, :] + lo * q_neg[None, :, :], 2), 1)
     _store_scores(OUT, HIST, b, P, pages, full, acc, NB, WITH_HIST)
 
@@ -293,17 +316,22 @@ def _take(CTX, N_PAGES, b, P, max_take, PAGE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["max_take"])
 def _quest_level_kernel(
-    SCORES, CTX, N_PAGES, HIST, STATE, P, max_take,
+    SCORES, CTX, N_PAGES, HIST, STATE, SUMMARY, P, max_take, n_chunks,
     LEVEL: tl.constexpr, PREV_BITS: tl.constexpr, SHIFT: tl.constexpr, WIDTH: tl.constexpr,
-    NB: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr,
+    NB: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr, SUMMARIZE: tl.constexpr,
 ):
     """Program (b, chunk), LEVEL 1 or 2: resolves level LEVEL - 1 (its digit PREV_BITS wide)
     from its histogram, every program alike; program 0 keeps the result in STATE[b, LEVEL - 1].
     Then counts the digit of level LEVEL ((key >> SHIFT) & (2^WIDTH - 1)) of its chunk's keys
-    that share the resolved prefix into HIST[b, LEVEL]."""
+    that share the resolved prefix into HIST[b, LEVEL]. SUMMARIZE (the "radix" pick): the
+    chunk's keys are loaded first, beside the histogram, and level 2 stores the chunk's
+    `_chunk_summary` in SUMMARY[b, chunk] for the write."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     _, full, take = _take(CTX, N_PAGES, b, P, max_take, PAGE)
+    pages = c * CH + tl.arange(0, CH)
+    if SUMMARIZE:
+        k = _row_keys(SCORES + b.to(tl.int64) * P, pages, full)
     hist = HIST + b * (RADIX_LEVELS * NB)
     zero = take.to(tl.int64) * 0
     if LEVEL == 1:
@@ -317,11 +345,50 @@ def _quest_level_kernel(
     if c == 0:
         tl.store(STATE + b * 4 + 2 * (LEVEL - 1), prefix)
         tl.store(STATE + b * 4 + 2 * (LEVEL - 1) + 1, above)
-    pages = c * CH + tl.arange(0, CH)
-    k = _row_keys(SCORES + b.to(tl.int64) * P, pages, full)
+    if not SUMMARIZE:
+        k = _row_keys(SCORES + b.to(tl.int64) * P, pages, full)
     match = (k >= 0) & ((k >> (SHIFT + WIDTH)) == prefix)
     digit = (k >> SHIFT) & ((1 << WIDTH) - 1)
     tl.atomic_add(hist + LEVEL * NB + digit, 1, mask=match, sem="relaxed")
+    if SUMMARIZE:
+        if LEVEL == 2:
+            tl.store(SUMMARY + b * n_chunks + c, _chunk_summary(k, prefix))
+
+
+@triton.jit
+def _chunk_summary(k, prefix):
+    """What the write needs of a chunk's keys k once the 22-bit prefix of the take-th key is
+    known: the keys above the prefix (all above the take-th key), the keys on it, and the
+    lowest and highest of their last 10 bits, packed 16 bits each in one int64. With at most
+    two keys on the prefix, or none between those bounds and the last digit, the counts > t
+    and == t follow from it; otherwise the write counts the chunk's keys."""
+    hi = k >> RADIX_SHIFT1
+    on = (k >= 0) & (hi == prefix)
+    n_gt_on = tl.sum(((k >= 0) & (hi > prefix)).to(tl.int32) + (on.to(tl.int32) << 16), 0)
+    low = k & RADIX_LOW
+    lo_min = tl.min(tl.where(on, low, RADIX_LOW), 0)
+    lo_max = tl.max(tl.where(on, low, 0), 0)
+    return n_gt_on.to(tl.int64) | (lo_min.to(tl.int64) << 32) | (lo_max.to(tl.int64) << 48)
+
+
+@triton.jit
+def _summed_counts(summary, d):
+    """Over chunk summaries [S] (0 for none) and the take-th key's last digit d: the keys > t,
+    the keys == t, and the chunks whose summary cannot tell (three or more keys on the
+    prefix, with d between the lowest and highest of their last digits), packed 21 bits
+    each in one int64 sum."""
+    n_gt = summary & 0xFFFF
+    n_on = (summary >> 16) & 0xFFFF
+    lo_min = (summary >> 32) & 0xFFFF
+    lo_max = summary >> 48
+    above = lo_min > d
+    below = lo_max < d
+    flat = lo_min == lo_max  # every key on the prefix has one last digit (d, if not above)
+    gt = n_gt + tl.where(above, n_on, tl.where(below | flat, 0, (lo_max > d).to(tl.int64)))
+    two = (lo_min == d).to(tl.int64) + (lo_max == d).to(tl.int64)
+    eq = tl.where(above | below, 0, tl.where(flat, n_on, two))
+    unknown = (n_on >= 3) & ~(above | below | flat)
+    return tl.sum(gt + (eq << 21) + (unknown.to(tl.int64) << 42), 0)
 
 
 @triton.jit(do_not_specialize=["max_take"])
@@ -376,31 +443,129 @@ def _quest_write_kernel(
         tl.store(out + col, tl.full([FILL], -1, tl.int32), mask=col < hi)
 
 
+@triton.jit(do_not_specialize=["max_take"])
+def _quest_write_sum_kernel(
+    SCORES, CTX, N_PAGES, HIST, STATE, SUMMARY, OUT, N_OUT, P, K_COLS, max_take, n_chunks,
+    NB: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr, ROW: tl.constexpr,
+    FILL: tl.constexpr, SB: tl.constexpr,
+):
+    """`_quest_write_kernel`'s list (the "radix" pick), with the keys > t and == t before the
+    chunk summed from the summaries of the chunks before it (`_chunk_summary`, stored by the
+    last level) instead of counted from their pages, which it does only where a summary
+    cannot tell. Every load that does not need t (the chunk's keys, the summaries, the
+    last level's state) comes first, then the writes that do not either (the partial page,
+    N_OUT[b], the program's share of the -1 fill, one step of FILL columns)."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    ctx, full, take = _take(CTX, N_PAGES, b, P, max_take, PAGE)
+    row = SCORES + b.to(tl.int64) * P
+    pages = c * CH + tl.arange(0, CH)
+    k = _row_keys(row, pages, full)
+    offs_s = tl.arange(0, SB)
+    summary = tl.load(SUMMARY + b * n_chunks + offs_s, mask=offs_s < c, other=0)
+    prefix = tl.load(STATE + b * 4 + 2)
+    prev_above = tl.load(STATE + b * 4 + 3)
+    out = OUT + b.to(tl.int64) * K_COLS
+    _write_tail(out, N_OUT, b, c, ctx, full, take, K_COLS, n_chunks, PAGE, FILL)
+    t, above = _resolve(HIST + b * (RADIX_LEVELS * NB) + 2 * NB, prefix, prev_above, take,
+                        RADIX_SHIFT1, NB)
+    t = tl.where(take > 0, t, 1 << 32)  # take 0: no key qualifies
+    ties_left = tl.where(take > 0, take - above, 0)  # the first ties_left keys equal to t
+    d = t & RADIX_LOW
+    packed = _summed_counts(summary, d)
+    for s0 in range(SB, c, SB):  # more chunks before this one than a block holds
+        more = tl.load(SUMMARY + b * n_chunks + s0 + offs_s, mask=s0 + offs_s < c, other=0)
+        packed += _summed_counts(more, d)
+    field = (1 << 21) - 1
+    n_gt = (packed & field).to(tl.int32)
+    n_eq = ((packed >> 21) & field).to(tl.int32)
+    if (packed >> 42) > 0:  # a chunk before this one holds keys its summary cannot order
+        n_gt, n_eq = _count_before(row, t, tl.minimum(full, c * CH), ROW)
+    _write_pages(out, pages, k, t, n_gt, n_eq, ties_left, PAGE)
+
+
+@triton.jit
+def _write_tail(out, N_OUT, b, c, ctx, full, take, K_COLS, n_chunks, PAGE: tl.constexpr,
+                FILL: tl.constexpr):
+    """The list's columns that do not depend on which pages are chosen: program 0 writes the
+    partial page [16·full, ctx) at take·16 and N_OUT[b]; every program its share of the -1
+    past n_idx."""
+    n_part = ctx - full * PAGE
+    n_out = take * PAGE + n_part
+    if c == 0:
+        offs_t = tl.arange(0, PAGE)
+        tl.store(out + take * PAGE + offs_t, full * PAGE + offs_t, mask=offs_t < n_part)
+        tl.store(N_OUT + b, n_out)
+    span = tl.cdiv(K_COLS - n_out, n_chunks)
+    lo = n_out + c * span
+    hi = tl.minimum(lo + span, K_COLS)
+    for j in range(lo, hi, FILL):
+        col = j + tl.arange(0, FILL)
+        tl.store(out + col, tl.full([FILL], -1, tl.int32), mask=col < hi)
+
+
+@triton.jit
+def _count_before(row, t, before, ROW: tl.constexpr):
+    """The keys > t and == t among a request's pages [0, before), ROW pages a step."""
+    n_gt = before * 0
+    n_eq = before * 0
+    for s0 in range(0, before, ROW):
+        k = _row_keys(row, s0 + tl.arange(0, ROW), before)
+        n_gt += tl.sum((k > t).to(tl.int32), 0)
+        n_eq += tl.sum((k == t).to(tl.int32), 0)
+    return n_gt, n_eq
+
+
+@triton.jit
+def _write_pages(out, pages, k, t, n_gt, n_eq, ties_left, PAGE: tl.constexpr):
+    """The token positions of a chunk's chosen pages (keys k) at their slots of the list:
+    pages with key > t, and of those tied at t the first ties_left by page index, after the
+    n_gt keys > t and n_eq keys == t of the pages before the chunk. One prefix sum of both
+    counts, packed: a chunk's page j sits at slot (keys > t before it) + min(keys == t
+    before it, ties_left)."""
+    gt = (k > t).to(tl.int32)
+    eq = (k == t).to(tl.int32)
+    both = gt + (eq << 16)
+    before = tl.cumsum(both, 0) - both
+    eq_before = n_eq + (before >> 16)
+    sel = (gt > 0) | ((eq > 0) & (eq_before < ties_left))
+    slot = n_gt + (before & 0xFFFF) + tl.minimum(eq_before, ties_left)
+    offs_t = tl.arange(0, PAGE)
+    tl.store(out + slot[:, None] * PAGE + offs_t[None, :], pages[:, None] * PAGE + offs_t[None, :],
+             mask=sel[:, None])
+
+
 def quest_select(
     q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, n_pages: Tensor,
     max_pages: int | None = None, *, score_block_p: int | None = None,
     score_warps: int = SCORE_WARPS, score_wide: bool = SCORE_WIDE, pick: str = PICKS[0],
-    pick_warps: int = PICK_WARPS, radix_chunk: int = RADIX_CHUNK,
+    pick_warps: int = PICK_WARPS, radix_chunk: int | None = None,
+    evict_first: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Same contract as `reference.quest_select`: indices [B, K] int32, n_idx [B] int32; one
     host sync (K depends on max n_pages) unless `max_pages` is given (then capturable in a
     CUDA graph). `pick` chooses how the pages are picked from the scores: "radix" (the
     scoring launch counts the first radix digit, then `quest_pick_radix`'s three launches of
-    (request, chunk) programs) or "search" (`quest_pick`, one program per request). The other
+    (request, chunk) programs), "radix_rescan" (the same, its write re-counting the pages
+    before each chunk) or "search" (`quest_pick`, one program per request). The other
     keywords are launch settings (None / defaults: `wide_block` or `score_block`, SCORE_WARPS,
     PICK_WARPS for the search, RADIX_CHUNK pages a radix program); score_wide: which scoring
-    kernel (`quest_scores`' wide)."""
+    kernel (`quest_scores`' wide); evict_first: the wide scoring kernel's metadata loads
+    (None: EVICT_FIRST, but not for "radix_rescan", which runs as revision 7 did)."""
     assert pick in PICKS, pick
     n_max = reference.quest_page_bound(n_pages, max_pages)
     ctx = context.to(device=q.device, dtype=torch.int32).contiguous()
+    rescan = pick == "radix_rescan"  # runtime revision 7's selection, kept as it ran
+    evict = (EVICT_FIRST and not rescan) if evict_first is None else evict_first
     if pick == "search":
         scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps,
-                              wide=score_wide)
+                              wide=score_wide, evict_first=evict)
         return quest_pick(scores, ctx, n_pages, n_max, num_warps=pick_warps)
     hist = radix_histograms(q.shape[0], q.device)
     scores = quest_scores(q, kmin, kmax, ctx, block_p=score_block_p, num_warps=score_warps,
-                          hist=hist, wide=score_wide)
-    return quest_pick_radix(scores, hist, ctx, n_pages, n_max, chunk=radix_chunk)
+                          hist=hist, wide=score_wide, evict_first=evict)
+    return quest_pick_radix(scores, hist, ctx, n_pages, n_max, chunk=radix_chunk,
+                            rescan=rescan)
 
 
 def radix_histograms(batch: int, device: torch.device) -> Tensor:
@@ -411,12 +576,13 @@ def radix_histograms(batch: int, device: torch.device) -> Tensor:
 
 def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
                  block_p: int | None = None, num_warps: int = SCORE_WARPS,
-                 hist: Tensor | None = None, wide: bool = SCORE_WIDE) -> Tensor:
+                 hist: Tensor | None = None, wide: bool = SCORE_WIDE,
+                 evict_first: bool = EVICT_FIRST) -> Tensor:
     """[B, P] fp32 page scores of the full pages of [0, context), -inf past them; with `hist`
     (`radix_histograms`), their first radix digits are counted into hist[:, 0]. `wide` (the
     default, SCORE_WIDE): the kernel that loads every KV head of its pages at once
-    (`_quest_score_wide_kernel`; block_p then defaults to `wide_block`), else the one looped
-    over the KV heads (block_p: `score_block`)."""
+    (`_quest_score_wide_kernel`; block_p then defaults to `wide_block`; evict_first: with
+    the evict-first policy), else the one looped over the KV heads (block_p: `score_block`)."""
     B, Hq, D = q.shape
     P, Hkv = kmin.shape[1], kmin.shape[2]
     assert kmin.is_contiguous() and kmax.is_contiguous()
@@ -432,7 +598,7 @@ def quest_scores(q: Tensor, kmin: Tensor, kmax: Tensor, context: Tensor, *,
             q.contiguous(), kmin, kmax, ctx, scores, counts, Hq, P, HKV=Hkv,
             BLOCK_H=next_pow2(Hkv), G=G, BLOCK_G=next_pow2(G), D=D,
             BLOCK_D=max(16, next_pow2(D)), BLOCK_P=block_p, PAGE=QUEST_PAGE, NB=RADIX_BINS,
-            WITH_HIST=hist is not None, num_warps=num_warps,
+            WITH_HIST=hist is not None, EVICT=evict_first, num_warps=num_warps,
         )
         return scores
     block_p = score_block(B, P, num_sms(q.device)) if block_p is None else block_p
@@ -464,34 +630,47 @@ def quest_pick(scores: Tensor, context: Tensor, n_pages: Tensor, n_max: int, *,
 
 
 def quest_pick_radix(scores: Tensor, hist: Tensor, context: Tensor, n_pages: Tensor,
-                     n_max: int, *, chunk: int = RADIX_CHUNK) -> tuple[Tensor, Tensor]:
+                     n_max: int, *, chunk: int | None = None,
+                     rescan: bool = False) -> tuple[Tensor, Tensor]:
     """`quest_pick`'s list from the scores and `hist`, whose first level the scoring launch
     counted: two launches count the second and third digits of the keys under the prefix
     resolved so far, a third writes the list; each over (request, chunk of `chunk` pages)
-    programs, so every launch spreads over the GPU whatever the batch."""
+    programs, so every launch spreads over the GPU whatever the batch. The write finds each
+    chunk's first slot from the last level's chunk summaries, or (`rescan`, the
+    "radix_rescan" pick) by counting the keys of every page before the chunk."""
     B, P = scores.shape
     dev = scores.device
     out, n_out = _index_buffers(B, n_max, dev)
     if B == 0:
         return out, n_out
-    assert chunk == next_pow2(chunk), chunk
+    chunk = (RESCAN_CHUNK if rescan else RADIX_CHUNK) if chunk is None else chunk
+    assert chunk == next_pow2(chunk) and chunk <= 16384 and P < 1 << 21, (chunk, P)
     ctx = context.to(device=dev, dtype=torch.int32).contiguous()
     n_pg = n_pages.to(device=dev, dtype=torch.int32).contiguous()
     state = torch.empty(B, 2, 2, dtype=torch.int64, device=dev)  # (prefix, above) per level
     n_chunks = triton.cdiv(P, chunk)
+    summary = state if rescan else torch.empty(B, n_chunks, dtype=torch.int64, device=dev)
     grid = (B, n_chunks)
     wide = RADIX_SHIFT0.value - RADIX_SHIFT1.value
     for level, prev_bits, shift, width in ((1, 32 - RADIX_SHIFT0.value, RADIX_SHIFT1.value,
                                             wide), (2, wide, 0, RADIX_SHIFT1.value)):
         _quest_level_kernel[grid](
-            scores, ctx, n_pg, hist, state, P, n_max, LEVEL=level, PREV_BITS=prev_bits,
-            SHIFT=shift, WIDTH=width, NB=RADIX_BINS, CH=chunk, PAGE=QUEST_PAGE,
+            scores, ctx, n_pg, hist, state, summary, P, n_max, n_chunks, LEVEL=level,
+            PREV_BITS=prev_bits, SHIFT=shift, WIDTH=width, NB=RADIX_BINS, CH=chunk,
+            PAGE=QUEST_PAGE, SUMMARIZE=not rescan, num_warps=RADIX_WARPS,
+        )
+    if rescan:
+        _quest_write_kernel[grid](
+            scores, ctx, n_pg, hist, state, out, n_out, P, out.shape[1], n_max, n_chunks,
+            NB=RADIX_BINS, CH=chunk, PAGE=QUEST_PAGE, ROW=RADIX_ROW, FILL=RADIX_FILL,
             num_warps=RADIX_WARPS,
         )
-    _quest_write_kernel[grid](
-        scores, ctx, n_pg, hist, state, out, n_out, P, out.shape[1], n_max, n_chunks,
-        NB=RADIX_BINS, CH=chunk, PAGE=QUEST_PAGE, ROW=RADIX_ROW, FILL=RADIX_FILL,
-        num_warps=RADIX_WARPS,
+        return out, n_out
+    _quest_write_sum_kernel[grid](
+        scores, ctx, n_pg, hist, state, summary, out, n_out, P, out.shape[1], n_max, n_chunks,
+        NB=RADIX_BINS, CH=chunk, PAGE=QUEST_PAGE, ROW=RADIX_ROW,
+        FILL=min(RADIX_FILL_MAX, max(16, next_pow2(triton.cdiv(out.shape[1], n_chunks)))),
+        SB=min(RADIX_SUMMARY_BLOCK, max(2, next_pow2(n_chunks))), num_warps=RADIX_WARPS,
     )
     return out, n_out
 

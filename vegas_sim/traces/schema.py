@@ -111,8 +111,10 @@ WEIGHT_KINDS = ("real", "random")
 # Quest's pick as a radix select over (request, chunk) programs instead of one program per
 # request (kernels/quest.py), faster again at long contexts; "7": Quest's page scoring loads
 # every KV head of a block of pages at once (kernels/quest.py, the wide kernel), faster at
-# every context.
-RUNTIME_REVISION = "7"
+# every context; "8": the radix pick's write finds its slots from per-chunk summaries instead of
+# re-counting the pages before its chunk, and the scoring reads the metadata evict-first
+# (kernels/quest.py), faster again.
+RUNTIME_REVISION = "8"
 # Revisions that changed only some methods' phases: method -> the phases that changed. A set
 # of an older revision keeps the other methods' rows current; a revision not listed here
 # changed every method.
@@ -120,6 +122,7 @@ CHANGED_PHASES: dict[str, dict[str, tuple[str, ...]]] = {
     "5": {"magicdec-quest": ("quest_meta",)},
     "6": {"magicdec-quest": ("quest_meta",)},
     "7": {"magicdec-quest": ("quest_meta",)},
+    "8": {"magicdec-quest": ("quest_meta",)},
 }
 
 # meta.json: optional keys that the writer / generator add.
