@@ -411,36 +411,11 @@ def _quest_write_kernel(
     t = tl.where(take > 0, t, 1 << 32)  # take 0: no key qualifies
     ties_left = tl.where(take > 0, take - above, 0)  # the first ties_left keys equal to t
     row = SCORES + b.to(tl.int64) * P
-    c0 = c * CH
-    n_gt = take * 0
-    n_eq = take * 0
-    before = tl.minimum(full, c0)
-    for s0 in range(0, before, ROW):
-        k = _row_keys(row, s0 + tl.arange(0, ROW), before)
-        n_gt += tl.sum((k > t).to(tl.int32), 0)
-        n_eq += tl.sum((k == t).to(tl.int32), 0)
-    pages = c0 + tl.arange(0, CH)
-    k = _row_keys(row, pages, full)
-    tie = (k == t).to(tl.int32)
-    tie_rank = n_eq + tl.cumsum(tie, 0) - tie
-    sel = (k > t) | ((tie > 0) & (tie_rank < ties_left))
-    sel_i = sel.to(tl.int32)
-    slot = n_gt + tl.minimum(n_eq, ties_left) + tl.cumsum(sel_i, 0) - sel_i
+    n_gt, n_eq = _count_before(row, t, tl.minimum(full, c * CH), ROW)
+    pages = c * CH + tl.arange(0, CH)
     out = OUT + b.to(tl.int64) * K_COLS
-    offs_t = tl.arange(0, PAGE)
-    tl.store(out + slot[:, None] * PAGE + offs_t[None, :], pages[:, None] * PAGE + offs_t[None, :],
-             mask=sel[:, None])
-    n_part = ctx - full * PAGE
-    n_out = take * PAGE + n_part
-    if c == 0:  # the current partial page [16·full, ctx)
-        tl.store(out + take * PAGE + offs_t, full * PAGE + offs_t, mask=offs_t < n_part)
-        tl.store(N_OUT + b, n_out)
-    span = tl.cdiv(K_COLS - n_out, n_chunks)
-    lo = n_out + c * span
-    hi = tl.minimum(lo + span, K_COLS)
-    for j in range(lo, hi, FILL):
-        col = j + tl.arange(0, FILL)
-        tl.store(out + col, tl.full([FILL], -1, tl.int32), mask=col < hi)
+    _write_pages(out, pages, _row_keys(row, pages, full), t, n_gt, n_eq, ties_left, PAGE)
+    _write_tail(out, N_OUT, b, c, ctx, full, take, K_COLS, n_chunks, PAGE, FILL)
 
 
 @triton.jit(do_not_specialize=["max_take"])
