@@ -36,6 +36,9 @@ def _calibrate(value: Any) -> Callable[[dict[str, Any]], None]:
 def test_a_set_without_calibration_takes_the_default(small_set: Path) -> None:
     model = api.fit_acceptance(load_trace_set(small_set))
     assert model.trend_sd_scale == TREND_SD_SCALE and model.trend_sd_scale_from == ""
+    shown = CliRunner().invoke(cli, ["traces", "show", str(small_set)]).output
+    assert f"context trend sd scale: {TREND_SD_SCALE:g} (the default; `traces trend-holdout" \
+        in shown
 
 
 def test_a_calibrated_set_scales_its_own_trend(small_set: Path) -> None:

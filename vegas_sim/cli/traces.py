@@ -95,8 +95,8 @@ def traces_show(directory: Path) -> None:
         with user_errors():
             model = api.fit_acceptance(trace_set)
         click.echo(format_context_trends(model.context_trends()), nl=False)
-        source = trace_set.info.calibrated_by or "the default; `traces trend-holdout "
-        source += "" if trace_set.info.calibrated_by else "--write-scale` calibrates it"
+        source = (trace_set.info.calibrated_by
+                  or "the default; `traces trend-holdout --write-scale` calibrates it")
         click.echo(f"  context trend sd scale: {model.trend_sd_scale:g} ({source})")
 
 
