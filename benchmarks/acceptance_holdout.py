@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vegas_sim.sim.context_trend import TREND_SD_SCALE
 from vegas_sim.traces.io import load_trace_set
 from vegas_sim.validate.context_holdout import (
     DESIGNS,
@@ -56,8 +55,7 @@ def main() -> None:
                      lambda wl, n: print(f"{wl}: {n} held-out points", flush=True))
     print(points[COLUMNS].round(3).to_string(index=False))
     print("\n".join(summary_lines(points)))
-    scale = ts.info.context_trend_sd_scale or TREND_SD_SCALE
-    print("\n".join(calibration_lines(points, scale)))
+    print("\n".join(calibration_lines(points)))
     command = f"PYTHONPATH=. python benchmarks/acceptance_holdout.py --design {args.design}"
     if args.set != SET:
         command += f" --set {args.set}"

@@ -17,7 +17,6 @@ from vegas_sim.cli.common import parse_size, parse_sparsity, user_errors
 from vegas_sim.errors import UserInputError
 from vegas_sim.files import check_out, output_lock
 from vegas_sim.methods import SPEC_METHODS
-from vegas_sim.sim.context_trend import TREND_SD_SCALE
 from vegas_sim.traces import io
 from vegas_sim.traces.anchors import AnchorSet, load_anchors, write_anchors
 from vegas_sim.traces.merge import merge_trace_sets
@@ -161,8 +160,7 @@ def traces_trend_holdout(directory: Path, design: str, write_scale: bool,
                 "no workload was traced at two or more prompt contexts: nothing to hold out",
                 where=str(directory),
                 fix="calibrate acceptance at several contexts (calibrate --context 1K,2K,4K)")
-    scale = trace_set.info.context_trend_sd_scale or TREND_SD_SCALE
-    click.echo("\n".join(summary_lines(points) + calibration_lines(points, scale)))
+    click.echo("\n".join(summary_lines(points) + calibration_lines(points)))
     if out is not None:
         points.to_csv(out, index=False)
         click.echo(f"wrote {out}")

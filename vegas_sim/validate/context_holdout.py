@@ -37,15 +37,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vegas_sim.api import with_calibration
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.acceptance_cells import split_runs, workload_buckets
 from vegas_sim.sim.context_trend import TREND_SD_SCALE, Z95, calibrated_scale
 from vegas_sim.sim.uncertainty import run_sd
 from vegas_sim.traces.io import TraceSet
+from vegas_sim.traces.meta import TraceSetMeta
 from vegas_sim.traces.schema import CALIBRATION_KEY
 
 DESIGNS = ("third", "workload")
-# the share of held-out points the scaled interval is to cover: the interval's nominal 95 %
+# the share of held-out points the scaled interval is to cover: the interval's own level
 COVERAGE_QUANTILE = 0.95
 # a factor past this is no calibration: the trend misses the points whatever its sd says
 MAX_SCALE = 20.0
@@ -55,14 +57,12 @@ UNCOVERABLE = 1e6  # the factor of a point missed with a trend sd of 0 (past MAX
 def holdout(trace_set: TraceSet, design: str = "third",
             progress: Callable[[str, int], None] | None = None) -> pd.DataFrame:
     """The scored held-out points of every workload of `trace_set` (real weights), predicted
-    with the set's own trend sd scale (its `acceptance_calibration`, else TREND_SD_SCALE);
+    with the set's trend sd scale, as `predict` scales it (`api.with_calibration`);
     `progress(workload, points)` after each workload."""
-    own = trace_set.info.context_trend_sd_scale
-    scale = TREND_SD_SCALE if own is None else own
     df, runs = run_table(trace_set.acceptance)
     rows: list[dict[str, object]] = []
     for wl in sorted(runs.workload.unique()):
-        found = points_for(str(wl), df, runs, design, trace_set.info.grid.min_tokens, scale)
+        found = points_for(str(wl), df, runs, design, trace_set.info)
         rows += found
         if progress is not None:
             progress(str(wl), len(found))
@@ -91,7 +91,7 @@ def cut_of(buckets: list[float], design: str) -> float:
 
 
 def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
-               floor: int, scale: float) -> list[dict[str, object]]:
+               info: TraceSetMeta) -> list[dict[str, object]]:
     """Fit without `workload`'s runs above its cut, predict its held-out buckets (the trend's
     sd × `scale`, as `predict` scales the set's)."""
     buckets = sorted(runs.loc[runs.workload == workload, "bucket"].unique())
@@ -101,8 +101,8 @@ def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
     held_runs = runs[(runs.workload == workload) & (runs.bucket > cut)]
     fit_rows = df[~df["run"].isin(held_runs["run"])]
     model = AcceptanceModel.from_traces(fit_rows.drop(columns=["run", "bucket"]), "real",
-                                        min_tokens=floor)
-    model.trend_sd_scale = scale
+                                        min_tokens=info.grid.min_tokens)
+    with_calibration(model, info)
     out: list[dict[str, object]] = []
     keys = ["temperature", "method", "gamma", "bucket"]
     for key, g in held_runs.groupby(keys):
@@ -129,7 +129,7 @@ def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
             "se_from": se_from,
             "predicted": float(np.mean([d.mean_length for d in dists])),
             "trend_sd_pct": float(np.mean([d.context_trend_sd_pct for d in dists])),
-            "trend_sd_scale": scale,
+            "trend_sd_scale": model.trend_sd_scale,
             "nearest_bucket": float(np.mean(nearest)),
             "trend": "covering" if "covering" in note else ("own" if note else "none"),
             "note": note,
@@ -186,16 +186,16 @@ def scale_needed(points: pd.DataFrame) -> pd.Series:
     return (need / trend.where(trend > 0.0, np.nan)).where(need > 0.0, 0.0)
 
 
-def calibration_lines(points: pd.DataFrame, scale: float,
+def calibration_lines(points: pd.DataFrame,
                       quantile: float = COVERAGE_QUANTILE) -> list[str]:
     """The scale's evidence: the `quantile` of the factors the points need and the scale it
-    gives, beside `scale`, the one the points were predicted with; and split by workload: each
+    gives, beside the one the points were predicted with (`trend_sd_scale`); and split by workload: each
     workload's points against the scale of the other workloads' (their coverage is then out of
     sample)."""
     need = _needs(points)
     q = float(np.quantile(need, quantile))
     lines = [f"trend sd scale the points need: {quantile:.0%} quantile {_factor(q)}, scale "
-             f"{_factor(calibrated_scale(q))} (predicted with {scale:g}; default "
+             f"{_factor(calibrated_scale(q))} (predicted with {points.trend_sd_scale.iloc[0]:g}; default "
              f"{TREND_SD_SCALE:g})"]
     if points.workload.nunique() < 2:
         return lines
