@@ -78,6 +78,8 @@
 #                          five processes in an H100's 80 GB); LONG_WORKLOADS, LONG_FIRST (the
 #                          first prompt, e.g. 20 for the next 20), LONG_PROMPTS=0 (none),
 #                          COMP_FIRST (the first problem), COMP_PROMPTS=0 (none)
+#   cli ARGS...            any vegas-sim command with the carried wheels, e.g. `cli calibrate
+#                          --model qwen3-8b ... --out $OUT/points` for points a cut run missed
 #   sampling               python benchmarks/sampling.py: the top-k-slot sampler against the
 #                          same distribution on the dense layout (under a minute)
 #   kernels [ARGS...]      python benchmarks/kernels.py (default: the command of
@@ -441,6 +443,9 @@ added)  # adds code-long, chat-long and competitive to smollm2-135m-real (docs/R
   tar czf "$OUT/added_sets.tgz" -C $TR $(cd $TR && ls -d added-* comp-* 2>/dev/null)
   tar czf "$OUT/added_logs.tgz" -C "$OUT" $(cd "$OUT" && ls calibrate-added-*.log) \
     && rm -f "$OUT"/calibrate-added-*.log
+  ;;
+cli)  # one vegas-sim command, as the stages run it
+  timeout ${TIMEOUT:-540} "${cli[@]}" "$@" 2>&1 | tail -20 | tee "$OUT/cli.log"
   ;;
 sampling)
   timeout 300 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.csv" 2>&1 \

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner, Result
 
@@ -323,3 +324,45 @@ def test_a_model_without_anchors_takes_its_familys() -> None:
     own = api.load_models("qwen3-8b", None, None)[1].lookup("vegas", 6, 0.07, 182,
                                                             "reasoning", 0.6)
     assert "model" not in own.transfer_axes_pct  # its own published anchors
+
+
+def _stream_at(output_len: int) -> pd.Series:
+    rows = api.predict(gamma=6, sparsity=0.07, context=182, output_len=output_len, batch=4,
+                       methods=["magicdec-stream"], workload="reasoning", temperature=0.6,
+                       engine="analytic")
+    return rows[rows.method == "magicdec-stream"].iloc[0]
+
+
+def test_the_anchors_own_generation_carries_no_context_trend_term() -> None:
+    """The packaged AIME25 anchors pool whole 19,680-token generations, which the shape reaches
+    along its reasoning trend: their δ took up that trend's error, so a prediction of the same
+    generations has (almost) none of it left, while the unanchored shape carries all of it."""
+    row = _stream_at(19680)
+    assert "took up the trend's error" in row.extrapolated
+    context_term = row.pi_extrapolation_acceptance_pct - row.pi_transfer_pct
+    unanchored = api.predict(gamma=6, sparsity=0.07, context=182, output_len=19680, batch=4,
+                             methods=["magicdec-stream"], workload="reasoning",
+                             temperature=0.6, engine="analytic", acceptance_anchors=["none"])
+    shape_term = float(unanchored.iloc[1].pi_extrapolation_acceptance_pct)
+    assert shape_term > 10.0
+    assert context_term < 0.2 * shape_term
+
+
+def test_a_short_generation_at_the_anchors_workload_carries_the_anchors_trend_error() -> None:
+    """Inside the shape's traced contexts the trend is not followed, but the level is the
+    anchors', fitted through it: the error it took up at 20K tokens lands on a 256-token
+    generation whole, and shrinks as the generation nears the anchors' length."""
+    terms = [(r.pi_extrapolation_acceptance_pct - r.pi_transfer_pct)
+             for r in (_stream_at(n) for n in (256, 4096, 19680))]
+    assert terms[0] > terms[1] > terms[2] >= 0.0
+    assert terms[0] > 5.0
+
+
+def test_another_workloads_trend_keeps_its_own_term(shape: AcceptanceModel) -> None:
+    """The anchors' δ says nothing about another workload's trend: its term is the shape's."""
+    model = AnchoredAcceptance(shape, SHAPE, [_set(
+        Anchor("magicdec-stream", 6, 0.07, (182, 182), "reasoning", 0.6, 4.9, output_len=8000))])
+    far = model.lookup("magicdec-stream", 6, 0.07, 30000, "longdoc", 0.6)
+    own = shape.lookup("magicdec-stream", 6, 0.07, 30000, "longdoc", 0.6)
+    assert far.context_trend_sd_pct == pytest.approx(own.context_trend_sd_pct)
+    assert "took up" not in " ".join(far.extrapolated)

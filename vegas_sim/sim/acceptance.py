@@ -123,6 +123,7 @@ from vegas_sim.sim.context_trend import (
     shift_source,
     shifted_dist_sd_pct,
     trend_note,
+    trend_sd_logit,
     trend_sd_pct,
 )
 from vegas_sim.sim.metrics import t_quantile
@@ -398,6 +399,7 @@ class AcceptanceModel:
         out.extrapolated.insert(0, note)
         out.context_trend_sd_pct = math.hypot(dist.context_trend_sd_pct,
                                               shifted_dist_sd_pct(out, sd))
+        out.context_trend_sd_logit = math.hypot(dist.context_trend_sd_logit, sd)
         return out
 
     def _level_step(self, scaled: AcceptanceModel, method: str, gamma: int, sparsity: float,
@@ -459,6 +461,7 @@ class AcceptanceModel:
         rates = sum((wi * c.rates for wi, c in zip(w, comps)), np.zeros(gamma))
         dist = AcceptanceDist(method, gamma, np.asarray(rates), notes, comps, np.asarray(w))
         dist.context_trend_sd_pct = trend_sd_pct(dist.weights, shifts)
+        dist.context_trend_sd_logit = trend_sd_logit(dist.weights, shifts)
         return dist
 
     def _context_mixture(self, keys: list[CellKey],

@@ -273,6 +273,11 @@ class AcceptanceDist:
     # relative sd (%) of the mean acceptance length from following a context trend beyond the
     # traced contexts (`sim.context_trend`); 0 inside them
     context_trend_sd_pct: float = 0.0
+    # the same sd as a logit shift of the trend (what an anchor's fit absorbs, `sim.anchored`),
+    # and the sign of the error it stands for relative to such an anchor's: a trend's error is
+    # one slope's error times the distance, so errors of one trend add with their signs
+    context_trend_sd_logit: float = 0.0
+    context_trend_sign: float = 1.0
     # relative sd (%) of the mean acceptance length from carrying a shape set's acceptance to
     # anchors this configuration is far from (`sim.anchored`; 0 without anchors), and its share
     # per axis (the parts add up to it)
@@ -399,8 +404,8 @@ class RunningLengthDist(AcceptanceDist):
     generated tokens on) replays `stages[j]`, the acceptance looked up at that stage's context.
     A request enters a stage at the iteration its generated tokens reach the stage's start and
     replays the stage's traced runs from their start from there. `rates`, `sources`, `weights`,
-    `extrapolated`, `context_trend_sd_pct` and the transfer terms summarise the stages weighted by the share of a
-    request's output generated in each (`of`)."""
+    `extrapolated`, the context trend's and the transfer terms summarise the stages weighted by
+    the share of a request's output generated in each (`of`; the trend's with their signs)."""
 
     starts: tuple[int, ...] = ()
     stages: tuple[AcceptanceDist, ...] = ()
@@ -423,10 +428,16 @@ class RunningLengthDist(AcceptanceDist):
         for w, d in zip(share, stages):
             for k, v in d.transfer_axes_pct.items():
                 axes[k] = axes.get(k, 0.0) + float(w) * v
+        trend = float(sum(w * d.context_trend_sign * d.context_trend_sd_pct
+                          for w, d in zip(share, stages)))
         return cls(stages[0].method, stages[0].gamma, np.asarray(rates), notes, sources,
-                   weights, float(sum(w * d.context_trend_sd_pct for w, d in zip(share, stages))),
-                   float(sum(w * d.transfer_sd_pct for w, d in zip(share, stages))), axes,
-                   starts=tuple(starts), stages=tuple(stages))
+                   weights, context_trend_sd_pct=abs(trend),
+                   context_trend_sd_logit=float(sum(w * d.context_trend_sd_logit
+                                                    for w, d in zip(share, stages))),
+                   context_trend_sign=-1.0 if trend < 0 else 1.0,
+                   transfer_sd_pct=float(sum(w * d.transfer_sd_pct
+                                             for w, d in zip(share, stages))),
+                   transfer_axes_pct=axes, starts=tuple(starts), stages=tuple(stages))
 
     def sample(self, rng: np.random.Generator, n_requests: int, n_iterations: int) -> np.ndarray:
         """[n_requests, n_iterations] accepted drafts: the first stage's draws, then from the

@@ -177,6 +177,7 @@ class _AnchorTarget:
     nodes: tuple[_Node, ...]
     contexts: tuple[int, ...]  # the context of each node
     note: str = ""  # how an anchor field the shape set lacks was evaluated
+    trend_sd: float = 0.0  # the shape's context-trend sd (logit) over the nodes, their mean
 
     def deltas(self, shift: ContextShift) -> list[float]:
         return [shift.at(c) for c in self.contexts]
@@ -206,8 +207,15 @@ class MethodShift:
     shape_lengths: tuple[float, ...]  # the shape set's mean acceptance length at each anchor
     fitted_lengths: tuple[float, ...]  # after the shift (by_workload's δ where it has one)
     notes: tuple[str, ...] = ()
+    trend_sds: tuple[float, ...] = ()  # per anchor: `_AnchorTarget.trend_sd`
     # The context-following shifts ("" the joint one), where the anchors span contexts
     in_context: dict[str, ContextShift] = dataclasses.field(default_factory=dict)
+
+    def anchors_for(self, workload: str | None) -> tuple[int, ...]:
+        """Indices of the anchors whose fit set `shift_for(workload)`."""
+        if workload is not None and workload in self.by_workload:
+            return tuple(i for i, a in enumerate(self.anchors) if a.workload == workload)
+        return tuple(range(len(self.anchors)))
 
     def shift_for(self, workload: str | None) -> ContextShift:
         key = workload if workload is not None and workload in self.by_workload else ""
@@ -273,7 +281,7 @@ def fit_method(method: str, targets: Sequence[_AnchorTarget]) -> MethodShift:
     return MethodShift(method, joint.delta, {w: v.delta for w, v in per_wl.items()},
                        tuple(t.anchor for t in targets),
                        tuple(t.length(ContextShift(0.0)) for t in targets), fitted,
-                       tuple(notes), in_context)
+                       tuple(notes), tuple(t.trend_sd for t in targets), in_context)
 
 
 def context_nodes(lo: int, hi: int, n: int = N_CONTEXT_NODES) -> list[int]:
@@ -340,6 +348,53 @@ def transfer_axes(anchor: Anchor, gamma: int, sparsity: float, context: int,
         ratio = max(max(lo, 1) / max(context, 1), context / max(hi, 1), 1.0)
         out["context"] = sds.per_context_octave * _octaves_beyond(ratio, CONTEXT_RATIO)
     return out
+
+
+def same_trend(anchor: Anchor, workload: str | None, temperature: float) -> bool:
+    """Whether a lookup at (workload, T) follows the context trend `anchor` was evaluated on
+    (its workload, its temperature or T 0 where it names none)."""
+    anchored_t = anchor.temperature if anchor.temperature is not None else 0.0
+    return anchor.workload == workload and abs(temperature - anchored_t) <= TEMPERATURE_NEAR
+
+
+def _context_distance(anchor: Anchor, context: int) -> float:
+    """Octaves from `context` to the anchor's span (0 inside it, or without a context)."""
+    if anchor.context is None:
+        return 0.0
+    lo, hi = anchor_span(anchor)
+    return max(math.log2(max(lo, 1) / max(context, 1)), math.log2(max(context, 1) / max(hi, 1)),
+               0.0)
+
+
+def trend_reference(shift: MethodShift, context: int, workload: str | None,
+                    temperature: float) -> tuple[Anchor, float] | None:
+    """The anchor whose fit took up this lookup's context-trend error, with the trend's sd
+    (logit) over its contexts: among the anchors that set the lookup's δ, all on its trend
+    (`same_trend`), the nearest in context. None where one of them is on another trend
+    (another trend's error is not this one's) or the trend's sd there is 0."""
+    used = shift.anchors_for(workload)
+    if not used or len(shift.trend_sds) != len(shift.anchors):
+        return None
+    if not all(same_trend(shift.anchors[i], workload, temperature) for i in used):
+        return None
+    i = min(used, key=lambda k: _context_distance(shift.anchors[k], context))
+    return (shift.anchors[i], shift.trend_sds[i]) if shift.trend_sds[i] > 0.0 else None
+
+
+def relative_to_anchor(dist: AcceptanceDist, anchor: Anchor, anchor_sd: float
+                       ) -> AcceptanceDist:
+    """`dist`'s context-trend sd counted from the anchor's. A trend's error is its slope's
+    error times the distance followed, one error for every context; the anchor's δ was fitted
+    to counts the shape reached along the same trend, so it took up the error there, and what
+    is left at this lookup is the difference (signed: a request's stages on both sides of the
+    anchor's distance cancel, `RunningLengthDist.of`)."""
+    residual = dist.context_trend_sd_logit - anchor_sd
+    dist.context_trend_sd_pct = shifted_dist_sd_pct(dist, abs(residual))
+    dist.context_trend_sign = -1.0 if residual < 0.0 else 1.0
+    dist.extrapolated.append(
+        f"context trend's sd counted from the anchor {anchor.describe()}, whose δ took up the "
+        f"trend's error over its contexts (sd {anchor_sd:.2f} logit there)")
+    return dist
 
 
 def transfer_sd(axes: Mapping[str, float]) -> float:
@@ -422,12 +477,13 @@ class AnchoredAcceptance(AcceptanceModel):
     def _nodes(self, method: str, gamma: int, sparsity: float | None,
                context: tuple[int, int] | None, workload: str | None,
                temperature: float | None, output_len: int | None = None
-               ) -> tuple[list[_Node], list[int], str]:
+               ) -> tuple[list[_Node], list[int], str, float]:
         """The shape's unshifted components at the context nodes of a configuration given as
         an anchor gives it (empty fields: module docstring), and a note on a workload the
         shape set lacks. With `output_len` each node is a request of that prompt generating
         that many tokens, its acceptance following its running context as a prediction's
-        does (`acceptance_dist.running_stages`). Also the nodes' contexts."""
+        does (`acceptance_dist.running_stages`). Also the nodes' contexts, and the mean of
+        their context-trend sds (logit)."""
         cov = self.coverage()
         workloads = [str(w) for w in cov["workloads"]]  # type: ignore[attr-defined]
         note = ""
@@ -436,7 +492,7 @@ class AnchoredAcceptance(AcceptanceModel):
                     f"({', '.join(workloads)}): fitted on its pooled workloads")
             workload = None
         span = context if context is not None else self.traced_contexts(method, workload)
-        nodes = []
+        nodes, trend_sds = [], []
         s = sparsity if sparsity is not None else DEFAULT_SPARSITY
         t = temperature if temperature is not None else 0.0
         contexts = context_nodes(int(span[0]), int(span[1]))
@@ -450,13 +506,15 @@ class AnchoredAcceptance(AcceptanceModel):
                 dist = dists[0] if len(dists) == 1 else RunningLengthDist.of(
                     [g for g, _ in stages], dists, output_len, [ctx for _, ctx in stages])
             nodes.append(tuple(source_parts(dist)))
-        return nodes, contexts, note
+            trend_sds.append(dist.context_trend_sd_logit)
+        return nodes, contexts, note, float(np.mean(trend_sds))
 
     def _target(self, a: Anchor) -> _AnchorTarget:
-        nodes, contexts, note = self._nodes(a.method, a.gamma, a.sparsity, a.context,
-                                            a.workload, a.temperature, a.output_len)
+        nodes, contexts, note, trend_sd = self._nodes(a.method, a.gamma, a.sparsity,
+                                                      a.context, a.workload, a.temperature,
+                                                      a.output_len)
         return _AnchorTarget(a, tuple(nodes), tuple(contexts),
-                             f"anchor {a.describe()}: {note}" if note else "")
+                             f"anchor {a.describe()}: {note}" if note else "", trend_sd)
 
     def range_length(self, method: str, gamma: int, sparsity: float | None,
                      context: tuple[int, int] | None, workload: str | None = None,
@@ -470,8 +528,8 @@ class AnchoredAcceptance(AcceptanceModel):
                         temperature: float | None = None) -> Callable[[float], float]:
         """`range_length` as a function of a further logit shift x of the level (x = 0: the
         anchored length), the shape looked up once."""
-        nodes, contexts, _ = self._nodes(method, gamma, sparsity, context, workload,
-                                         temperature)
+        nodes, contexts, _, _ = self._nodes(method, gamma, sparsity, context, workload,
+                                            temperature)
         shift = self.shifts.get(method)
         deltas = np.array([0.0 if shift is None else shift.delta_for(workload, c)
                            for c in contexts])
@@ -524,6 +582,9 @@ class AnchoredAcceptance(AcceptanceModel):
                                          f"{self.shape_name}'s")
             return self._with_transfer(dist, {"model": self._model_sd(self.shape_model)})
         out = shift_dist(dist, shift.delta_for(workload, context))
+        reference = trend_reference(shift, context, workload, temperature)
+        if reference is not None:
+            out = relative_to_anchor(out, *reference)
         axes = self.transfer_axes_for(method, gamma, sparsity, context, workload, temperature)
         axes["model"] = self._model_sd(self.anchor_model)
         out = self._with_transfer(out, axes)

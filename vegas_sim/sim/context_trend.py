@@ -661,3 +661,9 @@ def trend_sd_pct(weights: Sequence[float] | np.ndarray, shifts: list[TrendShift 
     (fully correlated)."""
     return float(sum(float(w) * sh.sd_pct for w, sh in zip(weights, shifts)
                      if sh is not None))
+
+
+def trend_sd_logit(weights: Sequence[float] | np.ndarray, shifts: list[TrendShift | None]
+                   ) -> float:
+    """`trend_sd_pct` as a logit shift: the components' δ sds, weighted like the mixture."""
+    return float(sum(float(w) * sh.sd for w, sh in zip(weights, shifts) if sh is not None))
