@@ -391,9 +391,10 @@ def relative_to_anchor(dist: AcceptanceDist, anchor: Anchor, anchor_sd: float
     residual = dist.context_trend_sd_logit - anchor_sd
     dist.context_trend_sd_pct = shifted_dist_sd_pct(dist, abs(residual))
     dist.context_trend_sign = -1.0 if residual < 0.0 else 1.0
+    span = "" if anchor.context is None else " {}..{}".format(*anchor_span(anchor))
     dist.extrapolated.append(
         f"context trend's sd counted from the anchor {anchor.describe()}, whose δ took up the "
-        f"trend's error over its contexts (sd {anchor_sd:.2f} logit there)")
+        f"trend's error over its contexts{span} (sd {anchor_sd:.2f} logit there)")
     return dist
 
 
