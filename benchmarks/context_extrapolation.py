@@ -34,6 +34,14 @@ different model, +11-13 % perplexity inside the trained window). `--step` predic
 (8K; `AcceptanceModel._scaled_shift`): the native lookup where the native evidence ends,
 moved by the mean step of the scaled set's other workloads from there to the row's context
 (each held-out workload left out of the scaled set in turn), their spread in the sd.
+
+`--anchor-at 4K` checks how an anchor's δ takes up the trend's error (docs/DESIGN.md, Anchors):
+each held-out (workload, temperature, method, γ, sparsity) is anchored at its measured bucket
+nearest 4K (the fitted model shifted to it, `sim.anchored.AnchoredAcceptance`, as a user's
+anchor would be) and its buckets beyond predicted from there. Per point: the anchored
+prediction and the unanchored one, the context term as `predict` now counts it (from the
+anchor's) and as the shape alone would (`trend_sd_pct`), the anchor's own standard error;
+`covered` uses the first with both measurement errors, `covered_full_sd` the second.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ import pandas as pd
 from vegas_sim.api import with_calibration
 from vegas_sim.methods import MIN_TOKENS
 from vegas_sim.sim.acceptance import AcceptanceModel, PastWindow
+from vegas_sim.sim.anchored import AnchoredAcceptance
+from vegas_sim.traces.anchors import Anchor, AnchorSet
 from vegas_sim.traces.io import load_trace_set
 from vegas_sim.traces.subset import parse_where, subset_trace_set
 
@@ -139,6 +149,70 @@ def held_out_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int,
     return out
 
 
+def anchored_points(model: AcceptanceModel, runs: pd.DataFrame, traced_max: int,
+                    anchor_at: int) -> list[dict[str, object]]:
+    """`--anchor-at` (module docstring): one row per held-out (workload, temperature, method,
+    γ, sparsity, bucket) past its group's anchor bucket."""
+    out: list[dict[str, object]] = []
+    keys = ["workload", "temperature", "method", "gamma", "sparsity"]
+    for (wl, temp, method, gamma, s), g in runs[runs.start > traced_max].groupby(keys):
+        starts = sorted(int(c) for c in g.start.unique())
+        at = min(starts, key=lambda c: abs(math.log2(c / anchor_at)))
+        anchor_runs = g[g.start == at].length
+        anchor = Anchor(str(method), int(gamma), float(s), (at, at), str(wl), float(temp),
+                        float(anchor_runs.mean()))
+        anchored = AnchoredAcceptance(model, "fit", [AnchorSet(None, "measured", (anchor,))])
+        anchor_se = float(anchor_runs.std(ddof=1) / math.sqrt(len(anchor_runs)))
+        for start in (c for c in starts if c > at):
+            runs_at = g[g.start == start].length
+            args = (str(method), int(gamma), float(s), start, str(wl), float(temp))
+            dist, shape = anchored.lookup(*args), model.lookup(*args)
+            truth = float(runs_at.mean())
+            out.append({
+                "workload": wl, "temperature": float(temp), "method": method,
+                "gamma": int(gamma), "sparsity": float(s), "anchor_context": at,
+                "context": start, "prompts": len(runs_at), "measured": truth,
+                "measured_se_pct": 100 * float(runs_at.std(ddof=1)) / math.sqrt(len(runs_at))
+                / truth, "anchor_se_pct": 100 * anchor_se / anchor.mean_acceptance_length,
+                "predicted": dist.mean_length, "unanchored": shape.mean_length,
+                "context_sd_pct": dist.context_trend_sd_pct,
+                "trend_sd_pct": shape.context_trend_sd_pct,
+            })
+    return out
+
+
+def score_anchored(points: pd.DataFrame) -> pd.DataFrame:
+    """Errors of the anchored and unanchored predictions, and whether the anchored one lies in
+    the band of the context term as counted from the anchor (`covered`) and as the shape's
+    whole sd (`covered_full_sd`), each with the point's and the anchor's measurement error."""
+    points = points.copy()
+    for col in ("predicted", "unanchored"):
+        points[f"{col}_err_pct"] = 100 * (points[col] - points.measured) / points.measured
+    miss = (points.predicted - points.measured).abs()
+    for name, sd in (("covered", "context_sd_pct"), ("covered_full_sd", "trend_sd_pct")):
+        band = 1.96 * np.sqrt((points[sd] ** 2 + points.anchor_se_pct ** 2)
+                              * points.predicted ** 2
+                              + (points.measured_se_pct * points.measured) ** 2) / 100.0
+        points[name] = miss <= band
+    return points
+
+
+def anchored_summary(points: pd.DataFrame) -> list[str]:
+    lines = []
+    for label, sel in [("all", points.index == points.index)] + [
+            (w, points.workload == w) for w in sorted(points.workload.unique())]:
+        p = points[sel]
+        lines.append(
+            f"{label:<10} {len(p):>4} points  anchored |error| median "
+            f"{p.predicted_err_pct.abs().median():5.2f} %  max "
+            f"{p.predicted_err_pct.abs().max():6.2f} %   unanchored median "
+            f"{p.unanchored_err_pct.abs().median():5.2f} %   context sd median "
+            f"{p.context_sd_pct.median():5.2f} % (the shape's {p.trend_sd_pct.median():5.2f} "
+            f"%)   covered {p.covered.mean():.0%} (with the shape's sd "
+            f"{p.covered_full_sd.mean():.0%})")
+    return lines
+
+
 def score(points: pd.DataFrame) -> pd.DataFrame:
     points = points.copy()
     for col in ("predicted", "nearest_bucket"):
@@ -185,6 +259,9 @@ def main() -> None:
                     help="the set whose buckets above the fit are predicted (default: --fit)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help=f"the workloads fitted and held out (default {','.join(WORKLOADS)})")
+    ap.add_argument("--anchor-at", default=None,
+                    help="anchor each held-out group at its bucket nearest this context and "
+                         "predict the buckets beyond it (module docstring)")
     ap.add_argument("--step", action="store_true",
                     help="past the 8K native window, step each held-out workload by the "
                          "held-out set's other workloads (module docstring)")
@@ -194,6 +271,9 @@ def main() -> None:
     full = load_trace_set(held_out).acceptance
     runs = measured(full[full.workload.isin(workloads)])
     model, traced_max, edges = fit_subset(args.cut, runs, args.fit)
+    if args.anchor_at is not None:
+        run_anchored(args, model, runs, traced_max)
+        return
     scaled = full[full.workload.isin(workloads)] if args.step else None
     points = score(pd.DataFrame(held_out_points(model, runs, traced_max, edges, scaled)))
     cols = ["workload", "temperature", "method", "gamma", "context", "prompts", "measured",
@@ -214,6 +294,20 @@ def main() -> None:
         " --step" if args.step else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     points[cols + ["note"]].assign(command=command).to_csv(args.out, index=False)
+    print(f"wrote {args.out}")
+
+
+def run_anchored(args: argparse.Namespace, model: AcceptanceModel, runs: pd.DataFrame,
+                 traced_max: int) -> None:
+    anchor_at = int(parse_where(f"context<={args.anchor_at}")[0].values[0])
+    points = score_anchored(pd.DataFrame(anchored_points(model, runs, traced_max, anchor_at)))
+    print("\n".join(anchored_summary(points)))
+    command = (f"PYTHONPATH=. python benchmarks/context_extrapolation.py --cut {args.cut}"
+               + (f" --fit {args.fit}" if args.fit != SET else "")
+               + (f" --held-out {args.held_out}" if args.held_out else "")
+               + f" --workloads {args.workloads} --anchor-at {args.anchor_at} --out {args.out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    points.round(4).assign(command=command).to_csv(args.out, index=False)
     print(f"wrote {args.out}")
 
 
