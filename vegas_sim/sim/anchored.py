@@ -71,7 +71,10 @@ extrapolation terms (`sim.uncertainty`). A level that is not the predicted model
 anchors measured on another model (a sibling's, `api.anchor_acceptance`), or no anchor for the
 method (the shape set's level stands in, another model's) — adds the `model` axis
 (`anchor_model`, `shape_model`): how far two real models' levels lie apart at one setting
-(`benchmarks/model_level.py`).
+(`benchmarks/model_level.py`). Where the shape reached an anchor's contexts along its context
+trend, δ took up that trend's error there: a lookup on the anchor's trend (its workload and
+temperature) counts the trend's sd from the anchor's (`relative_to_anchor`), held out by
+`benchmarks/context_extrapolation.py --anchor-at`.
 """
 
 from __future__ import annotations
