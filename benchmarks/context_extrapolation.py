@@ -39,7 +39,7 @@ moved by the mean step of the scaled set's other workloads from there to the row
 each held-out (workload, temperature, method, γ, sparsity) is anchored at its measured bucket
 nearest 4K (the fitted model shifted to it, `sim.anchored.AnchoredAcceptance`, as a user's
 anchor would be) and its buckets beyond predicted from there. Per point: the anchored
-prediction and the unanchored one, the context term as `predict` now counts it (from the
+prediction and the unanchored one, the context term as `predict` counts it (from the
 anchor's) and as the shape alone would (`trend_sd_pct`), the anchor's own standard error;
 `covered` uses the first with both measurement errors, `covered_full_sd` the second.
 """
@@ -285,16 +285,22 @@ def main() -> None:
     print(points[cols].round(3).to_string(index=False))
     print("\n".join(summary_lines(points)))
     print("e.g.", points.note.iloc[0])
-    command = "PYTHONPATH=. python benchmarks/context_extrapolation.py" + (
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    points[cols + ["note"]].assign(command=command_of(args)).to_csv(args.out, index=False)
+    print(f"wrote {args.out}")
+
+
+def command_of(args: argparse.Namespace) -> str:
+    """The command that reproduces a run of these arguments (defaults left out)."""
+    held_out = args.held_out or args.fit
+    return "PYTHONPATH=. python benchmarks/context_extrapolation.py" + (
         f" --cut {args.cut}" if args.cut != "3K" else "") + (
         f" --fit {args.fit}" if args.fit != SET else "") + (
         f" --held-out {held_out}" if held_out != args.fit else "") + (
         f" --out {args.out}" if args.out != RESULTS / "context_extrapolation.csv" else "") + (
-        f" --workloads {args.workloads}" if workloads != WORKLOADS else "") + (
+        f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) else "") + (
+        f" --anchor-at {args.anchor_at}" if args.anchor_at is not None else "") + (
         " --step" if args.step else "")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    points[cols + ["note"]].assign(command=command).to_csv(args.out, index=False)
-    print(f"wrote {args.out}")
 
 
 def run_anchored(args: argparse.Namespace, model: AcceptanceModel, runs: pd.DataFrame,
@@ -302,12 +308,8 @@ def run_anchored(args: argparse.Namespace, model: AcceptanceModel, runs: pd.Data
     anchor_at = int(parse_where(f"context<={args.anchor_at}")[0].values[0])
     points = score_anchored(pd.DataFrame(anchored_points(model, runs, traced_max, anchor_at)))
     print("\n".join(anchored_summary(points)))
-    command = (f"PYTHONPATH=. python benchmarks/context_extrapolation.py --cut {args.cut}"
-               + (f" --fit {args.fit}" if args.fit != SET else "")
-               + (f" --held-out {args.held_out}" if args.held_out else "")
-               + f" --workloads {args.workloads} --anchor-at {args.anchor_at} --out {args.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    points.round(4).assign(command=command).to_csv(args.out, index=False)
+    points.round(4).assign(command=command_of(args)).to_csv(args.out, index=False)
     print(f"wrote {args.out}")
 
 

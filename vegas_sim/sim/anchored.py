@@ -376,8 +376,6 @@ def trend_reference(shift: MethodShift, context: int, workload: str | None,
     (`same_trend`), the nearest in context. None where one of them is on another trend
     (another trend's error is not this one's) or the trend's sd there is 0."""
     used = shift.anchors_for(workload)
-    if not used or len(shift.trend_sds) != len(shift.anchors):
-        return None
     if not all(same_trend(shift.anchors[i], workload, temperature) for i in used):
         return None
     i = min(used, key=lambda k: _context_distance(shift.anchors[k], context))

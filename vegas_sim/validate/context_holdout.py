@@ -93,7 +93,7 @@ def cut_of(buckets: list[float], design: str) -> float:
 def points_for(workload: str, df: pd.DataFrame, runs: pd.DataFrame, design: str,
                info: TraceSetMeta) -> list[dict[str, object]]:
     """Fit without `workload`'s runs above its cut, predict its held-out buckets (the trend's
-    sd × `scale`, as `predict` scales the set's)."""
+    sd scaled by the set's calibration, `info`, as `predict` scales it)."""
     buckets = sorted(runs.loc[runs.workload == workload, "bucket"].unique())
     if len(buckets) < 2:
         return []
@@ -189,14 +189,14 @@ def scale_needed(points: pd.DataFrame) -> pd.Series:
 def calibration_lines(points: pd.DataFrame,
                       quantile: float = COVERAGE_QUANTILE) -> list[str]:
     """The scale's evidence: the `quantile` of the factors the points need and the scale it
-    gives, beside the one the points were predicted with (`trend_sd_scale`); and split by workload: each
-    workload's points against the scale of the other workloads' (their coverage is then out of
-    sample)."""
+    gives, beside the one the points were predicted with (`trend_sd_scale`); and split by
+    workload: each workload's points against the scale of the other workloads' (their coverage is
+    then out of sample)."""
     need = _needs(points)
     q = float(np.quantile(need, quantile))
     lines = [f"trend sd scale the points need: {quantile:.0%} quantile {_factor(q)}, scale "
-             f"{_factor(calibrated_scale(q))} (predicted with {points.trend_sd_scale.iloc[0]:g}; default "
-             f"{TREND_SD_SCALE:g})"]
+             f"{_factor(calibrated_scale(q))} (predicted with "
+             f"{points.trend_sd_scale.iloc[0]:g}; default {TREND_SD_SCALE:g})"]
     if points.workload.nunique() < 2:
         return lines
     covered = 0
