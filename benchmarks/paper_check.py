@@ -4,7 +4,8 @@ Setting (paper, Table/Figure on AIME25): Qwen3-8B on one H100 NVL (94 GB), vLLM 
 max_num_seqs 128, AIME25 prompts ≈ 182 tokens, outputs ≈ 19,680 tokens on average, sampling
 T 0.6 / top-p 0.95 / top-k 20, draft sparsity 0.07. Paper throughput: vLLM 940 tok/s,
 MagicDec-Stream 1576, MagicDec-Quest 1247, SpecExtend 1493, Vegas 1893; KV-selection share of
-the iteration: Quest 21.7 %, SpecExtend 11.2 %, Vegas 5.9 %.
+the iteration: Quest 21.7 %, SpecExtend 11.2 %, Vegas 5.9 % (Figure 10b; `select%` here is
+predict's kv_selection_pct, counted the same way: selection phases plus the score write-out).
 
 Here: `--gpu h100-nvl` (datasheet what-if of the measured latency set), batch 128 (the max
 running sequences; the KV cache decides how many run), each method at the γ that `tune`'s step
@@ -90,15 +91,6 @@ def main() -> None:
         print(f"note: {note}")
 
 
-SELECTION_PHASES = ("ms_select", "ms_quest_meta")  # top-k selection; Quest's page scoring
-
-
-def select_share(row: pd.Series) -> float:
-    """KV-selection share of the iteration: the selection phases over the iteration time."""
-    sel = sum(float(row.get(p, 0.0)) for p in SELECTION_PHASES)
-    return sel / float(row["iter_ms"]) if row["iter_ms"] > 0 else 0.0
-
-
 def print_table(table: pd.DataFrame, gammas: dict[str, int], cv: float, wall_s: float,
                 setting: Setting) -> None:
     base = float(table.loc[table["method"] == "vanilla", "throughput_tok_s"].iloc[0])
@@ -117,7 +109,7 @@ def print_table(table: pd.DataFrame, gammas: dict[str, int], cv: float, wall_s: 
         p_sp = p_thr / paper_tok_s["vanilla"] if paper_tok_s else float("nan")
         p_sel = PAPER_SELECT_SHARE.get(m) if paper_tok_s else None
         print(f"{m:16} {gammas.get(m, 1):>2} {thr:7.0f} {p_thr:6.0f} {thr / p_thr:6.2f} "
-              f"{sp:7.2f} {p_sp:6.2f} {sp / p_sp:6.2f} {100 * select_share(r):7.1f} "
+              f"{sp:7.2f} {p_sp:6.2f} {sp / p_sp:6.2f} {float(r['kv_selection_pct']):7.1f} "
               f"{'' if p_sel is None else f'{100 * p_sel:.1f}':>6} "
               f"{r['mean_running_batch']:9.1f} {r['preemptions']:7.1f} "
               f"{r['acceptance_length']:7.2f} {r['iter_ms']:8.1f}")
@@ -131,9 +123,12 @@ def print_table(table: pd.DataFrame, gammas: dict[str, int], cv: float, wall_s: 
     print(f"Vegas over vLLM {spec['vegas'] / base:.2f} (paper, over its models and benchmarks: "
           f"1.25-2.70); over Stream {spec['vegas'] / spec['magicdec-stream']:.2f} (paper: "
           "1.15-1.23)")
-    phases = [c for c in table.columns if c.startswith("ms_")]
-    print("iteration time by phase, ms: " + "; ".join(
-        f"{r['method']}: " + ", ".join(f"{c[3:]} {r[c]:.1f}" for c in phases if r[c] > 0)
+    phases = [c for c in table.columns if c.startswith("ms_") and c != "ms_verify_collect"]
+    print("iteration time by phase, ms (verify's score write-out in brackets): " + "; ".join(
+        f"{r['method']}: " + ", ".join(
+            f"{c[3:]} {r[c]:.1f}" + (f" [{r['ms_verify_collect']:.1f}]"
+                                     if c == "ms_verify" and r["ms_verify_collect"] > 0 else "")
+            for c in phases if r[c] > 0)
         for _, r in table.iterrows()))
 
 

@@ -108,6 +108,16 @@ def test_charts_skip_with_note_when_data_missing(tmp_path: Path) -> None:
     assert "skipped: the results have a single batch" in html
 
 
+def test_phase_table_shows_the_kv_selection_overhead() -> None:
+    df = fake_sweep(np.random.default_rng(4))
+    df = df.assign(ms_verify_collect=0.1 * df["ms_verify"],
+                   kv_selection_pct=100 * 0.1 * df["ms_verify"] / df["iter_ms"])
+    table = charts.phase_breakdown(df).table
+    assert table is not None
+    assert {"ms_verify_collect", "kv_selection_pct"} <= set(table.columns)
+    assert "ms_verify_collect" not in {t.name for t in charts.phase_breakdown(df).fig.data}
+
+
 def test_best_per_method_picks_max() -> None:
     df = fake_sweep(np.random.default_rng(3))
     best = charts.best_per_method(df)

@@ -196,6 +196,8 @@ def tune_lines(result: TuneResult) -> list[str]:
         if "roofline_pct" in r.index:
             line += (f"; roofline bound {r['roofline_ms']:.2f} ms = {r['roofline_pct']:.0f} % "
                      "of its iteration")
+        if r["speculate"] and pd.notna(r.get("kv_selection_pct")):
+            line += f"; KV selection {r['kv_selection_pct']:.1f} % of it"
         if r["rank_by"] == "goodput":
             line += f"; goodput {r['goodput_tok_s']:.0f} tok/s"
         elif r["rank_by"] == "tpot":

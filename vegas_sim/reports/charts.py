@@ -114,6 +114,8 @@ def reference_cell(df: pd.DataFrame) -> pd.DataFrame:
 
 # The roofline columns a phase table shows (sim.roofline; docs/OUTPUTS.md)
 ROOFLINE_SHOWN = ("roofline_ms", "roofline_pct", "roofline_binds", "verify_compute_batch")
+# and the KV-selection overhead as the Vegas paper's Fig. 10b counts it (sim.kv_selection)
+KV_SELECTION_SHOWN = ("ms_verify_collect", "kv_selection_pct")
 
 
 def phase_breakdown(df: pd.DataFrame) -> Chart:
@@ -146,7 +148,7 @@ def phase_breakdown(df: pd.DataFrame) -> Chart:
                       yaxis_title="ms per iteration", xaxis_title="")
     cols = [c for c in ("method", "gamma", "sparsity") if c in best.columns]
     cols += [f"ms_{p}" for p in phases] + (["iter_ms"] if "iter_ms" in best.columns else [])
-    cols += roof
+    cols += roof + [c for c in KV_SELECTION_SHOWN if c in best.columns]
     bound = "; black bar: the roofline bound (bytes at copy bandwidth, FLOPs at the matmul " \
         "rate)" if roof else ""
     return Chart(title, fig, caption=f"each method at its best (γ, s) in {label}; hatched, '*': "

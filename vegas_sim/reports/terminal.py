@@ -178,6 +178,26 @@ def draft_step_line(df: pd.DataFrame) -> str:
     return "draft step / vanilla decode step: " + ", ".join(parts) if parts else ""
 
 
+def kv_selection_line(df: pd.DataFrame) -> str:
+    """'KV selection per iteration ...: vegas 2.41 ms (3.4 %), ...' for the rows that
+    draft, as the Vegas paper counts it (sim.kv_selection); the write-out's reference named."""
+    if "kv_selection_pct" not in df.columns:
+        return ""
+    parts, plain = [], ""
+    for _, r in df.iterrows():
+        pct = float(r["kv_selection_pct"])
+        if r["method"] == "vanilla" or not math.isfinite(pct):
+            continue
+        share = float(r["iter_ms"]) * pct / 100
+        parts.append(f"{r['method']} {share:.2f} ms ({pct:.1f} %)")
+        plain = plain or str(r.get("plain_verify_method") or "")
+    if not parts:
+        return ""
+    out = f" (verify over {plain}'s plain verify)" if plain else ""
+    return ("KV selection per iteration, as the Vegas paper's Figure 10b counts it: selection "
+            f"phases + the score write-out{out}: " + ", ".join(parts))
+
+
 def roofline_lines(df: pd.DataFrame) -> list[str]:
     """One line per method: the iteration's bound from its bytes and FLOPs (sim.roofline), the
     predicted iteration's share of it, what binds each phase, and where verify turns
@@ -251,8 +271,9 @@ def print_prediction(df: pd.DataFrame, notes: list[str], console: Console | None
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(prediction_table(df))
     console.print(breakdown_table(df))
-    if line := draft_step_line(df):
-        console.print(line, soft_wrap=True)
+    for line in (draft_step_line(df), kv_selection_line(df)):
+        if line:
+            console.print(line, soft_wrap=True)
     for line in serving_lines(df):
         console.print(f"[red]{line}[/red]" if line.startswith("saturated") else line,
                       soft_wrap=True)

@@ -78,6 +78,7 @@ from vegas_sim.sim.acceptance_dist import AcceptanceDist, RunningLengthDist, run
 from vegas_sim.sim.analytic import analytic_throughput, kv_limited_batch
 from vegas_sim.sim.anchored import AnchoredAcceptance
 from vegas_sim.sim.engine import EngineConfig, Lengths, PrefillFn, simulate
+from vegas_sim.sim.kv_selection import kv_selection_columns
 from vegas_sim.sim.latency import IterationCost, LatencyModel, sampling_mode
 from vegas_sim.sim.metrics import RunMetrics, mean_ci, summarize
 from vegas_sim.sim.roofline import roofline_columns
@@ -325,13 +326,24 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
     return row
 
 
-def roofline_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]) -> dict[str, Any]:
-    """The roofline columns (sim.roofline) at the row's mean running batch, every request
-    halfway through its output (the closed form's midpoint)."""
+def midpoint(sc: Scenario, row: dict[str, Any]) -> tuple[int, int]:
+    """(batch, context) where a row's per-point columns are taken: its mean running batch,
+    every request halfway through its output (the closed form's midpoint)."""
     running = float(row.get("mean_running_batch", math.nan))
     batch = max(1, round(running)) if math.isfinite(running) else sc.batch
-    return roofline_columns(latency, iteration_cost(latency, sc), batch,
-                            int(sc.context + sc.output_len // 2))
+    return batch, int(sc.context + sc.output_len // 2)
+
+
+def roofline_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]) -> dict[str, Any]:
+    """The roofline columns (sim.roofline) at the row's midpoint."""
+    return roofline_columns(latency, iteration_cost(latency, sc), *midpoint(sc, row))
+
+
+def kv_selection_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """The KV-selection columns (sim.kv_selection), the score write-out's share of verify
+    taken at the row's midpoint."""
+    return kv_selection_columns(latency, sc.method, sc.gamma, *midpoint(sc, row), row)
 
 
 def draft_step_vs_decode(sc: Scenario, runs: list[RunMetrics], base: list[RunMetrics]) -> float:
@@ -452,6 +464,7 @@ def predict_one(
     row.update(interval_columns(row, latency, acceptance, dist,
                                 {p: row[f"ms_{p}"] for p in PHASES}))
     row.update(roofline_at(scenario, latency, row))
+    row.update(kv_selection_at(scenario, latency, row))
     # a column the row already has (an anchored acceptance's own source) is kept
     return {**row, **{k: v for k, v in provenance(latency, acceptance, scenario.temperature).items()
                      if k not in row}}

@@ -81,6 +81,7 @@ from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.methods import VANILLA
 from vegas_sim.progress import Say, StepProgress
 from vegas_sim.sim.acceptance import AcceptanceModel
+from vegas_sim.sim.kv_selection import KV_SELECTION_COLUMNS
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import PROVENANCE_COLUMNS, Scenario, is_extrapolated
 from vegas_sim.sim.ranking import score
@@ -578,7 +579,9 @@ def _cell_row(cell: Cell, stable: float, fin: _Final, engine: str, evaluated: pd
     for col in ("engine", "gpu", *PROVENANCE_COLUMNS):  # where the numbers came from
         if col in ch.index:
             out[col] = ch[col]
-    for col in ROOFLINE_COLUMNS:  # the chosen configuration's roofline (sim.roofline)
+    # the chosen configuration's roofline and KV-selection overhead (sim.roofline,
+    # sim.kv_selection)
+    for col in (*ROOFLINE_COLUMNS, *KV_SELECTION_COLUMNS):
         if col in ch.index:
             out[col] = ch[col]
     out["engine"] = engine
