@@ -601,7 +601,7 @@ def test_sparse_attention_with_sinks_gpu_gpt_oss_shapes(B: int, C: int, sparsity
 WINDOW_CASES = [
     # B, NQ, Hq, Hkv, D, S_max, lens, window, splits, sinks; gpt-oss's group (G 8, D 64)
     (2, 1, 16, 2, 64, 96, [96, 5], 8, None, True),  # decode; request 1 shorter than the window
-    (2, 8, 16, 2, 64, 96, [90, 40], 16, 1, True),  # verify rows, one split: the sink in the epilogue
+    (2, 8, 16, 2, 64, 96, [90, 40], 16, 1, True),  # verify rows, one split: sink in the epilogue
     (2, 8, 16, 2, 64, 96, [90, 40], 16, 3, True),  # the sink in the combine, splits inside it
     (3, 4, 8, 2, 32, 80, [80, 17, 6], 5, 2, False),  # windows across a tile edge, no sinks
 ]
