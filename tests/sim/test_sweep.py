@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from vegas_sim import api
 from vegas_sim.errors import DoesNotFitError, UserInputError
 from vegas_sim.reports.csv import read_table, write_table
+from vegas_sim.sim import sweep as sweep_module
 from vegas_sim.sim.acceptance import AcceptanceModel
 from vegas_sim.sim.latency import LatencyModel
 from vegas_sim.sim.predict import Scenario
@@ -158,3 +160,24 @@ def test_runner_reuses_pool(models: Models) -> None:
         b = runner.run(GRID.scenarios()[:8], chunk_size=4)
         assert pool is not None and runner._pool is pool
     pd.testing.assert_frame_equal(strip(a), strip(b))
+
+
+def test_estimate_leaves_out_each_points_one_time_work(
+        models: Models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first configuration at a (batch, context) pays that point's baselines and the
+    process's warm-up, which a run pays once per point and worker: the estimate times the
+    others, as many as the sample has."""
+    seen: set[tuple[int, int]] = set()
+
+    def fake_chunk(items, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sc = items[0][1]
+        time.sleep(0.01 if (sc.batch, sc.context) in seen else 0.3)
+        seen.add((sc.batch, sc.context))
+        return pd.DataFrame({"_order": [items[0][0]]})
+
+    monkeypatch.setattr(sweep_module, "run_chunk", fake_chunk)
+    lat, acc = models
+    sample = [Scenario("vegas", g, 0.05, b, 4096, 64) for b in (1, 8) for g in (2, 4)]
+    with SweepRunner(lat, acc, workers=1) as runner:
+        per, rows = runner.timed_sample(sample, budget_s=10.0)
+    assert 0.005 < per < 0.1 and len(rows) == 2

@@ -418,18 +418,27 @@ class SweepRunner:
         """(seconds per configuration, the rows of the first `at_least`) timed here on
         `sample`, one at a time, stopping once `budget_s` is spent after the first
         `at_least` (a slow engine is timed on fewer). Those first rows fingerprint the
-        models: the same models and seed give the same rows."""
+        models: the same models and seed give the same rows. The configurations share the
+        runner's vanilla baselines, as a run's chunks do, and the first of each (batch,
+        context) is not timed where others are: it pays that point's one-time work (its
+        baselines, the process's warm-up), which a run pays once per point and worker, and
+        which, timed as a configuration, made a long analytic tune's estimate many times its
+        run."""
         job = _Job(_engines(engine), int(seed), int(replications))
-        start, frames = time.perf_counter(), []
+        start, frames, spent, seen = time.perf_counter(), [], [], set()
         for i, sc in enumerate(sample):
-            frame = run_chunk([(i, sc)], self.latency, self.acceptance, job)
+            t0 = time.perf_counter()
+            frame = run_chunk([(i, sc)], self.latency, self.acceptance, job, self._baselines)
+            point = (sc.batch, sc.context)
+            spent.append((point in seen, time.perf_counter() - t0))
+            seen.add(point)
             if i < at_least:
                 frames.append(frame)
             elif time.perf_counter() - start > budget_s:
                 break
-        timed = max(len(frames), i + 1 if sample else 0)
+        timed = [s for warm, s in spent if warm] or [s for _, s in spent]
         rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        return (time.perf_counter() - start) / max(timed, 1), rows
+        return (sum(timed) / len(timed) if timed else 0.0), rows
 
     def estimate(self, sample: Sequence[Scenario], configurations: int, *,
                  engine: str = "analytic", seed: int = 0, replications: int = 5) -> Estimate:
