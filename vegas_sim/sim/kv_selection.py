@@ -38,11 +38,17 @@ def collection_share(latency: LatencyModel, method: str, gamma: int, batch: int,
     """The share of `method`'s verify time that writes the collected scores, at `batch`
     requests of `context` tokens: 1 − plain verify / its verify (≥ 0); 0 for a method that
     collects nothing, NaN when the set measured no plain verify."""
+    return _write_out_share(latency, method, gamma, batch, context,
+                            plain_verify_method(latency))
+
+
+def _write_out_share(latency: LatencyModel, method: str, gamma: int, batch: int,
+                     context: int, plain: str | None) -> float:
+    """`collection_share` against the plain verify of `plain` (None: none measured)."""
     spec = method_of(method)
-    rows = spec.collect_rows(gamma)
-    if not spec.drafts or rows == 0:
+    rows = spec.collect_rows(gamma)  # 0 for vanilla and the methods that collect nothing
+    if rows == 0:
         return 0.0
-    plain = plain_verify_method(latency)
     if plain is None:
         return math.nan
     n_query = spec.query_rows(gamma)
@@ -59,11 +65,11 @@ def kv_selection_columns(latency: LatencyModel, method: str, gamma: int, batch: 
     (`ms_<phase>`, `iter_ms`), the write-out's share taken at `batch` requests of `context`
     tokens (the roofline's point)."""
     spec = method_of(method)
-    share = collection_share(latency, method, gamma, batch, context)
+    plain = plain_verify_method(latency) if spec.collect_rows(gamma) else None
+    share = _write_out_share(latency, method, gamma, batch, context, plain)
     collect_ms = share * float(row.get("ms_verify", 0.0))
     selection_ms = sum(float(row.get(f"ms_{p}", 0.0)) for p in spec.selection_phases)
     iteration = float(row.get("iter_ms", math.nan))
     pct = 100.0 * (selection_ms + collect_ms) / iteration if iteration > 0 else math.nan
-    plain = plain_verify_method(latency) if spec.collect_rows(gamma) else None
     return {"ms_verify_collect": collect_ms, "kv_selection_pct": pct,
             "plain_verify_method": plain or ""}

@@ -421,9 +421,9 @@ class SweepRunner:
         models: the same models and seed give the same rows. The configurations share the
         runner's vanilla baselines, as a run's chunks do, and the first of each (batch,
         context) is not timed where others are: it pays that point's one-time work (its
-        baselines, the process's warm-up), which a run pays once per point and worker, and
-        which, timed as a configuration, made a long analytic tune's estimate many times its
-        run."""
+        baselines, the process's warm-up), which a run pays once per point and worker:
+        timed as a configuration, it would put a long analytic run's estimate at many times
+        its length."""
         job = _Job(_engines(engine), int(seed), int(replications))
         start, frames, spent, seen = time.perf_counter(), [], [], set()
         for i, sc in enumerate(sample):
