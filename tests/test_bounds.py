@@ -64,7 +64,7 @@ def test_cli_predict_with_any_number_errors_clearly_or_predicts_finite(option: s
         assert "Error" in result.output and ("fix:" in result.output
                                              or "Invalid value" in result.output)
         return
-    rows = json.loads(result.output)["rows"]
+    rows = json.loads(result.stdout)["rows"]
     for row in rows:
         tps = row["throughput_tok_s"]
         assert math.isfinite(tps) and tps >= 0

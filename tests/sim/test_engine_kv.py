@@ -175,10 +175,12 @@ def test_output_length_distributions() -> None:
     assert abs(x.mean() / 2000 - 1) < 0.02 and abs(x.std() / x.mean() / 0.5 - 1) < 0.05
     assert ln.clipped(2500).draw(rng, 1000).max() == 2500
     assert OutputLengths.parse("64").draw(rng, 3).tolist() == [64, 64, 64]
+    assert OutputLengths.parse("8K").mean == 8192  # --context's suffixes
+    assert OutputLengths.parse("lognormal:19.5K,0.4").mean == 19968
     s = OutputLengths.from_samples([5, 9], "file:x")
     assert set(s.draw(rng, 100).tolist()) == {5, 9} and s.max_output() == 9
     assert s.moments() == (7.0, 53.0)
-    for bad in ("lognormal:5", "exp:3", "x"):
+    for bad in ("lognormal:5", "exp:3", "x", "8X", "1,2", "lognormal:1.1K,0.4"):
         with pytest.raises(UserInputError):
             OutputLengths.parse(bad)
 

@@ -105,8 +105,8 @@ _SHAPE = (
            "positions), or file:PATH (one length per line, or a CSV column: "
            "file:PATH#COLUMN), drawn per request with --seed.", ("predict",)),
     Option("output_len", ("--output-len",), "str", "1024", "Output length grid.", GRIDS),
-    Option("output_len", ("--output-len",), "int", 1024, "Generated tokens per request.",
-           ("tune",)),
+    Option("output_len", ("--output-len",), "str", "1024",
+           "Generated tokens per request: one length (e.g. 1024, 8K).", ("tune",)),
     Option("methods", ("--method", "-m"), "choice", ("vegas",),
            "Method(s) to predict side by side; vanilla is always the baseline.", ("predict",),
            choices=METHODS, multiple=True),

@@ -18,10 +18,16 @@ import numpy as np
 
 from vegas_sim.bounds import ARRIVAL_RATE, MAX_ARRIVAL_S
 from vegas_sim.errors import UserInputError
+from vegas_sim.grids import one_int
 
 OUTPUT_KINDS = ("fixed", "lognormal", "samples")
 ARRIVAL_FIX = ("use 'closed', 'closed:<users>', 'poisson:<rate per second>' or "
                "'trace:<file of arrival times>'")
+
+
+def _tokens(text: str) -> int:
+    """A token count as --context writes one: '1024', '8K', '1.5K'."""
+    return one_int(text.strip(), "--output-len", "one length such as 1024 or 8K")
 
 
 @dataclass(frozen=True)
@@ -65,19 +71,21 @@ class OutputLengths:
 
     @classmethod
     def parse(cls, text: str) -> OutputLengths:
-        """'N' or 'lognormal:MEAN,CV' (``file:PATH`` is read by the command line)."""
+        """'N' or 'lognormal:MEAN,CV' (``file:PATH`` is read by the command line); N and MEAN
+        take --context's K / M suffixes ('8K' is 8192)."""
         kind, _, arg = text.strip().partition(":")
         try:
             if not arg:
-                return cls.fixed(int(kind))
+                return cls.fixed(_tokens(kind))
             if kind == "lognormal":
-                mean, cv = (float(x) for x in arg.split(","))
-                return cls.lognormal(mean, cv, label=text.strip())
-        except ValueError:
+                mean, cv = arg.split(",")
+                return cls.lognormal(_tokens(mean), float(cv), label=text.strip())
+        except (ValueError, UserInputError):
             pass
         raise UserInputError(f"cannot parse output length {text!r}", where="--output-len",
-                             fix="use N (e.g. 1024), lognormal:MEAN,CV (e.g. lognormal:19680,0.5)"
-                                 " or file:PATH (one length per line, or a CSV column)")
+                             fix="use N (e.g. 1024 or 8K), lognormal:MEAN,CV (e.g. "
+                                 "lognormal:19680,0.5) or file:PATH (one length per line, or a "
+                                 "CSV column)")
 
     def validate(self) -> None:
         if self.kind not in OUTPUT_KINDS:
