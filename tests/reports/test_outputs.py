@@ -190,3 +190,17 @@ def test_skipped_lines_say_skipped_once(tmp_path: Path, small_csv: Path) -> None
     assert lines and all(line.count("skipped") == 1 for line in lines), lines
     # The page itself keeps its "skipped: why" note under each chart's heading.
     assert "skipped: the results have a single batch" in (tmp_path / "s.html").read_text()
+
+
+def test_ttft_line_gives_each_part_its_own_unit() -> None:
+    """A saturated open-loop row waits for minutes: seconds there, milliseconds elsewhere, and
+    never both units on one number."""
+    from vegas_sim.reports.terminal import ttft_lines
+
+    row = {"method": "vegas", "prefill_ms": 1000.8, "kv_transfer_ms": 96.6,
+           "ttft_ms_p50": 174_700.0, "ttft_includes": "prefill + transfer + wait"}
+    line = ttft_lines(pd.DataFrame([row]))[0]
+    assert "p50 174.7 s = prefill 1000.8 ms + KV transfer 96.6 ms + waiting 173.6 s;" in line
+    assert "s ms" not in line
+    short = ttft_lines(pd.DataFrame([{**row, "ttft_ms_p50": 1200.0}]))[0]
+    assert "p50 1200.0 ms = " in short and "waiting 102.6 ms;" in short

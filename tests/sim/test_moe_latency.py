@@ -76,7 +76,8 @@ def test_weight_format_what_ifs_are_labelled_and_cheaper() -> None:
 @pytest.mark.parametrize("model", ["gpt-oss-20b", "qwen3-30b-a3b"])
 def test_packaged_moe_set_predicts_and_prints_the_draft_step_share(model: str) -> None:
     """`predict --model M` finds the packaged H200 set, names the proxy acceptance, and each
-    drafting row carries one draft step's time over a vanilla decode step's, as simulated."""
+    drafting row carries one draft step's time over a vanilla decode step's at its midpoint
+    (where the analytic engine prices its phases too: its phase columns give the same)."""
     import vegas_sim
 
     table = vegas_sim.predict(model=model, methods=["vegas", "magicdec-stream"],
@@ -88,7 +89,7 @@ def test_packaged_moe_set_predicts_and_prints_the_draft_step_share(model: str) -
     assert np.isnan(van["draft_step_vs_decode"])
     for r in spec_rows:
         expected = r["ms_draft_step"] / r["gamma"] / van["ms_decode"]
-        assert r["draft_step_vs_decode"] == pytest.approx(expected)
+        assert r["draft_step_vs_decode"] == pytest.approx(expected, rel=1e-4)
         assert 0.3 < r["draft_step_vs_decode"] < 1.3
 
 

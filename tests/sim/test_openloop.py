@@ -200,3 +200,17 @@ def test_a_bad_arrival_trace_names_its_line(tmp_path: Any) -> None:
     assert err.value.where == f"--arrival trace:{path}"
     with pytest.raises(UserInputError, match="cannot read"):
         Arrivals.parse(f"trace:{tmp_path / 'missing.txt'}")
+
+
+def test_draft_step_share_compares_steps_at_the_methods_batch(
+        models: tuple[Any, Any], capacity: float) -> None:
+    """Under an arrival rate vanilla runs more sequences than Vegas (it serves each slower), so
+    its simulated decode steps are of a larger batch; the draft-step share is still one step
+    against one step at Vegas's own batch: the closed loop at that batch gives the same."""
+    df = _pair(models, arrival=f"poisson:{1.5 * capacity:.4g}", batch=16, requests=120)
+    van, veg = df.iloc[0], df.iloc[1]
+    assert van["mean_running_batch"] > veg["mean_running_batch"] + 1
+    closed = predict_one(sc("vegas", batch=round(veg["mean_running_batch"])), *models,
+                         replications=1)
+    assert veg["draft_step_vs_decode"] == pytest.approx(closed["draft_step_vs_decode"],
+                                                         rel=0.02)

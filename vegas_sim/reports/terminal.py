@@ -85,6 +85,12 @@ def _ms(value: float) -> str:
     return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.1f}"
 
 
+def _duration(value: float) -> str:
+    """`_ms` with its unit: '96.6 ms', '282.4 s'."""
+    text = _ms(value)
+    return text if text.endswith(" s") or text == "-" else f"{text} ms"
+
+
 def open_loop_table(df: pd.DataFrame) -> Table:
     """Open-loop rows: latency first. The speedup shown is TPOT's (vanilla TPOT / the
     method's); the throughput is the served rate, whose ratio is ≈ 1 below capacity."""
@@ -138,9 +144,9 @@ def ttft_lines(df: pd.DataFrame) -> list[str]:
     for _, r in df.iterrows():
         pre, hand = float(r["prefill_ms"]), float(r["kv_transfer_ms"])
         rest = float(r["ttft_ms_p50"]) - pre - hand
-        out.append(f"TTFT {r['method']}: p50 {_ms(r['ttft_ms_p50'])} ms = prefill "
-                   f"{_ms(pre)} + KV transfer {_ms(hand)} + waiting {_ms(max(rest, 0.0))} ms; "
-                   f"{r['ttft_includes']}")
+        out.append(f"TTFT {r['method']}: p50 {_duration(r['ttft_ms_p50'])} = prefill "
+                   f"{_duration(pre)} + KV transfer {_duration(hand)} + waiting "
+                   f"{_duration(max(rest, 0.0))}; {r['ttft_includes']}")
     return out
 
 

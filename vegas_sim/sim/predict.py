@@ -70,7 +70,7 @@ import pandas as pd
 
 from vegas_sim.bounds import check_options, check_simulated_requests
 from vegas_sim.errors import TraceSetError, UserInputError
-from vegas_sim.methods import MIN_TOKENS, PHASES, drafts
+from vegas_sim.methods import MIN_TOKENS, PHASES, VANILLA, drafts
 from vegas_sim.models import ModelSpec
 from vegas_sim.progress import Progress
 from vegas_sim.sim.acceptance import AcceptanceModel
@@ -303,7 +303,6 @@ def _row(sc: Scenario, engine: str, runs: list[RunMetrics], base: list[RunMetric
         row[name] = float(np.mean([getattr(r, name) for r in runs]))
     for phase in PHASES:
         row[f"ms_{phase}"] = float(np.mean([r.breakdown_ms.get(phase, 0.0) for r in runs]))
-    row["draft_step_vs_decode"] = draft_step_vs_decode(sc, runs, base)
     reasons = [*(dist.extrapolated if dist is not None else []),
                *latency.outside_measured(sc.batch, sc.context + sc.output_len)]
     row["extrapolated"] = ";".join(reasons)
@@ -346,15 +345,20 @@ def kv_selection_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]
     return kv_selection_columns(latency, sc.method, sc.gamma, *midpoint(sc, row), row)
 
 
-def draft_step_vs_decode(sc: Scenario, runs: list[RunMetrics], base: list[RunMetrics]) -> float:
-    """One draft step's time over one vanilla decode step's, as simulated (NaN for vanilla):
-    the ceiling on what sparse drafting saves (the Vegas paper: 0.48 for gpt-oss-20b, whose
-    window layers draft at full cost)."""
-    decode = float(np.mean([b.breakdown_ms.get("decode", 0.0) for b in base]))
-    draft = float(np.mean([r.breakdown_ms.get("draft_step", 0.0) for r in runs]))
-    if not drafts(sc.method) or decode <= 0 or draft <= 0:
+def draft_step_vs_decode(sc: Scenario, latency: LatencyModel, row: dict[str, Any]) -> float:
+    """One draft step's time over one vanilla decode step's at the same point, the row's
+    midpoint (NaN for vanilla): the ceiling on what sparse drafting saves (the Vegas paper:
+    0.48 for gpt-oss-20b, whose window layers draft at full cost). Both are priced at the
+    method's running batch: vanilla's own runs hold another batch where the KV cache binds or
+    requests arrive (a larger one draws the ratio down)."""
+    if not drafts(sc.method):
         return math.nan
-    return draft / sc.gamma / decode
+    batch, context = midpoint(sc, row)
+    contexts = np.full(batch, context, np.int64)  # [B]
+    draft = iteration_cost(latency, sc).breakdown(contexts).get("draft_step", 0.0)
+    decode = iteration_cost(latency, replace(sc, method=VANILLA)).breakdown(contexts).get(
+        "decode", 0.0)
+    return draft / sc.gamma / decode if draft > 0 and decode > 0 else math.nan
 
 
 def provenance(latency: LatencyModel, acceptance: AcceptanceModel, temperature: float
@@ -465,6 +469,7 @@ def predict_one(
                                 {p: row[f"ms_{p}"] for p in PHASES}))
     row.update(roofline_at(scenario, latency, row))
     row.update(kv_selection_at(scenario, latency, row))
+    row["draft_step_vs_decode"] = draft_step_vs_decode(scenario, latency, row)
     # a column the row already has (an anchored acceptance's own source) is kept
     return {**row, **{k: v for k, v in provenance(latency, acceptance, scenario.temperature).items()
                      if k not in row}}
