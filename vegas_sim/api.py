@@ -441,7 +441,10 @@ def models_for(values: Mapping[str, Any]
         _path(values["acceptance_traces"]), values["tensor_parallel"],
         values["model_what_if"])
     workload = values.get("workload")
-    return latency, acceptance, [*notes, f"workload {workload or 'all'}: {describe(workload)}"]
+    asked = set(values.get("methods") or ())  # predict's and sweep's; tune ranks every method
+    kept = [n for n in notes if not (asked and isinstance(n, catalog.MethodsNote)
+                                     and n.methods.isdisjoint(asked))]
+    return latency, acceptance, [*kept, f"workload {workload or 'all'}: {describe(workload)}"]
 
 
 def predict(

@@ -225,3 +225,24 @@ def test_the_packaged_set_measured_on_the_gpu_asked_for_answers() -> None:
     assert catalog.resolve("smollm2-135m", None, gpu="h100-sxm")[0].name == "smollm2-135m-h200"
     h100 = catalog.resolve("qwen3-8b", None, gpu="h100-sxm")[0]
     assert catalog.measured_on(h100, "h100-sxm") and not catalog.measured_on(h100, "h100-nvl")
+
+
+def test_a_note_on_another_methods_runtime_is_left_out_of_a_prediction_without_it() -> None:
+    """The packaged Qwen3-8B set prices magicdec-quest as an older runtime ran it: a prediction
+    of Vegas alone does not say so, one of Quest does, and tune (which ranks every method's
+    baseline) keeps the note."""
+    import vegas_sim
+
+    def said(methods: list[str]) -> list[str]:
+        table = vegas_sim.predict(methods=methods, engine="analytic")
+        return [n for n in table.attrs["notes"] if "runtime revision" in n]
+
+    latency, _acc, notes = catalog.resolve("qwen3-8b", None)
+    stale = [n for n in notes if isinstance(n, catalog.MethodsNote)]
+    assert [n.methods for n in stale] == [frozenset({"magicdec-quest"})]
+    assert said(["vegas"]) == []
+    assert said(["vegas", "magicdec-quest"]) == [stale[0]]
+    from vegas_sim.api import models_for
+    from vegas_sim.sim.options import defaults
+
+    assert stale[0] in models_for({**defaults("tune"), "method": "vegas"})[2]

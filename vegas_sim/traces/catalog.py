@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,21 @@ def _model_mismatch(model: str, ts: TraceSet, packaged: list[_Entry]) -> UserInp
             f"sets: {', '.join(available)}{_what_if_hint(model)}")
 
 
+class MethodsNote(str):
+    """A note that concerns only `methods`: a prediction of none of them leaves it out."""
+
+    methods: frozenset[str]
+
+    def __new__(cls, text: str, methods: Iterable[str]) -> MethodsNote:
+        note = super().__new__(cls, text)
+        note.methods = frozenset(methods)
+        return note
+
+
 def runtime_note(name: str, revision: str) -> str:
     """What a set of an older runtime revision prices as that runtime ran it: every method, or
-    only the methods whose phases the later revisions changed (CHANGED_PHASES)."""
+    only the methods whose phases the later revisions changed (CHANGED_PHASES; then a
+    `MethodsNote` of those methods)."""
     head = (f"{name} was measured on runtime revision {revision}, this code's is "
             f"{RUNTIME_REVISION} (traces/schema.py):")
     since = ([str(r) for r in range(int(revision) + 1, int(RUNTIME_REVISION) + 1)]
@@ -111,8 +124,9 @@ def runtime_note(name: str, revision: str) -> str:
         return f"{head} the latencies are that runtime's; re-calibrate to predict this one"
     changed = {m: p for r in since for m, p in CHANGED_PHASES[r].items()}
     which = "; ".join(f"{m} ({', '.join(p)})" for m, p in sorted(changed.items()))
-    return (f"{head} only {which} changed since, and is priced as the older runtime ran it; "
-            f"re-calibrate {', '.join(sorted(changed))} to predict this one")
+    return MethodsNote(f"{head} only {which} changed since, and is priced as the older runtime "
+                       f"ran it; re-calibrate {', '.join(sorted(changed))} to predict this one",
+                       changed)
 
 
 def _pick_latency(model: str, packaged: list[_Entry], gpu: str | None) -> TraceSet:
