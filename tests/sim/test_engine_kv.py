@@ -177,6 +177,7 @@ def test_output_length_distributions() -> None:
     assert OutputLengths.parse("64").draw(rng, 3).tolist() == [64, 64, 64]
     assert OutputLengths.parse("8K").mean == 8192  # --context's suffixes
     assert OutputLengths.parse("lognormal:19.5K,0.4").mean == 19968
+    assert OutputLengths.parse("lognormal:19680.5,0.4").mean == 19680.5  # a mean, not a count
     s = OutputLengths.from_samples([5, 9], "file:x")
     assert set(s.draw(rng, 100).tolist()) == {5, 9} and s.max_output() == 9
     assert s.moments() == (7.0, 53.0)

@@ -333,9 +333,11 @@ def midpoint(sc: Scenario, row: dict[str, Any]) -> tuple[int, int]:
     return batch, int(sc.context + sc.output_len // 2)
 
 
-def roofline_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]) -> dict[str, Any]:
-    """The roofline columns (sim.roofline) at the row's midpoint."""
-    return roofline_columns(latency, iteration_cost(latency, sc), *midpoint(sc, row))
+def roofline_at(sc: Scenario, latency: LatencyModel, cost: IterationCost,
+                row: dict[str, Any]) -> dict[str, Any]:
+    """The roofline columns (sim.roofline) of `cost`, the scenario's iteration, at the row's
+    midpoint."""
+    return roofline_columns(latency, cost, *midpoint(sc, row))
 
 
 def kv_selection_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]
@@ -345,17 +347,18 @@ def kv_selection_at(sc: Scenario, latency: LatencyModel, row: dict[str, Any]
     return kv_selection_columns(latency, sc.method, sc.gamma, *midpoint(sc, row), row)
 
 
-def draft_step_vs_decode(sc: Scenario, latency: LatencyModel, row: dict[str, Any]) -> float:
+def draft_step_vs_decode(sc: Scenario, latency: LatencyModel, cost: IterationCost,
+                         row: dict[str, Any]) -> float:
     """One draft step's time over one vanilla decode step's at the same point, the row's
     midpoint (NaN for vanilla): the ceiling on what sparse drafting saves (the Vegas paper:
     0.48 for gpt-oss-20b, whose window layers draft at full cost). Both are priced at the
     method's running batch: vanilla's own runs hold another batch where the KV cache binds or
-    requests arrive (a larger one draws the ratio down)."""
+    requests arrive (a larger one draws the ratio down). `cost`: the scenario's iteration."""
     if not drafts(sc.method):
         return math.nan
     batch, context = midpoint(sc, row)
     contexts = np.full(batch, context, np.int64)  # [B]
-    draft = iteration_cost(latency, sc).breakdown(contexts).get("draft_step", 0.0)
+    draft = cost.breakdown(contexts).get("draft_step", 0.0)
     decode = iteration_cost(latency, replace(sc, method=VANILLA)).breakdown(contexts).get(
         "decode", 0.0)
     return draft / sc.gamma / decode if draft > 0 and decode > 0 else math.nan
@@ -467,9 +470,10 @@ def predict_one(
                acceptance_source(acceptance, scenario.method))
     row.update(interval_columns(row, latency, acceptance, dist,
                                 {p: row[f"ms_{p}"] for p in PHASES}))
-    row.update(roofline_at(scenario, latency, row))
+    cost = iteration_cost(latency, scenario)
+    row.update(roofline_at(scenario, latency, cost, row))
     row.update(kv_selection_at(scenario, latency, row))
-    row["draft_step_vs_decode"] = draft_step_vs_decode(scenario, latency, row)
+    row["draft_step_vs_decode"] = draft_step_vs_decode(scenario, latency, cost, row)
     # a column the row already has (an anchored acceptance's own source) is kept
     return {**row, **{k: v for k, v in provenance(latency, acceptance, scenario.temperature).items()
                      if k not in row}}

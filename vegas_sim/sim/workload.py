@@ -25,9 +25,14 @@ ARRIVAL_FIX = ("use 'closed', 'closed:<users>', 'poisson:<rate per second>' or "
                "'trace:<file of arrival times>'")
 
 
-def _tokens(text: str) -> int:
-    """A token count as --context writes one: '1024', '8K', '1.5K'."""
-    return one_int(text.strip(), "--output-len", "one length such as 1024 or 8K")
+def _tokens(text: str, whole: bool = True) -> float:
+    """A number of tokens: plain (an int where `whole`, else a float such as 19680.5 or 1e4,
+    any value, so `validate` says what is wrong with it) or as --context writes one ('8K',
+    '1.5K')."""
+    try:
+        return int(text) if whole else float(text)
+    except ValueError:
+        return one_int(text.strip(), "--output-len", "one length such as 1024 or 8K")
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,10 @@ class OutputLengths:
         kind, _, arg = text.strip().partition(":")
         try:
             if not arg:
-                return cls.fixed(_tokens(kind))
+                return cls.fixed(int(_tokens(kind)))
             if kind == "lognormal":
                 mean, cv = arg.split(",")
-                return cls.lognormal(_tokens(mean), float(cv), label=text.strip())
+                return cls.lognormal(_tokens(mean, whole=False), float(cv), label=text.strip())
         except (ValueError, UserInputError):
             pass
         raise UserInputError(f"cannot parse output length {text!r}", where="--output-len",
